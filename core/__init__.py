@@ -1,0 +1,88 @@
+"""tsspec: lossless speculative decoding for GGUF language models.
+
+The public surface: the protocols, the registry, the hook markers, and the Python API the CLI
+uses (``load_model``, ``generate``). Plugins should import only what is listed in ``__all__``.
+Heavy modules (torch) load on first use, so ``import tsspec`` stays cheap.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+from .errors import ConfigError, GenerationError, ModelLoadError, OptionsError, TsspecError
+from .hookspecs import hookimpl, hookspec
+from .protocols import (
+    BatchedSpeculativeTarget,
+    DraftContext,
+    DraftHead,
+    DraftHeadKind,
+    ModelConfig,
+    SpecTrunk,
+    SpeculativeTarget,
+    Speculator,
+    SpeculatorDeclined,
+    Tokenizer,
+)
+from .runtime.options import SpeculationOptions
+from .runtime.registry import DECLINE_CODES, Decline, SpeculatorRegistry
+
+__version__ = "0.1.0"
+
+# name -> module that defines it, imported on first access
+_LAZY = {
+    "load_model": "tsspec.runtime.loading",
+    "attach_drafter": "tsspec.runtime.loading",
+    "LoadOptions": "tsspec.runtime.loading",
+    "generate": "tsspec.runtime.generation",
+    "Generation": "tsspec.runtime.generation",
+    "SamplingParams": "tsspec.runtime.sampling",
+    "Sampler": "tsspec.runtime.sampling",
+    "SpecStats": "tsspec.runtime.stats",
+    "SpeculativeExecution": "tsspec.runtime.execution",
+    "SpeculationCostGovernor": "tsspec.runtime.governor",
+    "LinearSpecTrunk": "tsspec.runtime.trunk",
+    "BatchedSpecTrunk": "tsspec.runtime.trunk",
+    "GGUFFile": "tsspec.modeling.gguf_file",
+    "PluginHost": "tsspec.plugins",
+    "PluginControls": "tsspec.plugins",
+}
+
+__all__ = [
+    "__version__",
+    # protocols
+    "SpeculativeTarget",
+    "BatchedSpeculativeTarget",
+    "SpecTrunk",
+    "Speculator",
+    "DraftHead",
+    "DraftHeadKind",
+    "DraftContext",
+    "ModelConfig",
+    "Tokenizer",
+    "SpeculatorDeclined",
+    # registry and options
+    "SpeculatorRegistry",
+    "Decline",
+    "DECLINE_CODES",
+    "SpeculationOptions",
+    # hook markers
+    "hookimpl",
+    "hookspec",
+    # errors
+    "TsspecError",
+    "ModelLoadError",
+    "OptionsError",
+    "ConfigError",
+    "GenerationError",
+    *_LAZY,
+]
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'tsspec' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value

@@ -1,0 +1,1 @@
+"""The ``tsspec`` command line: one module per command group."""

@@ -1,0 +1,89 @@
+"""The ``tsspec`` typer application and its entry point.
+
+``main`` reads the global options that must be known before parsing (``--config``,
+``--plugins``, ``--disable-plugin``), loads the plugins (which may add commands), then runs the
+app. Any ``TsspecError`` becomes one line on stderr and exit code 2; ``--debug`` shows the
+traceback instead.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+from typing import Annotated, List, Optional
+
+import typer
+
+from .. import __version__
+from ..errors import EXIT_USAGE, TsspecError
+from . import generate_cmd, inspect_cmd, plugins_cmd
+from .state import STATE, CliState
+
+
+def _version(value: bool) -> None:
+    if value:
+        typer.echo(f"tsspec {__version__}")
+        raise typer.Exit()
+
+
+def build_app() -> typer.Typer:
+    app = typer.Typer(
+        name="tsspec",
+        help="Lossless speculative decoding for GGUF language models.",
+        no_args_is_help=True,
+        pretty_exceptions_enable=False,
+        add_completion=False,
+    )
+
+    @app.callback()
+    def _global(
+        version: Annotated[bool, typer.Option("--version", callback=_version, is_eager=True, help="Print the version.")] = False,
+        config: Annotated[Optional[str], typer.Option("--config", help="Config file (else $TSSPEC_CONFIG, ./tsspec.toml, user config).")] = None,
+        plugins: Annotated[Optional[str], typer.Option("--plugins", help="Allow-list of plugins, comma separated ('' = none).")] = None,
+        disable_plugin: Annotated[Optional[List[str]], typer.Option("--disable-plugin", help="Disable a plugin (repeatable).")] = None,
+        debug: Annotated[bool, typer.Option("--debug", help="Show tracebacks.")] = False,
+    ) -> None:
+        """Global options are read before the command runs (plugins may add commands)."""
+
+    app.command("plugins")(plugins_cmd.plugins)
+    app.command("list-speculators")(plugins_cmd.list_speculators)
+    app.command("inspect")(inspect_cmd.inspect)
+    app.command("generate")(generate_cmd.generate)
+    try:
+        from . import bench_cmd
+    except ImportError:
+        bench_cmd = None
+    if bench_cmd is not None:
+        app.command("bench")(bench_cmd.bench)
+    return app
+
+
+def _add_plugin_commands(app: typer.Typer, catalog) -> None:
+    catalog.host.call_each("tsspec_register_commands", lambda name: {"app": app})
+
+
+def main(argv: list[str] | None = None) -> None:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    debug = "--debug" in argv
+    logging.basicConfig(level=logging.DEBUG if debug else logging.WARNING, format="tsspec: %(message)s")
+    try:
+        from ..runtime.defaults import configure
+
+        state = CliState.from_argv(argv)
+        STATE.__init__(state.config_path, state.config, state.controls, state.debug)
+        STATE.catalog = configure(state.controls)
+        app = build_app()
+        _add_plugin_commands(app, STATE.catalog)
+        app(args=argv, prog_name="tsspec", standalone_mode=True)
+    except TsspecError as exc:
+        if debug:
+            raise
+        typer.echo(f"tsspec: error: {exc}", err=True)
+        sys.exit(EXIT_USAGE)
+    except KeyboardInterrupt:
+        typer.echo("tsspec: interrupted", err=True)
+        sys.exit(130)
+
+
+if __name__ == "__main__":  # pragma: no cover
+    main()

@@ -1,0 +1,92 @@
+"""Option declarations shared by the commands (speculation, sampling, model), and their
+conversion into SpeculationOptions / SamplingParams with one-line errors."""
+
+from __future__ import annotations
+
+import os
+from typing import Annotated, Optional
+
+import typer
+
+from ..errors import OptionsError
+from ..runtime.options import SpeculationOptions
+from .state import STATE
+
+SPEC_PANEL = "Speculation"
+SAMPLING_PANEL = "Sampling"
+
+Spec = Annotated[
+    Optional[bool],
+    typer.Option("--spec/--no-spec", "--mtp-spec/--no-mtp-spec", help="Enable or disable speculative decoding.", rich_help_panel=SPEC_PANEL),
+]
+SpecType = Annotated[
+    Optional[str],
+    typer.Option("--spec-type", help="auto | draft-head | block | ngram | any plugin's algorithm.", rich_help_panel=SPEC_PANEL),
+]
+SpecDraft = Annotated[
+    Optional[int],
+    typer.Option("--spec-draft", "--mtp-draft", help="Max tokens drafted per step (1-64, default 8).", rich_help_panel=SPEC_PANEL),
+]
+SpecPmin = Annotated[
+    Optional[float],
+    typer.Option("--spec-pmin", "--mtp-pmin", help="Confidence gate; default per algorithm.", rich_help_panel=SPEC_PANEL),
+]
+SpecDraftModel = Annotated[
+    Optional[str],
+    typer.Option("--spec-draft-model", "--mtp-draft-model", help="Separate draft-head GGUF.", rich_help_panel=SPEC_PANEL),
+]
+DraftModel = Annotated[
+    Optional[str],
+    typer.Option("--draft-model", help="Block drafter GGUF (DFlash...).", rich_help_panel=SPEC_PANEL),
+]
+Adaptive = Annotated[
+    Optional[bool],
+    typer.Option("--spec-adaptive/--no-spec-adaptive", help="Cost governor on/off (TS_SPEC_ADAPTIVE).", rich_help_panel=SPEC_PANEL),
+]
+
+
+def speculation_options(
+    spec: bool | None,
+    spec_type: str | None,
+    draft: int | None,
+    pmin: float | None,
+    spec_draft_model: str | None,
+    draft_model: str | None,
+    adaptive: bool | None,
+    *,
+    warn: bool = True,
+) -> SpeculationOptions:
+    """Resolve flags + environment + config; print the no-effect warnings; publish TS_* env."""
+    cli = {
+        "enabled": spec,
+        "spec_type": spec_type,
+        "draft": draft,
+        "pmin": pmin,
+        "spec_draft_model": spec_draft_model,
+        "draft_model": draft_model,
+        "adaptive": adaptive,
+    }
+    options = SpeculationOptions.resolve(cli=cli, env=os.environ, config=STATE.config.get("spec"))
+    if warn:
+        for line in options.ignored_tuning_warnings():
+            typer.echo(line, err=True)
+    options.publish()
+    return options
+
+
+def sampling_params(temperature, top_k, top_p, min_p, repeat_penalty, seed):
+    from ..runtime.sampling import SamplingParams
+
+    conf = STATE.config.get("sampling", {})
+    values = {
+        "temperature": temperature if temperature is not None else conf.get("temperature", 0.0),
+        "top_k": top_k if top_k is not None else conf.get("top_k", 0),
+        "top_p": top_p if top_p is not None else conf.get("top_p", 1.0),
+        "min_p": min_p if min_p is not None else conf.get("min_p", 0.0),
+        "repeat_penalty": repeat_penalty if repeat_penalty is not None else conf.get("repeat_penalty", 1.0),
+        "seed": seed if seed is not None else conf.get("seed", 0),
+    }
+    try:
+        return SamplingParams(**values)
+    except ValueError as exc:
+        raise OptionsError(str(exc)) from None

@@ -1,0 +1,142 @@
+"""``tsspec generate``: stream a completion from a model, with or without speculation."""
+
+from __future__ import annotations
+
+import json
+import sys
+from typing import Annotated, List, Optional
+
+import typer
+
+from ..errors import GenerationError
+from . import flags
+from .state import STATE
+
+# The built-in request of `make run`: input-grounded (it quotes its input), where n-gram pays.
+DEMO_SYSTEM = "You are a careful senior Python engineer."
+DEMO_PROMPT = '''Rewrite this function with type hints and a docstring. Keep the code otherwise identical.
+
+```python
+def moving_average(values, window):
+    if window <= 0:
+        raise ValueError("window must be positive")
+    result = []
+    total = 0.0
+    for index, value in enumerate(values):
+        total += value
+        if index >= window:
+            total -= values[index - window]
+        if index >= window - 1:
+            result.append(total / window)
+    return result
+```'''
+DEMO_MAX_TOKENS = 200
+
+
+def _read_prompt(prompt: str | None, prompt_file: str | None) -> str:
+    if prompt is not None and prompt_file is not None:
+        raise GenerationError("give --prompt or --prompt-file, not both")
+    if prompt_file is not None:
+        raw = open(prompt_file, "rb").read() if prompt_file != "-" else sys.stdin.buffer.read()
+    elif prompt is not None:
+        return prompt
+    elif not sys.stdin.isatty():
+        raw = sys.stdin.buffer.read()
+    else:
+        raise GenerationError("no prompt: give --prompt TEXT, --prompt-file PATH, or pipe text in")
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise GenerationError(f"the prompt is not valid UTF-8 (byte {exc.start})") from None
+
+
+def load_target(model: str | None, device: str, dtype: str | None, options):
+    from ..runtime.loading import load_model
+
+    if model is None:
+        from ..modeling.embedded import embedded_model_path
+
+        model = str(embedded_model_path())
+    return load_model(model, device=device, dtype=dtype, options=options, catalog=STATE.catalog)
+
+
+def generate(
+    prompt: Annotated[Optional[str], typer.Option("--prompt", "-p", help="Prompt text (or pipe it in).")] = None,
+    prompt_file: Annotated[Optional[str], typer.Option("--prompt-file", help="Read the prompt from a file ('-' = stdin).")] = None,
+    model: Annotated[Optional[str], typer.Option("--model", "-m", help="GGUF file (default: the embedded SmolLM2-135M-Instruct; 'toy' = the test toy).")] = None,
+    chat: Annotated[bool, typer.Option("--chat/--raw", help="Apply the model's chat template.")] = False,
+    system: Annotated[Optional[str], typer.Option("--system", help="System message (with --chat).")] = None,
+    max_tokens: Annotated[int, typer.Option("--max-tokens", "-n", min=1, help="Tokens to generate.")] = 128,
+    temperature: Annotated[Optional[float], typer.Option("--temperature", help="0 = greedy.", rich_help_panel=flags.SAMPLING_PANEL)] = None,
+    top_k: Annotated[Optional[int], typer.Option("--top-k", rich_help_panel=flags.SAMPLING_PANEL)] = None,
+    top_p: Annotated[Optional[float], typer.Option("--top-p", rich_help_panel=flags.SAMPLING_PANEL)] = None,
+    min_p: Annotated[Optional[float], typer.Option("--min-p", rich_help_panel=flags.SAMPLING_PANEL)] = None,
+    repeat_penalty: Annotated[Optional[float], typer.Option("--repeat-penalty", rich_help_panel=flags.SAMPLING_PANEL)] = None,
+    seed: Annotated[Optional[int], typer.Option("--seed", rich_help_panel=flags.SAMPLING_PANEL)] = None,
+    stop: Annotated[Optional[List[str]], typer.Option("--stop", help="Stop string (repeatable).")] = None,
+    stats: Annotated[bool, typer.Option("--stats", help="Print a stats line after the text.")] = False,
+    as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object instead of streaming.")] = False,
+    device: Annotated[str, typer.Option("--device", help="cpu or cuda.")] = "cpu",
+    dtype: Annotated[Optional[str], typer.Option("--dtype", help="float32 (default on cpu), float16, bfloat16.")] = None,
+    demo: Annotated[bool, typer.Option("--demo", help="Run the built-in request (make run) and measure the speed-up over plain decoding.")] = False,
+    spec: flags.Spec = None,
+    spec_type: flags.SpecType = None,
+    spec_draft: flags.SpecDraft = None,
+    spec_pmin: flags.SpecPmin = None,
+    spec_draft_model: flags.SpecDraftModel = None,
+    draft_model: flags.DraftModel = None,
+    spec_adaptive: flags.Adaptive = None,
+) -> None:
+    """Generate text. Speculation (on by default, --spec-type auto) never changes the output."""
+    from ..runtime.generation import generate as run_generate
+
+    if demo:
+        spec_type = spec_type or "ngram"
+        chat, system = True, system or DEMO_SYSTEM
+        max_tokens = DEMO_MAX_TOKENS if max_tokens == 128 else max_tokens
+        text = DEMO_PROMPT if prompt is None and prompt_file is None else _read_prompt(prompt, prompt_file)
+    else:
+        text = _read_prompt(prompt, prompt_file)
+    options = flags.speculation_options(spec, spec_type, spec_draft, spec_pmin, spec_draft_model, draft_model, spec_adaptive)
+    sampling = flags.sampling_params(temperature, top_k, top_p, min_p, repeat_penalty, seed)
+    target = load_target(model, device, dtype, options)
+    prompt_value = text
+    if getattr(target, "tokenizer", None) is None:
+        raise GenerationError("this model has no tokenizer; the CLI needs one (use the Python API with token ids)")
+
+    plain = None
+    if demo:
+        import attrs
+
+        plain = run_generate(target, prompt_value, attrs.evolve(options, enabled=False), max_tokens=max_tokens,
+                             sampling=sampling, stop=stop or (), chat=chat, system=system)
+        typer.echo(f"[demo] {DEMO_PROMPT.splitlines()[0]}\n", err=True)
+
+    def on_token(tok: int, piece: str):
+        if piece:
+            sys.stdout.write(piece)
+            sys.stdout.flush()
+
+    result = run_generate(
+        target, prompt_value, options, max_tokens=max_tokens, sampling=sampling, stop=stop or (),
+        on_token=None if as_json else on_token, chat=chat, system=system, registry=STATE.catalog.speculators,
+    )
+    if as_json:
+        typer.echo(json.dumps(result.to_json()))
+        return
+    sys.stdout.write("\n")
+    if result.decline is not None:
+        typer.echo(f"[speculation off] {result.decline.code}: {result.decline.reason}", err=True)
+    if stats or demo:
+        line = f"[stats] {result.speculator or 'plain'}: {result.stats.one_line()}"
+        typer.echo(line, err=True)
+    if plain is not None:
+        same = "yes" if plain.tokens == result.tokens else "NO"
+        ratio = result.stats.tokens_per_second / plain.stats.tokens_per_second if plain.stats.tokens_per_second else 0.0
+        typer.echo(
+            f"[demo] speed-up {ratio:.2f}x over plain decoding of the same request "
+            f"({result.stats.tokens_per_second:.1f} vs {plain.stats.tokens_per_second:.1f} tok/s; "
+            f"accepted {result.stats.accepted_tokens}/{result.stats.draft_tokens} drafted tokens; "
+            f"output identical to plain: {same})",
+            err=True,
+        )

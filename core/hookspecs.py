@@ -1,0 +1,42 @@
+"""The hooks a tsspec plugin may implement. Every hook takes a ``register`` callback so the core
+records which plugin registered what (names, failures and declines are all printable records).
+
+Hooks run once at start-up; the per-token path goes through the protocols, never ``pm.hook``.
+Signatures only ever grow; an implementation may accept fewer arguments.
+"""
+
+from __future__ import annotations
+
+import pluggy
+
+hookspec = pluggy.HookspecMarker("tsspec")
+hookimpl = pluggy.HookimplMarker("tsspec")
+
+
+@hookspec
+def tsspec_register_speculators(register):
+    """register(name, factory, *, requires_draft_head: bool, description: str = "");
+    factory(target, options) -> Speculator | None (None or SpeculatorDeclined = cannot serve)."""
+
+
+@hookspec
+def tsspec_register_models(register):
+    """register(architectures: list[str], loader); loader(gguf_path, options) -> SpeculativeTarget,
+    keyed by the GGUF's general.architecture."""
+
+
+@hookspec
+def tsspec_register_drafters(register):
+    """register(architectures: list[str], attach); attach(target, gguf_path, options) -> DraftHead
+    for separate drafter files (dflash, ...)."""
+
+
+@hookspec
+def tsspec_register_kernels(register):
+    """register(op_name: str, implementation, *, device: str = "cuda", description: str = "");
+    accelerated implementations of named ops; the torch reference stays the fallback."""
+
+
+@hookspec
+def tsspec_register_commands(app):
+    """Add commands to the typer application ``app``."""

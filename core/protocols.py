@@ -1,0 +1,305 @@
+"""The public contracts between the shared loop, model adapters, algorithms and drafter weights.
+
+Three layers that must never be conflated (see ARCHITECTURE.md):
+
+* ``SpeculativeTarget`` -- a model adapter: a multi-row forward with per-row logits plus rollback.
+* ``Speculator`` -- an algorithm: how drafts are proposed. Written once, works on many models.
+* ``DraftHead`` -- trained drafter weights bound to one target, attached to it by composition.
+
+Everything here is structural (``typing.Protocol``): plugins implement the members, they do not
+inherit from tsspec classes. Tensors are ``torch.Tensor``; shapes are given in comments.
+"""
+
+from __future__ import annotations
+
+import enum
+from typing import TYPE_CHECKING, Any, Callable, Protocol, Sequence, runtime_checkable
+
+import attrs
+
+if TYPE_CHECKING:  # torch is only needed for annotations here: importing protocols stays cheap
+    import torch
+
+__all__ = [
+    "ModelConfig",
+    "Tokenizer",
+    "SpeculativeTarget",
+    "BatchedSpeculativeTarget",
+    "SpecTrunk",
+    "Speculator",
+    "DraftHead",
+    "DraftHeadKind",
+    "DraftContext",
+    "SpeculatorDeclined",
+]
+
+
+class SpeculatorDeclined(Exception):
+    """Raised by a speculator factory that cannot serve a target; the message is the reason.
+
+    The registry turns it into a ``cannot_serve`` decline that ``tsspec list-speculators`` prints,
+    so the message should say what is missing ("no Medusa file attached (--spec-draft-model)").
+    """
+
+
+class DraftHeadKind(enum.Enum):
+    """What kind of trained drafter a target carries; decides what ``--spec-type auto`` picks."""
+
+    NONE = "none"
+    PER_TOKEN = "per_token"  # MTP / NextN / EAGLE-shaped: one token per call, chained
+    BLOCK = "block"  # DFlash / DFlash2 / DSpark: a whole block per call
+
+
+@attrs.frozen
+class ModelConfig:
+    """The facts about a target that algorithms may read (never its name to branch on)."""
+
+    architecture: str  # GGUF general.architecture, for display and records only
+    vocab_size: int
+    hidden_size: int
+    num_layers: int
+    context_length: int
+    extra: dict[str, Any] = attrs.field(factory=dict)  # model-specific facts for drafters
+
+
+@runtime_checkable
+class Tokenizer(Protocol):
+    """Text <-> ids. A target loaded without one still works on token ids."""
+
+    bos_token_id: int | None
+    eos_token_ids: frozenset[int]  # every id that ends generation (eos, eot, im_end...)
+
+    def encode(self, text: str, *, add_special_tokens: bool = True) -> list[int]: ...
+
+    def decode(self, ids: Sequence[int], *, skip_special_tokens: bool = False) -> str: ...
+
+    def apply_chat_template(
+        self, messages: Sequence[dict[str, str]], *, add_generation_prompt: bool = True
+    ) -> str: ...
+
+
+@attrs.frozen
+class DraftContext:
+    """Everything a speculator may look at when proposing. One object, not a parameter list,
+    so a future signal becomes a new field instead of a new overload in every plugin.
+
+    ``last_token`` sits at absolute ``position`` and is NOT yet in the trunk's cache; a draft
+    ``[d1..dk]`` guesses the tokens at positions ``position+1 ..``. ``history`` is the whole
+    sequence so far (prompt and emitted tokens) and ends with ``last_token``.
+    """
+
+    last_token: int
+    position: int
+    max_tokens: int  # already capped by the window, the token budget and the context length
+    history: Sequence[int]  # read-only view; history[-1] == last_token
+    carry_hidden: "torch.Tensor | None" = None  # [spec_feature_size]: the row that predicted last_token
+    # Applies the sampler's logit adjustments (repetition penalty...) for a draft whose
+    # preceding tokens are ``tokens``: adjust_logits(logits [vocab], tokens) -> logits [vocab].
+    adjust_logits: Callable[["torch.Tensor", Sequence[int]], "torch.Tensor"] | None = None
+    vocab_size: int = 0
+
+
+@runtime_checkable
+class DraftHead(Protocol):
+    """Trained drafter weights bound to one target: a thin adapter, like a LoRA file.
+
+    Per-token heads implement ``draft_step`` and ``draft_catch_up`` (optionally the fused
+    ``draft_catch_up_and_step``); block heads implement ``draft_block``.
+    """
+
+    kind: DraftHeadKind
+    block_size: int  # tokens per block for BLOCK heads (anchor included); 1 for PER_TOKEN
+    resumes_after_gap: bool  # may the head draft after a KV prefix it never saw? (default False)
+
+    def draft_step(
+        self, token: int, h_prev: "torch.Tensor", pos: int
+    ) -> tuple["torch.Tensor", "torch.Tensor"]:
+        """Feed ``token`` at ``pos`` with ``h_prev`` [H] (the row that predicted it); return
+        (logits [vocab] for position pos+1, the head's hidden output [H] to chain)."""
+        ...
+
+    def draft_block(
+        self, last_token: int, h_prev: "torch.Tensor", position: int, max_tokens: int
+    ) -> tuple[list[int], list[float]]:
+        """Propose up to ``max_tokens`` tokens after ``last_token`` (at ``position``) in one pass;
+        returns (tokens, per-token confidences in [0, 1])."""
+        ...
+
+    def draft_catch_up(
+        self, tokens: Sequence[int], h_rows: "torch.Tensor", start_pos: int
+    ) -> None:
+        """Tell the head what landed: tokens at start_pos.., h_rows [n, H] the rows that predicted
+        them (the commit contract). Drops any speculative state beyond start_pos."""
+        ...
+
+    def reset(self) -> None: ...
+
+
+@runtime_checkable
+class SpeculativeTarget(Protocol):
+    """What the shared loop needs from a model, and nothing about drafting.
+
+    Call protocol (the loop guarantees it; adapters may rely on it):
+    * ``spec_forward`` appends ``tokens`` at positions ``cache_seq_len ..`` and advances
+      ``cache_seq_len`` by ``len(tokens)``.
+    * Every ``spec_forward`` is followed by ``spec_on_verify_accepted(accepted, rows)`` where
+      ``accepted + 1`` rows are kept. It returns True when the target put itself into the exact
+      state after those rows (e.g. by committing a per-row recurrent snapshot); False leaves it
+      to the loop, which rewinds the KV (``spec_verify_persists_accepted_kv``) or restores the
+      snapshot and re-forwards the kept prefix. When every row is kept nothing more happens.
+    * A multi-row verify is preceded by ``spec_snapshot_recurrent_state``.
+    * ``spec_rewind_cache(0)`` starts a fresh sequence (clears recurrent state too).
+    """
+
+    config: ModelConfig
+    tokenizer: Tokenizer | None
+    draft_head: DraftHead | None  # composition: the drafter is attached, not inherited
+
+    @property
+    def cache_seq_len(self) -> int: ...
+
+    @property
+    def max_context_length(self) -> int: ...
+
+    @property
+    def spec_feature_size(self) -> int:
+        """Width of a hidden row: hidden_size, or taps x hidden_size when feature taps are set."""
+        ...
+
+    speculation_profitable: bool  # False when the trunk cannot verify without its own drafter
+    speculation_refusal: str | None  # a reason the target refuses speculation outright
+    spec_preferred_draft_window: int | None  # narrows the default window (e.g. 3 on hybrids)
+    spec_verify_persists_accepted_kv: bool  # True: a rejected tail is undone by a KV rewind
+
+    def spec_forward(
+        self, tokens: Sequence[int], *, all_logits_rows: bool, want_hidden: bool
+    ) -> tuple["torch.Tensor", "torch.Tensor | None"]:
+        """One batched forward. Returns logits [rows, vocab] (only [1, vocab], the last row,
+        when all_logits_rows is False) and hidden [rows, spec_feature_size] or None."""
+        ...
+
+    def spec_ensure_capacity(self, required_seq_len: int) -> None: ...
+
+    def spec_snapshot_recurrent_state(self) -> None: ...
+
+    def spec_on_verify_accepted(self, accepted: int, rows: int) -> bool: ...
+
+    def spec_restore_recurrent_state(self) -> None: ...
+
+    def spec_rewind_cache(self, length: int) -> None: ...
+
+    def spec_set_feature_taps(self, layers: Sequence[int] | None) -> None:
+        """Make hidden rows the concatenated residuals ENTERING ``layers`` (DFlash-style
+        drafters); None restores the default (the last post-norm hidden state)."""
+        ...
+
+
+@runtime_checkable
+class BatchedSpeculativeTarget(SpeculativeTarget, Protocol):
+    """The same contract over a batched, slot-addressed (paged) KV: each call names its slot.
+
+    The loop reaches it through ``SpecTrunk``; ``BatchedSpecTrunk`` binds one slot. No built-in
+    model implements it yet: the seam exists so batched serving composes with speculation.
+    """
+
+    max_batch_slots: int
+
+    def spec_slot_seq_len(self, slot: int) -> int: ...
+
+    def spec_forward_slots(
+        self,
+        slots: Sequence[int],
+        tokens: Sequence[Sequence[int]],
+        *,
+        all_logits_rows: bool,
+        want_hidden: bool,
+    ) -> list[tuple["torch.Tensor", "torch.Tensor | None"]]: ...
+
+    def spec_slot_on_verify_accepted(self, slot: int, accepted: int, rows: int) -> bool: ...
+
+    def spec_slot_snapshot(self, slot: int) -> None: ...
+
+    def spec_slot_restore(self, slot: int) -> None: ...
+
+    def spec_slot_rewind(self, slot: int, length: int) -> None: ...
+
+
+@runtime_checkable
+class SpecTrunk(Protocol):
+    """The seam the loop drives: one sequence's view of a trunk, whatever its KV regime.
+
+    ``LinearSpecTrunk`` wraps a target's own linear cache; a batched trunk binds one slot of a
+    ``BatchedSpeculativeTarget``. A batch-invariant (deterministic) trunk fits behind it too.
+    """
+
+    @property
+    def seq_len(self) -> int: ...
+
+    @property
+    def max_context_length(self) -> int: ...
+
+    @property
+    def feature_size(self) -> int: ...
+
+    def ensure_capacity(self, required_seq_len: int) -> None: ...
+
+    def forward_keep_all(
+        self, tokens: Sequence[int], *, want_hidden: bool
+    ) -> tuple["torch.Tensor", "torch.Tensor | None"]:
+        """Forward and keep every row (prefill, plain steps): logits [1, vocab], hidden [rows, F]."""
+        ...
+
+    def snapshot(self) -> None:
+        """Mark the pre-verify recurrent state (free on trunks with per-row snapshots)."""
+        ...
+
+    def verify(
+        self, tokens: Sequence[int], *, want_hidden: bool
+    ) -> tuple["torch.Tensor", "torch.Tensor | None"]:
+        """Forward all rows after ``snapshot``: logits [rows, vocab], hidden [rows, F] or None."""
+        ...
+
+    def keep(self, start: int, tokens: Sequence[int], kept_rows: int) -> str:
+        """After ``verify(tokens)`` at ``start``, keep the first ``kept_rows`` rows. Returns how:
+        'all', 'committed' (per-row snapshot), 'rewound' (KV rewind) or 'reforward'."""
+        ...
+
+    @property
+    def can_rewind(self) -> bool:
+        """True when any cached prefix can be kept by a KV rewind (no recurrent state)."""
+        ...
+
+    def rewind(self, length: int) -> None: ...
+
+    def reset(self) -> None: ...
+
+
+@runtime_checkable
+class Speculator(Protocol):
+    """An algorithm: proposes drafts; is told what landed. It is free to be wrong, not to be slow.
+
+    ``propose`` may return anything; the loop treats the result as untrusted (ids outside the
+    vocabulary, too many tokens or an exception end drafting for that step). An empty list asks
+    for a plain one-row step. ``commit(tokens, hidden_rows, start_pos)``: ``tokens`` now sit in
+    the trunk at ``start_pos ..``; row k of ``hidden_rows`` [n, spec_feature_size] (None unless
+    ``needs_hidden_state``) is the trunk row that PREDICTED ``tokens[k]``, i.e. the row of position
+    ``start_pos + k - 1`` (zeros for position 0, which has no predecessor).
+    """
+
+    name: str
+    max_draft_tokens: int
+    min_draft_prob: float
+    default_min_draft_prob: float
+    needs_hidden_state: bool
+    handles_own_prefill: bool
+    can_arm_after_prefix_reuse: bool  # survives a KV prefix it never saw (n-gram, block: yes)
+
+    def propose(self, ctx: DraftContext) -> list[int]: ...
+
+    def commit(
+        self, tokens: Sequence[int], hidden_rows: "torch.Tensor | None", start_pos: int
+    ) -> None: ...
+
+    def reset(self) -> None: ...
+
+    def close(self) -> None: ...

@@ -1,0 +1,1 @@
+"""The shared runtime: the loop, trunks, governor, registry, sampling, options and stats."""

@@ -1,0 +1,106 @@
+"""The catalog: what the loaded plugins registered (speculators, models, drafters, kernels).
+
+Built from a ``PluginHost`` by calling each registration hook once per plugin, with a
+``register`` callback bound to that plugin so every registration is a record with a name,
+package and version.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import attrs
+
+from ..plugins import PluginHost
+from .registry import SpeculatorRegistry
+
+
+@attrs.define
+class LoaderEntry:
+    """A model loader or drafter attach function for some GGUF architectures."""
+
+    architectures: list[str]
+    function: Callable[..., Any]
+    plugin: str | None = None
+    package: str | None = None
+    version: str | None = None
+
+
+@attrs.define
+class KernelEntry:
+    op: str
+    implementation: Callable[..., Any]
+    device: str = "cuda"
+    description: str = ""
+    plugin: str | None = None
+
+
+@attrs.define
+class Catalog:
+    speculators: SpeculatorRegistry = attrs.field(factory=SpeculatorRegistry)
+    models: dict[str, LoaderEntry] = attrs.field(factory=dict)  # architecture -> loader
+    drafters: dict[str, LoaderEntry] = attrs.field(factory=dict)  # architecture -> attach
+    kernels: dict[str, list[KernelEntry]] = attrs.field(factory=dict)
+    host: PluginHost | None = None
+
+    def kernel(self, op: str, device: str):
+        """The first registered implementation of ``op`` for ``device``, or None (use torch)."""
+        for entry in self.kernels.get(op, ()):
+            if entry.device == device:
+                return entry.implementation
+        return None
+
+
+def _add_loaders(table: dict[str, LoaderEntry], record, kind: str):
+    def register(architectures, function):
+        if isinstance(architectures, str):
+            architectures = [architectures]
+        if not callable(function):
+            raise TypeError(f"{kind} for {architectures} is not callable")
+        entry = LoaderEntry(list(architectures), function, record.name, record.package, record.version)
+        for arch in architectures:
+            table.setdefault(arch, entry)  # first registration wins; load order is by name
+
+    return register
+
+
+def build_catalog(host: PluginHost) -> Catalog:
+    """Load the entry points (once) and collect every plugin's registrations."""
+    host.load_entrypoints()
+    catalog = Catalog(host=host)
+
+    def speculators_for(name):
+        record = host.plugin_info(name)
+
+        def register(spec_name, factory, *, requires_draft_head, description=""):
+            catalog.speculators.register(
+                spec_name,
+                factory,
+                requires_draft_head=requires_draft_head,
+                description=description,
+                plugin=record.name,
+                package=record.package,
+                version=record.version,
+            )
+
+        return {"register": register}
+
+    def kernels_for(name):
+        def register(op, implementation, *, device="cuda", description=""):
+            catalog.kernels.setdefault(op, []).append(
+                KernelEntry(op, implementation, device, description, name)
+            )
+
+        return {"register": register}
+
+    host.call_each("tsspec_register_speculators", speculators_for)
+    host.call_each(
+        "tsspec_register_models",
+        lambda name: {"register": _add_loaders(catalog.models, host.plugin_info(name), "model loader")},
+    )
+    host.call_each(
+        "tsspec_register_drafters",
+        lambda name: {"register": _add_loaders(catalog.drafters, host.plugin_info(name), "drafter attach")},
+    )
+    host.call_each("tsspec_register_kernels", kernels_for)
+    return catalog

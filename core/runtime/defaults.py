@@ -1,0 +1,28 @@
+"""The process-wide default plugin host and catalog, built lazily on first use.
+
+The CLI replaces them with ones built from the operator's controls (``configure``); tests build
+their own ``PluginHost`` instead of touching these.
+"""
+
+from __future__ import annotations
+
+from ..plugins import PluginControls, PluginHost
+from .catalog import Catalog, build_catalog
+
+_catalog: Catalog | None = None
+
+
+def configure(controls: PluginControls | None = None) -> Catalog:
+    """Build (or rebuild) the default catalog with the given operator controls."""
+    global _catalog
+    _catalog = build_catalog(PluginHost(controls))
+    return _catalog
+
+
+def default_catalog() -> Catalog:
+    """The default catalog; built from every installed plugin on first use."""
+    if _catalog is None:
+        import os
+
+        return configure(PluginControls.resolve(env=os.environ))
+    return _catalog

@@ -1,0 +1,210 @@
+"""The generation engine: text or ids in, a ``Generation`` out. The same surface the CLI uses.
+
+It resolves the speculator through the registry (or takes one given), builds the trunk, the
+sampler and the governor, runs ``SpeculativeExecution`` and turns tokens back into text with
+stop strings applied.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any, Callable, Sequence
+
+import attrs
+
+from ..errors import GenerationError
+from .execution import SpeculativeExecution
+from .governor import SpeculationCostGovernor
+from .options import SpeculationOptions
+from .registry import Decline
+from .sampling import Sampler, SamplingParams
+from .stats import SpecStats
+from .trunk import LinearSpecTrunk
+
+log = logging.getLogger("tsspec.generation")
+
+# on_token(token_id, text_piece) -> True to stop after this token
+OnToken = Callable[[int, str], "bool | None"]
+
+
+@attrs.define
+class Generation:
+    """The result of one request."""
+
+    text: str | None  # None when the model has no tokenizer
+    tokens: list[int]  # emitted ids (stop strings cut the text, not this list)
+    prompt_tokens: int
+    stats: SpecStats
+    speculator: str | None  # the algorithm that ran, or None
+    decline: Decline | None = None  # why none ran, when speculation was asked for
+    finish_reason: str = "length"  # length | stop | context
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "text": self.text,
+            "tokens": self.tokens,
+            "prompt_tokens": self.prompt_tokens,
+            "finish_reason": self.finish_reason,
+            "speculator": self.speculator,
+            "decline": None if self.decline is None else self.decline.to_json(),
+            "stats": self.stats.to_json(),
+        }
+
+
+def encode_prompt(target, prompt: str | Sequence[int], *, chat: bool = False, system: str | None = None) -> list[int]:
+    """Token ids for a prompt given as text (needs the target's tokenizer) or as ids."""
+    if isinstance(prompt, str):
+        tokenizer = getattr(target, "tokenizer", None)
+        if tokenizer is None:
+            raise GenerationError("this model has no tokenizer: give the prompt as token ids")
+        if not prompt.strip():
+            raise GenerationError("the prompt is empty")
+        if chat:
+            messages = ([{"role": "system", "content": system}] if system else []) + [
+                {"role": "user", "content": prompt}
+            ]
+            text = tokenizer.apply_chat_template(messages, add_generation_prompt=True)
+            return tokenizer.encode(text, add_special_tokens=False)
+        return tokenizer.encode(prompt, add_special_tokens=True)
+    ids = [int(t) for t in prompt]
+    if not ids:
+        raise GenerationError("the prompt is empty")
+    vocab = target.config.vocab_size
+    bad = [t for t in ids if not 0 <= t < vocab]
+    if bad:
+        raise GenerationError(f"prompt token id {bad[0]} is outside the vocabulary (0..{vocab - 1})")
+    return ids
+
+
+def resolve_speculator(target, options: SpeculationOptions, registry=None):
+    """(speculator | None, name | None, decline | None) for a request."""
+    if not options.enabled:
+        return None, None, None
+    if registry is None:
+        from .defaults import default_catalog
+
+        registry = default_catalog().speculators
+    made = registry.create(target, options)
+    if isinstance(made, Decline):
+        return None, None, made
+    return made, getattr(made, "name", options.spec_type), None
+
+
+class _TextStream:
+    """Incremental detokenisation with stop strings."""
+
+    def __init__(self, tokenizer, stop: Sequence[str]):
+        self.tokenizer = tokenizer
+        self.stop = [s for s in stop if s]
+        self.ids: list[int] = []
+        self.text = ""  # text released so far
+        self.stopped = False
+
+    def push(self, token: int) -> str:
+        """Add a token; return the newly released text piece."""
+        if self.tokenizer is None:
+            return ""
+        self.ids.append(token)
+        full = self.tokenizer.decode(self.ids, skip_special_tokens=True)
+        if full.endswith("\ufffd"):
+            return ""  # an incomplete UTF-8 sequence: wait for the next token
+        for s in self.stop:
+            at = full.find(s)
+            if at >= 0:
+                full = full[:at]
+                self.stopped = True
+        piece = full[len(self.text):] if full.startswith(self.text) else full
+        self.text = full
+        return piece
+
+
+def generate(
+    target,
+    prompt: str | Sequence[int],
+    options: SpeculationOptions | None = None,
+    *,
+    max_tokens: int = 64,
+    sampling: SamplingParams | None = None,
+    speculator=None,
+    registry=None,
+    on_token: OnToken | None = None,
+    stop: Sequence[str] = (),
+    stop_tokens: Sequence[int] | None = None,
+    governor: SpeculationCostGovernor | None = None,
+    chat: bool = False,
+    system: str | None = None,
+    clock=None,
+) -> Generation:
+    """Generate up to ``max_tokens`` tokens. Speculation never changes the output."""
+    options = options or SpeculationOptions()
+    if max_tokens < 1:
+        raise GenerationError(f"max tokens must be >= 1, got {max_tokens}")
+    ids = encode_prompt(target, prompt, chat=chat, system=system)
+    max_ctx = target.max_context_length
+    if len(ids) >= max_ctx:
+        raise GenerationError(
+            f"the prompt has {len(ids)} tokens and the context holds {max_ctx}: shorten it"
+        )
+    decline = None
+    name = None
+    if speculator is None:
+        speculator, name, decline = resolve_speculator(target, options, registry)
+    elif options.enabled:
+        name = getattr(speculator, "name", "custom")
+    else:
+        speculator = None
+    tokenizer = getattr(target, "tokenizer", None)
+    if stop_tokens is None:
+        stop_tokens = sorted(getattr(tokenizer, "eos_token_ids", ()) or ())
+    window = options.window(getattr(target, "spec_preferred_draft_window", None))
+    if speculator is not None:
+        window = max(0, min(window, int(getattr(speculator, "max_draft_tokens", window))))
+    sampler = Sampler(sampling or SamplingParams())
+    execution = SpeculativeExecution(
+        LinearSpecTrunk(target),
+        sampler,
+        vocab_size=target.config.vocab_size,
+        speculator=speculator,
+        window=window,
+        governor=governor or SpeculationCostGovernor(enabled=options.adaptive),
+        stop_tokens=frozenset(stop_tokens),
+        speculator_label=name,
+        **({"clock": clock} if clock is not None else {}),
+    )
+    stream = _TextStream(tokenizer, stop)
+    streaming = on_token is not None or bool(stream.stop)
+
+    def _on_token(tok: int) -> bool:
+        piece = stream.push(tok)
+        stop_now = stream.stopped
+        if on_token is not None and (piece or tokenizer is None or stop_now):
+            if on_token(tok, piece):
+                stop_now = True
+        return stop_now
+
+    try:
+        # detokenise per token only when someone listens or stop strings need it
+        tokens = execution.run(ids, max_tokens, on_token=_on_token if streaming else None)
+    finally:
+        if speculator is not None:
+            try:
+                speculator.close()
+            except Exception as exc:  # a plugin's close must not lose the output
+                log.warning("speculator %s close raised: %r", name, exc)
+    finish = "length"
+    if stream.stopped or (tokens and tokens[-1] in set(stop_tokens)):
+        finish = "stop"
+    elif len(tokens) < max_tokens:
+        finish = "context"
+    text = None
+    if tokenizer is not None:
+        text = stream.text if streaming else tokenizer.decode(tokens, skip_special_tokens=True)
+    return Generation(
+        text=text,
+        tokens=tokens,
+        prompt_tokens=len(ids),
+        stats=execution.stats,
+        speculator=name,
+        decline=decline,
+        finish_reason=finish,
+    )

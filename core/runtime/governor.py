@@ -1,0 +1,156 @@
+"""SpeculationCostGovernor: speculation must never make decoding slower.
+
+It sits beside the loop, not inside it: the loop asks ``want_speculation()`` before each step
+and reports each step's cost with ``record``. It compares milliseconds per emitted token of
+speculative steps against plain steps (ratio of sums over a rolling window, the first sample of
+each side discarded as warm-up), parks drafting while speculation loses, re-probes with
+exponential backoff, and watches a won state, dropping it when it degrades.
+
+States: PROBE (speculate, and take a few plain samples for a baseline) -> HOLD (won) or
+PARKED (lost, plain steps for ``backoff`` steps) -> PROBE again with the backoff doubled.
+A proposal that came back empty is charged to the speculative side as cost with no tokens, so
+a drafter that mostly finds nothing is judged by what its attempts cost.
+"""
+
+from __future__ import annotations
+
+import collections
+from typing import Deque
+
+PROBE, HOLD, PARKED = "probe", "hold", "parked"
+
+
+class _Window:
+    """Rolling (ms, tokens) samples; cost is the ratio of sums."""
+
+    def __init__(self, size: int):
+        self.samples: Deque[tuple[float, int]] = collections.deque(maxlen=size)
+        self.seen = 0  # including the discarded warm-up sample
+
+    def add(self, ms: float, tokens: int) -> None:
+        self.seen += 1
+        if self.seen == 1:
+            return  # first sample of each side: warm-up (allocations, caches)
+        self.samples.append((ms, tokens))
+
+    def clear(self) -> None:
+        self.samples.clear()
+
+    @property
+    def count(self) -> int:
+        """Samples that emitted tokens (empty-proposal costs ride along but do not count)."""
+        return sum(1 for _, t in self.samples if t > 0)
+
+    @property
+    def ms_per_token(self) -> float | None:
+        tokens = sum(t for _, t in self.samples)
+        if tokens == 0:
+            return None
+        return sum(ms for ms, _ in self.samples) / tokens
+
+
+class SpeculationCostGovernor:
+    def __init__(
+        self,
+        *,
+        enabled: bool = True,
+        min_samples: int = 4,
+        window: int = 64,
+        initial_backoff: int = 16,
+        max_backoff: int = 512,
+        plain_refresh_interval: int = 48,
+        margin: float = 1.0,
+    ):
+        self.enabled = enabled
+        self.min_samples = min_samples
+        self.initial_backoff = initial_backoff
+        self.max_backoff = max_backoff
+        self.plain_refresh_interval = plain_refresh_interval
+        self.margin = margin  # speculation wins when spec_cost < plain_cost * margin
+        self.spec = _Window(window)
+        self.plain = _Window(window)
+        self.state = PROBE
+        self.backoff = initial_backoff
+        self.parked_left = 0
+        self.since_plain = 0
+        self.spec_since_check = 0
+        self.wins = 0
+        self.losses = 0
+        self.parked_steps = 0
+
+    # -- the loop's questions --------------------------------------------------------------
+    def want_speculation(self) -> bool:
+        """Should this step draft? False means a plain one-row step."""
+        if not self.enabled:
+            return True
+        if self.state == PARKED:
+            if self.parked_left > 0:
+                self.parked_left -= 1
+                self.parked_steps += 1
+                return False
+            self.state = PROBE
+            self.spec.clear()
+            self.spec.seen = 1  # keep the warm-up discard for the first probe only
+            self.spec_since_check = 0
+        if self.plain.count < self.min_samples and self.since_plain >= 1:
+            return False  # interleave plain samples until there is a baseline
+        if self.state == HOLD and self.since_plain >= self.plain_refresh_interval:
+            return False  # refresh the baseline now and then: context growth changes it
+        return True
+
+    def record(self, speculative: bool, ms: float, tokens: int) -> None:
+        """Report a step: speculative (drafted, verified) or plain, its ms and emitted tokens."""
+        if speculative:
+            self.spec.add(ms, tokens)
+            self.since_plain += 1
+            self.spec_since_check += 1
+        else:
+            self.plain.add(ms, tokens)
+            self.since_plain = 0
+        if self.enabled:
+            self._decide()
+
+    def record_empty_proposal(self, ms: float) -> None:
+        """A draft attempt that proposed nothing: its cost is speculation's, with no tokens."""
+        if self.enabled and self.state != PARKED:
+            self.spec.add(ms, 0)
+
+    def reset(self) -> None:
+        """A new sequence: acceptance depends on the prompt, so re-probe; keep the plain
+        baseline (it is the machine's, not the prompt's) and restart the backoff."""
+        self.state = PROBE
+        self.spec.clear()
+        self.backoff = self.initial_backoff
+        self.parked_left = 0
+        self.spec_since_check = 0
+
+    # -- policy ----------------------------------------------------------------------------
+    def _decide(self) -> None:
+        if self.state == PARKED:
+            return
+        if self.spec.count < self.min_samples or self.plain.count < self.min_samples:
+            return
+        spec_cost, plain_cost = self.spec.ms_per_token, self.plain.ms_per_token
+        if spec_cost is None or plain_cost is None:
+            return
+        winning = spec_cost < plain_cost * self.margin
+        if self.state == PROBE:
+            if winning:
+                self.state = HOLD
+                self.wins += 1
+                self.backoff = self.initial_backoff
+                self.spec_since_check = 0
+            else:
+                self._park()
+        elif self.state == HOLD and self.spec_since_check >= self.min_samples:
+            self.spec_since_check = 0
+            if not winning:  # a won state that degraded
+                self.backoff = self.initial_backoff
+                self._park()
+
+    def _park(self) -> None:
+        self.losses += 1
+        self.state = PARKED
+        self.parked_left = self.backoff
+        self.backoff = min(self.max_backoff, self.backoff * 2)
+        self.spec.clear()

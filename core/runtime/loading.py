@@ -1,0 +1,136 @@
+"""Loading models and drafter files through the model registry (the plugins' loaders).
+
+``load_model(path)`` reads the GGUF's ``general.architecture`` and hands the file to the plugin
+that registered that architecture; a drafter file (``--draft-model``) is attached to the loaded
+target by the plugin that registered the drafter's architecture. Every failure is a
+``ModelLoadError`` naming the file and the problem.
+
+The path ``toy`` or ``toy:SEED`` loads the exact float64 toy target of ``tsspec.testing``: the
+whole loop is reachable from the CLI without any GGUF.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import attrs
+
+from ..errors import ModelLoadError
+from .options import SpeculationOptions
+
+TOY_SCHEME = "toy"
+
+
+@attrs.frozen
+class LoadOptions:
+    """What a model loader or drafter attach function receives as ``options``."""
+
+    device: str = "cpu"
+    dtype: str | None = None  # None: the plugin's default (float32 on CPU)
+    speculation: SpeculationOptions = attrs.field(factory=SpeculationOptions)
+
+    # speculation settings read through the load options (drafters need the window, pmin...)
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("__") or name == "speculation":
+            raise AttributeError(name)
+        return getattr(self.speculation, name)
+
+
+def _is_toy(path: object) -> bool:
+    text = str(path)
+    return text == TOY_SCHEME or text.startswith(TOY_SCHEME + ":")
+
+
+def _load_toy(path: object):
+    from ..testing import ToyTarget  # the toy lives in the testing kit
+
+    _, _, seed = str(path).partition(":")
+    try:
+        return ToyTarget(seed=int(seed or 0))
+    except ValueError:
+        raise ModelLoadError(path, "toy model seed must be an integer (toy:SEED)") from None
+
+
+def file_architecture(path: object) -> str:
+    """general.architecture of a GGUF file, with clear errors for missing or bad files."""
+    p = Path(str(path))
+    if not p.exists():
+        raise ModelLoadError(p, "no such file")
+    if p.is_dir():
+        raise ModelLoadError(p, "is a directory, not a GGUF file")
+    from ..modeling.gguf_file import read_architecture
+
+    return read_architecture(p)
+
+
+def load_model(
+    path: object,
+    *,
+    device: str = "cpu",
+    dtype: str | None = None,
+    draft_model: object | None = None,
+    options: SpeculationOptions | None = None,
+    catalog=None,
+):
+    """Load ``path`` through the plugin that serves its architecture; attach ``draft_model``."""
+    spec = options or SpeculationOptions()
+    load_options = LoadOptions(device=device, dtype=dtype, speculation=spec)
+    if _is_toy(path):
+        target = _load_toy(path)
+    else:
+        if catalog is None:
+            from .defaults import default_catalog
+
+            catalog = default_catalog()
+        arch = file_architecture(path)
+        entry = catalog.models.get(arch)
+        if entry is None:
+            if arch in catalog.drafters:
+                raise ModelLoadError(
+                    path, f"is a {arch!r} drafter file, not a model; attach it with --draft-model"
+                )
+            served = ", ".join(sorted(catalog.models)) or "none"
+            raise ModelLoadError(
+                path, f"architecture {arch!r} is served by no loaded plugin (served: {served})"
+            )
+        try:
+            target = entry.function(str(path), load_options)
+        except ModelLoadError:
+            raise
+        except (MemoryError, KeyboardInterrupt):
+            raise
+        except Exception as exc:
+            raise ModelLoadError(
+                path, f"plugin {entry.plugin} failed to load it: {type(exc).__name__}: {exc}"
+            ) from exc
+    drafter = draft_model or spec.drafter_path
+    if drafter:
+        attach_drafter(target, drafter, load_options, catalog)
+    return target
+
+
+def attach_drafter(target, path: object, load_options: LoadOptions, catalog=None):
+    """Attach a separate drafter file; its general.architecture decides what it is."""
+    if catalog is None:
+        from .defaults import default_catalog
+
+        catalog = default_catalog()
+    arch = file_architecture(path)
+    entry = catalog.drafters.get(arch)
+    if entry is None:
+        if arch in catalog.models:
+            raise ModelLoadError(path, f"is a {arch!r} model, not a drafter file")
+        served = ", ".join(sorted(catalog.drafters)) or "none"
+        raise ModelLoadError(path, f"drafter architecture {arch!r} is served by no loaded plugin (served: {served})")
+    try:
+        head = entry.function(target, str(path), load_options)
+    except ModelLoadError:
+        raise
+    except Exception as exc:
+        raise ModelLoadError(
+            path, f"plugin {entry.plugin} failed to attach it: {type(exc).__name__}: {exc}"
+        ) from exc
+    if head is not None:
+        target.draft_head = head
+    return head

@@ -1,0 +1,119 @@
+"""Sampling: greedy, or temperature / top-k / top-p / min-p with a repetition penalty, seeded so
+that the draw for absolute position ``p`` depends only on (seed, p, logits, preceding tokens).
+
+That property is what makes speculation lossless under sampling too: the verify row that draws
+position ``p`` sees the same logits and the same uniform number as the plain step would, so it
+draws the same token. Drafts are accepted while the draw equals the draft ("sample each row,
+accept while equal"), which needs no rejection-sampling maths.
+
+Worked example: seed 7, position 12, logits favour token 3 with p=0.6, token 9 with p=0.4. The
+uniform for (7, 12) is u=0.71; the inverse CDF over the sorted probabilities [3: 0.6, 9: 0.4]
+passes 0.6 at token 3 and lands on token 9. Any run, plain or speculative, drawing position 12
+from those logits gets token 9.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import attrs
+import torch
+
+_MASK64 = (1 << 64) - 1
+_GOLDEN = 0x9E3779B97F4A7C15
+
+
+def _check_nonneg(instance, attribute, value):
+    if value < 0:
+        raise ValueError(f"--{attribute.name.replace('_', '-')} must be >= 0, got {value}")
+
+
+def _check_unit(instance, attribute, value):
+    if not 0.0 <= value <= 1.0:
+        raise ValueError(f"--{attribute.name.replace('_', '-')} must be between 0 and 1, got {value}")
+
+
+@attrs.frozen
+class SamplingParams:
+    """How each position's token is drawn. temperature 0 means greedy (argmax)."""
+
+    temperature: float = attrs.field(default=0.0, validator=_check_nonneg)
+    top_k: int = attrs.field(default=0, validator=_check_nonneg)  # 0: off
+    top_p: float = attrs.field(default=1.0, validator=_check_unit)  # 1: off
+    min_p: float = attrs.field(default=0.0, validator=_check_unit)  # 0: off
+    repeat_penalty: float = attrs.field(default=1.0)  # 1: off (llama.cpp semantics)
+    repeat_last_n: int = attrs.field(default=64, validator=_check_nonneg)  # window of the penalty
+    seed: int = 0
+
+    def __attrs_post_init__(self):
+        if not self.repeat_penalty > 0:
+            raise ValueError(f"--repeat-penalty must be > 0, got {self.repeat_penalty}")
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0.0
+
+
+def _splitmix64(x: int) -> int:
+    x = (x + _GOLDEN) & _MASK64
+    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
+    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & _MASK64
+    return x ^ (x >> 31)
+
+
+def position_uniform(seed: int, position: int) -> float:
+    """A uniform number in [0, 1) that depends only on (seed, position)."""
+    mixed = _splitmix64(_splitmix64(seed & _MASK64) ^ (position & _MASK64))
+    return (mixed >> 11) * (1.0 / (1 << 53))
+
+
+class Sampler:
+    """Draws one token per logits row. Stateless apart from its parameters."""
+
+    def __init__(self, params: SamplingParams | None = None):
+        self.params = params or SamplingParams()
+
+    def adjust(self, logits: torch.Tensor, preceding: Sequence[int]) -> torch.Tensor:
+        """Apply the logit adjustments that depend on the preceding tokens (repetition penalty).
+
+        logits: [vocab]. Returns a new tensor when anything changes. Drafters call this too
+        (through DraftContext.adjust_logits) so penalties do not make drafts systematically wrong.
+        """
+        p = self.params
+        if p.repeat_penalty == 1.0 or p.repeat_last_n == 0 or not preceding:
+            return logits
+        window = preceding[-p.repeat_last_n :]
+        ids = torch.tensor(sorted(set(int(t) for t in window)), dtype=torch.long)
+        ids = ids[(ids >= 0) & (ids < logits.shape[-1])]
+        if ids.numel() == 0:
+            return logits
+        out = logits.clone()
+        picked = out[ids]
+        out[ids] = torch.where(picked > 0, picked / p.repeat_penalty, picked * p.repeat_penalty)
+        return out
+
+    def sample(self, logits: torch.Tensor, position: int, preceding: Sequence[int]) -> int:
+        """Draw the token at absolute ``position`` from ``logits`` [vocab]; ``preceding`` are the
+        tokens before it (for the repetition penalty)."""
+        logits = self.adjust(logits, preceding)
+        p = self.params
+        if p.greedy:
+            return int(torch.argmax(logits).item())
+        scaled = logits.to(torch.float64) / p.temperature
+        if p.top_k > 0 and p.top_k < scaled.shape[-1]:
+            values, order = torch.topk(scaled, p.top_k)
+        else:
+            values, order = torch.sort(scaled, descending=True)
+        probs = torch.softmax(values, dim=-1)  # [k], descending
+        keep = probs.shape[-1]
+        if p.min_p > 0.0:
+            keep = min(keep, int((probs >= p.min_p * probs[0]).sum().item()))
+        if p.top_p < 1.0:
+            cumulative = torch.cumsum(probs, dim=-1)
+            # smallest prefix whose mass reaches top_p (always at least one token)
+            keep = min(keep, int((cumulative < p.top_p).sum().item()) + 1)
+        probs = probs[: max(1, keep)]
+        cdf = torch.cumsum(probs / probs.sum(), dim=-1)
+        u = position_uniform(p.seed, position)
+        index = int(torch.searchsorted(cdf, torch.tensor([u], dtype=cdf.dtype)).item())
+        return int(order[min(index, probs.shape[-1] - 1)].item())

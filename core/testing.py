@@ -1,0 +1,439 @@
+"""A testing kit for plugin authors and for tsspec's own tests.
+
+* ``ToyTarget``: a tiny exact ``SpeculativeTarget`` in float64 torch with seeded random weights,
+  a real KV cache (attention layer) AND a recurrent state (a tanh RNN layer), with per-row
+  recurrent snapshots on or off. Rows are computed one at a time, so a multi-row verify is
+  bit-identical to one-row decoding and lossless tests can demand token equality.
+* Fake speculators: ``OracleSpeculator`` (the plain continuation, each token corrupted with
+  probability p: controlled acceptance), ``RandomSpeculator``, ``AdversarialSpeculator``.
+* ``assert_lossless``: plain vs speculative on fresh targets; tokens and trunk state must match.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+import time
+from typing import Callable, Sequence
+
+import torch
+
+from .protocols import DraftContext, ModelConfig
+from .runtime.options import SpeculationOptions
+from .runtime.sampling import SamplingParams
+
+__all__ = [
+    "ToyTarget",
+    "ToyTokenizer",
+    "OracleSpeculator",
+    "RandomSpeculator",
+    "AdversarialSpeculator",
+    "assert_lossless",
+    "plain_tokens",
+]
+
+_TOY_ALPHABET = "abcdefghijklmnopqrstuvwxyz .,!?\n"  # 32 symbols: one id each
+
+
+class ToyTokenizer:
+    """One character per id over a 32-symbol alphabet, so the toy can be driven with text."""
+
+    bos_token_id = None
+    eos_token_ids: frozenset[int] = frozenset()
+
+    def __init__(self, vocab_size: int):
+        self.vocab_size = vocab_size
+
+    def encode(self, text: str, *, add_special_tokens: bool = True) -> list[int]:
+        space = _TOY_ALPHABET.index(" ")
+        return [
+            (_TOY_ALPHABET.index(c) if c in _TOY_ALPHABET else space) % self.vocab_size
+            for c in text.lower()
+        ]
+
+    def decode(self, ids: Sequence[int], *, skip_special_tokens: bool = False) -> str:
+        return "".join(_TOY_ALPHABET[int(i) % len(_TOY_ALPHABET)] for i in ids)
+
+    def apply_chat_template(self, messages, *, add_generation_prompt: bool = True) -> str:
+        return "\n".join(m["content"] for m in messages) + ("\n" if add_generation_prompt else "")
+
+
+class ToyTarget:
+    """An exact toy trunk: embedding -> attention layer (KV cache) -> recurrent layer -> logits.
+
+    ``per_row_snapshots=True`` behaves like a hybrid trunk with per-row state snapshots: a
+    verify leaves the live recurrent state untouched and ``spec_on_verify_accepted`` commits the
+    chosen row's state. False: the live state advances and rollback restores + re-forwards.
+    ``recurrent=False`` drops the recurrent layer (pure KV: rollback is a rewind).
+    """
+
+    def __init__(
+        self,
+        vocab_size: int = 32,
+        hidden_size: int = 16,
+        *,
+        seed: int = 0,
+        per_row_snapshots: bool = False,
+        recurrent: bool = True,
+        max_context: int = 512,
+        sharpness: float = 4.0,
+        forward_delay_s: float = 0.0,
+    ):
+        g = torch.Generator().manual_seed(seed)
+        H, V = hidden_size, vocab_size
+
+        def w(*shape, scale=1.0):
+            return torch.randn(*shape, generator=g, dtype=torch.float64) * scale / math.sqrt(shape[0])
+
+        self.emb = torch.randn(V, H, generator=g, dtype=torch.float64)  # [V, H]
+        self.wq, self.wk, self.wv, self.wo = (w(H, H) for _ in range(4))  # [H, H]
+        self.rnn_a, self.rnn_b, self.rnn_o = w(H, H, scale=0.9), w(H, H), w(H, H)
+        self.w_out = w(H, V, scale=sharpness)  # [H, V]
+        self.recurrent = recurrent
+        self.per_row_snapshots = per_row_snapshots and recurrent
+        self.forward_delay_s = forward_delay_s  # simulate a slower trunk (governor tests)
+        self.config = ModelConfig("toy", V, H, 2 if recurrent else 1, max_context)
+        self.tokenizer = ToyTokenizer(V)
+        self.draft_head = None
+        self.speculation_profitable = True
+        self.speculation_refusal = None
+        self.spec_preferred_draft_window = None
+        self.spec_verify_persists_accepted_kv = not recurrent
+        self._max_context = max_context
+        self._capacity = 0
+        self._keys = torch.zeros(0, H, dtype=torch.float64)  # [capacity, H]
+        self._values = torch.zeros(0, H, dtype=torch.float64)  # [capacity, H]
+        self._len = 0
+        self._state = torch.zeros(H, dtype=torch.float64)  # live recurrent state [H]
+        self._saved_state = self._state.clone()
+        self._slots: torch.Tensor | None = None  # [rows, H] per-row states of the last forward
+        self._slot_start = 0
+        self._taps: list[int] | None = None
+        self.forward_calls = 0
+        self.forward_rows = 0
+
+    # -- capability fields ----------------------------------------------------------------
+    @property
+    def cache_seq_len(self) -> int:
+        return self._len
+
+    @property
+    def max_context_length(self) -> int:
+        return self._max_context
+
+    @property
+    def spec_feature_size(self) -> int:
+        n = len(self._taps) if self._taps else 1
+        return n * self.config.hidden_size
+
+    # -- drafter-facing surface -----------------------------------------------------------
+    def embed(self, ids: Sequence[int]) -> torch.Tensor:
+        return self.emb[torch.as_tensor(list(ids), dtype=torch.long)]  # [n, H]
+
+    def final_norm(self, h: torch.Tensor) -> torch.Tensor:
+        return h
+
+    def lm_head(self, h: torch.Tensor) -> torch.Tensor:
+        return h.to(torch.float64) @ self.w_out  # [n, V]
+
+    # -- the protocol ---------------------------------------------------------------------
+    def spec_set_feature_taps(self, layers: Sequence[int] | None) -> None:
+        if layers is not None:
+            bad = [l for l in layers if not 0 <= l <= self.config.num_layers]
+            if bad:
+                raise ValueError(f"tap layer {bad[0]} outside 0..{self.config.num_layers}")
+        self._taps = list(layers) if layers else None
+
+    def spec_ensure_capacity(self, required_seq_len: int) -> None:
+        if required_seq_len > self._max_context:
+            raise ValueError(f"{required_seq_len} rows exceed the context of {self._max_context}")
+        if required_seq_len > self._capacity:
+            cap = min(self._max_context, max(required_seq_len, 2 * self._capacity, 16))
+            H = self.config.hidden_size
+            for name in ("_keys", "_values"):
+                grown = torch.zeros(cap, H, dtype=torch.float64)
+                grown[: self._len] = getattr(self, name)[: self._len]
+                setattr(self, name, grown)
+            self._capacity = cap
+
+    def _row(self, token: int, pos: int, state: torch.Tensor):
+        """One row, exactly: returns (final hidden [H], residuals entering each layer, state)."""
+        x = self.emb[token]
+        entering = [x]
+        q, k, v = x @ self.wq, x @ self.wk, x @ self.wv
+        self._keys[pos], self._values[pos] = k, v
+        keys, values = self._keys[: pos + 1], self._values[: pos + 1]
+        att = torch.softmax(keys @ q / math.sqrt(q.shape[0]), dim=0)
+        x = x + (att @ values) @ self.wo
+        if self.recurrent:
+            entering.append(x)
+            state = torch.tanh(state @ self.rnn_a + x @ self.rnn_b)
+            x = x + state @ self.rnn_o
+        entering.append(x)
+        return x, entering, state
+
+    def spec_forward(self, tokens: Sequence[int], *, all_logits_rows: bool, want_hidden: bool):
+        tokens = [int(t) for t in tokens]
+        if not tokens:
+            raise ValueError("spec_forward needs at least one token")
+        start = self._len
+        self.spec_ensure_capacity(start + len(tokens))
+        if self.forward_delay_s:
+            time.sleep(self.forward_delay_s)
+        self.forward_calls += 1
+        self.forward_rows += len(tokens)
+        state = self._state
+        hiddens, features, states = [], [], []
+        for i, tok in enumerate(tokens):
+            h, entering, state = self._row(tok, start + i, state)
+            hiddens.append(h)
+            states.append(state)
+            if self._taps:
+                features.append(torch.cat([entering[l] for l in self._taps]))
+        self._len = start + len(tokens)
+        if self.per_row_snapshots:
+            self._slots = torch.stack(states)  # the live state stays the pre-verify state
+            self._slot_start = start
+        else:
+            self._state = state
+        h_all = torch.stack(hiddens)  # [rows, H]
+        logits = self.lm_head(h_all if all_logits_rows else h_all[-1:])
+        hidden = None
+        if want_hidden:
+            hidden = torch.stack(features) if self._taps else h_all
+        return logits, hidden
+
+    def spec_snapshot_recurrent_state(self) -> None:
+        if not self.per_row_snapshots:
+            self._saved_state = self._state.clone()
+
+    def spec_on_verify_accepted(self, accepted: int, rows: int) -> bool:
+        if not self.per_row_snapshots:
+            return False
+        self._state = self._slots[accepted].clone()
+        self._len = self._slot_start + accepted + 1
+        self._slots = None
+        return True
+
+    def spec_restore_recurrent_state(self) -> None:
+        if not self.per_row_snapshots:
+            self._state = self._saved_state.clone()
+
+    def spec_rewind_cache(self, length: int) -> None:
+        if not 0 <= length <= self._len:
+            raise ValueError(f"cannot rewind to {length}: the cache holds {self._len}")
+        self._len = length
+        if length == 0:
+            self._state = torch.zeros_like(self._state)
+            self._saved_state = self._state.clone()
+
+    # -- for tests ------------------------------------------------------------------------
+    def state_fingerprint(self) -> tuple:
+        """Everything generation leaves behind: cache length, live K/V rows, recurrent state."""
+        n = self._len
+        return (n, self._keys[:n].clone(), self._values[:n].clone(), self._state.clone())
+
+
+def plain_tokens(
+    target, prompt: Sequence[int], max_tokens: int, sampling: SamplingParams | None = None
+) -> list[int]:
+    """The plain (non-speculative) continuation of ``prompt``."""
+    from .runtime.generation import generate
+
+    return generate(
+        target, list(prompt), SpeculationOptions(enabled=False), max_tokens=max_tokens, sampling=sampling
+    ).tokens
+
+
+class OracleSpeculator:
+    """Proposes the plain-decode continuation, corrupting each drafted token with probability
+    ``corrupt`` (acceptance ~ (1 - corrupt) per token): runtime mechanics at controlled
+    acceptance, independent of drafter quality."""
+
+    name = "oracle"
+    default_min_draft_prob = 0.0
+    needs_hidden_state = False
+    handles_own_prefill = False
+    can_arm_after_prefix_reuse = True
+
+    def __init__(self, sequence: Sequence[int], *, corrupt: float = 0.0, vocab_size: int, max_draft_tokens: int = 8, seed: int = 0):
+        self.sequence = [int(t) for t in sequence]  # prompt + plain continuation
+        self.corrupt = corrupt
+        self.vocab_size = vocab_size
+        self.max_draft_tokens = max_draft_tokens
+        self.min_draft_prob = 0.0
+        self.seed = seed
+        self.proposals = 0
+        self.commits = 0
+
+    @classmethod
+    def from_plain_run(cls, target, prompt, max_tokens, *, sampling=None, corrupt=0.0, max_draft_tokens=8, seed=0):
+        cont = plain_tokens(target, prompt, max_tokens, sampling)
+        return cls(list(prompt) + cont, corrupt=corrupt, vocab_size=target.config.vocab_size,
+                   max_draft_tokens=max_draft_tokens, seed=seed)
+
+    def propose(self, ctx: DraftContext) -> list[int]:
+        self.proposals += 1
+        p = ctx.position
+        if list(ctx.history[-8:]) != self.sequence[max(0, p - 7) : p + 1]:
+            return []  # off the reference path (cannot happen when verification is right)
+        out = []
+        for i, tok in enumerate(self.sequence[p + 1 : p + 1 + min(ctx.max_tokens, self.max_draft_tokens)]):
+            rng = random.Random((self.seed * 1_000_003 + p) * 131 + i)
+            if rng.random() < self.corrupt:
+                tok = (tok + 1 + rng.randrange(self.vocab_size - 1)) % self.vocab_size
+            out.append(tok)
+        return out
+
+    def commit(self, tokens, hidden_rows, start_pos) -> None:
+        self.commits += 1
+
+    def reset(self) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
+class RandomSpeculator:
+    """Proposes random ids: acceptance near 1/vocab. Tests that wrong drafts only cost speed."""
+
+    name = "random"
+    default_min_draft_prob = 0.0
+    min_draft_prob = 0.0
+    needs_hidden_state = True  # exercises the hidden-row plumbing too
+    handles_own_prefill = False
+    can_arm_after_prefix_reuse = True
+
+    def __init__(self, vocab_size: int, *, max_draft_tokens: int = 4, seed: int = 0):
+        self.vocab_size = vocab_size
+        self.max_draft_tokens = max_draft_tokens
+        self.rng = random.Random(seed)
+        self.committed: list[tuple[int, int]] = []  # (start_pos, n) of each commit
+
+    def propose(self, ctx: DraftContext) -> list[int]:
+        n = self.rng.randint(0, min(ctx.max_tokens, self.max_draft_tokens))
+        return [self.rng.randrange(self.vocab_size) for _ in range(n)]
+
+    def commit(self, tokens, hidden_rows, start_pos) -> None:
+        if hidden_rows is not None and hidden_rows.shape[0] != len(tokens):
+            raise AssertionError("hidden rows do not pair with tokens")
+        self.committed.append((start_pos, len(tokens)))
+
+    def reset(self) -> None:
+        self.committed.clear()
+
+    def close(self) -> None:
+        pass
+
+
+ADVERSARIAL_MODES = (
+    "out_of_vocab",
+    "negative",
+    "too_many",
+    "wrong_type",
+    "floats",
+    "raise_propose",
+    "raise_commit",
+    "none",
+    "slow",
+    "mixed",
+)
+
+
+class AdversarialSpeculator:
+    """Misbehaves on purpose: bad ids, 10^6 tokens, wrong types, exceptions, slowness.
+
+    ``mode`` is one of ADVERSARIAL_MODES; "mixed" cycles through the others, interleaved with
+    correct oracle drafts when ``sequence`` is given (so the good path is exercised too)."""
+
+    name = "adversarial"
+    default_min_draft_prob = 0.0
+    min_draft_prob = 0.0
+    needs_hidden_state = False
+    handles_own_prefill = False
+    can_arm_after_prefix_reuse = True
+
+    def __init__(self, vocab_size: int, mode: str = "mixed", *, sequence: Sequence[int] | None = None,
+                 max_draft_tokens: int = 4, delay_s: float = 0.002):
+        if mode not in ADVERSARIAL_MODES:
+            raise ValueError(f"unknown mode {mode!r}")
+        self.vocab_size = vocab_size
+        self.mode = mode
+        self.sequence = list(sequence) if sequence is not None else None
+        self.max_draft_tokens = max_draft_tokens
+        self.delay_s = delay_s
+        self.calls = 0
+
+    def _behave(self, mode: str, ctx: DraftContext):
+        v = self.vocab_size
+        if mode == "out_of_vocab":
+            return [v, v + 7]
+        if mode == "negative":
+            return [-1]
+        if mode == "too_many":
+            return [0] * 1_000_000
+        if mode == "wrong_type":
+            return "not a list"
+        if mode == "floats":
+            return [1.5, float("nan")]
+        if mode == "raise_propose":
+            raise RuntimeError("adversarial propose")
+        if mode == "none":
+            return None
+        if mode == "slow":
+            time.sleep(self.delay_s)
+            return [ctx.last_token] * min(2, ctx.max_tokens)
+        return []
+
+    def propose(self, ctx: DraftContext):
+        self.calls += 1
+        mode = self.mode
+        if mode == "mixed":
+            kinds = [m for m in ADVERSARIAL_MODES if m not in ("mixed", "slow", "raise_commit")]
+            if self.sequence is not None and self.calls % 2 == 0:
+                p = ctx.position
+                return self.sequence[p + 1 : p + 1 + min(ctx.max_tokens, self.max_draft_tokens)]
+            mode = kinds[self.calls % len(kinds)]
+        return self._behave(mode, ctx)
+
+    def commit(self, tokens, hidden_rows, start_pos) -> None:
+        if self.mode == "raise_commit":
+            raise RuntimeError("adversarial commit")
+
+    def reset(self) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
+def assert_lossless(
+    make_target: Callable[[], object],
+    make_speculator: Callable[[object], object],
+    prompt: Sequence[int] | str,
+    *,
+    max_tokens: int = 32,
+    sampling: SamplingParams | None = None,
+    options: SpeculationOptions | None = None,
+    check_state: bool = True,
+):
+    """Run plain and speculative decoding on fresh targets; assert identical tokens (and, when
+    the target offers ``state_fingerprint``, identical trunk state). Returns both Generations."""
+    from .runtime.generation import generate
+
+    plain_target = make_target()
+    plain = generate(plain_target, prompt, SpeculationOptions(enabled=False), max_tokens=max_tokens, sampling=sampling)
+    spec_target = make_target()
+    speculator = make_speculator(spec_target)
+    opts = options or SpeculationOptions(adaptive=False)
+    spec = generate(spec_target, prompt, opts, max_tokens=max_tokens, sampling=sampling, speculator=speculator)
+    assert spec.tokens == plain.tokens, (
+        f"speculative output differs from plain:\n plain={plain.tokens}\n  spec={spec.tokens}"
+    )
+    if check_state and hasattr(plain_target, "state_fingerprint"):
+        a, b = plain_target.state_fingerprint(), spec_target.state_fingerprint()
+        assert a[0] == b[0], f"cache length differs: plain {a[0]} spec {b[0]}"
+        for x, y in zip(a[1:], b[1:]):
+            assert torch.equal(x, y), "trunk state after generation differs from the plain run"
+    return plain, spec

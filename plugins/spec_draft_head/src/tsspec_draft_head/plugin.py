@@ -1,0 +1,47 @@
+"""The ``draft-head`` registration: factory and hook implementation.
+
+The factory only decides whether this algorithm can serve a target (it needs a PER_TOKEN draft
+head attached to it) and sizes the speculator from the options; everything else is in
+``speculator.py``.
+"""
+
+from __future__ import annotations
+
+from tsspec.hookspecs import hookimpl
+from tsspec.protocols import DraftHeadKind, SpeculatorDeclined
+from tsspec.runtime.options import SpeculationOptions
+
+from .speculator import ALGORITHM, DEFAULT_MIN_DRAFT_PROB, DraftHeadSpeculator
+
+DESCRIPTION = (
+    "per-token learned drafter (NextN / MTP, EAGLE-shaped): chains the checkpoint's draft head "
+    "one token at a time, gated on its top-1 probability"
+)
+
+
+def make_draft_head(target, options: SpeculationOptions | None = None) -> DraftHeadSpeculator:
+    """A DraftHeadSpeculator over ``target.draft_head``, or SpeculatorDeclined saying why not."""
+    options = options if options is not None else SpeculationOptions()
+    head = getattr(target, "draft_head", None)
+    if head is None:
+        raise SpeculatorDeclined(
+            "the model carries no per-token draft head (NextN / MTP); attach one "
+            "(--spec-draft-model) or use the weight-free --spec-type ngram"
+        )
+    kind = getattr(head, "kind", DraftHeadKind.NONE)
+    if kind is not DraftHeadKind.PER_TOKEN:
+        hint = " (--spec-type block serves it)" if kind is DraftHeadKind.BLOCK else ""
+        raise SpeculatorDeclined(
+            f"its draft head is of kind {getattr(kind, 'value', kind)!s}, not per_token{hint}"
+        )
+    return DraftHeadSpeculator(
+        head,
+        max_draft_tokens=options.window(getattr(target, "spec_preferred_draft_window", None)),
+        feature_size=target.spec_feature_size,
+        min_draft_prob=options.min_prob(DEFAULT_MIN_DRAFT_PROB),
+    )
+
+
+@hookimpl
+def tsspec_register_speculators(register):
+    register(ALGORITHM, make_draft_head, requires_draft_head=True, description=DESCRIPTION)

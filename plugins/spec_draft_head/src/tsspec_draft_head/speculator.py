@@ -1,0 +1,201 @@
+"""DraftHeadSpeculator: the per-token learned-drafter algorithm (NextN / MTP, EAGLE-shaped).
+
+Propose chains the head one token at a time: step k feeds the previous draft token with the
+head's own hidden output, so a window of K drafts costs up to K head calls. The chain stops at
+the first step whose confidence gate fails (top-1 over the head's top-10 logits, after the
+sampler's logit adjustments), or at the window.
+
+Commit tells the head what really landed, with the trunk's exact hidden rows, so its KV cache
+tracks the sequence and not its own rejected drafts. That catch-up used to be a separate head
+call before the next proposal's first step. llama.cpp instead runs its MTP block once over
+``n_accepted + 1`` rows; we do the same when the head offers ``draft_catch_up_and_step``: commit
+only records the rows, and the next proposal's first step carries them (its own inputs are
+``ctx.last_token`` and ``ctx.carry_hidden``). A step then costs one head call instead of two.
+``TS_MTP_FOLD_CATCHUP=0`` keeps the unfolded path (catch-up at commit), for attribution.
+
+Worked example (window 3, folding on). Prefill commits tokens [a, b, c] at 0 with rows
+[0, h_a, h_b]; the head is NOT called. propose(last=d, position=3, carry=h_c) makes one fused call
+over [a, b, c, d] with rows [0, h_a, h_b, h_c] from 0 -> logits for position 4 -> draft e; then
+draft_step(e, h_out, 4) -> f; draft_step(f, h_out', 5) -> g. The trunk accepts e only and emits
+x: commit([d, e], [h_c, h_d], 3) is recorded; propose(last=x, position=5, carry=h_e) makes one
+fused call over [d, e, x] from 3, which overwrites the head's rows for the rejected f and g.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Mapping, Sequence
+
+import attrs
+import torch
+
+from tsspec.runtime.registry import DEFAULT_PMIN
+
+from .confidence import passes_gate, top1_over_topk
+
+ALGORITHM = "draft-head"
+DEFAULT_MIN_DRAFT_PROB = DEFAULT_PMIN[ALGORITHM]  # 0.75: --spec-pmin for a per-token head
+FOLD_ENV = "TS_MTP_FOLD_CATCHUP"
+_OFF = {"0", "false", "no", "off"}
+
+
+def fold_enabled(environ: Mapping[str, str] | None = None) -> bool:
+    """Whether ``TS_MTP_FOLD_CATCHUP`` allows folding (anything but 0/false/no/off does)."""
+    env = os.environ if environ is None else environ
+    return env.get(FOLD_ENV, "1").strip().lower() not in _OFF
+
+
+@attrs.define
+class HeadCallCounters:
+    """How the speculator used its head: the phase counters for the fold benchmark.
+
+    ``head_calls`` = ``steps + catch_ups + fused``; with folding ``catch_ups`` stays 0 except
+    where a gap or a skipped proposal forces one.
+    """
+
+    proposals: int = 0  # propose() calls that reached the head
+    steps: int = 0  # draft_step calls
+    catch_ups: int = 0  # draft_catch_up calls
+    fused: int = 0  # draft_catch_up_and_step calls
+    drafted: int = 0  # tokens proposed
+    gate_stops: int = 0  # chains ended by the confidence gate
+
+    @property
+    def head_calls(self) -> int:
+        return self.steps + self.catch_ups + self.fused
+
+
+@attrs.define
+class _Pending:
+    """Committed rows not yet shown to the head (folding on): contiguous from ``start``."""
+
+    start: int
+    tokens: list[int]
+    rows: list[torch.Tensor]  # each [F]
+
+    @property
+    def end(self) -> int:
+        return self.start + len(self.tokens)
+
+
+class DraftHeadSpeculator:
+    """Speculator over a per-token DraftHead (kind PER_TOKEN).
+
+    ``feature_size`` is the width of the trunk's hidden rows (used for a missing row, which the
+    commit contract allows only for position 0).
+    """
+
+    name = ALGORITHM
+    default_min_draft_prob = DEFAULT_MIN_DRAFT_PROB
+    needs_hidden_state = True
+    handles_own_prefill = False
+
+    def __init__(
+        self,
+        head,
+        *,
+        max_draft_tokens: int,
+        feature_size: int,
+        min_draft_prob: float | None = None,
+        fold_catch_up: bool | None = None,
+    ) -> None:
+        if max_draft_tokens < 1:
+            raise ValueError(f"max_draft_tokens must be >= 1, got {max_draft_tokens}")
+        self.head = head
+        self.max_draft_tokens = int(max_draft_tokens)
+        self.feature_size = int(feature_size)
+        self.min_draft_prob = float(
+            DEFAULT_MIN_DRAFT_PROB if min_draft_prob is None else min_draft_prob
+        )
+        # a per-position head chained token by token drafts garbage after a gap it never saw
+        self.can_arm_after_prefix_reuse = bool(getattr(head, "resumes_after_gap", False))
+        wants_fold = fold_enabled() if fold_catch_up is None else bool(fold_catch_up)
+        self.fold_catch_up = wants_fold and callable(getattr(head, "draft_catch_up_and_step", None))
+        self.counters = HeadCallCounters()
+        self._pending: _Pending | None = None
+
+    # -- proposing ---------------------------------------------------------------------------
+    def propose(self, ctx) -> list[int]:
+        budget = min(self.max_draft_tokens, int(ctx.max_tokens))
+        if budget < 1 or ctx.carry_hidden is None:
+            return []
+        self.counters.proposals += 1
+        logits, hidden = self._first_step(ctx.last_token, ctx.carry_hidden, ctx.position)
+        preceding = list(ctx.history)  # history[-1] == last_token
+        drafts: list[int] = []
+        while True:
+            logits = logits.reshape(-1)  # [vocab]
+            if ctx.vocab_size and logits.shape[0] > ctx.vocab_size:
+                logits = logits[: ctx.vocab_size]  # padded head vocabulary: never draft padding
+            if ctx.adjust_logits is not None:
+                logits = ctx.adjust_logits(logits, preceding)
+            token, probability = top1_over_topk(logits)
+            if not passes_gate(probability, self.min_draft_prob):
+                self.counters.gate_stops += 1
+                break
+            drafts.append(token)
+            preceding.append(token)
+            if len(drafts) == budget:
+                break
+            logits, hidden = self._step(token, hidden, ctx.position + len(drafts))
+        self.counters.drafted += len(drafts)
+        return drafts
+
+    def _first_step(self, token: int, h_prev: torch.Tensor, position: int):
+        """The chain's first head call; with folding it also carries the pending catch-up."""
+        pending = self._pending
+        if pending is not None and not (self.fold_catch_up and pending.end == position):
+            self._flush()  # unfolded, or pending rows that do not lead up to `position`
+            pending = None
+        if pending is None:
+            return self._step(token, h_prev, position)
+        rows = torch.stack([*pending.rows, h_prev.reshape(-1)])  # [n + 1, F]
+        self.counters.fused += 1
+        out = self.head.draft_catch_up_and_step([*pending.tokens, int(token)], rows, pending.start)
+        self._pending = None  # only once the head has them: a failed call is retried whole
+        return out
+
+    def _step(self, token: int, h_prev: torch.Tensor, position: int):
+        self.counters.steps += 1
+        return self.head.draft_step(int(token), h_prev, position)
+
+    # -- committing --------------------------------------------------------------------------
+    def commit(self, tokens: Sequence[int], hidden_rows: torch.Tensor | None, start_pos: int) -> None:
+        """Record what landed. Rows are the trunk rows that predicted each token (zeros at
+        position 0); without rows (a runtime that skipped them) zeros stand in, which only
+        costs acceptance."""
+        tokens = [int(t) for t in tokens]
+        if not tokens:
+            return
+        if hidden_rows is None:
+            hidden_rows = torch.zeros(len(tokens), self.feature_size)
+        rows = [hidden_rows[k].detach().clone() for k in range(len(tokens))]  # each [F]
+        pending = self._pending
+        if pending is not None and pending.start <= start_pos <= pending.end:
+            keep = start_pos - pending.start  # overlap: the newer rows win
+            del pending.tokens[keep:], pending.rows[keep:]
+            pending.tokens.extend(tokens)
+            pending.rows.extend(rows)
+        else:
+            if pending is not None:
+                self._flush()  # a gap: catch up on what we had, then start again
+            self._pending = _Pending(int(start_pos), tokens, rows)
+        if not self.fold_catch_up:
+            self._flush()
+
+    def _flush(self) -> None:
+        """Catch the head up on the pending rows with a call of its own."""
+        pending, self._pending = self._pending, None
+        if pending is None:
+            return
+        self.counters.catch_ups += 1
+        self.head.draft_catch_up(pending.tokens, torch.stack(pending.rows), pending.start)
+
+    # -- lifecycle ---------------------------------------------------------------------------
+    def reset(self) -> None:
+        """A new sequence: drop pending rows and the head's cache (counters survive)."""
+        self._pending = None
+        self.head.reset()
+
+    def close(self) -> None:
+        self._pending = None

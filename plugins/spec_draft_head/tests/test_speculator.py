@@ -1,0 +1,241 @@
+"""DraftHeadSpeculator driven directly (no runtime): chaining, the gate, commit and folding."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from tsspec.protocols import DraftContext, Speculator
+from tsspec.toy_heads import ToyPerTokenHead
+from tsspec_draft_head import FOLD_ENV, DraftHeadSpeculator, fold_enabled
+
+VOCAB, HIDDEN = 41, 10
+
+
+def _rows(n: int, seed: int) -> torch.Tensor:
+    return torch.randn(n, HIDDEN, generator=torch.Generator().manual_seed(seed), dtype=torch.float64)
+
+
+def _spec(*, fold=True, pmin=0.0, window=4, head=None, seed=3, **head_kwargs):
+    head = head or ToyPerTokenHead(VOCAB, HIDDEN, seed=seed, **head_kwargs)
+    return DraftHeadSpeculator(
+        head, max_draft_tokens=window, feature_size=HIDDEN, min_draft_prob=pmin, fold_catch_up=fold
+    )
+
+
+def _ctx(history, carry, *, max_tokens=8, adjust=None, vocab=VOCAB):
+    return DraftContext(
+        last_token=history[-1],
+        position=len(history) - 1,
+        max_tokens=max_tokens,
+        history=tuple(history),
+        carry_hidden=carry,
+        adjust_logits=adjust,
+        vocab_size=vocab,
+    )
+
+
+def _drive(spec, steps=6, seed=0):
+    """A scripted run: prefill, then each step keeps the first draft (if any) and a fresh token.
+    Returns every proposal; the same script gives the same commits whatever the speculator does
+    with them, so two speculators can be compared."""
+    gen = torch.Generator().manual_seed(seed)
+    history = [int(t) for t in torch.randint(0, VOCAB, (6,), generator=gen)]
+    rows = _rows(64, seed + 100)  # rows[p] = the trunk row of position p
+    rows_for = lambda start, n: torch.cat([torch.zeros(1, HIDDEN, dtype=torch.float64), rows])[start : start + n]
+    spec.reset()
+    spec.commit(history[:-1], rows_for(0, len(history) - 1), 0)
+    proposals = []
+    for _ in range(steps):
+        p = len(history) - 1
+        drafts = spec.propose(_ctx(history, rows[p - 1]))
+        proposals.append(drafts)
+        kept = [history[-1], *drafts[:1]]
+        spec.commit(kept, rows_for(p, len(kept)), p)
+        history += drafts[:1] + [int(torch.randint(0, VOCAB, (1,), generator=gen))]
+    return proposals
+
+
+def test_satisfies_the_speculator_protocol():
+    spec = _spec()
+    assert isinstance(spec, Speculator)
+    assert spec.name == "draft-head" and spec.needs_hidden_state and not spec.handles_own_prefill
+    assert spec.default_min_draft_prob == 0.75
+    assert spec.can_arm_after_prefix_reuse is False
+    assert _spec(resumes_after_gap=True).can_arm_after_prefix_reuse is True
+
+
+def test_fold_and_no_fold_propose_identically():
+    folded, unfolded = _spec(fold=True), _spec(fold=False)
+    a, b = _drive(folded), _drive(unfolded)
+    assert a == b and any(a)
+    assert folded.counters.catch_ups == 0 and folded.counters.fused == 6
+    assert unfolded.counters.fused == 0 and unfolded.counters.catch_ups == 7  # prefill + 6 steps
+    assert unfolded.counters.head_calls == folded.counters.head_calls + 7
+
+
+def test_folding_makes_one_head_call_per_step_at_window_one():
+    spec = _spec(fold=True, window=1)
+    _drive(spec, steps=5)
+    head = spec.head
+    assert head.calls == 5 and head.fused_calls == 5 and head.catch_up_calls == 0 and head.step_calls == 0
+    spec = _spec(fold=False, window=1)
+    _drive(spec, steps=5)
+    assert spec.head.calls == 5 + 6  # a step and a catch-up per step, plus the prefill catch-up
+
+
+def test_chain_feeds_its_own_hidden_back_and_writes_the_head_cache():
+    spec = _spec(pmin=0.0, window=3)
+    history = [1, 2, 3, 4]
+    spec.commit(history[:-1], torch.cat([torch.zeros(1, HIDDEN, dtype=torch.float64), _rows(2, 1)]), 0)
+    drafts = spec.propose(_ctx(history, _rows(3, 1)[2]))
+    assert len(drafts) == 3  # pmin 0: always to the window
+    assert spec.head.cache_positions == [0, 1, 2, 3, 4, 5]  # the draft chain wrote 4 and 5
+    assert spec.head.cache_tokens == [1, 2, 3, 4, *drafts[:2]]
+    assert spec.counters.fused == 1 and spec.counters.steps == 2
+
+
+def test_gate_at_one_drafts_nothing_and_stops_after_one_call():
+    spec = _spec(pmin=1.0)
+    assert _drive(spec) == [[]] * 6
+    assert spec.counters.gate_stops == 6 and spec.counters.head_calls == 6
+
+
+def test_gate_stops_the_chain_at_the_first_unconfident_step():
+    probs = []
+    spec = _spec(pmin=0.75, window=8, logit_scale=3.0)
+    original = spec.head.draft_step
+
+    def recording_step(token, h, pos):
+        logits, h_out = original(token, h, pos)
+        probs.append(torch.softmax(torch.topk(logits, 10).values, 0)[0].item())
+        return logits, h_out
+
+    spec.head.draft_step = recording_step
+    lengths = []
+    for seed in range(12):
+        probs.clear()
+        spec.reset()
+        drafts = spec.propose(_ctx([seed, 5, 7], _rows(1, seed)[0]))
+        lengths.append(len(drafts))
+        # every drafted step passed the gate; the step after the last draft failed it
+        assert all(p >= 0.75 for p in probs[: len(drafts)])
+        if len(drafts) < 8:
+            assert len(probs) == len(drafts) + 1 and probs[-1] < 0.75
+    assert max(lengths) > 0 and min(lengths) < 8  # both outcomes were exercised
+
+
+def test_adjust_logits_sees_the_right_preceding_tokens_and_changes_drafts():
+    seen = []
+
+    def adjust(logits, preceding):
+        seen.append(list(preceding))
+        out = logits.clone()
+        out[list(set(preceding))] = -1e9  # a huge repeat penalty: never repeat
+        return out
+
+    history = [2, 3, 4]
+    carry = _rows(1, 9)[0]
+    plain = _spec(pmin=0.0, window=6, logit_scale=0.01).propose(_ctx(history, carry))
+    penalised = _spec(pmin=0.0, window=6, logit_scale=0.01).propose(_ctx(history, carry, adjust=adjust))
+    assert seen == [history + penalised[:k] for k in range(6)]
+    assert len(set(penalised) | set(history)) == len(penalised) + len(history)  # no repeats
+    assert plain != penalised  # a near-uniform head repeats itself without the penalty
+
+
+def test_budget_and_padded_vocabulary():
+    spec = _spec(pmin=0.0, window=8)
+    assert len(spec.propose(_ctx([1, 2], _rows(1, 0)[0], max_tokens=2))) == 2
+    assert spec.propose(_ctx([1, 2], _rows(1, 0)[0], max_tokens=0)) == []
+    narrow = spec.propose(_ctx([1, 2], _rows(1, 0)[0], vocab=3))
+    assert narrow and all(t < 3 for t in narrow)
+
+
+def test_no_carry_hidden_means_no_proposal_and_no_head_call():
+    spec = _spec()
+    assert spec.propose(_ctx([1, 2], None)) == [] and spec.head.calls == 0
+
+
+def test_gap_in_commits_does_not_crash():
+    for fold in (True, False):
+        spec = _spec(fold=fold, pmin=0.0)
+        spec.commit([1, 2, 3], _rows(3, 0), 0)
+        spec.commit([7, 8], _rows(2, 1), 20)  # positions 3..19 never seen
+        drafts = spec.propose(_ctx([0] * 22 + [9], _rows(1, 2)[0]))
+        assert len(drafts) == 4
+        assert spec.head.cache_positions[:5] == [0, 1, 2, 20, 21]
+
+
+def test_pending_rows_not_leading_to_the_proposal_are_flushed():
+    spec = _spec(fold=True, pmin=0.0)
+    spec.commit([1, 2, 3], _rows(3, 0), 0)
+    spec.propose(_ctx([1, 2, 3, 4, 5], _rows(1, 0)[0]))  # position 4: the head never got 3
+    assert spec.counters.catch_ups == 1 and spec.counters.fused == 0
+    assert spec.head.cache_positions[:3] == [0, 1, 2] and 4 in spec.head.cache_positions
+
+
+def test_overlapping_commit_replaces_the_pending_tail():
+    spec = _spec(fold=True)
+    spec.commit([1, 2, 3, 4], _rows(4, 0), 0)
+    spec.commit([9, 8], _rows(2, 1), 2)
+    spec.propose(_ctx([1, 2, 9, 8, 5], _rows(1, 2)[0]))
+    assert spec.head.cache_tokens[:5] == [1, 2, 9, 8, 5] and spec.counters.fused == 1
+
+
+def test_missing_hidden_rows_stand_in_as_zeros():
+    spec = _spec(fold=False)
+    spec.commit([1, 2], None, 0)
+    assert spec.head.cache_positions == [0, 1]
+
+
+def test_failed_fused_call_keeps_the_pending_rows():
+    spec = _spec(fold=True)
+    spec.commit([1, 2], _rows(2, 0), 0)
+    real = spec.head.draft_catch_up_and_step
+    spec.head.draft_catch_up_and_step = lambda *a: (_ for _ in ()).throw(RuntimeError("device lost"))
+    with pytest.raises(RuntimeError):
+        spec.propose(_ctx([1, 2, 3], _rows(1, 1)[0]))
+    spec.head.draft_catch_up_and_step = real
+    spec.propose(_ctx([1, 2, 3], _rows(1, 1)[0]))
+    assert spec.head.cache_tokens[:3] == [1, 2, 3]
+
+
+def test_reset_drops_pending_rows_and_the_head_cache():
+    spec = _spec(fold=True)
+    spec.commit([1, 2], _rows(2, 0), 0)
+    spec.reset()
+    spec.propose(_ctx([5], _rows(1, 0)[0]))
+    assert spec.counters.fused == 0 and spec.head.cache_tokens[0] == 5
+
+
+def test_fold_env_is_read_when_the_speculator_is_made(monkeypatch):
+    monkeypatch.setenv(FOLD_ENV, "0")
+    head = ToyPerTokenHead(VOCAB, HIDDEN)
+    off = DraftHeadSpeculator(head, max_draft_tokens=2, feature_size=HIDDEN)
+    monkeypatch.setenv(FOLD_ENV, "1")
+    assert off.fold_catch_up is False
+    assert DraftHeadSpeculator(head, max_draft_tokens=2, feature_size=HIDDEN).fold_catch_up is True
+    assert fold_enabled({}) and not fold_enabled({FOLD_ENV: "off"}) and fold_enabled({FOLD_ENV: "1"})
+
+
+def test_heads_without_a_fused_call_use_the_unfolded_path():
+    class StepOnlyHead:
+        kind = ToyPerTokenHead.kind
+        block_size, resumes_after_gap = 1, False
+
+        def __init__(self):
+            self.inner = ToyPerTokenHead(VOCAB, HIDDEN)
+            self.draft_step, self.draft_catch_up = self.inner.draft_step, self.inner.draft_catch_up
+            self.reset = self.inner.reset
+
+    spec = DraftHeadSpeculator(
+        StepOnlyHead(), max_draft_tokens=2, feature_size=HIDDEN, min_draft_prob=0.0, fold_catch_up=True
+    )
+    assert spec.fold_catch_up is False
+    assert _drive(spec, steps=3) == _drive(_spec(fold=True, window=2, seed=0), steps=3)
+    assert spec.counters.catch_ups == 4 and spec.counters.fused == 0
+
+
+def test_rejects_an_empty_window():
+    with pytest.raises(ValueError):
+        _spec(window=0)

@@ -1,0 +1,387 @@
+"""N-gram (prompt lookup) matching: where did the current suffix occur before, and what followed?
+
+Pure Python, no torch: the index and the drafter work on plain lists of token ids, so they are
+tested on tiny integer arrays and timed without a model.
+
+Index. One dict per n-gram order ``n`` (``min_order .. max_order``, 2..8 by default) maps
+``hash(tokens[c-n:c])`` to the positions ``c`` right AFTER the most recent occurrences of that
+n-gram (most recent first; ``candidates`` of them, 1 in the plain form). An entry for the n-gram
+ending at position ``c-1`` is inserted only when token ``c`` arrives, so:
+
+* the current suffix is never in its own index (a lookup can never match it against itself),
+* every stored position has at least one known continuation token (``c < len(tokens)``).
+
+Appending a token costs one dict update per order; a lookup costs one dict read per order,
+longest order first. Both are O(1) in the length of the history. The hash is a polynomial over
+a large prime modulus; whatever it says, every hit is re-checked token by token, so a collision
+(the tests force them with a tiny modulus) can only cost a missed or rejected draft, never a
+wrong match. Rewinds are exact: each append logs the values it overwrote, and ``truncate``
+replays that log backwards.
+
+Draft. From a match at ``c`` the draft copies what followed: ``tokens[c], tokens[c+1], ..``,
+up to the window. The plain form cuts it at the end of the known history. A continuation may
+run into the suffix itself (a repeating pattern): with ``periodic`` the draft keeps copying
+from the sequence extended by the draft, i.e. it repeats the last ``len(tokens) - c`` tokens.
+
+Worked example (orders 2..3; positions under the tokens)::
+
+    tokens   5  1  2  3  9  1  2
+    pos      0  1  2  3  4  5  6          len = 7, suffix ends at 6
+
+    order 3: (9, 1, 2) never occurred before             -> no hit
+    order 2: (1, 2) occurred at 1..2, so c = 3             -> re-check tokens[1:3] == [1, 2]: ok
+    draft (window 6, plain):     tokens[3:7]             =  [3, 9, 1, 2]   (cut at the end)
+    draft (window 6, periodic):  period len - c = 4      =  [3, 9, 1, 2, 3, 9]
+
+Beyond the plain form (each measured, see the package README and ``scripts/acceptance.py``):
+
+* ``follow``: keep copying from the place the last draft came from while it keeps agreeing
+  (the copy source a rewrite is walking through), instead of jumping to the most recent
+  occurrence of a short suffix, which is often somewhere else.
+* ``candidates > 1``: several continuations per key; among the re-checked ones take the
+  longest backward match (up to ``EXTENDED_MATCH``), most recent on a tie.
+* ``periodic``: the self-referential continuation above.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import NamedTuple, Sequence
+
+DEFAULT_MIN_ORDER = 2
+DEFAULT_MAX_ORDER = 8
+HASH_MODULUS = (1 << 61) - 1  # a Mersenne prime: collisions are rare, the re-check catches them
+HASH_BASE = 1_000_003
+EXTENDED_MATCH = 32  # how far back candidates and the follow source are compared
+PMIN_ORDER_SCALE = 8  # --spec-pmin p asks for a match of ceil(p * 8) tokens (clamped to the orders)
+
+__all__ = [
+    "DEFAULT_MIN_ORDER",
+    "DEFAULT_MAX_ORDER",
+    "HASH_MODULUS",
+    "NGramIndex",
+    "NGramDrafter",
+    "Match",
+    "required_match_length",
+]
+
+
+def required_match_length(
+    pmin: float, min_order: int = DEFAULT_MIN_ORDER, max_order: int = DEFAULT_MAX_ORDER
+) -> int:
+    """The shortest suffix match that may draft, from ``--spec-pmin``.
+
+    ``pmin <= 0`` -> ``min_order`` (any indexed match); otherwise ``clamp(ceil(pmin * 8),
+    min_order, max_order)``: 0.25 -> 2, 0.5 -> 4, 0.75 -> 6, 1.0 -> 8. A longer required match
+    drafts less often and is right more often: the same knob as a confidence gate.
+    """
+    if not pmin or pmin <= 0.0:
+        return min_order
+    return max(min_order, min(max_order, math.ceil(pmin * PMIN_ORDER_SCALE)))
+
+
+class Match(NamedTuple):
+    """A re-checked hit: ``pos`` is where the continuation starts, ``length`` how many tokens
+    before it are known to equal the current suffix (at least the order that found it)."""
+
+    pos: int
+    length: int
+
+
+class NGramIndex:
+    """Tokens plus one hash map per order; see the module docstring for the layout."""
+
+    def __init__(
+        self,
+        min_order: int = DEFAULT_MIN_ORDER,
+        max_order: int = DEFAULT_MAX_ORDER,
+        *,
+        candidates: int = 1,
+        modulus: int = HASH_MODULUS,
+    ) -> None:
+        if not 1 <= min_order <= max_order:
+            raise ValueError(f"orders must satisfy 1 <= min_order <= max_order, got {min_order}..{max_order}")
+        if candidates < 1 or modulus < 1:
+            raise ValueError("candidates and modulus must be positive")
+        self.min_order = min_order
+        self.max_order = max_order
+        self.candidates = candidates
+        self.modulus = modulus
+        self._powers = [pow(HASH_BASE, k, modulus) for k in range(max_order)]
+        self.tokens: list[int] = []
+        # maps[n - min_order]: hash of an n-gram -> tuple of continuation positions, newest first
+        self.maps: list[dict[int, tuple[int, ...]]] = [{} for _ in range(min_order, max_order + 1)]
+        # keys of the n-grams ending at the last token, by order (only orders that fit)
+        self._tail_keys: list[int] = []
+        # per appended token: ((order slot, key, previous value or None), ...) to undo its inserts
+        self._undo: list[tuple[tuple[int, int, tuple[int, ...] | None], ...]] = []
+
+    def __len__(self) -> int:
+        return len(self.tokens)
+
+    # -- hashing --------------------------------------------------------------------------
+    def key(self, gram: Sequence[int]) -> int:
+        """The hash of one n-gram (oldest token first); the same value the index stores."""
+        h = 0
+        powers, mod = self._powers, self.modulus
+        for k, tok in enumerate(reversed(gram)):
+            h = (h + tok * powers[k]) % mod
+        return h
+
+    def _keys_ending_at(self, end: int) -> list[int]:
+        """Keys of the n-grams ending at ``end`` for orders min_order.. (as many as fit)."""
+        toks, powers, mod = self.tokens, self._powers, self.modulus
+        keys: list[int] = []
+        h = 0
+        top = min(self.max_order, end + 1)
+        for k in range(top):  # k + 1 = order
+            h = (h + toks[end - k] * powers[k]) % mod
+            if k + 1 >= self.min_order:
+                keys.append(h)
+        return keys
+
+    # -- mutation -------------------------------------------------------------------------
+    def append(self, token: int) -> None:
+        """Add one token: the n-grams ending just before it now have a continuation."""
+        c = len(self.tokens)
+        self.tokens.append(token)
+        undo = []
+        limit = self.candidates
+        for slot, key in enumerate(self._tail_keys):
+            table = self.maps[slot]
+            prev = table.get(key)
+            if prev is None or limit == 1:
+                table[key] = (c,)
+            else:
+                table[key] = ((c,) + prev)[:limit]
+            undo.append((slot, key, prev))
+        self._undo.append(tuple(undo))
+        self._tail_keys = self._keys_ending_at(c)
+
+    def extend(self, tokens: Sequence[int]) -> None:
+        for token in tokens:
+            self.append(token)
+
+    def truncate(self, length: int) -> None:
+        """Forget every token at position >= ``length`` and every entry they created."""
+        length = max(0, length)
+        if length >= len(self.tokens):
+            return
+        maps, undo_log = self.maps, self._undo
+        while len(self.tokens) > length:
+            for slot, key, prev in reversed(undo_log.pop()):
+                if prev is None:
+                    del maps[slot][key]
+                else:
+                    maps[slot][key] = prev
+            self.tokens.pop()
+        self._tail_keys = self._keys_ending_at(length - 1) if length else []
+
+    def clear(self) -> None:
+        self.tokens = []
+        self.maps = [{} for _ in self.maps]
+        self._tail_keys = []
+        self._undo = []
+
+    def write(self, tokens: Sequence[int], start: int) -> bool:
+        """Make ``tokens`` the sequence from ``start`` on and end the sequence after them.
+
+        Tokens already present and equal are kept (no re-indexing); the first difference
+        truncates. Returns False, changing nothing, when ``start`` lies past the end (a gap
+        this index cannot fill: the caller resyncs from the full history later).
+        """
+        own = self.tokens
+        if start > len(own):
+            return False
+        n = len(tokens)
+        k = 0
+        limit = min(n, len(own) - start)
+        while k < limit and own[start + k] == tokens[k]:
+            k += 1
+        self.truncate(start + k)  # also drops stale tokens past start + n
+        for j in range(k, n):
+            self.append(tokens[j])
+        return True
+
+    # -- lookup ---------------------------------------------------------------------------
+    def lookup(self, min_length: int | None = None) -> Match | None:
+        """The best re-checked earlier occurrence of the current suffix, or None.
+
+        Longest order first; within an order, with one candidate per key, the most recent
+        occurrence; with several, the longest backward match (up to ``EXTENDED_MATCH``), most
+        recent on a tie. ``min_length`` (default ``min_order``) is the shortest order tried.
+        """
+        toks = self.tokens
+        end = len(toks)
+        low = self.min_order if min_length is None else max(self.min_order, min_length)
+        keys = self._tail_keys
+        for order in range(min(self.max_order, end - 1), low - 1, -1):
+            slot = order - self.min_order
+            found = self.maps[slot].get(keys[slot])
+            if found is None:
+                continue
+            suffix = toks[end - order:]
+            best: Match | None = None
+            for c in found:
+                if toks[c - order : c] != suffix:
+                    continue  # a hash collision: never trusted
+                if self.candidates == 1:
+                    return Match(c, order)
+                length = match_length(toks, c, end, EXTENDED_MATCH)
+                if best is None or length > best.length:
+                    best = Match(c, length)
+            if best is not None:
+                return best
+        return None
+
+
+def match_length(tokens: Sequence[int], a: int, b: int, cap: int) -> int:
+    """How many tokens before position ``a`` equal those before ``b`` (at most ``cap``)."""
+    n = 0
+    limit = min(cap, a, b)
+    while n < limit and tokens[a - 1 - n] == tokens[b - 1 - n]:
+        n += 1
+    return n
+
+
+def continuation(tokens: Sequence[int], pos: int, count: int, *, periodic: bool) -> list[int]:
+    """Up to ``count`` tokens copied from ``pos`` on. Plain: cut at the end of ``tokens``.
+    Periodic: past the end, keep copying from the copy (repeat the last ``len - pos`` tokens)."""
+    end = len(tokens)
+    if not periodic or pos + count <= end:
+        return list(tokens[pos : min(end, pos + count)])
+    draft = list(tokens[pos:end])
+    period_start = 0
+    while len(draft) < count:
+        draft.append(draft[period_start])
+        period_start += 1
+    return draft
+
+
+class NGramDrafter:
+    """An ``NGramIndex`` kept in step with a token history, plus the drafting policy.
+
+    ``propose(history, k, min_length)`` brings the index up to date in O(new tokens) (O(history)
+    only when the history was rewritten behind its back) and proposes up to ``k`` tokens.
+    """
+
+    def __init__(
+        self,
+        min_order: int = DEFAULT_MIN_ORDER,
+        max_order: int = DEFAULT_MAX_ORDER,
+        *,
+        candidates: int = 1,
+        periodic: bool = False,
+        follow: bool = False,
+        modulus: int = HASH_MODULUS,
+    ) -> None:
+        self.index = NGramIndex(min_order, max_order, candidates=candidates, modulus=modulus)
+        self.periodic = periodic
+        self.follow = follow
+        # where the last draft was copied from, and the history length when it was made
+        self._source: int | None = None
+        self._source_end = 0
+        self._match = Match(0, 0)  # the match behind the last draft
+
+    def reset(self) -> None:
+        self.index.clear()
+        self._source = None
+        self._source_end = 0
+
+    def write(self, tokens: Sequence[int], start: int) -> bool:
+        return self.index.write(tokens, start)
+
+    def sync(self, history: Sequence[int]) -> None:
+        """Bring the index up to ``history`` (the authority) in O(new tokens).
+
+        The protocol's case, the index holding a prefix of ``history``, is recognised by spot
+        checks (the index's last token and position 0). A disagreement seen there (another
+        sequence, a rewrite nobody committed) truncates at the first differing token. A
+        difference elsewhere goes unseen here; ``propose`` catches it when a draft would use it.
+        """
+        own = self.index.tokens
+        if len(own) > len(history):
+            self.index.truncate(len(history))
+        have = len(own)
+        if have and (own[have - 1] != history[have - 1] or own[0] != history[0]):
+            self.resync(history)
+        else:
+            self._extend_from(history, have)
+
+    def resync(self, history: Sequence[int]) -> None:
+        """Exact, O(history): truncate at the first token that differs, then append the rest."""
+        own = self.index.tokens
+        limit = min(len(own), len(history))
+        first = 0
+        while first < limit and own[first] == history[first]:
+            first += 1
+        self.index.truncate(first)
+        self._extend_from(history, first)
+
+    def _extend_from(self, history: Sequence[int], start: int) -> None:
+        append = self.index.append
+        for pos in range(start, len(history)):
+            append(history[pos])
+
+    def propose(self, history: Sequence[int], count: int, min_length: int | None = None) -> list[int]:
+        """``sync`` then ``draft``, re-checking against ``history`` every token the draft rests
+        on (the matched occurrence, its continuation and the suffix; O(window + match)), with an
+        exact ``resync`` and a second try when they differ: a draft always copies a genuine
+        earlier occurrence in ``history``."""
+        self.sync(history)
+        draft = self.draft(count, min_length)
+        if draft and not self._rests_on(history, len(draft)):
+            self.resync(history)
+            draft = self.draft(count, min_length)
+        return draft
+
+    def _rests_on(self, history: Sequence[int], count: int) -> bool:
+        own = self.index.tokens
+        end = len(own)
+        pos, length = self._match
+        for lo, hi in ((pos - length, min(end, pos + count)), (end - length, end)):
+            for j in range(lo, hi):
+                if own[j] != history[j]:
+                    return False
+        return True
+
+    def _follow_match(self, min_length: int) -> Match | None:
+        """The last draft's source advanced by what landed since, if it still agrees."""
+        if self._source is None:
+            return None
+        toks = self.index.tokens
+        end = len(toks)
+        pos = self._source + (end - self._source_end)
+        if not 0 < pos < end:
+            return None
+        length = match_length(toks, pos, end, EXTENDED_MATCH)
+        return Match(pos, length) if length >= min_length else None
+
+    def find(self, min_length: int | None = None) -> Match | None:
+        """The match a draft would copy from (see ``NGramIndex.lookup`` and ``follow``)."""
+        index = self.index
+        low = index.min_order if min_length is None else max(index.min_order, min_length)
+        found = index.lookup(low)
+        if self.follow:
+            followed = self._follow_match(low)
+            if followed is not None:
+                if found is None:
+                    return followed
+                end = len(index.tokens)
+                length = match_length(index.tokens, found.pos, end, EXTENDED_MATCH)
+                if followed.length >= length:  # a tie goes to the source that agreed last
+                    return followed
+        return found
+
+    def draft(self, count: int, min_length: int | None = None) -> list[int]:
+        """Up to ``count`` tokens that followed the best earlier match of the current suffix."""
+        if count <= 0:
+            return []
+        found = self.find(min_length)
+        toks = self.index.tokens
+        if found is None:
+            self._source = None
+            return []
+        self._source, self._source_end = found.pos, len(toks)
+        self._match = found
+        return continuation(toks, found.pos, count, periodic=self.periodic)

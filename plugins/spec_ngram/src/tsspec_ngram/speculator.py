@@ -1,0 +1,140 @@
+"""NGramSpeculator: weight-free drafting from the sequence's own history (prompt lookup).
+
+It drafts by finding where the last few tokens occurred earlier in the prompt or the output and
+proposing what followed (``matching.py`` holds the logic). No weights and no hidden state, so it
+serves every target whose trunk verifies on its own, and it survives a KV prefix it never saw
+(``can_arm_after_prefix_reuse``): its input is the emitted token stream, which ``DraftContext``
+always carries in full.
+
+``--spec-pmin`` scales the required match length instead of gating a probability:
+``pmin <= 0`` -> the shortest order (2); otherwise ``clamp(ceil(pmin * 8), 2, 8)`` tokens of
+the suffix must match (0.25 -> 2, 0.5 -> 4, 0.75 -> 6, 1.0 -> 8).
+
+State and the loop's calls:
+
+* ``commit(tokens, _, start_pos)`` writes the committed tokens into the index at ``start_pos``
+  (an earlier position rewinds it exactly; a later one is a gap, filled at the next propose).
+* ``propose(ctx)`` first syncs the index with ``ctx.history`` (the authority; ends with
+  ``ctx.last_token``, which is not committed yet), usually by appending that one token, then
+  looks the suffix up: O(1) in the history length.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Mapping, Sequence
+
+from tsspec.protocols import DraftContext
+
+from .matching import (
+    DEFAULT_MAX_ORDER,
+    DEFAULT_MIN_ORDER,
+    HASH_MODULUS,
+    NGramDrafter,
+    required_match_length,
+)
+
+NAME = "ngram"
+DEFAULT_MIN_DRAFT_PROB = 0.0
+DEFAULT_WINDOW = 8  # used only when no options object is given
+# Policy defaults: each was kept because it raised acceptance on input-grounded text
+# (scripts/acceptance.py; figures in the README).
+DEFAULT_CANDIDATES = 1
+DEFAULT_PERIODIC = True
+DEFAULT_FOLLOW = True
+# keys accepted in SpeculationOptions.extra["ngram"]
+SETTING_KEYS = ("min_order", "max_order", "candidates", "periodic", "follow")
+
+
+class NGramSpeculator:
+    """The ``ngram`` algorithm. Implements ``tsspec.protocols.Speculator`` structurally."""
+
+    name = NAME
+    default_min_draft_prob = DEFAULT_MIN_DRAFT_PROB
+    needs_hidden_state = False
+    handles_own_prefill = False
+    can_arm_after_prefix_reuse = True
+
+    def __init__(
+        self,
+        window: int = DEFAULT_WINDOW,
+        min_draft_prob: float = DEFAULT_MIN_DRAFT_PROB,
+        *,
+        min_order: int = DEFAULT_MIN_ORDER,
+        max_order: int = DEFAULT_MAX_ORDER,
+        candidates: int = DEFAULT_CANDIDATES,
+        periodic: bool = DEFAULT_PERIODIC,
+        follow: bool = DEFAULT_FOLLOW,
+        modulus: int = HASH_MODULUS,
+        max_context: int | None = None,
+    ) -> None:
+        if window < 1:
+            raise ValueError(f"draft window must be at least 1, got {window}")
+        self.max_draft_tokens = int(window)
+        self.min_draft_prob = float(min_draft_prob)
+        self.required_match = required_match_length(self.min_draft_prob, min_order, max_order)
+        self.max_context = max_context
+        self._drafter = NGramDrafter(
+            min_order,
+            max_order,
+            candidates=candidates,
+            periodic=periodic,
+            follow=follow,
+            modulus=modulus,
+        )
+        self.history_mismatches = 0  # proposals skipped because history did not end in last_token
+
+    @property
+    def indexed_tokens(self) -> int:
+        """How many tokens the index holds (for tests and diagnostics)."""
+        return len(self._drafter.index)
+
+    def propose(self, ctx: DraftContext) -> list[int]:
+        count = min(self.max_draft_tokens, ctx.max_tokens)
+        if self.max_context is not None:
+            # the verify puts last_token at ctx.position and drafts after it
+            count = min(count, self.max_context - ctx.position - 1)
+        if count <= 0:
+            return []
+        history = ctx.history
+        if not len(history) or history[-1] != ctx.last_token:
+            self.history_mismatches += 1
+            return []
+        return self._drafter.propose(history, count, self.required_match)
+
+    def commit(self, tokens: Sequence[int], hidden_rows: Any, start_pos: int) -> None:
+        """Record what landed; ``hidden_rows`` is unused (``needs_hidden_state`` is False)."""
+        self._drafter.write([int(t) for t in tokens], int(start_pos))
+
+    def reset(self) -> None:
+        self._drafter.reset()
+
+    def close(self) -> None:
+        self._drafter.reset()
+
+
+def _settings(options: Any) -> Mapping[str, Any]:
+    extra = getattr(options, "extra", None) or {}
+    settings = extra.get(NAME) or {}
+    unknown = sorted(set(settings) - set(SETTING_KEYS))
+    if unknown:
+        raise ValueError(f"unknown ngram settings {unknown}; known: {list(SETTING_KEYS)}")
+    return settings
+
+
+def make_ngram(target: Any, options: Any) -> NGramSpeculator:
+    """Registry factory: the window from the options narrowed by the target's preference,
+    ``--spec-pmin`` (default 0) as the match-length requirement, policy overrides from
+    ``options.extra["ngram"]``. Serves every target (the registry already declined those whose
+    trunk is unprofitable without its own drafter)."""
+    if options is None:
+        from tsspec.runtime.options import SpeculationOptions
+
+        options = SpeculationOptions()
+    window = options.window(getattr(target, "spec_preferred_draft_window", None))
+    max_context = getattr(target, "max_context_length", None)
+    return NGramSpeculator(
+        window,
+        options.min_prob(DEFAULT_MIN_DRAFT_PROB),
+        max_context=int(max_context) if max_context else None,
+        **_settings(options),
+    )
