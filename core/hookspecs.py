@@ -15,8 +15,11 @@ hookimpl = pluggy.HookimplMarker("tsspec")
 
 @hookspec
 def tsspec_register_speculators(register):
-    """register(name, factory, *, requires_draft_head: bool, description: str = "");
-    factory(target, options) -> Speculator | None (None or SpeculatorDeclined = cannot serve)."""
+    """register(name, factory, *, requires_draft_head: bool, description: str = "",
+    drafter_hint: str = ""); factory(target, options) -> Speculator | None (None or
+    SpeculatorDeclined = cannot serve). ``drafter_hint`` says what to attach when the model
+    carries no drafter ("a Medusa GGUF with --spec-draft-model PATH"): it completes the
+    ``no_draft_head`` sentence "<name> needs trained drafter weights ...; attach <hint> or ..."."""
 
 
 @hookspec

@@ -45,6 +45,8 @@ def _python_value(value: Any) -> Any:
     if isinstance(value, np.ndarray):
         return value.tolist()
     if isinstance(value, list):
+        if value and isinstance(value[0], str):  # string arrays (vocabularies) hold only str
+            return list(value)
         return [_python_value(v) for v in value]
     return value
 

@@ -64,20 +64,23 @@ def _add_loaders(table: dict[str, LoaderEntry], record, kind: str):
     return register
 
 
-def build_catalog(host: PluginHost) -> Catalog:
-    """Load the entry points (once) and collect every plugin's registrations."""
-    host.load_entrypoints()
+def build_catalog(host: PluginHost, *, discover: bool = True) -> Catalog:
+    """Load the entry points (once, unless ``discover`` is False: in-process plugins only) and
+    collect every plugin's registrations."""
+    if discover:
+        host.load_entrypoints()
     catalog = Catalog(host=host)
 
     def speculators_for(name):
         record = host.plugin_info(name)
 
-        def register(spec_name, factory, *, requires_draft_head, description=""):
+        def register(spec_name, factory, *, requires_draft_head, description="", drafter_hint=""):
             catalog.speculators.register(
                 spec_name,
                 factory,
                 requires_draft_head=requires_draft_head,
                 description=description,
+                drafter_hint=drafter_hint,
                 plugin=record.name,
                 package=record.package,
                 version=record.version,

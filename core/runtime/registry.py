@@ -63,6 +63,8 @@ class SpeculatorEntry:
     plugin: str | None = None
     package: str | None = None
     version: str | None = None
+    # what to attach, for the no_draft_head sentence ("a Medusa GGUF with --spec-draft-model PATH")
+    drafter_hint: str = ""
 
 
 def draft_head_kind(target: Any) -> DraftHeadKind:
@@ -87,6 +89,7 @@ class SpeculatorRegistry:
         plugin: str | None = None,
         package: str | None = None,
         version: str | None = None,
+        drafter_hint: str = "",
     ) -> None:
         if not isinstance(name, str) or not name or name == AUTO:
             raise ValueError(f"invalid speculator name {name!r} ('auto' is reserved)")
@@ -98,7 +101,8 @@ class SpeculatorRegistry:
             log.warning("speculator %s registered twice (%s, %s): keeping the first", name, first, plugin)
             return
         self._entries[name] = SpeculatorEntry(
-            name, factory, bool(requires_draft_head), description, plugin, package, version
+            name, factory, bool(requires_draft_head), description, plugin, package, version,
+            str(drafter_hint or ""),
         )
 
     def names(self) -> list[str]:
@@ -143,8 +147,9 @@ class SpeculatorRegistry:
             return Decline(
                 name,
                 NO_DRAFT_HEAD,
-                f"{name} needs trained drafter weights and the model carries none; attach a "
-                f"drafter file or use the weight-free --spec-type {WEIGHT_FREE_ALTERNATIVE}",
+                f"{name} needs trained drafter weights and the model carries none; attach "
+                f"{entry.drafter_hint or 'a drafter file'} or use the weight-free --spec-type "
+                f"{WEIGHT_FREE_ALTERNATIVE}",
             )
         if not entry.requires_draft_head and not getattr(target, "speculation_profitable", True):
             return Decline(

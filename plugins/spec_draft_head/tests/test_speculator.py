@@ -239,3 +239,21 @@ def test_heads_without_a_fused_call_use_the_unfolded_path():
 def test_rejects_an_empty_window():
     with pytest.raises(ValueError):
         _spec(window=0)
+
+
+def test_commit_needs_a_row_per_token():
+    for fold in (True, False):
+        with pytest.raises(ValueError):
+            _spec(fold=fold).commit([1, 2, 3], _rows(2, 0), 0)
+
+
+def test_folded_commit_keeps_its_own_copy_of_the_rows():
+    spec = _spec(fold=True)
+    buffer = _rows(2, 0)
+    spec.commit([1, 2], buffer, 0)
+    expected = _spec(fold=True)
+    expected.commit([1, 2], buffer.clone(), 0)
+    buffer.zero_()  # a target reusing its output buffer
+    ctx = _ctx([1, 2, 3], _rows(1, 1)[0])
+    assert spec.propose(ctx) == expected.propose(ctx)
+    assert torch.equal(spec.head.draft_step(4, _rows(1, 2)[0], 3)[0], expected.head.draft_step(4, _rows(1, 2)[0], 3)[0])

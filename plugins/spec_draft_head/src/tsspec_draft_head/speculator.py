@@ -169,7 +169,15 @@ class DraftHeadSpeculator:
             return
         if hidden_rows is None:
             hidden_rows = torch.zeros(len(tokens), self.feature_size)
-        rows = [hidden_rows[k].detach().clone() for k in range(len(tokens))]  # each [F]
+        if hidden_rows.shape[0] < len(tokens):
+            raise ValueError(f"{len(tokens)} tokens but only {hidden_rows.shape[0]} hidden rows")
+        hidden_rows = hidden_rows[: len(tokens)]  # [n, F]
+        if not self.fold_catch_up:
+            self.counters.catch_ups += 1
+            self.head.draft_catch_up(tokens, hidden_rows, int(start_pos))
+            return
+        # kept until the next proposal: a copy, in case the target reuses its output buffer
+        rows = list(hidden_rows.detach().clone().unbind(0))  # each [F]
         pending = self._pending
         if pending is not None and pending.start <= start_pos <= pending.end:
             keep = start_pos - pending.start  # overlap: the newer rows win
@@ -180,8 +188,6 @@ class DraftHeadSpeculator:
             if pending is not None:
                 self._flush()  # a gap: catch up on what we had, then start again
             self._pending = _Pending(int(start_pos), tokens, rows)
-        if not self.fold_catch_up:
-            self._flush()
 
     def _flush(self) -> None:
         """Catch the head up on the pending rows with a call of its own."""

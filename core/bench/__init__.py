@@ -1,0 +1,1 @@
+"""tsspec bench: paired, alternating measurements against plain decoding and peers."""

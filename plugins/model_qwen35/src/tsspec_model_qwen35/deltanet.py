@@ -1,0 +1,214 @@
+"""Gated DeltaNet (GDN): the recurrent mixer of most Qwen 3.5 / Qwen3-Next layers.
+
+Per row t (one value head; S is the [dk, dv] state, kept in at least float32)::
+
+    [q|k|v] = SiLU(causal depthwise conv over the last K rows of attn_qkv x)
+    q = L2norm(q) / sqrt(dk);  k = L2norm(k)           (per key head, read by its value heads)
+    beta = sigmoid(ssm_beta x);  g = ssm_a * softplus(ssm_alpha x + dt_bias)   (g <= 0)
+    S <- exp(g) S;  delta = beta (v - S^T k);  S <- S + k delta^T;  o = S^T q
+    y = RMSNorm(o) * ssm_norm * silu(attn_gate x)  -> ssm_out
+
+The state a rollback needs is the recurrent state S and the conv window (the last K-1 pre-conv
+rows). Two forms of the recurrence:
+
+* ``delta_rule_rows``: one row at a time. Used for plain steps and verifies; with ``slots`` it
+  writes the state after EVERY row into its own slot (the per-row snapshots a verify emits),
+  at no extra arithmetic: each row's state is computed in its slot.
+* ``delta_rule_chunked``: the same recurrence for long prefills, CHUNK rows at a time. Within a
+  chunk with cumulative log decay G_t and u_t the row's state correction, unrolling the rule gives
+  ``(I + A) U = beta V - (beta exp(G) K) S0`` with ``A_tj = beta_t exp(G_t - G_j) k_t.k_j``
+  (j < t), a unit lower-triangular solve; then ``o_t = exp(G_t) S0^T q_t + sum_{j<=t}
+  exp(G_t - G_j) (q_t.k_j) u_j`` and ``S_C = exp(G_C) S0 + sum_j exp(G_C - G_j) k_j u_j^T``.
+"""
+
+from __future__ import annotations
+
+import math
+
+import attrs
+import torch
+import torch.nn.functional as F
+
+from .ops import l2_normalize, rms_norm
+
+CHUNK = 64  # rows per block of the chunked prefill recurrence
+ROWS_FORM_MAX = 16  # up to this many rows a committing forward uses the per-row recurrence
+
+
+@attrs.define
+class DeltaNetWeights:
+    in_proj: torch.Tensor  # [conv_dim + value_dim + 2 * num_v, H]: qkv | z | beta | alpha
+    conv: torch.Tensor  # [conv_dim, K] depthwise causal kernel (tap K-1 is the current row)
+    dt_bias: torch.Tensor  # [num_v]
+    a: torch.Tensor  # [num_v] = -exp(A_log)
+    norm: torch.Tensor  # [dv] plain RMSNorm weight of the output (never +1)
+    out: torch.Tensor  # [H, value_dim]
+    key_index: torch.Tensor  # [num_v] long: the key head each value head reads
+
+
+@attrs.define
+class DeltaNetState:
+    """The live recurrent state of one GDN layer for one sequence."""
+
+    conv: torch.Tensor  # [K-1, conv_dim] last pre-conv rows, oldest first
+    ssm: torch.Tensor  # [num_v, dk, dv] in the state dtype (>= float32)
+
+    def clone(self) -> "DeltaNetState":
+        return DeltaNetState(self.conv.clone(), self.ssm.clone())
+
+    def copy_from(self, other: "DeltaNetState") -> None:
+        self.conv.copy_(other.conv)
+        self.ssm.copy_(other.ssm)
+
+    def zero_(self) -> None:
+        self.conv.zero_()
+        self.ssm.zero_()
+
+
+@attrs.define
+class DeltaNetSlots:
+    """What a verify emits for one GDN layer: the state after every row, without touching the
+    live state. Slot m's conv state is the window slice ``[m+1 : m+K]`` (a view, no copy)."""
+
+    ssm: torch.Tensor  # [rows, num_v, dk, dv]
+    window: torch.Tensor  # [K-1 + rows, conv_dim] = concat(old conv state, new pre-conv rows)
+    kernel: int
+
+    def commit_into(self, state: DeltaNetState, row: int) -> None:
+        state.ssm.copy_(self.ssm[row])
+        if self.kernel > 1:
+            state.conv.copy_(self.window[row + 1 : row + self.kernel])
+
+
+def delta_rule_rows(
+    q: torch.Tensor,  # [rows, nv, dk] normalised and scaled
+    k: torch.Tensor,  # [rows, nv, dk] normalised
+    v: torch.Tensor,  # [rows, nv, dv]
+    g: torch.Tensor,  # [rows, nv] log decay
+    beta: torch.Tensor,  # [rows, nv]
+    state: torch.Tensor,  # [nv, dk, dv] initial state (read only)
+    slots: torch.Tensor | None = None,  # [rows, nv, dk, dv]: receives the state after each row
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Row-by-row recurrence. Returns (outputs [rows, nv, dv], final state [nv, dk, dv])."""
+    rows = q.shape[0]
+    decay = g.exp()  # [rows, nv]
+    out = v.new_empty(v.shape)
+    s = state
+    for t in range(rows):
+        nxt = slots[t] if slots is not None else None
+        s = torch.mul(s, decay[t][:, None, None], out=nxt) if nxt is not None else s * decay[t][:, None, None]
+        kt = k[t].unsqueeze(1)  # [nv, 1, dk]
+        recalled = torch.bmm(kt, s).squeeze(1)  # [nv, dv] = S^T k
+        delta = (v[t] - recalled) * beta[t][:, None]  # [nv, dv]
+        s.baddbmm_(kt.transpose(1, 2), delta.unsqueeze(1))  # S += k delta^T
+        out[t] = torch.bmm(q[t].unsqueeze(1), s).squeeze(1)  # [nv, dv] = S^T q
+    return out, s
+
+
+def delta_rule_chunked(
+    q: torch.Tensor,  # [T, nv, dk]
+    k: torch.Tensor,  # [T, nv, dk]
+    v: torch.Tensor,  # [T, nv, dv]
+    g: torch.Tensor,  # [T, nv]
+    beta: torch.Tensor,  # [T, nv]
+    state: torch.Tensor,  # [nv, dk, dv]
+    chunk: int = CHUNK,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The same recurrence, ``chunk`` rows at a time (see the module docstring)."""
+    T = q.shape[0]
+    pad = (-T) % chunk
+    # padded rows have beta = 0, k = 0, g = 0: they neither read nor change the state
+    q, k, v = (F.pad(x, (0, 0, 0, 0, 0, pad)) for x in (q, k, v))
+    g, beta = (F.pad(x, (0, 0, 0, pad)) for x in (g, beta))
+    n = (T + pad) // chunk
+    # -> [nv, n, C, d] / [nv, n, C]
+    q, k, v = (x.permute(1, 0, 2).reshape(x.shape[1], n, chunk, x.shape[2]) for x in (q, k, v))
+    g, beta = (x.t().reshape(x.shape[1], n, chunk) for x in (g, beta))
+    G = g.cumsum(-1)  # [nv, n, C]
+    lower = torch.ones(chunk, chunk, dtype=torch.bool).tril()  # j <= t
+    strict = lower.clone().fill_diagonal_(False)  # j < t
+    gap = G.unsqueeze(-1) - G.unsqueeze(-2)  # [nv, n, C, C]: G_t - G_j
+    decay_tj = gap.masked_fill(~lower, float("-inf")).exp()  # exp(G_t - G_j), 0 above the diagonal
+    kb = k * beta.unsqueeze(-1)
+    A = (kb @ k.transpose(-1, -2)) * decay_tj
+    A = A.masked_fill(~strict, 0.0)
+    system = A + torch.eye(chunk, dtype=A.dtype)
+    w_v = torch.linalg.solve_triangular(system, v * beta.unsqueeze(-1), upper=False, unitriangular=True)
+    w_k = torch.linalg.solve_triangular(system, kb * G.exp().unsqueeze(-1), upper=False, unitriangular=True)
+    scores = (q @ k.transpose(-1, -2)) * decay_tj  # [nv, n, C, C]
+    q_decayed = q * G.exp().unsqueeze(-1)
+    k_to_end = k * (G[..., -1:] - G).exp().unsqueeze(-1)
+    chunk_decay = G[..., -1].exp()  # [nv, n]
+    out = v.new_empty(v.shape)
+    s = state
+    for c in range(n):
+        u = w_v[:, c] - w_k[:, c] @ s  # [nv, C, dv]
+        out[:, c] = q_decayed[:, c] @ s + scores[:, c] @ u
+        s = s * chunk_decay[:, c, None, None] + k_to_end[:, c].transpose(-1, -2) @ u
+    out = out.reshape(out.shape[0], n * chunk, out.shape[-1])[:, :T].transpose(0, 1)
+    return out, s  # [T, nv, dv], [nv, dk, dv]
+
+
+class DeltaNetLayer:
+    """One GDN mixer: projections, conv, recurrence and gated output norm."""
+
+    def __init__(self, w: DeltaNetWeights, *, num_k: int, num_v: int, dk: int, dv: int, kernel: int,
+                 eps: float, state_dtype: torch.dtype):
+        self.w = w
+        self.num_k, self.num_v, self.dk, self.dv = num_k, num_v, dk, dv
+        self.kernel = kernel
+        self.eps = eps
+        self.state_dtype = state_dtype
+        self.key_dim, self.value_dim = num_k * dk, num_v * dv
+        self.conv_dim = 2 * self.key_dim + self.value_dim
+        self.splits = [self.conv_dim, self.value_dim, num_v, num_v]
+        self.scale = 1.0 / math.sqrt(dk)
+
+    def new_state(self, dtype: torch.dtype) -> DeltaNetState:
+        return DeltaNetState(
+            torch.zeros(self.kernel - 1, self.conv_dim, dtype=dtype),
+            torch.zeros(self.num_v, self.dk, self.dv, dtype=self.state_dtype),
+        )
+
+    def _prepare(self, x: torch.Tensor, conv_state: torch.Tensor):
+        """Projections, conv and gates for rows x [rows, H] after the live conv state."""
+        rows = x.shape[0]
+        mixed, z, b, a = F.linear(x, self.w.in_proj).split(self.splits, dim=-1)
+        window = torch.cat([conv_state, mixed], dim=0)  # [K-1 + rows, conv_dim]
+        conv = F.conv1d(window.t().unsqueeze(0), self.w.conv.unsqueeze(1), groups=self.conv_dim)
+        conv = F.silu(conv.squeeze(0).t())  # [rows, conv_dim]
+        sd = self.state_dtype
+        qc, kc, vc = conv.to(sd).split([self.key_dim, self.key_dim, self.value_dim], dim=-1)
+        q = l2_normalize(qc.reshape(rows, self.num_k, self.dk)) * self.scale
+        k = l2_normalize(kc.reshape(rows, self.num_k, self.dk))
+        q = q.index_select(1, self.w.key_index)  # [rows, nv, dk]
+        k = k.index_select(1, self.w.key_index)
+        v = vc.reshape(rows, self.num_v, self.dv)
+        beta = torch.sigmoid(b.to(sd))  # [rows, nv]
+        g = self.w.a.to(sd) * F.softplus(a.to(sd) + self.w.dt_bias.to(sd))  # [rows, nv]
+        return q, k, v, g, beta, z, window
+
+    def _finish(self, o: torch.Tensor, z: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+        rows = o.shape[0]
+        zh = z.reshape(rows, self.num_v, self.dv)
+        y = rms_norm(o, self.w.norm.to(o.dtype), self.eps) * F.silu(zh.to(o.dtype))
+        return F.linear(y.reshape(rows, self.value_dim).to(dtype), self.w.out)
+
+    def forward_commit(self, x: torch.Tensor, state: DeltaNetState) -> torch.Tensor:
+        """Prefill / plain step / re-forward: advance ``state`` in place. Returns [rows, H]."""
+        q, k, v, g, beta, z, window = self._prepare(x, state.conv)
+        if x.shape[0] <= ROWS_FORM_MAX:
+            o, s = delta_rule_rows(q, k, v, g, beta, state.ssm)
+        else:
+            o, s = delta_rule_chunked(q, k, v, g, beta, state.ssm)
+        state.ssm.copy_(s)
+        if self.kernel > 1:
+            state.conv.copy_(window[window.shape[0] - (self.kernel - 1) :])
+        return self._finish(o, z, x.dtype)
+
+    def forward_slots(self, x: torch.Tensor, state: DeltaNetState) -> tuple[torch.Tensor, DeltaNetSlots]:
+        """Verify: read ``state``, leave it untouched, emit the state after every row."""
+        q, k, v, g, beta, z, window = self._prepare(x, state.conv)
+        slots = torch.empty(x.shape[0], self.num_v, self.dk, self.dv, dtype=self.state_dtype)
+        o, _ = delta_rule_rows(q, k, v, g, beta, state.ssm, slots=slots)
+        return self._finish(o, z, x.dtype), DeltaNetSlots(slots, window, self.kernel)

@@ -1,0 +1,57 @@
+"""Feed-forward blocks: Qwen 3.5's dense SwiGLU and the MoE of Qwen 3.5-MoE / Qwen3-Next.
+
+MoE routing: softmax over all experts (in float32), top-k, renormalised to sum to 1 (when
+``norm_top_k``), SwiGLU experts; plus a shared SwiGLU expert scaled per token by
+``sigmoid(ffn_gate_inp_shexp x)``. Experts run per expert over the rows routed to it, so a
+one-row step touches only its k experts' weights.
+"""
+
+from __future__ import annotations
+
+import attrs
+import torch
+import torch.nn.functional as F
+
+from .ops import swiglu
+
+
+@attrs.define
+class DenseFFN:
+    gate: torch.Tensor  # [F, H]
+    up: torch.Tensor  # [F, H]
+    down: torch.Tensor  # [H, F]
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:  # [rows, H] -> [rows, H]
+        return swiglu(x, self.gate, self.up, self.down)
+
+
+@attrs.define
+class MoEFFN:
+    router: torch.Tensor  # [E, H]
+    gate_exps: torch.Tensor  # [E, F, H]
+    up_exps: torch.Tensor  # [E, F, H]
+    down_exps: torch.Tensor  # [E, H, F]
+    top_k: int
+    norm_top_k: bool
+    shared: DenseFFN | None = None
+    shared_gate: torch.Tensor | None = None  # [H]: one logit per token
+
+    def route(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(weights [rows, k] in x's dtype, expert ids [rows, k])."""
+        probs = torch.softmax(F.linear(x, self.router).to(torch.promote_types(x.dtype, torch.float32)), dim=-1)
+        weights, ids = torch.topk(probs, self.top_k, dim=-1)
+        if self.norm_top_k:
+            weights = weights / weights.sum(-1, keepdim=True)
+        return weights.to(x.dtype), ids
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:  # [rows, H] -> [rows, H]
+        weights, ids = self.route(x)
+        out = torch.zeros_like(x)
+        for expert in torch.unique(ids).tolist():
+            rows, slot = torch.nonzero(ids == expert, as_tuple=True)
+            y = swiglu(x[rows], self.gate_exps[expert], self.up_exps[expert], self.down_exps[expert])
+            out.index_add_(0, rows, y * weights[rows, slot, None])
+        if self.shared is not None:
+            scale = torch.sigmoid(x @ self.shared_gate)[:, None]  # [rows, 1]
+            out = out + self.shared(x) * scale
+        return out

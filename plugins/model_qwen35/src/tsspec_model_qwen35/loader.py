@@ -1,0 +1,70 @@
+"""Loading a ``Qwen35Target`` from a GGUF file (the registered model loader) or from memory.
+
+``load_qwen35(path, options)`` is what the model registry calls for the ``qwen35``, ``qwen35moe``
+and ``qwen3next`` architectures. ``options`` is core's ``LoadOptions`` (device, dtype, and the
+speculation options); ``dtype`` ``"float64"`` gives an (almost) batch-invariant model for exact
+lossless tests, the default is float32. The rollback path comes from ``TS_Q35_VERIFY_SNAPSHOTS``
+at load, or from ``options.speculation.extra["q35_verify_snapshots"]``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from tsspec.errors import ModelLoadError
+
+from .hparams import Qwen35HParams
+from .target import Qwen35Target, snapshots_enabled
+from .weights import load_weights
+
+DTYPES = {"float32": torch.float32, "fp32": torch.float32, "float64": torch.float64, "fp64": torch.float64,
+          "float16": torch.float16, "bfloat16": torch.bfloat16}
+SNAPSHOTS_OPTION = "q35_verify_snapshots"
+
+
+def resolve_dtype(value: Any) -> torch.dtype:
+    if value is None:
+        return torch.float32
+    if isinstance(value, torch.dtype):
+        return value
+    text = str(value).replace("torch.", "").lower()
+    if text not in DTYPES:
+        raise ValueError(f"dtype {value!r} is not supported (use {', '.join(sorted(DTYPES))})")
+    return DTYPES[text]
+
+
+def _snapshot_choice(options: Any) -> bool:
+    extra = getattr(getattr(options, "speculation", None), "extra", None) or {}
+    if SNAPSHOTS_OPTION in extra:
+        return str(extra[SNAPSHOTS_OPTION]).strip().lower() not in {"0", "false", "no", "off"}
+    return snapshots_enabled()
+
+
+def load_from_source(source: Any, *, dtype: Any = None, tokenizer=None, per_row_snapshots: bool | None = None,
+                     max_context: int | None = None, with_draft_head: bool = True) -> Qwen35Target:
+    """A target from an open ``GGUFFile`` or a ``MemorySource``."""
+    torch_dtype = resolve_dtype(dtype)
+    hp = Qwen35HParams.from_gguf(source)
+    weights = load_weights(source, hp, torch_dtype, with_nextn=with_draft_head)
+    return Qwen35Target(hp, weights, dtype=torch_dtype, tokenizer=tokenizer, per_row_snapshots=per_row_snapshots,
+                        max_context=max_context, with_draft_head=with_draft_head,
+                        source_path=getattr(source, "path", None))
+
+
+def load_qwen35(gguf_path: str, options: Any = None) -> Qwen35Target:
+    """The registered loader: ``loader(gguf_path, options) -> SpeculativeTarget``."""
+    from tsspec.modeling.gguf_file import GGUFFile
+    from tsspec.modeling.tokenizer import from_gguf as tokenizer_from_gguf
+
+    device = getattr(options, "device", "cpu") or "cpu"
+    if device != "cpu":
+        raise ModelLoadError(gguf_path, f"tsspec-model-qwen35 runs on the CPU only (asked for {device!r})")
+    try:
+        dtype = resolve_dtype(getattr(options, "dtype", None))
+    except ValueError as exc:
+        raise ModelLoadError(gguf_path, str(exc)) from None
+    with GGUFFile(gguf_path) as gf:
+        tokenizer = tokenizer_from_gguf(gf)
+        return load_from_source(gf, dtype=dtype, tokenizer=tokenizer, per_row_snapshots=_snapshot_choice(options))

@@ -1,0 +1,239 @@
+"""``Qwen35Target``: the hybrid trunk as a ``SpeculativeTarget``, with per-row state snapshots.
+
+Rejection on a recurrent trunk (speculative_decoding.md): a KV cache drops a rejected tail by
+changing its length, a Gated DeltaNet state cannot. Two ways to roll back, both kept:
+
+* per-row snapshots (default): a verify (``spec_forward(..., all_logits_rows=True)``) reads the
+  live recurrent state and leaves it untouched, emitting the state after EVERY row (one slot per
+  row; a slot's conv state is a slice of the window the verify already built).
+  ``spec_snapshot_recurrent_state`` therefore copies nothing: the live state IS the pre-verify
+  state until ``spec_on_verify_accepted(m, rows)`` commits slot m (and sets the length to
+  ``start + m + 1``) and returns True. Prefill and one-row plain steps commit in place.
+* restore + re-forward (``TS_Q35_VERIFY_SNAPSHOTS=0``, or ``per_row_snapshots = False``): every
+  forward advances the live state; the snapshot copies it, the loop restores it and re-forwards
+  the kept rows. Kept for attribution (the benchmark) and as the fallback.
+
+``spec_verify_persists_accepted_kv`` is False on both paths: rewinding the KV alone never undoes
+the recurrent state, so the loop must not reuse a cached prefix by rewinding (a hybrid's rewind
+is only legal to the position its recurrent state already holds, and to 0).
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Mapping, Sequence
+
+import attrs
+import torch
+
+from tsspec.protocols import ModelConfig
+
+from .deltanet import DeltaNetSlots
+from .hparams import Qwen35HParams
+from .mtp import MtpHead
+from .trunk import Qwen35Trunk
+from .weights import Qwen35Weights
+
+SNAPSHOTS_ENV = "TS_Q35_VERIFY_SNAPSHOTS"
+PREFERRED_DRAFT_WINDOW = 3  # each row of a verify costs one recurrent-state slot per GDN layer
+_OFF = {"0", "false", "no", "off"}
+
+
+def snapshots_enabled(environ: Mapping[str, str] | None = None) -> bool:
+    """``TS_Q35_VERIFY_SNAPSHOTS``: anything but 0/false/no/off keeps per-row snapshots on."""
+    env = os.environ if environ is None else environ
+    return env.get(SNAPSHOTS_ENV, "1").strip().lower() not in _OFF
+
+
+@attrs.define
+class _PendingVerify:
+    start: int
+    rows: int
+    slots: dict[int, DeltaNetSlots]  # per GDN layer
+
+
+@attrs.define
+class TargetCounters:
+    """What the rollback machinery did (tests and the benchmark read these)."""
+
+    forward_calls: int = 0
+    forward_rows: int = 0
+    slot_commits: int = 0  # per-row snapshot commits (one per verify)
+    state_snapshots: int = 0  # full copies of the recurrent state (restore path only)
+    state_restores: int = 0
+
+
+class Qwen35Target:
+    """A Qwen 3.5 / 3.5-MoE / Qwen3-Next model behind the ``SpeculativeTarget`` protocol."""
+
+    speculation_profitable = True  # the trunk verifies without any drafter: n-gram works anywhere
+    speculation_refusal = None
+    spec_preferred_draft_window = PREFERRED_DRAFT_WINDOW
+    spec_verify_persists_accepted_kv = False
+
+    def __init__(self, hp: Qwen35HParams, weights: Qwen35Weights, *, dtype: torch.dtype = torch.float32,
+                 tokenizer=None, per_row_snapshots: bool | None = None, max_context: int | None = None,
+                 with_draft_head: bool = True, source_path: str | None = None):
+        self.hp = hp
+        self.trunk = Qwen35Trunk(hp, weights, dtype)
+        self.tokenizer = tokenizer
+        self.source_path = source_path
+        self._max_context = int(max_context or hp.context_length)
+        self.config = ModelConfig(
+            architecture=hp.architecture, vocab_size=hp.vocab_size, hidden_size=hp.hidden_size,
+            num_layers=hp.num_layers, context_length=self._max_context,
+            extra={
+                "layer_types": ["linear_attention" if r else "full_attention" for r in hp.recurrent],
+                "nextn_layers": hp.nextn_layers,
+                "v_head_order": hp.v_order,
+                "dtype": str(dtype).replace("torch.", ""),
+            },
+        )
+        self._per_row = snapshots_enabled() if per_row_snapshots is None else bool(per_row_snapshots)
+        self.counters = TargetCounters()
+        self._state = self.trunk.new_state()
+        self._len = 0  # positions in the cache (protocol's cache_seq_len)
+        self._recurrent_pos = 0  # the position the live recurrent state stands at
+        self._pending: _PendingVerify | None = None
+        self._saved = None  # restore path: the recurrent state copied by spec_snapshot
+        self._saved_pos = 0
+        self._taps: list[int] | None = None
+        self.draft_head = None
+        if with_draft_head and weights.nextn is not None:
+            self.draft_head = MtpHead(self.trunk, weights.nextn, self._max_context)
+
+    # -- capability fields -------------------------------------------------------------------
+    @property
+    def per_row_snapshots(self) -> bool:
+        return self._per_row
+
+    @per_row_snapshots.setter
+    def per_row_snapshots(self, value: bool) -> None:
+        """Switch rollback paths between sequences (an unresolved verify is discarded)."""
+        self._drop_pending()
+        self._per_row = bool(value)
+
+    @property
+    def cache_seq_len(self) -> int:
+        return self._len
+
+    @property
+    def max_context_length(self) -> int:
+        return self._max_context
+
+    @property
+    def spec_feature_size(self) -> int:
+        return (len(self._taps) if self._taps else 1) * self.hp.hidden_size
+
+    # -- drafter-facing surface (DFlash / MTP / EAGLE-shaped drafters borrow these) ----------
+    def embed(self, ids: Sequence[int]) -> torch.Tensor:
+        return self.trunk.embed(list(ids))  # [n, H]
+
+    def final_norm(self, h: torch.Tensor) -> torch.Tensor:
+        return self.trunk.final_norm(h.to(self.trunk.dtype))
+
+    def lm_head(self, h: torch.Tensor) -> torch.Tensor:
+        return self.trunk.lm_head(h.to(self.trunk.dtype))  # [n, V]
+
+    def spec_set_feature_taps(self, layers: Sequence[int] | None) -> None:
+        if layers:
+            bad = [l for l in layers if not 0 <= int(l) <= self.hp.num_layers]
+            if bad:
+                raise ValueError(f"tap layer {bad[0]} outside 0..{self.hp.num_layers}")
+        self._taps = [int(l) for l in layers] if layers else None
+
+    # -- the protocol ------------------------------------------------------------------------
+    def spec_ensure_capacity(self, required_seq_len: int) -> None:
+        if required_seq_len > self._max_context:
+            raise ValueError(f"{required_seq_len} positions exceed the context of {self._max_context}")
+        self._state.ensure(required_seq_len, self._max_context)
+
+    def spec_forward(self, tokens: Sequence[int], *, all_logits_rows: bool, want_hidden: bool):
+        tokens = [int(t) for t in tokens]
+        if not tokens:
+            raise ValueError("spec_forward needs at least one token")
+        if self._pending is not None:
+            raise RuntimeError("the previous verify was not resolved by spec_on_verify_accepted")
+        bad = [t for t in tokens if not 0 <= t < self.hp.vocab_size]
+        if bad:
+            raise ValueError(f"token id {bad[0]} is outside the vocabulary (0..{self.hp.vocab_size - 1})")
+        start, rows = self._len, len(tokens)
+        self.spec_ensure_capacity(start + rows)
+        verify = self._per_row and all_logits_rows
+        with torch.inference_mode():
+            out = self.trunk.forward(tokens, start, self._state, slots=verify, taps=self._taps)
+            self.counters.forward_calls += 1
+            self.counters.forward_rows += rows
+            self._len = start + rows
+            if verify:
+                self._pending = _PendingVerify(start, rows, out.slots)
+            else:
+                self._recurrent_pos = start + rows
+            need_normed = want_hidden and not self._taps
+            last = out.residual if (all_logits_rows or need_normed) else out.residual[-1:]
+            normed = self.trunk.final_norm(last)  # [rows or 1, H]
+            logits = self.trunk.lm_head(normed if all_logits_rows else normed[-1:])
+        hidden = None
+        if want_hidden:
+            hidden = out.taps if self._taps else normed
+        return logits, hidden
+
+    def spec_snapshot_recurrent_state(self) -> None:
+        if self._per_row:
+            return  # the live state stays the pre-verify state until a commit: nothing to copy
+        self._saved = self._state.snapshot()
+        self._saved_pos = self._recurrent_pos
+        self.counters.state_snapshots += 1
+
+    def spec_on_verify_accepted(self, accepted: int, rows: int) -> bool:
+        if not self._per_row:
+            return False
+        pending = self._pending
+        if pending is None:  # prefill / plain step: already committed in place
+            if accepted != rows - 1:
+                raise ValueError(
+                    f"keeping {accepted + 1} of {rows} rows of a committing forward needs a verify "
+                    "(spec_forward with all_logits_rows=True)"
+                )
+            return True
+        if rows != pending.rows or not 0 <= accepted < rows:
+            raise ValueError(f"accepted={accepted}, rows={rows} does not match the verify of {pending.rows} rows")
+        for index, slots in pending.slots.items():
+            slots.commit_into(self._state.per_layer[index], accepted)
+        self._len = pending.start + accepted + 1
+        self._recurrent_pos = self._len
+        self._pending = None
+        self.counters.slot_commits += 1
+        return True
+
+    def spec_restore_recurrent_state(self) -> None:
+        if self._per_row:
+            self._drop_pending()  # the live state already is the pre-verify state
+            return
+        if self._saved is None:
+            raise RuntimeError("spec_restore_recurrent_state without a snapshot")
+        self._state.restore(self._saved)
+        self._recurrent_pos = self._saved_pos
+        self.counters.state_restores += 1
+
+    def spec_rewind_cache(self, length: int) -> None:
+        if not 0 <= length <= self._len:
+            raise ValueError(f"cannot rewind to {length}: the cache holds {self._len}")
+        self._drop_pending()
+        if length == 0:
+            self._state.zero_recurrent()
+            self._recurrent_pos = 0
+            self._saved = None
+            if self.draft_head is not None:
+                self.draft_head.reset()
+        elif length != self._recurrent_pos:
+            raise ValueError(
+                f"cannot rewind a hybrid trunk to {length}: its recurrent state stands at "
+                f"{self._recurrent_pos} (restore the snapshot first, or rewind to 0)"
+            )
+        self._len = length
+
+    def _drop_pending(self) -> None:
+        if self._pending is not None:
+            self._len = self._pending.start
+            self._pending = None

