@@ -74,7 +74,8 @@ class PrefixReference:
             new = tokens[n:]
         else:
             self.target.spec_rewind_cache(0)
-            self._tokens, new = [], tokens
+            new = tokens
+        self._tokens, self._last = [], None  # until the forward succeeds: a failure restarts
         self.target.spec_ensure_capacity(len(tokens))
         logits, _ = self.target.spec_forward(new, all_logits_rows=False, want_hidden=False)
         self.target.spec_on_verify_accepted(len(new) - 1, len(new))

@@ -80,6 +80,28 @@ def validate_proposal(raw: object, max_tokens: int, vocab_size: int) -> tuple[li
     return ids, None
 
 
+class HistoryView(Sequence[int]):
+    """A read-only view of the sequence so far, handed to ``propose`` without copying it
+    (copying would make every step O(context)). Valid for the duration of the call."""
+
+    __slots__ = ("_items",)
+
+    def __init__(self, items: list[int]):
+        self._items = items
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+    def __getitem__(self, index):
+        return self._items[index]
+
+    def __iter__(self):
+        return iter(self._items)
+
+    def __repr__(self) -> str:
+        return f"HistoryView(len={len(self._items)})"
+
+
 class SpeculativeExecution:
     """Runs one sequence at a time on a trunk, with an optional speculator."""
 
@@ -231,7 +253,7 @@ class SpeculativeExecution:
                     last_token=last,
                     position=p,
                     max_tokens=k_max,
-                    history=tuple(history),
+                    history=HistoryView(history),
                     carry_hidden=carry,
                     adjust_logits=sampler.adjust,
                     vocab_size=self.vocab_size,
@@ -265,8 +287,10 @@ class SpeculativeExecution:
             # -- accept: row i draws position p+1+i; accept while it equals the draft -----
             drawn: list[int] = []
             accepted = 0
+            back = sampler.lookback
+            recent = history[-back:] if back else []
             for i in range(k + 1):
-                tok = sampler.sample(logits[i], p + 1 + i, history + drafts[:i])
+                tok = sampler.sample(logits[i], p + 1 + i, recent + drafts[:i] if back else recent)
                 drawn.append(tok)
                 if i < k and tok == drafts[i]:
                     accepted += 1

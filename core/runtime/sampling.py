@@ -73,6 +73,12 @@ class Sampler:
     def __init__(self, params: SamplingParams | None = None):
         self.params = params or SamplingParams()
 
+    @property
+    def lookback(self) -> int:
+        """How many preceding tokens the adjustments read (0: none; callers may pass fewer)."""
+        p = self.params
+        return 0 if p.repeat_penalty == 1.0 else p.repeat_last_n
+
     def adjust(self, logits: torch.Tensor, preceding: Sequence[int]) -> torch.Tensor:
         """Apply the logit adjustments that depend on the preceding tokens (repetition penalty).
 

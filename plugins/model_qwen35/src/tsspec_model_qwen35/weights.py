@@ -7,7 +7,8 @@ load with the tensor's name instead of a matmul error mid-generation. Accepted l
   (q|k|v|z grouped per key head), split here into the same all-Q | all-K | all-V + z layout.
 * GDN gates: ``ssm_beta`` + ``ssm_alpha`` (qwen35*) or ``ssm_ba`` grouped per key head
   ``[b_g(r) ; a_g(r)]`` (qwen3next).
-* Experts: ``ffn_{gate,up}_exps`` or the fused ``ffn_gate_up_exps`` (gate half first).
+* Experts: ``ffn_{gate,up}_exps`` or the fused ``ffn_gate_up_exps`` (gate half first). A layer
+  without ``ffn_gate_inp`` is dense, whatever the architecture.
 """
 
 from __future__ import annotations
@@ -127,7 +128,7 @@ class _Reader:
 
     def ffn(self, p: str) -> DenseFFN | MoEFFN:
         hp, H = self.hp, self.hp.hidden_size
-        if not hp.is_moe:
+        if not self.has(f"{p}.ffn_gate_inp.weight"):  # dense (qwen35, or a qwen3next mlp_only layer)
             F = self.source.tensor_shape(f"{p}.ffn_gate.weight")[0] if self.has(f"{p}.ffn_gate.weight") else hp.ffn_size
             return DenseFFN(self.get(f"{p}.ffn_gate.weight", F, H), self.get(f"{p}.ffn_up.weight", F, H),
                             self.get(f"{p}.ffn_down.weight", H, F))

@@ -75,6 +75,7 @@ class DFlashDraftHead:
         ]
         self._seen_end = 0  # one past the highest position injected
         self._last_row: tuple[int, torch.Tensor] | None = None  # (position, feature row) injected last
+        self._target_dtype: torch.dtype | None = None  # dtype of the target's embedding rows
 
     # -- DraftHead protocol ----------------------------------------------------------------
     @property
@@ -151,6 +152,10 @@ class DFlashDraftHead:
         end = first + features.shape[0]
         if first < 0:
             features, first = features[-first:], 0
+        if features.shape[0] and not torch.any(features[0]):
+            # an all-zero row stands for a row the loop does not have (position 0's predecessor,
+            # the last row of a reused prefix): an absent key, not a key computed from zeros
+            features, first = features[1:], first + 1
         if self._last_row is not None and features.shape[0] and self._last_row[0] == first:
             if torch.equal(self._last_row[1], features[0]):  # the carry row, already injected
                 features, first = features[1:], first + 1
@@ -233,10 +238,9 @@ class DFlashDraftHead:
 
     # -- borrowed from the target ----------------------------------------------------------
     def _embed(self, ids: torch.Tensor) -> torch.Tensor:
-        emb = self.target.embed(ids)  # [B, H] the target's raw embedding rows
+        emb = self.target.embed(ids.tolist())  # [B, H] the target's raw embedding rows
         self._target_dtype = emb.dtype
         return emb.to(self.dtype)
 
     def _lm_head(self, rows: torch.Tensor) -> torch.Tensor:
-        dtype = getattr(self, "_target_dtype", rows.dtype)
-        return self.target.lm_head(rows.to(dtype))
+        return self.target.lm_head(rows.to(self._target_dtype or rows.dtype))

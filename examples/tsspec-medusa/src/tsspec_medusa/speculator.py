@@ -1,0 +1,179 @@
+"""MedusaSpeculator: a chain of the Medusa heads' top-1 tokens, and the factory that decides
+whether it can serve a target.
+
+Where the hidden row comes from. The shared loop gives ``DraftContext.carry_hidden``: the
+trunk's last post-norm hidden row at position ``p - 1``, the row whose logits predicted
+``last_token`` (at position ``p``, not yet in the cache). Medusa head k on the row at t
+predicts the token at ``t + k + 2``, so on ``carry_hidden`` head 0 predicts position ``p + 1``
+(the first draft), head 1 position ``p + 2``, and so on: one pass of the heads gives the
+whole chain. That is why the speculator keeps no state of its own: ``commit`` has nothing to
+learn, and it can arm after a KV prefix it never saw (``can_arm_after_prefix_reuse``).
+
+The confidence gate: the chain's estimated survival, the product of the heads' top-1
+probabilities (after the sampler's logit adjustments), must stay at or above
+``min_draft_prob`` (``--spec-pmin``); the chain stops at the first head that drops it below.
+The default, 0, proposes every head and leaves the cost to the runtime's governor.
+
+Only a chain is proposed: Medusa's tree of candidates (several tokens per head, verified
+with a tree attention mask) needs a tree-verify target API that tsspec does not have.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+from typing import Any, Sequence
+
+import torch
+
+import tsspec
+from tsspec import DraftContext, ModelLoadError, SpeculatorDeclined
+
+from .heads import MedusaHeads
+from .weights import read_medusa, read_medusa_info
+
+__all__ = [
+    "NAME",
+    "DEFAULT_MIN_DRAFT_PROB",
+    "NO_FILE_REASON",
+    "DRAFTER_HINT",
+    "MedusaSpeculator",
+    "make_medusa",
+    "attach_medusa",
+    "load_heads",
+    "drafter_file",
+]
+
+NAME = "medusa"
+DEFAULT_MIN_DRAFT_PROB = 0.0
+DRAFTER_HINT = "a Medusa heads GGUF (general.architecture = medusa) with --spec-draft-model PATH"
+NO_FILE_REASON = f"no Medusa file attached: attach {DRAFTER_HINT}"
+HEADS_CACHE_SIZE = 2  # loaded files kept, keyed by (path, size, mtime): a server reuses them
+
+
+class MedusaSpeculator:
+    """The ``medusa`` algorithm over loaded heads. Implements ``tsspec.Speculator``."""
+
+    name = NAME
+    default_min_draft_prob = DEFAULT_MIN_DRAFT_PROB
+    needs_hidden_state = True
+    handles_own_prefill = False
+    can_arm_after_prefix_reuse = True  # stateless: carry_hidden is all it needs
+
+    def __init__(
+        self,
+        heads: MedusaHeads,
+        *,
+        max_draft_tokens: int | None = None,
+        min_draft_prob: float = DEFAULT_MIN_DRAFT_PROB,
+    ):
+        self.heads: MedusaHeads | None = heads
+        limit = heads.head_count if max_draft_tokens is None else int(max_draft_tokens)
+        self.max_draft_tokens = max(0, min(limit, heads.head_count))  # one token per head
+        self.min_draft_prob = float(min_draft_prob)
+        self.proposals = 0  # counters for tests and diagnostics
+        self.gated = 0  # proposals the confidence gate cut short
+
+    def propose(self, ctx: DraftContext) -> list[int]:
+        heads = self.heads
+        count = min(self.max_draft_tokens, ctx.max_tokens)
+        if heads is None or ctx.carry_hidden is None or count <= 0:
+            return []
+        self.proposals += 1
+        if heads.device != ctx.carry_hidden.device:
+            heads = self.heads = heads.to(ctx.carry_hidden.device)
+        logits = heads.logits(ctx.carry_hidden, count)  # [count, V]
+        preceding = list(ctx.history)
+        drafts: list[int] = []
+        survival = 1.0
+        for k in range(count):
+            row = logits[k]
+            if ctx.adjust_logits is not None:
+                row = ctx.adjust_logits(row, preceding + drafts)
+            probs = torch.softmax(row.to(torch.float32), dim=-1)  # [V]
+            p, token = torch.max(probs, dim=-1)
+            survival *= float(p)
+            if survival < self.min_draft_prob:
+                self.gated += 1
+                break
+            drafts.append(int(token))
+        return drafts
+
+    def commit(self, tokens: Sequence[int], hidden_rows: Any, start_pos: int) -> None:
+        """Nothing to record: the next proposal reads its row from ``DraftContext.carry_hidden``."""
+
+    def reset(self) -> None:
+        self.proposals = self.gated = 0
+
+    def close(self) -> None:
+        self.heads = None  # drop this speculator's reference; the file cache keeps its own
+
+
+@functools.lru_cache(maxsize=HEADS_CACHE_SIZE)
+def _load_cached(path: str, size: int, mtime_ns: int) -> MedusaHeads:
+    return read_medusa(path)
+
+
+def load_heads(path: str | os.PathLike[str]) -> MedusaHeads:
+    """Read a Medusa file's heads, reusing the last loads of an unchanged file."""
+    real = os.path.realpath(path)
+    try:
+        stat = os.stat(real)
+    except OSError:
+        return read_medusa(path)  # raises the one-line ModelLoadError
+    return _load_cached(real, stat.st_size, stat.st_mtime_ns)
+
+
+def drafter_file(options: Any) -> str | None:
+    """The drafter file the operator attached: --spec-draft-model or --draft-model."""
+    if options is None:
+        return None
+    return getattr(options, "drafter_path", None) or getattr(options, "spec_draft_model", None)
+
+
+def make_medusa(target: Any, options: Any = None) -> MedusaSpeculator:
+    """The speculator for ``target``, or ``SpeculatorDeclined`` saying why it cannot serve it."""
+    options = options if options is not None else tsspec.SpeculationOptions()
+    path = drafter_file(options)
+    if not path:
+        raise SpeculatorDeclined(NO_FILE_REASON)
+    try:
+        heads = load_heads(path)
+    except ModelLoadError as exc:
+        raise SpeculatorDeclined(f"{exc} (attach {DRAFTER_HINT})") from None
+    config = target.config
+    if heads.vocab_size != config.vocab_size:
+        raise SpeculatorDeclined(
+            f"the Medusa file {path} has a vocabulary of {heads.vocab_size}, the model {config.vocab_size}"
+        )
+    if heads.hidden_size != config.hidden_size:
+        raise SpeculatorDeclined(
+            f"the Medusa file {path} has hidden size {heads.hidden_size}, the model {config.hidden_size}"
+        )
+    # the heads read the last post-norm hidden state: undo any feature taps a drafter set
+    set_taps = getattr(target, "spec_set_feature_taps", None)
+    if set_taps is not None:
+        set_taps(None)
+    if target.spec_feature_size != heads.hidden_size:
+        raise SpeculatorDeclined(
+            f"the model's hidden rows have width {target.spec_feature_size}, not its hidden size "
+            f"{heads.hidden_size}"
+        )
+    window = options.window(getattr(target, "spec_preferred_draft_window", None))
+    return MedusaSpeculator(
+        heads,
+        max_draft_tokens=min(window, heads.head_count),
+        min_draft_prob=options.min_prob(DEFAULT_MIN_DRAFT_PROB),
+    )
+
+
+def attach_medusa(target: Any, path: str, options: Any) -> None:
+    """The drafter hook's attach function for ``general.architecture = medusa`` files.
+
+    Medusa heads are not a ``DraftHead`` (they never consume tokens), so nothing is attached to
+    the target: the ``medusa`` factory reads the file from the options. Registering the
+    architecture lets ``--spec-draft-model heads.gguf`` load, lets ``tsspec inspect`` name this
+    plugin, and rejects a malformed file up front with a one-line ModelLoadError.
+    """
+    read_medusa_info(path)  # sizes that do not fit the target are the factory's decline
+    return None

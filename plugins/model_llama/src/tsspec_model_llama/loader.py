@@ -1,0 +1,101 @@
+"""``load_llama(gguf_path, options)``: the loader this plugin registers for ``llama`` files.
+
+``options`` is what ``tsspec.load_model`` passes (``LoadOptions`` with ``device`` and ``dtype``);
+a mapping or None work too. Device: ``cpu`` (default) or ``cuda[:N]`` where torch has CUDA.
+Dtype: ``float32`` (default), ``bfloat16`` or ``float16``; the residual stream, norms, RoPE
+and softmax inputs stay float32, matmuls run in the chosen dtype.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from typing import Any, Mapping
+
+import torch
+
+from tsspec.errors import ModelLoadError
+from tsspec.modeling.cache import WeightCache
+from tsspec.modeling.gguf_file import GGUFFile
+from tsspec.modeling.tokenizer import from_gguf
+
+from .hparams import read_hparams
+from .target import LlamaTarget
+from .weights import load_weights
+
+ARCHITECTURES = ["llama"]
+DTYPES = {
+    "float32": torch.float32, "fp32": torch.float32, "f32": torch.float32,
+    "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
+    "float16": torch.float16, "fp16": torch.float16, "f16": torch.float16, "half": torch.float16,
+}
+DEFAULT_DTYPE = torch.float32
+
+
+def _setting(options: Any, name: str) -> Any:
+    if options is None:
+        return None
+    if isinstance(options, Mapping):
+        return options.get(name)
+    value = getattr(type(options), name, None) and getattr(options, name, None)
+    if value is None:
+        value = getattr(options, "__dict__", {}).get(name)
+    if value is None:
+        try:
+            value = getattr(options, name)
+        except AttributeError:
+            value = None
+    if value is None:
+        extra = getattr(options, "extra", None)
+        if isinstance(extra, Mapping):
+            value = extra.get(name)
+    return value
+
+
+def resolve_dtype(path: str, value: Any) -> torch.dtype:
+    if value is None or value == "auto":
+        return DEFAULT_DTYPE
+    if isinstance(value, torch.dtype):
+        return value
+    dtype = DTYPES.get(str(value).lower())
+    if dtype is None:
+        raise ModelLoadError(path, f"--dtype {value!r} is not supported (use {', '.join(sorted(set(DTYPES)))})")
+    return dtype
+
+
+def resolve_device(path: str, value: Any) -> torch.device:
+    text = str(value or "cpu")
+    try:
+        device = torch.device(text)
+    except (RuntimeError, ValueError):
+        raise ModelLoadError(path, f"--device {text!r} is not a torch device") from None
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise ModelLoadError(path, f"--device {text}: torch has no CUDA device here")
+    return device
+
+
+def load_llama(gguf_path: str | os.PathLike[str], options: Any = None, *, cache: WeightCache | None = None) -> LlamaTarget:
+    """Open, check and load a llama-family GGUF. Every problem is a ModelLoadError."""
+    started = time.perf_counter()
+    path = os.fspath(gguf_path)
+    device = resolve_device(path, _setting(options, "device"))
+    dtype = resolve_dtype(path, _setting(options, "dtype"))
+    with GGUFFile(path) as gguf_file:
+        if gguf_file.architecture not in ARCHITECTURES:
+            raise ModelLoadError(
+                path, f"architecture {gguf_file.architecture!r} is not a llama-family file this plugin serves"
+            )
+        hparams = read_hparams(gguf_file)
+        weight_cache = cache if cache is not None else WeightCache()
+        weights = load_weights(hparams, gguf_file, dtype, weight_cache)
+        tokenizer = from_gguf(gguf_file)
+    return LlamaTarget(
+        hparams,
+        weights,
+        tokenizer=tokenizer,
+        device=device,
+        dtype=dtype,
+        path=path,
+        load_seconds=time.perf_counter() - started,
+        cache_hit=weight_cache.last_hit,
+    )

@@ -1,0 +1,61 @@
+"""tsspec-block: the ``block`` speculation algorithm and the DFlash / DFlash2 drafter.
+
+Registered through the ``tsspec`` entry point ``block``:
+
+* algorithm ``block`` (``requires_draft_head=True``): ``BlockDraftSpeculator`` over any BLOCK
+  draft head, gated on the cumulative prefix probability;
+* drafter architectures ``dflash`` and ``dflash-draft``: ``attach_dflash(target, path, options)``
+  binds a DFlash / DFlash2 GGUF to a target (``--draft-model PATH``);
+* command ``tsspec convert-dflash SRC OUT``: HF DFlash checkpoints (z-lab and transformers'
+  ``muse_glimmer_assistant`` layouts) to GGUF ``dflash``.
+
+Importing this package loads no torch: the hooks import their modules when called.
+"""
+
+from __future__ import annotations
+
+from tsspec.hookspecs import hookimpl
+
+__all__ = [
+    "tsspec_register_speculators",
+    "tsspec_register_drafters",
+    "tsspec_register_commands",
+    "attach",
+    "make_speculator",
+]
+
+DRAFTER_ARCHITECTURES = ["dflash", "dflash-draft"]
+
+
+def make_speculator(target, options=None):
+    """The ``block`` factory (see ``speculator.make_block_speculator``)."""
+    from .speculator import make_block_speculator
+
+    return make_block_speculator(target, options)
+
+
+def attach(target, gguf_path, options=None):
+    """The ``dflash`` attach function (see ``attach.attach_dflash``)."""
+    from .attach import attach_dflash
+
+    return attach_dflash(target, gguf_path, options)
+
+
+@hookimpl
+def tsspec_register_speculators(register):
+    from .speculator import ALGORITHM, DESCRIPTION, DRAFTER_HINT
+
+    register(ALGORITHM, make_speculator, requires_draft_head=True, description=DESCRIPTION,
+             drafter_hint=DRAFTER_HINT)
+
+
+@hookimpl
+def tsspec_register_drafters(register):
+    register(DRAFTER_ARCHITECTURES, attach)
+
+
+@hookimpl
+def tsspec_register_commands(app):
+    from .cli import register
+
+    register(app)

@@ -1,0 +1,143 @@
+"""BlockDraftSpeculator: the ``block`` algorithm over any BLOCK draft head (DFlash, DFlash2, DSpark).
+
+One drafter pass proposes a whole window; the confidence gate keeps the longest prefix whose
+CUMULATIVE probability (the product of the per-token confidences) stays at or above
+``min_draft_prob`` (``--spec-pmin``, default 0.35: far stricter than the same number on a
+per-token head, which gates each token alone). Example, pmin 0.35, confidences
+``[0.9, 0.8, 0.6, 0.95]``: products 0.9, 0.72, 0.432, 0.41 -> all four kept; with a fifth
+confidence of 0.5 the product falls to 0.205 and the fifth draft is dropped.
+
+The head owns the drafter's context (a sliding KV ring fed by every commit), so the speculator
+survives a reused KV prefix: the ring refills from the freshly forwarded suffix
+(``can_arm_after_prefix_reuse``).
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any, Sequence
+
+from tsspec.protocols import DraftContext, DraftHeadKind, SpeculatorDeclined
+
+__all__ = ["ALGORITHM", "DEFAULT_MIN_DRAFT_PROB", "BlockDraftSpeculator", "gate_cumulative", "make_block_speculator"]
+
+log = logging.getLogger("tsspec.block")
+
+ALGORITHM = "block"
+DEFAULT_MIN_DRAFT_PROB = 0.35
+DEFAULT_WINDOW = 8
+DESCRIPTION = (
+    "block drafter (DFlash / DFlash2 / DSpark): one drafter pass proposes a whole window, gated "
+    "on the cumulative prefix probability"
+)
+DRAFTER_HINT = "a DFlash drafter file (--draft-model PATH)"
+
+
+def gate_cumulative(tokens: Sequence[int], confidences: Sequence[float], pmin: float) -> list[int]:
+    """The longest prefix of ``tokens`` whose running product of confidences stays >= pmin.
+
+    >>> gate_cumulative([1, 2, 3], [0.9, 0.5, 0.9], 0.4)
+    [1, 2]
+    """
+    kept: list[int] = []
+    product = 1.0
+    for token, conf in zip(tokens, confidences):
+        product *= float(conf)
+        if product < pmin:
+            break
+        kept.append(int(token))
+    return kept
+
+
+class BlockDraftSpeculator:
+    """Proposes up to ``min(window, block_size - 1)`` tokens per step from a BLOCK head."""
+
+    name = ALGORITHM
+    default_min_draft_prob = DEFAULT_MIN_DRAFT_PROB
+    needs_hidden_state = True  # the head's context is the target's tapped feature rows
+    handles_own_prefill = False
+    can_arm_after_prefix_reuse = True
+
+    def __init__(self, head: Any, *, window: int = DEFAULT_WINDOW, min_draft_prob: float = DEFAULT_MIN_DRAFT_PROB,
+                 feature_size: int | None = None):
+        self.head = head
+        self.max_draft_tokens = max(0, min(int(window), int(head.block_size) - 1))
+        self.min_draft_prob = float(min_draft_prob)
+        self.feature_size = feature_size  # expected width of the hidden rows, when known
+        self._warned = False
+
+    def propose(self, ctx: DraftContext) -> list[int]:
+        count = min(self.max_draft_tokens, int(ctx.max_tokens))
+        if count <= 0:
+            return []
+        carry = ctx.carry_hidden if self._row_ok(ctx.carry_hidden) else None
+        tokens, confidences = self.head.draft_block(ctx.last_token, carry, ctx.position, count)
+        return gate_cumulative(list(tokens)[:count], list(confidences)[:count], self.min_draft_prob)
+
+    def commit(self, tokens: Sequence[int], hidden_rows: Any, start_pos: int) -> None:
+        if hidden_rows is not None and not self._row_ok(hidden_rows):
+            hidden_rows = None  # the drafter forgets those positions rather than read wrong rows
+        self.head.draft_catch_up(list(tokens), hidden_rows, int(start_pos))
+
+    def reset(self) -> None:
+        self.head.reset()
+
+    def close(self) -> None:
+        self.head.reset()
+
+    def _row_ok(self, rows: Any) -> bool:
+        """Rows of the width the head reads; a mismatch is logged once and the rows ignored."""
+        if rows is None:
+            return False
+        if self.feature_size is None or rows.shape[-1] == self.feature_size:
+            return True
+        if not self._warned:
+            self._warned = True
+            log.warning("block speculator: hidden rows are %d wide, the drafter reads %d; ignoring them",
+                        rows.shape[-1], self.feature_size)
+        return False
+
+
+def _attach_from_options(target: Any, options: Any) -> Any:
+    """The block head the operator named with --draft-model, attached now (a clear decline if not)."""
+    path = getattr(options, "drafter_path", None) if options is not None else None
+    if not path:
+        kind = getattr(getattr(getattr(target, "draft_head", None), "kind", None), "value", None)
+        found = f" (it carries a {kind} head; --spec-type draft-head serves that)" if kind and kind != "none" else ""
+        raise SpeculatorDeclined(
+            f"the model carries no block drafter{found}; attach a DFlash file with --draft-model PATH "
+            "or use the weight-free --spec-type ngram"
+        )
+    from tsspec.errors import ModelLoadError
+
+    from .attach import attach_dflash
+    from .config import ARCHITECTURES
+
+    try:
+        from tsspec.modeling.gguf_file import read_architecture
+
+        arch = read_architecture(path)
+        if arch not in ARCHITECTURES:
+            raise SpeculatorDeclined(f"{path} is a {arch!r} file; the block plugin attaches DFlash drafters")
+        return attach_dflash(target, path, options)
+    except ModelLoadError as exc:
+        raise SpeculatorDeclined(str(exc)) from None
+
+
+def make_block_speculator(target: Any, options: Any = None) -> BlockDraftSpeculator:
+    """A BlockDraftSpeculator over the target's BLOCK head, or SpeculatorDeclined saying why not."""
+    head = getattr(target, "draft_head", None)
+    if head is None or getattr(head, "kind", None) is not DraftHeadKind.BLOCK:
+        head = _attach_from_options(target, options)
+    if not callable(getattr(head, "draft_block", None)):
+        raise SpeculatorDeclined("the attached block head has no draft_block")
+    feature_size = getattr(head, "feature_size", None)
+    target_width = getattr(target, "spec_feature_size", None)
+    if feature_size is not None and target_width is not None and int(target_width) != int(feature_size):
+        raise SpeculatorDeclined(
+            f"the target's hidden rows are {target_width} wide but the block drafter reads {feature_size} "
+            "(its feature taps are not set)"
+        )
+    window = options.window(getattr(target, "spec_preferred_draft_window", None)) if options is not None else DEFAULT_WINDOW
+    pmin = options.min_prob(DEFAULT_MIN_DRAFT_PROB) if options is not None else DEFAULT_MIN_DRAFT_PROB
+    return BlockDraftSpeculator(head, window=window, min_draft_prob=pmin, feature_size=feature_size)
