@@ -174,7 +174,7 @@ class PluginHost:
             kwargs = make_kwargs(name)
             try:
                 impl.function(**{arg: kwargs[arg] for arg in impl.argnames})
-            except Exception as exc:
+            except (Exception, SystemExit) as exc:  # SystemExit too, as at import
                 reason = f"{hook_name} raised: {_describe(exc)}"
                 if record is None:
                     record = self.records[name] = PluginRecord(name)

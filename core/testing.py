@@ -19,17 +19,21 @@ from typing import Callable, Sequence
 import torch
 
 from .protocols import DraftContext, ModelConfig
+from .toy_heads import PrefixReference, ToyPerTokenHead
 from .runtime.options import SpeculationOptions
 from .runtime.sampling import SamplingParams
 
 __all__ = [
     "ToyTarget",
     "ToyTokenizer",
+    "ToyPerTokenHead",
+    "PrefixReference",
     "OracleSpeculator",
     "RandomSpeculator",
     "AdversarialSpeculator",
     "assert_lossless",
     "plain_tokens",
+    "ADVERSARIAL_MODES",
 ]
 
 _TOY_ALPHABET = "abcdefghijklmnopqrstuvwxyz .,!?\n"  # 32 symbols: one id each

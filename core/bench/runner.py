@@ -27,6 +27,7 @@ from .prompts import EncodedCase
 
 PLAIN, ALGORITHM, ORACLE = "plain", "algorithm", "oracle"
 WARMUP_REP = -1  # the rep number of warm-up runs (untimed: not in any summary)
+NO_GOVERNOR_SUFFIX = "/no-governor"
 
 
 @attrs.frozen
@@ -37,24 +38,32 @@ class BenchConfig:
     kind: str  # plain | algorithm | oracle
     algorithm: str | None = None  # registry name (kind algorithm)
     acceptance: float | None = None  # target per-token acceptance (kind oracle)
+    adaptive: bool | None = None  # cost governor on/off; None: the bench's options decide
+    classes: frozenset[str] | None = None  # prompt classes it runs on; None: all
 
     @classmethod
     def plain(cls) -> "BenchConfig":
         return cls(PLAIN, PLAIN)
 
     @classmethod
-    def for_algorithm(cls, name: str) -> "BenchConfig":
-        return cls(name, ALGORITHM, algorithm=name)
+    def for_algorithm(cls, name: str, *, adaptive: bool | None = None) -> "BenchConfig":
+        suffix = "" if adaptive is None else ("" if adaptive else NO_GOVERNOR_SUFFIX)
+        return cls(name + suffix, ALGORITHM, algorithm=name, adaptive=adaptive)
 
     @classmethod
-    def oracle(cls, acceptance: float) -> "BenchConfig":
+    def oracle(cls, acceptance: float, *, adaptive: bool | None = None, classes=None) -> "BenchConfig":
         if not 0.0 <= acceptance <= 1.0:
             raise ValueError(f"oracle acceptance must be between 0 and 1, got {acceptance}")
-        return cls(f"oracle@{acceptance:.2f}", ORACLE, acceptance=acceptance)
+        suffix = "" if adaptive is None or adaptive else NO_GOVERNOR_SUFFIX
+        return cls(f"oracle@{acceptance:.2f}{suffix}", ORACLE, acceptance=acceptance, adaptive=adaptive,
+                   classes=None if classes is None else frozenset(classes))
 
     @property
     def speculative(self) -> bool:
         return self.kind != PLAIN
+
+    def runs_on(self, cls: str) -> bool:
+        return self.classes is None or cls in self.classes
 
 
 @attrs.frozen
@@ -66,17 +75,22 @@ class Slot:
     config: int  # index into the configurations (0 is plain)
 
 
-def schedule(n_cases: int, n_configs: int, reps: int, *, warmup: bool = True) -> list[Slot]:
+def schedule(n_cases: int, n_configs: int, reps: int, *, warmup: bool = True,
+             runs_on: Callable[[int, int], bool] | None = None) -> list[Slot]:
     """The run order: a warm-up round on the first case, then per case ``reps`` rounds of every
     configuration in turn, so each speculative run sits next to its plain partner.
+    ``runs_on(case, config)`` drops configurations from cases they do not apply to.
 
     >>> [(s.case, s.rep, s.config) for s in schedule(2, 2, 2, warmup=False)]
     [(0, 0, 0), (0, 0, 1), (0, 1, 0), (0, 1, 1), (1, 0, 0), (1, 0, 1), (1, 1, 0), (1, 1, 1)]
     """
-    slots = [Slot(0, WARMUP_REP, c) for c in range(n_configs)] if warmup and n_cases else []
+    keep = runs_on or (lambda case, config: True)
+    slots = []
+    if warmup and n_cases:
+        slots = [Slot(0, WARMUP_REP, c) for c in range(n_configs)]
     for case in range(n_cases):
         for rep in range(reps):
-            slots.extend(Slot(case, rep, c) for c in range(n_configs))
+            slots.extend(Slot(case, rep, c) for c in range(n_configs) if c == 0 or keep(case, c))
     return slots
 
 
@@ -154,7 +168,10 @@ class BenchRunner:
             raise ValueError(f"reps must be >= 1, got {self.reps}")
 
     def slots(self) -> list[Slot]:
-        return schedule(len(self.cases), len(self.configs), self.reps, warmup=self.warmup)
+        return schedule(
+            len(self.cases), len(self.configs), self.reps, warmup=self.warmup,
+            runs_on=lambda case, config: self.configs[config].runs_on(self.cases[case].cls),
+        )
 
     def run(self) -> list[RunRecord]:
         for order, slot in enumerate(self.slots()):
@@ -168,9 +185,10 @@ class BenchRunner:
     def _options(self, config: BenchConfig) -> SpeculationOptions:
         if config.kind == PLAIN:
             return attrs.evolve(self.options, enabled=False)
+        adaptive = self.options.adaptive if config.adaptive is None else config.adaptive
         if config.kind == ALGORITHM:
-            return attrs.evolve(self.options, enabled=True, spec_type=config.algorithm)
-        return attrs.evolve(self.options, enabled=True)
+            return attrs.evolve(self.options, enabled=True, spec_type=config.algorithm, adaptive=adaptive)
+        return attrs.evolve(self.options, enabled=True, adaptive=adaptive)
 
     def _speculator(self, config: BenchConfig, case: EncodedCase):
         if config.kind != ORACLE:

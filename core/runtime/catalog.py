@@ -11,7 +11,7 @@ from typing import Any, Callable
 
 import attrs
 
-from ..plugins import PluginHost
+from ..plugins import LOADED, PluginHost
 from .registry import SpeculatorRegistry
 
 
@@ -51,15 +51,19 @@ class Catalog:
         return None
 
 
-def _add_loaders(table: dict[str, LoaderEntry], record, kind: str):
+def _add_loaders(table: dict[str, LoaderEntry], record, kind: str, pending: list):
     def register(architectures, function):
         if isinstance(architectures, str):
             architectures = [architectures]
         if not callable(function):
             raise TypeError(f"{kind} for {architectures} is not callable")
         entry = LoaderEntry(list(architectures), function, record.name, record.package, record.version)
-        for arch in architectures:
-            table.setdefault(arch, entry)  # first registration wins; load order is by name
+
+        def apply():
+            for arch in architectures:
+                table.setdefault(arch, entry)  # first registration wins; load order is by name
+
+        pending.append((record.name, apply))
 
     return register
 
@@ -70,14 +74,17 @@ def build_catalog(host: PluginHost, *, discover: bool = True) -> Catalog:
     if discover:
         host.load_entrypoints()
     catalog = Catalog(host=host)
+    # Registrations are held per plugin and applied once every hook has run, only for plugins
+    # still loaded: a plugin whose hook raised after registering something (or whose later
+    # hook raised) is skipped whole, as its "failed" record says. Arguments are checked at
+    # the call, so a bad registration fails the hook that made it.
+    pending: list[tuple[str, Callable[[], None]]] = []  # (plugin, apply) in registration order
 
     def speculators_for(name):
         record = host.plugin_info(name)
 
         def register(spec_name, factory, *, requires_draft_head, description="", drafter_hint=""):
-            catalog.speculators.register(
-                spec_name,
-                factory,
+            kwargs = dict(
                 requires_draft_head=requires_draft_head,
                 description=description,
                 drafter_hint=drafter_hint,
@@ -85,25 +92,29 @@ def build_catalog(host: PluginHost, *, discover: bool = True) -> Catalog:
                 package=record.package,
                 version=record.version,
             )
+            SpeculatorRegistry().register(spec_name, factory, **kwargs)  # raises on bad arguments
+            pending.append((name, lambda: catalog.speculators.register(spec_name, factory, **kwargs)))
 
         return {"register": register}
 
     def kernels_for(name):
         def register(op, implementation, *, device="cuda", description=""):
-            catalog.kernels.setdefault(op, []).append(
-                KernelEntry(op, implementation, device, description, name)
-            )
+            entry = KernelEntry(op, implementation, device, description, name)
+            pending.append((name, lambda: catalog.kernels.setdefault(op, []).append(entry)))
 
         return {"register": register}
 
     host.call_each("tsspec_register_speculators", speculators_for)
     host.call_each(
         "tsspec_register_models",
-        lambda name: {"register": _add_loaders(catalog.models, host.plugin_info(name), "model loader")},
+        lambda name: {"register": _add_loaders(catalog.models, host.plugin_info(name), "model loader", pending)},
     )
     host.call_each(
         "tsspec_register_drafters",
-        lambda name: {"register": _add_loaders(catalog.drafters, host.plugin_info(name), "drafter attach")},
+        lambda name: {"register": _add_loaders(catalog.drafters, host.plugin_info(name), "drafter attach", pending)},
     )
     host.call_each("tsspec_register_kernels", kernels_for)
+    for plugin, apply in pending:
+        if host.plugin_info(plugin).status == LOADED:
+            apply()
     return catalog

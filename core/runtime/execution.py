@@ -21,6 +21,7 @@ governor beside the loop may park drafting; then steps are plain one-row steps.
 
 from __future__ import annotations
 
+import itertools
 import logging
 import operator
 import time
@@ -49,7 +50,8 @@ _logged_faults: set[str] = set()  # speculators whose first fault was already lo
 
 
 def validate_proposal(raw: object, max_tokens: int, vocab_size: int) -> tuple[list[int], str | None]:
-    """Turn an untrusted proposal into a list of ids, or ([], fault kind).
+    """Turn an untrusted proposal into a list of ids, or ([], fault kind). Total: whatever the
+    proposal's own methods do (raise, lie about their length, iterate forever) it returns.
 
     >>> validate_proposal([3, 4], 8, 10)
     ([3, 4], None)
@@ -58,25 +60,31 @@ def validate_proposal(raw: object, max_tokens: int, vocab_size: int) -> tuple[li
     """
     if raw is None:
         return [], None
-    if isinstance(raw, (str, bytes, dict)) or not hasattr(raw, "__len__") or not hasattr(raw, "__iter__"):
-        return [], BAD_TYPE
-    try:
+    try:  # hasattr / len run the proposal's own code, which may raise anything
+        if isinstance(raw, (str, bytes, dict)) or not hasattr(raw, "__len__") or not hasattr(raw, "__iter__"):
+            return [], BAD_TYPE
         n = len(raw)
     except Exception:
         return [], BAD_TYPE
     if n > max_tokens:
         return [], TOO_MANY
     ids: list[int] = []
-    for item in raw:
-        if isinstance(item, bool):
-            return [], BAD_ID
-        try:
-            value = operator.index(item)  # ints, numpy ints, 0-d int tensors; never floats
-        except TypeError:
-            return [], BAD_ID
-        if not 0 <= value < vocab_size:
-            return [], OUT_OF_VOCAB
-        ids.append(value)
+    try:
+        # never iterate past the claimed length: an iterator that yields more is lying
+        for item in itertools.islice(raw, n + 1):
+            if len(ids) == n:
+                return [], BAD_TYPE
+            if isinstance(item, bool):
+                return [], BAD_ID
+            try:
+                value = operator.index(item)  # ints, numpy ints, 0-d int tensors; never floats
+            except Exception:
+                return [], BAD_ID
+            if not 0 <= value < vocab_size:
+                return [], OUT_OF_VOCAB
+            ids.append(value)
+    except Exception:  # the iterator itself raised
+        return [], BAD_TYPE
     return ids, None
 
 
@@ -204,7 +212,8 @@ class SpeculativeExecution:
             trunk.rewind(reuse)
         else:
             trunk.reset()
-        self._armed = spec is not None and (reuse == 0 or bool(spec.can_arm_after_prefix_reuse))
+        # can_arm_after_prefix_reuse is optional in the protocol, default False
+        self._armed = spec is not None and (reuse == 0 or bool(getattr(spec, "can_arm_after_prefix_reuse", False)))
         if spec is not None and self._armed:
             try:
                 spec.reset()

@@ -158,7 +158,11 @@ def generate(
         stop_tokens = sorted(getattr(tokenizer, "eos_token_ids", ()) or ())
     window = options.window(getattr(target, "spec_preferred_draft_window", None))
     if speculator is not None:
-        window = max(0, min(window, int(getattr(speculator, "max_draft_tokens", window))))
+        try:  # a plugin's attribute: garbage (None, "8", nan) leaves the window as it is
+            window = max(0, min(window, int(getattr(speculator, "max_draft_tokens", window))))
+        except Exception:
+            log.warning("speculator %s: max_draft_tokens %r is not an integer; using %d",
+                        name, getattr(speculator, "max_draft_tokens", None), window)
     sampler = Sampler(sampling or SamplingParams())
     execution = SpeculativeExecution(
         LinearSpecTrunk(target),

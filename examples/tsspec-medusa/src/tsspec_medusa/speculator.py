@@ -46,7 +46,7 @@ __all__ = [
 
 NAME = "medusa"
 DEFAULT_MIN_DRAFT_PROB = 0.0
-DRAFTER_HINT = "a Medusa heads GGUF (general.architecture = medusa) with --spec-draft-model PATH"
+DRAFTER_HINT = "a Medusa heads GGUF (--spec-draft-model PATH, general.architecture = medusa)"
 NO_FILE_REASON = f"no Medusa file attached: attach {DRAFTER_HINT}"
 HEADS_CACHE_SIZE = 2  # loaded files kept, keyed by (path, size, mtime): a server reuses them
 
@@ -83,13 +83,14 @@ class MedusaSpeculator:
         if heads.device != ctx.carry_hidden.device:
             heads = self.heads = heads.to(ctx.carry_hidden.device)
         logits = heads.logits(ctx.carry_hidden, count)  # [count, V]
-        preceding = list(ctx.history)
+        adjust = ctx.adjust_logits
+        preceding = list(ctx.history) if adjust is not None else []
         drafts: list[int] = []
         survival = 1.0
         for k in range(count):
             row = logits[k]
-            if ctx.adjust_logits is not None:
-                row = ctx.adjust_logits(row, preceding + drafts)
+            if adjust is not None:
+                row = adjust(row, preceding + drafts)
             probs = torch.softmax(row.to(torch.float32), dim=-1)  # [V]
             p, token = torch.max(probs, dim=-1)
             survival *= float(p)

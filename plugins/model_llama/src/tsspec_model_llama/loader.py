@@ -37,16 +37,15 @@ def _setting(options: Any, name: str) -> Any:
         return None
     if isinstance(options, Mapping):
         return options.get(name)
-    value = getattr(type(options), name, None) and getattr(options, name, None)
-    if value is None:
-        value = getattr(options, "__dict__", {}).get(name)
-    if value is None:
+    try:
+        value = getattr(options, name)
+    except AttributeError:
+        value = None
+    if value is None:  # a SpeculationOptions carries plugin settings in ``extra``
         try:
-            value = getattr(options, name)
+            extra = getattr(options, "extra")
         except AttributeError:
-            value = None
-    if value is None:
-        extra = getattr(options, "extra", None)
+            extra = None
         if isinstance(extra, Mapping):
             value = extra.get(name)
     return value

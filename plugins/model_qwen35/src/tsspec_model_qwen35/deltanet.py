@@ -175,8 +175,12 @@ class DeltaNetLayer:
         rows = x.shape[0]
         mixed, z, b, a = F.linear(x, self.w.in_proj).split(self.splits, dim=-1)
         window = torch.cat([conv_state, mixed], dim=0)  # [K-1 + rows, conv_dim]
-        conv = F.conv1d(window.t().unsqueeze(0), self.w.conv.unsqueeze(1), groups=self.conv_dim)
-        conv = F.silu(conv.squeeze(0).t())  # [rows, conv_dim]
+        if rows <= ROWS_FORM_MAX:  # a few rows: the K taps as one elementwise product
+            conv = (window.unfold(0, self.kernel, 1) * self.w.conv).sum(-1)  # [rows, conv_dim]
+        else:
+            conv = F.conv1d(window.t().unsqueeze(0), self.w.conv.unsqueeze(1), groups=self.conv_dim)
+            conv = conv.squeeze(0).t()
+        conv = F.silu(conv)  # [rows, conv_dim]
         sd = self.state_dtype
         qc, kc, vc = conv.to(sd).split([self.key_dim, self.key_dim, self.value_dim], dim=-1)
         q = l2_normalize(qc.reshape(rows, self.num_k, self.dk)) * self.scale

@@ -50,7 +50,7 @@ class MoEFFN:
         for expert in torch.unique(ids).tolist():
             rows, slot = torch.nonzero(ids == expert, as_tuple=True)
             y = swiglu(x[rows], self.gate_exps[expert], self.up_exps[expert], self.down_exps[expert])
-            out.index_add_(0, rows, y * weights[rows, slot, None])
+            out[rows] += y * weights[rows, slot, None]  # a row picks an expert at most once
         if self.shared is not None:
             scale = torch.sigmoid(x @ self.shared_gate)[:, None]  # [rows, 1]
             out = out + self.shared(x) * scale

@@ -20,7 +20,7 @@ __all__ = [
     "tsspec_register_speculators",
     "tsspec_register_drafters",
     "tsspec_register_commands",
-    "attach",
+    "attach_file",
     "make_speculator",
 ]
 
@@ -34,8 +34,9 @@ def make_speculator(target, options=None):
     return make_block_speculator(target, options)
 
 
-def attach(target, gguf_path, options=None):
-    """The ``dflash`` attach function (see ``attach.attach_dflash``)."""
+def attach_file(target, gguf_path, options=None):
+    """The ``dflash`` attach function (see ``attach.attach_dflash``). Not named ``attach``: that
+    is the submodule, which replaces a same-named package attribute once imported."""
     from .attach import attach_dflash
 
     return attach_dflash(target, gguf_path, options)
@@ -51,7 +52,7 @@ def tsspec_register_speculators(register):
 
 @hookimpl
 def tsspec_register_drafters(register):
-    register(DRAFTER_ARCHITECTURES, attach)
+    register(DRAFTER_ARCHITECTURES, attach_file)
 
 
 @hookimpl

@@ -1,0 +1,473 @@
+"""The benchmark's outputs: a rich table, JSON, and the Markdown of BENCHMARKS.md.
+
+Everything printed is computed from the records of one run; the Markdown's "reading" is written
+from the same figures (which classes win, which lose, the break-even acceptance, the peers'
+ratios), so regenerating the document can never leave stale prose behind.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Sequence
+
+import attrs
+
+from .lossless import MISMATCH, TIE
+from .machine import machine_line
+from .peers import LOOKUP, PeerRecord, PeerRow
+from .runner import ALGORITHM, ORACLE, PLAIN, RunRecord
+from .summary import ALL_CLASSES, SummaryRow
+
+WIN, LOSE = 1.03, 0.97  # a median pair ratio outside these is a win / a loss, else break-even
+SHOWN_POSITIONS = 8  # accepted-per-position columns shown in tables
+
+
+@attrs.define
+class BenchReport:
+    meta: dict
+    cases: list[dict]
+    records: list[RunRecord]
+    rows: list[SummaryRow]
+    classes: list[str]
+    peer_records: list[PeerRecord] = attrs.field(factory=list)
+    peer_rows: list[PeerRow] = attrs.field(factory=list)
+    peer_errors: dict[str, str] = attrs.field(factory=dict)
+    governor: object = None  # GovernorCheck | None
+
+    # -- selections ------------------------------------------------------------------------
+    def rows_of(self, kind: str, cls: str | None = None) -> list[SummaryRow]:
+        return [r for r in self.rows if r.kind == kind and (cls is None or r.cls == cls)]
+
+    def algorithms(self) -> list[str]:
+        return list(dict.fromkeys(r.config for r in self.rows if r.kind == ALGORITHM))
+
+    def oracle_rows(self) -> list[SummaryRow]:
+        rows = self.rows_of(ORACLE, ALL_CLASSES)
+        return sorted(rows, key=lambda r: (r.acceptance_target, r.config))
+
+    @property
+    def mismatches(self) -> list[RunRecord]:
+        return [r for r in self.records if r.verdict is not None and r.verdict.status == MISMATCH]
+
+    def lossless_totals(self) -> dict:
+        checked = [r for r in self.records if r.kind != PLAIN and r.verdict is not None]
+        ties = [r for r in checked if r.verdict.status == TIE]
+        return {
+            "speculative_runs": len(checked),
+            "identical": sum(r.verdict.status == "identical" for r in checked),
+            "ties": len(ties),
+            "mismatches": len(self.mismatches),
+            "identical_rate": round(sum(r.verdict.status == "identical" for r in checked) / len(checked), 4) if checked else None,
+            "details": [
+                {"case": r.case_id, "config": r.config, "rep": r.rep, **r.verdict.to_json()}
+                for r in [*ties, *self.mismatches]
+            ],
+        }
+
+    # -- JSON ------------------------------------------------------------------------------
+    def to_json(self) -> dict:
+        return {
+            "meta": self.meta,
+            "cases": self.cases,
+            "summary": [r.to_json() for r in self.rows],
+            "lossless": self.lossless_totals(),
+            "peers": {
+                "summary": [r.to_json() for r in self.peer_rows],
+                "errors": self.peer_errors,
+                "runs": [r.to_json() for r in self.peer_records],
+            },
+            "governor_check": None if self.governor is None else self.governor.to_json(),
+            "runs": [r.to_json() for r in self.records],
+        }
+
+    def write_json(self, path: str | Path) -> None:
+        p = Path(path)
+        p.parent.mkdir(parents=True, exist_ok=True)
+        p.write_text(json.dumps(self.to_json(), indent=1) + "\n", encoding="utf-8")
+
+    # -- terminal --------------------------------------------------------------------------
+    def print_tables(self, console) -> None:
+        from rich.table import Table
+
+        table = Table(title=f"tsspec bench: {self.meta['model']['name']}, {self.meta['settings']['reps']} paired reps",
+                      caption=machine_line(self.meta["machine"]), show_lines=False)
+        for col, justify in (("class", "left"), ("config", "left"), ("plain tok/s", "right"), ("tok/s", "right"),
+                             ("speed-up (min-max)", "right"), ("accept", "right"), ("tok/verify", "right"),
+                             ("ms draft/verify/rollback/plain", "right"), ("governor w/l/parked", "right"),
+                             ("lossless", "right")):
+            table.add_column(col, justify=justify)
+        for row in self.rows:
+            if row.kind == PLAIN:
+                continue
+            table.add_row(
+                row.cls, row.config, f"{row.plain_tokens_per_second:.1f}", f"{row.tokens_per_second:.1f}",
+                _ratio_text(row), f"{row.acceptance_rate:.2f}", f"{row.tokens_per_verify:.2f}",
+                "/".join(f"{row.phase_ms.get(p, 0.0):.0f}" for p in ("draft", "verify", "rollback", "plain")),
+                f"{row.governor_wins}/{row.governor_losses}/{row.governor_parked_steps}",
+                _lossless_text(row),
+                style="bold" if row.cls == ALL_CLASSES else None,
+            )
+        console.print(table)
+        if self.peer_rows:
+            peers = Table(title="peers on the same GGUF and prompt ids")
+            for col in ("engine", "config", "class", "tok/s", "speed-up vs own plain", "same as own plain", "same as tsspec plain"):
+                peers.add_column(col)
+            for row in self.peer_rows:
+                if row.cls != ALL_CLASSES:
+                    continue
+                peers.add_row(row.engine, row.config, row.cls, f"{row.tokens_per_second:.1f}", _ratio_text(row),
+                              f"{row.same_as_own_plain}/{row.runs}", f"{row.same_as_tsspec_plain}/{row.runs}")
+            console.print(peers)
+        for name, error in self.peer_errors.items():
+            console.print(f"[yellow]peer {name} skipped: {error}[/yellow]")
+        if self.governor is not None:
+            gov = Table(title="cost governor (toy with the embedded model's verify-cost profile)")
+            for col in ("figure", "tok/s", "reference tok/s", "ratio (min-max)", "goal", "verdict"):
+                gov.add_column(col)
+            for f in self.governor.figures:
+                verdict = "-" if f.passed is None else ("pass" if f.passed else "MISS")
+                gov.add_row(f.name, f"{f.tokens_per_second:.1f}", f"{f.reference_tokens_per_second:.1f}",
+                            f"{f.ratio_median:.3f} ({f.ratio_min:.2f}-{f.ratio_max:.2f})",
+                            "-" if f.goal is None else f">= {f.goal}", verdict)
+            console.print(gov)
+        totals = self.lossless_totals()
+        style = "red bold" if totals["mismatches"] else "green"
+        console.print(
+            f"[{style}]lossless: {totals['identical']} identical, {totals['ties']} float ties, "
+            f"{totals['mismatches']} mismatches in {totals['speculative_runs']} speculative runs[/{style}]"
+        )
+
+    # -- Markdown --------------------------------------------------------------------------
+    def to_markdown(self, plot_path: str | None = None) -> str:
+        return "\n".join(_markdown(self, plot_path)) + "\n"
+
+    def write_markdown(self, path: str | Path, plot_path: str | Path | None = None) -> None:
+        p = Path(path)
+        rel = None
+        if plot_path is not None:
+            try:
+                rel = str(Path(plot_path).resolve().relative_to(p.resolve().parent))
+            except ValueError:
+                rel = str(Path(plot_path).resolve())
+        p.parent.mkdir(parents=True, exist_ok=True)
+        p.write_text(self.to_markdown(rel), encoding="utf-8")
+
+
+def _ratio_text(row) -> str:
+    if row.ratio_median is None:
+        return "-"
+    return f"{row.ratio_median:.2f}x ({row.ratio_min:.2f}-{row.ratio_max:.2f})"
+
+
+def _lossless_text(row: SummaryRow) -> str:
+    text = f"{row.identical}/{row.runs}"
+    if row.ties:
+        text += f" +{row.ties} tie"
+    if row.mismatches:
+        text += f" {row.mismatches} MISMATCH"
+    return text
+
+
+def _verdict_word(ratio: float) -> str:
+    return "wins" if ratio >= WIN else ("loses" if ratio <= LOSE else "breaks even")
+
+
+def break_even_acceptance(rows: Sequence[SummaryRow]) -> float | None:
+    """The oracle per-token acceptance where the median speed-up crosses 1.0 (linear
+    interpolation between sweep points), or None when it never crosses."""
+    points = [(r.acceptance_target, r.ratio_median) for r in rows if r.ratio_median is not None]
+    points.sort()
+    for (p0, r0), (p1, r1) in zip(points, points[1:]):
+        if r0 < 1.0 <= r1 and r1 != r0:
+            return p0 + (1.0 - r0) * (p1 - p0) / (r1 - r0)
+    return None
+
+
+def _table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> list[str]:
+    out = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
+    out += ["| " + " | ".join(str(c) for c in row) + " |" for row in rows]
+    return out
+
+
+def _markdown(report: BenchReport, plot_path: str | None) -> list[str]:
+    meta, settings, model = report.meta, report.meta["settings"], report.meta["model"]
+    m = meta["machine"]
+    lines = [
+        "# tsspec benchmarks",
+        "",
+        f"Generated by `{meta['regenerate']}` ({meta['command']}) on {meta['finished']}, "
+        f"in {meta['duration_s'] / 60:.1f} minutes. Do not edit by hand: rerun the command.",
+        "",
+        "Every speculative figure is a **ratio of paired runs**: after one warm-up round, each prompt runs "
+        f"{settings['reps']} rounds of plain, then each configuration, back to back in one process, and each "
+        "speculative run is divided by the plain run of its own round. On a shared 2-core machine a single "
+        "tok/s figure moves by 10-20% from run to run; the ratios of neighbouring runs move much less. "
+        "tok/s counts decoding only (emitted tokens after the first, over the time after prefill).",
+        "",
+        "## Machine",
+        "",
+        f"- CPU: {m['cpu']} ({', '.join(m['cpu_flags']) or 'no SIMD flags read'}); "
+        f"{m['usable_cpus']} usable of {m['logical_cpus']} logical CPUs; {m['memory_gib']} GiB",
+        f"- {m['os']}, Python {m['python']}, torch {m['torch']} with {m['torch_threads']} threads",
+        f"- load average at start {meta.get('load_start')}, at end {meta.get('load_end')} "
+        "(the machine is shared: other jobs ran during the measurement)",
+        "",
+        "## Settings",
+        "",
+        f"- model: `{model['name']}` ({model['architecture']}, vocab {model['vocab_size']}, "
+        f"context {model['context']})",
+        f"- prompts: {settings['prompts']} ({len(report.cases)} prompts in {len(report.classes)} classes: "
+        f"{', '.join(report.classes)}); prompt tokens {_range([c['prompt_tokens'] for c in report.cases])}, "
+        f"new tokens {_range([c['max_tokens'] for c in report.cases])} (fewer when the model ends its answer)",
+        f"- sampling: {settings['sampling']}; draft window {settings['window']}; cost governor "
+        f"{'on' if settings['adaptive'] else 'off'}",
+        f"- paired reps per prompt: {settings['reps']}",
+        "",
+    ]
+    lines += _speed_section(report)
+    lines += _mechanics_section(report)
+    lines += _oracle_section(report)
+    lines += _peer_section(report)
+    lines += _governor_section(report)
+    lines += _lossless_section(report)
+    if plot_path:
+        lines += ["## Plot", "", f"![speed-up per prompt class and oracle sweep]({plot_path})", ""]
+    lines += _reading(report)
+    return lines
+
+
+def _range(values: Sequence[int]) -> str:
+    return f"{min(values)}-{max(values)}" if values else "-"
+
+
+def _speed_section(report: BenchReport) -> list[str]:
+    algos = report.algorithms()
+    if not algos:
+        return []
+    cmd = report.meta["command"]
+    lines = ["## Speculation vs plain decoding, per prompt class", "", f"Command: `{cmd}`", ""]
+    header = ["class", "prompt tokens", "plain tok/s"]
+    for a in algos:
+        header += [f"{a} tok/s", f"{a} speed-up (min-max)", f"{a} accept", f"{a} tok/verify"]
+    rows = []
+    for cls in [*report.classes, ALL_CLASSES]:
+        cells = {r.config: r for r in report.rows if r.cls == cls}
+        if not any(a in cells for a in algos):
+            continue
+        tokens = [c["prompt_tokens"] for c in report.cases if cls == ALL_CLASSES or c["class"] == cls]
+        plain = next(iter(cells.values())).plain_tokens_per_second
+        row = [f"**{cls}**" if cls == ALL_CLASSES else cls, _range(tokens), f"{plain:.1f}"]
+        for a in algos:
+            r = cells.get(a)
+            row += ["-"] * 4 if r is None else [f"{r.tokens_per_second:.1f}", _ratio_text(r),
+                                                f"{r.acceptance_rate:.2f}", f"{r.tokens_per_verify:.2f}"]
+        rows.append(row)
+    lines += _table(header, rows)
+    lines += ["", "tok/s are medians over runs; speed-up is the median of per-pair ratios (min-max over pairs); "
+              "accept = accepted / drafted tokens; tok/verify = tokens emitted per verify step.", ""]
+    return lines
+
+
+def _mechanics_section(report: BenchReport) -> list[str]:
+    rows = [r for r in report.rows if r.kind != PLAIN and r.kind != ORACLE]
+    if not rows:
+        return []
+    lines = ["### Where the time goes", "",
+             "Milliseconds per run by phase (mean), the cost governor's decisions (summed over runs), and "
+             "the fraction of drafts whose token k was accepted.", ""]
+    header = ["class", "config", "draft", "verify", "rollback", "snapshot", "commit", "plain",
+              "verify ms/step", "plain ms/step", "governor wins/losses/parked steps", "accepted at position 1..8"]
+    body = []
+    for r in rows:
+        ph = r.phase_ms
+        body.append([
+            r.cls, r.config, *(f"{ph.get(p, 0.0):.0f}" for p in ("draft", "verify", "rollback", "snapshot", "commit", "plain")),
+            f"{r.verify_ms_per_step:.1f}", f"{r.plain_ms_per_step:.1f}",
+            f"{r.governor_wins}/{r.governor_losses}/{r.governor_parked_steps}",
+            " ".join(f"{x:.2f}" for x in r.accepted_per_position[:SHOWN_POSITIONS]) or "-",
+        ])
+    return lines + _table(header, body) + [""]
+
+
+def _oracle_section(report: BenchReport) -> list[str]:
+    rows = report.oracle_rows()
+    if not rows:
+        return []
+    classes = report.meta["settings"].get("oracle_classes") or report.classes
+    lines = [
+        "## Oracle sweep: the runtime's mechanics at controlled acceptance", "",
+        "The testing kit's `OracleSpeculator` drafts the plain continuation and corrupts each drafted token "
+        "with probability 1 - P, so P is the chance that each drafted token is right, independent of any "
+        "drafter's quality. A draft of K tokens is accepted up to its first wrong token, so the measured "
+        "acceptance (accepted / drafted) is lower than P.",
+        "",
+        f"Prompt classes: {', '.join(classes)}. Command: `{report.meta['command']}`",
+        "",
+    ]
+    header = ["P", "accept", "tok/verify", "tok/s", "plain tok/s", "speed-up (min-max)", "verify ms/step",
+              "plain ms/step", "rollback ms/run", "governor wins/losses/parked steps"]
+    body = [[
+        f"{r.acceptance_target:.2f}", f"{r.acceptance_rate:.2f}", f"{r.tokens_per_verify:.2f}",
+        f"{r.tokens_per_second:.1f}", f"{r.plain_tokens_per_second:.1f}", _ratio_text(r),
+        f"{r.verify_ms_per_step:.1f}", f"{r.plain_ms_per_step:.1f}", f"{r.phase_ms.get('rollback', 0.0):.1f}",
+        f"{r.governor_wins}/{r.governor_losses}/{r.governor_parked_steps}",
+    ] for r in rows]
+    lines += _table(header, body)
+    be = break_even_acceptance(rows)
+    lines += ["", f"Break-even: speculation pays from P ~ {be:.2f} upward." if be is not None else
+              "The median speed-up does not cross 1.0 inside the sweep.", ""]
+    return lines
+
+
+def _peer_section(report: BenchReport) -> list[str]:
+    if not report.peer_rows and not report.peer_errors:
+        return []
+    lines = ["## Peers on the same GGUF", "",
+             "Each peer gets the token ids tsspec encoded (same chat template, same prompts, same budget, greedy) "
+             "and alternates plain / prompt lookup in one process after a warm-up, timed over decoding only. "
+             "transformers runs `generate()` on the model dequantised from the GGUF, with "
+             "`prompt_lookup_num_tokens=10` for prompt lookup; llama.cpp runs through llama-cpp-python "
+             "(built with `-DGGML_NATIVE=OFF -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON`), with "
+             "`LlamaPromptLookupDecoding(num_pred_tokens=10)` and `logits_all=True` for prompt lookup.",
+             "", f"Command: `{report.meta['command']}`", ""]
+    ts_plain = {r.cls: r for r in report.rows if r.kind == PLAIN}
+    header = ["engine", "config", "class", "tok/s", "speed-up vs own plain (min-max)", "tsspec plain / this",
+              "output = own plain", "output = tsspec plain"]
+    body = []
+    for r in report.peer_rows:
+        base = ts_plain.get(r.cls)
+        rel = f"{base.tokens_per_second / r.tokens_per_second:.2f}x" if base and r.tokens_per_second else "-"
+        body.append([r.engine, r.config, f"**{r.cls}**" if r.cls == ALL_CLASSES else r.cls,
+                     f"{r.tokens_per_second:.1f}", _ratio_text(r), rel,
+                     f"{r.same_as_own_plain}/{r.runs}", f"{r.same_as_tsspec_plain}/{r.runs}"])
+    lines += _table(header, body)
+    for name, error in report.peer_errors.items():
+        lines += ["", f"- {name}: not measured ({error})"]
+    return lines + [""]
+
+
+def _governor_section(report: BenchReport) -> list[str]:
+    gov = report.governor
+    if gov is None:
+        return []
+    s = gov.settings
+    lines = [
+        "## Cost governor goals (issue 3)", "",
+        "Paired runs on the exact toy target, each forward padded to the time the embedded model takes on "
+        f"this kind of CPU for that many rows (one-row step {s['base_ms']} ms; relative cost by rows "
+        f"{', '.join(f'{r}: {c}' for r, c in s['cost_profile'])}; a KV rewind on rejection, like a llama model). "
+        f"{s['cases']} prompts of {s['prompt_tokens']} tokens, {s['max_tokens']} new tokens, draft window "
+        f"{s['window']}, {s['reps']} reps. Never-accepting = oracle at P = 0 (every draft wrong), "
+        "always-accepting = oracle at P = 1.", "",
+        f"Command: `{report.meta['command']}` (the `--governor-check` part)", "",
+    ]
+    header = ["figure", "tok/s", "reference tok/s", "ratio (min-max)", "goal", "verdict", "wins/losses/parked steps"]
+    body = []
+    for f in gov.figures:
+        verdict = "-" if f.passed is None else ("pass" if f.passed else "**miss**")
+        body.append([f.name, f"{f.tokens_per_second:.1f}", f"{f.reference_tokens_per_second:.1f}",
+                     f"{f.ratio_median:.3f} ({f.ratio_min:.2f}-{f.ratio_max:.2f})",
+                     "-" if f.goal is None else f">= {f.goal}", verdict, f"{f.wins}/{f.losses}/{f.parked_steps}"])
+    return lines + _table(header, body) + [""]
+
+
+def _lossless_section(report: BenchReport) -> list[str]:
+    t = report.lossless_totals()
+    if not t["speculative_runs"]:
+        return []
+    lines = ["## Losslessness", "",
+             f"{t['speculative_runs']} speculative runs compared token by token with the plain reference of their "
+             f"prompt: {t['identical']} identical, {t['ties']} diverged at a float tie (plain top-1 vs the "
+             f"speculative token within 1e-3 in the logits, recomputed by a plain forward), "
+             f"{t['mismatches']} real mismatches."]
+    for d in t["details"][:10]:
+        lines.append(f"- {d['status']}: {d['case']} / {d['config']} rep {d['rep']}: {d['reason']}")
+    return lines + [""]
+
+
+def _reading(report: BenchReport) -> list[str]:
+    lines = ["## Reading", ""]
+    for algo in report.algorithms():
+        cells = [r for r in report.rows if r.config == algo and r.cls != ALL_CLASSES and r.ratio_median is not None]
+        overall = next((r for r in report.rows if r.config == algo and r.cls == ALL_CLASSES), None)
+        if not cells or overall is None:
+            continue
+        wins = [r for r in cells if r.ratio_median >= WIN]
+        loses = [r for r in cells if r.ratio_median <= LOSE]
+        best = max(cells, key=lambda r: r.ratio_median)
+        worst = min(cells, key=lambda r: r.ratio_median)
+        text = (f"- **{algo}** {_verdict_word(overall.ratio_median)} overall: median speed-up "
+                f"{overall.ratio_median:.2f}x over plain ({overall.tokens_per_second:.1f} vs "
+                f"{overall.plain_tokens_per_second:.1f} tok/s), acceptance {overall.acceptance_rate:.2f}, "
+                f"{overall.tokens_per_verify:.2f} tokens per verify. ")
+        text += (f"It wins on {', '.join(f'{r.cls} ({r.ratio_median:.2f}x)' for r in wins)}. " if wins
+                 else "It wins on no prompt class. ")
+        if loses:
+            text += f"It loses on {', '.join(f'{r.cls} ({r.ratio_median:.2f}x)' for r in loses)}. "
+        text += (f"Best: {best.cls} ({best.ratio_median:.2f}x, acceptance {best.acceptance_rate:.2f}); "
+                 f"worst: {worst.cls} ({worst.ratio_median:.2f}x, acceptance {worst.acceptance_rate:.2f}).")
+        lines.append(text)
+    oracle = report.oracle_rows()
+    if oracle:
+        top = oracle[-1]
+        be = break_even_acceptance(oracle)
+        cost = top.verify_ms_per_step / top.plain_ms_per_step if top.plain_ms_per_step and top.verify_ms_per_step else None
+        text = "- **What limits it**: "
+        if cost:
+            text += (f"a verify of up to {report.meta['settings']['window'] + 1} rows costs {cost:.2f}x a one-row "
+                     f"step here ({top.verify_ms_per_step:.0f} vs {top.plain_ms_per_step:.0f} ms), so a step must "
+                     f"gain more than {cost - 1:.2f} extra tokens to pay. ")
+        if be is not None:
+            text += f"In the oracle sweep speculation pays once each drafted token is right with P ~ {be:.2f} or more; "
+        text += (f"at P = {top.acceptance_target:.2f} the speed-up is {top.ratio_median:.2f}x "
+                 f"({top.tokens_per_verify:.2f} tokens per verify). ")
+        low = oracle[0]
+        if low.ratio_median is not None:
+            text += (f"At P = {low.acceptance_target:.2f} the cost governor holds it to {low.ratio_median:.2f}x of plain "
+                     f"({low.governor_losses} losses, {low.governor_parked_steps} parked steps).")
+        lines.append(text)
+    for engine in dict.fromkeys(r.engine for r in report.peer_rows):
+        lookup = next((r for r in report.peer_rows if r.engine == engine and r.config == LOOKUP and r.cls == ALL_CLASSES), None)
+        plain = next((r for r in report.peer_rows if r.engine == engine and r.config == PLAIN and r.cls == ALL_CLASSES), None)
+        ts = next((r for r in report.rows if r.kind == PLAIN and r.cls == ALL_CLASSES), None)
+        if lookup is None or plain is None:
+            continue
+        text = (f"- **{engine}** on the same GGUF: plain {plain.tokens_per_second:.1f} tok/s"
+                + (f" (tsspec plain is {ts.tokens_per_second / plain.tokens_per_second:.2f}x of it)" if ts and plain.tokens_per_second else "")
+                + f"; its prompt lookup runs at {lookup.ratio_median:.2f}x of its own plain"
+                + f" and its output equals its plain output in {lookup.same_as_own_plain}/{lookup.runs} runs"
+                + f" (tsspec's plain output: {plain.same_as_tsspec_plain}/{plain.runs} of its plain runs).")
+        lines.append(text)
+    gov = report.governor
+    if gov is not None:
+        parts = [f"{f.name}: {f.ratio_median:.3f}x ({'pass' if f.passed else 'MISS'} against >= {f.goal})"
+                 for f in gov.figures if f.goal is not None]
+        lines.append("- **Cost governor** on the emulated cost profile: " + "; ".join(parts) + ".")
+    t = report.lossless_totals()
+    if t["speculative_runs"]:
+        ties = f", {t['ties']} float ties" if t["ties"] else ""
+        lines.append(f"- **Losslessness**: {t['identical']}/{t['speculative_runs']} speculative runs identical to plain"
+                     f"{ties}, {t['mismatches']} mismatches.")
+    headline = _headline(report)
+    if headline:
+        lines += ["", "Headline: " + headline]
+    return lines + [""]
+
+
+def _headline(report: BenchReport) -> str:
+    parts = []
+    for algo in report.algorithms():
+        overall = next((r for r in report.rows if r.config == algo and r.cls == ALL_CLASSES), None)
+        cells = [r for r in report.rows if r.config == algo and r.cls != ALL_CLASSES and r.ratio_median is not None]
+        if overall is None or overall.ratio_median is None or not cells:
+            continue
+        best = max(cells, key=lambda r: r.ratio_median)
+        worst = min(cells, key=lambda r: r.ratio_median)
+        parts.append(f"{algo} {overall.ratio_median:.2f}x of plain over all classes "
+                     f"({worst.cls} {worst.ratio_median:.2f}x to {best.cls} {best.ratio_median:.2f}x)")
+    for engine in dict.fromkeys(r.engine for r in report.peer_rows):
+        lookup = next((r for r in report.peer_rows if r.engine == engine and r.config == LOOKUP and r.cls == ALL_CLASSES), None)
+        if lookup is not None and lookup.ratio_median is not None:
+            parts.append(f"{engine} prompt lookup {lookup.ratio_median:.2f}x of its plain")
+    return "; ".join(parts) + "." if parts else ""

@@ -1,0 +1,188 @@
+"""``tsspec bench``: paired, alternating measurements of speculation against plain decoding.
+
+Exit codes: 0 when every speculative run reproduced plain decoding (identically, or through a
+float tie), 1 when any run produced a different token (a losslessness failure: the outputs are
+still written, so the failure can be inspected), 2 for usage errors.
+"""
+
+from __future__ import annotations
+
+import shlex
+import sys
+from pathlib import Path
+from typing import Annotated, List, Optional
+
+import typer
+
+from ..errors import OptionsError
+from . import flags
+from .state import STATE
+
+EXIT_MISMATCH = 1
+QUICK_REPS, QUICK_PER_CLASS, QUICK_MAX_TOKENS = 2, 1, 32
+DEFAULT_REPS = 5
+BENCH_PANEL = "Benchmark"
+OUTPUT_PANEL = "Output"
+
+
+def _split(values: list[str] | str | None) -> list[str]:
+    """'a,b' and repeated flags alike -> ['a', 'b']."""
+    if values is None:
+        return []
+    if isinstance(values, str):
+        values = [values]
+    return [v.strip() for value in values for v in value.split(",") if v.strip()]
+
+
+def _acceptances(text: str | None) -> list[float]:
+    out = []
+    for item in _split(text):
+        try:
+            value = float(item)
+        except ValueError:
+            raise OptionsError(f"--oracle-acceptance takes numbers between 0 and 1, got {item!r}") from None
+        if not 0.0 <= value <= 1.0:
+            raise OptionsError(f"--oracle-acceptance values must be between 0 and 1, got {value}")
+        out.append(value)
+    return sorted(set(out))
+
+
+def bench(
+    model: Annotated[Optional[str], typer.Option("--model", "-m", help="GGUF file (default: the embedded SmolLM2-135M-Instruct; 'toy' = the exact test toy).")] = None,
+    spec_type: Annotated[Optional[str], typer.Option("--spec-type", help="Algorithms to measure, comma separated (default: every registered one that serves the model; 'none' = only the oracle/governor parts).", rich_help_panel=flags.SPEC_PANEL)] = None,
+    reps: Annotated[Optional[int], typer.Option("--reps", min=1, help=f"Paired repetitions per prompt (default {DEFAULT_REPS}).", rich_help_panel=BENCH_PANEL)] = None,
+    quick: Annotated[bool, typer.Option("--quick", help=f"Smoke run: {QUICK_REPS} reps, {QUICK_PER_CLASS} prompt per class, {QUICK_MAX_TOKENS} new tokens.", rich_help_panel=BENCH_PANEL)] = False,
+    prompts: Annotated[Optional[str], typer.Option("--prompts", help="Your own prompts (JSONL: class, prompt or messages, max_tokens).", rich_help_panel=BENCH_PANEL)] = None,
+    classes: Annotated[Optional[str], typer.Option("--classes", help="Only these prompt classes (comma separated).", rich_help_panel=BENCH_PANEL)] = None,
+    per_class: Annotated[Optional[int], typer.Option("--per-class", min=1, help="At most N prompts of each class.", rich_help_panel=BENCH_PANEL)] = None,
+    max_tokens: Annotated[Optional[int], typer.Option("--max-tokens", "-n", min=1, help="Override every prompt's token budget.", rich_help_panel=BENCH_PANEL)] = None,
+    oracle_acceptance: Annotated[Optional[str], typer.Option("--oracle-acceptance", help="Oracle sweep: P[,P...] = chance each drafted token is right.", rich_help_panel=BENCH_PANEL)] = None,
+    oracle_classes: Annotated[Optional[str], typer.Option("--oracle-classes", help="Run the oracle sweep on these classes only.", rich_help_panel=BENCH_PANEL)] = None,
+    compare: Annotated[Optional[List[str]], typer.Option("--compare", help="Peer on the same GGUF: transformers, llama.cpp (repeatable or comma separated).", rich_help_panel=BENCH_PANEL)] = None,
+    compare_reps: Annotated[Optional[int], typer.Option("--compare-reps", min=1, help="Paired reps for the peers (default: --reps).", rich_help_panel=BENCH_PANEL)] = None,
+    governor_check: Annotated[bool, typer.Option("--governor-check", help="Also measure the cost governor's goals on a toy with the embedded model's cost profile.", rich_help_panel=BENCH_PANEL)] = False,
+    governor_reps: Annotated[int, typer.Option("--governor-reps", min=1, help="Paired reps of the governor check.", rich_help_panel=BENCH_PANEL)] = 3,
+    json_path: Annotated[Optional[str], typer.Option("--json", help="Write every run and summary as JSON.", rich_help_panel=OUTPUT_PANEL)] = None,
+    markdown_path: Annotated[Optional[str], typer.Option("--markdown", help="Write the report as Markdown (BENCHMARKS.md).", rich_help_panel=OUTPUT_PANEL)] = None,
+    plot_path: Annotated[Optional[str], typer.Option("--plot", help="Write a PNG plot (needs matplotlib).", rich_help_panel=OUTPUT_PANEL)] = None,
+    temperature: Annotated[Optional[float], typer.Option("--temperature", help="0 = greedy (the default).", rich_help_panel=flags.SAMPLING_PANEL)] = None,
+    top_k: Annotated[Optional[int], typer.Option("--top-k", rich_help_panel=flags.SAMPLING_PANEL)] = None,
+    top_p: Annotated[Optional[float], typer.Option("--top-p", rich_help_panel=flags.SAMPLING_PANEL)] = None,
+    min_p: Annotated[Optional[float], typer.Option("--min-p", rich_help_panel=flags.SAMPLING_PANEL)] = None,
+    repeat_penalty: Annotated[Optional[float], typer.Option("--repeat-penalty", rich_help_panel=flags.SAMPLING_PANEL)] = None,
+    seed: Annotated[Optional[int], typer.Option("--seed", rich_help_panel=flags.SAMPLING_PANEL)] = None,
+    device: Annotated[str, typer.Option("--device", help="cpu or cuda.")] = "cpu",
+    dtype: Annotated[Optional[str], typer.Option("--dtype", help="float32 (default on cpu), float16, bfloat16.")] = None,
+    spec_draft: flags.SpecDraft = None,
+    spec_pmin: flags.SpecPmin = None,
+    spec_draft_model: flags.SpecDraftModel = None,
+    draft_model: flags.DraftModel = None,
+    spec_adaptive: flags.Adaptive = None,
+) -> None:
+    """Measure speculation against plain decoding: paired runs, per prompt class, lossless-checked."""
+    from rich.console import Console
+
+    from ..bench.prompts import load_prompt_set, select_cases, shipped_prompts_path
+    from ..bench.suite import BenchPlan, model_label, run_plan
+    from .generate_cmd import load_target
+
+    console = Console(stderr=True)
+    options = flags.speculation_options(True, None, spec_draft, spec_pmin, spec_draft_model, draft_model, spec_adaptive)
+    sampling = flags.sampling_params(temperature, top_k, top_p, min_p, repeat_penalty, seed)
+    algorithms = None
+    if spec_type is not None:
+        names = _split(spec_type)
+        algorithms = [] if names == ["none"] else names
+    if quick:
+        reps = reps or QUICK_REPS
+        per_class = per_class or QUICK_PER_CLASS
+        max_tokens = max_tokens or QUICK_MAX_TOKENS
+    reps = reps or DEFAULT_REPS
+    cases = select_cases(load_prompt_set(prompts), _split(classes) or None, per_class)
+    if max_tokens is not None:
+        import attrs
+
+        cases = [attrs.evolve(c, max_tokens=max_tokens) for c in cases]
+    peers = _split(compare)
+    from ..bench.peers import PEER_NAMES
+
+    for name in peers:
+        if name not in PEER_NAMES:
+            raise OptionsError(f"--compare {name}: choose from {', '.join(PEER_NAMES)}")
+
+    model_path = model
+    if model is None:
+        from ..modeling.embedded import embedded_model_path
+
+        model_path = str(embedded_model_path())
+    is_toy = model_path == "toy" or model_path.startswith("toy:")
+    with console.status(f"loading {model_label(model_path)}"):
+        target = load_target(model_path, device, dtype, options)
+    if getattr(target, "tokenizer", None) is None:
+        raise OptionsError("tsspec bench needs a model with a tokenizer")
+
+    plan = BenchPlan(
+        model_name=model_label(model_path),
+        model_path=None if is_toy else str(Path(model_path).resolve()),
+        cases=cases,
+        prompts_label=prompts or f"the shipped set ({shipped_prompts_path().name})",
+        algorithms=algorithms,
+        oracle_acceptance=_acceptances(oracle_acceptance),
+        oracle_classes=_split(oracle_classes) or None,
+        reps=reps,
+        options=options,
+        sampling=sampling,
+        compare=peers,
+        compare_reps=compare_reps,
+        governor_check=governor_check,
+        governor_reps=governor_reps,
+        command=_command_line(),
+    )
+
+    def on_mismatch(record) -> None:
+        console.print(f"[red bold]LOSSLESSNESS FAILURE[/red bold] {record.case_id} / {record.config} rep {record.rep}: "
+                      f"{record.verdict.reason}")
+
+    def on_peer_error(name: str, error: str) -> None:
+        console.print(f"[yellow]peer {name} skipped: {error}[/yellow]")
+
+    report = _run_with_progress(console, plan, target, on_mismatch, on_peer_error)
+    report.print_tables(Console())
+    if json_path:
+        report.write_json(json_path)
+        console.print(f"wrote {json_path}")
+    if plot_path:
+        from ..bench.plot import write_plot
+
+        write_plot(report, plot_path)
+        console.print(f"wrote {plot_path}")
+    if markdown_path:
+        report.write_markdown(markdown_path, plot_path)
+        console.print(f"wrote {markdown_path}")
+    if report.mismatches:
+        console.print(f"[red bold]tsspec bench: {len(report.mismatches)} speculative run(s) changed the output: "
+                      "speculation must be lossless[/red bold]")
+        raise typer.Exit(EXIT_MISMATCH)
+
+
+def _run_with_progress(console, plan, target, on_mismatch, on_peer_error):
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from ..bench.suite import run_plan
+
+    with Progress(TextColumn("{task.description:<12}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                  TextColumn("{task.fields[last]}"), console=console, transient=False) as bar:
+        tasks: dict[str, int] = {}
+
+        def progress(phase: str, done: int, total: int, text: str) -> None:
+            if phase not in tasks:
+                tasks[phase] = bar.add_task(phase, total=total or None, last=text)
+            bar.update(tasks[phase], completed=done, total=total or None, last=text)
+
+        return run_plan(plan, target, catalog=STATE.catalog, progress=progress,
+                        on_mismatch=on_mismatch, on_peer_error=on_peer_error)
+
+
+def _command_line() -> str:
+    args = sys.argv[1:]
+    return "tsspec " + " ".join(shlex.quote(a) for a in args) if args else "tsspec bench"

@@ -1,0 +1,100 @@
+"""Hugging Face llama checkpoint -> GGUF with llama.cpp's conventions (the oracle tests' writer).
+
+The plugin is checked against ``transformers`` on tiny random configs: build a
+``LlamaForCausalLM``, write it here as llama.cpp's converter would, load it with the plugin,
+compare logits. Conventions reproduced:
+
+* names: ``model.embed_tokens`` -> ``token_embd``, ``layers.N.self_attn.{q,k,v,o}_proj`` ->
+  ``blk.N.attn_{q,k,v,output}``, ``mlp.{gate,up,down}_proj`` -> ``ffn_{gate,up,down}``,
+  ``input_layernorm`` -> ``attn_norm``, ``post_attention_layernorm`` -> ``ffn_norm``,
+  ``model.norm`` -> ``output_norm``, ``lm_head`` -> ``output`` (omitted when tied).
+* Q and K rows are permuted per head from HF's rotate-half order to llama.cpp's adjacent-pair
+  order: HF row ``j * hd/2 + i`` is written at row ``2 i + j``.
+* ``rope_freqs`` (per-frequency divisors) carries llama-3 style frequency scaling.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any, Mapping
+
+import numpy as np
+
+from tsspec.modeling.gguf_writer_util import write_gguf
+
+__all__ = ["permute_for_gguf", "llama_gguf_contents", "write_llama_gguf"]
+
+
+def permute_for_gguf(w: np.ndarray, n_heads: int) -> np.ndarray:
+    """HF rotate-half row order -> llama.cpp adjacent-pair order, per head (rows of w)."""
+    head_dim = w.shape[0] // n_heads
+    tail = w.shape[1:]
+    return w.reshape(n_heads, 2, head_dim // 2, *tail).swapaxes(1, 2).reshape(w.shape)
+
+
+def llama_gguf_contents(
+    config: Any, state_dict: Mapping[str, Any], *, rope_freqs: np.ndarray | None = None
+) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
+    """(metadata, tensors) for ``write_gguf`` from a HF LlamaConfig and state dict."""
+
+    def t(name: str) -> np.ndarray:
+        return state_dict[name].detach().float().cpu().numpy()
+
+    n_heads, n_kv = config.num_attention_heads, config.num_key_value_heads
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // n_heads
+    rope = getattr(config, "rope_parameters", None) or {}
+    metadata: dict[str, Any] = {
+        "llama.block_count": config.num_hidden_layers,
+        "llama.context_length": config.max_position_embeddings,
+        "llama.embedding_length": config.hidden_size,
+        "llama.feed_forward_length": config.intermediate_size,
+        "llama.attention.head_count": n_heads,
+        "llama.attention.head_count_kv": n_kv,
+        "llama.attention.layer_norm_rms_epsilon": float(config.rms_norm_eps),
+        "llama.rope.freq_base": float(rope.get("rope_theta", getattr(config, "rope_theta", 10000.0))),
+        "llama.rope.dimension_count": head_dim,
+        "llama.vocab_size": config.vocab_size,
+    }
+    if head_dim * n_heads != config.hidden_size:
+        metadata["llama.attention.key_length"] = head_dim
+        metadata["llama.attention.value_length"] = head_dim
+    if rope.get("rope_type") == "linear":
+        metadata["llama.rope.scaling.type"] = "linear"
+        metadata["llama.rope.scaling.factor"] = float(rope["factor"])
+    tensors: dict[str, np.ndarray] = {
+        "token_embd.weight": t("model.embed_tokens.weight"),
+        "output_norm.weight": t("model.norm.weight"),
+    }
+    if not config.tie_word_embeddings:
+        tensors["output.weight"] = t("lm_head.weight")
+    if rope_freqs is not None:
+        tensors["rope_freqs.weight"] = np.asarray(rope_freqs, dtype=np.float32)
+    for i in range(config.num_hidden_layers):
+        hf, gg = f"model.layers.{i}.", f"blk.{i}."
+        tensors[gg + "attn_norm.weight"] = t(hf + "input_layernorm.weight")
+        tensors[gg + "attn_q.weight"] = permute_for_gguf(t(hf + "self_attn.q_proj.weight"), n_heads)
+        tensors[gg + "attn_k.weight"] = permute_for_gguf(t(hf + "self_attn.k_proj.weight"), n_kv)
+        tensors[gg + "attn_v.weight"] = t(hf + "self_attn.v_proj.weight")
+        tensors[gg + "attn_output.weight"] = t(hf + "self_attn.o_proj.weight")
+        if hf + "self_attn.q_proj.bias" in state_dict:
+            tensors[gg + "attn_q.bias"] = permute_for_gguf(t(hf + "self_attn.q_proj.bias"), n_heads)
+            tensors[gg + "attn_k.bias"] = permute_for_gguf(t(hf + "self_attn.k_proj.bias"), n_kv)
+            tensors[gg + "attn_v.bias"] = t(hf + "self_attn.v_proj.bias")
+            tensors[gg + "attn_output.bias"] = t(hf + "self_attn.o_proj.bias")
+        tensors[gg + "ffn_norm.weight"] = t(hf + "post_attention_layernorm.weight")
+        tensors[gg + "ffn_gate.weight"] = t(hf + "mlp.gate_proj.weight")
+        tensors[gg + "ffn_up.weight"] = t(hf + "mlp.up_proj.weight")
+        tensors[gg + "ffn_down.weight"] = t(hf + "mlp.down_proj.weight")
+    return metadata, tensors
+
+
+def write_llama_gguf(
+    path: str | os.PathLike[str],
+    model: Any,
+    *,
+    tokenizer: Mapping[str, Any] | None = None,
+    rope_freqs: np.ndarray | None = None,
+) -> str:
+    """Write a HF ``LlamaForCausalLM`` as a llama GGUF (float32 tensors)."""
+    metadata, tensors = llama_gguf_contents(model.config, model.state_dict(), rope_freqs=rope_freqs)
+    return write_gguf(path, "llama", metadata, tensors, tokenizer=tokenizer)
