@@ -30,11 +30,13 @@ from pathlib import Path
 import attrs
 import numpy as np
 import pytest
+import torch  # noqa: F401  (first import of torch takes seconds: not inside a case)
 from gguf import GGMLQuantizationType as T
 from gguf import GGUFValueType as VT
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+import tsspec.modeling.dequant  # noqa: F401  (imported here, not inside a time-bounded case)
 from tsspec.errors import ModelLoadError
 from tsspec.modeling.gguf_file import GGUFFile
 from tsspec.modeling.gguf_writer_util import write_gguf

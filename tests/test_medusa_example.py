@@ -73,7 +73,11 @@ DRIVER = textwrap.dedent(
         return {"argv": argv, "code": code, "stdout": out.getvalue(), "stderr": err.getvalue()}
 
     cases = json.load(open(sys.argv[1]))
-    json.dump({label: run(argv, env) for label, argv, env in cases}, open(sys.argv[2], "w"))
+    results = {label: run(argv, env) for label, argv, env in cases}
+    import tsspec_medusa  # where the plugin was imported from
+
+    results["_module"] = tsspec_medusa.__file__
+    json.dump(results, open(sys.argv[2], "w"))
     """
 )
 
@@ -192,13 +196,13 @@ def _medusa(rows: list[dict]) -> dict | None:
 
 
 def test_installed_as_a_regular_distribution(installed):
-    """Not editable, and only in the fresh venv: the parent environment does not have it."""
+    """Not editable, and what the commands ran is the copy in the fresh venv."""
     package = installed.site / "tsspec_medusa" / "__init__.py"
     assert package.is_file()
     (dist_info,) = installed.site.glob("tsspec_medusa-0.1.0.dist-info")
     direct = json.loads((dist_info / "direct_url.json").read_text())
     assert not direct.get("dir_info", {}).get("editable", False)
-    assert importlib.util.find_spec("tsspec_medusa") is None
+    assert Path(installed.driver["_module"]).resolve() == package.resolve()
 
 
 def test_plugins_lists_it_with_its_version(installed):
@@ -250,7 +254,9 @@ def test_each_operator_control_removes_it(installed, label, status):
     record = _medusa(json.loads(_ok(installed.driver[f"{label}/plugins"])))
     assert record is not None and record["status"] == status and record["hooks"] == []
     assert record["reason"]
-    generated = json.loads(_ok(installed.driver[f"{label}/generate"]))
-    assert generated["speculator"] is None
-    assert generated["decline"]["code"] == "unknown_algorithm"
-    assert "medusa" not in generated["decline"]["reason"].split("known:")[1]
+    # --spec-type medusa no longer names a known algorithm: the CLI stops with a one-line error
+    # that lists the known ones (the Python API declines with unknown_algorithm instead)
+    result = installed.driver[f"{label}/generate"]
+    assert result["code"] == 2, result
+    assert "unknown --spec-type 'medusa'" in result["stderr"]
+    assert "medusa" not in result["stderr"].split("known:")[1]

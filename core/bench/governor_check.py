@@ -31,6 +31,7 @@ DEFAULT_CASES = 4
 CONFIG_COUNT = 5  # plain + never/always-accepting, each with and without the governor
 GOAL = 0.97
 
+WALL, VIRTUAL = "wall", "virtual"
 NEVER, NEVER_OFF = "never-accepting", "never-accepting/no-governor"
 ALWAYS, ALWAYS_OFF = "always-accepting", "always-accepting/no-governor"
 
@@ -51,8 +52,23 @@ def relative_cost(rows: int) -> float:
     return last_cost + PREFILL_ROW_COST * (rows - last_rows)
 
 
+class VirtualClock:
+    """Seconds that pass only when a forward says so: the governor's policy, measured without
+    the machine's noise or the loop's own overhead (every step costs exactly the profile)."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+    def advance(self, seconds: float) -> None:
+        self.now += seconds
+
+
 class CostProfileToy(ToyTarget):
-    """The exact toy, each forward padded to ``base_ms * relative_cost(rows)``."""
+    """The exact toy, each forward costing ``base_ms * relative_cost(rows)``: padded with a
+    sleep on the wall clock, or added to a ``VirtualClock``."""
 
     def __init__(self, *, base_ms: float = DEFAULT_BASE_MS, clock: Callable[[], float] = time.perf_counter, **kwargs):
         super().__init__(**kwargs)
@@ -60,9 +76,13 @@ class CostProfileToy(ToyTarget):
         self._clock = clock
 
     def spec_forward(self, tokens, *, all_logits_rows: bool, want_hidden: bool):
+        cost = self.base_ms * relative_cost(len(tokens)) / 1000.0
+        if isinstance(self._clock, VirtualClock):
+            self._clock.advance(cost)
+            return super().spec_forward(tokens, all_logits_rows=all_logits_rows, want_hidden=want_hidden)
         start = self._clock()
         out = super().spec_forward(tokens, all_logits_rows=all_logits_rows, want_hidden=want_hidden)
-        wait = self.base_ms * relative_cost(len(tokens)) / 1000.0 - (self._clock() - start)
+        wait = cost - (self._clock() - start)
         if wait > 0:
             time.sleep(wait)
         return out
@@ -148,13 +168,21 @@ def run_governor_check(
     window: int = 8,
     base_ms: float = DEFAULT_BASE_MS,
     seed: int = 0,
+    clock: str = WALL,
     on_run: Callable | None = None,
 ) -> GovernorCheck:
-    """Plain vs never- and always-accepting oracles, each with and without the governor."""
+    """Plain vs never- and always-accepting oracles, each with and without the governor.
+
+    ``clock`` is WALL (forwards sleep to their cost: the loop's real overhead counts, and so
+    does the machine's noise) or VIRTUAL (time advances only by the profile: the policy alone,
+    deterministic)."""
     import torch
 
+    if clock not in (WALL, VIRTUAL):
+        raise ValueError(f"clock must be {WALL!r} or {VIRTUAL!r}, got {clock!r}")
+    timer = VirtualClock() if clock == VIRTUAL else time.perf_counter
     # pure KV like the embedded llama model: a rejected draft is rewound, not re-forwarded
-    target = CostProfileToy(base_ms=base_ms, seed=seed, recurrent=False,
+    target = CostProfileToy(base_ms=base_ms, seed=seed, recurrent=False, clock=timer,
                             max_context=prompt_tokens + max_tokens + window + 8)
     configs = [
         BenchConfig.plain(),
@@ -166,6 +194,7 @@ def run_governor_check(
     runner = BenchRunner(
         target, _toy_cases(cases, prompt_tokens, max_tokens, target.config.vocab_size, seed), configs,
         reps=reps, options=SpeculationOptions(draft=window), on_run=on_run,
+        clock=timer if clock == VIRTUAL else None,
     )
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # the toy's tiny float64 matmuls only pay thread wake-ups
@@ -182,5 +211,6 @@ def run_governor_check(
     settings = {
         "reps": reps, "cases": cases, "prompt_tokens": prompt_tokens, "max_tokens": max_tokens,
         "window": window, "base_ms": base_ms, "cost_profile": [list(p) for p in VERIFY_COST_PROFILE],
+        "clock": clock,
     }
     return GovernorCheck(settings, figures, records)

@@ -158,6 +158,7 @@ class BenchRunner:
     warmup: bool = True
     on_run: Callable[[Slot, RunRecord], None] | None = None  # progress callback
     on_mismatch: Callable[[RunRecord], None] | None = None
+    clock: Callable[[], float] | None = None  # the loop's clock (None: perf_counter)
     records: list[RunRecord] = attrs.field(factory=list)
     references: dict[str, list[int]] = attrs.field(factory=dict)  # case id -> plain tokens
 
@@ -214,6 +215,7 @@ class BenchRunner:
             sampling=self.sampling,
             speculator=self._speculator(config, case),
             registry=self.registry,
+            clock=self.clock,
         )
         if config.kind == ALGORITHM and result.decline is not None:
             raise ConfigDeclined(config.name, result.decline)

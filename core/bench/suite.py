@@ -9,6 +9,7 @@ change here.
 from __future__ import annotations
 
 import datetime as _dt
+import os
 import time
 from pathlib import Path
 from typing import Callable, Sequence
@@ -25,7 +26,7 @@ from .report import BenchReport
 from .runner import BenchConfig, BenchRunner
 from .summary import summarise
 
-REGENERATE = "make bench"
+RUN_BY_MAKE = "make bench"  # the Makefile target that regenerates BENCHMARKS.md
 
 
 @attrs.define
@@ -185,7 +186,7 @@ def run_plan(
     meta = {
         "tsspec_version": __version__,
         "command": plan.command,
-        "regenerate": REGENERATE,
+        "run_by": RUN_BY_MAKE if os.environ.get("MAKELEVEL") else None,
         "started": started,
         "finished": _now(),
         "duration_s": round(time.perf_counter() - t0, 1),

@@ -21,6 +21,7 @@ from .state import STATE
 EXIT_MISMATCH = 1
 QUICK_REPS, QUICK_PER_CLASS, QUICK_MAX_TOKENS = 2, 1, 32
 DEFAULT_REPS = 5
+TABLE_WIDTH = 160
 BENCH_PANEL = "Benchmark"
 OUTPUT_PANEL = "Output"
 
@@ -147,7 +148,10 @@ def bench(
         console.print(f"[yellow]peer {name} skipped: {error}[/yellow]")
 
     report = _run_with_progress(console, plan, target, on_mismatch, on_peer_error)
-    report.print_tables(Console())
+    out = Console()
+    if not out.is_terminal:
+        out = Console(width=TABLE_WIDTH)  # a file or a pipe: do not squeeze the table into 80 columns
+    report.print_tables(out)
     if json_path:
         report.write_json(json_path)
         console.print(f"wrote {json_path}")

@@ -74,6 +74,16 @@ def speculation_options(
     return options
 
 
+def check_spec_type(name: str, registry) -> None:
+    """An algorithm the operator named explicitly must exist (``auto`` always does): a typo is
+    an error listing the known names, not a silent fall-back to plain decoding."""
+    from ..runtime.registry import AUTO
+
+    if name != AUTO and registry.get(name) is None:
+        known = ", ".join([AUTO, *registry.names()])
+        raise OptionsError(f"unknown --spec-type {name!r}; known: {known}")
+
+
 def sampling_params(temperature, top_k, top_p, min_p, repeat_penalty, seed):
     from ..runtime.sampling import SamplingParams
 

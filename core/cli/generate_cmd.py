@@ -37,7 +37,10 @@ def _read_prompt(prompt: str | None, prompt_file: str | None) -> str:
     if prompt is not None and prompt_file is not None:
         raise GenerationError("give --prompt or --prompt-file, not both")
     if prompt_file is not None:
-        raw = open(prompt_file, "rb").read() if prompt_file != "-" else sys.stdin.buffer.read()
+        try:
+            raw = open(prompt_file, "rb").read() if prompt_file != "-" else sys.stdin.buffer.read()
+        except OSError as exc:
+            raise GenerationError(f"cannot read the prompt file {prompt_file}: {exc.strerror or exc}") from None
     elif prompt is not None:
         return prompt
     elif not sys.stdin.isatty():
@@ -90,6 +93,7 @@ def generate(
     """Generate text. Speculation (on by default, --spec-type auto) never changes the output."""
     from ..runtime.generation import generate as run_generate
 
+    named_type = spec_type  # what the operator named (the demo's default is ours)
     if demo:
         spec_type = spec_type or "ngram"
         chat, system = True, system or DEMO_SYSTEM
@@ -98,6 +102,8 @@ def generate(
     else:
         text = _read_prompt(prompt, prompt_file)
     options = flags.speculation_options(spec, spec_type, spec_draft, spec_pmin, spec_draft_model, draft_model, spec_adaptive)
+    if options.enabled and not (demo and named_type is None):
+        flags.check_spec_type(options.spec_type, STATE.catalog.speculators)
     sampling = flags.sampling_params(temperature, top_k, top_p, min_p, repeat_penalty, seed)
     target = load_target(model, device, dtype, options)
     prompt_value = text

@@ -78,7 +78,9 @@ def list_speculators(
     target = None
     options = SpeculationOptions(draft_model=draft_model)
     if model is not None:
-        target = load_model(model, catalog=catalog, options=options)
+        # the drafter is left to each factory (it stays in the options), so a drafter that does
+        # not fit the model shows up as a decline reason instead of stopping the listing
+        target = load_model(model, catalog=catalog, options=SpeculationOptions())
     rows = evaluate_speculators(catalog, target, options)
     if as_json:
         typer.echo(json.dumps(rows, indent=2))

@@ -90,6 +90,19 @@ def resolve_speculator(target, options: SpeculationOptions, registry=None):
     return made, getattr(made, "name", options.spec_type), None
 
 
+def _plugin_label(target, options: SpeculationOptions, registry, name: str | None) -> str | None:
+    """``"<name> (plugin <plugin>)"`` for a speculator the registry made, else ``name``."""
+    if name is None:
+        return None
+    if registry is None:
+        from .defaults import default_catalog
+
+        registry = default_catalog().speculators
+    resolved = registry.resolve_name(target, options.spec_type)
+    entry = registry.get(resolved) if isinstance(resolved, str) else None
+    return f"{name} (plugin {entry.plugin})" if entry is not None and entry.plugin else name
+
+
 class _TextStream:
     """Incremental detokenisation with stop strings."""
 
@@ -147,8 +160,10 @@ def generate(
         )
     decline = None
     name = None
+    label = None  # for the loop's fault log: names the plugin to blame
     if speculator is None:
         speculator, name, decline = resolve_speculator(target, options, registry)
+        label = _plugin_label(target, options, registry, name)
     elif options.enabled:
         name = getattr(speculator, "name", "custom")
     else:
@@ -172,7 +187,7 @@ def generate(
         window=window,
         governor=governor or SpeculationCostGovernor(enabled=options.adaptive),
         stop_tokens=frozenset(stop_tokens),
-        speculator_label=name,
+        speculator_label=label or name,
         **({"clock": clock} if clock is not None else {}),
     )
     stream = _TextStream(tokenizer, stop)

@@ -183,5 +183,20 @@ class SpeculatorRegistry:
             )
         if speculator is None:
             return Decline(name, CANNOT_SERVE, f"{name} cannot serve this model (its factory declined)")
+        try:  # the loop needs these; anything else has a default or is guarded
+            missing = [m for m in ("propose", "commit") if not callable(getattr(speculator, m, None))]
+            what = f"no callable {', '.join(missing)}" if missing else None
+            if what is None and not hasattr(speculator, "needs_hidden_state"):
+                what = "no needs_hidden_state"
+        except Exception as exc:
+            what = f"its attributes raise {type(exc).__name__}"
+        if what is not None:
+            log.warning("speculator factory %s (plugin %s) returned %s: %s", name, entry.plugin,
+                        type(speculator).__name__, what)
+            return Decline(
+                name, PLUGIN_ERROR,
+                f"{name} (plugin {entry.plugin}) failed: its factory returned a "
+                f"{type(speculator).__name__}, not a speculator ({what})",
+            )
         return speculator
 

@@ -14,6 +14,7 @@ from those logits gets token 9.
 
 from __future__ import annotations
 
+import math
 from typing import Sequence
 
 import attrs
@@ -24,8 +25,8 @@ _GOLDEN = 0x9E3779B97F4A7C15
 
 
 def _check_nonneg(instance, attribute, value):
-    if value < 0:
-        raise ValueError(f"--{attribute.name.replace('_', '-')} must be >= 0, got {value}")
+    if not 0 <= value < math.inf:  # NaN fails every comparison: it is rejected too
+        raise ValueError(f"--{attribute.name.replace('_', '-')} must be a finite number >= 0, got {value}")
 
 
 def _check_unit(instance, attribute, value):

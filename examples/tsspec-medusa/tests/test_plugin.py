@@ -35,6 +35,9 @@ def test_only_the_public_api_is_imported():
             offenders += [f"{path.name}: {n}" for n in names if n.startswith("tsspec.") and n not in allowed]
             if isinstance(node, ast.ImportFrom) and node.module == "tsspec":
                 offenders += [f"{path.name}: tsspec.{a.name}" for a in node.names if a.name not in tsspec.__all__]
+            if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id == "tsspec":
+                if node.attr not in tsspec.__all__ and node.attr not in ("testing", "__all__"):
+                    offenders.append(f"{path.name}: tsspec.{node.attr}")
     assert offenders == []
 
 

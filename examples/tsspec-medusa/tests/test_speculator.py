@@ -137,12 +137,12 @@ def test_options_size_the_speculator(random_medusa):
     assert spec.max_draft_tokens == 3 and spec.min_draft_prob == spec.default_min_draft_prob == 0.0
 
 
-def test_factory_undoes_feature_taps(random_medusa):
+def test_declines_tapped_hidden_rows_and_leaves_the_taps_alone(random_medusa):
     target = ToyTarget()
-    target.spec_set_feature_taps([0, 1])  # what a block drafter leaves behind
+    target.spec_set_feature_taps([0, 1])  # what an attached block drafter sets
+    with pytest.raises(SpeculatorDeclined, match="32 wide"):
+        make_medusa(target, tsspec.SpeculationOptions(spec_draft_model=str(random_medusa)))
     assert target.spec_feature_size == 32
-    make_medusa(target, tsspec.SpeculationOptions(spec_draft_model=str(random_medusa)))
-    assert target.spec_feature_size == 16
 
 
 def test_the_registry_explains_every_decline(random_medusa, tmp_path):
@@ -172,3 +172,13 @@ def test_attach_checks_the_file_and_attaches_nothing(random_medusa, tmp_path):
     junk.write_bytes(b"GGUF but not really")
     with pytest.raises(ModelLoadError):
         attach_medusa(target, str(junk), None)
+
+
+def test_adjustments_see_history_then_drafts_without_a_copy():
+    from tsspec_medusa.speculator import _Preceding
+
+    view = _Preceding((1, 2, 3), [7, 8])
+    assert len(view) == 5 and list(view) == [1, 2, 3, 7, 8]
+    assert view[-2:] == [7, 8] and view[1:4] == [2, 3, 7] and view[-1] == 8 and view[0] == 1
+    with pytest.raises(IndexError):
+        view[5]

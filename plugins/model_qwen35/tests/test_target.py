@@ -62,6 +62,21 @@ def test_verify_leaves_live_state_and_commit_picks_the_slot(make_target, sequenc
         torch.testing.assert_close(s0, s1, rtol=1e-12, atol=1e-12)
 
 
+def test_a_new_sequence_after_commits_starts_clean(make_target, sequence):
+    """rewind(0) after slot commits (whose buffers became live state) gives a fresh model."""
+    target = make_target("qwen35")
+    trunk = LinearSpecTrunk(target)
+    trunk.ensure_capacity(64)
+    first, _ = trunk.forward_keep_all(sequence[:8], want_hidden=False)
+    for start in (8, 10):
+        trunk.snapshot()
+        trunk.verify(sequence[start : start + 3], want_hidden=False)
+        trunk.keep(start, sequence[start : start + 3], 2)
+    trunk.reset()
+    again, _ = trunk.forward_keep_all(sequence[:8], want_hidden=False)
+    assert torch.equal(first, again)
+
+
 def test_restore_path_copies_and_reforwards(make_target, sequence):
     target = make_target("qwen35", per_row_snapshots=False)
     assert target.per_row_snapshots is False

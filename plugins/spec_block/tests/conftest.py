@@ -170,6 +170,15 @@ def write_drafter(path, *, arch="dflash", prefix=None, drop=(), extra=None, drop
     return path
 
 
+@pytest.fixture(autouse=True)
+def one_torch_thread():
+    """Tiny matrices: a second torch thread only spins (40x slower on a busy 2-core machine)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
 @pytest.fixture(scope="session")
 def drafter_file():
     return write_drafter

@@ -23,8 +23,7 @@ PROMPT = [1, 2, 3, 4, 5, 6, 7, 3, 4, 5]
 
 
 @pytest.mark.parametrize("second_gen", [False, True])
-@pytest.mark.parametrize("per_row", [False, True])
-@pytest.mark.parametrize("sampling", [None, SamplingParams(temperature=0.9, top_k=8, seed=11)])
+@pytest.mark.parametrize("per_row, sampling", [(False, None), (True, SamplingParams(temperature=0.9, top_k=8, seed=11))])
 def test_lossless_on_the_toy_target(tmp_path, drafter_file, second_gen, per_row, sampling):
     extra = DFLASH2 if second_gen else {}
     path = drafter_file(tmp_path / "d.gguf", **TOY, **extra)
@@ -40,11 +39,15 @@ def test_lossless_on_the_toy_target(tmp_path, drafter_file, second_gen, per_row,
 
 class CheckingSpeculator(BlockDraftSpeculator):
     """At every proposal, rebuilds the drafter's context from scratch (a fresh target forward
-    over the cached tokens, a fresh head fed every row once) and compares block outputs."""
+    over the cached tokens, a fresh head fed every row once) and compares block outputs.
 
-    def __init__(self, head, make_reference, **kw):
+    It runs the head as the block speculator does, but proposes a prefix of the true
+    continuation plus one wrong token, so commits of every length (and rejections) occur."""
+
+    def __init__(self, head, make_reference, truth, **kw):
         super().__init__(head, **kw)
         self.make_reference = make_reference
+        self.truth = truth  # token ids the plain run emits after the prompt, by position
         self.context_start = 0  # the first position the live drafter may know (after a reuse)
         self.checks = 0
 
@@ -54,31 +57,52 @@ class CheckingSpeculator(BlockDraftSpeculator):
         _, feats = ref_target.spec_forward(cached, all_logits_rows=True, want_hidden=True)
         start = self.context_start
         ref_head.inject_rows(torch.arange(start, len(cached)), feats[start:])
-        drafts = super().propose(ctx)
+        super().propose(ctx)  # feeds the carry row and drafts, exactly as in a real run
         live = self.head.block_hidden(ctx.last_token, ctx.position)
         assert torch.allclose(live, ref_head.block_hidden(ctx.last_token, ctx.position), atol=1e-12, rtol=0)
         assert torch.equal(ctx.carry_hidden, feats[-1])  # the loop's carry is the latest row
         self.checks += 1
-        return drafts
+        true_next = self.truth.get(ctx.position + 1)
+        if true_next is None:
+            return []
+        keep = self.checks % (ctx.max_tokens + 1)
+        drafts = [self.truth.get(ctx.position + 1 + i, 0) for i in range(keep)]
+        return drafts + [(drafts[-1] if drafts else true_next) ^ 1][: ctx.max_tokens - keep]
 
 
-@pytest.mark.parametrize("per_row", [False, True])
-def test_drafter_context_tracks_commits_rollbacks_and_prefix_reuse(tmp_path, drafter_file, per_row):
-    path = drafter_file(tmp_path / "d.gguf", **TOY, **DFLASH2)
+@pytest.mark.parametrize("kind", ["recurrent", "per_row", "kv_only"])
+def test_drafter_context_tracks_commits_rollbacks_and_prefix_reuse(tmp_path, drafter_file, kind):
+    """recurrent: rollback re-forwards; per_row: snapshots committed; kv_only: KV rewinds, and the
+    second turn reuses the cached prefix (the drafter then knows only the new suffix)."""
+    path = drafter_file(tmp_path / "d.gguf", **{**TOY, "target_layers": [0, 1] if kind == "kv_only" else [1, 2]},
+                        **DFLASH2)
+
+    def make():
+        return ToyTarget(per_row_snapshots=kind == "per_row", recurrent=kind != "kv_only")
 
     def fresh():
-        target = ToyTarget(per_row_snapshots=per_row)
+        target = make()
         return target, attach_dflash(target, path)
 
+    def plain(prompt, n):
+        target = make()
+        out = SpeculativeExecution(LinearSpecTrunk(target), Sampler(SamplingParams()), vocab_size=32).run(prompt, n)
+        return {len(prompt) + i: tok for i, tok in enumerate(out)}
+
     target, head = fresh()
-    spec = CheckingSpeculator(head, fresh, window=5, min_draft_prob=0.0, feature_size=head.feature_size)
+    truth = plain(PROMPT, 25)
+    spec = CheckingSpeculator(head, fresh, truth, window=5, min_draft_prob=0.0, feature_size=head.feature_size)
     run = SpeculativeExecution(LinearSpecTrunk(target), Sampler(SamplingParams()), vocab_size=32,
                                speculator=spec, window=5)
     first = run.run(PROMPT, 25)
-    assert spec.checks > 5 and run.stats.accepted_tokens > 0 and run.stats.verify_steps > run.stats.accepted_tokens // 5
+    assert first == [truth[len(PROMPT) + i] for i in range(25)]
+    hist = run.stats.accepted_per_position
+    assert spec.checks > 5 and run.stats.accepted_tokens > 0 and len(hist) >= 3 and hist[2] > 0
     # the next turn shares the whole first conversation: the loop reuses the cached prefix
     turn = PROMPT + first + [9, 8, 7]
-    spec.context_start = len(PROMPT) + len(first)  # it rewinds to here and forwards the suffix
+    spec.truth = plain(turn, 12)
+    reuse = kind == "kv_only"  # only a trunk that can rewind reuses its cached prefix
+    spec.context_start = len(PROMPT) + len(first) - 1 if reuse else 0
     before = spec.checks
     run.run(turn, 12)
     assert run.stats.prompt_tokens == len(turn) and spec.checks > before

@@ -51,6 +51,31 @@ NO_FILE_REASON = f"no Medusa file attached: attach {DRAFTER_HINT}"
 HEADS_CACHE_SIZE = 2  # loaded files kept, keyed by (path, size, mtime): a server reuses them
 
 
+class _Preceding(Sequence[int]):
+    """``history`` followed by ``drafts`` without copying the history: the sampler's
+    adjustments read only a short tail (its repetition window), so a copy would make every
+    proposal O(context)."""
+
+    __slots__ = ("_history", "_drafts")
+
+    def __init__(self, history: Sequence[int], drafts: Sequence[int]):
+        self._history = history
+        self._drafts = list(drafts)
+
+    def __len__(self) -> int:
+        return len(self._history) + len(self._drafts)
+
+    def __getitem__(self, index):
+        if isinstance(index, slice):
+            return [self[i] for i in range(*index.indices(len(self)))]
+        n, size = len(self._history), len(self)
+        if index < 0:
+            index += size
+        if not 0 <= index < size:
+            raise IndexError("preceding-token index out of range")
+        return self._history[index] if index < n else self._drafts[index - n]
+
+
 class MedusaSpeculator:
     """The ``medusa`` algorithm over loaded heads. Implements ``tsspec.Speculator``."""
 
@@ -84,13 +109,12 @@ class MedusaSpeculator:
             heads = self.heads = heads.to(ctx.carry_hidden.device)
         logits = heads.logits(ctx.carry_hidden, count)  # [count, V]
         adjust = ctx.adjust_logits
-        preceding = list(ctx.history) if adjust is not None else []
         drafts: list[int] = []
         survival = 1.0
         for k in range(count):
             row = logits[k]
             if adjust is not None:
-                row = adjust(row, preceding + drafts)
+                row = adjust(row, _Preceding(ctx.history, drafts))
             probs = torch.softmax(row.to(torch.float32), dim=-1)  # [V]
             p, token = torch.max(probs, dim=-1)
             survival *= float(p)
@@ -151,14 +175,12 @@ def make_medusa(target: Any, options: Any = None) -> MedusaSpeculator:
         raise SpeculatorDeclined(
             f"the Medusa file {path} has hidden size {heads.hidden_size}, the model {config.hidden_size}"
         )
-    # the heads read the last post-norm hidden state: undo any feature taps a drafter set
-    set_taps = getattr(target, "spec_set_feature_taps", None)
-    if set_taps is not None:
-        set_taps(None)
+    # the heads read the last post-norm hidden state; a factory must not reset taps that an
+    # attached block drafter set (the target is shared), so tapped rows are a decline
     if target.spec_feature_size != heads.hidden_size:
         raise SpeculatorDeclined(
-            f"the model's hidden rows have width {target.spec_feature_size}, not its hidden size "
-            f"{heads.hidden_size}"
+            f"the model's hidden rows are {target.spec_feature_size} wide (feature taps set for "
+            f"another drafter?); Medusa heads read the {heads.hidden_size}-wide last hidden state"
         )
     window = options.window(getattr(target, "spec_preferred_draft_window", None))
     return MedusaSpeculator(

@@ -2,8 +2,9 @@
 
 ``options`` is what ``tsspec.load_model`` passes (``LoadOptions`` with ``device`` and ``dtype``);
 a mapping or None work too. Device: ``cpu`` (default) or ``cuda[:N]`` where torch has CUDA.
-Dtype: ``float32`` (default), ``bfloat16`` or ``float16``; the residual stream, norms, RoPE
-and softmax inputs stay float32, matmuls run in the chosen dtype.
+Dtype: ``float32`` (default), ``bfloat16`` or ``float16``; the residual stream, norms and RoPE
+tables stay float32, matmuls run in the chosen dtype. ``float64`` runs everything in double
+precision: slow, but multi-row and one-row forwards then agree to ~1e-15 (exact-output tests).
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ DTYPES = {
     "float32": torch.float32, "fp32": torch.float32, "f32": torch.float32,
     "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
     "float16": torch.float16, "fp16": torch.float16, "f16": torch.float16, "half": torch.float16,
+    "float64": torch.float64, "fp64": torch.float64,  # the exact reference mode for tests
 }
 DEFAULT_DTYPE = torch.float32
 

@@ -37,6 +37,7 @@ from tsspec.protocols import ModelConfig
 
 from .hparams import LlamaHParams
 from .rope import RotaryTable
+from .weights import residual_dtype
 
 INITIAL_CAPACITY = 256  # KV slots allocated on first use; grown by doubling
 OUTPUT_DEVICE = torch.device("cpu")
@@ -109,9 +110,10 @@ class LlamaTarget:
             linear_factor=hp.rope_linear_factor,
             freq_factors=weights.get("rope_freqs"),
             device=self.device,
-            dtype=torch.float32 if dtype == torch.float32 else dtype,
+            dtype=residual_dtype(dtype) if dtype in (torch.float32, torch.float64) else dtype,
         )
         self._eps = hp.rms_eps
+        self._residual_dtype = residual_dtype(dtype)
         self._qk_heads = hp.n_heads + hp.n_kv_heads
         self._qk_size = self._qk_heads * hp.head_dim
         self._seq_len = 0
@@ -238,7 +240,8 @@ class LlamaTarget:
         ids = torch.as_tensor(list(tokens), dtype=torch.long, device=self.device)
         if int(ids.min()) < 0 or int(ids.max()) >= self.hparams.vocab_size:
             raise ValueError(f"token ids must lie in [0, {self.hparams.vocab_size})")
-        x = F.embedding(ids, self._embed).to(torch.float32)  # [rows, H] residual stream in float32
+        residual = self._residual_dtype
+        x = F.embedding(ids, self._embed).to(residual)  # [rows, H] residual stream (float32)
         cos, sin = self._rope.tables(past, rows)
         mask = self._causal_mask(past, rows)
         taps = self._taps
@@ -248,8 +251,8 @@ class LlamaTarget:
             if taps is not None and i in taps:
                 tapped[i] = x
             layer = self._layers[i]
-            x = x + self._attention(i, self._rms(x, layer.attn_norm).to(dtype), past, cos, sin, mask).float()
-            x = x + self._mlp(i, self._rms(x, layer.ffn_norm).to(dtype)).float()
+            x = x + self._attention(i, self._rms(x, layer.attn_norm).to(dtype), past, cos, sin, mask).to(residual)
+            x = x + self._mlp(i, self._rms(x, layer.ffn_norm).to(dtype)).to(residual)
         tapped[self.hparams.n_layers] = x
         self._seq_len = past + rows
         return x, [tapped[t] for t in taps or ()]
@@ -281,7 +284,8 @@ class LlamaTarget:
     @torch.inference_mode()
     def final_norm(self, hidden: torch.Tensor) -> torch.Tensor:
         """The final RMSNorm of [n, H] rows (float32, CPU)."""
-        return self._rms(hidden.to(self.device, torch.float32), self._output_norm).to(OUTPUT_DEVICE)
+        normed = self._rms(hidden.to(self.device, self._residual_dtype), self._output_norm)
+        return normed.to(OUTPUT_DEVICE, torch.float32)
 
     @torch.inference_mode()
     def lm_head(self, hidden: torch.Tensor) -> torch.Tensor:

@@ -25,7 +25,12 @@ from tsspec.errors import ModelLoadError
 from .hparams import LlamaHParams
 
 LAYOUT_TAG = "llama-fused-v1"  # bump when the prepared layout changes (invalidates caches)
-NORM_DTYPE = torch.float32  # norms stay float32 whatever the matmul dtype
+
+
+def residual_dtype(dtype: torch.dtype) -> torch.dtype:
+    """The residual stream and norms stay float32 whatever the matmul dtype (float64 for the
+    float64 reference mode)."""
+    return torch.float64 if dtype == torch.float64 else torch.float32
 
 
 def expected_tensors(hp: LlamaHParams, gguf_file) -> dict[str, tuple[int, ...]]:
@@ -92,7 +97,8 @@ def _layer_tensors(hp: LlamaHParams, gguf_file, i: int, dtype: torch.dtype) -> I
 
     q = unpermute_rope_rows(load("attn_q.weight"), hp.n_heads, hp.head_dim, hp.rope_dim)
     k = unpermute_rope_rows(load("attn_k.weight"), hp.n_kv_heads, hp.head_dim, hp.rope_dim)
-    yield f"l{i}.attn_norm", load("attn_norm.weight").to(NORM_DTYPE)
+    norm_dtype = residual_dtype(dtype)
+    yield f"l{i}.attn_norm", load("attn_norm.weight").to(norm_dtype)
     yield f"l{i}.wqkv", torch.cat([q, k, load("attn_v.weight")]).to(dtype)
     if gguf_file.has_tensor(p + "attn_q.bias"):
         bq = unpermute_rope_rows(load("attn_q.bias"), hp.n_heads, hp.head_dim, hp.rope_dim)
@@ -101,7 +107,7 @@ def _layer_tensors(hp: LlamaHParams, gguf_file, i: int, dtype: torch.dtype) -> I
     yield f"l{i}.wo", load("attn_output.weight").to(dtype)
     if gguf_file.has_tensor(p + "attn_output.bias"):
         yield f"l{i}.bo", load("attn_output.bias").to(dtype)
-    yield f"l{i}.ffn_norm", load("ffn_norm.weight").to(NORM_DTYPE)
+    yield f"l{i}.ffn_norm", load("ffn_norm.weight").to(norm_dtype)
     yield f"l{i}.w_gate_up", torch.cat([load("ffn_gate.weight"), load("ffn_up.weight")]).to(dtype)
     yield f"l{i}.w_down", load("ffn_down.weight").to(dtype)
 
@@ -110,7 +116,7 @@ def prepare_weights(hp: LlamaHParams, gguf_file, dtype: torch.dtype) -> dict[str
     """The forward's tensors (see the module docstring), all on the CPU."""
     out: dict[str, torch.Tensor] = {
         "embed": gguf_file.tensor("token_embd.weight").to(dtype),
-        "output_norm": gguf_file.tensor("output_norm.weight").to(NORM_DTYPE),
+        "output_norm": gguf_file.tensor("output_norm.weight").to(residual_dtype(dtype)),
     }
     if gguf_file.has_tensor("output.weight"):
         out["lm_head"] = gguf_file.tensor("output.weight").to(dtype)

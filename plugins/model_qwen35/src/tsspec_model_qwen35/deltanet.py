@@ -13,7 +13,8 @@ rows). Two forms of the recurrence:
 
 * ``delta_rule_rows``: one row at a time. Used for plain steps and verifies; with ``slots`` it
   writes the state after EVERY row into its own slot (the per-row snapshots a verify emits),
-  at no extra arithmetic: each row's state is computed in its slot.
+  at no extra arithmetic: each row's state is computed in its slot. Committing slot m swaps
+  that buffer with the live one: no copy of the state at all.
 * ``delta_rule_chunked``: the same recurrence for long prefills, CHUNK rows at a time. Within a
   chunk with cumulative log decay G_t and u_t the row's state correction, unrolling the rule gives
   ``(I + A) U = beta V - (beta exp(G) K) S0`` with ``A_tj = beta_t exp(G_t - G_j) k_t.k_j``
@@ -24,6 +25,7 @@ rows). Two forms of the recurrence:
 from __future__ import annotations
 
 import math
+from typing import Sequence
 
 import attrs
 import torch
@@ -48,10 +50,17 @@ class DeltaNetWeights:
 
 @attrs.define
 class DeltaNetState:
-    """The live recurrent state of one GDN layer for one sequence."""
+    """The live recurrent state of one GDN layer for one sequence, plus the slot buffers its
+    verifies write into (allocated once, reused: a verify never allocates state memory)."""
 
     conv: torch.Tensor  # [K-1, conv_dim] last pre-conv rows, oldest first
     ssm: torch.Tensor  # [num_v, dk, dv] in the state dtype (>= float32)
+    spare: list[torch.Tensor] = attrs.field(factory=list)  # slot buffers, each like ``ssm``
+
+    def slot_buffers(self, rows: int) -> list[torch.Tensor]:
+        while len(self.spare) < rows:
+            self.spare.append(torch.empty_like(self.ssm))
+        return self.spare[:rows]
 
     def clone(self) -> "DeltaNetState":
         return DeltaNetState(self.conv.clone(), self.ssm.clone())
@@ -70,12 +79,15 @@ class DeltaNetSlots:
     """What a verify emits for one GDN layer: the state after every row, without touching the
     live state. Slot m's conv state is the window slice ``[m+1 : m+K]`` (a view, no copy)."""
 
-    ssm: torch.Tensor  # [rows, num_v, dk, dv]
+    ssm: list[torch.Tensor]  # rows x [num_v, dk, dv]: the state's slot buffers 0..rows-1
     window: torch.Tensor  # [K-1 + rows, conv_dim] = concat(old conv state, new pre-conv rows)
     kernel: int
 
     def commit_into(self, state: DeltaNetState, row: int) -> None:
-        state.ssm.copy_(self.ssm[row])
+        """Make slot ``row`` live. The recurrent state is not copied: the slot buffer and the
+        live buffer swap roles (the old live buffer becomes a slot buffer for the next verify)."""
+        index = next(i for i, buf in enumerate(state.spare) if buf is self.ssm[row])
+        state.ssm, state.spare[index] = state.spare[index], state.ssm
         if self.kernel > 1:
             state.conv.copy_(self.window[row + 1 : row + self.kernel])
 
@@ -87,7 +99,7 @@ def delta_rule_rows(
     g: torch.Tensor,  # [rows, nv] log decay
     beta: torch.Tensor,  # [rows, nv]
     state: torch.Tensor,  # [nv, dk, dv] initial state (read only)
-    slots: torch.Tensor | None = None,  # [rows, nv, dk, dv]: receives the state after each row
+    slots: Sequence[torch.Tensor] | None = None,  # rows x [nv, dk, dv]: the state after each row
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Row-by-row recurrence. Returns (outputs [rows, nv, dv], final state [nv, dk, dv])."""
     rows = q.shape[0]
@@ -213,6 +225,6 @@ class DeltaNetLayer:
     def forward_slots(self, x: torch.Tensor, state: DeltaNetState) -> tuple[torch.Tensor, DeltaNetSlots]:
         """Verify: read ``state``, leave it untouched, emit the state after every row."""
         q, k, v, g, beta, z, window = self._prepare(x, state.conv)
-        slots = torch.empty(x.shape[0], self.num_v, self.dk, self.dv, dtype=self.state_dtype)
+        slots = state.slot_buffers(x.shape[0])
         o, _ = delta_rule_rows(q, k, v, g, beta, state.ssm, slots=slots)
         return self._finish(o, z, x.dtype), DeltaNetSlots(slots, window, self.kernel)

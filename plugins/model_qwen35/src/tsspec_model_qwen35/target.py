@@ -160,7 +160,7 @@ class Qwen35Target:
         start, rows = self._len, len(tokens)
         self.spec_ensure_capacity(start + rows)
         verify = self._per_row and all_logits_rows
-        with torch.inference_mode():
+        with torch.no_grad():  # not inference_mode: committed slot buffers become live state
             out = self.trunk.forward(tokens, start, self._state, slots=verify, taps=self._taps)
             self.counters.forward_calls += 1
             self.counters.forward_rows += rows

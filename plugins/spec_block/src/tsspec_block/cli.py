@@ -29,7 +29,12 @@ def convert_dflash(
         from tsspec.errors import OptionsError
 
         raise OptionsError(f"--outtype must be f32 or f16, got {outtype!r}")
-    layout = convert_checkpoint(src_dir, out, out_type=outtype, logit_scale=logit_scale, softcap=softcap)
+    try:
+        layout = convert_checkpoint(src_dir, out, out_type=outtype, logit_scale=logit_scale, softcap=softcap)
+    except OSError as exc:  # an unwritable output is one line like every other failure
+        from .converter import ConversionError
+
+        raise ConversionError(out, f"cannot write the GGUF ({exc.strerror or exc})") from None
     typer.echo(f"wrote {out}: dflash drafter from a {layout} checkpoint")
 
 

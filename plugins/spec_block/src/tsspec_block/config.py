@@ -7,7 +7,9 @@ file's architecture, not its name, decides what it is.
 
 ``dflash.target_layers`` names the target residuals ENTERING those layers: HF
 ``target_layer_ids`` name layer OUTPUTS and the converter writes ``id + 1`` (model-specs trap 3;
-Muse-Glimmer's HF ``[1, 13, 25, 37, 49]`` is GGUF ``[2, 14, 26, 38, 50]``).
+Muse-Glimmer's HF ``[1, 13, 25, 37, 49]`` is GGUF ``[2, 14, 26, 38, 50]``). Older converters
+wrote the raw HF ids; nothing in such a file says so, and it reads one layer early: reconvert it
+with ``tsspec convert-dflash``.
 """
 
 from __future__ import annotations

@@ -117,8 +117,8 @@ class DFlashDraftHead:
         transformed = logit_transform(logits, self.config.logit_scale, self.config.logit_softcap)
         if self.use_selector:
             return select_tokens(self.weights.selector, rows, transformed, int(last_token))
-        probs = torch.softmax(transformed.to(torch.float64), dim=-1)  # [n, vocab]
-        conf, tokens = probs.max(dim=-1)
+        top, tokens = transformed.max(dim=-1)  # [n] each
+        conf = torch.exp(top - torch.logsumexp(transformed, dim=-1))  # softmax at the argmax
         return [int(t) for t in tokens], [float(c) for c in conf]
 
     def draft_step(self, token: int, h_prev: "torch.Tensor", pos: int) -> tuple[torch.Tensor, torch.Tensor]:

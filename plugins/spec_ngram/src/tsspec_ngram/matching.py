@@ -12,8 +12,8 @@ ending at position ``c-1`` is inserted only when token ``c`` arrives, so:
 * every stored position has at least one known continuation token (``c < len(tokens)``).
 
 Appending a token costs one dict update per order; a lookup costs one dict read per order,
-longest order first. Both are O(1) in the length of the history. The hash is a polynomial over
-a large prime modulus; whatever it says, every hit is re-checked token by token, so a collision
+longest order first. Both are O(1) in the length of the history. The key is a 64-bit chain of
+tuple hashes (``NGramIndex.key``); whatever it says, every hit is re-checked token by token, so a collision
 (the tests force them with a tiny modulus) can only cost a missed or rejected draft, never a
 wrong match. Rewinds are exact: each append logs the values it overwrote, and ``truncate``
 replays that log backwards.
@@ -50,15 +50,12 @@ from typing import NamedTuple, Sequence
 
 DEFAULT_MIN_ORDER = 2
 DEFAULT_MAX_ORDER = 8
-HASH_MODULUS = (1 << 61) - 1  # a Mersenne prime: collisions are rare, the re-check catches them
-HASH_BASE = 1_000_003
 EXTENDED_MATCH = 32  # how far back candidates and the follow source are compared
 PMIN_ORDER_SCALE = 8  # --spec-pmin p asks for a match of ceil(p * 8) tokens (clamped to the orders)
 
 __all__ = [
     "DEFAULT_MIN_ORDER",
     "DEFAULT_MAX_ORDER",
-    "HASH_MODULUS",
     "NGramIndex",
     "NGramDrafter",
     "Match",
@@ -97,47 +94,52 @@ class NGramIndex:
         max_order: int = DEFAULT_MAX_ORDER,
         *,
         candidates: int = 1,
-        modulus: int = HASH_MODULUS,
+        modulus: int | None = None,
     ) -> None:
         if not 1 <= min_order <= max_order:
             raise ValueError(f"orders must satisfy 1 <= min_order <= max_order, got {min_order}..{max_order}")
-        if candidates < 1 or modulus < 1:
+        if candidates < 1 or (modulus is not None and modulus < 1):
             raise ValueError("candidates and modulus must be positive")
         self.min_order = min_order
         self.max_order = max_order
         self.candidates = candidates
         self.modulus = modulus
-        self._powers = [pow(HASH_BASE, k, modulus) for k in range(max_order)]
         self.tokens: list[int] = []
-        # maps[n - min_order]: hash of an n-gram -> tuple of continuation positions, newest first
-        self.maps: list[dict[int, tuple[int, ...]]] = [{} for _ in range(min_order, max_order + 1)]
+        # maps[n - min_order]: key of an n-gram -> the continuation position after its newest
+        # occurrence (an int), or with candidates > 1 a tuple of them, newest first
+        self.maps: list[dict[int, int | tuple[int, ...]]] = [{} for _ in range(min_order, max_order + 1)]
         # keys of the n-grams ending at the last token, by order (only orders that fit)
         self._tail_keys: list[int] = []
-        # per appended token: ((order slot, key, previous value or None), ...) to undo its inserts
-        self._undo: list[tuple[tuple[int, int, tuple[int, ...] | None], ...]] = []
+        # per appended token: the values its inserts replaced (None: the key was new), by order
+        self._undo: list[list[int | tuple[int, ...] | None]] = []
 
     def __len__(self) -> int:
         return len(self.tokens)
 
     # -- hashing --------------------------------------------------------------------------
     def key(self, gram: Sequence[int]) -> int:
-        """The hash of one n-gram (oldest token first); the same value the index stores."""
-        h = 0
-        powers, mod = self._powers, self.modulus
-        for k, tok in enumerate(reversed(gram)):
-            h = (h + tok * powers[k]) % mod
-        return h
+        """The key of one n-gram (oldest token first); the same value the index stores.
+
+        A chain of tuple hashes from the newest token back: ``h1 = t[-1]``,
+        ``h(n) = hash((h(n-1), t[-n]))``, so all orders ending at one position cost one small
+        hash each; ``modulus`` (tests only) folds keys together to force collisions.
+        """
+        h = gram[-1]
+        for tok in reversed(gram[:-1]):
+            h = hash((h, tok))
+        return h if self.modulus is None else h % self.modulus
 
     def _keys_ending_at(self, end: int) -> list[int]:
         """Keys of the n-grams ending at ``end`` for orders min_order.. (as many as fit)."""
-        toks, powers, mod = self.tokens, self._powers, self.modulus
-        keys: list[int] = []
-        h = 0
-        top = min(self.max_order, end + 1)
-        for k in range(top):  # k + 1 = order
-            h = (h + toks[end - k] * powers[k]) % mod
+        toks = self.tokens
+        h = toks[end]
+        keys = [h] if self.min_order == 1 else []
+        for k in range(1, min(self.max_order, end + 1)):  # k + 1 = order
+            h = hash((h, toks[end - k]))
             if k + 1 >= self.min_order:
                 keys.append(h)
+        if self.modulus is not None:
+            keys = [key % self.modulus for key in keys]
         return keys
 
     # -- mutation -------------------------------------------------------------------------
@@ -145,17 +147,19 @@ class NGramIndex:
         """Add one token: the n-grams ending just before it now have a continuation."""
         c = len(self.tokens)
         self.tokens.append(token)
-        undo = []
-        limit = self.candidates
-        for slot, key in enumerate(self._tail_keys):
-            table = self.maps[slot]
-            prev = table.get(key)
-            if prev is None or limit == 1:
-                table[key] = (c,)
-            else:
-                table[key] = ((c,) + prev)[:limit]
-            undo.append((slot, key, prev))
-        self._undo.append(tuple(undo))
+        maps = self.maps
+        prevs: list[int | tuple[int, ...] | None] = []
+        if self.candidates == 1:
+            for table, key in zip(maps, self._tail_keys):
+                prevs.append(table.get(key))
+                table[key] = c
+        else:
+            limit = self.candidates
+            for table, key in zip(maps, self._tail_keys):
+                prev = table.get(key)
+                prevs.append(prev)
+                table[key] = (c,) if prev is None else ((c,) + prev)[:limit]
+        self._undo.append(prevs)
         self._tail_keys = self._keys_ending_at(c)
 
     def extend(self, tokens: Sequence[int]) -> None:
@@ -167,14 +171,16 @@ class NGramIndex:
         length = max(0, length)
         if length >= len(self.tokens):
             return
-        maps, undo_log = self.maps, self._undo
-        while len(self.tokens) > length:
-            for slot, key, prev in reversed(undo_log.pop()):
+        maps, undo_log, toks = self.maps, self._undo, self.tokens
+        while len(toks) > length:
+            c = len(toks) - 1
+            keys = self._keys_ending_at(c - 1) if c else []  # what appending toks[c] inserted
+            for table, key, prev in zip(maps, keys, undo_log.pop()):
                 if prev is None:
-                    del maps[slot][key]
+                    del table[key]
                 else:
-                    maps[slot][key] = prev
-            self.tokens.pop()
+                    table[key] = prev
+            toks.pop()
         self._tail_keys = self._keys_ending_at(length - 1) if length else []
 
     def clear(self) -> None:
@@ -221,12 +227,14 @@ class NGramIndex:
             if found is None:
                 continue
             suffix = toks[end - order:]
+            if self.candidates == 1:
+                if toks[found - order : found] == suffix:
+                    return Match(found, order)
+                continue  # a hash collision: never trusted
             best: Match | None = None
             for c in found:
                 if toks[c - order : c] != suffix:
-                    continue  # a hash collision: never trusted
-                if self.candidates == 1:
-                    return Match(c, order)
+                    continue
                 length = match_length(toks, c, end, EXTENDED_MATCH)
                 if best is None or length > best.length:
                     best = Match(c, length)
@@ -273,7 +281,7 @@ class NGramDrafter:
         candidates: int = 1,
         periodic: bool = False,
         follow: bool = False,
-        modulus: int = HASH_MODULUS,
+        modulus: int | None = None,
     ) -> None:
         self.index = NGramIndex(min_order, max_order, candidates=candidates, modulus=modulus)
         self.periodic = periodic

@@ -28,7 +28,6 @@ from tsspec.protocols import DraftContext
 from .matching import (
     DEFAULT_MAX_ORDER,
     DEFAULT_MIN_ORDER,
-    HASH_MODULUS,
     NGramDrafter,
     required_match_length,
 )
@@ -64,7 +63,7 @@ class NGramSpeculator:
         candidates: int = DEFAULT_CANDIDATES,
         periodic: bool = DEFAULT_PERIODIC,
         follow: bool = DEFAULT_FOLLOW,
-        modulus: int = HASH_MODULUS,
+        modulus: int | None = None,
         max_context: int | None = None,
     ) -> None:
         if window < 1:

@@ -1,0 +1,216 @@
+"""LlamaTarget against transformers on tiny random llamas (float32: 1e-4), plus the target
+contract: incremental decode, multi-row verify, rewind, capacity growth, taps, drafter surface."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from tsspec.errors import GenerationError
+from tsspec.protocols import SpeculativeTarget
+
+TOL = 1e-4
+CONFIGS = {
+    "gqa": {},
+    "mha": {"num_key_value_heads": 4},
+    "mqa": {"num_key_value_heads": 1},
+    "tied": {"tie_word_embeddings": True},
+    "bias": {"attention_bias": True},
+    "head_dim": {"head_dim": 24},
+    "linear_rope": {"rope_parameters": {"rope_type": "linear", "factor": 2.0, "rope_theta": 5000.0}},
+}
+
+
+def hf_logits(model, ids) -> torch.Tensor:
+    with torch.no_grad():
+        return model(torch.tensor([ids])).logits[0]  # [rows, vocab]
+
+
+def assert_close(got: torch.Tensor, expected: torch.Tensor, tol: float = TOL) -> None:
+    scale = expected.abs().max().item()
+    err = (got - expected).abs().max().item()
+    assert err <= tol * max(scale, 1.0), f"max abs error {err} at scale {scale}"
+
+
+def prompt(n: int, seed: int = 1, vocab: int = 300) -> list[int]:
+    g = torch.Generator().manual_seed(seed)
+    return torch.randint(0, vocab, (n,), generator=g).tolist()
+
+
+@pytest.mark.parametrize("name", sorted(CONFIGS))
+def test_prompt_and_incremental_logits_match_transformers(tiny, name):
+    model, target, _ = tiny(**CONFIGS[name])
+    ids = prompt(24)
+    expected = hf_logits(model, ids)
+    prefill, _ = target.spec_forward(ids[:16], all_logits_rows=True, want_hidden=False)
+    steps = [target.spec_forward([t], all_logits_rows=False, want_hidden=False)[0] for t in ids[16:20]]
+    verify, _ = target.spec_forward(ids[20:], all_logits_rows=True, want_hidden=False)
+    got = torch.cat([prefill, *steps, verify])
+    assert got.dtype == torch.float32 and got.shape == expected.shape
+    assert_close(got, expected)
+    assert target.cache_seq_len == 24
+
+
+def test_llama3_frequency_factors_match_transformers(tiny):
+    """Llama-3.1 style RoPE scaling reaches GGUF as rope_freqs (per-frequency divisors)."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    rope = {"rope_type": "llama3", "rope_theta": 10000.0, "factor": 8.0, "low_freq_factor": 1.0,
+            "high_freq_factor": 4.0, "original_max_position_embeddings": 64}
+    scaled = LlamaForCausalLM(LlamaConfig(**{**_tiny_config(), "rope_parameters": rope}))
+    plain = LlamaForCausalLM(LlamaConfig(**_tiny_config()))
+    divisors = plain.model.rotary_emb.inv_freq / scaled.model.rotary_emb.inv_freq  # [hd / 2]
+    assert not torch.allclose(divisors, torch.ones_like(divisors))
+    model, target, _ = tiny(rope_parameters=rope, rope_freqs=divisors.numpy())
+    ids = prompt(40)
+    got, _ = target.spec_forward(ids, all_logits_rows=True, want_hidden=False)
+    assert_close(got, hf_logits(model, ids))
+
+
+def _tiny_config():
+    return dict(vocab_size=300, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
+                num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512)
+
+
+def test_multi_row_verify_equals_one_row_decode(tiny):
+    _, target, _ = tiny()
+    ids = prompt(20)
+    target.spec_forward(ids[:12], all_logits_rows=False, want_hidden=False)
+    one_row = [target.spec_forward([t], all_logits_rows=False, want_hidden=True) for t in ids[12:]]
+    target.spec_rewind_cache(12)
+    rows, hidden = target.spec_forward(ids[12:], all_logits_rows=True, want_hidden=True)
+    assert rows.shape == (8, 300) and hidden.shape == (8, 64)
+    for k, (logits, h) in enumerate(one_row):
+        assert torch.allclose(rows[k], logits[0], atol=1e-5, rtol=0)
+        assert torch.allclose(hidden[k], h[0], atol=1e-5, rtol=0)
+
+
+def test_rewind_then_reforward_gives_the_same_logits(tiny):
+    _, target, _ = tiny()
+    ids = prompt(16)
+    target.spec_forward(ids[:10], all_logits_rows=False, want_hidden=False)
+    first, _ = target.spec_forward(ids[10:], all_logits_rows=True, want_hidden=False)
+    target.spec_rewind_cache(10)
+    # a rejected tail: different tokens overwrite the slots, then we rewind again
+    target.spec_forward(prompt(6, seed=9), all_logits_rows=True, want_hidden=False)
+    target.spec_rewind_cache(10)
+    again, _ = target.spec_forward(ids[10:], all_logits_rows=True, want_hidden=False)
+    assert torch.equal(first, again)
+    target.spec_rewind_cache(0)
+    fresh, _ = target.spec_forward(ids, all_logits_rows=True, want_hidden=False)
+    assert torch.allclose(fresh[10:], first, atol=1e-5, rtol=0)
+    with pytest.raises(ValueError):
+        target.spec_rewind_cache(17)
+
+
+def test_cache_grows_past_its_first_allocation(tiny):
+    from tsspec_model_llama.target import INITIAL_CAPACITY
+
+    model, target, _ = tiny()
+    n = INITIAL_CAPACITY + 40
+    ids = prompt(n, seed=3)
+    target.spec_ensure_capacity(8)
+    chunks = [ids[: INITIAL_CAPACITY - 3]] + [ids[i : i + 5] for i in range(INITIAL_CAPACITY - 3, n, 5)]
+    got = torch.cat([target.spec_forward(c, all_logits_rows=True, want_hidden=False)[0] for c in chunks])
+    assert_close(got, hf_logits(model, ids))
+    assert target._capacity >= n
+
+
+def test_context_limit(tiny):
+    _, target, _ = tiny(max_position_embeddings=32)
+    assert target.max_context_length == 32
+    with pytest.raises(GenerationError, match="context"):
+        target.spec_ensure_capacity(33)
+    target.spec_forward(prompt(30), all_logits_rows=False, want_hidden=False)
+    with pytest.raises(GenerationError):
+        target.spec_forward([1, 2, 3], all_logits_rows=False, want_hidden=False)
+    with pytest.raises(ValueError, match="token ids"):
+        target.spec_forward([300], all_logits_rows=False, want_hidden=False)
+
+
+def test_hidden_rows_and_feature_taps_match_transformers(tiny):
+    model, target, _ = tiny(num_hidden_layers=3)
+    ids = prompt(12)
+    with torch.no_grad():
+        out = model.model(torch.tensor([ids]), output_hidden_states=True)
+    states = out.hidden_states  # states[l] = residual entering layer l (l < n_layers)
+    _, hidden = target.spec_forward(ids, all_logits_rows=True, want_hidden=True)
+    assert target.spec_feature_size == 64
+    assert_close(hidden, out.last_hidden_state[0])  # default: the final post-norm hidden
+
+    target.spec_rewind_cache(0)
+    target.spec_set_feature_taps([2, 0, 3])
+    assert target.spec_feature_size == 3 * 64 and target.feature_taps == (2, 0, 3)
+    logits, tapped = target.spec_forward(ids, all_logits_rows=False, want_hidden=True)
+    assert tapped.shape == (12, 3 * 64) and logits.shape == (1, 300)
+    assert_close(tapped[:, :64], states[2][0])
+    assert_close(tapped[:, 64:128], states[0][0])
+    # tap n_layers: the residual after the last layer; its final norm is last_hidden_state
+    assert_close(target.final_norm(tapped[:, 128:]), out.last_hidden_state[0])
+    target.spec_set_feature_taps(None)
+    assert target.spec_feature_size == 64
+    with pytest.raises(ValueError):
+        target.spec_set_feature_taps([4])
+
+
+def test_drafter_surface(tiny):
+    model, target, _ = tiny(tie_word_embeddings=True)
+    ids = prompt(6)
+    emb = target.embed(ids)
+    assert emb.shape == (6, 64) and emb.dtype == torch.float32
+    assert torch.equal(emb, model.model.embed_tokens.weight[ids].detach())
+    target.spec_set_feature_taps([2])
+    logits, residual = target.spec_forward(ids, all_logits_rows=True, want_hidden=True)
+    assert_close(target.lm_head(target.final_norm(residual)), logits)
+    assert target.lm_head(torch.zeros(2, 64)).shape == (2, 300)
+
+
+def test_protocol_and_config(tiny):
+    _, target, _ = tiny(tie_word_embeddings=True)
+    assert isinstance(target, SpeculativeTarget)
+    cfg = target.config
+    assert (cfg.architecture, cfg.vocab_size, cfg.hidden_size, cfg.num_layers, cfg.context_length) == (
+        "llama", 300, 64, 2, 512)
+    assert cfg.extra["num_heads"] == 4 and cfg.extra["num_kv_heads"] == 2 and cfg.extra["head_dim"] == 16
+    assert cfg.extra["tied_embeddings"] is True and cfg.extra["rope_theta"] == 10000.0
+    assert target.tokenizer is None and target.draft_head is None
+    assert target.speculation_profitable and target.speculation_refusal is None
+    assert target.spec_preferred_draft_window is None and target.spec_verify_persists_accepted_kv
+    target.spec_forward([1, 2, 3], all_logits_rows=True, want_hidden=False)
+    target.spec_snapshot_recurrent_state()
+    assert target.spec_on_verify_accepted(0, 3) is False  # the loop rewinds the KV
+    target.spec_restore_recurrent_state()
+    assert target.cache_seq_len == 3
+
+
+def test_bfloat16_and_float64_options(tiny):
+    model, target32, path = tiny()
+    from tsspec_model_llama import load_llama
+
+    ids = prompt(10)
+    expected = hf_logits(model, ids)
+    bf16 = load_llama(path, {"dtype": "bf16"})
+    got, _ = bf16.spec_forward(ids, all_logits_rows=True, want_hidden=False)
+    assert bf16.dtype == torch.bfloat16 and got.dtype == torch.float32
+    assert_close(got, expected, tol=5e-2)
+    f64 = load_llama(path, {"dtype": "float64"})
+    got, _ = f64.spec_forward(ids, all_logits_rows=True, want_hidden=False)
+    assert_close(got, expected)
+
+
+@pytest.mark.parametrize("sampled", [False, True])
+def test_speculative_generation_is_lossless(tiny, sampled):
+    """The shared loop over this target (float64: no ties) gives plain decoding's tokens."""
+    pytest.importorskip("tsspec.runtime.generation")
+    from tsspec.runtime.sampling import SamplingParams
+    from tsspec.testing import OracleSpeculator, RandomSpeculator, assert_lossless
+    from tsspec_model_llama import load_llama
+
+    _, _, path = tiny()
+    sampling = SamplingParams(temperature=0.8, top_k=20, seed=3) if sampled else None
+    make = lambda: load_llama(path, {"dtype": "float64"})  # noqa: E731
+    for make_speculator in (
+        lambda t: RandomSpeculator(300, max_draft_tokens=4, seed=1),
+        lambda t: OracleSpeculator.from_plain_run(make(), prompt(5), 24, sampling=sampling, corrupt=0.3, seed=2),
+    ):
+        assert_lossless(make, make_speculator, prompt(5), max_tokens=24, sampling=sampling)

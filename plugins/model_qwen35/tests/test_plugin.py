@@ -1,0 +1,61 @@
+"""The plugin surface: the entry point, the model registration, loading through core, and clear
+load errors for files that are not what they claim."""
+
+from __future__ import annotations
+
+from importlib.metadata import entry_points
+
+import pytest
+
+import tsspec_model_qwen35
+from tsspec.errors import ModelLoadError
+
+
+def test_entry_point_and_registrations():
+    eps = [ep for ep in entry_points(group="tsspec") if ep.name == "qwen35"]
+    assert eps and eps[0].value == "tsspec_model_qwen35"
+    seen = []
+    tsspec_model_qwen35.tsspec_register_models(lambda archs, loader: seen.append((archs, loader)))
+    assert seen[0][0] == ["qwen35", "qwen35moe", "qwen3next"]
+    commands = []
+
+    class App:
+        def add_typer(self, sub, name):
+            commands.append((name, [c.name for c in sub.registered_commands]))
+
+    tsspec_model_qwen35.tsspec_register_commands(App())
+    assert commands == [("convert", ["hf-to-gguf"])]
+
+
+@pytest.mark.parametrize("arch", ["qwen35moe", "qwen3next"])
+def test_load_model_through_core(arch, gguf_path):
+    from tsspec.runtime.loading import load_model
+
+    target = load_model(gguf_path(arch), dtype="float64")
+    assert target.config.architecture == arch
+    assert target.config.extra["dtype"] == "float64"
+    assert target.config.extra["v_head_order"] == ("grouped" if arch == "qwen3next" else "tiled")
+    assert target.draft_head is not None
+    with pytest.raises(ModelLoadError, match="CPU"):
+        load_model(gguf_path(arch), device="cuda")
+
+
+def test_missing_or_misshapen_tensors_are_named(converted, tmp_path):
+    from tsspec.modeling.gguf_writer_util import write_gguf
+    from tsspec.runtime.loading import load_model
+
+    arch, meta, tensors = converted("qwen35")
+    broken = {k: v for k, v in tensors.items() if k != "blk.2.ssm_out.weight"}
+    path = write_gguf(tmp_path / "missing.gguf", arch, meta, broken)
+    with pytest.raises(ModelLoadError, match="blk.2.ssm_out.weight"):
+        load_model(path)
+    bent = dict(tensors)
+    bent["blk.1.attn_k.weight"] = tensors["blk.1.attn_k.weight"][:-1]
+    path = write_gguf(tmp_path / "bent.gguf", arch, meta, bent)
+    with pytest.raises(ModelLoadError, match="blk.1.attn_k.weight"):
+        load_model(path)
+    odd = dict(meta)
+    odd[f"{arch}.ssm.time_step_rank"] = 3  # 3 value heads over 2 key heads
+    path = write_gguf(tmp_path / "odd.gguf", arch, odd, tensors)
+    with pytest.raises(ModelLoadError, match="value heads"):
+        load_model(path)

@@ -1,0 +1,49 @@
+"""The governor check: the emulated cost profile and the paired figures it produces."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+import torch
+
+from tsspec.bench.governor_check import (
+    ALWAYS, ALWAYS_OFF, NEVER, NEVER_OFF, CostProfileToy, relative_cost, run_governor_check,
+)
+from tsspec.testing import ToyTarget
+
+
+def test_relative_cost_follows_the_measured_profile_and_grows_for_prefill():
+    assert relative_cost(1) == 1.0
+    assert relative_cost(2) == pytest.approx(1.004)
+    assert relative_cost(8) == pytest.approx(1.725)
+    assert relative_cost(6) == pytest.approx((1.349 + 1.725) / 2)
+    assert relative_cost(16) < relative_cost(17) < relative_cost(200)
+    costs = [relative_cost(r) for r in range(1, 40)]
+    assert costs == sorted(costs)
+
+
+def test_cost_profile_toy_pads_each_forward_and_stays_exact():
+    slow, exact = CostProfileToy(base_ms=4.0, seed=5, recurrent=False), ToyTarget(seed=5, recurrent=False)
+    start = time.perf_counter()
+    a, _ = slow.spec_forward([1, 2, 3, 4], all_logits_rows=True, want_hidden=False)
+    assert time.perf_counter() - start >= 4.0 * relative_cost(4) / 1000.0
+    b, _ = exact.spec_forward([1, 2, 3, 4], all_logits_rows=True, want_hidden=False)
+    assert torch.equal(a, b)
+
+
+def test_governor_check_runs_every_configuration_paired_and_lossless():
+    check = run_governor_check(reps=1, cases=1, prompt_tokens=8, max_tokens=12, base_ms=0.5)
+    timed = [r for r in check.records if not r.warmup]
+    assert [r.config for r in timed] == ["plain", NEVER, NEVER_OFF, ALWAYS, ALWAYS_OFF]
+    assert all(r.verdict.ok for r in check.records)
+    never_off = next(r for r in timed if r.config == NEVER_OFF)
+    always_off = next(r for r in timed if r.config == ALWAYS_OFF)
+    assert never_off.stats.accepted_tokens == 0 and never_off.stats.draft_tokens > 0
+    assert always_off.stats.accepted_tokens == always_off.stats.draft_tokens > 0
+    names = [f.name for f in check.figures]
+    assert names[0].startswith("never-accepting, governor on vs plain")
+    assert [f.goal for f in check.figures] == [0.97, 0.97, None, None]
+    data = check.to_json()
+    assert data["figures"][0]["passed"] in (True, False)
+    assert data["settings"]["base_ms"] == 0.5
