@@ -45,6 +45,7 @@ _LAZY = {
     "BatchedSpecTrunk": "tsspec.runtime.trunk",
     "GGUFFile": "tsspec.modeling.gguf_file",
     "PluginHost": "tsspec.plugins",
+    "build_catalog": "tsspec.runtime.catalog",
     "PluginControls": "tsspec.plugins",
 }
 

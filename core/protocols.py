@@ -97,6 +97,8 @@ class DraftContext:
     # preceding tokens are ``tokens``: adjust_logits(logits [vocab], tokens) -> logits [vocab].
     adjust_logits: Callable[["torch.Tensor", Sequence[int]], "torch.Tensor"] | None = None
     vocab_size: int = 0
+    # how many preceding tokens adjust_logits reads (0: it reads none): pass only that tail
+    adjust_lookback: int = 0
 
 
 @runtime_checkable

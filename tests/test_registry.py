@@ -24,11 +24,29 @@ class Head:
         self.kind = kind
 
 
+class Named:
+    """A minimal speculator (the registry checks the members the loop calls)."""
+
+    needs_hidden_state = False
+
+    def __init__(self, name):
+        self.name = name
+
+    def propose(self, ctx):
+        return []
+
+    def commit(self, tokens, hidden_rows, start_pos):
+        pass
+
+    def __eq__(self, other):
+        return isinstance(other, Named) and other.name == self.name
+
+
 def make_registry():
     reg = SpeculatorRegistry()
-    reg.register("ngram", lambda t, o: "an ngram speculator", requires_draft_head=False, plugin="ngram")
-    reg.register("draft-head", lambda t, o: "a head speculator", requires_draft_head=True, plugin="draft-head")
-    reg.register("block", lambda t, o: "a block speculator", requires_draft_head=True, plugin="block")
+    reg.register("ngram", lambda t, o: Named("an ngram speculator"), requires_draft_head=False, plugin="ngram")
+    reg.register("draft-head", lambda t, o: Named("a head speculator"), requires_draft_head=True, plugin="draft-head")
+    reg.register("block", lambda t, o: Named("a block speculator"), requires_draft_head=True, plugin="block")
     return reg
 
 
@@ -41,9 +59,9 @@ def test_auto_follows_the_checkpoint_drafter():
     target = ToyTarget()
     assert reg.resolve_name(target, "auto") == "ngram"  # no drafter: the weight-free one
     target.draft_head = Head(DraftHeadKind.PER_TOKEN)
-    assert reg.create(target, opts()) == "a head speculator"
+    assert reg.create(target, opts()) == Named("a head speculator")
     target.draft_head = Head(DraftHeadKind.BLOCK)
-    assert reg.create(target, opts()) == "a block speculator"
+    assert reg.create(target, opts()) == Named("a block speculator")
 
 
 def test_refused_outranks_everything():
@@ -65,7 +83,7 @@ def test_no_draft_head_names_the_weight_free_alternative():
     d = make_registry().create(ToyTarget(), opts("draft-head"))
     assert d.code == NO_DRAFT_HEAD and "--spec-type ngram" in d.reason
     # a drafter file named by the operator lets the factory decide instead
-    assert make_registry().create(ToyTarget(), opts("block", draft_model="x.gguf")) == "a block speculator"
+    assert make_registry().create(ToyTarget(), opts("block", draft_model="x.gguf")) == Named("a block speculator")
 
 
 def test_auto_without_any_drafter_or_weight_free_algorithm():
@@ -111,8 +129,15 @@ def test_registration_rules():
         reg.register("auto", lambda t, o: None, requires_draft_head=False)
     with pytest.raises(TypeError):
         reg.register("x", "not callable", requires_draft_head=False)
-    reg.register("ngram", lambda t, o: "second", requires_draft_head=False, plugin="other")
-    assert reg.create(ToyTarget(), opts("ngram")) == "an ngram speculator"  # first one kept
+    reg.register("ngram", lambda t, o: Named("second"), requires_draft_head=False, plugin="other")
+    assert reg.create(ToyTarget(), opts("ngram")) == Named("an ngram speculator")  # first one kept
     assert reg.conflicts and "other" in reg.conflicts[0]
     assert reg.default_pmin("draft-head") == 0.75 and reg.default_pmin("block") == 0.35
     assert reg.default_pmin("ngram") == 0.0
+
+
+def test_factory_returning_a_non_speculator_is_a_plugin_error():
+    reg = SpeculatorRegistry()
+    reg.register("odd", lambda t, o: "a string", requires_draft_head=False, plugin="podd")
+    d = reg.create(ToyTarget(), opts("odd"))
+    assert d.code == PLUGIN_ERROR and "not a speculator" in d.reason

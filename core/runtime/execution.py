@@ -266,6 +266,7 @@ class SpeculativeExecution:
                     carry_hidden=carry,
                     adjust_logits=sampler.adjust,
                     vocab_size=self.vocab_size,
+                    adjust_lookback=sampler.lookback,
                 )
                 drafts = self._propose(ctx)
             stats.steps += 1

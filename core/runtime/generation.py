@@ -104,7 +104,13 @@ def _plugin_label(target, options: SpeculationOptions, registry, name: str | Non
 
 
 class _TextStream:
-    """Incremental detokenisation with stop strings."""
+    """Incremental detokenisation with stop strings.
+
+    Text that could be the beginning of a stop string is held back until the next token shows
+    whether it is one: released text can never be taken back, so a stop string that spans
+    tokens must not have its first half streamed. ``finish`` releases what is still held when
+    generation ends for another reason. Streamed pieces therefore always add up to ``text``.
+    """
 
     def __init__(self, tokenizer, stop: Sequence[str]):
         self.tokenizer = tokenizer
@@ -112,6 +118,29 @@ class _TextStream:
         self.ids: list[int] = []
         self.text = ""  # text released so far
         self.stopped = False
+
+    def _cut(self, full: str) -> str:
+        for s in self.stop:
+            at = full.find(s)
+            if at >= 0:
+                full = full[:at]
+                self.stopped = True
+        return full
+
+    def _held(self, full: str) -> int:
+        """Length of the longest tail of ``full`` that is a proper prefix of a stop string."""
+        longest = 0
+        for s in self.stop:
+            for k in range(min(len(s) - 1, len(full)), longest, -1):
+                if full.endswith(s[:k]):
+                    longest = k
+                    break
+        return longest
+
+    def _release(self, upto: str) -> str:
+        piece = upto[len(self.text):] if upto.startswith(self.text) else upto
+        self.text = upto
+        return piece
 
     def push(self, token: int) -> str:
         """Add a token; return the newly released text piece."""
@@ -121,14 +150,14 @@ class _TextStream:
         full = self.tokenizer.decode(self.ids, skip_special_tokens=True)
         if full.endswith("\ufffd"):
             return ""  # an incomplete UTF-8 sequence: wait for the next token
-        for s in self.stop:
-            at = full.find(s)
-            if at >= 0:
-                full = full[:at]
-                self.stopped = True
-        piece = full[len(self.text):] if full.startswith(self.text) else full
-        self.text = full
-        return piece
+        full = self._cut(full)
+        return self._release(full if self.stopped else full[: len(full) - self._held(full)])
+
+    def finish(self) -> str:
+        """Generation ended: release what is still held back (nothing after a stop string)."""
+        if self.tokenizer is None or self.stopped or not self.ids:
+            return ""
+        return self._release(self._cut(self.tokenizer.decode(self.ids, skip_special_tokens=True)))
 
 
 def generate(
@@ -210,6 +239,10 @@ def generate(
                 speculator.close()
             except Exception as exc:  # a plugin's close must not lose the output
                 log.warning("speculator %s close raised: %r", name, exc)
+    if streaming:
+        tail = stream.finish()
+        if tail and on_token is not None:
+            on_token(tokens[-1] if tokens else -1, tail)
     finish = "length"
     if stream.stopped or (tokens and tokens[-1] in set(stop_tokens)):
         finish = "stop"

@@ -10,14 +10,28 @@ States: PROBE (speculate, and take a few plain samples for a baseline) -> HOLD (
 PARKED (lost, plain steps for ``backoff`` steps) -> PROBE again with the backoff doubled.
 A proposal that came back empty is charged to the speculative side as cost with no tokens, so
 a drafter that mostly finds nothing is judged by what its attempts cost.
+
+Three rules keep the governor's own cost under 3% at both extremes (measured by
+``tsspec bench --governor-check``):
+
+* No acceptance, no timing needed: a verify step that keeps only its bonus token did a plain
+  step's work plus drafting plus extra rows, so it cannot have won. ``zero_accept_limit``
+  such steps in a row park drafting at once (one, on a re-probe after a park).
+* The baseline costs what speculation would have emitted: a plain sample taken while
+  speculation emits T tokens per step gives up (T - 1) / T of a step, so baseline samples are
+  spaced ``plain_spacing * (T - 1)`` speculative steps apart (every step when T is ~1).
+* Overwhelming evidence decides early: with two samples on each side, a cost ratio below
+  ``1 / decisive_ratio`` wins and above ``decisive_ratio`` loses without waiting for more.
 """
 
 from __future__ import annotations
 
 import collections
+import math
 from typing import Deque
 
 PROBE, HOLD, PARKED = "probe", "hold", "parked"
+DECISIVE_SAMPLES = 2  # samples per side behind an early (decisive) decision
 
 
 class _Window:
@@ -56,10 +70,13 @@ class SpeculationCostGovernor:
         enabled: bool = True,
         min_samples: int = 4,
         window: int = 64,
-        initial_backoff: int = 16,
+        initial_backoff: int = 24,
         max_backoff: int = 512,
         plain_refresh_interval: int = 48,
         margin: float = 1.0,
+        zero_accept_limit: int = 2,
+        plain_spacing: float = 2.0,
+        decisive_ratio: float = 2.0,
     ):
         self.enabled = enabled
         self.min_samples = min_samples
@@ -67,6 +84,13 @@ class SpeculationCostGovernor:
         self.max_backoff = max_backoff
         self.plain_refresh_interval = plain_refresh_interval
         self.margin = margin  # speculation wins when spec_cost < plain_cost * margin
+        self.zero_accept_limit = zero_accept_limit
+        self.plain_spacing = plain_spacing
+        self.decisive_ratio = decisive_ratio
+        self.zero_run = 0  # consecutive speculative steps (in PROBE) that accepted nothing
+        self.reprobing = False  # the current probe follows a park
+        self.probe_steps = 0  # speculative steps and their tokens in this probe (warm-up
+        self.probe_tokens = 0  # included: token counts are not skewed by it)
         self.spec = _Window(window)
         self.plain = _Window(window)
         self.state = PROBE
@@ -92,11 +116,25 @@ class SpeculationCostGovernor:
             self.spec.clear()
             self.spec.seen = 1  # keep the warm-up discard for the first probe only
             self.spec_since_check = 0
-        if self.plain.count < self.min_samples and self.since_plain >= 1:
+            self._start_probe(reprobe=True)
+        if self.plain.count < self.min_samples and self.since_plain >= self._plain_gap():
             return False  # interleave plain samples until there is a baseline
         if self.state == HOLD and self.since_plain >= self.plain_refresh_interval:
             return False  # refresh the baseline now and then: context growth changes it
         return True
+
+    def _plain_gap(self) -> int:
+        """Speculative steps between baseline samples while the baseline is short."""
+        if not self.probe_steps:
+            return 1
+        gained = self.probe_tokens / self.probe_steps - 1.0  # extra tokens per speculative step
+        return max(1, math.ceil(self.plain_spacing * gained))
+
+    def _start_probe(self, *, reprobe: bool) -> None:
+        self.zero_run = 0
+        self.reprobing = reprobe
+        self.probe_steps = 0
+        self.probe_tokens = 0
 
     def record(self, speculative: bool, ms: float, tokens: int) -> None:
         """Report a step: speculative (drafted, verified) or plain, its ms and emitted tokens."""
@@ -104,11 +142,20 @@ class SpeculationCostGovernor:
             self.spec.add(ms, tokens)
             self.since_plain += 1
             self.spec_since_check += 1
+            self.probe_steps += 1
+            self.probe_tokens += tokens
+            self.zero_run = self.zero_run + 1 if tokens <= 1 else 0
         else:
             self.plain.add(ms, tokens)
             self.since_plain = 0
         if self.enabled:
+            if speculative and self.state == PROBE and self.zero_run >= self._zero_limit():
+                self._park()  # nothing accepted: these steps cannot have beaten plain ones
+                return
             self._decide()
+
+    def _zero_limit(self) -> int:
+        return 1 if self.reprobing else self.zero_accept_limit
 
     def record_empty_proposal(self, ms: float) -> None:
         """A draft attempt that proposed nothing: its cost is speculation's, with no tokens."""
@@ -123,15 +170,22 @@ class SpeculationCostGovernor:
         self.backoff = self.initial_backoff
         self.parked_left = 0
         self.spec_since_check = 0
+        self._start_probe(reprobe=False)
 
     # -- policy ----------------------------------------------------------------------------
     def _decide(self) -> None:
         if self.state == PARKED:
             return
-        if self.spec.count < self.min_samples or self.plain.count < self.min_samples:
-            return
         spec_cost, plain_cost = self.spec.ms_per_token, self.plain.ms_per_token
         if spec_cost is None or plain_cost is None:
+            return
+        enough = self.spec.count >= self.min_samples and self.plain.count >= self.min_samples
+        decisive = (
+            self.state == PROBE
+            and min(self.spec.count, self.plain.count) >= DECISIVE_SAMPLES
+            and not 1.0 / self.decisive_ratio <= spec_cost / plain_cost <= self.decisive_ratio
+        )
+        if not (enough or decisive):
             return
         winning = spec_cost < plain_cost * self.margin
         if self.state == PROBE:

@@ -97,6 +97,7 @@ def test_commit_and_reset_keep_no_state():
     spec.commit([1, 2], torch.zeros(2, H), 0)
     spec.reset()
     assert spec.propose(ctx()) == first and spec.can_arm_after_prefix_reuse
+    assert spec.proposals == 2
 
 
 # -- the factory -------------------------------------------------------------------------

@@ -83,3 +83,14 @@ def hf_embedded(embedded_path):
         os.path.dirname(embedded_path), gguf_file=os.path.basename(embedded_path), dtype=torch.float32
     )
     return model.eval()
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _one_torch_thread():
+    """One intra-op thread per test module: on a shared 2-core machine two OpenMP threads wait
+    on each other at every barrier when another process holds a core (a 10-50x slowdown of the
+    many small ops of a decode step); results do not depend on it."""
+    previous = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(previous)

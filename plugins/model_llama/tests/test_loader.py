@@ -12,8 +12,7 @@ from tsspec.errors import ModelLoadError
 from tsspec.modeling.cache import WeightCache
 from tsspec.modeling.gguf_writer_util import write_gguf
 from tsspec_model_llama import load_llama
-from tsspec_model_llama.convert import llama_gguf_contents, permute_for_gguf
-from tsspec_model_llama.weights import unpermute_rope_rows
+from tsspec_model_llama.convert import llama_gguf_contents
 
 
 @pytest.fixture
@@ -121,15 +120,6 @@ def test_second_load_comes_from_the_cache(tmp_path, contents):
     third = load_llama(path, cache=cache)
     assert third.cache_hit is False
     assert torch.equal(third.spec_forward(ids, all_logits_rows=True, want_hidden=False)[0], a)
-
-
-def test_unpermute_inverts_the_converter():
-    w = torch.arange(4 * 16 * 3, dtype=torch.float32).reshape(64, 3)
-    permuted = torch.from_numpy(permute_for_gguf(w.numpy(), 4))
-    assert not torch.equal(permuted, w)
-    assert torch.equal(unpermute_rope_rows(permuted, 4, 16, 16), w)
-    bias = torch.arange(64, dtype=torch.float32)
-    assert torch.equal(unpermute_rope_rows(torch.from_numpy(permute_for_gguf(bias.numpy(), 4)), 4, 16, 16), bias)
 
 
 def test_registered_as_the_llama_plugin(tmp_path, contents):

@@ -62,6 +62,25 @@ def test_verify_leaves_live_state_and_commit_picks_the_slot(make_target, sequenc
         torch.testing.assert_close(s0, s1, rtol=1e-12, atol=1e-12)
 
 
+def test_wide_verify_falls_back_and_keeps_the_contract(make_target, sequence):
+    """Past MAX_SLOT_ROWS rows a verify commits in place from a copy; a partial keep re-forwards
+    internally and still returns True with the state of the kept prefix."""
+    from tsspec_model_qwen35.target import MAX_SLOT_ROWS
+
+    rows = MAX_SLOT_ROWS + 4
+    target = make_target("qwen35", dtype="float64")
+    _prefill(target, sequence[:5])
+    target.spec_forward(sequence[5 : 5 + rows], all_logits_rows=True, want_hidden=False)
+    assert target.spec_on_verify_accepted(6, rows) is True
+    assert target.cache_seq_len == 12 and target.counters.state_restores == 1
+    after, _ = target.spec_forward(sequence[12:14], all_logits_rows=True, want_hidden=False)
+    target.spec_on_verify_accepted(1, 2)
+    plain = make_target("qwen35", dtype="float64")
+    _prefill(plain, sequence[:12])
+    ref, _ = plain.spec_forward(sequence[12:14], all_logits_rows=True, want_hidden=False)
+    torch.testing.assert_close(after, ref, rtol=1e-9, atol=1e-9)
+
+
 def test_a_new_sequence_after_commits_starts_clean(make_target, sequence):
     """rewind(0) after slot commits (whose buffers became live state) gives a fresh model."""
     target = make_target("qwen35")

@@ -128,7 +128,7 @@ class MedusaSpeculator:
         """Nothing to record: the next proposal reads its row from ``DraftContext.carry_hidden``."""
 
     def reset(self) -> None:
-        self.proposals = self.gated = 0
+        """Nothing per sequence to drop (the counters are for the speculator's whole life)."""
 
     def close(self) -> None:
         self.heads = None  # drop this speculator's reference; the file cache keeps its own

@@ -1,7 +1,11 @@
-"""Rotary position embedding tables, in the rotate-halves form (see weights.py for why).
+"""Rotary position embedding in llama.cpp's layout: ADJACENT pairs (x0, x1), (x2, x3)...
 
-For the rotated part of a head (its first ``rope_dim`` dims) split into halves a, b of width
-r = rope_dim / 2, position p rotates pair (a_i, b_i) by angle ``p * inv_freq_i`` with
+llama.cpp's converter permutes the rows of Q and K within each head so that its RoPE rotates
+adjacent pairs; HF's checkpoint rotates the two halves instead. We keep the file's layout (Q and
+K share the permutation, so attention scores are unchanged) because adjacent pairs are complex
+numbers: one complex multiply per call rotates every head of Q and K at once.
+
+Pair i of a head's first ``rope_dim`` dims at position p turns by ``p * inv_freq_i`` with
 ``inv_freq_i = base^(-2i / rope_dim) / factor_i / linear``: ``factor_i`` from the file's
 ``rope_freqs.weight`` (llama-3.1 style scaling), ``linear`` from ``rope.scaling.factor``.
 """
@@ -11,10 +15,11 @@ from __future__ import annotations
 import torch
 
 INITIAL_POSITIONS = 256
+COMPLEX_DTYPES = {torch.float32: torch.complex64, torch.float64: torch.complex128}
 
 
 class RotaryTable:
-    """cos/sin per position, grown on demand; ``apply`` rotates q/k rows in one pass."""
+    """Unit complex rotations per position, grown on demand."""
 
     def __init__(
         self,
@@ -35,29 +40,35 @@ class RotaryTable:
         self.inv_freq = inv_freq / float(linear_factor)  # [half] float64
         self.device = torch.device(device)
         self.dtype = dtype
-        self.cos = torch.empty(0, 1, self.half, dtype=dtype, device=self.device)  # [positions, 1, half]
-        self.sin = torch.empty_like(self.cos)
+        self.complex_dtype = COMPLEX_DTYPES.get(dtype)  # None: real arithmetic (bf16, f16)
+        self.size = 0
+        self._rot = self._cos = self._sin = None
 
     def ensure(self, positions: int) -> None:
         """Tables cover positions [0, positions)."""
-        have = self.cos.shape[0]
-        if positions <= have:
+        if positions <= self.size:
             return
-        size = max(positions, 2 * have, INITIAL_POSITIONS)
-        angles = torch.arange(size, dtype=torch.float64)[:, None] * self.inv_freq[None, :]
-        self.cos = angles.cos().to(self.dtype).unsqueeze(1).to(self.device)
-        self.sin = angles.sin().to(self.dtype).unsqueeze(1).to(self.device)
+        size = max(positions, 2 * self.size, INITIAL_POSITIONS)
+        angles = torch.arange(size, dtype=torch.float64)[:, None] * self.inv_freq[None, :]  # [size, half]
+        cos, sin = angles.cos().unsqueeze(1), angles.sin().unsqueeze(1)  # [size, 1, half]
+        if self.complex_dtype is not None:
+            self._rot = torch.complex(cos, sin).to(self.device, self.complex_dtype)
+        else:
+            self._cos, self._sin = cos.to(self.device, self.dtype), sin.to(self.device, self.dtype)
+        self.size = size
 
-    def tables(self, start: int, count: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """(cos, sin) for positions start..start+count-1: each [count, 1, half]."""
-        self.ensure(start + count)
-        return self.cos[start : start + count], self.sin[start : start + count]
-
-    def apply(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-        """x [rows, heads, head_dim] -> rotated copy (dims past rope_dim pass through)."""
-        a = x[..., : self.half]
-        b = x[..., self.half : self.rope_dim]
-        parts = [a * cos - b * sin, b * cos + a * sin]
-        if self.rope_dim < x.shape[-1]:
-            parts.append(x[..., self.rope_dim :])
-        return torch.cat(parts, dim=-1)
+    def apply(self, x: torch.Tensor, start: int) -> torch.Tensor:
+        """x [rows, heads, head_dim] (last dim contiguous) at positions start.. -> rotated copy."""
+        rows = x.shape[0]
+        self.ensure(start + rows)
+        rotated = x[..., : self.rope_dim].unflatten(-1, (self.half, 2))  # [rows, heads, half, 2]
+        if self.complex_dtype is not None and x.dtype == self.dtype:
+            turned = torch.view_as_real(torch.view_as_complex(rotated) * self._rot[start : start + rows])
+        else:
+            cos, sin = self._cos[start : start + rows], self._sin[start : start + rows]
+            a, b = rotated[..., 0], rotated[..., 1]
+            turned = torch.stack([a * cos - b * sin, a * sin + b * cos], dim=-1)
+        turned = turned.flatten(-2)
+        if self.rope_dim == x.shape[-1]:
+            return turned
+        return torch.cat([turned, x[..., self.rope_dim :]], dim=-1)

@@ -6,7 +6,7 @@ embedding when the file has no ``output.weight``).
 
 Attention is GQA without copying the cache per step: the KV cache is [n_kv, capacity, hd] per
 layer and the queries of the ``group`` heads that share a KV head are stacked as extra query
-rows of that KV head, ``q [n_kv, group * rows, hd]``, so one batched SDPA serves all heads.
+rows of that KV head, ``q [n_kv, group * rows, hd]``, so two batched matmuls serve all heads.
 A multi-row call (prefill, verify) masks causally with the cache offset: row t sees keys
 ``0 .. past + t``.
 
@@ -110,10 +110,12 @@ class LlamaTarget:
             linear_factor=hp.rope_linear_factor,
             freq_factors=weights.get("rope_freqs"),
             device=self.device,
-            dtype=residual_dtype(dtype) if dtype in (torch.float32, torch.float64) else dtype,
+            dtype=dtype,
         )
         self._eps = hp.rms_eps
+        self._norm_shape = (hp.hidden_size,)
         self._residual_dtype = residual_dtype(dtype)
+        self._cast = self._residual_dtype != dtype  # bf16 / f16 matmuls around a float32 stream
         self._qk_heads = hp.n_heads + hp.n_kv_heads
         self._qk_size = self._qk_heads * hp.head_dim
         self._seq_len = 0
@@ -166,7 +168,6 @@ class LlamaTarget:
             k[:, :, : self._seq_len] = self._k[:, :, : self._seq_len]
             v[:, :, : self._seq_len] = self._v[:, :, : self._seq_len]
         self._k, self._v, self._capacity = k, v, capacity
-        self._rope.ensure(capacity)
 
     def spec_rewind_cache(self, length: int) -> None:
         if not 0 <= length <= self._seq_len:
@@ -187,46 +188,58 @@ class LlamaTarget:
         return False
 
     # -- forward ---------------------------------------------------------------------------
-    def _rms(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-        return F.rms_norm(x, weight.shape, weight, self._eps)
-
-    def _attention(self, i: int, h: torch.Tensor, past: int, cos, sin, mask) -> torch.Tensor:
-        """h [rows, H] (normed) -> attention output projected, [rows, H]."""
-        hp = self.hparams
-        layer = self._layers[i]
-        rows = h.shape[0]
-        qkv = F.linear(h, layer.wqkv, layer.bqkv)  # [rows, (nh + 2 nkv) hd]
-        qk = self._rope.apply(qkv[:, : self._qk_size].view(rows, self._qk_heads, hp.head_dim), cos, sin)
-        end = past + rows
-        k_cache, v_cache = self._k[i], self._v[i]  # [nkv, capacity, hd]
-        k_cache[:, past:end] = qk[:, hp.n_heads :].transpose(0, 1)
-        v_cache[:, past:end] = qkv[:, self._qk_size :].view(rows, hp.n_kv_heads, hp.head_dim).transpose(0, 1)
-        keys, values = k_cache[:, :end], v_cache[:, :end]  # [nkv, end, hd]
-        q = qk[:, : hp.n_heads]  # [rows, nh, hd]; head j uses KV head j // group
-        if rows == 1:
-            out = F.scaled_dot_product_attention(q.view(hp.n_kv_heads, hp.group_size, hp.head_dim), keys, values)
-            out = out.reshape(1, hp.q_size)
-        else:
-            q = q.reshape(rows, hp.n_kv_heads, hp.group_size, hp.head_dim).permute(1, 2, 0, 3)
-            q = q.reshape(hp.n_kv_heads, hp.group_size * rows, hp.head_dim)  # rows ordered (group, row)
-            out = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask)
-            out = out.view(hp.n_kv_heads, hp.group_size, rows, hp.head_dim).permute(2, 0, 1, 3)
-            out = out.reshape(rows, hp.q_size)
-        return F.linear(out, layer.wo, layer.bo)
-
-    def _mlp(self, i: int, h: torch.Tensor) -> torch.Tensor:
-        layer = self._layers[i]
-        gate_up = F.linear(h, layer.w_gate_up)  # [rows, 2 F]
-        ffn = self.hparams.ffn_size
-        return F.linear(F.silu(gate_up[:, :ffn]) * gate_up[:, ffn:], layer.w_down)
-
-    def _causal_mask(self, past: int, rows: int) -> torch.Tensor | None:
-        """[group * rows, past + rows] bool, True where a query row may attend."""
+    def _causal_bias(self, past: int, rows: int) -> torch.Tensor | None:
+        """Additive mask [group * rows, past + rows]: 0 where a query row may attend, -inf
+        elsewhere (row t sees keys 0 .. past + t); None for one row (it sees everything)."""
         if rows == 1:
             return None
         keys = torch.arange(past + rows, device=self.device)
-        allowed = keys[None, :] <= (past + torch.arange(rows, device=self.device))[:, None]  # [rows, keys]
-        return allowed.repeat(self.hparams.group_size, 1)
+        blocked = keys[None, :] > (past + torch.arange(rows, device=self.device))[:, None]  # [rows, keys]
+        bias = torch.zeros(blocked.shape, dtype=self.dtype, device=self.device)
+        bias.masked_fill_(blocked, float("-inf"))
+        return bias.repeat(self.hparams.group_size, 1)
+
+    def _block(self, i: int, x: torch.Tensor, past: int, bias: torch.Tensor | None) -> torch.Tensor:
+        """One transformer block on the residual rows x [rows, H] (appends their K/V)."""
+        hp, layer = self.hparams, self._layers[i]
+        rows, end = x.shape[0], past + x.shape[0]
+        h = F.rms_norm(x, self._norm_shape, layer.attn_norm, self._eps)
+        if self._cast:
+            h = h.to(self.dtype)
+        qkv = F.linear(h, layer.wqkv, layer.bqkv)  # [rows, (nh + 2 nkv) hd]; Q pre-scaled
+        qk = self._rope.apply(qkv[:, : self._qk_size].view(rows, self._qk_heads, hp.head_dim), past)
+        k_cache, v_cache = self._k[i], self._v[i]  # [nkv, capacity, hd]
+        k_cache[:, past:end] = qk[:, hp.n_heads :].transpose(0, 1)
+        v_cache[:, past:end] = qkv[:, self._qk_size :].view(rows, hp.n_kv_heads, hp.head_dim).transpose(0, 1)
+        if rows == 1:  # head j uses KV head j // group: heads of a group are query rows of it
+            q = qk[:, : hp.n_heads].view(hp.n_kv_heads, hp.group_size, hp.head_dim)
+        else:  # [nkv, group * rows, hd], rows ordered (group, row) to match the mask
+            q = qk[:, : hp.n_heads].reshape(rows, hp.n_kv_heads, hp.group_size, hp.head_dim)
+            q = q.permute(1, 2, 0, 3).reshape(hp.n_kv_heads, hp.group_size * rows, hp.head_dim)
+        scores = torch.bmm(q, k_cache[:, :end].transpose(1, 2))  # [nkv, group * rows, end]
+        if bias is not None:
+            scores += bias
+        attn = torch.bmm(torch.softmax(scores, dim=-1), v_cache[:, :end])  # [nkv, group * rows, hd]
+        if rows == 1:
+            attn = attn.view(1, hp.q_size)
+        else:
+            attn = attn.view(hp.n_kv_heads, hp.group_size, rows, hp.head_dim).permute(2, 0, 1, 3)
+            attn = attn.reshape(rows, hp.q_size)
+        x = self._residual_add(x, attn, layer.wo, layer.bo)
+        h = F.rms_norm(x, self._norm_shape, layer.ffn_norm, self._eps)
+        if self._cast:
+            h = h.to(self.dtype)
+        gate_up = F.linear(h, layer.w_gate_up)  # [rows, 2 F]
+        act = F.silu(gate_up[:, : hp.ffn_size]) * gate_up[:, hp.ffn_size :]
+        return self._residual_add(x, act, layer.w_down, None)
+
+    def _residual_add(self, x: torch.Tensor, h: torch.Tensor, weight: torch.Tensor, bias) -> torch.Tensor:
+        """x + h @ weight^T (+ bias), in one GEMM when the dtypes allow."""
+        if self._cast:
+            return x + F.linear(h, weight, bias).to(self._residual_dtype)
+        if bias is not None:
+            x = x + bias
+        return torch.addmm(x, h, weight.t())
 
     @torch.inference_mode()
     def forward_residual(self, tokens: Sequence[int]) -> tuple[torch.Tensor, list[torch.Tensor]]:
@@ -235,24 +248,22 @@ class LlamaTarget:
         rows = len(tokens)
         if rows == 0:
             raise ValueError("spec_forward needs at least one token")
+        ids = [int(t) for t in tokens]
+        vocab = self.hparams.vocab_size
+        if min(ids) < 0 or max(ids) >= vocab:
+            raise ValueError(f"token ids must lie in [0, {vocab})")
         past = self._seq_len
         self.spec_ensure_capacity(past + rows)
-        ids = torch.as_tensor(list(tokens), dtype=torch.long, device=self.device)
-        if int(ids.min()) < 0 or int(ids.max()) >= self.hparams.vocab_size:
-            raise ValueError(f"token ids must lie in [0, {self.hparams.vocab_size})")
-        residual = self._residual_dtype
-        x = F.embedding(ids, self._embed).to(residual)  # [rows, H] residual stream (float32)
-        cos, sin = self._rope.tables(past, rows)
-        mask = self._causal_mask(past, rows)
+        x = F.embedding(torch.tensor(ids, device=self.device), self._embed)  # [rows, H]
+        if self._cast:
+            x = x.to(self._residual_dtype)
+        bias = self._causal_bias(past, rows)
         taps = self._taps
         tapped: dict[int, torch.Tensor] = {}
-        dtype = self.dtype
         for i in range(self.hparams.n_layers):
             if taps is not None and i in taps:
                 tapped[i] = x
-            layer = self._layers[i]
-            x = x + self._attention(i, self._rms(x, layer.attn_norm).to(dtype), past, cos, sin, mask).to(residual)
-            x = x + self._mlp(i, self._rms(x, layer.ffn_norm).to(dtype)).to(residual)
+            x = self._block(i, x, past, bias)
         tapped[self.hparams.n_layers] = x
         self._seq_len = past + rows
         return x, [tapped[t] for t in taps or ()]
@@ -263,14 +274,14 @@ class LlamaTarget:
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """logits [rows or 1, vocab] float32; hidden [rows, spec_feature_size] float32 or None."""
         x, tapped = self.forward_residual(tokens)
-        normed = self._rms(x if all_logits_rows else x[-1:], self._output_norm)
+        normed = F.rms_norm(x if all_logits_rows else x[-1:], self._norm_shape, self._output_norm, self._eps)
         logits = F.linear(normed.to(self.dtype), self._lm_head).to(OUTPUT_DEVICE, torch.float32)
         hidden = None
         if want_hidden:
             if self._taps is not None:
                 hidden = torch.cat(tapped, dim=-1)
             else:
-                hidden = normed if all_logits_rows else self._rms(x, self._output_norm)
+                hidden = normed if all_logits_rows else F.rms_norm(x, self._norm_shape, self._output_norm, self._eps)
             hidden = hidden.to(OUTPUT_DEVICE, torch.float32)
         return logits, hidden
 
@@ -284,7 +295,7 @@ class LlamaTarget:
     @torch.inference_mode()
     def final_norm(self, hidden: torch.Tensor) -> torch.Tensor:
         """The final RMSNorm of [n, H] rows (float32, CPU)."""
-        normed = self._rms(hidden.to(self.device, self._residual_dtype), self._output_norm)
+        normed = F.rms_norm(hidden.to(self.device, self._residual_dtype), self._norm_shape, self._output_norm, self._eps)
         return normed.to(OUTPUT_DEVICE, torch.float32)
 
     @torch.inference_mode()

@@ -5,10 +5,8 @@ milliseconds with the tensor's name. The layout the forward wants differs from t
 
 * Q, K and V are one matrix ``wqkv`` [(n_heads + 2 n_kv) * hd, H]; gate and up are one
   ``w_gate_up`` [2 F, H]: one GEMM instead of three (two) per layer.
-* llama.cpp's converter permutes the rows of Q and K within each head so that its RoPE can
-  rotate ADJACENT pairs (x0, x1), (x2, x3)...; HF rotates the two HALVES (x_i, x_{i+hd/2}). We
-  undo the permutation at load and rotate halves, which is contiguous slicing at run time.
-  Attention scores are unchanged: Q and K get the same permutation.
+* The attention scale 1/sqrt(hd) is folded into the Q rows (one multiply fewer per layer).
+* Q and K keep llama.cpp's per-head row permutation (adjacent RoPE pairs, see rope.py).
 * Tied embeddings (no ``output.weight``) share one tensor for the embedding and the LM head.
 
 The prepared tensors go through ``tsspec.modeling.cache.WeightCache``; a warm load maps them back.
@@ -24,7 +22,7 @@ from tsspec.errors import ModelLoadError
 
 from .hparams import LlamaHParams
 
-LAYOUT_TAG = "llama-fused-v1"  # bump when the prepared layout changes (invalidates caches)
+LAYOUT_TAG = "llama-fused-v2"  # bump when the prepared layout changes (invalidates caches)
 
 
 def residual_dtype(dtype: torch.dtype) -> torch.dtype:
@@ -76,34 +74,19 @@ def check_tensors(hp: LlamaHParams, gguf_file) -> dict[str, tuple[int, ...]]:
     return shapes
 
 
-def unpermute_rope_rows(w: torch.Tensor, n_heads: int, head_dim: int, rope_dim: int) -> torch.Tensor:
-    """Undo llama.cpp's per-head interleave of the first ``rope_dim`` rows of each head.
-
-    In the file, row ``2 i + j`` of a head's rotated part holds HF row ``j * rope_dim/2 + i``;
-    this returns the rows in HF order. ``w`` is [n_heads * head_dim, ...] (a weight or a bias).
-    """
-    tail = w.shape[1:]
-    heads = w.reshape(n_heads, head_dim, *tail)
-    rotated = heads[:, :rope_dim].reshape(n_heads, rope_dim // 2, 2, *tail).transpose(1, 2)
-    rotated = rotated.reshape(n_heads, rope_dim, *tail)
-    return torch.cat([rotated, heads[:, rope_dim:]], dim=1).reshape(n_heads * head_dim, *tail)
-
-
 def _layer_tensors(hp: LlamaHParams, gguf_file, i: int, dtype: torch.dtype) -> Iterator[tuple[str, torch.Tensor]]:
     p = f"blk.{i}."
 
     def load(name: str) -> torch.Tensor:
         return gguf_file.tensor(p + name)  # float32
 
-    q = unpermute_rope_rows(load("attn_q.weight"), hp.n_heads, hp.head_dim, hp.rope_dim)
-    k = unpermute_rope_rows(load("attn_k.weight"), hp.n_kv_heads, hp.head_dim, hp.rope_dim)
+    scale = hp.head_dim**-0.5  # the attention scale, folded into Q (exact for hd = 4^k)
+    q, k = load("attn_q.weight") * scale, load("attn_k.weight")
     norm_dtype = residual_dtype(dtype)
     yield f"l{i}.attn_norm", load("attn_norm.weight").to(norm_dtype)
     yield f"l{i}.wqkv", torch.cat([q, k, load("attn_v.weight")]).to(dtype)
     if gguf_file.has_tensor(p + "attn_q.bias"):
-        bq = unpermute_rope_rows(load("attn_q.bias"), hp.n_heads, hp.head_dim, hp.rope_dim)
-        bk = unpermute_rope_rows(load("attn_k.bias"), hp.n_kv_heads, hp.head_dim, hp.rope_dim)
-        yield f"l{i}.bqkv", torch.cat([bq, bk, load("attn_v.bias")]).to(dtype)
+        yield f"l{i}.bqkv", torch.cat([load("attn_q.bias") * scale, load("attn_k.bias"), load("attn_v.bias")]).to(dtype)
     yield f"l{i}.wo", load("attn_output.weight").to(dtype)
     if gguf_file.has_tensor(p + "attn_output.bias"):
         yield f"l{i}.bo", load("attn_output.bias").to(dtype)

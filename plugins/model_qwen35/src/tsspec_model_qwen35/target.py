@@ -8,7 +8,9 @@ changing its length, a Gated DeltaNet state cannot. Two ways to roll back, both 
   row; a slot's conv state is a slice of the window the verify already built).
   ``spec_snapshot_recurrent_state`` therefore copies nothing: the live state IS the pre-verify
   state until ``spec_on_verify_accepted(m, rows)`` commits slot m (and sets the length to
-  ``start + m + 1``) and returns True. Prefill and one-row plain steps commit in place.
+  ``start + m + 1``) and returns True. Prefill and one-row plain steps commit in place. A verify
+  wider than ``MAX_SLOT_ROWS`` rows (slots cost one state per row) commits in place from a copy
+  and re-forwards the kept rows itself on a partial acceptance: the contract holds at any width.
 * restore + re-forward (``TS_Q35_VERIFY_SNAPSHOTS=0``, or ``per_row_snapshots = False``): every
   forward advances the live state; the snapshot copies it, the loop restores it and re-forwards
   the kept rows. Kept for attribution (the benchmark) and as the fallback.
@@ -36,6 +38,7 @@ from .weights import Qwen35Weights
 
 SNAPSHOTS_ENV = "TS_Q35_VERIFY_SNAPSHOTS"
 PREFERRED_DRAFT_WINDOW = 3  # each row of a verify costs one recurrent-state slot per GDN layer
+MAX_SLOT_ROWS = 16  # wider verifies (or all-row prefills) fall back to copy + re-forward
 _OFF = {"0", "false", "no", "off"}
 
 
@@ -47,9 +50,14 @@ def snapshots_enabled(environ: Mapping[str, str] | None = None) -> bool:
 
 @attrs.define
 class _PendingVerify:
+    """A verify not yet resolved. ``slots`` per GDN layer; or, for a verify wider than
+    ``MAX_SLOT_ROWS``, None: it committed in place and ``saved`` holds the pre-verify state."""
+
     start: int
     rows: int
-    slots: dict[int, DeltaNetSlots]  # per GDN layer
+    slots: dict[int, DeltaNetSlots] | None
+    tokens: list[int] = attrs.field(factory=list)
+    saved: dict | None = None
 
 
 @attrs.define
@@ -160,14 +168,16 @@ class Qwen35Target:
         start, rows = self._len, len(tokens)
         self.spec_ensure_capacity(start + rows)
         verify = self._per_row and all_logits_rows
+        slots = verify and rows <= MAX_SLOT_ROWS
+        saved = self._state.snapshot() if verify and not slots else None
         with torch.no_grad():  # not inference_mode: committed slot buffers become live state
-            out = self.trunk.forward(tokens, start, self._state, slots=verify, taps=self._taps)
+            out = self.trunk.forward(tokens, start, self._state, slots=slots, taps=self._taps)
             self.counters.forward_calls += 1
             self.counters.forward_rows += rows
             self._len = start + rows
             if verify:
-                self._pending = _PendingVerify(start, rows, out.slots)
-            else:
+                self._pending = _PendingVerify(start, rows, out.slots, tokens, saved)
+            if not slots:
                 self._recurrent_pos = start + rows
             need_normed = want_hidden and not self._taps
             last = out.residual if (all_logits_rows or need_normed) else out.residual[-1:]
@@ -198,11 +208,22 @@ class Qwen35Target:
             return True
         if rows != pending.rows or not 0 <= accepted < rows:
             raise ValueError(f"accepted={accepted}, rows={rows} does not match the verify of {pending.rows} rows")
+        self._pending = None
+        if pending.slots is None:  # a wide verify committed in place
+            if accepted < rows - 1:
+                self._state.restore(pending.saved)
+                self._len = self._recurrent_pos = pending.start
+                self.counters.state_restores += 1
+                with torch.no_grad():
+                    self.trunk.forward(pending.tokens[: accepted + 1], pending.start, self._state, slots=False)
+                self.counters.forward_calls += 1
+                self.counters.forward_rows += accepted + 1
+            self._len = self._recurrent_pos = pending.start + accepted + 1
+            return True
         for index, slots in pending.slots.items():
             slots.commit_into(self._state.per_layer[index], accepted)
         self._len = pending.start + accepted + 1
         self._recurrent_pos = self._len
-        self._pending = None
         self.counters.slot_commits += 1
         return True
 
@@ -234,6 +255,9 @@ class Qwen35Target:
         self._len = length
 
     def _drop_pending(self) -> None:
-        if self._pending is not None:
-            self._len = self._pending.start
-            self._pending = None
+        """Forget an unresolved verify: the live state goes back to the pre-verify state."""
+        pending, self._pending = self._pending, None
+        if pending is not None:
+            if pending.saved is not None:
+                self._state.restore(pending.saved)
+            self._len = self._recurrent_pos = pending.start
