@@ -47,3 +47,43 @@ def test_governor_check_runs_every_configuration_paired_and_lossless():
     data = check.to_json()
     assert data["figures"][0]["passed"] in (True, False)
     assert data["settings"]["base_ms"] == 0.5
+
+
+# -- the governor rules the goals rely on (synthetic costs, no clock) -------------------------
+
+from tsspec.runtime.governor import HOLD, PARKED, SpeculationCostGovernor  # noqa: E402
+
+PLAIN_MS = 10.0
+
+
+def _drive(gov, spec_ms, spec_tokens, steps):
+    choices = []
+    for _ in range(steps):
+        if gov.want_speculation():
+            gov.record(True, spec_ms, spec_tokens)
+            choices.append("S")
+        else:
+            gov.record(False, PLAIN_MS, 1)
+            choices.append("P")
+    return "".join(choices)
+
+
+def test_zero_acceptance_parks_after_two_steps_and_reprobes_with_one():
+    gov = SpeculationCostGovernor(initial_backoff=4)
+    choices = _drive(gov, 17.0, 1, 40)
+    # S P S (parked 4) S (parked 8) S (parked 16) ...: no timing baseline needed to park
+    assert choices.startswith("SPS" + "P" * 4 + "S" + "P" * 8 + "S")
+    assert gov.losses >= 3 and gov.wins == 0
+
+
+def test_productive_speculation_spaces_its_baseline_samples():
+    gov = SpeculationCostGovernor()
+    choices = _drive(gov, 17.0, 9, 14)  # 9 tokens per step: a plain sample would cost 8/9 of a step
+    assert choices == "S" * 14
+    assert gov.state != PARKED
+
+
+def test_decisive_evidence_wins_before_min_samples():
+    gov = SpeculationCostGovernor(min_samples=6, plain_spacing=0.5)
+    _drive(gov, 14.0, 5, 12)  # 2.8 ms/token against 10: far beyond the 2x decisive ratio
+    assert gov.state == HOLD and gov.wins == 1 and gov.plain.count < 6

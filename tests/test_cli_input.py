@@ -345,3 +345,35 @@ def test_subprocess_bad_flag_has_no_traceback():
     )
     assert proc.returncode == 2 and proc.stdout == ""
     assert proc.stderr.strip().splitlines() == ["tsspec: error: --spec-pmin must be between 0 and 1, got 2.0"]
+
+
+# -- --stop: streamed text must equal the final text -------------------------------------------
+
+
+@pytest.mark.parametrize("stop", ["ze", "zq", "z", "p?zp", "eee", "nothing like it"])
+def test_stop_strings_spanning_tokens_stream_exactly_the_final_text(stop, cli):
+    """A stop string that starts in one token and ends in a later one: the first half must not
+    have been streamed already (the output would show it, then repeat the text)."""
+    argv = ["generate", "--model", "toy", "-p", "hello world", "-n", 30, "--stop", stop]
+    code, streamed, err = cli(*argv)
+    assert code == 0, err
+    code, out, err = cli(*argv, "--json")
+    final = json.loads(out)["text"]
+    assert streamed == final + "\n"
+    assert stop not in final
+
+
+def test_stop_strings_api_pieces_add_up(cli):
+    from tsspec.runtime.generation import generate
+    from tsspec.runtime.options import SpeculationOptions
+
+    target = ToyTarget(seed=0)
+    full = target.tokenizer.decode(plain_tokens(target, target.tokenizer.encode(PROMPT), 40))
+    for cut in range(1, len(full) - 2, 3):  # stop strings taken from the output itself
+        for width in (1, 2, 3):
+            stop = full[cut: cut + width]
+            for options in (SpeculationOptions(enabled=False), SpeculationOptions(spec_type="ngram")):
+                pieces: list[str] = []
+                result = generate(ToyTarget(seed=0), PROMPT, options, max_tokens=40, stop=[stop],
+                                  on_token=lambda tok, piece: pieces.append(piece) and None)
+                assert "".join(pieces) == result.text == full[: full.find(stop)], (stop, pieces)

@@ -257,7 +257,7 @@ VALID_CONTAINERS = {  # the right answer in containers the contract does not for
     "list of numpy int32": lambda s, c: [np.int32(t) for t in s.truth(c)],
     "torch long": lambda s, c: torch.tensor(s.truth(c), dtype=torch.long),
     "tuple": lambda s, c: tuple(s.truth(c)),
-    "range-like": lambda s, c: list(s.truth(c)),
+    "plain list": lambda s, c: list(s.truth(c)),
 }
 
 

@@ -48,13 +48,29 @@ class PeerRecord:
     tokens: list[int]
     tokens_per_second: float  # decode: (emitted - 1) / (last token time - first token time)
     seconds: float  # whole call, prefill included
+    tsspec_prefix: int | None = None  # leading tokens equal to tsspec's plain output
 
     def to_json(self) -> dict:
         return {
             "engine": self.engine, "config": self.config, "case": self.case_id, "class": self.cls,
             "rep": self.rep, "emitted": len(self.tokens),
             "tokens_per_second": round(self.tokens_per_second, 3), "seconds": round(self.seconds, 3),
+            "same_prefix_as_tsspec_plain": self.tsspec_prefix, "tokens": self.tokens,
         }
+
+
+def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
+    """How many leading tokens two outputs share.
+
+    >>> common_prefix([1, 2, 3], [1, 2, 4, 5])
+    2
+    """
+    n = 0
+    for x, y in zip(a, b):
+        if x != y:
+            break
+        n += 1
+    return n
 
 
 def _decode_rate(times: Sequence[float], counts: Sequence[int]) -> float:
@@ -77,7 +93,10 @@ class TransformersPeer:
         except ImportError:
             raise PeerUnavailable("--compare transformers needs the transformers package: pip install 'transformers>=5' accelerate") from None
         import torch
+        from transformers.utils import logging as hf_logging
 
+        hf_logging.set_verbosity_error()
+        hf_logging.disable_progress_bar()  # the bench draws its own progress
         path = Path(gguf_path)
         try:
             self.model = AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name, dtype=torch.float32)

@@ -55,12 +55,12 @@ def _class_panel(ax, report: BenchReport) -> None:
                 hi.append(mx - med)
         ax.bar(xs, ys, width * 0.92, yerr=[lo, hi], capsize=2, color=COLOURS[i % len(COLOURS)], label=label,
                error_kw={"elinewidth": 0.8, "ecolor": "#333333"})
-        for x, y in zip(xs, ys):
-            ax.text(x, y + 0.02, f"{y:.2f}", ha="center", va="bottom", fontsize=7, rotation=90)
+        for x, y, up in zip(xs, ys, hi):
+            ax.text(x, y + up + 0.02, f"{y:.2f}", ha="center", va="bottom", fontsize=7)
     ax.axhline(1.0, color="black", linewidth=0.9, linestyle="--")
     ax.set_xticks(range(len(classes)))
     ax.set_xticklabels(classes, rotation=20, ha="right")
-    ax.set_ylabel("speed-up over plain (median of pairs; bars: min-max)")
+    ax.set_ylabel("speed-up over plain\n(median of pairs; whiskers: min-max)")
     ax.set_title("Speculation vs plain decoding, per prompt class")
     top = max([v[2] for _, cells in series for v in cells.values()] + [1.2])
     ax.set_ylim(0, top * 1.15)
@@ -69,24 +69,29 @@ def _class_panel(ax, report: BenchReport) -> None:
 
 
 def _oracle_panel(ax, report: BenchReport) -> None:
+    for i, governed in enumerate((False, True)):
+        rows = report.oracle_rows(governor=governed)
+        if not rows:
+            continue
+        ps = [r.acceptance_target for r in rows]
+        med = [r.ratio_median for r in rows]
+        colour = COLOURS[0] if not governed else COLOURS[1]
+        label = f"governor {'on' if governed else 'off'}"
+        ax.fill_between(ps, [r.ratio_min for r in rows], [r.ratio_max for r in rows], alpha=0.15, color=colour)
+        ax.plot(ps, med, marker="o" if not governed else "s", color=colour, label=f"{label}: median (band: min-max)")
+        for p, m, r in zip(ps, med, rows):
+            note = f"{m:.2f}x" + (f"\n{r.tokens_per_verify:.1f} tok/verify" if not governed else "")
+            ax.annotate(note, (p, m), textcoords="offset points", xytext=(0, 8 if not governed else -20),
+                        ha="center", fontsize=7, color=colour)
     rows = report.oracle_rows()
-    ps = [r.acceptance_target for r in rows]
-    med = [r.ratio_median for r in rows]
-    ax.fill_between(ps, [r.ratio_min for r in rows], [r.ratio_max for r in rows], alpha=0.2, color=COLOURS[0],
-                    label="min-max over pairs")
-    ax.plot(ps, med, marker="o", color=COLOURS[0], label="median speed-up")
-    for p, m, r in zip(ps, med, rows):
-        ax.annotate(f"{m:.2f}x\n{r.tokens_per_verify:.1f} tok/verify", (p, m), textcoords="offset points",
-                    xytext=(0, 8), ha="center", fontsize=7)
     ax.axhline(1.0, color="black", linewidth=0.9, linestyle="--")
-    be = break_even_acceptance(rows)
+    be = break_even_acceptance(report.sweep_rows())
     if be is not None:
         ax.axvline(be, color="grey", linewidth=0.8, linestyle=":")
         ax.text(be, 1.0, f" break-even P~{be:.2f}", fontsize=8, va="bottom")
     ax.set_xlabel("oracle P: probability that each drafted token is right")
     ax.set_ylabel("speed-up over plain")
-    ax.set_title(f"Oracle sweep (draft window {report.meta['settings']['window']}, governor "
-                 f"{'on' if report.meta['settings']['adaptive'] else 'off'})")
+    ax.set_title(f"Oracle sweep: speed-up vs drafted-token correctness (draft window {report.meta['settings']['window']})")
     ax.set_xlim(-0.05, 1.05)
     ax.set_ylim(0, max([r.ratio_max for r in rows] + [1.2]) * 1.25)
     ax.legend(fontsize=8, loc="upper left")
@@ -94,8 +99,8 @@ def _oracle_panel(ax, report: BenchReport) -> None:
 
 
 def _governor_panel(ax, report: BenchReport) -> None:
-    figures = report.governor.figures
-    labels = [f.name.replace(", ", ",\n") for f in figures]
+    figures = [f for check in report.governor for f in check.figures]
+    labels = [f"{f.name}\n({check.settings['clock']} clock)" for check in report.governor for f in check.figures]
     values = [f.ratio_median for f in figures]
     colours = ["#2ca02c" if f.passed else ("#d62728" if f.passed is False else "#7f7f7f") for f in figures]
     ax.barh(range(len(figures)), values, color=colours,
@@ -121,9 +126,12 @@ def write_plot(report: BenchReport, path: str | Path) -> Path:
     panels = [_class_panel]
     if report.oracle_rows():
         panels.append(_oracle_panel)
-    if report.governor is not None:
+    if report.governor:
         panels.append(_governor_panel)
-    fig, axes = plt.subplots(len(panels), 1, figsize=(11, 4.6 * len(panels)), squeeze=False)
+    heights = [4.6 if p is not _governor_panel else 1.2 + 0.45 * sum(len(c.figures) for c in report.governor)
+               for p in panels]
+    fig, axes = plt.subplots(len(panels), 1, figsize=(11, sum(heights)), squeeze=False,
+                             gridspec_kw={"height_ratios": heights})
     for draw, ax in zip(panels, axes[:, 0]):
         draw(ax, report)
     model = report.meta["model"]["name"]

@@ -33,7 +33,7 @@ class BenchReport:
     peer_records: list[PeerRecord] = attrs.field(factory=list)
     peer_rows: list[PeerRow] = attrs.field(factory=list)
     peer_errors: dict[str, str] = attrs.field(factory=dict)
-    governor: object = None  # GovernorCheck | None
+    governor: list = attrs.field(factory=list)  # GovernorCheck per clock (virtual, wall)
 
     # -- selections ------------------------------------------------------------------------
     def rows_of(self, kind: str, cls: str | None = None) -> list[SummaryRow]:
@@ -42,9 +42,19 @@ class BenchReport:
     def algorithms(self) -> list[str]:
         return list(dict.fromkeys(r.config for r in self.rows if r.kind == ALGORITHM))
 
-    def oracle_rows(self) -> list[SummaryRow]:
-        rows = self.rows_of(ORACLE, ALL_CLASSES)
+    def oracle_rows(self, governor: bool | None = None) -> list[SummaryRow]:
+        """The sweep's 'all' rows by acceptance; ``governor`` picks one setting (None: all)."""
+        rows = [r for r in self.rows_of(ORACLE, ALL_CLASSES)
+                if governor is None or self.oracle_governed(r) == governor]
         return sorted(rows, key=lambda r: (r.acceptance_target, r.config))
+
+    def oracle_governed(self, row: SummaryRow) -> bool:
+        return bool(self.meta["settings"].get("oracle_governed", {}).get(row.config, self.meta["settings"]["adaptive"]))
+
+    def sweep_rows(self) -> list[SummaryRow]:
+        """The rows that show the mechanics: governor off when measured, else what there is."""
+        off = self.oracle_rows(governor=False)
+        return off or self.oracle_rows()
 
     @property
     def mismatches(self) -> list[RunRecord]:
@@ -77,7 +87,7 @@ class BenchReport:
                 "errors": self.peer_errors,
                 "runs": [r.to_json() for r in self.peer_records],
             },
-            "governor_check": None if self.governor is None else self.governor.to_json(),
+            "governor_check": [g.to_json() for g in self.governor],
             "runs": [r.to_json() for r in self.records],
         }
 
@@ -121,11 +131,12 @@ class BenchReport:
             console.print(peers)
         for name, error in self.peer_errors.items():
             console.print(f"[yellow]peer {name} skipped: {error}[/yellow]")
-        if self.governor is not None:
-            gov = Table(title="cost governor (toy with the embedded model's verify-cost profile)")
+        for check in self.governor:
+            gov = Table(title=f"cost governor, {check.settings['clock']} clock "
+                              "(toy with the embedded model's verify-cost profile)")
             for col in ("figure", "tok/s", "reference tok/s", "ratio (min-max)", "goal", "verdict"):
                 gov.add_column(col)
-            for f in self.governor.figures:
+            for f in check.figures:
                 verdict = "-" if f.passed is None else ("pass" if f.passed else "MISS")
                 gov.add_row(f.name, f"{f.tokens_per_second:.1f}", f"{f.reference_tokens_per_second:.1f}",
                             f"{f.ratio_median:.3f} ({f.ratio_min:.2f}-{f.ratio_max:.2f})",
@@ -316,10 +327,12 @@ def _oracle_section(report: BenchReport) -> list[str]:
         f"Prompt classes: {', '.join(classes)}. Command: `{report.meta['command']}`",
         "",
     ]
-    header = ["P", "accept", "tok/verify", "tok/s", "plain tok/s", "speed-up (min-max)", "verify ms/step",
+    header = ["P", "governor", "accept", "tok/verify", "tok/s", "plain tok/s", "speed-up (min-max)", "verify ms/step",
               "rollback ms/run", "governor wins/losses/parked steps"]
+    rows = sorted(rows, key=lambda r: (not report.oracle_governed(r), r.acceptance_target))
     body = [[
-        f"{r.acceptance_target:.2f}", f"{r.acceptance_rate:.2f}", f"{r.tokens_per_verify:.2f}",
+        f"{r.acceptance_target:.2f}", "on" if report.oracle_governed(r) else "off",
+        f"{r.acceptance_rate:.2f}", f"{r.tokens_per_verify:.2f}",
         f"{r.tokens_per_second:.1f}", f"{r.plain_tokens_per_second:.1f}", _ratio_text(r),
         f"{r.verify_ms_per_step:.1f}", f"{r.phase_ms.get('rollback', 0.0):.1f}",
         f"{r.governor_wins}/{r.governor_losses}/{r.governor_parked_steps}",
@@ -328,9 +341,12 @@ def _oracle_section(report: BenchReport) -> list[str]:
     plain_ms = plain_step_ms(report, classes)
     if plain_ms:
         lines += ["", f"A one-row plain step on these prompts takes {plain_ms:.1f} ms (plain runs, same classes)."]
-    be = break_even_acceptance(rows)
-    lines += ["", f"Break-even: speculation pays from P ~ {be:.2f} upward." if be is not None else
-              "The median speed-up does not cross 1.0 inside the sweep.", ""]
+    be = break_even_acceptance(report.sweep_rows())
+    lines += ["", f"Break-even (the sweep's mechanics{'' if report.oracle_rows(governor=False) else ', governor on'}): "
+              f"speculation pays from P ~ {be:.2f} upward." if be is not None else
+              "The median speed-up does not cross 1.0 inside the sweep.",
+              "With the governor on, measured acceptance is biased low: it parks after drafts that get nothing "
+              "accepted, so fewer of the lucky verifies happen.", ""]
     return lines
 
 
@@ -362,27 +378,33 @@ def _peer_section(report: BenchReport) -> list[str]:
 
 
 def _governor_section(report: BenchReport) -> list[str]:
-    gov = report.governor
-    if gov is None:
+    if not report.governor:
         return []
-    s = gov.settings
+    s = report.governor[0].settings
     lines = [
         "## Cost governor goals (issue 3)", "",
-        "Paired runs on the exact toy target, each forward padded to the time the embedded model takes on "
+        "Paired runs on the exact toy target, each forward costing what the embedded model takes on "
         f"this kind of CPU for that many rows (one-row step {s['base_ms']} ms; relative cost by rows "
         f"{', '.join(f'{r}: {c}' for r, c in s['cost_profile'])}; a KV rewind on rejection, like a llama model). "
         f"{s['cases']} prompts of {s['prompt_tokens']} tokens, {s['max_tokens']} new tokens, draft window "
-        f"{s['window']}, {s['reps']} reps. Never-accepting = oracle at P = 0 (every draft wrong), "
-        "always-accepting = oracle at P = 1.", "",
-        f"Command: `{report.meta['command']}` (the `--governor-check` part)", "",
+        f"{s['window']}, {s['reps']} reps; a fresh governor per request, as `tsspec generate` has. "
+        "Never-accepting = oracle at P = 0 (every drafted token wrong), always-accepting = oracle at P = 1.",
+        "",
+        "Two clocks: **virtual** time advances only by the cost profile (the governor's policy alone, "
+        "deterministic); **wall** forwards sleep to their cost, so the loop's own overhead and the shared "
+        "machine's noise count too.", "",
+        f"Command: `{report.meta['command']}` (its `--governor-check` part)", "",
     ]
-    header = ["figure", "tok/s", "reference tok/s", "ratio (min-max)", "goal", "verdict", "wins/losses/parked steps"]
+    header = ["clock", "figure", "tok/s", "reference tok/s", "ratio (min-max)", "goal", "verdict",
+              "wins/losses/parked steps"]
     body = []
-    for f in gov.figures:
-        verdict = "-" if f.passed is None else ("pass" if f.passed else "**miss**")
-        body.append([f.name, f"{f.tokens_per_second:.1f}", f"{f.reference_tokens_per_second:.1f}",
-                     f"{f.ratio_median:.3f} ({f.ratio_min:.2f}-{f.ratio_max:.2f})",
-                     "-" if f.goal is None else f">= {f.goal}", verdict, f"{f.wins}/{f.losses}/{f.parked_steps}"])
+    for check in report.governor:
+        for f in check.figures:
+            verdict = "-" if f.passed is None else ("pass" if f.passed else "**miss**")
+            body.append([check.settings["clock"], f.name, f"{f.tokens_per_second:.1f}",
+                         f"{f.reference_tokens_per_second:.1f}",
+                         f"{f.ratio_median:.3f} ({f.ratio_min:.2f}-{f.ratio_max:.2f})",
+                         "-" if f.goal is None else f">= {f.goal}", verdict, f"{f.wins}/{f.losses}/{f.parked_steps}"])
     return lines + _table(header, body) + [""]
 
 
@@ -422,7 +444,7 @@ def _reading(report: BenchReport) -> list[str]:
         text += (f"Best: {best.cls} ({best.ratio_median:.2f}x, acceptance {best.acceptance_rate:.2f}); "
                  f"worst: {worst.cls} ({worst.ratio_median:.2f}x, acceptance {worst.acceptance_rate:.2f}).")
         lines.append(text)
-    oracle = report.oracle_rows()
+    oracle = report.sweep_rows()
     if oracle:
         top = oracle[-1]
         be = break_even_acceptance(oracle)
@@ -437,8 +459,9 @@ def _reading(report: BenchReport) -> list[str]:
             text += f"In the oracle sweep speculation pays once each drafted token is right with P ~ {be:.2f} or more; "
         text += (f"at P = {top.acceptance_target:.2f} the speed-up is {top.ratio_median:.2f}x "
                  f"({top.tokens_per_verify:.2f} tokens per verify). ")
-        low = oracle[0]
-        if low.ratio_median is not None:
+        governed = report.oracle_rows(governor=True)
+        if governed and governed[0].ratio_median is not None:
+            low = governed[0]
             text += (f"At P = {low.acceptance_target:.2f} the cost governor holds it to {low.ratio_median:.2f}x of plain "
                      f"({low.governor_losses} losses, {low.governor_parked_steps} parked steps).")
         lines.append(text)
@@ -454,11 +477,11 @@ def _reading(report: BenchReport) -> list[str]:
                 + f" and its output equals its plain output in {lookup.same_as_own_plain}/{lookup.runs} runs"
                 + f" (tsspec's plain output: {plain.same_as_tsspec_plain}/{plain.runs} of its plain runs).")
         lines.append(text)
-    gov = report.governor
-    if gov is not None:
+    for check in report.governor:
         parts = [f"{f.name}: {f.ratio_median:.3f}x ({'pass' if f.passed else 'MISS'} against >= {f.goal})"
-                 for f in gov.figures if f.goal is not None]
-        lines.append("- **Cost governor** on the emulated cost profile: " + "; ".join(parts) + ".")
+                 for f in check.figures if f.goal is not None]
+        lines.append(f"- **Cost governor** on the emulated cost profile, {check.settings['clock']} clock: "
+                     + "; ".join(parts) + ".")
     t = report.lossless_totals()
     if t["speculative_runs"]:
         ties = f", {t['ties']} float ties" if t["ties"] else ""

@@ -40,6 +40,7 @@ class BenchPlan:
     algorithms: list[str] | None = None  # None: every algorithm that serves the model
     oracle_acceptance: list[float] = attrs.field(factory=list)
     oracle_classes: list[str] | None = None
+    oracle_governor: tuple[bool | None, ...] = (None,)  # governor settings of the sweep (None: options')
     reps: int = 5
     options: SpeculationOptions = attrs.field(factory=SpeculationOptions)
     sampling: SamplingParams = attrs.field(factory=SamplingParams)
@@ -79,10 +80,11 @@ def choose_algorithms(requested: Sequence[str] | None, serving: Sequence[str], d
     return out
 
 
-def build_configs(algorithms: Sequence[str], oracle: Sequence[float], oracle_classes) -> list[BenchConfig]:
+def build_configs(algorithms: Sequence[str], oracle: Sequence[float], oracle_classes,
+                  oracle_governor: Sequence[bool | None] = (None,)) -> list[BenchConfig]:
     configs = [BenchConfig.plain()]
     configs += [BenchConfig.for_algorithm(a) for a in algorithms]
-    configs += [BenchConfig.oracle(p, classes=oracle_classes) for p in oracle]
+    configs += [BenchConfig.oracle(p, adaptive=g, classes=oracle_classes) for g in oracle_governor for p in oracle]
     return configs
 
 
@@ -131,7 +133,7 @@ def run_plan(
         missing = [c for c in plan.oracle_classes if c not in classes]
         if missing:
             raise OptionsError(f"--oracle-classes: no prompt of class {missing[0]!r} in this run")
-    configs = build_configs(algorithms, plan.oracle_acceptance, plan.oracle_classes)
+    configs = build_configs(algorithms, plan.oracle_acceptance, plan.oracle_classes, plan.oracle_governor)
     runner = BenchRunner(
         target, cases, configs, reps=plan.reps, options=plan.options, sampling=plan.sampling,
         registry=None if catalog is None else catalog.speculators, on_mismatch=on_mismatch,
@@ -145,7 +147,7 @@ def run_plan(
 
     peer_records, peer_rows, peer_errors = [], [], {}
     if plan.compare:
-        from .peers import PeerUnavailable, make_peer, run_peer, summarise_peers
+        from .peers import PeerUnavailable, common_prefix, make_peer, run_peer, summarise_peers
 
         stop = sorted(getattr(getattr(target, "tokenizer", None), "eos_token_ids", ()) or ())
         references = dict(runner.references)
@@ -168,19 +170,22 @@ def run_plan(
                 )
             finally:
                 peer.close()
+        for record in peer_records:
+            reference = references.get(record.case_id)
+            if reference is not None:
+                record.tsspec_prefix = common_prefix(record.tokens, reference)
         peer_rows = summarise_peers(peer_records, classes, references)
 
-    governor = None
+    governor = []
     if plan.governor_check:
-        from .governor_check import run_governor_check
+        from .governor_check import CONFIG_COUNT, DEFAULT_CASES, VIRTUAL, WALL, run_governor_check
 
-        from .governor_check import CONFIG_COUNT, DEFAULT_CASES
-
-        tick = counter("governor", CONFIG_COUNT * (1 + DEFAULT_CASES * plan.governor_reps))
-        governor = run_governor_check(
-            reps=plan.governor_reps, window=plan.options.window(),
-            on_run=lambda slot, rec: tick(f"{rec.case_id} {rec.config}: {rec.tokens_per_second:.1f} tok/s"),
-        )
+        for clock in (VIRTUAL, WALL):
+            tick = counter(f"governor/{clock}", CONFIG_COUNT * (1 + DEFAULT_CASES * plan.governor_reps))
+            governor.append(run_governor_check(
+                reps=plan.governor_reps, window=plan.options.window(), clock=clock,
+                on_run=lambda slot, rec: tick(f"{rec.case_id} {rec.config}: {rec.tokens_per_second:.1f} tok/s"),
+            ))
 
     cfg = target.config
     meta = {
@@ -211,6 +216,8 @@ def run_plan(
             "declined": declined,
             "oracle_acceptance": plan.oracle_acceptance,
             "oracle_classes": plan.oracle_classes,
+            "oracle_governed": {c.name: plan.options.adaptive if c.adaptive is None else c.adaptive
+                                for c in configs if c.kind == "oracle"},
             "compare": plan.compare,
         },
     }

@@ -59,6 +59,7 @@ def bench(
     max_tokens: Annotated[Optional[int], typer.Option("--max-tokens", "-n", min=1, help="Override every prompt's token budget.", rich_help_panel=BENCH_PANEL)] = None,
     oracle_acceptance: Annotated[Optional[str], typer.Option("--oracle-acceptance", help="Oracle sweep: P[,P...] = chance each drafted token is right.", rich_help_panel=BENCH_PANEL)] = None,
     oracle_classes: Annotated[Optional[str], typer.Option("--oracle-classes", help="Run the oracle sweep on these classes only.", rich_help_panel=BENCH_PANEL)] = None,
+    oracle_governor: Annotated[str, typer.Option("--oracle-governor", help="The sweep's cost governor: on, off, both, or 'options' (follow --spec-adaptive).", rich_help_panel=BENCH_PANEL)] = "options",
     compare: Annotated[Optional[List[str]], typer.Option("--compare", help="Peer on the same GGUF: transformers, llama.cpp (repeatable or comma separated).", rich_help_panel=BENCH_PANEL)] = None,
     compare_reps: Annotated[Optional[int], typer.Option("--compare-reps", min=1, help="Paired reps for the peers (default: --reps).", rich_help_panel=BENCH_PANEL)] = None,
     governor_check: Annotated[bool, typer.Option("--governor-check", help="Also measure the cost governor's goals on a toy with the embedded model's cost profile.", rich_help_panel=BENCH_PANEL)] = False,
@@ -130,6 +131,7 @@ def bench(
         algorithms=algorithms,
         oracle_acceptance=_acceptances(oracle_acceptance),
         oracle_classes=_split(oracle_classes) or None,
+        oracle_governor=_oracle_governor(oracle_governor),
         reps=reps,
         options=options,
         sampling=sampling,
@@ -174,6 +176,13 @@ def _run_with_progress(console, plan, target, on_mismatch, on_peer_error):
 
     from ..bench.suite import run_plan
 
+    if not console.is_terminal:  # a log file: one line per run instead of a live bar
+        def log_line(phase: str, done: int, total: int, text: str) -> None:
+            if text:
+                console.print(f"[{phase}] {done}/{total or '?'} {text}", highlight=False)
+
+        return run_plan(plan, target, catalog=STATE.catalog, progress=log_line,
+                        on_mismatch=on_mismatch, on_peer_error=on_peer_error)
     with Progress(TextColumn("{task.description:<12}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                   TextColumn("{task.fields[last]}"), console=console, transient=False) as bar:
         tasks: dict[str, int] = {}
@@ -185,6 +194,16 @@ def _run_with_progress(console, plan, target, on_mismatch, on_peer_error):
 
         return run_plan(plan, target, catalog=STATE.catalog, progress=progress,
                         on_mismatch=on_mismatch, on_peer_error=on_peer_error)
+
+
+ORACLE_GOVERNOR_CHOICES = {"options": (None,), "on": (True,), "off": (False,), "both": (False, True)}
+
+
+def _oracle_governor(text: str) -> tuple:
+    try:
+        return ORACLE_GOVERNOR_CHOICES[text]
+    except KeyError:
+        raise OptionsError(f"--oracle-governor takes {', '.join(ORACLE_GOVERNOR_CHOICES)}, got {text!r}") from None
 
 
 def _command_line() -> str:

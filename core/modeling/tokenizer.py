@@ -184,7 +184,7 @@ def _optional_id(gguf_file, key: str, n_tokens: int) -> int | None:
     return value
 
 
-def _added_tokens(tokens: Sequence[str], types: Sequence[int] | None, spelled: set[str] | None):
+def _added_tokens(tokens: Sequence[str], types: Sequence[int] | None):
     """(special AddedTokens, plain AddedTokens) from the token types."""
     from tokenizers import AddedToken
 
@@ -204,6 +204,8 @@ def _byte_level_backend(gguf_file, tokens: list[str], types: list[int] | None, p
 
     alphabet = byte_alphabet()
     spelled = set(alphabet.values())
+    # tokens are spelled in the byte alphabet; a normal token that is not (a raw "é") is
+    # re-spelled so merges can reach it; control/user-defined tokens keep their text (matched whole)
     vocab: dict[str, int] = {}
     for index, token in enumerate(tokens):
         keep_raw = types is not None and types[index] in (TOKEN_CONTROL, TOKEN_USER_DEFINED)
@@ -305,7 +307,7 @@ def from_gguf(gguf_file) -> GGUFTokenizer | None:
         raise ModelLoadError(
             gguf_file.path, f"tokenizer model {model!r} is not supported (supported: gpt2, llama)"
         )
-    special, plain = _added_tokens(tokens, types, None)
+    special, plain = _added_tokens(tokens, types)
     if special:
         backend.add_special_tokens(special)
     if plain:

@@ -23,6 +23,7 @@ import json
 import statistics
 import time
 
+import attrs
 import torch
 
 from tsspec.runtime.generation import generate
@@ -114,7 +115,7 @@ def main() -> None:
     plain = generate(target, prompt, SpeculationOptions(enabled=False), max_tokens=args.tokens)
     reference = prompt + plain.tokens
     print(f"plain decode: {plain.stats.tokens_per_second:.2f} tok/s")
-    results = {"model": attrs_dict(spec), "params": params, "plain_tok_s": plain.stats.tokens_per_second,
+    results = {"model": attrs.asdict(spec), "params": params, "plain_tok_s": plain.stats.tokens_per_second,
                "acceptance": {}}
     for acceptance in ACCEPTANCES:
         runs = {True: [], False: []}
@@ -143,12 +144,6 @@ def main() -> None:
     if args.json:
         with open(args.json, "w") as f:
             json.dump(results, f, indent=2)
-
-
-def attrs_dict(spec) -> dict:
-    import attrs
-
-    return attrs.asdict(spec)
 
 
 if __name__ == "__main__":

@@ -5,9 +5,10 @@ token plain decoding emits next, so replaying the loop's propose/commit calls ov
 greedy output measures acceptance exactly, for many policies, in milliseconds, without timing
 noise. (The real run can differ only where a multi-row verify flips a near-tie argmax.)
 
-Sequences: the embedded SmolLM2-135M-Instruct GGUF decodes each prompt greedily through
-``transformers`` (a test dependency; nothing is downloaded). They are cached as JSON
-(``--cache``), so policy changes re-run in seconds. Prompts are written for this measurement;
+Sequences: the embedded SmolLM2-135M-Instruct GGUF decodes each prompt greedily, through tsspec
+itself (``--engine tsspec``, the model_llama plugin) or ``transformers`` (a test dependency;
+nothing is downloaded). They are cached per prompt as JSON (``--cache``), so policy changes
+re-run in seconds. Prompts are written for this measurement;
 their documents are standard-library source and docstrings, so they ship with Python.
 
 Speed-up is MODELLED from the measured CPU cost of a forward by rows for this model
@@ -24,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import colorsys
+import difflib
 import heapq
 import inspect
 import json
@@ -43,13 +45,20 @@ ROW_MS = ((1, 52.7), (2, 52.9), (4, 71.1), (8, 90.9), (16, 98.7))  # rows -> ms,
 
 # name -> speculator keyword arguments; "plain" is the textbook form the others are judged against
 POLICIES = {
-    "plain": dict(candidates=1, periodic=False, follow=False),
-    "+periodic": dict(candidates=1, periodic=True, follow=False),
-    "+follow": dict(candidates=1, periodic=False, follow=True),
-    "+candidates4": dict(candidates=4, periodic=False, follow=False),
-    "periodic+follow": dict(candidates=1, periodic=True, follow=True),
-    "all": dict(candidates=4, periodic=True, follow=True),
+    "plain": dict(candidates=1, periodic=False, follow=False, adaptive=False),
+    "+periodic": dict(candidates=1, periodic=True, follow=False, adaptive=False),
+    "+follow": dict(candidates=1, periodic=False, follow=True, adaptive=False),
+    "+candidates4": dict(candidates=4, periodic=False, follow=False, adaptive=False),
+    "+adaptive": dict(candidates=1, periodic=False, follow=False, adaptive=True),
+    "follow+adaptive": dict(candidates=1, periodic=False, follow=True, adaptive=True),
+    "all": dict(candidates=4, periodic=True, follow=True, adaptive=True),
 }
+TABLE = """name,city,year,score
+Ada,London,1843,91
+Grace,Arlington,1952,88
+Edsger,Rotterdam,1959,93
+Barbara,Washington,1974,90
+Donald,Milwaukee,1968,95"""
 INPUT_GROUNDED = "input-grounded"
 FREE_PROSE = "free prose"
 
@@ -68,6 +77,10 @@ def prompts() -> list[tuple[str, str, str]]:
     hls_src = inspect.getsource(colorsys.rgb_to_hls)
     wrap_doc = textwrap.TextWrapper.__doc__
     json_doc = json.__doc__[:900]
+    close_src = inspect.getsource(difflib.get_close_matches)
+    nsmallest_src = inspect.getsource(heapq.nsmallest)
+    dumps_doc = json.dumps.__doc__[:1500]
+    about_tail = " ".join(heapq.__about__.split())[1400:2600]
     return [
         ("code_rewrite", INPUT_GROUNDED,
          "Rewrite this Python function with clearer variable names. Return the full code.\n\n"
@@ -85,6 +98,20 @@ def prompts() -> list[tuple[str, str, str]]:
          f"does width mean?\n\n{wrap_doc}"),
         ("doc_edit", INPUT_GROUNDED,
          f"Fix the spelling mistakes in this text and return the corrected text.\n\n{_typos(about[:900])}"),
+        ("code_typehints", INPUT_GROUNDED,
+         f"Add type hints to this function and return the code.\n\n```python\n{close_src}```"),
+        ("code_explain", INPUT_GROUNDED,
+         "Explain step by step what this function does, naming its variables.\n\n"
+         f"```python\n{nsmallest_src}```"),
+        ("table_to_json", INPUT_GROUNDED,
+         f"Convert this table to a JSON list of objects.\n\n{TABLE}"),
+        ("rag_answer", INPUT_GROUNDED,
+         "Using the documentation below, explain what the sort_keys and indent parameters do."
+         f"\n\n{dumps_doc}"),
+        ("simplify", INPUT_GROUNDED,
+         f"Rewrite this passage in simpler words, keeping every sentence.\n\n{about_tail}"),
+        ("prose_math", FREE_PROSE, "What is 17 times 23? Explain step by step."),
+        ("prose_letter", FREE_PROSE, "Write a letter to a friend about your first week at a new job."),
         ("prose_story", FREE_PROSE,
          "Write a short story about a lighthouse keeper who finds a message in a bottle."),
         ("prose_essay", FREE_PROSE, "Explain why people enjoy walking in the mountains."),
@@ -100,7 +127,7 @@ def _gguf_dir() -> str:
     return list(spec.submodule_search_locations)[0]
 
 
-def generate_sequences(max_new: int) -> list[dict]:
+def generate_transformers(todo: list[tuple[str, str, str]], max_new: int) -> list[dict]:
     """Greedy plain outputs through transformers (it dequantises the GGUF to float32)."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -110,7 +137,7 @@ def generate_sequences(max_new: int) -> list[dict]:
     model = AutoModelForCausalLM.from_pretrained(where, gguf_file=MODEL_FILE, dtype=torch.float32)
     model.eval()
     out = []
-    for name, cls, message in prompts():
+    for name, cls, message in todo:
         text = tokenizer.apply_chat_template(
             [{"role": "user", "content": message}], tokenize=False, add_generation_prompt=True
         )
@@ -122,20 +149,44 @@ def generate_sequences(max_new: int) -> list[dict]:
         print(f"  {name}: {ids.shape[1]} prompt + {len(new)} tokens in {time.perf_counter() - t0:.1f}s",
               file=sys.stderr)
         out.append({"name": name, "class": cls, "prompt": ids[0].tolist(), "output": new,
-                    "message": message})
+                    "message": message, "engine": "transformers"})
     return out
 
 
-def load_sequences(cache: Path | None, max_new: int) -> list[dict]:
-    if cache is not None and cache.exists():
-        data = json.loads(cache.read_text())
-        if [d["message"] for d in data] == [p[2] for p in prompts()]:
-            return data
-    print("decoding the prompts greedily with transformers ...", file=sys.stderr)
-    data = generate_sequences(max_new)
-    if cache is not None:
-        cache.write_text(json.dumps(data))
-    return data
+def generate_tsspec(todo: list[tuple[str, str, str]], max_new: int) -> list[dict]:
+    """Greedy outputs through tsspec's own loader (model_llama plugin). Drafting with ngram
+    (adaptive off) only makes it faster: the output is plain greedy decoding's."""
+    from tsspec.modeling.embedded import embedded_model_path
+    from tsspec.runtime.generation import encode_prompt, generate
+    from tsspec.runtime.loading import load_model
+    from tsspec.runtime.options import SpeculationOptions
+
+    target = load_model(embedded_model_path())
+    out = []
+    for name, cls, message in todo:
+        ids = encode_prompt(target, message, chat=True)
+        t0 = time.perf_counter()
+        gen = generate(target, ids, SpeculationOptions(spec_type="ngram", adaptive=False),
+                       max_tokens=max_new)
+        print(f"  {name}: {len(ids)} prompt + {len(gen.tokens)} tokens in {time.perf_counter() - t0:.1f}s",
+              file=sys.stderr)
+        out.append({"name": name, "class": cls, "prompt": ids, "output": gen.tokens,
+                    "message": message, "engine": "tsspec"})
+    return out
+
+
+def load_sequences(cache: Path | None, max_new: int, engine: str) -> list[dict]:
+    """One greedy sequence per prompt, from the cache when it holds that prompt's message."""
+    cached = {d["message"]: d for d in json.loads(cache.read_text())} if cache and cache.exists() else {}
+    todo = [p for p in prompts() if p[2] not in cached]
+    if todo:
+        print(f"decoding {len(todo)} prompts greedily with {engine} ...", file=sys.stderr)
+        made = (generate_tsspec if engine == "tsspec" else generate_transformers)(todo, max_new)
+        for item in made:
+            cached[item["message"]] = item
+        if cache is not None:
+            cache.write_text(json.dumps(list(cached.values())))
+    return [dict(cached[p[2]], name=p[0], **{"class": p[1]}) for p in prompts()]
 
 
 def verify_ms(rows: int) -> float:
@@ -201,13 +252,15 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--window", type=int, default=8)
     parser.add_argument("--max-new", type=int, default=MAX_NEW_TOKENS)
     parser.add_argument("--per-prompt", action="store_true", help="one line per prompt too")
+    parser.add_argument("--engine", choices=("tsspec", "transformers"), default="tsspec",
+                        help="what decodes missing sequences (tsspec needs the model_llama plugin)")
     args = parser.parse_args(argv)
     torch_threads = os.environ.get("TSSPEC_THREADS")
     if torch_threads:
         import torch
 
         torch.set_num_threads(int(torch_threads))
-    data = load_sequences(args.cache, args.max_new)
+    data = load_sequences(args.cache, args.max_new, args.engine)
     classes = [INPUT_GROUNDED, FREE_PROSE]
     print(f"window {args.window}; {len(data)} prompts; greedy outputs of {MODEL_FILE}\n")
     print("| policy | class | acceptance | drafting steps | tokens/step | modelled speed-up | propose us |")

@@ -299,3 +299,23 @@ def test_draft_never_exceeds_count():
     drafter.sync([1, 2] * 20)
     for count in range(0, 12):
         assert len(drafter.draft(count)) == count
+
+
+def test_adaptive_budget_for_short_matches_follows_what_landed():
+    from tsspec_ngram.matching import SHORT_DRAFT_START
+
+    assert SHORT_DRAFT_START == 4
+    history = [1, 2, 10, 11, 12, 13, 14, 15, 16, 17, 9, 1, 2]  # only the bigram (1, 2) repeats
+    drafter = NGramDrafter(adaptive=True)
+    assert drafter.propose(history, 8) == [10, 11, 12, 13]  # a short match: the starting budget
+    history += [10, 99]  # one drafted token landed, then the target's own token
+    assert drafter.propose(history, 8) == []  # (10, 99) is new; the budget became 1 + 1
+    history += [1, 2]
+    assert drafter.propose(history, 8) == [10, 99]
+    history += [10, 99, 5]  # both landed: the budget doubles
+    drafter.propose(history, 8)
+    history += [3, 1, 2]
+    assert len(drafter.propose(history, 8)) == 4
+    # long matches always get the full count
+    long = [4, 1, 2, 7, 7, 7, 7, 7, 7, 7, 7, 0, 4, 1, 2]
+    assert NGramDrafter(adaptive=True).propose(long, 8) == [7] * 8

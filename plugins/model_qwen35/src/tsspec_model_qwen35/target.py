@@ -7,8 +7,9 @@ changing its length, a Gated DeltaNet state cannot. Two ways to roll back, both 
   live recurrent state and leaves it untouched, emitting the state after EVERY row (one slot per
   row; a slot's conv state is a slice of the window the verify already built).
   ``spec_snapshot_recurrent_state`` therefore copies nothing: the live state IS the pre-verify
-  state until ``spec_on_verify_accepted(m, rows)`` commits slot m (and sets the length to
-  ``start + m + 1``) and returns True. Prefill and one-row plain steps commit in place. A verify
+  state until ``spec_on_verify_accepted(m, rows)`` commits slot m (the slot buffer and the
+  live buffer swap roles: no copy, no re-forward), sets the length to ``start + m + 1`` and
+  returns True. Prefill and one-row plain steps commit in place. A verify
   wider than ``MAX_SLOT_ROWS`` rows (slots cost one state per row) commits in place from a copy
   and re-forwards the kept rows itself on a partial acceptance: the contract holds at any width.
 * restore + re-forward (``TS_Q35_VERIFY_SNAPSHOTS=0``, or ``per_row_snapshots = False``): every

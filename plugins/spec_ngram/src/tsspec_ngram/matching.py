@@ -51,6 +51,13 @@ from typing import NamedTuple, Sequence
 DEFAULT_MIN_ORDER = 2
 DEFAULT_MAX_ORDER = 8
 EXTENDED_MATCH = 32  # how far back candidates and the follow source are compared
+# adaptive: a match shorter than LONG_MATCH tokens is "short" (one shared bigram: right about half
+# the time on grounded text, a quarter on prose); short-match drafts get a budget that feedback
+# sets, starting at SHORT_DRAFT_START and never below SHORT_DRAFT_MIN
+LONG_MATCH = 3
+SHORT_DRAFT_START = 4
+SHORT_DRAFT_MIN = 1
+SHORT_DRAFT_MAX = 64
 PMIN_ORDER_SCALE = 8  # --spec-pmin p asks for a match of ceil(p * 8) tokens (clamped to the orders)
 
 __all__ = [
@@ -281,20 +288,27 @@ class NGramDrafter:
         candidates: int = 1,
         periodic: bool = False,
         follow: bool = False,
+        adaptive: bool = False,
         modulus: int | None = None,
     ) -> None:
         self.index = NGramIndex(min_order, max_order, candidates=candidates, modulus=modulus)
         self.periodic = periodic
         self.follow = follow
+        self.adaptive = adaptive
+        self._clear_policy_state()
+
+    def _clear_policy_state(self) -> None:
         # where the last draft was copied from, and the history length when it was made
         self._source: int | None = None
         self._source_end = 0
         self._match = Match(0, 0)  # the match behind the last draft
+        self._draft: list[int] = []  # the last draft, while its fate is unknown
+        self._short = False  # was it drawn from a short match?
+        self._short_budget = SHORT_DRAFT_START  # tokens a short-match draft may have
 
     def reset(self) -> None:
         self.index.clear()
-        self._source = None
-        self._source_end = 0
+        self._clear_policy_state()
 
     def write(self, tokens: Sequence[int], start: int) -> bool:
         return self.index.write(tokens, start)
@@ -381,8 +395,26 @@ class NGramDrafter:
                     return followed
         return found
 
+    def _learn(self) -> None:
+        """With ``adaptive``: how much of the last short-match draft landed sets the next
+        short-match budget (all of it: double, up to any count; else what landed plus one)."""
+        draft, self._draft = self._draft, []
+        if not (self.adaptive and draft and self._short):
+            return
+        toks, start = self.index.tokens, self._source_end
+        if not start < len(toks) <= start + len(draft) + 1:
+            return  # rewound, or plain steps ran in between: the draft was not what got verified
+        landed = 0
+        while landed < len(draft) and start + landed < len(toks) and toks[start + landed] == draft[landed]:
+            landed += 1
+        if landed == len(draft):
+            self._short_budget = min(SHORT_DRAFT_MAX, 2 * self._short_budget)
+        else:
+            self._short_budget = max(SHORT_DRAFT_MIN, landed + 1)
+
     def draft(self, count: int, min_length: int | None = None) -> list[int]:
         """Up to ``count`` tokens that followed the best earlier match of the current suffix."""
+        self._learn()
         if count <= 0:
             return []
         found = self.find(min_length)
@@ -392,4 +424,8 @@ class NGramDrafter:
             return []
         self._source, self._source_end = found.pos, len(toks)
         self._match = found
-        return continuation(toks, found.pos, count, periodic=self.periodic)
+        self._short = found.length < LONG_MATCH
+        if self.adaptive and self._short:
+            count = min(count, self._short_budget)
+        self._draft = continuation(toks, found.pos, count, periodic=self.periodic)
+        return self._draft

@@ -40,8 +40,9 @@ DEFAULT_WINDOW = 8  # used only when no options object is given
 DEFAULT_CANDIDATES = 1
 DEFAULT_PERIODIC = True
 DEFAULT_FOLLOW = True
+DEFAULT_ADAPTIVE = True
 # keys accepted in SpeculationOptions.extra["ngram"]
-SETTING_KEYS = ("min_order", "max_order", "candidates", "periodic", "follow")
+SETTING_KEYS = ("min_order", "max_order", "candidates", "periodic", "follow", "adaptive")
 
 
 class NGramSpeculator:
@@ -63,6 +64,7 @@ class NGramSpeculator:
         candidates: int = DEFAULT_CANDIDATES,
         periodic: bool = DEFAULT_PERIODIC,
         follow: bool = DEFAULT_FOLLOW,
+        adaptive: bool = DEFAULT_ADAPTIVE,
         modulus: int | None = None,
         max_context: int | None = None,
     ) -> None:
@@ -78,6 +80,7 @@ class NGramSpeculator:
             candidates=candidates,
             periodic=periodic,
             follow=follow,
+            adaptive=adaptive,
             modulus=modulus,
         )
         self.history_mismatches = 0  # proposals skipped because history did not end in last_token
