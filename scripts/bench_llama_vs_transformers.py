@@ -7,8 +7,12 @@ included, what a user waits for) and decode-only tok/s (after the first token; t
 first-token time comes from a streamer). Also: the warm-cache load time of our loader, in this
 process and in a fresh interpreter (imports included).
 
-    python scripts/bench_llama_vs_transformers.py            # the embedded model
-    python scripts/bench_llama_vs_transformers.py --model x.gguf --tokens 128 --runs 5 --json
+    python scripts/bench_llama_vs_transformers.py            # the embedded model, float32
+    python scripts/bench_llama_vs_transformers.py --dtypes float32,float16 --threads 1 --json
+
+With several ``--dtypes`` every round runs each of our variants and transformers, in an order
+that rotates from round to round. On a busy shared machine set ``OMP_WAIT_POLICY=PASSIVE``
+(two OpenMP threads otherwise spin-wait on each other whenever another process holds a core).
 """
 
 from __future__ import annotations
@@ -93,6 +97,7 @@ def main(argv=None) -> int:
     parser.add_argument("--tokens", type=int, default=96)
     parser.add_argument("--runs", type=int, default=5)
     parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
+    parser.add_argument("--dtypes", default="float32", help="our matmul dtypes, comma-separated")
     parser.add_argument("--request", default=DEFAULT_REQUEST)
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args(argv)
@@ -103,10 +108,14 @@ def main(argv=None) -> int:
     from tsspec_model_llama import load_llama
 
     path = str(args.model or embedded_model_path())
-    load_llama(path)  # make sure the cache is warm
-    started = time.perf_counter()
-    target = load_llama(path)
-    warm_load = time.perf_counter() - started
+    dtypes = [d.strip() for d in args.dtypes.split(",") if d.strip()]
+    ours_models = {}
+    warm_load = {}
+    for dtype in dtypes:
+        load_llama(path, {"dtype": dtype})  # make sure the cache is warm
+        started = time.perf_counter()
+        ours_models[dtype] = load_llama(path, {"dtype": dtype})
+        warm_load[dtype] = time.perf_counter() - started
     fresh_load = fresh_process_load_seconds(path)
 
     import transformers
@@ -118,50 +127,57 @@ def main(argv=None) -> int:
     ).eval()
     hf_load = time.perf_counter() - started
 
-    tok = target.tokenizer
+    tok = ours_models[dtypes[0]].tokenizer
     ids = tok.encode(tok.apply_chat_template([{"role": "user", "content": args.request}]))
-    run_ours(target, ids, 8)  # warm-up both sides
-    run_hf(hf, ids, 8)
-    ours, theirs = [], []
+    contenders = [(f"tsspec-{d}", run_ours, ours_models[d]) for d in dtypes] + [("transformers", run_hf, hf)]
+    for _, fn, model in contenders:  # warm-up
+        fn(model, ids, 8)
+    results: dict[str, list[dict]] = {name: [] for name, _, _ in contenders}
     for run in range(args.runs):
-        pair = [("ours", run_ours, target), ("hf", run_hf, hf)]
-        for name, fn, model in pair if run % 2 == 0 else reversed(pair):
-            (ours if name == "ours" else theirs).append(fn(model, ids, args.tokens))
+        shift = run % len(contenders)
+        for name, fn, model in contenders[shift:] + contenders[:shift]:
+            results[name].append(fn(model, ids, args.tokens))
 
-    def rate(results, key):
+    def rate(name, key):
         n = args.tokens if key == "total_s" else args.tokens - 1
-        return statistics.median(n / r[key] for r in results)
+        return statistics.median(n / r[key] for r in results[name])
 
-    same = ours[0]["tokens"] == theirs[0]["tokens"]
+    hf_rate, hf_decode = rate("transformers", "total_s"), rate("transformers", "decode_s")
     report = {
         "model": path,
         "threads": torch.get_num_threads(),
+        "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY", "(default)"),
         "prompt_tokens": len(ids),
         "new_tokens": args.tokens,
         "runs": args.runs,
-        "ours_tok_s": rate(ours, "total_s"),
-        "hf_tok_s": rate(theirs, "total_s"),
-        "ours_decode_tok_s": rate(ours, "decode_s"),
-        "hf_decode_tok_s": rate(theirs, "decode_s"),
-        "warm_load_s": warm_load,
-        "fresh_process_warm_load_s": fresh_load,
+        "hf_tok_s": hf_rate,
+        "hf_decode_tok_s": hf_decode,
         "hf_load_s": hf_load,
-        "identical_tokens": same,
+        "fresh_process_warm_load_s": fresh_load,
+        "ours": {},
     }
-    report["ratio"] = report["ours_tok_s"] / report["hf_tok_s"]
-    report["decode_ratio"] = report["ours_decode_tok_s"] / report["hf_decode_tok_s"]
+    for dtype in dtypes:
+        name = f"tsspec-{dtype}"
+        report["ours"][dtype] = {
+            "tok_s": rate(name, "total_s"),
+            "decode_tok_s": rate(name, "decode_s"),
+            "ratio": rate(name, "total_s") / hf_rate,
+            "decode_ratio": rate(name, "decode_s") / hf_decode,
+            "warm_load_s": warm_load[dtype],
+            "identical_tokens_to_transformers": results[name][0]["tokens"] == results["transformers"][0]["tokens"],
+        }
     if args.json:
         print(json.dumps(report, indent=2))
     else:
-        print(f"model {path}  threads {report['threads']}  prompt {len(ids)} tokens  +{args.tokens} greedy, "
-              f"median of {args.runs} paired runs")
-        print(f"end-to-end   tsspec {report['ours_tok_s']:6.1f} tok/s   transformers {report['hf_tok_s']:6.1f} tok/s"
-              f"   ratio {report['ratio']:.2f}x")
-        print(f"decode only  tsspec {report['ours_decode_tok_s']:6.1f} tok/s   transformers "
-              f"{report['hf_decode_tok_s']:6.1f} tok/s   ratio {report['decode_ratio']:.2f}x")
-        print(f"load (warm cache)  {warm_load:.2f} s in-process, {fresh_load:.2f} s fresh interpreter "
-              f"(transformers: {hf_load:.1f} s)")
-        print(f"identical greedy tokens: {same}")
+        print(f"model {path}  threads {report['threads']}  OMP_WAIT_POLICY {report['omp_wait_policy']}  "
+              f"prompt {len(ids)} tokens  +{args.tokens} greedy, median of {args.runs} rotated rounds")
+        print(f"transformers        {hf_rate:6.1f} tok/s end-to-end   {hf_decode:6.1f} tok/s decode   "
+              f"load {hf_load:.1f} s")
+        for dtype, r in report["ours"].items():
+            print(f"tsspec {dtype:<12} {r['tok_s']:6.1f} tok/s end-to-end   {r['decode_tok_s']:6.1f} tok/s decode   "
+                  f"ratio {r['ratio']:.2f}x ({r['decode_ratio']:.2f}x decode)   warm load {r['warm_load_s']:.2f} s   "
+                  f"same tokens as transformers: {r['identical_tokens_to_transformers']}")
+        print(f"fresh interpreter, warm cache: import + load {fresh_load:.2f} s")
     return 0
 
 

@@ -97,3 +97,35 @@ def test_inspect_embedded_model(capsys):
     info = json.loads(out)
     assert code == 0 and info["architecture"] == "llama" and info["tensor_count"] == 272
     assert info["has_chat_template"] and info["carries_drafter"] is False
+
+
+def test_plugin_commands_cannot_replace_taken_names():
+    import typer
+
+    from tsspec.cli.app import _add_plugin_commands, build_app
+    from tsspec.hookspecs import hookimpl
+    from tsspec.plugins import PluginHost
+    from tsspec.runtime.catalog import build_catalog
+
+    class First:
+        @hookimpl
+        def tsspec_register_commands(self, app):
+            group = typer.Typer(name="convert")
+            group.command("a")(lambda: None)
+            app.add_typer(group)
+
+    class Second:
+        @hookimpl
+        def tsspec_register_commands(self, app):
+            app.command("generate")(lambda: None)  # a core command
+            group = typer.Typer(name="convert")
+            app.add_typer(group)
+            app.command("fresh")(lambda: None)
+
+    host = PluginHost()
+    host.register(First(), "a-first")
+    host.register(Second(), "b-second")
+    app = build_app()
+    _add_plugin_commands(app, build_catalog(host, discover=False))
+    names = [c.name for c in app.registered_commands] + [g.typer_instance.info.name for g in app.registered_groups]
+    assert names.count("generate") == 1 and names.count("convert") == 1 and "fresh" in names

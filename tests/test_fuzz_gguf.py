@@ -112,7 +112,7 @@ def seed_tensors(seed: int = 0) -> dict:
 
 
 def write_seed(path, *, arch="llama", drop=(), metadata=None, tensors=None, tokenizer=True) -> str:
-    meta = {**seed_metadata(arch if arch != "dflash" else "llama"), **(metadata or {})}
+    meta = {**seed_metadata(arch), **(metadata or {})}
     tens = {k: v for k, v in (tensors or seed_tensors()).items() if k not in drop}
     meta = {k: v for k, v in meta.items() if k not in drop}
     return write_gguf(path, arch, meta, tens, tokenizer=seed_tokenizer() if tokenizer else None)

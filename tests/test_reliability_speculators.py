@@ -572,3 +572,44 @@ def test_governor_keeps_a_cheap_accurate_speculator():
     fast, spec = _clocked_run(0.0, accuracy_every=1)
     assert fast.stats.governor_wins >= 1 and fast.stats.governor_losses == 0
     assert fast.stats.accepted_tokens > 0
+
+
+# -- block heads returning garbage (NaN confidences, bad ids, wrong lengths) -------------------
+
+BLOCK_GARBAGE = {  # kind -> (tokens, confidences) given the honest ones
+    "NaN confidences": lambda t, c: (t, [float("nan")] * len(c)),
+    "inf confidences": lambda t, c: (t, [math.inf] * len(c)),
+    "negative confidences": lambda t, c: (t, [-1.0] * len(c)),
+    "ids past the vocabulary": lambda t, c: ([VOCAB + 5] * len(t), c),
+    "negative ids": lambda t, c: ([-3] * len(t), c),
+    "float ids": lambda t, c: ([0.5] * len(t), c),
+    "more tokens than asked": lambda t, c: (list(t) * 50, [1.0] * (50 * len(t))),
+    "fewer confidences than tokens": lambda t, c: (t, c[:1]),
+    "tensors": lambda t, c: (torch.tensor(t), torch.tensor(c)),
+    "None": lambda t, c: (None, None),
+}
+
+
+@pytest.mark.parametrize("kind", sorted(BLOCK_GARBAGE) + ["raises"])
+def test_block_head_garbage_outputs_are_lossless(kind, tmp_path):
+    pytest.importorskip("tsspec_block")
+    from tsspec_block.attach import attach_dflash
+    from tsspec_block.random_drafter import write_random_dflash
+    from tsspec_block.speculator import make_block_speculator
+
+    path = write_random_dflash(tmp_path / "d.gguf", vocab_size=VOCAB, hidden_size=16, target_layers=[1, 2],
+                               mask_token_id=VOCAB - 1, num_layers=1, block_size=6, sliding_window=8)
+    target = _target()
+    head = attach_dflash(target, str(path))
+    honest = head.draft_block
+
+    def sabotaged(last_token, h_prev, position, max_tokens):
+        if kind == "raises":
+            raise RuntimeError("block head exploded")
+        tokens, confidences = honest(last_token, h_prev, position, max_tokens)
+        return BLOCK_GARBAGE[kind](list(tokens), list(confidences))
+
+    head.draft_block = sabotaged
+    options = SpeculationOptions(spec_type="block", pmin=0.35, adaptive=False)
+    result = generate(target, PROMPT, options, max_tokens=MAX_TOKENS, speculator=make_block_speculator(target, options))
+    assert result.tokens == _plain()

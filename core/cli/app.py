@@ -58,8 +58,44 @@ def build_app() -> typer.Typer:
     return app
 
 
+def _entry_name(entry) -> str | None:
+    """The CLI name of a registered typer command (CommandInfo) or group (TyperInfo)."""
+    if getattr(entry, "typer_instance", None) is not None:
+        return entry.name or entry.typer_instance.info.name
+    if entry.name:
+        return entry.name
+    callback = getattr(entry, "callback", None)
+    return callback.__name__.replace("_", "-") if callback is not None else None
+
+
 def _add_plugin_commands(app: typer.Typer, catalog) -> None:
-    catalog.host.call_each("tsspec_register_commands", lambda name: {"app": app})
+    """Let each plugin add commands. One that reuses a taken name is removed with a warning:
+    typer would otherwise let the later registration silently replace the earlier one."""
+    log = logging.getLogger("tsspec.cli")
+    current: dict = {}
+
+    def settle() -> None:
+        if not current:
+            return
+        for registry, start in ((app.registered_commands, current["commands"]), (app.registered_groups, current["groups"])):
+            for entry in list(registry[start:]):
+                name = _entry_name(entry)
+                if name in current["taken"]:
+                    registry.remove(entry)
+                    log.warning("plugin %s: command %r is taken; its version was skipped", current["plugin"], name)
+
+    def make_kwargs(plugin: str) -> dict:
+        settle()
+        current.update(
+            plugin=plugin,
+            taken={_entry_name(e) for e in (*app.registered_commands, *app.registered_groups)},
+            commands=len(app.registered_commands),
+            groups=len(app.registered_groups),
+        )
+        return {"app": app}
+
+    catalog.host.call_each("tsspec_register_commands", make_kwargs)
+    settle()
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -214,3 +214,20 @@ def test_speculative_generation_is_lossless(tiny, sampled):
         lambda t: OracleSpeculator.from_plain_run(make(), prompt(5), 24, sampling=sampling, corrupt=0.3, seed=2),
     ):
         assert_lossless(make, make_speculator, prompt(5), max_tokens=24, sampling=sampling)
+
+
+def test_thread_policy_restores_the_thread_count(tiny):
+    """Small ops run on one thread inside a call; the caller's thread count comes back."""
+    _, target, _ = tiny()
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        ids = prompt(6)
+        a, _ = target.spec_forward(ids, all_logits_rows=True, want_hidden=False)
+        assert torch.get_num_threads() == 2
+        target.spec_rewind_cache(0)
+        target.small_ops_single_thread = False
+        b, _ = target.spec_forward(ids, all_logits_rows=True, want_hidden=False)
+        assert torch.allclose(a, b, atol=1e-5, rtol=0) and torch.get_num_threads() == 2
+    finally:
+        torch.set_num_threads(before)

@@ -40,6 +40,7 @@ from .rope import RotaryTable
 from .weights import residual_dtype
 
 INITIAL_CAPACITY = 256  # KV slots allocated on first use; grown by doubling
+SMALL_OP_ROWS = 16  # calls of up to this many rows (decode, verify) run small ops on one thread
 OUTPUT_DEVICE = torch.device("cpu")
 
 
@@ -70,6 +71,11 @@ class LlamaTarget:
     speculation_refusal: str | None = None
     spec_preferred_draft_window: int | None = None
     spec_verify_persists_accepted_kv = True
+    # In calls of up to SMALL_OP_ROWS rows, run the small per-layer ops (norms, RoPE, attention)
+    # on one thread and only the weight GEMMs on torch's thread count: torch parallelises even a [3, 3, 64] bmm,
+    # and two OpenMP threads that wait on each other at every such barrier are 10-1000x slower
+    # than one thread whenever another process holds a core (measured on shared 2-core boxes).
+    small_ops_single_thread = True
 
     def __init__(
         self,
@@ -100,6 +106,10 @@ class LlamaTarget:
             context_length=hp.context_length,
             extra={**hp.as_extra(), "tied_embeddings": tied, "dtype": str(dtype).removeprefix("torch.")},
         )
+        # the residual stream, norms, RoPE and attention (KV cache included) run in float32;
+        # only the weight matmuls use ``dtype`` (bf16 / f16 halve the bytes a step reads)
+        self._residual_dtype = residual_dtype(dtype)
+        self._cast = self._residual_dtype != dtype
         self._embed = weights["embed"].to(self.device)
         self._lm_head = self._embed if tied else weights["lm_head"].to(self.device)
         self._output_norm = weights["output_norm"].to(self.device)
@@ -110,12 +120,10 @@ class LlamaTarget:
             linear_factor=hp.rope_linear_factor,
             freq_factors=weights.get("rope_freqs"),
             device=self.device,
-            dtype=dtype,
+            dtype=self._residual_dtype,
         )
         self._eps = hp.rms_eps
         self._norm_shape = (hp.hidden_size,)
-        self._residual_dtype = residual_dtype(dtype)
-        self._cast = self._residual_dtype != dtype  # bf16 / f16 matmuls around a float32 stream
         self._qk_heads = hp.n_heads + hp.n_kv_heads
         self._qk_size = self._qk_heads * hp.head_dim
         self._seq_len = 0
@@ -123,6 +131,7 @@ class LlamaTarget:
         self._k: torch.Tensor | None = None  # [layers, n_kv, capacity, hd]
         self._v: torch.Tensor | None = None
         self._taps: tuple[int, ...] | None = None
+        self._gemm_threads = self._small_threads = self._active_threads = torch.get_num_threads()
 
     # -- SpeculativeTarget: sizes ------------------------------------------------------------
     @property
@@ -162,8 +171,8 @@ class LlamaTarget:
         hp = self.hparams
         capacity = min(self.max_context_length, max(required_seq_len, 2 * self._capacity, INITIAL_CAPACITY))
         shape = (hp.n_layers, hp.n_kv_heads, capacity, hp.head_dim)
-        k = torch.empty(shape, dtype=self.dtype, device=self.device)
-        v = torch.empty(shape, dtype=self.dtype, device=self.device)
+        k = torch.empty(shape, dtype=self._residual_dtype, device=self.device)  # float32 KV
+        v = torch.empty(shape, dtype=self._residual_dtype, device=self.device)
         if self._k is not None and self._seq_len:
             k[:, :, : self._seq_len] = self._k[:, :, : self._seq_len]
             v[:, :, : self._seq_len] = self._v[:, :, : self._seq_len]
@@ -195,18 +204,28 @@ class LlamaTarget:
             return None
         keys = torch.arange(past + rows, device=self.device)
         blocked = keys[None, :] > (past + torch.arange(rows, device=self.device))[:, None]  # [rows, keys]
-        bias = torch.zeros(blocked.shape, dtype=self.dtype, device=self.device)
+        bias = torch.zeros(blocked.shape, dtype=self._residual_dtype, device=self.device)
         bias.masked_fill_(blocked, float("-inf"))
         return bias.repeat(self.hparams.group_size, 1)
+
+    def _threads(self, n: int) -> None:
+        if n != self._active_threads:
+            torch.set_num_threads(n)
+            self._active_threads = n
 
     def _block(self, i: int, x: torch.Tensor, past: int, bias: torch.Tensor | None) -> torch.Tensor:
         """One transformer block on the residual rows x [rows, H] (appends their K/V)."""
         hp, layer = self.hparams, self._layers[i]
         rows, end = x.shape[0], past + x.shape[0]
+        wide, narrow = self._gemm_threads, self._small_threads
         h = F.rms_norm(x, self._norm_shape, layer.attn_norm, self._eps)
         if self._cast:
             h = h.to(self.dtype)
+        self._threads(wide)
         qkv = F.linear(h, layer.wqkv, layer.bqkv)  # [rows, (nh + 2 nkv) hd]; Q pre-scaled
+        self._threads(narrow)
+        if self._cast:  # attention runs in float32 whatever the matmul dtype
+            qkv = qkv.to(self._residual_dtype)
         qk = self._rope.apply(qkv[:, : self._qk_size].view(rows, self._qk_heads, hp.head_dim), past)
         k_cache, v_cache = self._k[i], self._v[i]  # [nkv, capacity, hd]
         k_cache[:, past:end] = qk[:, hp.n_heads :].transpose(0, 1)
@@ -225,12 +244,19 @@ class LlamaTarget:
         else:
             attn = attn.view(hp.n_kv_heads, hp.group_size, rows, hp.head_dim).permute(2, 0, 1, 3)
             attn = attn.reshape(rows, hp.q_size)
+        if self._cast:
+            attn = attn.to(self.dtype)
+        self._threads(wide)
         x = self._residual_add(x, attn, layer.wo, layer.bo)
+        self._threads(narrow)
         h = F.rms_norm(x, self._norm_shape, layer.ffn_norm, self._eps)
         if self._cast:
             h = h.to(self.dtype)
+        self._threads(wide)
         gate_up = F.linear(h, layer.w_gate_up)  # [rows, 2 F]
+        self._threads(narrow)
         act = F.silu(gate_up[:, : hp.ffn_size]) * gate_up[:, hp.ffn_size :]
+        self._threads(wide)
         return self._residual_add(x, act, layer.w_down, None)
 
     def _residual_add(self, x: torch.Tensor, h: torch.Tensor, weight: torch.Tensor, bias) -> torch.Tensor:
@@ -254,16 +280,23 @@ class LlamaTarget:
             raise ValueError(f"token ids must lie in [0, {vocab})")
         past = self._seq_len
         self.spec_ensure_capacity(past + rows)
-        x = F.embedding(torch.tensor(ids, device=self.device), self._embed)  # [rows, H]
-        if self._cast:
-            x = x.to(self._residual_dtype)
-        bias = self._causal_bias(past, rows)
+        self._gemm_threads = self._active_threads = torch.get_num_threads()
+        narrow = self.small_ops_single_thread and rows <= SMALL_OP_ROWS
+        self._small_threads = 1 if narrow else self._gemm_threads
         taps = self._taps
         tapped: dict[int, torch.Tensor] = {}
-        for i in range(self.hparams.n_layers):
-            if taps is not None and i in taps:
-                tapped[i] = x
-            x = self._block(i, x, past, bias)
+        try:
+            self._threads(self._small_threads)
+            x = F.embedding(torch.tensor(ids, device=self.device), self._embed)  # [rows, H]
+            if self._cast:
+                x = x.to(self._residual_dtype)
+            bias = self._causal_bias(past, rows)
+            for i in range(self.hparams.n_layers):
+                if taps is not None and i in taps:
+                    tapped[i] = x
+                x = self._block(i, x, past, bias)
+        finally:
+            self._threads(self._gemm_threads)
         tapped[self.hparams.n_layers] = x
         self._seq_len = past + rows
         return x, [tapped[t] for t in taps or ()]

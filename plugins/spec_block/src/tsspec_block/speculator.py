@@ -38,12 +38,14 @@ def gate_cumulative(tokens: Sequence[int], confidences: Sequence[float], pmin: f
 
     >>> gate_cumulative([1, 2, 3], [0.9, 0.5, 0.9], 0.4)
     [1, 2]
+    >>> gate_cumulative([1, 2], [float("nan"), 0.9], 0.0)
+    []
     """
     kept: list[int] = []
     product = 1.0
     for token, conf in zip(tokens, confidences):
         product *= float(conf)
-        if product < pmin:
+        if not product >= pmin:  # NaN confidences fail the gate too
             break
         kept.append(int(token))
     return kept
