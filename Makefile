@@ -27,12 +27,12 @@ run: setup
 test: setup
 	$(PY) -m pytest -q
 
-# BENCHMARKS.md, docs/bench.png and docs/bench.json in one run (~15 min on 2 quiet cores).
+# BENCHMARKS.md, docs/bench.png and docs/bench.json in one run (~10 min on 2 quiet cores).
 # The peers are optional extras, installed here only: llama-cpp-python is built from source with
 # portable SIMD flags (a native build dies with "Illegal instruction" on these CPUs; ~10 min once).
 BENCH_STAMP := $(VENV)/.tsspec-bench-extras
-BENCH_ARGS := --per-class 1 --reps 3 --oracle-acceptance 0,0.5,0.8,1 --oracle-classes qa \
-	--oracle-governor both --compare transformers,llama.cpp --compare-reps 2 --governor-check
+BENCH_ARGS := --per-class 1 --reps 2 --oracle-acceptance 0,0.5,1 --oracle-classes qa \
+	--oracle-governor both --compare transformers,llama.cpp --compare-reps 1 --governor-check --governor-reps 2
 
 $(BENCH_STAMP): $(STAMP)
 	$(PIP) install -q 'matplotlib>=3.8'

@@ -179,7 +179,7 @@ def _run_with_progress(console, plan, target, on_mismatch, on_peer_error):
     if not console.is_terminal:  # a log file: one line per run instead of a live bar
         def log_line(phase: str, done: int, total: int, text: str) -> None:
             if text:
-                console.print(f"[{phase}] {done}/{total or '?'} {text}", highlight=False)
+                console.print(f"[{phase}] {done}/{total or '?'} {text}", highlight=False, markup=False)
 
         return run_plan(plan, target, catalog=STATE.catalog, progress=log_line,
                         on_mismatch=on_mismatch, on_peer_error=on_peer_error)

@@ -50,7 +50,7 @@ POLICIES = {
     "+follow": dict(candidates=1, periodic=False, follow=True, adaptive=False),
     "+candidates4": dict(candidates=4, periodic=False, follow=False, adaptive=False),
     "+adaptive": dict(candidates=1, periodic=False, follow=False, adaptive=True),
-    "follow+adaptive": dict(candidates=1, periodic=False, follow=True, adaptive=True),
+    "default (follow+adaptive)": dict(candidates=1, periodic=False, follow=True, adaptive=True),
     "all": dict(candidates=4, periodic=True, follow=True, adaptive=True),
 }
 TABLE = """name,city,year,score
@@ -60,6 +60,8 @@ Edsger,Rotterdam,1959,93
 Barbara,Washington,1974,90
 Donald,Milwaukee,1968,95"""
 INPUT_GROUNDED = "input-grounded"
+# the bench prompt classes whose answer draws on text given in the prompt
+GROUNDED_BENCH_CLASSES = ("rewrite", "summary", "qa", "rag", "code-edit")
 FREE_PROSE = "free prose"
 
 
@@ -246,6 +248,35 @@ def summarise(rows: list[dict]) -> dict:
     }
 
 
+def bench_sequences(cache: Path | None, path: str | None) -> list[dict]:
+    """Greedy outputs for the project's benchmark prompt set (``tsspec bench``'s cases, encoded
+    the way the bench encodes them, each with its own token budget), cached by id and ids."""
+    from tsspec.bench.prompts import encode_case, load_prompt_set
+    from tsspec.modeling.embedded import embedded_model_path
+    from tsspec.runtime.generation import generate
+    from tsspec.runtime.loading import load_model
+    from tsspec.runtime.options import SpeculationOptions
+
+    cached = {d["key"]: d for d in json.loads(cache.read_text())} if cache and cache.exists() else {}
+    target = load_model(embedded_model_path())
+    out = []
+    for case in load_prompt_set(path):
+        enc = encode_case(target, case)
+        key = f"{case.id}:{hash(enc.prompt_ids)}:{enc.max_tokens}"
+        if key not in cached:
+            t0 = time.perf_counter()
+            gen = generate(target, list(enc.prompt_ids), SpeculationOptions(spec_type="ngram", adaptive=False),
+                           max_tokens=enc.max_tokens)
+            print(f"  {case.id}: {len(enc.prompt_ids)} prompt + {len(gen.tokens)} tokens in "
+                  f"{time.perf_counter() - t0:.1f}s", file=sys.stderr)
+            cached[key] = {"key": key, "name": case.id, "class": case.cls, "prompt": list(enc.prompt_ids),
+                           "output": gen.tokens, "engine": "tsspec"}
+            if cache is not None:
+                cache.write_text(json.dumps(list(cached.values())))
+        out.append(cached[key])
+    return out
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--cache", type=Path, default=None, help="JSON file for the greedy sequences")
@@ -254,14 +285,25 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--per-prompt", action="store_true", help="one line per prompt too")
     parser.add_argument("--engine", choices=("tsspec", "transformers"), default="tsspec",
                         help="what decodes missing sequences (tsspec needs the model_llama plugin)")
+    parser.add_argument("--bench-prompts", nargs="?", const="", default=None, metavar="JSONL",
+                        help="use tsspec bench's prompt set (the shipped one, or this file) instead "
+                        "of this script's prompts; results per bench class")
     args = parser.parse_args(argv)
     torch_threads = os.environ.get("TSSPEC_THREADS")
     if torch_threads:
         import torch
 
         torch.set_num_threads(int(torch_threads))
-    data = load_sequences(args.cache, args.max_new, args.engine)
-    classes = [INPUT_GROUNDED, FREE_PROSE]
+    if args.bench_prompts is None:
+        data = load_sequences(args.cache, args.max_new, args.engine)
+        classes = [INPUT_GROUNDED, FREE_PROSE]
+    else:
+        data = bench_sequences(args.cache, args.bench_prompts or None)
+        classes = sorted({d["class"] for d in data}, key=lambda c: (c not in GROUNDED_BENCH_CLASSES, c))
+    groups = {c: [c] for c in classes}
+    if args.bench_prompts is not None:
+        groups = {"grounded (" + ", ".join(c for c in classes if c in GROUNDED_BENCH_CLASSES) + ")":
+                  list(GROUNDED_BENCH_CLASSES), **groups}
     print(f"window {args.window}; {len(data)} prompts; greedy outputs of {MODEL_FILE}\n")
     print("| policy | class | acceptance | drafting steps | tokens/step | modelled speed-up | propose us |")
     print("|---|---|---|---|---|---|---|")
@@ -270,9 +312,9 @@ def main(argv: list[str] | None = None) -> None:
         for item in data:
             spec = NGramSpeculator(args.window, **kwargs)
             results[item["name"]] = (item["class"], simulate(spec, item["prompt"], item["output"], args.window))
-        for cls in classes:
-            s = summarise([r for c, r in results.values() if c == cls])
-            print(f"| {label} | {cls} | {s['acceptance']:.3f} | {s['draft_steps']:.2f} | "
+        for group, members in groups.items():
+            s = summarise([r for c, r in results.values() if c in members])
+            print(f"| {label} | {group} | {s['acceptance']:.3f} | {s['draft_steps']:.2f} | "
                   f"{s['tokens_per_step']:.2f} | {s['modelled_speedup']:.2f}x | {s['propose_us']:.1f} |")
         if args.per_prompt:
             for name, (cls, r) in results.items():
