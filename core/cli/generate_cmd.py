@@ -14,22 +14,17 @@ from .state import STATE
 
 # The built-in request of `make run`: input-grounded (it quotes its input), where n-gram pays.
 DEMO_SYSTEM = "You are a careful senior Python engineer."
-DEMO_PROMPT = '''Rewrite this function with type hints and a docstring. Keep the code otherwise identical.
+DEMO_REQUEST = "Add type hints to this function. Keep the code and the docstring otherwise identical and return the whole function."
 
-```python
-def moving_average(values, window):
-    if window <= 0:
-        raise ValueError("window must be positive")
-    result = []
-    total = 0.0
-    for index, value in enumerate(values):
-        total += value
-        if index >= window:
-            total -= values[index - window]
-        if index >= window - 1:
-            result.append(total / window)
-    return result
-```'''
+
+def demo_prompt() -> str:
+    """The request with its input: a real function from the standard library."""
+    import inspect
+    import textwrap
+
+    return f"{DEMO_REQUEST}\n\n```python\n{inspect.getsource(textwrap.indent)}```"
+
+
 DEMO_MAX_TOKENS = 200
 
 
@@ -98,7 +93,7 @@ def generate(
         spec_type = spec_type or "ngram"
         chat, system = True, system or DEMO_SYSTEM
         max_tokens = DEMO_MAX_TOKENS if max_tokens == 128 else max_tokens
-        text = DEMO_PROMPT if prompt is None and prompt_file is None else _read_prompt(prompt, prompt_file)
+        text = demo_prompt() if prompt is None and prompt_file is None else _read_prompt(prompt, prompt_file)
     else:
         text = _read_prompt(prompt, prompt_file)
     options = flags.speculation_options(spec, spec_type, spec_draft, spec_pmin, spec_draft_model, draft_model, spec_adaptive)
@@ -116,7 +111,7 @@ def generate(
 
         plain = run_generate(target, prompt_value, attrs.evolve(options, enabled=False), max_tokens=max_tokens,
                              sampling=sampling, stop=stop or (), chat=chat, system=system)
-        typer.echo(f"[demo] {DEMO_PROMPT.splitlines()[0]}\n", err=True)
+        typer.echo(f"[demo] {DEMO_REQUEST} (textwrap.indent)\n", err=True)
 
     def on_token(tok: int, piece: str):
         if piece:
