@@ -191,15 +191,24 @@ def load_sequences(cache: Path | None, max_new: int, engine: str) -> list[dict]:
     return [dict(cached[p[2]], name=p[0], **{"class": p[1]}) for p in prompts()]
 
 
-def verify_ms(rows: int) -> float:
+def verify_ms(rows: int, table: tuple[tuple[int, float], ...] | None = None) -> float:
     """The modelled cost of one forward of ``rows`` rows (linear between measured points)."""
-    for (r0, m0), (r1, m1) in zip(ROW_MS, ROW_MS[1:]):
+    table = table or ROW_MS
+    for (r0, m0), (r1, m1) in zip(table, table[1:]):
         if rows <= r1:
             return m0 + (m1 - m0) * (max(rows, r0) - r0) / (r1 - r0)
-    return ROW_MS[-1][1]
+    return table[-1][1]
 
 
-def simulate(speculator, prompt: list[int], output: list[int], window: int) -> dict:
+def parse_row_ms(text: str) -> tuple[tuple[int, float], ...]:
+    """``"1:50,2:95,4:76"`` -> ((1, 50.0), (2, 95.0), (4, 76.0))."""
+    pairs = sorted((int(r), float(ms)) for r, ms in (item.split(":") for item in text.split(",")))
+    if len(pairs) < 2 or pairs[0][0] != 1:
+        raise SystemExit("--row-ms needs at least two points, starting at 1 row")
+    return tuple(pairs)
+
+
+def simulate(speculator, prompt: list[int], output: list[int], window: int, row_ms=None) -> dict:
     """Replay the shared loop's calls under greedy acceptance; count what the drafts earn."""
     speculator.reset()
     speculator.commit(prompt, None, 0)  # prefill
@@ -221,7 +230,7 @@ def simulate(speculator, prompt: list[int], output: list[int], window: int) -> d
         while good < len(draft) and draft[good] == truth[good]:
             good += 1
         steps += 1
-        spec_ms += verify_ms(len(draft) + 1)
+        spec_ms += verify_ms(len(draft) + 1, row_ms)
         if draft:
             drafts += 1
             drafted += len(draft)
@@ -232,7 +241,7 @@ def simulate(speculator, prompt: list[int], output: list[int], window: int) -> d
     decoded = len(output) - 1
     return {
         "drafts": drafts, "drafted": drafted, "accepted": accepted, "steps": steps,
-        "decoded": decoded, "spec_ms": spec_ms, "plain_ms": decoded * verify_ms(1),
+        "decoded": decoded, "spec_ms": spec_ms, "plain_ms": decoded * verify_ms(1, row_ms),
         "propose_us": 1e6 * propose_s / max(1, steps),
     }
 
@@ -285,6 +294,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--per-prompt", action="store_true", help="one line per prompt too")
     parser.add_argument("--engine", choices=("tsspec", "transformers"), default="tsspec",
                         help="what decodes missing sequences (tsspec needs the model_llama plugin)")
+    parser.add_argument("--row-ms", type=parse_row_ms, default=None, metavar="R:MS,...",
+                        help="the forward cost by rows to model speed with (default: the measured "
+                        "CPU figures of reference/cpu-measurements.md)")
     parser.add_argument("--bench-prompts", nargs="?", const="", default=None, metavar="JSONL",
                         help="use tsspec bench's prompt set (the shipped one, or this file) instead "
                         "of this script's prompts; results per bench class")
@@ -311,7 +323,7 @@ def main(argv: list[str] | None = None) -> None:
         results = {}
         for item in data:
             spec = NGramSpeculator(args.window, **kwargs)
-            results[item["name"]] = (item["class"], simulate(spec, item["prompt"], item["output"], args.window))
+            results[item["name"]] = (item["class"], simulate(spec, item["prompt"], item["output"], args.window, args.row_ms))
         for group, members in groups.items():
             s = summarise([r for c, r in results.values() if c in members])
             print(f"| {label} | {group} | {s['acceptance']:.3f} | {s['draft_steps']:.2f} | "
