@@ -245,6 +245,15 @@ def _markdown(report: BenchReport, plot_path: str | None) -> list[str]:
     if plot_path:
         lines += ["## Plot", "", f"![speed-up per prompt class and oracle sweep]({plot_path})", ""]
     lines += _reading(report)
+    lines += [
+        "## Component figures",
+        "",
+        "Figures of single components (model loaders against transformers, the per-row "
+        "snapshot path of the hybrid trunk, draft-head calls per step, DFlash block cost, the "
+        "n-gram index, the real-model lossless study) are measured by their own scripts and kept "
+        "with their commands in [docs/figures.md](docs/figures.md).",
+        "",
+    ]
     return lines
 
 

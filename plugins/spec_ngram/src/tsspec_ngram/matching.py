@@ -57,10 +57,16 @@ from typing import NamedTuple, Sequence
 DEFAULT_MIN_ORDER = 2
 DEFAULT_MAX_ORDER = 8
 EXTENDED_MATCH = 32  # how far back candidates and the follow source are compared
-# adaptive: a match shorter than LONG_MATCH tokens is "short" (one shared bigram: right about half
-# the time on grounded text, a quarter on prose); short-match drafts get a budget that feedback
-# sets, starting at SHORT_DRAFT_START and never below SHORT_DRAFT_MIN
+# adaptive: a match shorter than LONG_MATCH tokens is "short" (one shared bigram: its first token
+# is right about half the time on grounded text, a quarter on prose). Short matches draft only
+# while a running rate of their first token being right (SHORT_RATE_WEIGHT per sample, starting
+# at SHORT_RATE_START; drafts withheld are still scored) is at least SHORT_GATE, and then at most
+# a budget that feedback sets (SHORT_DRAFT_START, doubled when all landed, else what landed + 1,
+# never below SHORT_DRAFT_MIN).
 LONG_MATCH = 3
+SHORT_GATE = 0.35
+SHORT_RATE_WEIGHT = 0.2
+SHORT_RATE_START = 0.5
 SHORT_DRAFT_START = 4
 SHORT_DRAFT_MIN = 1
 SHORT_DRAFT_MAX = 64
@@ -314,7 +320,9 @@ class NGramDrafter:
         self._match = Match(0, 0)  # the match behind the last draft
         self._draft: list[int] = []  # the last draft, while its fate is unknown
         self._short = False  # was it drawn from a short match?
+        self._shadow = False  # was it withheld (scored, never proposed)?
         self._short_budget = SHORT_DRAFT_START  # tokens a short-match draft may have
+        self._short_rate = SHORT_RATE_START  # running rate of short-match first tokens landing
 
     def reset(self) -> None:
         self.index.clear()
@@ -409,9 +417,10 @@ class NGramDrafter:
         return found
 
     def _learn(self) -> None:
-        """With ``adaptive``: how much of the last short-match draft landed sets the next
-        short-match budget (all of it: double, up to any count; else what landed plus one)."""
+        """With ``adaptive``: score the last short-match draft (proposed or withheld) by what
+        landed after it; see the constants at the top of the module."""
         draft, self._draft = self._draft, []
+        shadow, self._shadow = self._shadow, False
         if not (self.adaptive and draft and self._short):
             return
         toks, start = self.index.tokens, self._source_end
@@ -420,6 +429,9 @@ class NGramDrafter:
         landed = 0
         while landed < len(draft) and start + landed < len(toks) and toks[start + landed] == draft[landed]:
             landed += 1
+        self._short_rate += SHORT_RATE_WEIGHT * ((landed > 0) - self._short_rate)
+        if shadow:
+            return
         if landed == len(draft):
             self._short_budget = min(SHORT_DRAFT_MAX, 2 * self._short_budget)
         else:
@@ -439,6 +451,11 @@ class NGramDrafter:
         self._match = found
         self._short = found.length < LONG_MATCH
         if self.adaptive and self._short:
+            if self._short_rate < SHORT_GATE:
+                # withheld: its first token is still scored next time, so the gate reopens
+                # when short matches start to land again
+                self._draft, self._shadow = continuation(toks, found.pos, 1, periodic=False), True
+                return []
             count = min(count, self._short_budget)
         self._draft = continuation(toks, found.pos, count, periodic=self.periodic)
         return self._draft
