@@ -6,6 +6,8 @@ can flip between the plain and the speculative run (in float32 it can: cpu-measu
 
 from __future__ import annotations
 
+import os
+
 import pytest
 import torch
 
@@ -25,7 +27,7 @@ MESSAGE = (
 
 
 @pytest.fixture(scope="module")
-def embedded():
+def embedded(tmp_path_factory):
     pytest.importorskip("tsspec_model_llama")
     from tsspec.errors import ModelLoadError
     from tsspec.modeling.embedded import embedded_model_path
@@ -35,10 +37,18 @@ def embedded():
         path = embedded_model_path()
     except ModelLoadError as exc:
         pytest.skip(str(exc))
-    previous = torch.get_num_threads()
+    previous_threads = torch.get_num_threads()
+    previous_cache = os.environ.get("TSSPEC_CACHE_DIR")
     torch.set_num_threads(1)  # a second OpenMP thread only spins on a busy 2-core machine
-    yield load_model(path, dtype="float64")
-    torch.set_num_threads(previous)
+    os.environ["TSSPEC_CACHE_DIR"] = str(tmp_path_factory.mktemp("weight-cache"))  # never ~/.cache
+    try:
+        yield load_model(path, dtype="float64")
+    finally:
+        torch.set_num_threads(previous_threads)
+        if previous_cache is None:
+            os.environ.pop("TSSPEC_CACHE_DIR", None)
+        else:
+            os.environ["TSSPEC_CACHE_DIR"] = previous_cache
 
 
 @pytest.mark.parametrize(

@@ -302,20 +302,21 @@ def test_draft_never_exceeds_count():
 
 
 def test_adaptive_budget_for_short_matches_follows_what_landed():
-    from tsspec_ngram.matching import SHORT_DRAFT_START
+    from tsspec_ngram.matching import SHORT_DRAFT_MIN, SHORT_DRAFT_START
 
-    assert SHORT_DRAFT_START == 4
-    history = [1, 2, 10, 11, 12, 13, 14, 15, 16, 17, 9, 1, 2]  # only the bigram (1, 2) repeats
+    assert (SHORT_DRAFT_START, SHORT_DRAFT_MIN) == (4, 3)
+    source = [10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21]
+    history = [1, 2, *source, 9, 1, 2]  # only the bigram (1, 2) repeats
     drafter = NGramDrafter(adaptive=True)
-    assert drafter.propose(history, 8) == [10, 11, 12, 13]  # a short match: the starting budget
-    history += [10, 99]  # one drafted token landed, then the target's own token
-    assert drafter.propose(history, 8) == []  # (10, 99) is new; the budget became 1 + 1
-    history += [1, 2]
-    assert drafter.propose(history, 8) == [10, 99]
-    history += [10, 99, 5]  # both landed: the budget doubles
-    drafter.propose(history, 8)
-    history += [3, 1, 2]
-    assert len(drafter.propose(history, 8)) == 4
+    assert drafter.propose(history, 12) == [10, 11, 12, 13]  # a short match: the starting budget
+    history += [10, 11, 12, 13, 14]  # all four landed, and a bonus token: the budget doubles
+    drafter.propose(history, 12)
+    history += [99, 1, 2]
+    assert drafter.propose(history, 12) == [10, 11, 12, 13, 14, 99, 1, 2]  # budget 8, cut at the end
+    history += [10, 77]  # one landed, then the target's own token: budget max(3, 1 + 1)
+    drafter.propose(history, 12)
+    history += [5, 1, 2]
+    assert drafter.propose(history, 12) == [10, 77, 5]
     # long matches always get the full count
     long = [4, 1, 2, 7, 7, 7, 7, 7, 7, 7, 7, 0, 4, 1, 2]
     assert NGramDrafter(adaptive=True).propose(long, 8) == [7] * 8

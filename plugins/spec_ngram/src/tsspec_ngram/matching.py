@@ -40,8 +40,8 @@ Beyond the plain form (each measured, see the package README and ``scripts/accep
   occurrence of a short suffix, which is often somewhere else.
 * ``adaptive``: a draft resting on a short match (a single shared bigram) is right about half
   the time on grounded text and a quarter on prose, so its length is a budget learnt from how
-  much of the previous short-match draft landed (all: double it; else what landed plus one).
-  Long matches always get the full window.
+  much of the previous short-match draft landed (all: double it; else what landed plus one,
+  at least 3). Long matches always get the full window.
 * ``candidates > 1``: several continuations per key; among the re-checked ones take the
   longest backward match (up to ``EXTENDED_MATCH``), most recent on a tie.
 * ``periodic``: the self-referential continuation above.
@@ -58,17 +58,14 @@ DEFAULT_MIN_ORDER = 2
 DEFAULT_MAX_ORDER = 8
 EXTENDED_MATCH = 32  # how far back candidates and the follow source are compared
 # adaptive: a match shorter than LONG_MATCH tokens is "short" (one shared bigram: its first token
-# is right about half the time on grounded text, a quarter on prose). Short matches draft only
-# while a running rate of their first token being right (SHORT_RATE_WEIGHT per sample, starting
-# at SHORT_RATE_START; drafts withheld are still scored) is at least SHORT_GATE, and then at most
-# a budget that feedback sets (SHORT_DRAFT_START, doubled when all landed, else what landed + 1,
-# never below SHORT_DRAFT_MIN).
+# is right about half the time on grounded text, a quarter on prose). A short-match draft gets a
+# budget that feedback sets: SHORT_DRAFT_START, doubled when all of the last one landed, else
+# what landed + 1, never below SHORT_DRAFT_MIN. The floor of 3 keeps a verify at 4 rows: on CPU
+# trunks 2-3 rows can cost as much as 4 (and more with some GEMM kernels), so shorter drafts
+# save nothing there; scripts/acceptance.py --row-ms compares cost profiles.
 LONG_MATCH = 3
-SHORT_GATE = 0.35
-SHORT_RATE_WEIGHT = 0.2
-SHORT_RATE_START = 0.5
 SHORT_DRAFT_START = 4
-SHORT_DRAFT_MIN = 1
+SHORT_DRAFT_MIN = 3
 SHORT_DRAFT_MAX = 64
 PMIN_ORDER_SCALE = 8  # --spec-pmin p asks for a match of ceil(p * 8) tokens (clamped to the orders)
 
@@ -320,9 +317,8 @@ class NGramDrafter:
         self._match = Match(0, 0)  # the match behind the last draft
         self._draft: list[int] = []  # the last draft, while its fate is unknown
         self._short = False  # was it drawn from a short match?
-        self._shadow = False  # was it withheld (scored, never proposed)?
         self._short_budget = SHORT_DRAFT_START  # tokens a short-match draft may have
-        self._short_rate = SHORT_RATE_START  # running rate of short-match first tokens landing
+
 
     def reset(self) -> None:
         self.index.clear()
@@ -417,10 +413,9 @@ class NGramDrafter:
         return found
 
     def _learn(self) -> None:
-        """With ``adaptive``: score the last short-match draft (proposed or withheld) by what
-        landed after it; see the constants at the top of the module."""
+        """With ``adaptive``: how much of the last short-match draft landed sets the next
+        short-match budget (see the constants at the top of the module)."""
         draft, self._draft = self._draft, []
-        shadow, self._shadow = self._shadow, False
         if not (self.adaptive and draft and self._short):
             return
         toks, start = self.index.tokens, self._source_end
@@ -429,9 +424,6 @@ class NGramDrafter:
         landed = 0
         while landed < len(draft) and start + landed < len(toks) and toks[start + landed] == draft[landed]:
             landed += 1
-        self._short_rate += SHORT_RATE_WEIGHT * ((landed > 0) - self._short_rate)
-        if shadow:
-            return
         if landed == len(draft):
             self._short_budget = min(SHORT_DRAFT_MAX, 2 * self._short_budget)
         else:
@@ -451,11 +443,6 @@ class NGramDrafter:
         self._match = found
         self._short = found.length < LONG_MATCH
         if self.adaptive and self._short:
-            if self._short_rate < SHORT_GATE:
-                # withheld: its first token is still scored next time, so the gate reopens
-                # when short matches start to land again
-                self._draft, self._shadow = continuation(toks, found.pos, 1, periodic=False), True
-                return []
             count = min(count, self._short_budget)
         self._draft = continuation(toks, found.pos, count, periodic=self.periodic)
         return self._draft

@@ -17,6 +17,9 @@ State and the loop's calls:
 * ``propose(ctx)`` first syncs the index with ``ctx.history`` (the authority; ends with
   ``ctx.last_token``, which is not committed yet), usually by appending that one token, then
   looks the suffix up: O(1) in the history length.
+
+Policy (``follow``, ``adaptive``; ``candidates``, ``periodic`` off) is explained in
+``matching.py``; ``SpeculationOptions.extra["ngram"]`` overrides any of ``SETTING_KEYS``.
 """
 
 from __future__ import annotations
@@ -37,8 +40,9 @@ DEFAULT_MIN_DRAFT_PROB = 0.0
 DEFAULT_WINDOW = 8  # used only when no options object is given
 # Policy defaults, from scripts/acceptance.py on the embedded model's greedy outputs (README):
 # follow raised input-grounded acceptance 0.585 -> 0.604 at equal cost; adaptive short-match
-# budgets raised it to 0.732 (prose 0.205 -> 0.416) for a modelled CPU speed-up 2.45x -> 2.54x;
-# several candidates per key gained nothing over follow, so one is kept (cheaper).
+# budgets raised it to 0.710 (bench prompts 0.277 -> 0.408) for a modelled CPU speed-up
+# 2.45x -> 2.53x (bench grounded 1.34x -> 1.38x); several candidates per key gained nothing
+# over follow, so one is kept (cheaper).
 DEFAULT_CANDIDATES = 1
 DEFAULT_PERIODIC = False  # no gain measured (acceptance -0.2 points): kept as an option
 DEFAULT_FOLLOW = True
