@@ -44,6 +44,9 @@ SMALL_OP_ROWS = 16  # calls of up to this many rows (decode, verify) run small o
 OUTPUT_DEVICE = torch.device("cpu")
 
 
+# CPU GEMMs with 2-3 rows take a slower path than 4 rows; shorter verifies are padded to this
+MIN_FAST_GEMM_ROWS = 4
+
 class _Layer:
     """One block's prepared tensors (plain attributes: the hot loop reads them directly)."""
 
@@ -178,6 +181,17 @@ class LlamaTarget:
             v[:, :, : self._seq_len] = self._v[:, :, : self._seq_len]
         self._k, self._v, self._capacity = k, v, capacity
 
+    def _gemm_padding(self, rows: int) -> int:
+        """Rows to add so a short multi-row forward runs at the faster GEMM shape (CPU only;
+        measured on the embedded model: 2 rows 100 ms, 3 rows 123 ms, 4 rows 82 ms)."""
+        if self.device.type != "cpu" or not 1 < rows < MIN_FAST_GEMM_ROWS:
+            return 0
+        pad = MIN_FAST_GEMM_ROWS - rows
+        if self._seq_len + rows + pad > self.max_context_length:
+            return 0
+        self.spec_ensure_capacity(self._seq_len + rows + pad)
+        return pad
+
     def spec_rewind_cache(self, length: int) -> None:
         if not 0 <= length <= self._seq_len:
             raise ValueError(f"cannot rewind a cache of {self._seq_len} tokens to {length}")
@@ -306,9 +320,21 @@ class LlamaTarget:
         self, tokens: Sequence[int], *, all_logits_rows: bool, want_hidden: bool
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """logits [rows or 1, vocab] float32; hidden [rows, spec_feature_size] float32 or None."""
-        x, tapped = self.forward_residual(tokens)
+        rows = len(tokens)
+        pad = self._gemm_padding(rows) if all_logits_rows else 0
+        if pad:
+            # 2-3 row GEMMs are slower than 4-row ones on CPU: run the rows (LM head included)
+            # with copies of the last token behind them (causal: the real rows never see them),
+            # then drop those rows and their KV entries
+            x, tapped = self.forward_residual([*tokens, *([tokens[-1]] * pad)])
+            self._seq_len -= pad
+        else:
+            x, tapped = self.forward_residual(tokens)
         normed = F.rms_norm(x if all_logits_rows else x[-1:], self._norm_shape, self._output_norm, self._eps)
         logits = F.linear(normed.to(self.dtype), self._lm_head).to(OUTPUT_DEVICE, torch.float32)
+        if pad:
+            x, normed, logits = x[:rows], normed[:rows], logits[:rows]
+            tapped = [t[:rows] for t in tapped]
         hidden = None
         if want_hidden:
             if self._taps is not None:
