@@ -13,3 +13,15 @@ def _clean_spec_env(monkeypatch):
     for name in list(os.environ):
         if name.startswith(("TS_SPEC_", "TS_MTP_", "TSSPEC_")):
             monkeypatch.delenv(name, raising=False)
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _one_torch_thread():
+    """The toy targets' tiny tensors only pay for torch's intra-op thread wake-ups, which on
+    2 busy cores made them ~10x slower. One thread for the cross-package suite, restored after."""
+    import torch
+
+    previous = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(previous)

@@ -5,19 +5,11 @@ from __future__ import annotations
 import json
 
 import pytest
-import torch
 
 from tsspec.bench.report import break_even_acceptance
 from tsspec.bench.summary import SummaryRow
 from tsspec.cli.app import main
 
-
-@pytest.fixture(autouse=True)
-def _one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 @pytest.fixture

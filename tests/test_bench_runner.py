@@ -13,14 +13,6 @@ from tsspec.runtime.options import SpeculationOptions
 from tsspec.testing import ToyTarget
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    """The toy's tiny float64 matmuls only pay thread wake-ups on a busy machine."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
 
 def _cases(target, n=2, prompt_len=24, max_tokens=20, classes=("a", "b")):
     out = []

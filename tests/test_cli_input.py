@@ -23,17 +23,6 @@ PROMPT = "the cat sat on the mat. the cat sat on the hat."
 N = 12
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_torch_thread():
-    """Tiny tensors: torch's intra-op threads only contend for the CPU (10x slower on 2 busy
-    cores). One thread for this module, restored after."""
-    import torch
-
-    previous = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(previous)
-
 
 @pytest.fixture
 def cli(monkeypatch, tmp_path, capsys):

@@ -294,17 +294,6 @@ def catalog():
     return build_catalog(PluginHost())
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_torch_thread():
-    """Tiny tensors: torch's intra-op threads only contend for the CPU (10x slower on 2 busy
-    cores). One thread for this module, restored after."""
-    import torch
-
-    previous = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(previous)
-
 
 @pytest.fixture(autouse=True)
 def _no_weight_cache(_clean_spec_env, monkeypatch):

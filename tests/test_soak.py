@@ -73,17 +73,6 @@ ALGORITHM_WEIGHTS = {"block": 0.5}
 BLOCK_DRAFTER = dict(hidden_size=16, mask_token_id=31, num_layers=1, block_size=6, sliding_window=8)
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_torch_thread():
-    """Tiny tensors: torch's intra-op threads only contend for the CPU (10x slower on 2 busy
-    cores). One thread for this module, restored after."""
-    import torch
-
-    previous = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(previous)
-
 
 def rss_bytes() -> int:
     with open("/proc/self/statm") as fh:
