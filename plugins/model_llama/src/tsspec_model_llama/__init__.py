@@ -4,18 +4,36 @@ Registers ``load_llama`` for ``general.architecture == "llama"`` (SmolLM, Llama 
 other files llama.cpp converts to the ``llama`` architecture). The target it returns,
 ``LlamaTarget``, implements ``tsspec.protocols.SpeculativeTarget`` and exposes ``embed``,
 ``final_norm``, ``lm_head`` and feature taps for drafters.
+
+Importing this package stays cheap (no torch): the loader and the target load on first use, so
+``tsspec plugins`` does not pay for the model code.
 """
 
 from __future__ import annotations
 
+import importlib
+from typing import Any
+
 from tsspec.hookspecs import hookimpl
 
-from .loader import ARCHITECTURES, load_llama
-from .target import LlamaTarget
+ARCHITECTURES = ["llama"]
+_LAZY = {"LlamaTarget": ".target", "load_llama": ".loader"}
 
 __all__ = ["LlamaTarget", "load_llama", "ARCHITECTURES"]
 
 
+def __getattr__(name: str) -> Any:
+    if name not in _LAZY:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(importlib.import_module(_LAZY[name], __name__), name)
+
+
+def _load(gguf_path, options):
+    from .loader import load_llama
+
+    return load_llama(gguf_path, options)
+
+
 @hookimpl
 def tsspec_register_models(register):
-    register(list(ARCHITECTURES), load_llama)
+    register(list(ARCHITECTURES), _load)

@@ -23,8 +23,8 @@ from tsspec.modeling.tokenizer import from_gguf
 from .hparams import read_hparams
 from .target import LlamaTarget
 from .weights import load_weights
+from . import ARCHITECTURES
 
-ARCHITECTURES = ["llama"]
 DTYPES = {
     "float32": torch.float32, "fp32": torch.float32, "f32": torch.float32,
     "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,

@@ -1,19 +1,33 @@
 """tsspec-draft-head: the ``draft-head`` speculation algorithm for per-token learned drafters
 (NextN / MTP, EAGLE-shaped heads). Registered through the ``tsspec`` entry point ``draft-head``.
+
+Importing this package stays cheap (no torch): the speculator's modules load on first use.
 """
 
-from .confidence import GATE_TOP_K, passes_gate, top1_over_topk
-from .plugin import make_draft_head, tsspec_register_speculators
-from .speculator import FOLD_ENV, DraftHeadSpeculator, HeadCallCounters, fold_enabled
+from __future__ import annotations
 
-__all__ = [
-    "DraftHeadSpeculator",
-    "HeadCallCounters",
-    "make_draft_head",
-    "top1_over_topk",
-    "passes_gate",
-    "fold_enabled",
-    "GATE_TOP_K",
-    "FOLD_ENV",
-    "tsspec_register_speculators",
-]
+import importlib
+from typing import Any
+
+from .plugin import tsspec_register_speculators
+
+_LAZY = {
+    "GATE_TOP_K": ".confidence",
+    "passes_gate": ".confidence",
+    "top1_over_topk": ".confidence",
+    "make_draft_head": ".plugin",
+    "FOLD_ENV": ".speculator",
+    "DraftHeadSpeculator": ".speculator",
+    "HeadCallCounters": ".speculator",
+    "fold_enabled": ".speculator",
+}
+
+__all__ = [*_LAZY, "tsspec_register_speculators"]
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _LAZY:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(importlib.import_module(_LAZY[name], __name__), name)
+
+

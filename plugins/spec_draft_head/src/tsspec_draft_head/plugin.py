@@ -7,11 +7,16 @@ head attached to it) and sizes the speculator from the options; everything else 
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from tsspec.hookspecs import hookimpl
 from tsspec.protocols import DraftHeadKind, SpeculatorDeclined
 from tsspec.runtime.options import SpeculationOptions
 
-from .speculator import ALGORITHM, DEFAULT_MIN_DRAFT_PROB, DraftHeadSpeculator
+if TYPE_CHECKING:  # the speculator needs torch: imported when a speculator is made, not at start-up
+    from .speculator import DraftHeadSpeculator
+
+ALGORITHM = "draft-head"
 
 DESCRIPTION = (
     "per-token learned drafter (NextN / MTP, EAGLE-shaped): chains the checkpoint's draft head "
@@ -19,8 +24,10 @@ DESCRIPTION = (
 )
 
 
-def make_draft_head(target, options: SpeculationOptions | None = None) -> DraftHeadSpeculator:
+def make_draft_head(target, options: SpeculationOptions | None = None) -> "DraftHeadSpeculator":
     """A DraftHeadSpeculator over ``target.draft_head``, or SpeculatorDeclined saying why not."""
+    from .speculator import DEFAULT_MIN_DRAFT_PROB, DraftHeadSpeculator
+
     options = options if options is not None else SpeculationOptions()
     head = getattr(target, "draft_head", None)
     if head is None:

@@ -32,8 +32,8 @@ import torch
 from tsspec.runtime.registry import DEFAULT_PMIN
 
 from .confidence import passes_gate, top1_over_topk
+from .plugin import ALGORITHM
 
-ALGORITHM = "draft-head"
 DEFAULT_MIN_DRAFT_PROB = DEFAULT_PMIN[ALGORITHM]  # 0.75: --spec-pmin for a per-token head
 FOLD_ENV = "TS_MTP_FOLD_CATCHUP"
 _OFF = {"0", "false", "no", "off"}
