@@ -45,6 +45,16 @@ Adaptive = Annotated[
 ]
 
 
+Temperature = Annotated[Optional[float], typer.Option("--temperature", help="0 = greedy (the default).", rich_help_panel=SAMPLING_PANEL)]
+TopK = Annotated[Optional[int], typer.Option("--top-k", rich_help_panel=SAMPLING_PANEL)]
+TopP = Annotated[Optional[float], typer.Option("--top-p", rich_help_panel=SAMPLING_PANEL)]
+MinP = Annotated[Optional[float], typer.Option("--min-p", rich_help_panel=SAMPLING_PANEL)]
+RepeatPenalty = Annotated[Optional[float], typer.Option("--repeat-penalty", rich_help_panel=SAMPLING_PANEL)]
+Seed = Annotated[Optional[int], typer.Option("--seed", rich_help_panel=SAMPLING_PANEL)]
+Device = Annotated[str, typer.Option("--device", help="cpu or cuda.")]
+Dtype = Annotated[Optional[str], typer.Option("--dtype", help="float32 (default on cpu), float16, bfloat16.")]
+
+
 def speculation_options(
     spec: bool | None,
     spec_type: str | None,
