@@ -25,16 +25,11 @@ N = 12
 
 
 @pytest.fixture
-def cli(monkeypatch, tmp_path, capsys):
+def cli(monkeypatch, tmp_path, capsys, cli_state):
     """run(*argv, stdin=None) -> (exit code, stdout, stderr); global state restored after and
     no config file of the machine's user is read."""
     from tsspec.cli import app as cli_app
-    from tsspec.cli.state import STATE
-    from tsspec.runtime import defaults
 
-    monkeypatch.setattr(defaults, "_catalog", defaults._catalog)
-    for field in ("config_path", "config", "controls", "debug", "catalog"):
-        monkeypatch.setattr(STATE, field, getattr(STATE, field))
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "no-user-config"))
 

@@ -585,15 +585,11 @@ def test_hypothesis_load_model(seed, seed_dir, llama_catalog):
 
 
 @pytest.fixture
-def cli(monkeypatch, catalog):
+def cli(monkeypatch, catalog, cli_state):
     """Run tsspec's main() in-process with the module's catalog (no re-import of plugins)."""
     from tsspec.cli import app as cli_app
-    from tsspec.cli.state import STATE
     from tsspec.runtime import defaults
 
-    monkeypatch.setattr(defaults, "_catalog", defaults._catalog)
-    for field in ("config_path", "config", "controls", "debug", "catalog"):
-        monkeypatch.setattr(STATE, field, getattr(STATE, field))
     monkeypatch.setattr(defaults, "configure", lambda controls=None: catalog)
 
     def run(*argv):
@@ -623,14 +619,10 @@ def test_cli_reports_corrupt_files_in_one_line(seed, seed_dir, cli, capsys):
             assert "Traceback" not in err
 
 
-def test_cli_debug_shows_the_traceback(seed, seed_dir, monkeypatch, catalog):
+def test_cli_debug_shows_the_traceback(seed, seed_dir, monkeypatch, catalog, cli_state):
     from tsspec.cli import app as cli_app
-    from tsspec.cli.state import STATE
     from tsspec.runtime import defaults
 
-    monkeypatch.setattr(defaults, "_catalog", defaults._catalog)
-    for field in ("config_path", "config", "controls", "debug", "catalog"):
-        monkeypatch.setattr(STATE, field, getattr(STATE, field))
     monkeypatch.setattr(defaults, "configure", lambda controls=None: catalog)
     path = seed_dir / "debug.gguf"
     path.write_bytes(seed[0][:64])

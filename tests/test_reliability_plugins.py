@@ -390,16 +390,11 @@ def installed_evil(tmp_path, monkeypatch):
 
 
 @pytest.fixture
-def cli(monkeypatch, tmp_path):
+def cli(monkeypatch, tmp_path, cli_state):
     """tsspec's main() in-process; global state (default catalog, CLI state) restored after;
     no config file of the machine's user is read."""
     from tsspec.cli import app as cli_app
-    from tsspec.cli.state import STATE
-    from tsspec.runtime import defaults
 
-    monkeypatch.setattr(defaults, "_catalog", defaults._catalog)
-    for field in ("config_path", "config", "controls", "debug", "catalog"):
-        monkeypatch.setattr(STATE, field, getattr(STATE, field))
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "no-user-config"))
 
