@@ -7,7 +7,7 @@ included, what a user waits for) and decode-only tok/s (after the first token; t
 first-token time comes from a streamer). Also: the warm-cache load time of our loader, in this
 process and in a fresh interpreter (imports included).
 
-    python scripts/bench_llama_vs_transformers.py            # the embedded model, float32
+    python scripts/bench_llama_vs_transformers.py            # the embedded model, default weights
     python scripts/bench_llama_vs_transformers.py --dtypes float32,float16 --threads 1 --json
 
 With several ``--dtypes`` every round runs each of our variants and transformers, in an order
@@ -97,7 +97,7 @@ def main(argv=None) -> int:
     parser.add_argument("--tokens", type=int, default=96)
     parser.add_argument("--runs", type=int, default=5)
     parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
-    parser.add_argument("--dtypes", default="float32", help="our matmul dtypes, comma-separated")
+    parser.add_argument("--dtypes", default="auto", help="our weight modes, comma-separated: auto (the default: quantised blocks on the CPU), float32, float16, bfloat16")
     parser.add_argument("--request", default=DEFAULT_REQUEST)
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args(argv)

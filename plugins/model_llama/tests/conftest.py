@@ -46,15 +46,18 @@ def make_hf_llama(seed: int = 0, **overrides):
 
 @pytest.fixture
 def tiny(tmp_path):
-    """tiny(**config_overrides, dtype=None, rope_freqs=None) -> (hf_model, target, gguf_path)."""
+    """tiny(**config_overrides, dtype=None, rope_freqs=None, quantize=None) -> (hf_model, target,
+    gguf_path); ``quantize`` as ``write_llama_gguf`` takes it."""
     from tsspec_model_llama import load_llama
     from tsspec_model_llama.convert import write_llama_gguf
 
     counter = iter(range(1000))
 
-    def build(*, dtype=None, rope_freqs=None, seed=0, **overrides):
+    def build(*, dtype=None, rope_freqs=None, seed=0, quantize=None, **overrides):
         model = make_hf_llama(seed, **overrides)
-        path = write_llama_gguf(tmp_path / f"tiny{next(counter)}.gguf", model, rope_freqs=rope_freqs)
+        path = write_llama_gguf(
+            tmp_path / f"tiny{next(counter)}.gguf", model, rope_freqs=rope_freqs, quantize=quantize
+        )
         return model, load_llama(path, {"dtype": dtype}), path
 
     return build

@@ -3,6 +3,8 @@ contract: incremental decode, multi-row verify, rewind, capacity growth, taps, d
 
 from __future__ import annotations
 
+import os
+
 import pytest
 import torch
 
@@ -231,3 +233,65 @@ def test_thread_policy_restores_the_thread_count(tiny):
         assert torch.allclose(a, b, atol=1e-5, rtol=0) and torch.get_num_threads() == 2
     finally:
         torch.set_num_threads(before)
+
+
+QUANTISED = {
+    "q8_0": {"*": "Q8_0"},
+    "q4_1 + q8_0 v (widened)": {"attn_v": "Q8_0", "*": "Q4_1"},
+    "q4_0, f32 head": {"token_embd": "F32", "output": "F32", "*": "Q4_0"},
+}
+
+
+@pytest.mark.parametrize("scheme", list(QUANTISED))
+def test_block_weights_match_dense_weights_and_transformers(tiny, scheme):
+    """Quantised files keep their blocks by default; the block kernel gives the dense float32
+    path's logits (which match transformers loading the same GGUF), and multi-row calls give
+    one-row calls' rows."""
+    from gguf import GGMLQuantizationType as T
+
+    from tsspec.modeling.qlinear import native_available
+    from tsspec_model_llama import load_llama
+
+    if not native_available():
+        pytest.skip("the block kernel was not built")
+    quantize = {frag: T[name] for frag, name in QUANTISED[scheme].items()}
+    _, blocks, path = tiny(quantize=quantize)
+    dense = load_llama(path, {"dtype": "float32"})
+    assert blocks.config.extra["weights"] == "blocks" and dense.config.extra["weights"] == "dense"
+    ids = prompt(20)
+    got, hidden = blocks.spec_forward(ids, all_logits_rows=True, want_hidden=True)
+    expected, expected_hidden = dense.spec_forward(ids, all_logits_rows=True, want_hidden=True)
+    assert_close(got, expected, tol=1e-5)
+    assert_close(hidden, expected_hidden, tol=1e-5)
+    transformers = pytest.importorskip("transformers")
+    pytest.importorskip("accelerate")
+    hf = transformers.AutoModelForCausalLM.from_pretrained(
+        os.path.dirname(path), gguf_file=os.path.basename(path), dtype=torch.float32
+    ).eval()
+    with torch.no_grad():
+        assert_close(got, hf(torch.tensor([ids])).logits[0], tol=1e-4)
+    blocks.spec_rewind_cache(12)
+    rows, _ = blocks.spec_forward(ids[12:], all_logits_rows=True, want_hidden=False)
+    blocks.spec_rewind_cache(12)
+    for k, token in enumerate(ids[12:]):
+        one, _ = blocks.spec_forward([token], all_logits_rows=False, want_hidden=False)
+        assert torch.allclose(rows[k], one[0], atol=1e-5, rtol=0)
+    assert torch.equal(blocks.embed([3, 7]), dense.embed([3, 7]))
+    assert torch.allclose(blocks.lm_head(hidden[:2]), dense.lm_head(hidden[:2]), atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("sampled", [False, True])
+def test_speculative_generation_with_block_weights_is_lossless(tiny, sampled):
+    """The default (block) weights under the shared loop: speculative output equals plain."""
+    from gguf import GGMLQuantizationType as T
+
+    from tsspec.runtime.sampling import SamplingParams
+    from tsspec.testing import RandomSpeculator, assert_lossless
+    from tsspec_model_llama import load_llama
+
+    _, _, path = tiny(quantize={"*": T.Q4_1})
+    sampling = SamplingParams(temperature=0.8, top_k=20, seed=3) if sampled else None
+    assert_lossless(
+        lambda: load_llama(path), lambda t: RandomSpeculator(300, max_draft_tokens=4, seed=1), prompt(5),
+        max_tokens=24, sampling=sampling,
+    )

@@ -94,7 +94,18 @@ def write_llama_gguf(
     *,
     tokenizer: Mapping[str, Any] | None = None,
     rope_freqs: np.ndarray | None = None,
+    quantize: Mapping[str, Any] | None = None,
 ) -> str:
-    """Write a HF ``LlamaForCausalLM`` as a llama GGUF (float32 tensors)."""
+    """Write a HF ``LlamaForCausalLM`` as a llama GGUF (float32 tensors). ``quantize`` maps a
+    tensor-name fragment (``"attn_v"``, ``"ffn"``, ``"token_embd"``, ``"*"`` for every matrix)
+    to a ggml type the matrices whose names contain it are quantised to (gguf's quantiser; the
+    first matching fragment wins); vectors stay float32."""
     metadata, tensors = llama_gguf_contents(model.config, model.state_dict(), rope_freqs=rope_freqs)
+    if quantize:
+        for name, array in list(tensors.items()):
+            if array.ndim != 2:
+                continue
+            kind = next((k for frag, k in quantize.items() if frag == "*" or frag in name), None)
+            if kind is not None:
+                tensors[name] = (array, kind)
     return write_gguf(path, "llama", metadata, tensors, tokenizer=tokenizer)

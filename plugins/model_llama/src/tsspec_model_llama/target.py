@@ -33,6 +33,7 @@ import torch
 import torch.nn.functional as F
 
 from tsspec.errors import GenerationError
+from tsspec.modeling.qlinear import BlockMatrix
 from tsspec.protocols import ModelConfig
 
 from .hparams import LlamaHParams
@@ -47,6 +48,19 @@ OUTPUT_DEVICE = torch.device("cpu")
 # CPU GEMMs with 2-3 rows take a slower path than 4 rows; shorter verifies are padded to this
 MIN_FAST_GEMM_ROWS = 4
 
+def _linear(h: torch.Tensor, weight, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """h [rows, in] @ weight^T (+ bias) for a dense weight or a BlockMatrix."""
+    if isinstance(weight, BlockMatrix):
+        out = weight.linear(h)
+        return out if bias is None else out.add_(bias)
+    return F.linear(h, weight, bias)
+
+
+def _embedding(ids: torch.Tensor, table) -> torch.Tensor:
+    """Rows of the embedding table (dense or BlockMatrix) -> [n, H]."""
+    return table.rows(ids) if isinstance(table, BlockMatrix) else F.embedding(ids, table)
+
+
 class _Layer:
     """One block's prepared tensors (plain attributes: the hot loop reads them directly)."""
 
@@ -55,7 +69,7 @@ class _Layer:
     def __init__(self, weights: dict[str, torch.Tensor], i: int, device: torch.device):
         def get(name):
             t = weights.get(f"l{i}.{name}")
-            return None if t is None else t.to(device)
+            return t if t is None or isinstance(t, BlockMatrix) else t.to(device)
 
         self.attn_norm = get("attn_norm")
         self.wqkv = get("wqkv")
@@ -107,14 +121,23 @@ class LlamaTarget:
             hidden_size=hp.hidden_size,
             num_layers=hp.n_layers,
             context_length=hp.context_length,
-            extra={**hp.as_extra(), "tied_embeddings": tied, "dtype": str(dtype).removeprefix("torch.")},
+            extra={
+                **hp.as_extra(),
+                "tied_embeddings": tied,
+                "dtype": str(dtype).removeprefix("torch."),
+                "weights": "blocks" if any(isinstance(t, BlockMatrix) for t in weights.values()) else "dense",
+            },
         )
         # the residual stream, norms, RoPE and attention (KV cache included) run in float32;
         # only the weight matmuls use ``dtype`` (bf16 / f16 halve the bytes a step reads)
         self._residual_dtype = residual_dtype(dtype)
         self._cast = self._residual_dtype != dtype
-        self._embed = weights["embed"].to(self.device)
-        self._lm_head = self._embed if tied else weights["lm_head"].to(self.device)
+        place = lambda t: t if isinstance(t, BlockMatrix) else t.to(self.device)  # noqa: E731
+        self._embed = place(weights["embed"])
+        self._lm_head = self._embed if tied else place(weights["lm_head"])
+        # weights kept in quantised blocks (CPU): every matmul row is summed in the same order
+        # whatever the row count, and short verifies need no padding (see qlinear.py)
+        self.block_weights = sum(isinstance(t, BlockMatrix) for t in weights.values())
         self._output_norm = weights["output_norm"].to(self.device)
         self._layers = [_Layer(weights, i, self.device) for i in range(hp.n_layers)]
         self._rope = RotaryTable(
@@ -184,7 +207,7 @@ class LlamaTarget:
     def _gemm_padding(self, rows: int) -> int:
         """Rows to add so a short multi-row forward runs at the faster GEMM shape (CPU only;
         measured on the embedded model: 2 rows 100 ms, 3 rows 123 ms, 4 rows 82 ms)."""
-        if self.device.type != "cpu" or not 1 < rows < MIN_FAST_GEMM_ROWS:
+        if self.device.type != "cpu" or self.block_weights or not 1 < rows < MIN_FAST_GEMM_ROWS:
             return 0
         pad = MIN_FAST_GEMM_ROWS - rows
         if self._seq_len + rows + pad > self.max_context_length:
@@ -236,7 +259,7 @@ class LlamaTarget:
         if self._cast:
             h = h.to(self.dtype)
         self._threads(wide)
-        qkv = F.linear(h, layer.wqkv, layer.bqkv)  # [rows, (nh + 2 nkv) hd]; Q pre-scaled
+        qkv = _linear(h, layer.wqkv, layer.bqkv)  # [rows, (nh + 2 nkv) hd]; Q pre-scaled
         self._threads(narrow)
         if self._cast:  # attention runs in float32 whatever the matmul dtype
             qkv = qkv.to(self._residual_dtype)
@@ -267,7 +290,7 @@ class LlamaTarget:
         if self._cast:
             h = h.to(self.dtype)
         self._threads(wide)
-        gate_up = F.linear(h, layer.w_gate_up)  # [rows, 2 F]
+        gate_up = _linear(h, layer.w_gate_up)  # [rows, 2 F]
         self._threads(narrow)
         act = F.silu(gate_up[:, : hp.ffn_size]) * gate_up[:, hp.ffn_size :]
         self._threads(wide)
@@ -275,6 +298,8 @@ class LlamaTarget:
 
     def _residual_add(self, x: torch.Tensor, h: torch.Tensor, weight: torch.Tensor, bias) -> torch.Tensor:
         """x + h @ weight^T (+ bias), in one GEMM when the dtypes allow."""
+        if isinstance(weight, BlockMatrix):
+            return weight.linear(h, x if bias is None else x + bias)
         if self._cast:
             return x + F.linear(h, weight, bias).to(self._residual_dtype)
         if bias is not None:
@@ -301,7 +326,7 @@ class LlamaTarget:
         tapped: dict[int, torch.Tensor] = {}
         try:
             self._threads(self._small_threads)
-            x = F.embedding(torch.tensor(ids, device=self.device), self._embed)  # [rows, H]
+            x = _embedding(torch.tensor(ids, device=self.device), self._embed)  # [rows, H]
             if self._cast:
                 x = x.to(self._residual_dtype)
             bias = self._causal_bias(past, rows)
@@ -331,7 +356,7 @@ class LlamaTarget:
         else:
             x, tapped = self.forward_residual(tokens)
         normed = F.rms_norm(x if all_logits_rows else x[-1:], self._norm_shape, self._output_norm, self._eps)
-        logits = F.linear(normed.to(self.dtype), self._lm_head).to(OUTPUT_DEVICE, torch.float32)
+        logits = _linear(normed.to(self.dtype), self._lm_head).to(OUTPUT_DEVICE, torch.float32)
         if pad:
             x, normed, logits = x[:rows], normed[:rows], logits[:rows]
             tapped = [t[:rows] for t in tapped]
@@ -349,7 +374,7 @@ class LlamaTarget:
     def embed(self, token_ids: Sequence[int] | torch.Tensor) -> torch.Tensor:
         """Raw token embeddings [n, H] (float32, CPU)."""
         ids = torch.as_tensor(token_ids, dtype=torch.long, device=self.device).reshape(-1)
-        return F.embedding(ids, self._embed).to(OUTPUT_DEVICE, torch.float32)
+        return _embedding(ids, self._embed).to(OUTPUT_DEVICE, torch.float32)
 
     @torch.inference_mode()
     def final_norm(self, hidden: torch.Tensor) -> torch.Tensor:
@@ -360,7 +385,7 @@ class LlamaTarget:
     @torch.inference_mode()
     def lm_head(self, hidden: torch.Tensor) -> torch.Tensor:
         """Logits [n, vocab] of already-normed rows [n, H] (no final norm applied here)."""
-        return F.linear(hidden.to(self.device, self.dtype), self._lm_head).to(OUTPUT_DEVICE, torch.float32)
+        return _linear(hidden.to(self.device, self.dtype), self._lm_head).to(OUTPUT_DEVICE, torch.float32)
 
     def __repr__(self) -> str:
         hp = self.hparams

@@ -9,6 +9,11 @@ milliseconds with the tensor's name. The layout the forward wants differs from t
 * Q and K keep llama.cpp's per-head row permutation (adjacent RoPE pairs, see rope.py).
 * Tied embeddings (no ``output.weight``) share one tensor for the embedding and the LM head.
 
+Block mode (``blocks=True``, the CPU default): the matrices stay in the file's quantised blocks
+(``tsspec.modeling.qlinear.BlockMatrix``: Q4_0, Q4_1, Q8_0) and are stored as their ``q``/``d``/``m``
+tensors under the matrix's name (``l3.wqkv.q4``, ``l3.wqkv.d``, ...); a matrix of another type
+stays dense float32. ``assemble`` turns the flat dict back into tensors and BlockMatrix objects.
+
 The prepared tensors go through ``tsspec.modeling.cache.WeightCache``; a warm load maps them back.
 """
 
@@ -19,10 +24,13 @@ from typing import Iterator
 import torch
 
 from tsspec.errors import ModelLoadError
+from tsspec.modeling.qlinear import BlockMatrix, pack_tensors
 
 from .hparams import LlamaHParams
 
 LAYOUT_TAG = "llama-fused-v2"  # bump when the prepared layout changes (invalidates caches)
+BLOCK_LAYOUT_TAG = "llama-blocks-v1"
+MATRICES = ("wqkv", "wo", "w_gate_up", "w_down")  # per-layer names that may be BlockMatrix
 
 
 def residual_dtype(dtype: torch.dtype) -> torch.dtype:
@@ -74,48 +82,74 @@ def check_tensors(hp: LlamaHParams, gguf_file) -> dict[str, tuple[int, ...]]:
     return shapes
 
 
-def _layer_tensors(hp: LlamaHParams, gguf_file, i: int, dtype: torch.dtype) -> Iterator[tuple[str, torch.Tensor]]:
+def _matrix(gguf_file, key: str, names: list[str], scales: list[float], dtype: torch.dtype, blocks: bool):
+    """(key, tensor) pairs of one (fused) matrix: its blocks when ``blocks`` and every part is a
+    type the block kernel takes, else the dense rows in ``dtype``."""
+    if blocks:
+        packed = pack_tensors(gguf_file, names, scales)
+        if packed is not None:
+            return list(packed.tensors(key).items())
+    parts = [gguf_file.tensor(name) * s if s != 1.0 else gguf_file.tensor(name) for name, s in zip(names, scales)]
+    return [(key, (parts[0] if len(parts) == 1 else torch.cat(parts)).to(dtype))]
+
+
+def _layer_tensors(
+    hp: LlamaHParams, gguf_file, i: int, dtype: torch.dtype, blocks: bool
+) -> Iterator[tuple[str, torch.Tensor]]:
     p = f"blk.{i}."
 
     def load(name: str) -> torch.Tensor:
         return gguf_file.tensor(p + name)  # float32
 
     scale = hp.head_dim**-0.5  # the attention scale, folded into Q (exact for hd = 4^k)
-    q, k = load("attn_q.weight") * scale, load("attn_k.weight")
     norm_dtype = residual_dtype(dtype)
     yield f"l{i}.attn_norm", load("attn_norm.weight").to(norm_dtype)
-    yield f"l{i}.wqkv", torch.cat([q, k, load("attn_v.weight")]).to(dtype)
+    qkv = [p + "attn_q.weight", p + "attn_k.weight", p + "attn_v.weight"]
+    yield from _matrix(gguf_file, f"l{i}.wqkv", qkv, [scale, 1.0, 1.0], dtype, blocks)
     if gguf_file.has_tensor(p + "attn_q.bias"):
         yield f"l{i}.bqkv", torch.cat([load("attn_q.bias") * scale, load("attn_k.bias"), load("attn_v.bias")]).to(dtype)
-    yield f"l{i}.wo", load("attn_output.weight").to(dtype)
+    yield from _matrix(gguf_file, f"l{i}.wo", [p + "attn_output.weight"], [1.0], dtype, blocks)
     if gguf_file.has_tensor(p + "attn_output.bias"):
         yield f"l{i}.bo", load("attn_output.bias").to(dtype)
     yield f"l{i}.ffn_norm", load("ffn_norm.weight").to(norm_dtype)
-    yield f"l{i}.w_gate_up", torch.cat([load("ffn_gate.weight"), load("ffn_up.weight")]).to(dtype)
-    yield f"l{i}.w_down", load("ffn_down.weight").to(dtype)
+    gate_up = [p + "ffn_gate.weight", p + "ffn_up.weight"]
+    yield from _matrix(gguf_file, f"l{i}.w_gate_up", gate_up, [1.0, 1.0], dtype, blocks)
+    yield from _matrix(gguf_file, f"l{i}.w_down", [p + "ffn_down.weight"], [1.0], dtype, blocks)
 
 
-def prepare_weights(hp: LlamaHParams, gguf_file, dtype: torch.dtype) -> dict[str, torch.Tensor]:
+def prepare_weights(hp: LlamaHParams, gguf_file, dtype: torch.dtype, blocks: bool = False) -> dict[str, torch.Tensor]:
     """The forward's tensors (see the module docstring), all on the CPU."""
-    out: dict[str, torch.Tensor] = {
-        "embed": gguf_file.tensor("token_embd.weight").to(dtype),
-        "output_norm": gguf_file.tensor("output_norm.weight").to(residual_dtype(dtype)),
-    }
+    out: dict[str, torch.Tensor] = dict(_matrix(gguf_file, "embed", ["token_embd.weight"], [1.0], dtype, blocks))
+    out["output_norm"] = gguf_file.tensor("output_norm.weight").to(residual_dtype(dtype))
     if gguf_file.has_tensor("output.weight"):
-        out["lm_head"] = gguf_file.tensor("output.weight").to(dtype)
+        out.update(_matrix(gguf_file, "lm_head", ["output.weight"], [1.0], dtype, blocks))
     if gguf_file.has_tensor("rope_freqs.weight"):
         out["rope_freqs"] = gguf_file.tensor("rope_freqs.weight").to(torch.float32)
     for i in range(hp.n_layers):
-        out.update(_layer_tensors(hp, gguf_file, i, dtype))
+        out.update(_layer_tensors(hp, gguf_file, i, dtype, blocks))
     return out
 
 
-def load_weights(hp: LlamaHParams, gguf_file, dtype: torch.dtype, cache=None) -> dict[str, torch.Tensor]:
-    """Checked, prepared weights, through the load cache when one is given."""
+def assemble(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor | BlockMatrix]:
+    """The flat (cacheable) dict with each matrix's block tensors joined into a BlockMatrix."""
+    out: dict[str, torch.Tensor | BlockMatrix] = {}
+    for name, tensor in tensors.items():
+        stem, _, part = name.rpartition(".")
+        if part in ("q4", "q8"):
+            out[stem] = BlockMatrix.from_tensors(tensors, stem)
+        elif not (part in ("d", "m") and (f"{stem}.q4" in tensors or f"{stem}.q8" in tensors)):
+            out[name] = tensor
+    return out
+
+
+def load_weights(
+    hp: LlamaHParams, gguf_file, dtype: torch.dtype, cache=None, *, blocks: bool = False
+) -> dict[str, torch.Tensor | BlockMatrix]:
+    """Checked, prepared weights (block matrices joined), through the load cache when given."""
     check_tensors(hp, gguf_file)
     if cache is None:
-        return prepare_weights(hp, gguf_file, dtype)
+        return assemble(prepare_weights(hp, gguf_file, dtype, blocks))
     from tsspec.modeling.cache import cache_key
 
-    key = cache_key(gguf_file, LAYOUT_TAG, dtype)
-    return cache.load_or_build(key, lambda: prepare_weights(hp, gguf_file, dtype))
+    key = cache_key(gguf_file, BLOCK_LAYOUT_TAG if blocks else LAYOUT_TAG, dtype)
+    return assemble(cache.load_or_build(key, lambda: prepare_weights(hp, gguf_file, dtype, blocks)))

@@ -1,0 +1,236 @@
+"""Linear layers that keep a GGUF's quantised blocks and multiply on them (CPU, float32 math).
+
+A decode step of a small model on the CPU is bound by the bytes of weights it reads: float32
+weights are 4 bytes a weight, Q4_1 blocks 0.625. ``BlockMatrix`` keeps a weight [N, K] as
+32-weight affine blocks ``w = d * q + m`` (d, m float32) and multiplies with the compiled kernel
+``tsspec.modeling._qgemm`` (qgemm.c), which unpacks each block to the exact float32 values the
+dequantiser gives and sums in a fixed order per output row:
+
+* results differ from a float32 GEMM on the dequantised matrix only in summation order;
+* a row's result does not depend on how many rows share the call (1-row decode and k-row
+  verify agree bit for bit), nor on the thread count.
+
+Formats: ``4`` (4-bit q, ggml nibble order; Q4_0 as m = -8 d, Q4_1) and ``8`` (int8 q; Q8_0,
+and 4-bit blocks widened when a fused matrix mixes types). Other ggml types are not packed
+(``pack_tensors`` returns None) and the caller keeps float32 weights.
+
+Calls with more than ``GEMM_ROWS`` rows (prefill) dequantise the matrix in slices and use
+torch's blocked GEMM, which wins there; that path sums in torch's order.
+
+The compiled part is optional: ``native_available()`` is False when the build had no C
+compiler, and loaders then keep float32 weights.
+"""
+
+from __future__ import annotations
+
+from typing import Mapping, Sequence
+
+import numpy as np
+import torch
+
+from gguf import GGMLQuantizationType as T
+
+QK = 32
+GEMM_ROWS = 24  # up to this many rows the block kernel runs; above, dequantise + torch GEMM
+DEQUANT_SLICE = 1 << 22  # weights dequantised at a time on the GEMM path (16 MiB of float32)
+PACKABLE = {T.Q4_0, T.Q4_1, T.Q8_0}
+
+_native = None
+_native_checked = False
+
+
+def _load_native():
+    global _native, _native_checked
+    if not _native_checked:
+        _native_checked = True
+        try:
+            from . import _qgemm  # type: ignore[attr-defined]
+        except ImportError:
+            _native = None
+        else:
+            _native = _qgemm
+    return _native
+
+
+def native_available() -> bool:
+    """True when the compiled block kernel was built and imports."""
+    return _load_native() is not None
+
+
+def native_info() -> dict[str, object]:
+    """What the kernel build offers: ``{"simd": "avx2+fma" | "scalar", "openmp": bool}``."""
+    native = _load_native()
+    return {"simd": None, "openmp": False} if native is None else dict(native.info())
+
+
+class BlockMatrix:
+    """A weight [N, K] in 32-weight affine blocks. ``q`` [N, K/32 * bytes] uint8, ``d`` and ``m``
+    [N, K/32] float32, ``fmt`` 4 or 8 (bytes per block: 16 or 32)."""
+
+    __slots__ = ("fmt", "q", "d", "m", "shape")
+
+    def __init__(self, fmt: int, q: torch.Tensor, d: torch.Tensor, m: torch.Tensor):
+        if fmt not in (4, 8):
+            raise ValueError(f"block format must be 4 or 8, got {fmt}")
+        n, nb = d.shape
+        per_block = 16 if fmt == 4 else 32
+        if q.dtype != torch.uint8 or tuple(q.shape) != (n, nb * per_block):
+            raise ValueError(f"q must be uint8 [{n}, {nb * per_block}], got {q.dtype} {list(q.shape)}")
+        if d.dtype != torch.float32 or m.dtype != torch.float32 or m.shape != d.shape:
+            raise ValueError("d and m must be float32 of one shape [N, K/32]")
+        self.fmt = fmt
+        self.q, self.d, self.m = q.contiguous(), d.contiguous(), m.contiguous()
+        self.shape = (int(n), int(nb) * QK)
+
+    # -- building ------------------------------------------------------------------------------
+    @classmethod
+    def concat(cls, parts: Sequence["BlockMatrix"]) -> "BlockMatrix":
+        """Rows of several matrices stacked (fused QKV, gate+up); 4-bit parts are widened to
+        int8 when the formats differ."""
+        fmt = 4 if all(p.fmt == 4 for p in parts) else 8
+        qs = [p.q if p.fmt == fmt else _widen(p.q) for p in parts]
+        return cls(fmt, torch.cat(qs), torch.cat([p.d for p in parts]), torch.cat([p.m for p in parts]))
+
+    def scaled(self, factor: float) -> "BlockMatrix":
+        """The matrix times ``factor`` (exact for powers of two): d and m scaled."""
+        return BlockMatrix(self.fmt, self.q, self.d * factor, self.m * factor)
+
+    def tensors(self, prefix: str) -> dict[str, torch.Tensor]:
+        """Plain tensors for the weight cache (``from_tensors`` reverses it)."""
+        return {f"{prefix}.q{self.fmt}": self.q, f"{prefix}.d": self.d, f"{prefix}.m": self.m}
+
+    @classmethod
+    def from_tensors(cls, tensors: Mapping[str, torch.Tensor], prefix: str) -> "BlockMatrix | None":
+        for fmt in (4, 8):
+            q = tensors.get(f"{prefix}.q{fmt}")
+            if q is not None:
+                return cls(fmt, q, tensors[f"{prefix}.d"], tensors[f"{prefix}.m"])
+        return None
+
+    # -- using ---------------------------------------------------------------------------------
+    @property
+    def nbytes(self) -> int:
+        return sum(t.numel() * t.element_size() for t in (self.q, self.d, self.m))
+
+    def dequantize(self, rows: slice | None = None) -> torch.Tensor:
+        """float32 [N, K] (or the given row slice)."""
+        start, stop, _ = (rows or slice(None)).indices(self.shape[0])
+        n, k = max(0, stop - start), self.shape[1]
+        out = torch.empty((n, k), dtype=torch.float32)
+        native = _load_native()
+        if native is not None and n:
+            native.dequant(
+                self.fmt, self.q[start].data_ptr(), self.d[start].data_ptr(), self.m[start].data_ptr(),
+                n, k, out.data_ptr(), torch.get_num_threads(),
+            )
+            return out
+        return _dequantize_torch(self.fmt, self.q[start:stop], self.d[start:stop], self.m[start:stop])
+
+    def rows(self, ids: torch.Tensor) -> torch.Tensor:
+        """Selected rows as float32 [len(ids), K] (the embedding lookup)."""
+        ids = ids.reshape(-1).to(torch.long)
+        return _dequantize_torch(self.fmt, self.q[ids], self.d[ids], self.m[ids])
+
+    def linear(self, x: torch.Tensor, base: torch.Tensor | None = None) -> torch.Tensor:
+        """``base + x @ W^T`` (base optional), x [R, K] float32 -> [R, N] float32."""
+        rows, k = x.shape
+        n = self.shape[0]
+        if k != self.shape[1]:
+            raise ValueError(f"x has {k} columns, the matrix {self.shape[1]}")
+        if x.dtype != torch.float32 or x.device.type != "cpu":
+            raise ValueError("block matrices multiply float32 CPU rows")
+        native = _load_native()
+        if rows > GEMM_ROWS or native is None:
+            return self._linear_torch(x, base)
+        x = x.contiguous()
+        out = torch.empty((rows, n), dtype=torch.float32)
+        base_ptr = 0
+        if base is not None:
+            base = base.contiguous()
+            if base.shape != out.shape or base.dtype != torch.float32:
+                raise ValueError(f"base must be float32 {list(out.shape)}")
+            base_ptr = base.data_ptr()
+        native.gemm(
+            self.fmt, self.q.data_ptr(), self.d.data_ptr(), self.m.data_ptr(), n, k,
+            x.data_ptr(), rows, out.data_ptr(), base_ptr, torch.get_num_threads(),
+        )
+        return out
+
+    def _linear_torch(self, x: torch.Tensor, base: torch.Tensor | None) -> torch.Tensor:
+        n, k = self.shape
+        step = max(1, DEQUANT_SLICE // k)
+        if step >= n:
+            w = self.dequantize()
+            return torch.addmm(base, x, w.t()) if base is not None else x @ w.t()
+        out = torch.empty((x.shape[0], n), dtype=torch.float32)
+        for start in range(0, n, step):
+            w = self.dequantize(slice(start, start + step))
+            part = x @ w.t()
+            if base is not None:
+                part += base[:, start : start + step]
+            out[:, start : start + step] = part
+        return out
+
+    def __repr__(self) -> str:
+        return f"BlockMatrix(q{self.fmt}, {list(self.shape)}, {self.nbytes / 2**20:.1f} MiB)"
+
+
+def _widen(q4: torch.Tensor) -> torch.Tensor:
+    """4-bit blocks [N, nb * 16] -> the same weights as int8 blocks [N, nb * 32] (as uint8 bytes)."""
+    n = q4.shape[0]
+    blocks = q4.view(n, -1, 16)
+    return torch.cat([blocks & 0x0F, blocks >> 4], dim=2).reshape(n, -1)
+
+
+def _dequantize_torch(fmt: int, q: torch.Tensor, d: torch.Tensor, m: torch.Tensor) -> torch.Tensor:
+    """The same values as the kernel's unpack (q * d is exact, so q * d + m rounds once)."""
+    n = q.shape[0]
+    if fmt == 4:
+        blocks = q.view(n, -1, 16)
+        values = torch.cat([blocks & 0x0F, blocks >> 4], dim=2).to(torch.float32)
+    else:
+        values = q.view(torch.int8).view(n, -1, 32).to(torch.float32)
+    return (values * d.unsqueeze(-1) + m.unsqueeze(-1)).reshape(n, -1)
+
+
+def _f16(raw: np.ndarray, at: int) -> torch.Tensor:
+    return torch.from_numpy(np.ascontiguousarray(raw[:, at : at + 2]).view(np.float16).astype(np.float32)[:, 0])
+
+
+def pack_tensor(raw: np.ndarray, ggml_type, shape: Sequence[int]) -> BlockMatrix | None:
+    """A GGUF tensor's raw bytes (shape [N, K] in numpy order) as a BlockMatrix; None for a type
+    the kernel does not take or a shape that is not whole blocks."""
+    try:
+        kind = T(int(ggml_type))
+    except ValueError:
+        return None
+    if kind not in PACKABLE or len(shape) != 2 or int(shape[1]) % QK:
+        return None
+    n, k = int(shape[0]), int(shape[1])
+    nb = k // QK
+    size = {T.Q4_0: 18, T.Q4_1: 20, T.Q8_0: 34}[kind]
+    blocks = np.asarray(raw, dtype=np.uint8)[: n * nb * size].reshape(n * nb, size)
+    d = _f16(blocks, 0)
+    if kind == T.Q4_0:
+        fmt, qs, m = 4, blocks[:, 2:18], d * -8.0
+    elif kind == T.Q4_1:
+        fmt, qs, m = 4, blocks[:, 4:20], _f16(blocks, 2)
+    else:
+        fmt, qs, m = 8, blocks[:, 2:34], torch.zeros_like(d)
+    q = torch.from_numpy(np.ascontiguousarray(qs)).reshape(n, -1)
+    return BlockMatrix(fmt, q, d.reshape(n, nb), m.reshape(n, nb))
+
+
+def pack_tensors(gguf_file, names: Sequence[str], scales: Sequence[float] | None = None) -> BlockMatrix | None:
+    """Several GGUF tensors stacked by rows into one BlockMatrix (each optionally scaled);
+    None when any of them cannot be packed."""
+    parts = []
+    for i, name in enumerate(names):
+        info = gguf_file.tensor_info(name)
+        part = pack_tensor(gguf_file.tensor_bytes(name), info.ggml_type, info.shape)
+        if part is None:
+            return None
+        if scales is not None and scales[i] != 1.0:
+            part = part.scaled(scales[i])
+        parts.append(part)
+    return parts[0] if len(parts) == 1 else BlockMatrix.concat(parts)

@@ -1,0 +1,147 @@
+"""tsspec.modeling.qlinear: block matrices and the compiled block kernel.
+
+The reference nobody here wrote is gguf's numpy quantiser/dequantiser: blocks quantised by it
+must unpack to exactly its dequantised values, and products must match a float64 matmul.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from gguf import GGMLQuantizationType as T
+from gguf import quants
+
+from tsspec.modeling import qlinear
+from tsspec.modeling.qlinear import BlockMatrix, pack_tensor
+
+TYPES = [T.Q4_0, T.Q4_1, T.Q8_0]
+needs_native = pytest.mark.skipif(not qlinear.native_available(), reason="the block kernel was not built")
+
+
+def make(kind, n=40, k=96, seed=0):
+    """(BlockMatrix, gguf's dequantised float32 [n, k]) of a random matrix quantised by gguf."""
+    w = np.random.default_rng(seed).standard_normal((n, k)).astype(np.float32)
+    raw = quants.quantize(w, kind)  # [n, bytes]
+    return pack_tensor(raw.reshape(-1), kind, (n, k)), torch.from_numpy(quants.dequantize(raw, kind).reshape(n, k))
+
+
+@pytest.mark.parametrize("kind", TYPES)
+def test_blocks_unpack_to_gguf_dequantised_values(kind):
+    bm, ref = make(kind)
+    assert bm.fmt == (8 if kind == T.Q8_0 else 4)
+    assert torch.equal(bm.dequantize(), ref)
+    assert torch.equal(qlinear._dequantize_torch(bm.fmt, bm.q, bm.d, bm.m), ref)
+    ids = torch.tensor([3, 0, 39, 3])
+    assert torch.equal(bm.rows(ids), ref[ids])
+    assert torch.equal(bm.dequantize(slice(5, 9)), ref[5:9])
+
+
+@needs_native
+@pytest.mark.parametrize("kind", TYPES)
+@pytest.mark.parametrize("rows", [1, 2, 3, 4, 5, 8, 13])
+def test_linear_matches_float64_reference(kind, rows):
+    bm, ref = make(kind, n=72, k=160, seed=rows)
+    x = torch.randn(rows, 160, generator=torch.Generator().manual_seed(rows))
+    expected = (x.double() @ ref.double().t())
+    got = bm.linear(x)
+    assert got.dtype == torch.float32 and got.shape == (rows, 72)
+    assert torch.allclose(got.double(), expected, rtol=1e-5, atol=1e-4)
+    base = torch.randn(rows, 72)
+    assert torch.allclose(bm.linear(x, base).double(), expected + base.double(), rtol=1e-5, atol=1e-4)
+
+
+@needs_native
+@pytest.mark.parametrize("kind", TYPES)
+def test_rows_are_batch_invariant(kind):
+    """A row's result is bit-identical whatever rows share the call and the thread count."""
+    bm, _ = make(kind, n=64, k=128)
+    x = torch.randn(11, 128, generator=torch.Generator().manual_seed(1))
+    full = bm.linear(x)
+    for r in range(11):
+        assert torch.equal(bm.linear(x[r : r + 1]), full[r : r + 1])
+    for start, stop in ((0, 2), (2, 5), (3, 10)):
+        assert torch.equal(bm.linear(x[start:stop]), full[start:stop])
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(2)
+        assert torch.equal(bm.linear(x), full)
+    finally:
+        torch.set_num_threads(threads)
+
+
+@needs_native
+@pytest.mark.parametrize("kind", TYPES)
+def test_scalar_path_agrees_bit_for_bit(kind):
+    bm, _ = make(kind, n=24, k=64)
+    native = qlinear._load_native()
+    x = torch.randn(5, 64, generator=torch.Generator().manual_seed(2))
+    fast = bm.linear(x)
+    native.set_simd(False)
+    try:
+        assert native.info()["simd"] == "scalar"
+        slow = bm.linear(x)
+        deq = bm.dequantize()
+    finally:
+        native.set_simd(True)
+    assert torch.equal(fast, slow)
+    assert torch.equal(deq, bm.dequantize())
+
+
+def test_many_rows_take_the_dequantising_path(monkeypatch):
+    bm, ref = make(T.Q4_1, n=30, k=64)
+    x = torch.randn(qlinear.GEMM_ROWS + 3, 64)
+    expected = x.double() @ ref.double().t()
+    assert torch.allclose(bm.linear(x).double(), expected, rtol=1e-5, atol=1e-4)
+    monkeypatch.setattr(qlinear, "DEQUANT_SLICE", 64 * 7)  # slices of 7 rows
+    base = torch.randn(x.shape[0], 30)
+    assert torch.allclose(bm.linear(x, base).double(), expected + base.double(), rtol=1e-5, atol=1e-4)
+
+
+def test_without_the_kernel_everything_still_works(monkeypatch):
+    bm, ref = make(T.Q8_0, n=16, k=64)
+    monkeypatch.setattr(qlinear, "_native", None)
+    monkeypatch.setattr(qlinear, "_native_checked", True)
+    assert not qlinear.native_available() and qlinear.native_info()["simd"] is None
+    x = torch.randn(3, 64)
+    assert torch.equal(bm.dequantize(), ref)
+    assert torch.allclose(bm.linear(x).double(), x.double() @ ref.double().t(), rtol=1e-5, atol=1e-4)
+
+
+def test_concat_widens_mixed_formats_and_scaling_is_exact():
+    q4, ref4 = make(T.Q4_1, n=8, k=64, seed=1)
+    q8, ref8 = make(T.Q8_0, n=4, k=64, seed=2)
+    both = BlockMatrix.concat([q4.scaled(0.125), q8])
+    assert both.fmt == 8 and both.shape == (12, 64)
+    assert torch.equal(both.dequantize(), torch.cat([ref4 * 0.125, ref8]))
+    same = BlockMatrix.concat([q4, q4])
+    assert same.fmt == 4 and torch.equal(same.dequantize(), torch.cat([ref4, ref4]))
+
+
+def test_cache_tensors_round_trip():
+    bm, ref = make(T.Q4_0)
+    flat = bm.tensors("l0.wo")
+    assert set(flat) == {"l0.wo.q4", "l0.wo.d", "l0.wo.m"}
+    back = BlockMatrix.from_tensors(flat, "l0.wo")
+    assert back is not None and torch.equal(back.dequantize(), ref)
+    assert BlockMatrix.from_tensors(flat, "l1.wo") is None
+
+
+def test_unpackable_types_and_shapes_are_declined():
+    raw = np.zeros(64 * 4, dtype=np.uint8)
+    assert pack_tensor(raw, T.F32, (4, 16)) is None
+    assert pack_tensor(raw, T.Q6_K, (1, 256)) is None
+    assert pack_tensor(raw, T.Q8_0, (4,)) is None
+
+
+def test_bad_operands_are_refused():
+    bm, _ = make(T.Q8_0, n=8, k=64)
+    with pytest.raises(ValueError, match="columns"):
+        bm.linear(torch.zeros(2, 32))
+    with pytest.raises(ValueError, match="float32"):
+        bm.linear(torch.zeros(2, 64, dtype=torch.float64))
+    with pytest.raises(ValueError, match="uint8"):
+        BlockMatrix(4, torch.zeros(2, 3, dtype=torch.uint8), torch.zeros(2, 1), torch.zeros(2, 1))
+    if qlinear.native_available():
+        with pytest.raises(ValueError):
+            qlinear._load_native().gemm(5, 1, 1, 1, 1, 32, 1, 1, 1, 0, 1)
