@@ -114,39 +114,15 @@ QG_AVX2 static void unpack_row_avx2(int fmt, const uint8_t *q, const float *d, c
     }
 }
 
-/* dots of one unpacked weight row w[k] with T consecutive rows of x (T = 1..4, a constant
- * after inlining); each row keeps its own two accumulators, so T never changes a result */
-QG_AVX2 static inline __attribute__((always_inline)) void dot_tile_avx2(const float *w, const float *x, int64_t xs,
-                                                                         int64_t k, const int T, float *res) {
+/* up to 4 rows of x: unpack each block in registers and multiply it into every row's two
+ * accumulators; the same lanes and order as dot_scalar over unpack_row_scalar, so both paths
+ * agree bit for bit and a row's result never depends on the rows tiled with it */
+QG_AVX2 static inline __attribute__((always_inline)) void dot_fused_avx2(int fmt, const uint8_t *q, const float *d,
+                                                                          const float *m, int64_t nb, const float *x,
+                                                                          int64_t xs, const int T, float *res) {
+    const __m128i low4 = _mm_set1_epi8(0x0F);
     __m256 a[4], b[4];
     for (int t = 0; t < T; t++) a[t] = b[t] = _mm256_setzero_ps();
-    for (int64_t i = 0; i < k; i += 16) {
-        __m256 wa = _mm256_loadu_ps(w + i), wb = _mm256_loadu_ps(w + i + 8);
-        for (int t = 0; t < T; t++) {
-            a[t] = _mm256_fmadd_ps(wa, _mm256_loadu_ps(x + t * xs + i), a[t]);
-            b[t] = _mm256_fmadd_ps(wb, _mm256_loadu_ps(x + t * xs + i + 8), b[t]);
-        }
-    }
-    for (int t = 0; t < T; t++) res[t] = hsum_avx2(a[t], b[t]);
-}
-
-QG_AVX2 static void dots_avx2(const float *w, const float *x, int64_t xs, int64_t k, int64_t R, float *res) {
-    int64_t r = 0;
-    for (; r + 4 <= R; r += 4) dot_tile_avx2(w, x + r * xs, xs, k, 4, res + r);
-    switch (R - r) {
-        case 3: dot_tile_avx2(w, x + r * xs, xs, k, 3, res + r); break;
-        case 2: dot_tile_avx2(w, x + r * xs, xs, k, 2, res + r); break;
-        case 1: dot_tile_avx2(w, x + r * xs, xs, k, 1, res + r); break;
-        default: break;
-    }
-}
-
-/* one row of x: unpack and multiply in registers (no trip through the buffer); the same
- * accumulator lanes as dot_tile_avx2, so the result is bit-identical to the buffered path */
-QG_AVX2 static float dot_fused_avx2(int fmt, const uint8_t *q, const float *d, const float *m, int64_t nb,
-                                    const float *x) {
-    const __m128i low4 = _mm_set1_epi8(0x0F);
-    __m256 a = _mm256_setzero_ps(), b = _mm256_setzero_ps();
     for (int64_t blk = 0; blk < nb; blk++) {
         __m256 vd = _mm256_set1_ps(d[blk]), vm = _mm256_set1_ps(m[blk]);
         const float *xb = x + blk * QK;
@@ -168,12 +144,29 @@ QG_AVX2 static float dot_fused_avx2(int fmt, const uint8_t *q, const float *d, c
             i2 = _mm256_cvtepi8_epi32(q1);
             i3 = _mm256_cvtepi8_epi32(_mm_srli_si128(q1, 8));
         }
-        a = _mm256_fmadd_ps(_mm256_fmadd_ps(_mm256_cvtepi32_ps(i0), vd, vm), _mm256_loadu_ps(xb), a);
-        b = _mm256_fmadd_ps(_mm256_fmadd_ps(_mm256_cvtepi32_ps(i1), vd, vm), _mm256_loadu_ps(xb + 8), b);
-        a = _mm256_fmadd_ps(_mm256_fmadd_ps(_mm256_cvtepi32_ps(i2), vd, vm), _mm256_loadu_ps(xb + 16), a);
-        b = _mm256_fmadd_ps(_mm256_fmadd_ps(_mm256_cvtepi32_ps(i3), vd, vm), _mm256_loadu_ps(xb + 24), b);
+        __m256 w0 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(i0), vd, vm);
+        __m256 w1 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(i1), vd, vm);
+        __m256 w2 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(i2), vd, vm);
+        __m256 w3 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(i3), vd, vm);
+        for (int t = 0; t < T; t++) {
+            const float *xt = xb + t * xs;
+            a[t] = _mm256_fmadd_ps(w0, _mm256_loadu_ps(xt), a[t]);
+            b[t] = _mm256_fmadd_ps(w1, _mm256_loadu_ps(xt + 8), b[t]);
+            a[t] = _mm256_fmadd_ps(w2, _mm256_loadu_ps(xt + 16), a[t]);
+            b[t] = _mm256_fmadd_ps(w3, _mm256_loadu_ps(xt + 24), b[t]);
+        }
     }
-    return hsum_avx2(a, b);
+    for (int t = 0; t < T; t++) res[t] = hsum_avx2(a[t], b[t]);
+}
+
+QG_AVX2 static void dots_fused_avx2(int fmt, const uint8_t *q, const float *d, const float *m, int64_t nb,
+                                    const float *x, int64_t xs, int64_t R, float *res) {
+    switch (R) {
+        case 4: dot_fused_avx2(fmt, q, d, m, nb, x, xs, 4, res); break;
+        case 3: dot_fused_avx2(fmt, q, d, m, nb, x, xs, 3, res); break;
+        case 2: dot_fused_avx2(fmt, q, d, m, nb, x, xs, 2, res); break;
+        default: dot_fused_avx2(fmt, q, d, m, nb, x, xs, 1, res); break;
+    }
 }
 
 static int have_avx2(void) {
@@ -201,7 +194,8 @@ typedef struct {
     int64_t N, K;
 } QWeight;
 
-#define ROW_CHUNK 8 /* output rows per scheduling unit */
+#define ROW_CHUNK 8  /* output rows per scheduling unit */
+#define FUSED_ROWS 4 /* rows of x a block is multiplied into while it sits in registers */
 
 static int gemm(const QWeight *W, const float *x, int64_t xs, int64_t R, float *out, int64_t os, const float *base,
                 int threads) {
@@ -232,11 +226,12 @@ static int gemm(const QWeight *W, const float *x, int64_t xs, int64_t R, float *
                 const uint8_t *q = W->q + n * nb * bb;
                 const float *d = W->d + n * nb, *m = W->m + n * nb;
 #ifdef QG_X86
-                if (simd && R == 1) {
-                    res[0] = dot_fused_avx2(W->fmt, q, d, m, nb, x);
-                } else if (simd) {
-                    unpack_row_avx2(W->fmt, q, d, m, nb, w);
-                    dots_avx2(w, x, xs, W->K, R, res);
+                if (simd) {
+                    /* re-unpacking the row per tile of 4 beats one unpack into a buffer
+                     * shared by all rows (measured: 8 rows 21.6 vs 23.2 ms a token) */
+                    for (int64_t r = 0; r < R; r += FUSED_ROWS)
+                        dots_fused_avx2(W->fmt, q, d, m, nb, x + r * xs, xs,
+                                        R - r < FUSED_ROWS ? R - r : FUSED_ROWS, res + r);
                 } else
 #endif
                 {
