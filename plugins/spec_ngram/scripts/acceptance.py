@@ -51,7 +51,19 @@ POLICIES = {
     "+candidates4": dict(candidates=4, periodic=False, follow=False, adaptive=False),
     "+adaptive": dict(candidates=1, periodic=False, follow=False, adaptive=True),
     "default (follow+adaptive)": dict(candidates=1, periodic=False, follow=True, adaptive=True),
-    "all": dict(candidates=4, periodic=True, follow=True, adaptive=True),
+    "+value": dict(candidates=1, periodic=False, follow=False, adaptive=False, value=True),
+    "follow+value": dict(candidates=1, periodic=False, follow=True, adaptive=False, value=True),
+    "all": dict(candidates=4, periodic=True, follow=True, adaptive=False, value=True),
+}
+for _kwargs in POLICIES.values():  # a policy leaves off what it does not name
+    _kwargs.setdefault("value", False)
+# named cost profiles for --row-ms
+ROW_MS_PRESETS = {
+    "reference": "1:52.7,2:52.9,4:71.1,8:90.9,16:98.7",
+    # the profile expected once the 1-row decode runs a quantised CPU kernel (extra rows dearer)
+    "fast-1row": "1:20,2:26,4:34,8:52,16:90",
+    # measured on the model_llama trunk before its 2-3-row GEMM fix (README)
+    "trunk": "1:50,2:95,3:119,4:76,5:85,6:86,8:100,9:107",
 }
 TABLE = """name,city,year,score
 Ada,London,1843,91
@@ -179,7 +191,9 @@ def generate_tsspec(todo: list[tuple[str, str, str]], max_new: int) -> list[dict
 
 def load_sequences(cache: Path | None, max_new: int, engine: str) -> list[dict]:
     """One greedy sequence per prompt, from the cache when it holds that prompt's message."""
-    cached = {d["message"]: d for d in json.loads(cache.read_text())} if cache and cache.exists() else {}
+    stored = json.loads(cache.read_text()) if cache and cache.exists() else []
+    cached = {d["message"]: d for d in stored if "message" in d}
+    others = [d for d in stored if "message" not in d]  # bench sequences sharing the file
     todo = [p for p in prompts() if p[2] not in cached]
     if todo:
         print(f"decoding {len(todo)} prompts greedily with {engine} ...", file=sys.stderr)
@@ -187,7 +201,7 @@ def load_sequences(cache: Path | None, max_new: int, engine: str) -> list[dict]:
         for item in made:
             cached[item["message"]] = item
         if cache is not None:
-            cache.write_text(json.dumps(list(cached.values())))
+            cache.write_text(json.dumps(others + list(cached.values())))
     return [dict(cached[p[2]], name=p[0], **{"class": p[1]}) for p in prompts()]
 
 
@@ -201,7 +215,8 @@ def verify_ms(rows: int, table: tuple[tuple[int, float], ...] | None = None) -> 
 
 
 def parse_row_ms(text: str) -> tuple[tuple[int, float], ...]:
-    """``"1:50,2:95,4:76"`` -> ((1, 50.0), (2, 95.0), (4, 76.0))."""
+    """``"1:50,2:95,4:76"`` -> ((1, 50.0), (2, 95.0), (4, 76.0)); or a name of ROW_MS_PRESETS."""
+    text = ROW_MS_PRESETS.get(text, text)
     pairs = sorted((int(r), float(ms)) for r, ms in (item.split(":") for item in text.split(",")))
     if len(pairs) < 2 or pairs[0][0] != 1:
         raise SystemExit("--row-ms needs at least two points, starting at 1 row")
@@ -266,10 +281,14 @@ def bench_sequences(cache: Path | None, path: str | None) -> list[dict]:
     from tsspec.runtime.loading import load_model
     from tsspec.runtime.options import SpeculationOptions
 
-    cached = {d["key"]: d for d in json.loads(cache.read_text())} if cache and cache.exists() else {}
-    target = load_model(embedded_model_path())
+    stored = json.loads(cache.read_text()) if cache and cache.exists() else []
+    cached = {d["key"]: d for d in stored if "key" in d}
+    others = [d for d in stored if "key" not in d]  # this script's own sequences sharing the file
+    target = None
     out = []
     for case in load_prompt_set(path):
+        if target is None:
+            target = load_model(embedded_model_path())
         enc = encode_case(target, case)
         key = f"{case.id}:{hash(enc.prompt_ids)}:{enc.max_tokens}"
         if key not in cached:
@@ -281,7 +300,7 @@ def bench_sequences(cache: Path | None, path: str | None) -> list[dict]:
             cached[key] = {"key": key, "name": case.id, "class": case.cls, "prompt": list(enc.prompt_ids),
                            "output": gen.tokens, "engine": "tsspec"}
             if cache is not None:
-                cache.write_text(json.dumps(list(cached.values())))
+                cache.write_text(json.dumps(others + list(cached.values())))
         out.append(cached[key])
     return out
 
@@ -297,6 +316,14 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--row-ms", type=parse_row_ms, default=None, metavar="R:MS,...",
                         help="the forward cost by rows to model speed with (default: the measured "
                         "CPU figures of reference/cpu-measurements.md)")
+    parser.add_argument("--tell-row-ms", action="store_true",
+                        help="give the speculator the --row-ms profile (as a target publishing "
+                        "spec_verify_row_ms would); default: it assumes the reference profile")
+    parser.add_argument("--classes", default=None, metavar="A,B",
+                        help="report only these classes (with --bench-prompts), e.g. "
+                        "summary,qa,rewrite,code-edit,prose")
+    parser.add_argument("--policies", default=None, metavar="A,B",
+                        help="run only these policies (names as printed)")
     parser.add_argument("--bench-prompts", nargs="?", const="", default=None, metavar="JSONL",
                         help="use tsspec bench's prompt set (the shipped one, or this file) instead "
                         "of this script's prompts; results per bench class")
@@ -312,17 +339,27 @@ def main(argv: list[str] | None = None) -> None:
     else:
         data = bench_sequences(args.cache, args.bench_prompts or None)
         classes = sorted({d["class"] for d in data}, key=lambda c: (c not in GROUNDED_BENCH_CLASSES, c))
+    if args.classes:
+        wanted = args.classes.split(",")
+        unknown = sorted(set(wanted) - set(classes))
+        if unknown:
+            raise SystemExit(f"unknown classes {unknown}; known: {classes}")
+        classes = wanted
     groups = {c: [c] for c in classes}
-    if args.bench_prompts is not None:
+    if args.bench_prompts is not None and not args.classes:
         groups = {"grounded (" + ", ".join(c for c in classes if c in GROUNDED_BENCH_CLASSES) + ")":
                   list(GROUNDED_BENCH_CLASSES), **groups}
     print(f"window {args.window}; {len(data)} prompts; greedy outputs of {MODEL_FILE}\n")
     print("| policy | class | acceptance | drafting steps | tokens/step | modelled speed-up | propose us |")
     print("|---|---|---|---|---|---|---|")
-    for label, kwargs in POLICIES.items():
+    policies = POLICIES
+    if args.policies:
+        policies = {name: POLICIES[name] for name in args.policies.split(",")}
+    told = {"row_ms": args.row_ms} if args.tell_row_ms and args.row_ms else {}
+    for label, kwargs in policies.items():
         results = {}
         for item in data:
-            spec = NGramSpeculator(args.window, **kwargs)
+            spec = NGramSpeculator(args.window, **kwargs, **told)
             results[item["name"]] = (item["class"], simulate(spec, item["prompt"], item["output"], args.window, args.row_ms))
         for group, members in groups.items():
             s = summarise([r for c, r in results.values() if c in members])

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -207,6 +208,7 @@ def test_index_consistent_after_random_commit_and_rewind(ops, modulus, candidate
                 assert start > len(model)
         assert index.tokens == model
         assert index.maps == brute_maps(index)
+        assert index.counts == {t: model.count(t) for t in set(model)}
         fresh = index_of(model, 2, 5, candidates=candidates, modulus=modulus)
         assert index.lookup() == fresh.lookup()
         if modulus is None and candidates == 1:
@@ -320,3 +322,66 @@ def test_adaptive_budget_for_short_matches_follows_what_landed():
     # long matches always get the full count
     long = [4, 1, 2, 7, 7, 7, 7, 7, 7, 7, 7, 0, 4, 1, 2]
     assert NGramDrafter(adaptive=True).propose(long, 8) == [7] * 8
+
+
+def test_row_cost_interpolates_and_parses_every_form():
+    from tsspec_ngram.matching import parse_row_cost, row_cost
+
+    table = parse_row_cost("4:34,1:20,2:26,8:52")
+    assert table == ((1, 20.0), (2, 26.0), (4, 34.0), (8, 52.0))
+    assert parse_row_cost({1: 20, 2: 26, 4: 34, 8: 52}) == table == parse_row_cost(list(table))
+    assert [row_cost(r, table) for r in (1, 2, 3, 4, 6, 8, 20)] == [20, 26, 30, 34, 43, 52, 52]
+    for bad in ("1:20", "2:5,4:9", "1:0,2:3", "a:b", [(1, 2, 3)]):
+        with pytest.raises(ValueError):
+            parse_row_cost(bad)
+
+
+def test_value_drafts_long_matches_fully_and_declines_weak_ones_when_rows_are_dear():
+    long = [4, 1, 2, 3, 5, 7, 7, 7, 7, 7, 7, 7, 7, 0, 4, 1, 2, 3, 5]  # a 5-token match
+    assert NGramDrafter(value=True).propose(long, 8) == [7] * 8
+    # a bare bigram on a token seen often: expected ~0.27 tokens for a row
+    common = [1, 2, 9, 1, 5, 1, 6, 1, 8, 0, 1, 2]
+    assert NGramDrafter(value=True).propose(common, 8) != []  # the reference profile: 2 rows ~ 1
+    dear = ((1, 10.0), (2, 20.0), (4, 40.0), (8, 80.0))  # every row costs a full step
+    assert NGramDrafter(value=True, row_ms=dear).propose(common, 8) == []  # declined
+    assert NGramDrafter(value=True, row_ms=dear).propose(long, 8) == []  # p < 1 never pays there
+    cheap = ((1, 10.0), (16, 10.0))  # extra rows free: draft everything there is
+    assert NGramDrafter(value=True, row_ms=cheap).propose(common, 8) == [9, 1, 5, 1, 6, 1, 8, 0]
+
+
+def _replay(drafter, prompt, output, window=8):
+    """The loop's calls under greedy acceptance: propose, then the accepted tokens + 1."""
+    history = list(prompt) + output[:1]
+    drafts = []
+    while len(history) < len(prompt) + len(output):
+        draft = drafter.propose(history, window)
+        truth = output[len(history) - len(prompt) :][: len(draft) + 1]
+        good = 0
+        while good < min(len(draft), len(truth)) and draft[good] == truth[good]:
+            good += 1
+        drafts.append((len(history), draft, good))
+        history += truth[: good + 1]
+    return drafts
+
+
+def test_value_learns_to_decline_drafts_that_never_land():
+    table = ((1, 20.0), (2, 26.0), (4, 34.0), (8, 52.0), (16, 90.0))
+    prompt = [1, 2, 3, 4, 5, 6, 7, 8, 9]
+    output = []
+    for t in range(40, 70):  # the bigram (1, 2) recurs, never followed by what it was before
+        output += [1, 2, t]
+    drafter = NGramDrafter(value=True, row_ms=table)
+    drafts = _replay(drafter, prompt, output)
+    tried, landed = drafter._outcomes[1][:2]
+    assert tried > 0 and landed == 0
+    drafted = [i for i, (_, draft, _) in enumerate(drafts) if draft]
+    assert drafted and drafted[-1] < len(drafts) - 6  # drafted at first, then learnt to decline
+    assert all(good == 0 for _, _, good in drafts)
+
+
+def test_value_keeps_drafting_a_source_that_lands():
+    prompt = [1, 2, *range(10, 60)]
+    output = [1, 2, *range(10, 60)]
+    drafts = _replay(NGramDrafter(value=True), prompt, output)
+    assert sum(good for _, _, good in drafts) >= 45
+    assert all(good == len(draft) for _, draft, good in drafts)

@@ -45,6 +45,9 @@ Beyond the plain form (each measured, see the package README and ``scripts/accep
 * ``candidates > 1``: several continuations per key; among the re-checked ones take the
   longest backward match (up to ``EXTENDED_MATCH``), most recent on a tie.
 * ``periodic``: the self-referential continuation above.
+* ``value`` (opt-in): the draft length from evidence, per match-length acceptance (priors moved
+  by the request's outcomes) against the forward's cost by rows; 0 declines (see
+  ``NGramDrafter._value_length``).
 
 The speculator turns on ``follow`` and ``adaptive``; the other two measured no gain.
 """
@@ -67,6 +70,26 @@ LONG_MATCH = 3
 SHORT_DRAFT_START = 4
 SHORT_DRAFT_MIN = 3
 SHORT_DRAFT_MAX = 64
+# value (draft length from evidence; see NGramDrafter._value_length): the probability that a
+# draft's first token lands and that each later one does (given the ones before it did), by the
+# bucket of the backward match length (1; 2; 3-9; 10+), measured on the embedded model's greedy
+# outputs of scripts/acceptance.py's own prompts (first: 0.23 / 0.50 / 0.84 / 0.99; later:
+# 0.5-0.7 / 0.6-0.8 / 0.8-0.9 / 0.98) and shaded down towards the bench prompts' lower figures.
+# They are priors: each request moves them with its own outcomes (PRIOR_STRENGTH pseudo-counts).
+VALUE_FIRST_PRIOR = (0.25, 0.45, 0.7, 0.9)
+VALUE_LATER_PRIOR = (0.6, 0.7, 0.85, 0.93)
+VALUE_PRIOR_STRENGTH = 4.0
+# a short match (bucket 1-2) resting on a token seen COMMON_TOKEN+ times before is right less
+# often (first token 0.16-0.24 against 0.32-0.37 for a token seen once): prior x COMMON_FACTOR
+COMMON_TOKEN = 3
+COMMON_FACTOR = 0.6
+# the price of a verify row is the running tokens-per-ms of this request, started from
+# RATE_PRIOR_STEPS plain steps
+RATE_PRIOR_STEPS = 8
+# forward cost by rows assumed when nobody says better (reference/cpu-measurements.md, the
+# embedded model on CPU: 1 row 52.7 ms, 2: 52.9, 4: 71.1, 8: 90.9, 16: 98.7; linear between);
+# only its shape matters
+REFERENCE_ROW_MS = ((1, 52.7), (2, 52.9), (4, 71.1), (8, 90.9), (16, 98.7))
 PMIN_ORDER_SCALE = 8  # --spec-pmin p asks for a match of ceil(p * 8) tokens (clamped to the orders)
 
 __all__ = [
@@ -76,7 +99,36 @@ __all__ = [
     "NGramDrafter",
     "Match",
     "required_match_length",
+    "row_cost",
+    "parse_row_cost",
 ]
+
+
+def parse_row_cost(value) -> tuple[tuple[int, float], ...]:
+    """A forward's cost by rows, from ``((1, 52.7), (2, 52.9), ..)``, a mapping ``{rows: ms}`` or
+    the text ``"1:52.7,2:52.9,.."``: sorted, at least two points, the first at 1 row."""
+    if isinstance(value, str):
+        items = [item.split(":") for item in value.split(",") if item.strip()]
+    elif hasattr(value, "items"):
+        items = list(value.items())
+    else:
+        items = list(value)
+    try:
+        pairs = tuple(sorted((int(r), float(ms)) for r, ms in items))
+    except (TypeError, ValueError) as exc:
+        raise ValueError(f"row costs must be (rows, ms) pairs, got {value!r}") from exc
+    if len(pairs) < 2 or pairs[0][0] != 1 or any(ms <= 0 for _, ms in pairs):
+        raise ValueError(f"row costs need at least two positive points, the first at 1 row: {value!r}")
+    return pairs
+
+
+def row_cost(rows: int, table: Sequence[tuple[int, float]]) -> float:
+    """The cost of one forward of ``rows`` rows: linear between the table's points, flat past
+    its last one."""
+    for (r0, m0), (r1, m1) in zip(table, table[1:]):
+        if rows <= r1:
+            return m0 + (m1 - m0) * (max(rows, r0) - r0) / (r1 - r0)
+    return table[-1][1]
 
 
 def required_match_length(
@@ -128,6 +180,8 @@ class NGramIndex:
         self._tail_keys: list[int] = []
         # per appended token: the values its inserts replaced (None: the key was new), by order
         self._undo: list[list[int | tuple[int, ...] | None]] = []
+        # how many times each token occurs (the value policy's evidence on short matches)
+        self.counts: dict[int, int] = {}
 
     def __len__(self) -> int:
         return len(self.tokens)
@@ -163,6 +217,7 @@ class NGramIndex:
         """Add one token: the n-grams ending just before it now have a continuation."""
         c = len(self.tokens)
         self.tokens.append(token)
+        self.counts[token] = self.counts.get(token, 0) + 1
         maps = self.maps
         prevs: list[int | tuple[int, ...] | None] = []
         if self.candidates == 1:
@@ -196,7 +251,12 @@ class NGramIndex:
                     del table[key]
                 else:
                     table[key] = prev
-            toks.pop()
+            gone = toks.pop()
+            left = self.counts[gone] - 1
+            if left:
+                self.counts[gone] = left
+            else:
+                del self.counts[gone]
         self._tail_keys = self._keys_ending_at(length - 1) if length else []
 
     def clear(self) -> None:
@@ -204,6 +264,7 @@ class NGramIndex:
         self.maps = [{} for _ in self.maps]
         self._tail_keys = []
         self._undo = []
+        self.counts = {}
 
     def write(self, tokens: Sequence[int], start: int) -> bool:
         """Make ``tokens`` the sequence from ``start`` on and end the sequence after them.
@@ -302,12 +363,17 @@ class NGramDrafter:
         periodic: bool = False,
         follow: bool = False,
         adaptive: bool = False,
+        value: bool = False,
+        row_ms: Sequence[tuple[int, float]] | None = None,
         modulus: int | None = None,
     ) -> None:
         self.index = NGramIndex(min_order, max_order, candidates=candidates, modulus=modulus)
         self.periodic = periodic
         self.follow = follow
         self.adaptive = adaptive
+        self.value = value
+        self.row_ms = parse_row_cost(row_ms if row_ms is not None else REFERENCE_ROW_MS)
+        self._row_cost = [0.0] + [row_cost(rows, self.row_ms) for rows in range(1, SHORT_DRAFT_MAX + 2)]
         self._clear_policy_state()
 
     def _clear_policy_state(self) -> None:
@@ -318,6 +384,14 @@ class NGramDrafter:
         self._draft: list[int] = []  # the last draft, while its fate is unknown
         self._short = False  # was it drawn from a short match?
         self._short_budget = SHORT_DRAFT_START  # tokens a short-match draft may have
+        # value: outcomes by match bucket, [first tried, first landed, later tried, later landed]
+        self._outcomes = [[0, 0, 0, 0] for _ in VALUE_FIRST_PRIOR]
+        self._bucket = 0  # the bucket of the last draft's match
+        self._step_end = -1  # index length at the last draft call (-1: none yet)
+        self._step_rows = 1  # rows its verify had
+        one = self._row_cost[1]
+        self._rate_tokens = float(RATE_PRIOR_STEPS)  # emitted tokens and modelled ms so far
+        self._rate_ms = RATE_PRIOR_STEPS * one
 
 
     def reset(self) -> None:
@@ -413,36 +487,98 @@ class NGramDrafter:
         return found
 
     def _learn(self) -> None:
-        """With ``adaptive``: how much of the last short-match draft landed sets the next
-        short-match budget (see the constants at the top of the module)."""
+        """Learn from the previous draft call, now that the tokens after it are known: with
+        ``adaptive``, how much of the last short-match draft landed sets the next short-match
+        budget (see the constants at the top of the module); with ``value``, the step's outcome
+        updates the per-bucket acceptance and the running tokens per ms."""
         draft, self._draft = self._draft, []
-        if not (self.adaptive and draft and self._short):
-            return
         toks, start = self.index.tokens, self._source_end
+        if self.value:
+            gained = len(toks) - self._step_end
+            if self._step_end >= 0 and 1 <= gained <= self._step_rows:
+                self._rate_tokens += gained
+                self._rate_ms += self._cost(self._step_rows)
+            self._step_end = -1
+        if not (draft and (self.value or (self.adaptive and self._short))):
+            return
         if not start < len(toks) <= start + len(draft) + 1:
             return  # rewound, or plain steps ran in between: the draft was not what got verified
         landed = 0
         while landed < len(draft) and start + landed < len(toks) and toks[start + landed] == draft[landed]:
             landed += 1
+        if self.value:
+            seen = self._outcomes[self._bucket]
+            seen[0] += 1
+            seen[1] += landed > 0
+            later = min(len(draft), landed + 1) - 1  # later tokens verified with all before right
+            seen[2] += later
+            seen[3] += min(landed, len(draft)) - (landed > 0)
+            return
         if landed == len(draft):
             self._short_budget = min(SHORT_DRAFT_MAX, 2 * self._short_budget)
         else:
             self._short_budget = max(SHORT_DRAFT_MIN, landed + 1)
 
+    def _cost(self, rows: int) -> float:
+        return self._row_cost[rows] if rows < len(self._row_cost) else row_cost(rows, self.row_ms)
+
+    def _value_length(self, found: Match, available: int) -> int:
+        """How many of the ``available`` continuation tokens are worth verifying (0: decline).
+
+        Model: the first token lands with probability ``p``, each later one (given those before
+        it did) with ``q``, both per bucket of the backward match length: the prior above moved
+        by this request's outcomes. A draft of ``k`` tokens earns ``1 + p + pq + .. + pq^(k-1)``
+        tokens expected for a forward of ``k + 1`` rows; it is worth ``tokens - rate * cost``
+        with ``rate`` the request's running tokens per ms, the price of a row. The ``k``
+        (0..available) with the highest worth wins; O(window).
+        """
+        toks = self.index.tokens
+        end = len(toks)
+        length = match_length(toks, found.pos, end, EXTENDED_MATCH)
+        bucket = 0 if length <= 1 else 1 if length == 2 else 2 if length < 10 else 3
+        self._bucket = bucket
+        first, later = VALUE_FIRST_PRIOR[bucket], VALUE_LATER_PRIOR[bucket]
+        if bucket <= 1 and self.index.counts.get(toks[-1], 0) > COMMON_TOKEN:  # seen 3+ times before
+            first *= COMMON_FACTOR
+        tried, landed, later_tried, later_landed = self._outcomes[bucket]
+        strength = VALUE_PRIOR_STRENGTH
+        p = (landed + first * strength) / (tried + strength)
+        q = (later_landed + later * strength) / (later_tried + strength)
+        rate = self._rate_tokens / self._rate_ms
+        cost = self._row_cost
+        if available + 1 >= len(cost):
+            cost = cost + [row_cost(rows, self.row_ms) for rows in range(len(cost), available + 2)]
+        best_k, best = 0, 1.0 - rate * cost[1]
+        expected, chain = 1.0, 1.0
+        for k in range(1, available + 1):
+            chain *= p if k == 1 else q
+            expected += chain
+            worth = expected - rate * cost[k + 1]
+            if worth > best + 1e-12:
+                best_k, best = k, worth
+        return best_k
+
     def draft(self, count: int, min_length: int | None = None) -> list[int]:
         """Up to ``count`` tokens that followed the best earlier match of the current suffix."""
         self._learn()
+        toks = self.index.tokens
+        self._step_end, self._step_rows = len(toks), 1  # a plain step unless a draft follows
         if count <= 0:
             return []
         found = self.find(min_length)
-        toks = self.index.tokens
         if found is None:
             self._source = None
             return []
         self._source, self._source_end = found.pos, len(toks)
         self._match = found
         self._short = found.length < LONG_MATCH
-        if self.adaptive and self._short:
-            count = min(count, self._short_budget)
-        self._draft = continuation(toks, found.pos, count, periodic=self.periodic)
-        return self._draft
+        if self.value:
+            draft = continuation(toks, found.pos, count, periodic=self.periodic)
+            draft = draft[: self._value_length(found, len(draft))]
+        else:
+            if self.adaptive and self._short:
+                count = min(count, self._short_budget)
+            draft = continuation(toks, found.pos, count, periodic=self.periodic)
+        self._step_rows = len(draft) + 1
+        self._draft = draft
+        return draft
