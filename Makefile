@@ -10,7 +10,7 @@ STAMP := $(VENV)/.tsspec-installed
 
 setup: $(STAMP)
 
-$(STAMP): pyproject.toml setup.py core/modeling/qgemm.c $(PLUGINS) requirements-test.txt
+$(STAMP): pyproject.toml setup.py core/modeling/cpu_kernels.c $(PLUGINS) requirements-test.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PIP) install -q --upgrade pip
 	# a pinned torch: on these machines pip takes the local CPU build; a range would pull CUDA

@@ -3,7 +3,7 @@
 A decode step of a small model on the CPU is bound by the bytes of weights it reads: float32
 weights are 4 bytes a weight, Q4_1 blocks 0.625. ``BlockMatrix`` keeps a weight [N, K] as
 32-weight affine blocks ``w = d * q + m`` (d, m float32) and multiplies with the compiled kernel
-``tsspec.modeling._qgemm`` (qgemm.c), which unpacks each block to the exact float32 values the
+``tsspec.modeling._cpu_kernels`` (cpu_kernels.c, loaded by ``native.py``), which unpacks each block to the exact float32 values the
 dequantiser gives and sums in a fixed order per output row:
 
 * results differ from a float32 GEMM on the dequantised matrix only in summation order;
@@ -30,37 +30,25 @@ import torch
 
 from gguf import GGMLQuantizationType as T
 
+from . import native
+
 QK = 32
 GEMM_ROWS = 24  # up to this many rows the block kernel runs; above, dequantise + torch GEMM
 DEQUANT_SLICE = 1 << 22  # weights dequantised at a time on the GEMM path (16 MiB of float32)
 PACKABLE = {T.Q4_0, T.Q4_1, T.Q8_0}
 
-_native = None
-_native_checked = False
-
-
 def _load_native():
-    global _native, _native_checked
-    if not _native_checked:
-        _native_checked = True
-        try:
-            from . import _qgemm  # type: ignore[attr-defined]
-        except ImportError:
-            _native = None
-        else:
-            _native = _qgemm
-    return _native
+    return native.kernels()
 
 
 def native_available() -> bool:
     """True when the compiled block kernel was built and imports."""
-    return _load_native() is not None
+    return native.available()
 
 
 def native_info() -> dict[str, object]:
     """What the kernel build offers: ``{"simd": "avx2+fma" | "scalar", "openmp": bool}``."""
-    native = _load_native()
-    return {"simd": None, "openmp": False} if native is None else dict(native.info())
+    return native.info()
 
 
 class BlockMatrix:
@@ -117,9 +105,9 @@ class BlockMatrix:
         start, stop, _ = (rows or slice(None)).indices(self.shape[0])
         n, k = max(0, stop - start), self.shape[1]
         out = torch.empty((n, k), dtype=torch.float32)
-        native = _load_native()
-        if native is not None and n:
-            native.dequant(
+        kernels = _load_native()
+        if kernels is not None and n:
+            kernels.dequant(
                 self.fmt, self.q[start].data_ptr(), self.d[start].data_ptr(), self.m[start].data_ptr(),
                 n, k, out.data_ptr(), torch.get_num_threads(),
             )
@@ -139,8 +127,8 @@ class BlockMatrix:
             raise ValueError(f"x has {k} columns, the matrix {self.shape[1]}")
         if x.dtype != torch.float32 or x.device.type != "cpu":
             raise ValueError("block matrices multiply float32 CPU rows")
-        native = _load_native()
-        if rows > GEMM_ROWS or native is None:
+        kernels = _load_native()
+        if rows > GEMM_ROWS or kernels is None:
             return self._linear_torch(x, base)
         x = x.contiguous()
         out = torch.empty((rows, n), dtype=torch.float32)
@@ -150,7 +138,7 @@ class BlockMatrix:
             if base.shape != out.shape or base.dtype != torch.float32:
                 raise ValueError(f"base must be float32 {list(out.shape)}")
             base_ptr = base.data_ptr()
-        native.gemm(
+        kernels.gemm(
             self.fmt, self.q.data_ptr(), self.d.data_ptr(), self.m.data_ptr(), n, k,
             x.data_ptr(), rows, out.data_ptr(), base_ptr, torch.get_num_threads(),
         )

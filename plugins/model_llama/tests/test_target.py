@@ -295,3 +295,23 @@ def test_speculative_generation_with_block_weights_is_lossless(tiny, sampled):
         lambda: load_llama(path), lambda t: RandomSpeculator(300, max_draft_tokens=4, seed=1), prompt(5),
         max_tokens=24, sampling=sampling,
     )
+
+
+def test_embedded_verify_rows_equal_decode_rows_bit_for_bit(embedded_target):
+    """On the default CPU path (block weights, kernel attention) a k-row verify reproduces the
+    1-row decode's logits exactly: speculation cannot even flip a near-tie."""
+    from tsspec.modeling import native
+
+    if not native.available():
+        pytest.skip("the compiled CPU kernels were not built")
+    target = embedded_target
+    ids = target.tokenizer.encode("Rewrite: the quick brown fox jumps over the lazy dog, twice over.")
+    target.reset()
+    target.spec_forward(ids[:6], all_logits_rows=False, want_hidden=False)
+    decode = [target.spec_forward([t], all_logits_rows=False, want_hidden=False)[0][0] for t in ids[6:]]
+    target.spec_rewind_cache(6)
+    verify, _ = target.spec_forward(ids[6:], all_logits_rows=True, want_hidden=False)
+    target.reset()
+    assert len(decode) >= 8
+    for k, row in enumerate(decode):
+        assert torch.equal(verify[k], row), k

@@ -33,6 +33,8 @@ import torch
 import torch.nn.functional as F
 
 from tsspec.errors import GenerationError
+from tsspec.modeling.attention import available as kernel_attention_available
+from tsspec.modeling.attention import causal_attention
 from tsspec.modeling.qlinear import BlockMatrix
 from tsspec.protocols import ModelConfig
 
@@ -138,6 +140,11 @@ class LlamaTarget:
         # weights kept in quantised blocks (CPU): every matmul row is summed in the same order
         # whatever the row count, and short verifies need no padding (see qlinear.py)
         self.block_weights = sum(isinstance(t, BlockMatrix) for t in weights.values())
+        # attention on the compiled kernel (CPU, float32 KV): each query row is computed the
+        # same way whatever the row count, so verify rows reproduce decode rows bit for bit
+        self._kernel_attention = (
+            self.device.type == "cpu" and residual_dtype(dtype) == torch.float32 and kernel_attention_available()
+        )
         self._output_norm = weights["output_norm"].to(self.device)
         self._layers = [_Layer(weights, i, self.device) for i in range(hp.n_layers)]
         self._rope = RotaryTable(
@@ -267,20 +274,10 @@ class LlamaTarget:
         k_cache, v_cache = self._k[i], self._v[i]  # [nkv, capacity, hd]
         k_cache[:, past:end] = qk[:, hp.n_heads :].transpose(0, 1)
         v_cache[:, past:end] = qkv[:, self._qk_size :].view(rows, hp.n_kv_heads, hp.head_dim).transpose(0, 1)
-        if rows == 1:  # head j uses KV head j // group: heads of a group are query rows of it
-            q = qk[:, : hp.n_heads].view(hp.n_kv_heads, hp.group_size, hp.head_dim)
-        else:  # [nkv, group * rows, hd], rows ordered (group, row) to match the mask
-            q = qk[:, : hp.n_heads].reshape(rows, hp.n_kv_heads, hp.group_size, hp.head_dim)
-            q = q.permute(1, 2, 0, 3).reshape(hp.n_kv_heads, hp.group_size * rows, hp.head_dim)
-        scores = torch.bmm(q, k_cache[:, :end].transpose(1, 2))  # [nkv, group * rows, end]
-        if bias is not None:
-            scores += bias
-        attn = torch.bmm(torch.softmax(scores, dim=-1), v_cache[:, :end])  # [nkv, group * rows, hd]
-        if rows == 1:
-            attn = attn.view(1, hp.q_size)
+        if self._kernel_attention:  # [rows, nh * hd]; rows computed independently (see attention.py)
+            attn = causal_attention(qk.view(rows, self._qk_size), k_cache, v_cache, past, hp.n_heads)
         else:
-            attn = attn.view(hp.n_kv_heads, hp.group_size, rows, hp.head_dim).permute(2, 0, 1, 3)
-            attn = attn.reshape(rows, hp.q_size)
+            attn = self._torch_attention(qk, k_cache, v_cache, past, end, bias)
         if self._cast:
             attn = attn.to(self.dtype)
         self._threads(wide)
@@ -295,6 +292,25 @@ class LlamaTarget:
         act = F.silu(gate_up[:, : hp.ffn_size]) * gate_up[:, hp.ffn_size :]
         self._threads(wide)
         return self._residual_add(x, act, layer.w_down, None)
+
+    def _torch_attention(self, qk, k_cache, v_cache, past: int, end: int, bias) -> torch.Tensor:
+        """Attention with torch ops: [rows, nh * hd]."""
+        hp, rows = self.hparams, qk.shape[0]
+        if rows == 1:  # head j uses KV head j // group: heads of a group are query rows of it
+            q = qk[:, : hp.n_heads].view(hp.n_kv_heads, hp.group_size, hp.head_dim)
+        else:  # [nkv, group * rows, hd], rows ordered (group, row) to match the mask
+            q = qk[:, : hp.n_heads].reshape(rows, hp.n_kv_heads, hp.group_size, hp.head_dim)
+            q = q.permute(1, 2, 0, 3).reshape(hp.n_kv_heads, hp.group_size * rows, hp.head_dim)
+        scores = torch.bmm(q, k_cache[:, :end].transpose(1, 2))  # [nkv, group * rows, end]
+        if bias is not None:
+            scores += bias
+        attn = torch.bmm(torch.softmax(scores, dim=-1), v_cache[:, :end])  # [nkv, group * rows, hd]
+        if rows == 1:
+            attn = attn.view(1, hp.q_size)
+        else:
+            attn = attn.view(hp.n_kv_heads, hp.group_size, rows, hp.head_dim).permute(2, 0, 1, 3)
+            attn = attn.reshape(rows, hp.q_size)
+        return attn
 
     def _residual_add(self, x: torch.Tensor, h: torch.Tensor, weight: torch.Tensor, bias) -> torch.Tensor:
         """x + h @ weight^T (+ bias), in one GEMM when the dtypes allow."""
@@ -329,7 +345,7 @@ class LlamaTarget:
             x = _embedding(torch.tensor(ids, device=self.device), self._embed)  # [rows, H]
             if self._cast:
                 x = x.to(self._residual_dtype)
-            bias = self._causal_bias(past, rows)
+            bias = None if self._kernel_attention else self._causal_bias(past, rows)
             for i in range(self.hparams.n_layers):
                 if taps is not None and i in taps:
                     tapped[i] = x

@@ -1,4 +1,8 @@
-/* Quantised-weight matmul for the CPU: out[r, n] (+)= sum_k x[r, k] * W[n, k].
+/* CPU kernels of tsspec (module tsspec.modeling._cpu_kernels): the quantised-weight matmul and
+ * causal attention over a KV cache. Both compute every row the same way whatever the number of
+ * rows in the call, so a 1-row decode and a k-row verify agree bit for bit.
+ *
+ * 1. Matmul: out[r, n] = (base[r, n] +) sum_k x[r, k] * W[n, k].
  *
  * W stays in 32-weight affine blocks, w = d * q + m (d, m float32 per block):
  *   fmt 4: q is 4-bit, 16 bytes a block, ggml's nibble order (byte j: low nibble is weight j,
@@ -22,6 +26,7 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#include <math.h>
 #ifdef _OPENMP
 #include <omp.h>
 #endif
@@ -268,6 +273,246 @@ static void dequant(const QWeight *W, float *out, int threads) {
     }
 }
 
+/* ---- attention ---------------------------------------------------------------------------
+ * 2. Causal attention of query rows t = 0..rows-1 at positions past + t over a KV cache:
+ *    out[t, h, :] = sum_j softmax_j(q[t, h] . k[g, j]) v[g, j], j = 0 .. past + t, g = h / group.
+ * q is pre-scaled. Fixed order: the dot over hd in 8 lanes (lane l sums elements l, l + 8, ..),
+ * lanes summed ((0+4)+(2+6))+((1+5)+(3+7)); softmax with expf in key order; the weighted sum of
+ * v accumulated per element in key order, divided by the sum at the end. A row depends only on
+ * its own query and the keys it sees. */
+
+static inline float lanes8(const float *s) {
+    float t0 = s[0] + s[4], t1 = s[1] + s[5], t2 = s[2] + s[6], t3 = s[3] + s[7];
+    return (t0 + t2) + (t1 + t3);
+}
+
+/* exp(x) for x <= 0 (softmax arguments): 2^n * p(r), n = round(x / ln 2), r = x - n ln 2 in two
+ * parts, p a degree-6 polynomial (relative error ~2e-7); below -87 it is 0. The scalar and AVX2
+ * versions perform the same operations, so they agree bit for bit. */
+#define EXP_LO -87.0f
+#define EXP_LOG2E 1.44269504088896341f
+#define EXP_LN2_HI 0.693359375f
+#define EXP_LN2_LO -2.12194440e-4f
+#define EXP_C2 0.5f
+#define EXP_C3 1.6666667e-1f
+#define EXP_C4 4.1666667e-2f
+#define EXP_C5 8.3333333e-3f
+#define EXP_C6 1.3888889e-3f
+
+static inline float exp_scalar(float x) {
+    if (!(x >= EXP_LO)) return 0.0f;
+    float n = nearbyintf(x * EXP_LOG2E);
+    float r = fmaf(n, -EXP_LN2_HI, x);
+    r = fmaf(n, -EXP_LN2_LO, r);
+    float p = fmaf(EXP_C6, r, EXP_C5);
+    p = fmaf(p, r, EXP_C4);
+    p = fmaf(p, r, EXP_C3);
+    p = fmaf(p, r, EXP_C2);
+    p = fmaf(p, r, 1.0f);
+    p = fmaf(p, r, 1.0f);
+    int32_t bits;
+    memcpy(&bits, &p, 4);
+    bits += (int32_t)n << 23;
+    memcpy(&p, &bits, 4);
+    return p;
+}
+
+/* one query row of one head: softmax over keys 0..keys-1 of a KV head, times V, into o[hd] */
+static void attend_scalar(const float *qv, const float *kg, const float *vg, int64_t keys, int64_t hd, float *scores,
+                          float *o) {
+    float top = -INFINITY;
+    for (int64_t j = 0; j < keys; j++) {
+        float acc[8] = {0};
+        for (int64_t i = 0; i < hd; i++) acc[i % 8] = fmaf(qv[i], kg[j * hd + i], acc[i % 8]);
+        scores[j] = lanes8(acc);
+        if (scores[j] > top) top = scores[j];
+    }
+    float lane[8] = {0};
+    int64_t j = 0;
+    for (; j + 8 <= keys; j += 8)
+        for (int l = 0; l < 8; l++) {
+            scores[j + l] = exp_scalar(scores[j + l] - top);
+            lane[l] += scores[j + l];
+        }
+    float total = lanes8(lane);
+    for (; j < keys; j++) {
+        scores[j] = exp_scalar(scores[j] - top);
+        total += scores[j];
+    }
+    memset(o, 0, sizeof(float) * (size_t)hd);
+    for (j = 0; j < keys; j++)
+        for (int64_t i = 0; i < hd; i++) o[i] = fmaf(scores[j], vg[j * hd + i], o[i]);
+    const float inv = 1.0f / total;
+    for (int64_t i = 0; i < hd; i++) o[i] *= inv;
+}
+
+#ifdef QG_X86
+QG_AVX2 static inline __m256 exp_avx2(__m256 x) {
+    __m256 keep = _mm256_cmp_ps(x, _mm256_set1_ps(EXP_LO), _CMP_GE_OQ);
+    x = _mm256_max_ps(x, _mm256_set1_ps(EXP_LO));
+    __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(EXP_LOG2E)), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m256 r = _mm256_fmadd_ps(n, _mm256_set1_ps(-EXP_LN2_HI), x);
+    r = _mm256_fmadd_ps(n, _mm256_set1_ps(-EXP_LN2_LO), r);
+    __m256 p = _mm256_fmadd_ps(_mm256_set1_ps(EXP_C6), r, _mm256_set1_ps(EXP_C5));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(EXP_C4));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(EXP_C3));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(EXP_C2));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f));
+    __m256i bits = _mm256_add_epi32(_mm256_castps_si256(p), _mm256_slli_epi32(_mm256_cvtps_epi32(n), 23));
+    return _mm256_and_ps(_mm256_castsi256_ps(bits), keep);
+}
+
+/* scores of one query against keys [j0, j1) of a KV head, four keys at a time; each score is
+ * the same 8-lane dot as attend_scalar's */
+QG_AVX2 static inline void scores_avx2(const float *qv, const float *kg, int64_t j0, int64_t j1, int64_t hd,
+                                       float *scores) {
+    int64_t j = j0;
+    __m256 z = _mm256_setzero_ps();
+    for (; j + 4 <= j1; j += 4) {
+        const float *k0 = kg + j * hd;
+        __m256 a0 = z, a1 = z, a2 = z, a3 = z;
+        for (int64_t i = 0; i < hd; i += 8) {
+            __m256 q = _mm256_loadu_ps(qv + i);
+            a0 = _mm256_fmadd_ps(q, _mm256_loadu_ps(k0 + i), a0);
+            a1 = _mm256_fmadd_ps(q, _mm256_loadu_ps(k0 + hd + i), a1);
+            a2 = _mm256_fmadd_ps(q, _mm256_loadu_ps(k0 + 2 * hd + i), a2);
+            a3 = _mm256_fmadd_ps(q, _mm256_loadu_ps(k0 + 3 * hd + i), a3);
+        }
+        scores[j] = hsum_avx2(a0, z);
+        scores[j + 1] = hsum_avx2(a1, z);
+        scores[j + 2] = hsum_avx2(a2, z);
+        scores[j + 3] = hsum_avx2(a3, z);
+    }
+    for (; j < j1; j++) {
+        __m256 a0 = z;
+        for (int64_t i = 0; i < hd; i += 8) a0 = _mm256_fmadd_ps(_mm256_loadu_ps(qv + i), _mm256_loadu_ps(kg + j * hd + i), a0);
+        scores[j] = hsum_avx2(a0, z);
+    }
+}
+
+/* softmax weights in place (unnormalised) and their sum, as attend_scalar computes them */
+QG_AVX2 static inline float softmax_avx2(float *scores, int64_t keys) {
+    float top = -INFINITY;
+    int64_t j;
+    for (j = 0; j < keys; j++)
+        if (scores[j] > top) top = scores[j];
+    __m256 vtop = _mm256_set1_ps(top), lane = _mm256_setzero_ps();
+    for (j = 0; j + 8 <= keys; j += 8) {
+        __m256 e = exp_avx2(_mm256_sub_ps(_mm256_loadu_ps(scores + j), vtop));
+        _mm256_storeu_ps(scores + j, e);
+        lane = _mm256_add_ps(lane, e);
+    }
+    float total = hsum_avx2(lane, _mm256_setzero_ps());
+    for (; j < keys; j++) {
+        scores[j] = exp_scalar(scores[j] - top);
+        total += scores[j];
+    }
+    return total;
+}
+
+#define KEY_BLOCK 64 /* keys of K (and V) reused from L1 by every query of a KV head */
+
+/* all queries of one KV head (n of them: group heads x rows): keys are walked in blocks so a
+ * block of K and V serves every query while it is in cache; per query, scores, the softmax and
+ * the V sum (o += p_j v_j, j in order, 8 lanes per element chunk) are exactly attend_scalar's */
+QG_AVX2 static void attend_group_avx2(const float *const *qs, const int64_t *keys, int64_t n, const float *kg,
+                                      const float *vg, int64_t hd, float *scores, int64_t stride, float *const *os,
+                                      float *inv) {
+    int64_t most = 0;
+    for (int64_t u = 0; u < n; u++) most = keys[u] > most ? keys[u] : most;
+    for (int64_t j0 = 0; j0 < most; j0 += KEY_BLOCK)
+        for (int64_t u = 0; u < n; u++) {
+            int64_t j1 = j0 + KEY_BLOCK < keys[u] ? j0 + KEY_BLOCK : keys[u];
+            if (j1 > j0) scores_avx2(qs[u], kg, j0, j1, hd, scores + u * stride);
+        }
+    for (int64_t u = 0; u < n; u++) {
+        inv[u] = 1.0f / softmax_avx2(scores + u * stride, keys[u]);
+        memset(os[u], 0, sizeof(float) * (size_t)hd);
+    }
+    for (int64_t j0 = 0; j0 < most; j0 += KEY_BLOCK)
+        for (int64_t u = 0; u < n; u++) {
+            int64_t j1 = j0 + KEY_BLOCK < keys[u] ? j0 + KEY_BLOCK : keys[u];
+            const float *p = scores + u * stride;
+            for (int64_t i = 0; i < hd; i += 32) { /* up to 4 chunks of 8 in registers */
+                int64_t w = hd - i < 32 ? hd - i : 32;
+                __m256 c0 = _mm256_loadu_ps(os[u] + i), c1 = c0, c2 = c0, c3 = c0;
+                if (w > 8) c1 = _mm256_loadu_ps(os[u] + i + 8);
+                if (w > 16) c2 = _mm256_loadu_ps(os[u] + i + 16);
+                if (w > 24) c3 = _mm256_loadu_ps(os[u] + i + 24);
+                for (int64_t j = j0; j < j1; j++) {
+                    __m256 pj = _mm256_set1_ps(p[j]);
+                    const float *vj = vg + j * hd + i;
+                    c0 = _mm256_fmadd_ps(pj, _mm256_loadu_ps(vj), c0);
+                    if (w > 8) c1 = _mm256_fmadd_ps(pj, _mm256_loadu_ps(vj + 8), c1);
+                    if (w > 16) c2 = _mm256_fmadd_ps(pj, _mm256_loadu_ps(vj + 16), c2);
+                    if (w > 24) c3 = _mm256_fmadd_ps(pj, _mm256_loadu_ps(vj + 24), c3);
+                }
+                _mm256_storeu_ps(os[u] + i, c0);
+                if (w > 8) _mm256_storeu_ps(os[u] + i + 8, c1);
+                if (w > 16) _mm256_storeu_ps(os[u] + i + 16, c2);
+                if (w > 24) _mm256_storeu_ps(os[u] + i + 24, c3);
+            }
+        }
+    for (int64_t u = 0; u < n; u++) {
+        __m256 vi = _mm256_set1_ps(inv[u]);
+        for (int64_t i = 0; i < hd; i += 8) _mm256_storeu_ps(os[u] + i, _mm256_mul_ps(_mm256_loadu_ps(os[u] + i), vi));
+    }
+}
+#endif
+
+static int attention(const float *q, int64_t q_row, const float *kc, const float *vc, int64_t cap, float *out,
+                     int64_t rows, int64_t heads, int64_t kv_heads, int64_t hd, int64_t past, int threads) {
+    const int simd = simd_on() && hd % 8 == 0;
+    const int64_t group = heads / kv_heads, n = group * rows, stride = past + rows;
+    int failed = 0;
+    (void)threads;
+#ifdef _OPENMP
+    if (threads < 1) threads = 1;
+#pragma omp parallel num_threads(threads) if (threads > 1 && heads * rows * (past + rows) * hd >= 262144)
+#endif
+    {
+        /* per thread: scores of the n queries of one KV head, their pointers and key counts */
+        float *scores = (float *)malloc(sizeof(float) * (size_t)(n * stride));
+        const float **qs = (const float **)malloc(sizeof(float *) * (size_t)n);
+        float **os = (float **)malloc(sizeof(float *) * (size_t)n);
+        int64_t *keys = (int64_t *)malloc(sizeof(int64_t) * (size_t)n);
+        float *inv = (float *)malloc(sizeof(float) * (size_t)n);
+        int ok = scores && qs && os && keys && inv;
+        if (!ok) {
+#ifdef _OPENMP
+#pragma omp atomic write
+#endif
+            failed = 1;
+        }
+#ifdef _OPENMP
+#pragma omp for schedule(static)
+#endif
+        for (int64_t g = 0; g < kv_heads; g++) {
+            if (!ok) continue;
+            const float *kg = kc + g * cap * hd, *vg = vc + g * cap * hd;
+            for (int64_t t = 0, u = 0; t < rows; t++)
+                for (int64_t h = g * group; h < (g + 1) * group; h++, u++) {
+                    qs[u] = q + t * q_row + h * hd;
+                    os[u] = out + (t * heads + h) * hd;
+                    keys[u] = past + t + 1;
+                }
+#ifdef QG_X86
+            if (simd)
+                attend_group_avx2(qs, keys, n, kg, vg, hd, scores, stride, os, inv);
+            else
+#endif
+                for (int64_t u = 0; u < n; u++) attend_scalar(qs[u], kg, vg, keys[u], hd, scores, os[u]);
+        }
+        free(scores);
+        free((void *)qs);
+        free(os);
+        free(keys);
+        free(inv);
+    }
+    return failed ? -1 : 0;
+}
+
 /* ---- python surface: raw addresses of torch tensors (qlinear.py checks every shape) ------- */
 
 static int check_weight(QWeight *W, int fmt, unsigned long long q, unsigned long long d, unsigned long long m,
@@ -323,6 +568,28 @@ static PyObject *py_dequant(PyObject *self, PyObject *args) {
     Py_RETURN_NONE;
 }
 
+/* attention(q, q_row, k, v, cap, out, rows, heads, kv_heads, hd, past, threads): q [rows, *]
+ * with row stride q_row (heads * hd used), k and v [kv_heads, cap, hd], out [rows, heads * hd] */
+static PyObject *py_attention(PyObject *self, PyObject *args) {
+    unsigned long long q, k, v, out;
+    long long q_row, cap, rows, heads, kv_heads, hd, past;
+    int threads, rc;
+    if (!PyArg_ParseTuple(args, "KLKKLKLLLLLi", &q, &q_row, &k, &v, &cap, &out, &rows, &heads, &kv_heads, &hd, &past,
+                          &threads))
+        return NULL;
+    if (!q || !k || !v || !out || rows < 0 || heads < 1 || kv_heads < 1 || heads % kv_heads || hd < 1 || past < 0 ||
+        past + rows > cap || q_row < heads * hd) {
+        PyErr_SetString(PyExc_ValueError, "bad attention operands");
+        return NULL;
+    }
+    Py_BEGIN_ALLOW_THREADS
+    rc = attention((const float *)(uintptr_t)q, q_row, (const float *)(uintptr_t)k, (const float *)(uintptr_t)v, cap,
+                   (float *)(uintptr_t)out, rows, heads, kv_heads, hd, past, threads);
+    Py_END_ALLOW_THREADS
+    if (rc != 0) return PyErr_NoMemory();
+    Py_RETURN_NONE;
+}
+
 static PyObject *py_set_simd(PyObject *self, PyObject *args) {
     int on;
     if (!PyArg_ParseTuple(args, "p", &on)) return NULL;
@@ -341,11 +608,12 @@ static PyObject *py_info(PyObject *self, PyObject *noargs) {
 static PyMethodDef methods[] = {
     {"gemm", py_gemm, METH_VARARGS, "out[R, N] (+)= x[R, K] @ W[N, K]^T on quantised blocks"},
     {"dequant", py_dequant, METH_VARARGS, "W[N, K] -> float32"},
+    {"attention", py_attention, METH_VARARGS, "causal attention of query rows over a KV cache"},
     {"set_simd", py_set_simd, METH_VARARGS, "False forces the scalar path (tests)"},
     {"info", py_info, METH_NOARGS, "which paths this build has"},
     {NULL, NULL, 0, NULL},
 };
 
-static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_qgemm", "Quantised-weight CPU matmul.", -1, methods};
+static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_cpu_kernels", "tsspec's CPU kernels.", -1, methods};
 
-PyMODINIT_FUNC PyInit__qgemm(void) { return PyModule_Create(&module); }
+PyMODINIT_FUNC PyInit__cpu_kernels(void) { return PyModule_Create(&module); }

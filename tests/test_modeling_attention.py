@@ -1,0 +1,93 @@
+"""tsspec.modeling.attention: the compiled causal attention against torch's softmax attention."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from tsspec.modeling import attention, native
+
+pytestmark = pytest.mark.skipif(not attention.available(), reason="the compiled CPU kernels were not built")
+
+
+def reference(q, k, v, past, heads):
+    """Plain float64 attention: row t sees keys 0..past+t; head h reads KV head h // group."""
+    rows, kv_heads, hd = q.shape[0], k.shape[0], k.shape[2]
+    group = heads // kv_heads
+    out = torch.empty(rows, heads, hd, dtype=torch.float64)
+    for t in range(rows):
+        for h in range(heads):
+            keys = past + t + 1
+            scores = k[h // group, :keys].double() @ q[t, h * hd : (h + 1) * hd].double()
+            out[t, h] = torch.softmax(scores, 0) @ v[h // group, :keys].double()
+    return out.reshape(rows, heads * hd)
+
+
+def case(rows=5, past=37, heads=6, kv_heads=2, hd=16, capacity=64, extra=0, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    q = torch.randn(rows, heads * hd + extra, generator=g)
+    k = torch.randn(kv_heads, capacity, hd, generator=g)
+    v = torch.randn(kv_heads, capacity, hd, generator=g)
+    return q, k, v
+
+
+@pytest.mark.parametrize("hd", [8, 16, 64, 12])
+@pytest.mark.parametrize("rows,past", [(1, 0), (1, 40), (4, 3), (9, 21)])
+def test_matches_softmax_attention(hd, rows, past):
+    q, k, v = case(rows=rows, past=past, hd=hd, extra=2 * 2 * hd)  # K and V columns after Q
+    got = attention.causal_attention(q, k, v, past, heads=6)
+    assert got.shape == (rows, 6 * hd) and got.dtype == torch.float32
+    assert torch.allclose(got.double(), reference(q, k, v, past, 6), rtol=1e-5, atol=1e-6)
+
+
+def test_rows_are_batch_invariant():
+    """Row t of a k-row call equals the 1-row call at the same position, bit for bit."""
+    q, k, v = case(rows=8, past=30, hd=64, heads=9, kv_heads=3, capacity=40)
+    full = attention.causal_attention(q, k, v, 30, heads=9)
+    for t in range(8):
+        one = attention.causal_attention(q[t : t + 1], k, v, 30 + t, heads=9)
+        assert torch.equal(one[0], full[t])
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(2)
+        assert torch.equal(attention.causal_attention(q, k, v, 30, heads=9), full)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def test_scalar_path_agrees_bit_for_bit():
+    q, k, v = case(rows=3, past=50, hd=32, capacity=60)
+    fast = attention.causal_attention(q, k, v, 50, heads=6)
+    native.kernels().set_simd(False)
+    try:
+        slow = attention.causal_attention(q, k, v, 50, heads=6)
+    finally:
+        native.kernels().set_simd(True)
+    assert torch.equal(fast, slow)
+
+
+def test_large_score_gaps_do_not_overflow():
+    q, k, v = case(rows=2, past=10, hd=16)
+    q = q * 200.0  # scores far apart: most weights underflow to exactly 0
+    got = attention.causal_attention(q, k, v, 10, heads=6)
+    assert torch.isfinite(got).all()
+    assert torch.allclose(got.double(), reference(q, k, v, 10, 6), rtol=1e-4, atol=1e-5)
+
+
+def test_bad_operands_are_refused():
+    q, k, v = case(rows=2, past=10, hd=16, capacity=11)
+    with pytest.raises(ValueError):
+        attention.causal_attention(q, k, v, 10, heads=6)  # past + rows > capacity
+    with pytest.raises(ValueError, match="float32"):
+        attention.causal_attention(q.double(), k, v, 0, heads=6)
+    with pytest.raises(ValueError, match="contiguous"):
+        attention.causal_attention(q, k.transpose(1, 2), v, 0, heads=6)
+    with pytest.raises(ValueError):
+        attention.causal_attention(q, k, v, 0, heads=5)  # not a multiple of the KV heads
+
+
+def test_long_calls_go_in_slices_with_the_same_rows(monkeypatch):
+    q, k, v = case(rows=11, past=5, hd=16, capacity=16)
+    whole = attention.causal_attention(q, k, v, 5, heads=6)
+    monkeypatch.setattr(attention, "ROW_SLICE", 4)
+    assert torch.equal(attention.causal_attention(q, k, v, 5, heads=6), whole)
