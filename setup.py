@@ -11,8 +11,8 @@ setup(
         Extension(
             "tsspec.modeling._cpu_kernels",
             sources=["core/modeling/cpu_kernels.c"],
-            extra_compile_args=["-O3", "-fopenmp", "-std=c11"],
-            extra_link_args=["-fopenmp"],
+            extra_compile_args=["-O3", "-std=c11", "-pthread"],
+            extra_link_args=["-pthread"],
             optional=True,
         )
     ]

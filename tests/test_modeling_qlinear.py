@@ -147,3 +147,40 @@ def test_bad_operands_are_refused():
     if qlinear.native_available():
         with pytest.raises(ValueError):
             qlinear._load_native().gemm(5, 1, 1, 1, 1, 32, 1, 1, 1, 0, 1)
+
+
+@needs_native
+def test_pool_serves_concurrent_callers_and_forked_children():
+    """Two Python threads calling at once (one runs inline while the pool is busy) and a forked
+    child (which has none of the parent's workers) all get the single-caller results."""
+    import os
+    import threading
+
+    bm, _ = make(T.Q4_1, n=512, k=256)
+    x = torch.randn(6, 256, generator=torch.Generator().manual_seed(3))
+    threads = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        expected = bm.linear(x)
+        results, errors = [], []
+
+        def call():
+            try:
+                for _ in range(50):
+                    results.append(torch.equal(bm.linear(x), expected))
+            except Exception as exc:  # pragma: no cover - reported below
+                errors.append(exc)
+
+        workers = [threading.Thread(target=call) for _ in range(3)]
+        for w in workers:
+            w.start()
+        for w in workers:
+            w.join()
+        assert not errors and len(results) == 150 and all(results)
+        pid = os.fork()
+        if pid == 0:  # child: exit code says whether the pool still works there
+            os._exit(0 if torch.equal(bm.linear(x), expected) else 1)
+        _, status = os.waitpid(pid, 0)
+        assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0
+    finally:
+        torch.set_num_threads(threads)

@@ -102,7 +102,8 @@ def _add_plugin_commands(app: typer.Typer, catalog) -> None:
 def main(argv: list[str] | None = None) -> None:
     # OpenMP workers that spin while waiting lose badly when another process holds a core
     # (measured: 632 -> 123 ms per decode step on a shared 2-core machine). Must be set before
-    # torch is imported; an operator's own setting wins.
+    # torch is imported; an operator's own setting wins. (tsspec's own CPU kernels do not use
+    # OpenMP: their pool never makes a caller wait for a sleeping worker, see cpu_kernels.c.)
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
     argv = list(sys.argv[1:] if argv is None else argv)
     debug = "--debug" in argv

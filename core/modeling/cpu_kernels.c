@@ -17,7 +17,12 @@
  * and whatever the thread split, so a row's result does not depend on the rows beside it:
  * a 1-row decode and an 8-row verify give bit-identical logits for the same token.
  *
- * Threads: OpenMP over output rows n (torch's libgomp is the one loaded when torch comes first).
+ * Threads: a small pool of our own (below), not OpenMP. Work is split into chunks that the caller
+ * and the workers take from one atomic counter, so the caller never waits for a worker to wake
+ * up: a sleeping or descheduled worker just takes no chunks, and the caller does them all.
+ * (OpenMP's fork/join makes every call wait for every worker: with OMP_WAIT_POLICY=PASSIVE,
+ * which a shared machine needs, that wake-up cost 40% of a decode step; spinning workers
+ * instead lose 3-5x whenever another process holds a core.)
  * Vector code is AVX2 + FMA, chosen at run time; the scalar path is the fallback and the
  * specification (same summation order, so both paths agree bit for bit).
  */
@@ -27,9 +32,10 @@
 #include <stdlib.h>
 #include <string.h>
 #include <math.h>
-#ifdef _OPENMP
-#include <omp.h>
-#endif
+#include <pthread.h>
+#include <sched.h>
+#include <stdatomic.h>
+#include <time.h>
 #if defined(__x86_64__) || defined(_M_X64)
 #include <immintrin.h>
 #define QG_X86 1
@@ -190,6 +196,163 @@ static int use_simd = -1; /* -1: auto, 0: scalar forced (tests) */
 
 static inline int simd_on(void) { return use_simd != 0 && have_avx2(); }
 
+
+/* ---- thread pool ------------------------------------------------------------------------ */
+
+typedef void (*chunk_fn)(void *arg, int64_t chunk);
+
+#define MAX_WORKERS 63
+#define SPIN_NS 200000    /* a worker spins this long after its last chunk before sleeping */
+#define WAIT_SPIN_NS 20000 /* the caller spins this long on chunks in flight, then yields */
+#define FIELD 20           /* ticket = generation << 40 | chunks << 20 | next chunk */
+#define FIELD_MASK ((UINT64_C(1) << FIELD) - 1)
+
+static struct {
+    pthread_mutex_t busy;        /* one job at a time; a second caller runs inline */
+    pthread_mutex_t sleep_lock;
+    pthread_cond_t wake;
+    _Alignas(64) _Atomic uint64_t ticket; /* own cache lines: workers poll it while others count */
+    _Alignas(64) _Atomic int64_t done;
+    _Alignas(64) _Atomic int sleepers;
+    _Atomic int active; /* workers 0 .. active-1 may take chunks of the current job */
+    _Atomic(chunk_fn) fn;
+    _Atomic(void *) arg;
+    int started;
+} pool = {PTHREAD_MUTEX_INITIALIZER, PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER};
+
+static int64_t now_ns(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
+}
+
+static inline void relax(void) {
+#ifdef QG_X86
+    _mm_pause();
+#endif
+}
+
+/* take one chunk of the job the ticket shows; -1 when none is left */
+static int64_t take_chunk(uint64_t *seen) {
+    uint64_t v = atomic_load(&pool.ticket);
+    for (;;) {
+        *seen = v;
+        uint64_t chunks = (v >> FIELD) & FIELD_MASK, next = v & FIELD_MASK;
+        if (next >= chunks) return -1;
+        if (atomic_compare_exchange_weak(&pool.ticket, &v, v + 1)) return (int64_t)next;
+    }
+}
+
+static void *worker_main(void *index_ptr) {
+    const int index = (int)(intptr_t)index_ptr;
+    int64_t idle_since = now_ns();
+    uint64_t seen = atomic_load(&pool.ticket);
+    for (;;) {
+        if (index < atomic_load(&pool.active)) {
+            int64_t c = take_chunk(&seen);
+            if (c >= 0) { /* the job cannot finish (nor fn/arg change) before this chunk is done */
+                chunk_fn fn = atomic_load(&pool.fn);
+                fn(atomic_load(&pool.arg), c);
+                atomic_fetch_add(&pool.done, 1);
+                idle_since = now_ns();
+                continue;
+            }
+        }
+        /* nothing to take: spin a while for the next job, then sleep until the ticket moves */
+        uint64_t v = atomic_load(&pool.ticket);
+        int spins = 0;
+        while (v == seen) {
+            relax();
+            if (++spins % 64 == 0 && now_ns() - idle_since > SPIN_NS) {
+                pthread_mutex_lock(&pool.sleep_lock);
+                atomic_fetch_add(&pool.sleepers, 1);
+                while (atomic_load(&pool.ticket) == seen) pthread_cond_wait(&pool.wake, &pool.sleep_lock);
+                atomic_fetch_sub(&pool.sleepers, 1);
+                pthread_mutex_unlock(&pool.sleep_lock);
+                idle_since = now_ns();
+            }
+            v = atomic_load(&pool.ticket);
+        }
+        seen = v;
+    }
+    return NULL;
+}
+
+static void pool_after_fork(void) { /* the child has none of the parent's workers */
+    pthread_mutex_init(&pool.busy, NULL);
+    pthread_mutex_init(&pool.sleep_lock, NULL);
+    pthread_cond_init(&pool.wake, NULL);
+    atomic_store(&pool.sleepers, 0);
+    atomic_store(&pool.active, 0);
+    pool.started = 0;
+}
+
+/* fn(arg, c) for c in 0..chunks-1 on up to `threads` threads (the caller included) */
+static void run_chunks(chunk_fn fn, void *arg, int64_t chunks, int threads) {
+    if (threads > MAX_WORKERS + 1) threads = MAX_WORKERS + 1;
+    if (threads <= 1 || chunks <= 1 || chunks > (int64_t)FIELD_MASK || pthread_mutex_trylock(&pool.busy) != 0) {
+        for (int64_t c = 0; c < chunks; c++) fn(arg, c);
+        return;
+    }
+    static int fork_hook = 0;
+    if (!fork_hook) {
+        pthread_atfork(NULL, NULL, pool_after_fork);
+        fork_hook = 1;
+    }
+    while (pool.started < threads - 1) {
+        pthread_t tid;
+        pthread_attr_t attr;
+        pthread_attr_init(&attr);
+        pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
+        int rc = pthread_create(&tid, &attr, worker_main, (void *)(intptr_t)pool.started);
+        pthread_attr_destroy(&attr);
+        if (rc != 0) break;
+        pool.started++;
+    }
+    atomic_store(&pool.fn, fn);
+    atomic_store(&pool.arg, arg);
+    atomic_store(&pool.done, 0);
+    atomic_store(&pool.active, threads - 1);
+    uint64_t generation = (atomic_load(&pool.ticket) >> (2 * FIELD)) + 1;
+    atomic_store(&pool.ticket, (generation << (2 * FIELD)) | ((uint64_t)chunks << FIELD));
+    if (atomic_load(&pool.sleepers) > 0) {
+        pthread_mutex_lock(&pool.sleep_lock);
+        pthread_cond_broadcast(&pool.wake);
+        pthread_mutex_unlock(&pool.sleep_lock);
+    }
+    uint64_t seen;
+    int64_t c;
+    while ((c = take_chunk(&seen)) >= 0) {
+        fn(arg, c);
+        atomic_fetch_add(&pool.done, 1);
+    }
+    int64_t waiting_since = 0;
+    int spins = 0;
+    while (atomic_load(&pool.done) < chunks) { /* chunks a worker took and is still doing */
+        relax();
+        if (++spins % 64 == 0) {
+            if (!waiting_since) waiting_since = now_ns();
+            else if (now_ns() - waiting_since > WAIT_SPIN_NS) sched_yield();
+        }
+    }
+    pthread_mutex_unlock(&pool.busy);
+}
+
+/* per-thread scratch memory (grown, never shrunk) */
+static float *scratch(size_t floats) {
+    static __thread float *buf = NULL;
+    static __thread size_t cap = 0;
+    if (floats > cap) {
+        float *grown = (float *)realloc(buf, sizeof(float) * floats);
+        if (grown == NULL) return NULL;
+        buf = grown;
+        cap = floats;
+    }
+    return buf;
+}
+
+static _Atomic int scratch_failed = 0;
+
 /* ---- drivers ---------------------------------------------------------------------------- */
 
 typedef struct {
@@ -199,78 +362,93 @@ typedef struct {
     int64_t N, K;
 } QWeight;
 
-#define ROW_CHUNK 8  /* output rows per scheduling unit */
-#define FUSED_ROWS 4 /* rows of x a block is multiplied into while it sits in registers */
+#define ROW_CHUNK 8   /* output rows per chunk (at least) */
+#define CHUNKS_PER_THREAD 4
+#define FUSED_ROWS 4  /* rows of x a block is multiplied into while it sits in registers */
 
-static int gemm(const QWeight *W, const float *x, int64_t xs, int64_t R, float *out, int64_t os, const float *base,
-                int threads) {
-    const int64_t nb = W->K / QK, bb = block_bytes(W->fmt);
-    const int simd = simd_on();
-    int failed = 0;
-    const int64_t chunks = (W->N + ROW_CHUNK - 1) / ROW_CHUNK;
-#ifdef _OPENMP
-    if (threads < 1) threads = 1;
-#pragma omp parallel num_threads(threads) if (threads > 1 && W->N * W->K * R >= 65536)
-#endif
-    {
-        float *w = (float *)malloc(sizeof(float) * (size_t)(W->K + (R > 0 ? R : 1)));
-        if (w == NULL) {
-#ifdef _OPENMP
-#pragma omp atomic write
-#endif
-            failed = 1;
-        }
-#ifdef _OPENMP
-#pragma omp for schedule(static)
-#endif
-        for (int64_t c = 0; c < chunks; c++) {
-            if (w == NULL) continue;
-            float *res = w + W->K;
-            const int64_t n_end = (c + 1) * ROW_CHUNK < W->N ? (c + 1) * ROW_CHUNK : W->N;
-            for (int64_t n = c * ROW_CHUNK; n < n_end; n++) {
-                const uint8_t *q = W->q + n * nb * bb;
-                const float *d = W->d + n * nb, *m = W->m + n * nb;
-#ifdef QG_X86
-                if (simd) {
-                    /* re-unpacking the row per tile of 4 beats one unpack into a buffer
-                     * shared by all rows (measured: 8 rows 21.6 vs 23.2 ms a token) */
-                    for (int64_t r = 0; r < R; r += FUSED_ROWS)
-                        dots_fused_avx2(W->fmt, q, d, m, nb, x + r * xs, xs,
-                                        R - r < FUSED_ROWS ? R - r : FUSED_ROWS, res + r);
-                } else
-#endif
-                {
-                    unpack_row_scalar(W->fmt, q, d, m, nb, w);
-                    for (int64_t r = 0; r < R; r++) res[r] = dot_scalar(w, x + r * xs, W->K);
-                }
-                if (base != NULL)
-                    for (int64_t r = 0; r < R; r++) out[r * os + n] = base[r * os + n] + res[r];
-                else
-                    for (int64_t r = 0; r < R; r++) out[r * os + n] = res[r];
-            }
-        }
-        free(w);
+typedef struct {
+    const QWeight *W;
+    const float *x;
+    int64_t xs, R, os, rows_per_chunk;
+    float *out;
+    const float *base;
+} GemmJob;
+
+static void gemm_chunk(void *arg, int64_t c) {
+    const GemmJob *J = (const GemmJob *)arg;
+    const QWeight *W = J->W;
+    const int64_t nb = W->K / QK, bb = block_bytes(W->fmt), R = J->R;
+    float *w = scratch((size_t)(W->K + R));
+    if (w == NULL) {
+        atomic_store(&scratch_failed, 1);
+        return;
     }
-    return failed ? -1 : 0;
-}
-
-static void dequant(const QWeight *W, float *out, int threads) {
-    const int64_t nb = W->K / QK, bb = block_bytes(W->fmt);
+    float *res = w + W->K;
+    const int64_t n0 = c * J->rows_per_chunk, n1 = n0 + J->rows_per_chunk < W->N ? n0 + J->rows_per_chunk : W->N;
     const int simd = simd_on();
-#ifdef _OPENMP
-    if (threads < 1) threads = 1;
-#pragma omp parallel for schedule(static) num_threads(threads) if (threads > 1)
-#endif
-    for (int64_t n = 0; n < W->N; n++) {
+    for (int64_t n = n0; n < n1; n++) {
         const uint8_t *q = W->q + n * nb * bb;
         const float *d = W->d + n * nb, *m = W->m + n * nb;
 #ifdef QG_X86
-        if (simd)
-            unpack_row_avx2(W->fmt, q, d, m, nb, out + n * W->K);
+        if (simd) {
+            /* re-unpacking the row per tile of 4 beats one unpack into a buffer shared by all
+             * rows (measured: 8 rows 21.6 vs 23.2 ms a token) */
+            for (int64_t r = 0; r < R; r += FUSED_ROWS)
+                dots_fused_avx2(W->fmt, q, d, m, nb, J->x + r * J->xs, J->xs, R - r < FUSED_ROWS ? R - r : FUSED_ROWS,
+                                res + r);
+        } else
+#endif
+        {
+            unpack_row_scalar(W->fmt, q, d, m, nb, w);
+            for (int64_t r = 0; r < R; r++) res[r] = dot_scalar(w, J->x + r * J->xs, W->K);
+        }
+        if (J->base != NULL)
+            for (int64_t r = 0; r < R; r++) J->out[r * J->os + n] = J->base[r * J->os + n] + res[r];
+        else
+            for (int64_t r = 0; r < R; r++) J->out[r * J->os + n] = res[r];
+    }
+}
+
+static int gemm(const QWeight *W, const float *x, int64_t xs, int64_t R, float *out, int64_t os, const float *base,
+                int threads) {
+    GemmJob J = {W, x, xs, R, os, ROW_CHUNK, out, base};
+    if (W->N * W->K * (R > 0 ? R : 1) < 65536) threads = 1;
+    /* a few chunks per thread: enough for a late worker to join, few enough that taking them
+     * costs little (each take is an atomic on a shared cache line) */
+    if (threads > 1) {
+        int64_t per = (W->N + threads * CHUNKS_PER_THREAD - 1) / (threads * CHUNKS_PER_THREAD);
+        J.rows_per_chunk = per > ROW_CHUNK ? per : ROW_CHUNK;
+    }
+    atomic_store(&scratch_failed, 0);
+    run_chunks(gemm_chunk, &J, (W->N + J.rows_per_chunk - 1) / J.rows_per_chunk, threads);
+    return atomic_load(&scratch_failed) ? -1 : 0;
+}
+
+typedef struct {
+    const QWeight *W;
+    float *out;
+} DequantJob;
+
+static void dequant_chunk(void *arg, int64_t c) {
+    const DequantJob *J = (const DequantJob *)arg;
+    const QWeight *W = J->W;
+    const int64_t nb = W->K / QK, bb = block_bytes(W->fmt);
+    const int64_t n0 = c * 64, n1 = n0 + 64 < W->N ? n0 + 64 : W->N;
+    for (int64_t n = n0; n < n1; n++) {
+        const uint8_t *q = W->q + n * nb * bb;
+        const float *d = W->d + n * nb, *m = W->m + n * nb;
+#ifdef QG_X86
+        if (simd_on())
+            unpack_row_avx2(W->fmt, q, d, m, nb, J->out + n * W->K);
         else
 #endif
-            unpack_row_scalar(W->fmt, q, d, m, nb, out + n * W->K);
+            unpack_row_scalar(W->fmt, q, d, m, nb, J->out + n * W->K);
     }
+}
+
+static void dequant(const QWeight *W, float *out, int threads) {
+    DequantJob J = {W, out};
+    run_chunks(dequant_chunk, &J, (W->N + 63) / 64, threads);
 }
 
 /* ---- attention ---------------------------------------------------------------------------
@@ -461,56 +639,50 @@ QG_AVX2 static void attend_group_avx2(const float *const *qs, const int64_t *key
 }
 #endif
 
+typedef struct {
+    const float *q, *kc, *vc;
+    float *out;
+    int64_t q_row, cap, rows, heads, kv_heads, hd, past;
+} AttentionJob;
+
+static void attention_chunk(void *arg, int64_t g) { /* one KV head: all its queries */
+    const AttentionJob *J = (const AttentionJob *)arg;
+    const int64_t group = J->heads / J->kv_heads, n = group * J->rows, stride = J->past + J->rows;
+    /* scores [n, stride], inverse sums [n], then (8-byte aligned) query and output pointers and
+     * key counts [n] each */
+    const size_t pointer_floats = (2 * sizeof(void *) + sizeof(int64_t)) / sizeof(float);
+    float *scores = scratch((size_t)(n * stride + n) + pointer_floats * (size_t)n + 2);
+    if (scores == NULL) {
+        atomic_store(&scratch_failed, 1);
+        return;
+    }
+    float *inv = scores + n * stride;
+    uintptr_t at = ((uintptr_t)(inv + n) + 7) & ~(uintptr_t)7;
+    const float **qs = (const float **)at;
+    float **os = (float **)(qs + n);
+    int64_t *keys = (int64_t *)(os + n);
+    const float *kg = J->kc + g * J->cap * J->hd, *vg = J->vc + g * J->cap * J->hd;
+    for (int64_t t = 0, u = 0; t < J->rows; t++)
+        for (int64_t h = g * group; h < (g + 1) * group; h++, u++) {
+            qs[u] = J->q + t * J->q_row + h * J->hd;
+            os[u] = J->out + (t * J->heads + h) * J->hd;
+            keys[u] = J->past + t + 1;
+        }
+#ifdef QG_X86
+    if (simd_on() && J->hd % 8 == 0)
+        attend_group_avx2(qs, keys, n, kg, vg, J->hd, scores, stride, os, inv);
+    else
+#endif
+        for (int64_t u = 0; u < n; u++) attend_scalar(qs[u], kg, vg, keys[u], J->hd, scores, os[u]);
+}
+
 static int attention(const float *q, int64_t q_row, const float *kc, const float *vc, int64_t cap, float *out,
                      int64_t rows, int64_t heads, int64_t kv_heads, int64_t hd, int64_t past, int threads) {
-    const int simd = simd_on() && hd % 8 == 0;
-    const int64_t group = heads / kv_heads, n = group * rows, stride = past + rows;
-    int failed = 0;
-    (void)threads;
-#ifdef _OPENMP
-    if (threads < 1) threads = 1;
-#pragma omp parallel num_threads(threads) if (threads > 1 && heads * rows * (past + rows) * hd >= 262144)
-#endif
-    {
-        /* per thread: scores of the n queries of one KV head, their pointers and key counts */
-        float *scores = (float *)malloc(sizeof(float) * (size_t)(n * stride));
-        const float **qs = (const float **)malloc(sizeof(float *) * (size_t)n);
-        float **os = (float **)malloc(sizeof(float *) * (size_t)n);
-        int64_t *keys = (int64_t *)malloc(sizeof(int64_t) * (size_t)n);
-        float *inv = (float *)malloc(sizeof(float) * (size_t)n);
-        int ok = scores && qs && os && keys && inv;
-        if (!ok) {
-#ifdef _OPENMP
-#pragma omp atomic write
-#endif
-            failed = 1;
-        }
-#ifdef _OPENMP
-#pragma omp for schedule(static)
-#endif
-        for (int64_t g = 0; g < kv_heads; g++) {
-            if (!ok) continue;
-            const float *kg = kc + g * cap * hd, *vg = vc + g * cap * hd;
-            for (int64_t t = 0, u = 0; t < rows; t++)
-                for (int64_t h = g * group; h < (g + 1) * group; h++, u++) {
-                    qs[u] = q + t * q_row + h * hd;
-                    os[u] = out + (t * heads + h) * hd;
-                    keys[u] = past + t + 1;
-                }
-#ifdef QG_X86
-            if (simd)
-                attend_group_avx2(qs, keys, n, kg, vg, hd, scores, stride, os, inv);
-            else
-#endif
-                for (int64_t u = 0; u < n; u++) attend_scalar(qs[u], kg, vg, keys[u], hd, scores, os[u]);
-        }
-        free(scores);
-        free((void *)qs);
-        free(os);
-        free(keys);
-        free(inv);
-    }
-    return failed ? -1 : 0;
+    AttentionJob J = {q, kc, vc, out, q_row, cap, rows, heads, kv_heads, hd, past};
+    if (heads * rows * (past + rows) * hd < 262144) threads = 1;
+    atomic_store(&scratch_failed, 0);
+    run_chunks(attention_chunk, &J, kv_heads, threads);
+    return atomic_load(&scratch_failed) ? -1 : 0;
 }
 
 /* ---- python surface: raw addresses of torch tensors (qlinear.py checks every shape) ------- */
@@ -598,11 +770,7 @@ static PyObject *py_set_simd(PyObject *self, PyObject *args) {
 }
 
 static PyObject *py_info(PyObject *self, PyObject *noargs) {
-    int omp = 0;
-#ifdef _OPENMP
-    omp = 1;
-#endif
-    return Py_BuildValue("{s:s,s:O}", "simd", simd_on() ? "avx2+fma" : "scalar", "openmp", omp ? Py_True : Py_False);
+    return Py_BuildValue("{s:s,s:i}", "simd", simd_on() ? "avx2+fma" : "scalar", "pool_workers", pool.started);
 }
 
 static PyMethodDef methods[] = {

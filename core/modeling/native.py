@@ -30,6 +30,6 @@ def available() -> bool:
 
 
 def info() -> dict[str, object]:
-    """What the build offers: ``{"simd": "avx2+fma" | "scalar" | None, "openmp": bool}``."""
+    """What the build offers: ``{"simd": "avx2+fma" | "scalar" | None, "pool_workers": int}``."""
     module = kernels()
-    return {"simd": None, "openmp": False} if module is None else dict(module.info())
+    return {"simd": None, "pool_workers": 0} if module is None else dict(module.info())

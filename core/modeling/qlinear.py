@@ -47,7 +47,7 @@ def native_available() -> bool:
 
 
 def native_info() -> dict[str, object]:
-    """What the kernel build offers: ``{"simd": "avx2+fma" | "scalar", "openmp": bool}``."""
+    """What the kernel build offers: ``{"simd": "avx2+fma" | "scalar" | None, "pool_workers": int}``."""
     return native.info()
 
 
