@@ -50,6 +50,11 @@ OUTPUT_DEVICE = torch.device("cpu")
 # CPU GEMMs with 2-3 rows take a slower path than 4 rows; shorter verifies are padded to this
 MIN_FAST_GEMM_ROWS = 4
 
+# the cost of a forward by rows on the block-kernel path (ms; only the shape matters to
+# drafters): the embedded model, 2 threads, ~100-600 tokens of context, medians (kernels
+# multiply 4 rows per unpacked block, so the cost steps up every 4 rows)
+BLOCK_PATH_ROW_MS = ((1, 11.0), (2, 12.0), (3, 13.6), (4, 15.3), (5, 20.0), (8, 26.5), (9, 28.5), (12, 36.0), (16, 46.0), (32, 90.0), (64, 178.0))
+
 def _linear(h: torch.Tensor, weight, bias: torch.Tensor | None = None) -> torch.Tensor:
     """h [rows, in] @ weight^T (+ bias) for a dense weight or a BlockMatrix."""
     if isinstance(weight, BlockMatrix):
@@ -165,6 +170,14 @@ class LlamaTarget:
         self._v: torch.Tensor | None = None
         self._taps: tuple[int, ...] | None = None
         self._gemm_threads = self._small_threads = self._active_threads = torch.get_num_threads()
+
+    @property
+    def spec_verify_row_ms(self):
+        """The verify cost by rows (optional attribute drafters read to size drafts): the block
+        path's measured profile; None on other paths (dense GEMMs, CUDA: not measured)."""
+        if self.block_weights and self._kernel_attention:
+            return BLOCK_PATH_ROW_MS
+        return None
 
     # -- SpeculativeTarget: sizes ------------------------------------------------------------
     @property

@@ -20,8 +20,10 @@ State and the loop's calls:
 
 Policy (``follow``, ``adaptive``; ``value``, ``candidates``, ``periodic`` off) is explained in
 ``matching.py``; ``SpeculationOptions.extra["ngram"]`` overrides any of ``SETTING_KEYS``.
-``value`` (opt-in) sizes each draft against the forward's cost by rows: ``row_ms`` (a setting), else the
-target's ``spec_verify_row_ms`` attribute when it has one, else the reference CPU profile.
+``value`` sizes each draft against the forward's cost by rows: ``row_ms`` (a setting), else the
+target's ``spec_verify_row_ms`` attribute when it has one, else the reference CPU profile. It is
+on by default for targets that publish ``spec_verify_row_ms`` (model_llama's block-kernel path
+does) and off otherwise.
 """
 
 from __future__ import annotations
@@ -161,6 +163,10 @@ def make_ngram(target: Any, options: Any) -> NGramSpeculator:
             settings["row_ms"] = parse_row_cost(published) if published else None
         except ValueError:
             settings["row_ms"] = None
+        # a target that states its verify cost by rows gets drafts sized against it (value)
+        # unless the operator chose the policy
+        if settings["row_ms"] is not None:
+            settings.setdefault("value", True)
     return NGramSpeculator(
         window,
         options.min_prob(DEFAULT_MIN_DRAFT_PROB),
