@@ -114,3 +114,23 @@ def test_factory_reads_window_pmin_and_settings():
     assert spec.required_match == 2
     with pytest.raises(ValueError, match="unknown ngram settings"):
         make_ngram(target, SpeculationOptions(extra={"ngram": {"orders": 3}}))
+
+
+def test_value_policy_follows_a_published_cost_profile():
+    """A target that states its verify cost by rows gets the value policy with that profile;
+    one that does not keeps the adaptive policy; the operator's explicit choice wins."""
+
+    class Costed(ToyTarget):
+        spec_verify_row_ms = ((1, 10.0), (2, 11.0), (4, 14.0), (8, 25.0))
+
+    plain = make_ngram(ToyTarget(), SpeculationOptions())
+    assert plain._drafter.value is False
+    costed = make_ngram(Costed(), SpeculationOptions())
+    assert costed._drafter.value is True and costed._drafter.row_ms[2] == (4, 14.0)
+    chosen = make_ngram(Costed(), SpeculationOptions(extra={"ngram": {"value": False}}))
+    assert chosen._drafter.value is False
+
+    class Garbled(ToyTarget):
+        spec_verify_row_ms = "not a table"
+
+    assert make_ngram(Garbled(), SpeculationOptions())._drafter.value is False
