@@ -95,6 +95,15 @@ QG_AVX2 static inline float hsum_avx2(__m256 a, __m256 b) {
     return _mm_cvtss_f32(v);
 }
 
+QG_AVX2 static void rms_sumsq_avx2(const float *x, int64_t n, float *lanes) {
+    __m256 acc = _mm256_setzero_ps();
+    for (int64_t i = 0; i < n; i += 8) {
+        __m256 v = _mm256_loadu_ps(x + i);
+        acc = _mm256_fmadd_ps(v, v, acc);
+    }
+    _mm256_storeu_ps(lanes, acc);
+}
+
 QG_AVX2 static void unpack_row_avx2(int fmt, const uint8_t *q, const float *d, const float *m, int64_t nb, float *w) {
     const __m128i low4 = _mm_set1_epi8(0x0F);
     for (int64_t b = 0; b < nb; b++) {
@@ -685,6 +694,54 @@ static int attention(const float *q, int64_t q_row, const float *kc, const float
     return atomic_load(&scratch_failed) ? -1 : 0;
 }
 
+/* ---- small row ops of a transformer block ------------------------------------------------
+ * 3. rms_norm: out[r] = x[r] * (1 / sqrt(mean(x[r]^2) + eps)) * w, the sum of squares in the
+ *    fixed 8-lane order; rope: adjacent pairs (x[2i], x[2i+1]) of each head's first rope_dim
+ *    values turned by (cos, sin) of the row's position, in place; silu_mul: out = silu(g) * u.
+ *    All per row, so they keep the forward batch-invariant. */
+
+static void rms_norm_rows(const float *x, const float *w, float *out, int64_t rows, int64_t n, float eps) {
+    for (int64_t r = 0; r < rows; r++) {
+        const float *xr = x + r * n;
+        float *o = out + r * n;
+        float acc[8] = {0};
+#ifdef QG_X86
+        if (simd_on() && n % 8 == 0) {
+            float lanes[8];
+            rms_sumsq_avx2(xr, n, lanes);
+            memcpy(acc, lanes, sizeof(lanes));
+        } else
+#endif
+            for (int64_t i = 0; i < n; i++) acc[i % 8] = fmaf(xr[i], xr[i], acc[i % 8]);
+        const float scale = 1.0f / sqrtf(lanes8(acc) / (float)n + eps);
+        for (int64_t i = 0; i < n; i++) o[i] = (xr[i] * scale) * w[i];
+    }
+}
+
+static void rope_rows(float *x, int64_t row_stride, int64_t rows, int64_t heads, int64_t hd, int64_t rope_dim,
+                      const float *table, int64_t start) {
+    const int64_t half = rope_dim / 2;
+    for (int64_t r = 0; r < rows; r++) {
+        const float *cs = table + (start + r) * half * 2; /* [half, (cos, sin)] */
+        for (int64_t h = 0; h < heads; h++) {
+            float *v = x + r * row_stride + h * hd;
+            for (int64_t i = 0; i < half; i++) {
+                const float a = v[2 * i], b = v[2 * i + 1], c = cs[2 * i], sn = cs[2 * i + 1];
+                v[2 * i] = a * c - b * sn;
+                v[2 * i + 1] = a * sn + b * c;
+            }
+        }
+    }
+}
+
+static void silu_mul_rows(const float *gu, float *out, int64_t rows, int64_t f) {
+    for (int64_t r = 0; r < rows; r++) {
+        const float *g = gu + r * 2 * f, *u = g + f;
+        float *o = out + r * f;
+        for (int64_t j = 0; j < f; j++) o[j] = g[j] / (1.0f + expf(-g[j])) * u[j];
+    }
+}
+
 /* ---- python surface: raw addresses of torch tensors (qlinear.py checks every shape) ------- */
 
 static int check_weight(QWeight *W, int fmt, unsigned long long q, unsigned long long d, unsigned long long m,
@@ -762,6 +819,47 @@ static PyObject *py_attention(PyObject *self, PyObject *args) {
     Py_RETURN_NONE;
 }
 
+/* rms_norm(x, w, out, rows, n, eps) */
+static PyObject *py_rms_norm(PyObject *self, PyObject *args) {
+    unsigned long long x, w, out;
+    long long rows, n;
+    float eps;
+    if (!PyArg_ParseTuple(args, "KKKLLf", &x, &w, &out, &rows, &n, &eps)) return NULL;
+    if (!x || !w || !out || rows < 0 || n < 1) {
+        PyErr_SetString(PyExc_ValueError, "bad rms_norm operands");
+        return NULL;
+    }
+    rms_norm_rows((const float *)(uintptr_t)x, (const float *)(uintptr_t)w, (float *)(uintptr_t)out, rows, n, eps);
+    Py_RETURN_NONE;
+}
+
+/* rope(x, row_stride, rows, heads, hd, rope_dim, table, start): in place */
+static PyObject *py_rope(PyObject *self, PyObject *args) {
+    unsigned long long x, table;
+    long long row_stride, rows, heads, hd, rope_dim, start;
+    if (!PyArg_ParseTuple(args, "KLLLLLKL", &x, &row_stride, &rows, &heads, &hd, &rope_dim, &table, &start)) return NULL;
+    if (!x || !table || rows < 0 || heads < 0 || rope_dim < 0 || rope_dim > hd || rope_dim % 2 || start < 0 ||
+        row_stride < heads * hd) {
+        PyErr_SetString(PyExc_ValueError, "bad rope operands");
+        return NULL;
+    }
+    rope_rows((float *)(uintptr_t)x, row_stride, rows, heads, hd, rope_dim, (const float *)(uintptr_t)table, start);
+    Py_RETURN_NONE;
+}
+
+/* silu_mul(gate_up, out, rows, f): out[r, j] = silu(gate_up[r, j]) * gate_up[r, f + j] */
+static PyObject *py_silu_mul(PyObject *self, PyObject *args) {
+    unsigned long long gu, out;
+    long long rows, f;
+    if (!PyArg_ParseTuple(args, "KKLL", &gu, &out, &rows, &f)) return NULL;
+    if (!gu || !out || rows < 0 || f < 0) {
+        PyErr_SetString(PyExc_ValueError, "bad silu_mul operands");
+        return NULL;
+    }
+    silu_mul_rows((const float *)(uintptr_t)gu, (float *)(uintptr_t)out, rows, f);
+    Py_RETURN_NONE;
+}
+
 static PyObject *py_set_simd(PyObject *self, PyObject *args) {
     int on;
     if (!PyArg_ParseTuple(args, "p", &on)) return NULL;
@@ -777,6 +875,9 @@ static PyMethodDef methods[] = {
     {"gemm", py_gemm, METH_VARARGS, "out[R, N] (+)= x[R, K] @ W[N, K]^T on quantised blocks"},
     {"dequant", py_dequant, METH_VARARGS, "W[N, K] -> float32"},
     {"attention", py_attention, METH_VARARGS, "causal attention of query rows over a KV cache"},
+    {"rms_norm", py_rms_norm, METH_VARARGS, "RMSNorm of rows"},
+    {"rope", py_rope, METH_VARARGS, "rotary embedding of rows, in place (adjacent pairs)"},
+    {"silu_mul", py_silu_mul, METH_VARARGS, "silu(gate) * up of rows"},
     {"set_simd", py_set_simd, METH_VARARGS, "False forces the scalar path (tests)"},
     {"info", py_info, METH_NOARGS, "which paths this build has"},
     {NULL, NULL, 0, NULL},

@@ -33,6 +33,7 @@ import torch
 import torch.nn.functional as F
 
 from tsspec.errors import GenerationError
+from tsspec.modeling import native
 from tsspec.modeling.attention import available as kernel_attention_available
 from tsspec.modeling.attention import causal_attention
 from tsspec.modeling.qlinear import BlockMatrix
@@ -148,8 +149,10 @@ class LlamaTarget:
         # attention on the compiled kernel (CPU, float32 KV): each query row is computed the
         # same way whatever the row count, so verify rows reproduce decode rows bit for bit
         self._kernel_attention = (
-            self.device.type == "cpu" and residual_dtype(dtype) == torch.float32 and kernel_attention_available()
+            self.device.type == "cpu" and dtype == torch.float32 and kernel_attention_available()
         )
+        self._kernels = native.kernels() if self._kernel_attention else None
+        self._rope_table = 0  # address of the RoPE (cos, sin) table, refreshed per forward
         self._output_norm = weights["output_norm"].to(self.device)
         self._layers = [_Layer(weights, i, self.device) for i in range(hp.n_layers)]
         self._rope = RotaryTable(
@@ -270,6 +273,30 @@ class LlamaTarget:
             torch.set_num_threads(n)
             self._active_threads = n
 
+    def _kernel_block(self, i: int, x: torch.Tensor, past: int) -> torch.Tensor:
+        """``_block`` on the compiled kernels (CPU float32): RMSNorm, RoPE, attention and the
+        SiLU product per row in C, the matmuls on blocks (or torch for dense weights). Each row
+        is computed the same way whatever the row count. The tensors are built here, so the
+        kernels are called directly (the checked wrappers are tsspec.modeling.rowops)."""
+        hp, layer, k = self.hparams, self._layers[i], self._kernels
+        rows, H, hd = x.shape[0], hp.hidden_size, hp.head_dim
+        end = past + rows
+        h = torch.empty_like(x)
+        k.rms_norm(x.data_ptr(), layer.attn_norm.data_ptr(), h.data_ptr(), rows, H, self._eps)
+        qkv = _linear(h, layer.wqkv, layer.bqkv)  # [rows, (nh + 2 nkv) hd]; Q pre-scaled
+        k.rope(qkv.data_ptr(), qkv.stride(0), rows, self._qk_heads, hd, hp.rope_dim, self._rope_table, past)
+        k_cache, v_cache = self._k[i], self._v[i]  # [nkv, capacity, hd]
+        k_cache[:, past:end] = qkv[:, hp.q_size : self._qk_size].view(rows, hp.n_kv_heads, hd).transpose(0, 1)
+        v_cache[:, past:end] = qkv[:, self._qk_size :].view(rows, hp.n_kv_heads, hd).transpose(0, 1)
+        attn = causal_attention(qkv, k_cache, v_cache, past, hp.n_heads)  # [rows, nh * hd]
+        x = self._residual_add(x, attn, layer.wo, layer.bo)
+        h = torch.empty_like(x)
+        k.rms_norm(x.data_ptr(), layer.ffn_norm.data_ptr(), h.data_ptr(), rows, H, self._eps)
+        gate_up = _linear(h, layer.w_gate_up)  # [rows, 2 F]
+        act = torch.empty((rows, hp.ffn_size), dtype=torch.float32)
+        k.silu_mul(gate_up.data_ptr(), act.data_ptr(), rows, hp.ffn_size)
+        return self._residual_add(x, act, layer.w_down, None)
+
     def _block(self, i: int, x: torch.Tensor, past: int, bias: torch.Tensor | None) -> torch.Tensor:
         """One transformer block on the residual rows x [rows, H] (appends their K/V)."""
         hp, layer = self.hparams, self._layers[i]
@@ -287,10 +314,7 @@ class LlamaTarget:
         k_cache, v_cache = self._k[i], self._v[i]  # [nkv, capacity, hd]
         k_cache[:, past:end] = qk[:, hp.n_heads :].transpose(0, 1)
         v_cache[:, past:end] = qkv[:, self._qk_size :].view(rows, hp.n_kv_heads, hp.head_dim).transpose(0, 1)
-        if self._kernel_attention:  # [rows, nh * hd]; rows computed independently (see attention.py)
-            attn = causal_attention(qk.view(rows, self._qk_size), k_cache, v_cache, past, hp.n_heads)
-        else:
-            attn = self._torch_attention(qk, k_cache, v_cache, past, end, bias)
+        attn = self._torch_attention(qk, k_cache, v_cache, past, end, bias)
         if self._cast:
             attn = attn.to(self.dtype)
         self._threads(wide)
@@ -358,11 +382,16 @@ class LlamaTarget:
             x = _embedding(torch.tensor(ids, device=self.device), self._embed)  # [rows, H]
             if self._cast:
                 x = x.to(self._residual_dtype)
-            bias = None if self._kernel_attention else self._causal_bias(past, rows)
+            kernel_path = self._kernel_attention
+            if kernel_path:  # one thread count for the whole pass: no torch op here is wide
+                self._threads(self._gemm_threads)
+                self._rope.ensure(past + rows)
+                self._rope_table = torch.view_as_real(self._rope._rot).data_ptr()  # [pos, half, 2]
+            bias = None if kernel_path else self._causal_bias(past, rows)
             for i in range(self.hparams.n_layers):
                 if taps is not None and i in taps:
                     tapped[i] = x
-                x = self._block(i, x, past, bias)
+                x = self._kernel_block(i, x, past) if kernel_path else self._block(i, x, past, bias)
         finally:
             self._threads(self._gemm_threads)
         tapped[self.hparams.n_layers] = x
