@@ -15,9 +15,9 @@ from tsspec.testing import ToyTarget
 
 def test_relative_cost_follows_the_measured_profile_and_grows_for_prefill():
     assert relative_cost(1) == 1.0
-    assert relative_cost(2) == pytest.approx(1.004)
-    assert relative_cost(8) == pytest.approx(1.725)
-    assert relative_cost(6) == pytest.approx((1.349 + 1.725) / 2)
+    assert relative_cost(2) == pytest.approx(1.091)
+    assert relative_cost(8) == pytest.approx(2.409)
+    assert relative_cost(6) == pytest.approx(1.818 + (2.409 - 1.818) / 3)
     assert relative_cost(16) < relative_cost(17) < relative_cost(200)
     costs = [relative_cost(r) for r in range(1, 40)]
     assert costs == sorted(costs)

@@ -96,3 +96,22 @@ def test_first_sample_of_each_side_is_discarded():
     gov.record(True, 1000.0, 1)  # warm-up outlier
     gov.record(False, 1000.0, 1)
     assert gov.spec.count == 0 and gov.plain.count == 0
+
+
+def test_probes_draft_short_until_a_draft_lands():
+    """A probe caps drafts at probe_draft until a speculative step lands a drafted token; a
+    won state and a disabled governor do not cap; a re-probe after a park caps again."""
+    g = SpeculationCostGovernor(probe_draft=2, min_samples=2)
+    assert g.draft_limit(8) == 2 and g.draft_limit(1) == 1
+    g.record(True, 10.0, 1)  # bonus token only: nothing landed
+    assert g.draft_limit(8) == 2
+    g.record(True, 10.0, 3)  # two drafted tokens landed
+    assert g.draft_limit(8) == 8
+    g._park()
+    for _ in range(g.parked_left + 1):  # the park runs out; the next question re-probes
+        g.want_speculation()
+    assert g.state == "probe" and g.draft_limit(8) == 2
+    assert SpeculationCostGovernor(enabled=False).draft_limit(8) == 8
+    held = SpeculationCostGovernor()
+    held.state = "hold"
+    assert held.draft_limit(8) == 8

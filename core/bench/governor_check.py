@@ -22,10 +22,14 @@ from ..testing import ToyTarget
 from .prompts import EncodedCase, PromptCase
 from .runner import BenchConfig, BenchRunner, RunRecord
 
-# rows -> forward time relative to one row: SmolLM2-135M fp32 on 2 cores at ~900 tokens of
-# context (1 row 52.7 ms, 2 rows 52.9, 4 rows 71.1, 8 rows 90.9, 16 rows 98.7)
-VERIFY_COST_PROFILE = ((1, 1.0), (2, 1.004), (4, 1.349), (8, 1.725), (16, 1.873))
-PREFILL_ROW_COST = 0.05  # each row past 16 (prefill): 891 rows took ~47 one-row steps
+# rows -> forward time relative to one row: the embedded SmolLM2-135M on the CPU block kernels,
+# 2 threads, ~100-600 tokens of context (model_llama's BLOCK_PATH_ROW_MS: 1 row 11 ms, 2: 12,
+# 4: 15.3, 8: 26.5, 16: 46). Steeper than dense float32 GEMMs (1.0 / 1.004 / 1.349 / 1.725 /
+# 1.873), so extra verify rows cost more and the governor's probes matter more.
+VERIFY_COST_PROFILE = (
+    (1, 1.0), (2, 1.091), (3, 1.236), (4, 1.391), (5, 1.818), (8, 2.409), (9, 2.591), (12, 3.273), (16, 4.182)
+)
+PREFILL_ROW_COST = 0.2  # each row past 16 (prefill): 84 rows took ~18 one-row steps
 DEFAULT_BASE_MS = 8.0
 DEFAULT_CASES = 4
 CONFIG_COUNT = 5  # plain + never/always-accepting, each with and without the governor

@@ -261,7 +261,7 @@ class SpeculativeExecution:
                 ctx = DraftContext(
                     last_token=last,
                     position=p,
-                    max_tokens=k_max,
+                    max_tokens=self.governor.draft_limit(k_max),
                     history=HistoryView(history),
                     carry_hidden=carry,
                     adjust_logits=sampler.adjust,
