@@ -104,33 +104,38 @@ QG_AVX2 static void rms_sumsq_avx2(const float *x, int64_t n, float *lanes) {
     _mm256_storeu_ps(lanes, acc);
 }
 
+/* block blk of a row: its 32 weights d * q + m as four 8-lane vectors (weights 0-7, 8-15,
+ * 16-23, 24-31); exactly unpack_row_scalar's values */
+QG_AVX2 static inline __attribute__((always_inline)) void block_avx2(int fmt, const uint8_t *q, int64_t blk, float d,
+                                                                     float m, __m256 w[4]) {
+    __m128i q0, q1;
+    __m256i i[4];
+    if (fmt == 4) {
+        const __m128i low4 = _mm_set1_epi8(0x0F);
+        __m128i raw = _mm_loadu_si128((const __m128i *)(q + blk * 16));
+        q0 = _mm_and_si128(raw, low4);                    /* weights 0..15 */
+        q1 = _mm_and_si128(_mm_srli_epi16(raw, 4), low4); /* weights 16..31 */
+        i[0] = _mm256_cvtepu8_epi32(q0);
+        i[1] = _mm256_cvtepu8_epi32(_mm_srli_si128(q0, 8));
+        i[2] = _mm256_cvtepu8_epi32(q1);
+        i[3] = _mm256_cvtepu8_epi32(_mm_srli_si128(q1, 8));
+    } else {
+        q0 = _mm_loadu_si128((const __m128i *)(q + blk * 32));
+        q1 = _mm_loadu_si128((const __m128i *)(q + blk * 32 + 16));
+        i[0] = _mm256_cvtepi8_epi32(q0);
+        i[1] = _mm256_cvtepi8_epi32(_mm_srli_si128(q0, 8));
+        i[2] = _mm256_cvtepi8_epi32(q1);
+        i[3] = _mm256_cvtepi8_epi32(_mm_srli_si128(q1, 8));
+    }
+    const __m256 vd = _mm256_set1_ps(d), vm = _mm256_set1_ps(m);
+    for (int k = 0; k < 4; k++) w[k] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(i[k]), vd, vm);
+}
+
 QG_AVX2 static void unpack_row_avx2(int fmt, const uint8_t *q, const float *d, const float *m, int64_t nb, float *w) {
-    const __m128i low4 = _mm_set1_epi8(0x0F);
     for (int64_t b = 0; b < nb; b++) {
-        __m256 vd = _mm256_set1_ps(d[b]), vm = _mm256_set1_ps(m[b]);
-        float *o = w + b * QK;
-        __m128i q0, q1;
-        __m256i i0, i1, i2, i3;
-        if (fmt == 4) {
-            __m128i raw = _mm_loadu_si128((const __m128i *)(q + b * 16));
-            q0 = _mm_and_si128(raw, low4);                       /* weights 0..15 */
-            q1 = _mm_and_si128(_mm_srli_epi16(raw, 4), low4);    /* weights 16..31 */
-            i0 = _mm256_cvtepu8_epi32(q0);
-            i1 = _mm256_cvtepu8_epi32(_mm_srli_si128(q0, 8));
-            i2 = _mm256_cvtepu8_epi32(q1);
-            i3 = _mm256_cvtepu8_epi32(_mm_srli_si128(q1, 8));
-        } else {
-            q0 = _mm_loadu_si128((const __m128i *)(q + b * 32));
-            q1 = _mm_loadu_si128((const __m128i *)(q + b * 32 + 16));
-            i0 = _mm256_cvtepi8_epi32(q0);
-            i1 = _mm256_cvtepi8_epi32(_mm_srli_si128(q0, 8));
-            i2 = _mm256_cvtepi8_epi32(q1);
-            i3 = _mm256_cvtepi8_epi32(_mm_srli_si128(q1, 8));
-        }
-        _mm256_storeu_ps(o, _mm256_fmadd_ps(_mm256_cvtepi32_ps(i0), vd, vm));
-        _mm256_storeu_ps(o + 8, _mm256_fmadd_ps(_mm256_cvtepi32_ps(i1), vd, vm));
-        _mm256_storeu_ps(o + 16, _mm256_fmadd_ps(_mm256_cvtepi32_ps(i2), vd, vm));
-        _mm256_storeu_ps(o + 24, _mm256_fmadd_ps(_mm256_cvtepi32_ps(i3), vd, vm));
+        __m256 v[4];
+        block_avx2(fmt, q, b, d[b], m[b], v);
+        for (int k = 0; k < 4; k++) _mm256_storeu_ps(w + b * QK + 8 * k, v[k]);
     }
 }
 
@@ -140,34 +145,13 @@ QG_AVX2 static void unpack_row_avx2(int fmt, const uint8_t *q, const float *d, c
 QG_AVX2 static inline __attribute__((always_inline)) void dot_fused_avx2(int fmt, const uint8_t *q, const float *d,
                                                                           const float *m, int64_t nb, const float *x,
                                                                           int64_t xs, const int T, float *res) {
-    const __m128i low4 = _mm_set1_epi8(0x0F);
     __m256 a[4], b[4];
     for (int t = 0; t < T; t++) a[t] = b[t] = _mm256_setzero_ps();
     for (int64_t blk = 0; blk < nb; blk++) {
-        __m256 vd = _mm256_set1_ps(d[blk]), vm = _mm256_set1_ps(m[blk]);
         const float *xb = x + blk * QK;
-        __m128i q0, q1;
-        __m256i i0, i1, i2, i3;
-        if (fmt == 4) {
-            __m128i raw = _mm_loadu_si128((const __m128i *)(q + blk * 16));
-            q0 = _mm_and_si128(raw, low4);
-            q1 = _mm_and_si128(_mm_srli_epi16(raw, 4), low4);
-            i0 = _mm256_cvtepu8_epi32(q0);
-            i1 = _mm256_cvtepu8_epi32(_mm_srli_si128(q0, 8));
-            i2 = _mm256_cvtepu8_epi32(q1);
-            i3 = _mm256_cvtepu8_epi32(_mm_srli_si128(q1, 8));
-        } else {
-            q0 = _mm_loadu_si128((const __m128i *)(q + blk * 32));
-            q1 = _mm_loadu_si128((const __m128i *)(q + blk * 32 + 16));
-            i0 = _mm256_cvtepi8_epi32(q0);
-            i1 = _mm256_cvtepi8_epi32(_mm_srli_si128(q0, 8));
-            i2 = _mm256_cvtepi8_epi32(q1);
-            i3 = _mm256_cvtepi8_epi32(_mm_srli_si128(q1, 8));
-        }
-        __m256 w0 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(i0), vd, vm);
-        __m256 w1 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(i1), vd, vm);
-        __m256 w2 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(i2), vd, vm);
-        __m256 w3 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(i3), vd, vm);
+        __m256 w[4];
+        block_avx2(fmt, q, blk, d[blk], m[blk], w);
+        __m256 w0 = w[0], w1 = w[1], w2 = w[2], w3 = w[3];
         for (int t = 0; t < T; t++) {
             const float *xt = xb + t * xs;
             a[t] = _mm256_fmadd_ps(w0, _mm256_loadu_ps(xt), a[t]);
