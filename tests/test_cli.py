@@ -129,3 +129,17 @@ def test_plugin_commands_cannot_replace_taken_names():
     _add_plugin_commands(app, build_catalog(host, discover=False))
     names = [c.name for c in app.registered_commands] + [g.typer_instance.info.name for g in app.registered_groups]
     assert names.count("generate") == 1 and names.count("convert") == 1 and "fresh" in names
+
+
+def test_generate_stats_name_the_weights_path(capsys):
+    """--stats adds a [model] line: the operator can see whether the block kernels run."""
+    from tsspec.modeling import native
+
+    code, _, err = run(capsys, "generate", "-p", "The capital of France is", "-n", "4", "--stats")
+    assert code == 0
+    model_line = next(line for line in err.splitlines() if line.startswith("[model] "))
+    assert model_line.startswith("[model] llama, cpu, float32, weights ")
+    if native.available():
+        assert "weights blocks, kernels " in model_line
+    code, _, err = run(capsys, "generate", "-p", "The capital of France is", "-n", "4", "--stats", "--dtype", "float32")
+    assert code == 0 and "[model] llama, cpu, float32, weights dense" in err

@@ -48,6 +48,26 @@ def _read_prompt(prompt: str | None, prompt_file: str | None) -> str:
         raise GenerationError(f"the prompt is not valid UTF-8 (byte {exc.start})") from None
 
 
+def describe_target(target) -> str:
+    """One line on what runs: architecture, device, compute dtype, weight layout, CPU kernels."""
+    config = getattr(target, "config", None)
+    extra = dict(getattr(config, "extra", None) or {})
+    parts = [str(getattr(config, "architecture", type(target).__name__))]
+    device = getattr(target, "device", None)
+    if device is not None:
+        parts.append(str(device))
+    if extra.get("dtype"):
+        parts.append(str(extra["dtype"]))
+    weights = extra.get("weights")
+    if weights:
+        parts.append(f"weights {weights}")
+    if weights == "blocks":
+        from ..modeling import native
+
+        parts.append(f"kernels {native.info().get('simd')}")
+    return ", ".join(parts)
+
+
 def load_target(model: str | None, device: str, dtype: str | None, options):
     from ..runtime.loading import load_model
 
@@ -131,6 +151,7 @@ def generate(
     if stats or demo:
         line = f"[stats] {result.speculator or 'plain'}: {result.stats.one_line()}"
         typer.echo(line, err=True)
+        typer.echo(f"[model] {describe_target(target)}", err=True)
     if plain is not None:
         same = "yes" if plain.tokens == result.tokens else "NO"
         ratio = result.stats.tokens_per_second / plain.stats.tokens_per_second if plain.stats.tokens_per_second else 0.0
