@@ -184,3 +184,21 @@ def test_pool_serves_concurrent_callers_and_forked_children():
         assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0
     finally:
         torch.set_num_threads(threads)
+
+
+@pytest.mark.parametrize("kind,size", [(T.Q4_K, 144), (T.Q5_K, 176)])
+def test_k_quant_super_blocks_repack_exactly(kind, size):
+    """Q4_K / Q5_K super-blocks (random bytes, sane scales) unpack to gguf's dequantised values."""
+    rng = np.random.default_rng(7)
+    n, k = 6, 512
+    raw = rng.integers(0, 256, size=(n * k // 256, size), dtype=np.uint8)
+    raw[:, 0:2] = np.frombuffer(rng.uniform(0.001, 0.05, len(raw)).astype(np.float16).tobytes(), np.uint8).reshape(-1, 2)
+    raw[:, 2:4] = np.frombuffer(rng.uniform(0.001, 0.05, len(raw)).astype(np.float16).tobytes(), np.uint8).reshape(-1, 2)
+    ref = torch.from_numpy(quants.dequantize(raw.reshape(n, -1), kind).reshape(n, k).astype(np.float32))
+    bm = pack_tensor(raw.reshape(-1), kind, (n, k))
+    assert bm is not None and bm.fmt == (4 if kind == T.Q4_K else 8)
+    assert torch.equal(bm.dequantize(), ref)
+    assert pack_tensor(raw.reshape(-1), kind, (n * 4, k // 4)) is None  # rows not whole super-blocks
+    if qlinear.native_available():
+        x = torch.randn(3, k, generator=torch.Generator().manual_seed(8))
+        assert torch.allclose(bm.linear(x).double(), x.double() @ ref.double().t(), rtol=1e-5, atol=1e-4)

@@ -74,6 +74,10 @@ def _add_value(writer: GGUFWriter, key: str, value: Any) -> None:
 def _add_tensor(writer: GGUFWriter, name: str, value: Any) -> None:
     if isinstance(value, tuple):
         array, ggml_type = value
+        if np.asarray(array).dtype == np.uint8 and ggml_type not in (GGMLQuantizationType.F32, GGMLQuantizationType.F16):
+            # already-encoded blocks [rows, bytes per row] (e.g. K-quants, which gguf cannot encode)
+            writer.add_tensor(name, np.ascontiguousarray(array), raw_dtype=ggml_type)
+            return
         array = np.ascontiguousarray(array, dtype=np.float32)
         if ggml_type in (GGMLQuantizationType.F32,):
             writer.add_tensor(name, array)

@@ -10,9 +10,11 @@ dequantiser gives and sums in a fixed order per output row:
 * a row's result does not depend on how many rows share the call (1-row decode and k-row
   verify agree bit for bit), nor on the thread count.
 
-Formats: ``4`` (4-bit q, ggml nibble order; Q4_0 as m = -8 d, Q4_1) and ``8`` (int8 q; Q8_0,
-and 4-bit blocks widened when a fused matrix mixes types). Other ggml types are not packed
-(``pack_tensors`` returns None) and the caller keeps float32 weights.
+Formats: ``4`` (4-bit q, ggml nibble order; Q4_0 as m = -8 d, Q4_1, Q4_K) and ``8`` (int8 q;
+Q8_0, Q5_K, and 4-bit blocks widened when a fused matrix mixes types). A K-quant super-block is
+eight affine 32-weight sub-blocks (d * sc, dmin * m), so Q4_K and Q5_K repack exactly; Q6_K (16-
+weight sub-blocks), Q2_K, Q3_K and the rest are not packed (``pack_tensors`` returns None) and
+the caller keeps float32 weights for that matrix.
 
 Calls with more than ``GEMM_ROWS`` (72) rows (long prefills) dequantise the matrix in slices and use
 torch's blocked GEMM, which wins there; that path sums in torch's order.
@@ -38,7 +40,8 @@ QK = 32
 # above the longest verify (a 64-token draft + 1) so every verify row stays batch-invariant
 GEMM_ROWS = 72
 DEQUANT_SLICE = 1 << 22  # weights dequantised at a time on the GEMM path (16 MiB of float32)
-PACKABLE = {T.Q4_0, T.Q4_1, T.Q8_0}
+PACKABLE = {T.Q4_0, T.Q4_1, T.Q8_0, T.Q4_K, T.Q5_K}
+K_BLOCK_BYTES = {T.Q4_K: 144, T.Q5_K: 176}  # 256-weight super-blocks of 8 affine 32-weight subs
 
 def _load_native():
     return native.kernels()
@@ -188,6 +191,29 @@ def _f16(raw: np.ndarray, at: int) -> torch.Tensor:
     return torch.from_numpy(np.ascontiguousarray(raw[:, at : at + 2]).view(np.float16).astype(np.float32)[:, 0])
 
 
+def _pack_k_quant(raw: np.ndarray, kind, n: int, k: int) -> BlockMatrix:
+    """Q4_K / Q5_K super-blocks as 32-weight affine blocks: sub-block j of a super-block has
+    d_j = d * sc_j and m_j = -(dmin * min_j), the products ggml's dequantiser forms (exact in
+    float32), and q in 0..15 (Q4_K: format 4) or 0..31 (Q5_K: format 8)."""
+    from .dequant import _f16 as f16, _k_nibbles, _k_scales
+
+    size = K_BLOCK_BYTES[kind]
+    supers = n * (k // 256)
+    b = torch.from_numpy(np.array(np.asarray(raw, dtype=np.uint8)[: supers * size])).view(supers, size)  # a copy
+    sc, mins = _k_scales(b[:, 4:16])  # [supers, 8] each
+    d = (sc * f16(b, 0)).reshape(n, -1)
+    m = (-(mins * f16(b, 2))).reshape(n, -1)
+    if kind == T.Q4_K:
+        q = _k_nibbles(b[:, 16:144]).view(supers * 8, 2, 16)  # sub-block: weights 0-15, 16-31
+        packed = (q[:, 0] | (q[:, 1] << 4)).reshape(n, -1)  # ggml's order: j low, j + 16 high
+        return BlockMatrix(4, packed, d, m)
+    qh = b[:, 16:48]  # bit j of qh[l] is the high bit of weight 32 j + l
+    shifts = torch.arange(8, dtype=torch.uint8).view(1, 8, 1)
+    high = ((qh.view(supers, 1, 32) >> shifts) & 1).reshape(supers, 256)
+    q = _k_nibbles(b[:, 48:176]) | (high << 4)
+    return BlockMatrix(8, q.reshape(n, -1).contiguous(), d, m)
+
+
 def pack_tensor(raw: np.ndarray, ggml_type, shape: Sequence[int]) -> BlockMatrix | None:
     """A GGUF tensor's raw bytes (shape [N, K] in numpy order) as a BlockMatrix; None for a type
     the kernel does not take or a shape that is not whole blocks."""
@@ -198,6 +224,8 @@ def pack_tensor(raw: np.ndarray, ggml_type, shape: Sequence[int]) -> BlockMatrix
     if kind not in PACKABLE or len(shape) != 2 or int(shape[1]) % QK:
         return None
     n, k = int(shape[0]), int(shape[1])
+    if kind in K_BLOCK_BYTES:
+        return _pack_k_quant(raw, kind, n, k) if k % 256 == 0 else None
     nb = k // QK
     size = {T.Q4_0: 18, T.Q4_1: 20, T.Q8_0: 34}[kind]
     blocks = np.asarray(raw, dtype=np.uint8)[: n * nb * size].reshape(n * nb, size)

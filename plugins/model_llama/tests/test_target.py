@@ -315,3 +315,54 @@ def test_embedded_verify_rows_equal_decode_rows_bit_for_bit(embedded_target):
     assert len(decode) >= 8
     for k, row in enumerate(decode):
         assert torch.equal(verify[k], row), k
+
+
+def random_k_quant(rows: int, cols: int, kind, seed: int):
+    """Random but well-scaled K-quant blocks [rows, bytes] (gguf has no K-quant encoder)."""
+    import numpy as np
+    from gguf import GGMLQuantizationType as T
+
+    size = {T.Q4_K: 144, T.Q5_K: 176}[kind]
+    rng = np.random.default_rng(seed)
+    blocks = rng.integers(0, 256, size=(rows * cols // 256, size), dtype=np.uint8)
+    for at in (0, 2):  # d and dmin: small positive fp16
+        blocks[:, at : at + 2] = np.frombuffer(
+            rng.uniform(0.0005, 0.004, len(blocks)).astype(np.float16).tobytes(), np.uint8
+        ).reshape(-1, 2)
+    return blocks.reshape(rows, -1)
+
+
+def test_k_quant_files_take_the_block_path_and_match_transformers(tmp_path):
+    """A llama GGUF with Q4_K and Q5_K matrices keeps them as blocks; logits equal the dense
+    path's and transformers' loading of the same file."""
+    from gguf import GGMLQuantizationType as T
+
+    from tsspec.modeling.gguf_writer_util import write_gguf
+    from tsspec.modeling.qlinear import native_available
+    from tsspec_model_llama import load_llama
+    from tsspec_model_llama.convert import llama_gguf_contents
+
+    from .conftest import make_hf_llama
+
+    if not native_available():
+        pytest.skip("the block kernel was not built")
+    model = make_hf_llama(0, hidden_size=256, intermediate_size=512, num_attention_heads=4, num_key_value_heads=2)
+    metadata, tensors = llama_gguf_contents(model.config, model.state_dict())
+    for i, (name, array) in enumerate(sorted(tensors.items())):
+        if array.ndim == 2:
+            kind = T.Q5_K if "ffn_down" in name or "attn_v" in name else T.Q4_K
+            tensors[name] = (random_k_quant(array.shape[0], array.shape[1], kind, seed=i), kind)
+    path = write_gguf(tmp_path / "kquant.gguf", "llama", metadata, tensors)
+    blocks, dense = load_llama(path), load_llama(path, {"dtype": "float32"})
+    assert blocks.config.extra["weights"] == "blocks"
+    ids = prompt(12)
+    got, _ = blocks.spec_forward(ids, all_logits_rows=True, want_hidden=False)
+    expected, _ = dense.spec_forward(ids, all_logits_rows=True, want_hidden=False)
+    assert_close(got, expected, tol=1e-5)
+    transformers = pytest.importorskip("transformers")
+    pytest.importorskip("accelerate")
+    hf = transformers.AutoModelForCausalLM.from_pretrained(
+        os.path.dirname(path), gguf_file=os.path.basename(path), dtype=torch.float32
+    ).eval()
+    with torch.no_grad():
+        assert_close(got, hf(torch.tensor([ids])).logits[0], tol=1e-4)
