@@ -132,7 +132,7 @@ def test_cache_tensors_round_trip():
 def test_unpackable_types_and_shapes_are_declined():
     raw = np.zeros(64 * 4, dtype=np.uint8)
     assert pack_tensor(raw, T.F32, (4, 16)) is None
-    assert pack_tensor(raw, T.Q6_K, (1, 256)) is None
+    assert pack_tensor(raw, T.Q2_K, (1, 256)) is None
     assert pack_tensor(raw, T.Q8_0, (4,)) is None
 
 
@@ -186,19 +186,52 @@ def test_pool_serves_concurrent_callers_and_forked_children():
         torch.set_num_threads(threads)
 
 
-@pytest.mark.parametrize("kind,size", [(T.Q4_K, 144), (T.Q5_K, 176)])
-def test_k_quant_super_blocks_repack_exactly(kind, size):
-    """Q4_K / Q5_K super-blocks (random bytes, sane scales) unpack to gguf's dequantised values."""
-    rng = np.random.default_rng(7)
-    n, k = 6, 512
+def random_k_blocks(kind, n: int, k: int, seed: int) -> np.ndarray:
+    """Random K-quant super-blocks [n, bytes] with small positive fp16 scales (gguf cannot encode
+    K-quants, but decodes them)."""
+    size, scale_at = {T.Q4_K: (144, (0, 2)), T.Q5_K: (176, (0, 2)), T.Q6_K: (210, (208,))}[kind]
+    rng = np.random.default_rng(seed)
     raw = rng.integers(0, 256, size=(n * k // 256, size), dtype=np.uint8)
-    raw[:, 0:2] = np.frombuffer(rng.uniform(0.001, 0.05, len(raw)).astype(np.float16).tobytes(), np.uint8).reshape(-1, 2)
-    raw[:, 2:4] = np.frombuffer(rng.uniform(0.001, 0.05, len(raw)).astype(np.float16).tobytes(), np.uint8).reshape(-1, 2)
-    ref = torch.from_numpy(quants.dequantize(raw.reshape(n, -1), kind).reshape(n, k).astype(np.float32))
+    for at in scale_at:
+        raw[:, at : at + 2] = np.frombuffer(
+            rng.uniform(0.001, 0.05, len(raw)).astype(np.float16).tobytes(), np.uint8
+        ).reshape(-1, 2)
+    return raw.reshape(n, -1)
+
+
+@pytest.mark.parametrize("kind,fmt", [(T.Q4_K, 4), (T.Q5_K, 8), (T.Q6_K, 16)])
+def test_k_quant_super_blocks_repack_exactly(kind, fmt):
+    """K-quant super-blocks (random bytes, sane scales) unpack to gguf's dequantised values."""
+    n, k = 6, 512
+    raw = random_k_blocks(kind, n, k, seed=7)
+    ref = torch.from_numpy(quants.dequantize(raw, kind).reshape(n, k).astype(np.float32))
     bm = pack_tensor(raw.reshape(-1), kind, (n, k))
-    assert bm is not None and bm.fmt == (4 if kind == T.Q4_K else 8)
+    assert bm is not None and bm.fmt == fmt
     assert torch.equal(bm.dequantize(), ref)
     assert pack_tensor(raw.reshape(-1), kind, (n * 4, k // 4)) is None  # rows not whole super-blocks
     if qlinear.native_available():
         x = torch.randn(3, k, generator=torch.Generator().manual_seed(8))
         assert torch.allclose(bm.linear(x).double(), x.double() @ ref.double().t(), rtol=1e-5, atol=1e-4)
+
+
+@needs_native
+def test_format_16_fuses_with_others_exactly_and_keeps_batch_invariance():
+    """A Q6_K part fused with Q4_1 and Q8_0 parts: everything becomes format 16 with the same
+    values; the scalar and SIMD paths and every row count agree bit for bit."""
+    q6 = pack_tensor(random_k_blocks(T.Q6_K, 8, 256, seed=3).reshape(-1), T.Q6_K, (8, 256))
+    q4, ref4 = make(T.Q4_1, n=8, k=256, seed=4)
+    q8, ref8 = make(T.Q8_0, n=4, k=256, seed=5)
+    fused = BlockMatrix.concat([q4, q6, q8])
+    assert fused.fmt == 16 and fused.shape == (20, 256)
+    assert torch.equal(fused.dequantize(), torch.cat([ref4, q6.dequantize(), ref8]))
+    x = torch.randn(7, 256, generator=torch.Generator().manual_seed(6))
+    full = fused.linear(x)
+    assert all(torch.equal(fused.linear(x[r : r + 1]), full[r : r + 1]) for r in range(7))
+    native = qlinear._load_native()
+    native.set_simd(False)
+    try:
+        assert torch.equal(fused.linear(x), full)
+    finally:
+        native.set_simd(True)
+    back = BlockMatrix.from_tensors(fused.tensors("w"), "w")
+    assert back is not None and back.fmt == 16 and torch.equal(back.dequantize(), fused.dequantize())

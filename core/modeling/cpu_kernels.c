@@ -8,6 +8,7 @@
  *   fmt 4: q is 4-bit, 16 bytes a block, ggml's nibble order (byte j: low nibble is weight j,
  *          high nibble weight j + 16); covers Q4_0 (m = -8 d) and Q4_1.
  *   fmt 8: q is int8, 32 bytes a block; covers Q8_0 (m = 0) and any 4/5-bit type widened.
+ *   fmt 16: fmt 8 with d, m per 16 weights (Q6_K, and anything fused with it).
  * A block dequantises to exactly the float32 values the torch dequantiser gives (q * d is exact
  * in float32, so the fused multiply-add rounds once, like q * d + m), so results differ from a
  * float32 GEMM on the dequantised matrix only in summation order.
@@ -44,6 +45,8 @@
 #define QK 32
 
 static inline int64_t block_bytes(int fmt) { return fmt == 4 ? 16 : 32; }
+/* scales (d, m) per 32-weight block: format 16 is format 8 with a scale per 16 weights (Q6_K) */
+static inline int64_t block_scales(int fmt) { return fmt == 16 ? 2 : 1; }
 
 /* ---- scalar reference ------------------------------------------------------------------- */
 
@@ -56,9 +59,12 @@ static void unpack_row_scalar(int fmt, const uint8_t *q, const float *d, const f
                 o[j] = fmaf((float)(p[j] & 0x0F), d[b], m[b]);
                 o[j + 16] = fmaf((float)(p[j] >> 4), d[b], m[b]);
             }
-        } else {
+        } else if (fmt == 8) {
             const int8_t *p = (const int8_t *)(q + b * 32);
             for (int j = 0; j < 32; j++) o[j] = fmaf((float)p[j], d[b], m[b]);
+        } else {
+            const int8_t *p = (const int8_t *)(q + b * 32);
+            for (int j = 0; j < 32; j++) o[j] = fmaf((float)p[j], d[2 * b + j / 16], m[2 * b + j / 16]);
         }
     }
 }
@@ -106,8 +112,8 @@ QG_AVX2 static void rms_sumsq_avx2(const float *x, int64_t n, float *lanes) {
 
 /* block blk of a row: its 32 weights d * q + m as four 8-lane vectors (weights 0-7, 8-15,
  * 16-23, 24-31); exactly unpack_row_scalar's values */
-QG_AVX2 static inline __attribute__((always_inline)) void block_avx2(int fmt, const uint8_t *q, int64_t blk, float d,
-                                                                     float m, __m256 w[4]) {
+QG_AVX2 static inline __attribute__((always_inline)) void block_avx2(int fmt, const uint8_t *q, int64_t blk,
+                                                                     const float *d, const float *m, __m256 w[4]) {
     __m128i q0, q1;
     __m256i i[4];
     if (fmt == 4) {
@@ -127,14 +133,19 @@ QG_AVX2 static inline __attribute__((always_inline)) void block_avx2(int fmt, co
         i[2] = _mm256_cvtepi8_epi32(q1);
         i[3] = _mm256_cvtepi8_epi32(_mm_srli_si128(q1, 8));
     }
-    const __m256 vd = _mm256_set1_ps(d), vm = _mm256_set1_ps(m);
-    for (int k = 0; k < 4; k++) w[k] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(i[k]), vd, vm);
+    const int64_t s0 = fmt == 16 ? 2 * blk : blk, s1 = fmt == 16 ? 2 * blk + 1 : blk; /* weights 0-15, 16-31 */
+    const __m256 d0 = _mm256_set1_ps(d[s0]), m0 = _mm256_set1_ps(m[s0]);
+    const __m256 d1 = _mm256_set1_ps(d[s1]), m1 = _mm256_set1_ps(m[s1]);
+    w[0] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(i[0]), d0, m0);
+    w[1] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(i[1]), d0, m0);
+    w[2] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(i[2]), d1, m1);
+    w[3] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(i[3]), d1, m1);
 }
 
 QG_AVX2 static void unpack_row_avx2(int fmt, const uint8_t *q, const float *d, const float *m, int64_t nb, float *w) {
     for (int64_t b = 0; b < nb; b++) {
         __m256 v[4];
-        block_avx2(fmt, q, b, d[b], m[b], v);
+        block_avx2(fmt, q, b, d, m, v);
         for (int k = 0; k < 4; k++) _mm256_storeu_ps(w + b * QK + 8 * k, v[k]);
     }
 }
@@ -150,7 +161,7 @@ QG_AVX2 static inline __attribute__((always_inline)) void dot_fused_avx2(int fmt
     for (int64_t blk = 0; blk < nb; blk++) {
         const float *xb = x + blk * QK;
         __m256 w[4];
-        block_avx2(fmt, q, blk, d[blk], m[blk], w);
+        block_avx2(fmt, q, blk, d, m, w);
         __m256 w0 = w[0], w1 = w[1], w2 = w[2], w3 = w[3];
         for (int t = 0; t < T; t++) {
             const float *xt = xb + t * xs;
@@ -370,7 +381,7 @@ typedef struct {
 static void gemm_chunk(void *arg, int64_t c) {
     const GemmJob *J = (const GemmJob *)arg;
     const QWeight *W = J->W;
-    const int64_t nb = W->K / QK, bb = block_bytes(W->fmt), R = J->R;
+    const int64_t nb = W->K / QK, bb = block_bytes(W->fmt), ns = nb * block_scales(W->fmt), R = J->R;
     float *w = scratch((size_t)(W->K + R));
     if (w == NULL) {
         atomic_store(&scratch_failed, 1);
@@ -381,7 +392,7 @@ static void gemm_chunk(void *arg, int64_t c) {
     const int simd = simd_on();
     for (int64_t n = n0; n < n1; n++) {
         const uint8_t *q = W->q + n * nb * bb;
-        const float *d = W->d + n * nb, *m = W->m + n * nb;
+        const float *d = W->d + n * ns, *m = W->m + n * ns;
 #ifdef QG_X86
         if (simd) {
             /* re-unpacking the row per tile of 4 beats one unpack into a buffer shared by all
@@ -425,11 +436,11 @@ typedef struct {
 static void dequant_chunk(void *arg, int64_t c) {
     const DequantJob *J = (const DequantJob *)arg;
     const QWeight *W = J->W;
-    const int64_t nb = W->K / QK, bb = block_bytes(W->fmt);
+    const int64_t nb = W->K / QK, bb = block_bytes(W->fmt), ns = nb * block_scales(W->fmt);
     const int64_t n0 = c * 64, n1 = n0 + 64 < W->N ? n0 + 64 : W->N;
     for (int64_t n = n0; n < n1; n++) {
         const uint8_t *q = W->q + n * nb * bb;
-        const float *d = W->d + n * nb, *m = W->m + n * nb;
+        const float *d = W->d + n * ns, *m = W->m + n * ns;
 #ifdef QG_X86
         if (simd_on())
             unpack_row_avx2(W->fmt, q, d, m, nb, J->out + n * W->K);
@@ -730,7 +741,7 @@ static void silu_mul_rows(const float *gu, float *out, int64_t rows, int64_t f) 
 
 static int check_weight(QWeight *W, int fmt, unsigned long long q, unsigned long long d, unsigned long long m,
                         long long N, long long K) {
-    if ((fmt != 4 && fmt != 8) || N < 0 || K < 0 || K % QK != 0 || !q || !d || !m) {
+    if ((fmt != 4 && fmt != 8 && fmt != 16) || N < 0 || K < 0 || K % QK != 0 || !q || !d || !m) {
         PyErr_SetString(PyExc_ValueError, "bad quantised weight description");
         return 0;
     }

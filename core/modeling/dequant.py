@@ -162,16 +162,22 @@ def _q5_k(b: torch.Tensor) -> torch.Tensor:
     return _per_sub(q, sc * _f16(b, 0), 32) - _per_sub(torch.ones_like(q), mn * _f16(b, 2), 32)
 
 
-def _q6_k(b: torch.Tensor) -> torch.Tensor:
+def q6_k_parts(b: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Q6_K blocks [n, 210] -> (q - 32 as int8 [n, 256], scales int8 [n, 16] (one per 16
+    weights), d float32 [n, 1]); weight e = q[e] * scales[e // 16] * d."""
     n = b.shape[0]
     ql, qh = b[:, 0:128].view(n, 2, 2, 32), b[:, 128:192].view(n, 2, 1, 32)
-    scales = b[:, 192:208].contiguous().view(torch.int8).to(torch.float32)  # [n, 16]
     # weight e = 128 h + 32 k + l: nibble (k // 2) of ql[64 h + 32 (k % 2) + l], pair k of qh[32 h + l]
     low = torch.cat([ql & 0x0F, ql >> 4], dim=2)  # [n, 2, 4, 32]
     shifts = torch.tensor([0, 2, 4, 6], dtype=torch.uint8).view(1, 1, 4, 1)
     high = (qh >> shifts) & 3
-    q = (low | (high << 4)).reshape(n, 256).to(torch.float32) - 32.0
-    return _per_sub(q, scales * _f16(b, 208), 16)
+    q = ((low | (high << 4)).reshape(n, 256).to(torch.int16) - 32).to(torch.int8)
+    return q, b[:, 192:208].contiguous().view(torch.int8), _f16(b, 208)
+
+
+def _q6_k(b: torch.Tensor) -> torch.Tensor:
+    q, scales, d = q6_k_parts(b)
+    return _per_sub(q.to(torch.float32), scales.to(torch.float32) * d, 16)
 
 
 BLOCK_ROUTINES: dict[T, Callable[[torch.Tensor], torch.Tensor]] = {

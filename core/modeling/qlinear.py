@@ -12,9 +12,10 @@ dequantiser gives and sums in a fixed order per output row:
 
 Formats: ``4`` (4-bit q, ggml nibble order; Q4_0 as m = -8 d, Q4_1, Q4_K) and ``8`` (int8 q;
 Q8_0, Q5_K, and 4-bit blocks widened when a fused matrix mixes types). A K-quant super-block is
-eight affine 32-weight sub-blocks (d * sc, dmin * m), so Q4_K and Q5_K repack exactly; Q6_K (16-
-weight sub-blocks), Q2_K, Q3_K and the rest are not packed (``pack_tensors`` returns None) and
-the caller keeps float32 weights for that matrix.
+eight affine 32-weight sub-blocks (d * sc, dmin * m), so Q4_K and Q5_K repack exactly; Q6_K has
+sixteen 16-weight sub-blocks and becomes format ``16`` (format 8 with a scale per 16 weights).
+Q2_K, Q3_K and the rest are not packed (``pack_tensors`` returns None) and the caller keeps
+float32 weights for that matrix.
 
 Calls with more than ``GEMM_ROWS`` (72) rows (long prefills) dequantise the matrix in slices and use
 torch's blocked GEMM, which wins there; that path sums in torch's order.
@@ -40,8 +41,8 @@ QK = 32
 # above the longest verify (a 64-token draft + 1) so every verify row stays batch-invariant
 GEMM_ROWS = 72
 DEQUANT_SLICE = 1 << 22  # weights dequantised at a time on the GEMM path (16 MiB of float32)
-PACKABLE = {T.Q4_0, T.Q4_1, T.Q8_0, T.Q4_K, T.Q5_K}
-K_BLOCK_BYTES = {T.Q4_K: 144, T.Q5_K: 176}  # 256-weight super-blocks of 8 affine 32-weight subs
+PACKABLE = {T.Q4_0, T.Q4_1, T.Q8_0, T.Q4_K, T.Q5_K, T.Q6_K}
+K_BLOCK_BYTES = {T.Q4_K: 144, T.Q5_K: 176, T.Q6_K: 210}  # 256-weight super-blocks
 
 def _load_native():
     return native.kernels()
@@ -57,21 +58,27 @@ def native_info() -> dict[str, object]:
     return native.info()
 
 
+FORMATS = (4, 8, 16)
+SCALES_PER_BLOCK = {4: 1, 8: 1, 16: 2}  # format 16: format 8 with d, m per 16 weights (Q6_K)
+
+
 class BlockMatrix:
     """A weight [N, K] in 32-weight affine blocks. ``q`` [N, K/32 * bytes] uint8, ``d`` and ``m``
-    [N, K/32] float32, ``fmt`` 4 or 8 (bytes per block: 16 or 32)."""
+    [N, K/32] float32 ([N, K/16] for format 16), ``fmt`` 4, 8 or 16 (bytes per block: 16, 32,
+    32)."""
 
     __slots__ = ("fmt", "q", "d", "m", "shape")
 
     def __init__(self, fmt: int, q: torch.Tensor, d: torch.Tensor, m: torch.Tensor):
-        if fmt not in (4, 8):
-            raise ValueError(f"block format must be 4 or 8, got {fmt}")
-        n, nb = d.shape
+        if fmt not in FORMATS:
+            raise ValueError(f"block format must be one of {FORMATS}, got {fmt}")
+        n, scales = d.shape
+        nb = scales // SCALES_PER_BLOCK[fmt]
         per_block = 16 if fmt == 4 else 32
-        if q.dtype != torch.uint8 or tuple(q.shape) != (n, nb * per_block):
+        if q.dtype != torch.uint8 or tuple(q.shape) != (n, nb * per_block) or scales % SCALES_PER_BLOCK[fmt]:
             raise ValueError(f"q must be uint8 [{n}, {nb * per_block}], got {q.dtype} {list(q.shape)}")
         if d.dtype != torch.float32 or m.dtype != torch.float32 or m.shape != d.shape:
-            raise ValueError("d and m must be float32 of one shape [N, K/32]")
+            raise ValueError("d and m must be float32 of one shape [N, K/32] ([N, K/16] for format 16)")
         self.fmt = fmt
         self.q, self.d, self.m = q.contiguous(), d.contiguous(), m.contiguous()
         self.shape = (int(n), int(nb) * QK)
@@ -79,11 +86,19 @@ class BlockMatrix:
     # -- building ------------------------------------------------------------------------------
     @classmethod
     def concat(cls, parts: Sequence["BlockMatrix"]) -> "BlockMatrix":
-        """Rows of several matrices stacked (fused QKV, gate+up); 4-bit parts are widened to
-        int8 when the formats differ."""
-        fmt = 4 if all(p.fmt == 4 for p in parts) else 8
-        qs = [p.q if p.fmt == fmt else _widen(p.q) for p in parts]
-        return cls(fmt, torch.cat(qs), torch.cat([p.d for p in parts]), torch.cat([p.m for p in parts]))
+        """Rows of several matrices stacked (fused QKV, gate+up) in the widest format among them:
+        4-bit parts widen to int8, and beside a format-16 part every scale covers 16 weights."""
+        fmt = max(p.fmt for p in parts)
+        return cls(fmt, *(torch.cat(t) for t in zip(*(p._as(fmt) for p in parts))))
+
+    def _as(self, fmt: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(q, d, m) of the same weights in a format at least as wide."""
+        q, d, m = self.q, self.d, self.m
+        if self.fmt == 4 and fmt > 4:
+            q = _widen(q)
+        if fmt == 16 and self.fmt != 16:
+            d, m = d.repeat_interleave(2, dim=1), m.repeat_interleave(2, dim=1)
+        return q, d, m
 
     def scaled(self, factor: float) -> "BlockMatrix":
         """The matrix times ``factor`` (exact for powers of two): d and m scaled."""
@@ -95,7 +110,7 @@ class BlockMatrix:
 
     @classmethod
     def from_tensors(cls, tensors: Mapping[str, torch.Tensor], prefix: str) -> "BlockMatrix | None":
-        for fmt in (4, 8):
+        for fmt in FORMATS:
             q = tensors.get(f"{prefix}.q{fmt}")
             if q is not None:
                 return cls(fmt, q, tensors[f"{prefix}.d"], tensors[f"{prefix}.m"])
@@ -182,8 +197,8 @@ def _dequantize_torch(fmt: int, q: torch.Tensor, d: torch.Tensor, m: torch.Tenso
     if fmt == 4:
         blocks = q.view(n, -1, 16)
         values = torch.cat([blocks & 0x0F, blocks >> 4], dim=2).to(torch.float32)
-    else:
-        values = q.view(torch.int8).view(n, -1, 32).to(torch.float32)
+    else:  # int8; format 16's scales cover 16 weights each
+        values = q.view(torch.int8).view(n, d.shape[1], -1).to(torch.float32)
     return (values * d.unsqueeze(-1) + m.unsqueeze(-1)).reshape(n, -1)
 
 
@@ -192,14 +207,19 @@ def _f16(raw: np.ndarray, at: int) -> torch.Tensor:
 
 
 def _pack_k_quant(raw: np.ndarray, kind, n: int, k: int) -> BlockMatrix:
-    """Q4_K / Q5_K super-blocks as 32-weight affine blocks: sub-block j of a super-block has
+    """K-quant super-blocks as affine blocks. Q4_K / Q5_K: sub-block j (32 weights) has
     d_j = d * sc_j and m_j = -(dmin * min_j), the products ggml's dequantiser forms (exact in
-    float32), and q in 0..15 (Q4_K: format 4) or 0..31 (Q5_K: format 8)."""
-    from .dequant import _f16 as f16, _k_nibbles, _k_scales
+    float32), and q in 0..15 (format 4) or 0..31 (format 8). Q6_K: format 16, d_j = d * scale_j
+    per 16 weights, q - 32 as int8."""
+    from .dequant import _f16 as f16, _k_nibbles, _k_scales, q6_k_parts
 
     size = K_BLOCK_BYTES[kind]
     supers = n * (k // 256)
     b = torch.from_numpy(np.array(np.asarray(raw, dtype=np.uint8)[: supers * size])).view(supers, size)  # a copy
+    if kind == T.Q6_K:  # 16 sub-blocks of 16: d_j = d * scale_j, q - 32 in -32..31, m = 0
+        q, scales, d = q6_k_parts(b)
+        d16 = (scales.to(torch.float32) * d).reshape(n, -1)
+        return BlockMatrix(16, q.view(torch.uint8).reshape(n, -1).contiguous(), d16, torch.zeros_like(d16))
     sc, mins = _k_scales(b[:, 4:16])  # [supers, 8] each
     d = (sc * f16(b, 0)).reshape(n, -1)
     m = (-(mins * f16(b, 2))).reshape(n, -1)

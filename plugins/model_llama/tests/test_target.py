@@ -322,10 +322,10 @@ def random_k_quant(rows: int, cols: int, kind, seed: int):
     import numpy as np
     from gguf import GGMLQuantizationType as T
 
-    size = {T.Q4_K: 144, T.Q5_K: 176}[kind]
+    size, scale_at = {T.Q4_K: (144, (0, 2)), T.Q5_K: (176, (0, 2)), T.Q6_K: (210, (208,))}[kind]
     rng = np.random.default_rng(seed)
     blocks = rng.integers(0, 256, size=(rows * cols // 256, size), dtype=np.uint8)
-    for at in (0, 2):  # d and dmin: small positive fp16
+    for at in scale_at:  # d (and dmin): small positive fp16
         blocks[:, at : at + 2] = np.frombuffer(
             rng.uniform(0.0005, 0.004, len(blocks)).astype(np.float16).tobytes(), np.uint8
         ).reshape(-1, 2)
@@ -333,8 +333,8 @@ def random_k_quant(rows: int, cols: int, kind, seed: int):
 
 
 def test_k_quant_files_take_the_block_path_and_match_transformers(tmp_path):
-    """A llama GGUF with Q4_K and Q5_K matrices keeps them as blocks; logits equal the dense
-    path's and transformers' loading of the same file."""
+    """A llama GGUF laid out like a Q4_K_M file (Q4_K, with Q6_K / Q5_K for V, down and the
+    head) keeps every matrix as blocks; logits equal the dense path's and transformers'."""
     from gguf import GGMLQuantizationType as T
 
     from tsspec.modeling.gguf_writer_util import write_gguf
@@ -350,11 +350,18 @@ def test_k_quant_files_take_the_block_path_and_match_transformers(tmp_path):
     metadata, tensors = llama_gguf_contents(model.config, model.state_dict())
     for i, (name, array) in enumerate(sorted(tensors.items())):
         if array.ndim == 2:
-            kind = T.Q5_K if "ffn_down" in name or "attn_v" in name else T.Q4_K
+            kind = T.Q6_K if name in ("output.weight", "blk.0.attn_v.weight") else T.Q4_K
+            kind = T.Q5_K if "ffn_down" in name else kind
             tensors[name] = (random_k_quant(array.shape[0], array.shape[1], kind, seed=i), kind)
     path = write_gguf(tmp_path / "kquant.gguf", "llama", metadata, tensors)
     blocks, dense = load_llama(path), load_llama(path, {"dtype": "float32"})
+    from tsspec.modeling.qlinear import BlockMatrix
+
     assert blocks.config.extra["weights"] == "blocks"
+    assert isinstance(blocks._lm_head, BlockMatrix) and blocks._lm_head.fmt == 16
+    assert all(isinstance(getattr(layer, name), BlockMatrix) for layer in blocks._layers
+               for name in ("wqkv", "wo", "w_gate_up", "w_down"))
+    assert blocks._layers[0].wqkv.fmt == 16 and blocks._layers[1].wqkv.fmt == 4
     ids = prompt(12)
     got, _ = blocks.spec_forward(ids, all_logits_rows=True, want_hidden=False)
     expected, _ = dense.spec_forward(ids, all_logits_rows=True, want_hidden=False)

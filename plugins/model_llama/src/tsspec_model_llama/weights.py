@@ -24,12 +24,12 @@ from typing import Iterator
 import torch
 
 from tsspec.errors import ModelLoadError
-from tsspec.modeling.qlinear import BlockMatrix, pack_tensors
+from tsspec.modeling.qlinear import FORMATS, BlockMatrix, pack_tensors
 
 from .hparams import LlamaHParams
 
 LAYOUT_TAG = "llama-fused-v2"  # bump when the prepared layout changes (invalidates caches)
-BLOCK_LAYOUT_TAG = "llama-blocks-v1"
+BLOCK_LAYOUT_TAG = "llama-blocks-v2"  # v2: K-quants (formats 4, 8 and 16)
 MATRICES = ("wqkv", "wo", "w_gate_up", "w_down")  # per-layer names that may be BlockMatrix
 
 
@@ -132,12 +132,15 @@ def prepare_weights(hp: LlamaHParams, gguf_file, dtype: torch.dtype, blocks: boo
 
 def assemble(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor | BlockMatrix]:
     """The flat (cacheable) dict with each matrix's block tensors joined into a BlockMatrix."""
+    quant_parts = {f"q{fmt}" for fmt in FORMATS}
+    block_stems = {name.rpartition(".")[0] for name in tensors if name.rpartition(".")[2] in quant_parts}
     out: dict[str, torch.Tensor | BlockMatrix] = {}
     for name, tensor in tensors.items():
         stem, _, part = name.rpartition(".")
-        if part in ("q4", "q8"):
-            out[stem] = BlockMatrix.from_tensors(tensors, stem)
-        elif not (part in ("d", "m") and (f"{stem}.q4" in tensors or f"{stem}.q8" in tensors)):
+        if stem in block_stems:
+            if part in quant_parts:
+                out[stem] = BlockMatrix.from_tensors(tensors, stem)
+        else:
             out[name] = tensor
     return out
 
