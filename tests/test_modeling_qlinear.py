@@ -235,3 +235,27 @@ def test_format_16_fuses_with_others_exactly_and_keeps_batch_invariance():
         native.set_simd(True)
     back = BlockMatrix.from_tensors(fused.tensors("w"), "w")
     assert back is not None and back.fmt == 16 and torch.equal(back.dequantize(), fused.dequantize())
+
+
+@needs_native
+def test_format_32_carries_plain_float32_weights_on_the_same_kernel():
+    """A matrix with no block form (F32, F16, Q2_K...) rides the kernel as format 32: the weights
+    as they are; fused with a quantised part, the fused matrix is format 32 too."""
+    w = torch.randn(24, 96, generator=torch.Generator().manual_seed(9))
+    dense = BlockMatrix.dense(w)
+    assert dense.fmt == 32 and torch.equal(dense.dequantize(), w) and torch.equal(dense.rows(torch.tensor([5])), w[5:6])
+    x = torch.randn(6, 96, generator=torch.Generator().manual_seed(10))
+    full = dense.linear(x)
+    assert torch.allclose(full.double(), x.double() @ w.double().t(), rtol=1e-5, atol=1e-5)
+    assert all(torch.equal(dense.linear(x[r : r + 1]), full[r : r + 1]) for r in range(6))
+    q4, ref4 = make(T.Q4_1, n=8, k=96, seed=11)
+    fused = BlockMatrix.concat([q4, dense])
+    assert fused.fmt == 32 and torch.equal(fused.dequantize(), torch.cat([ref4, w]))
+    native = qlinear._load_native()
+    native.set_simd(False)
+    try:
+        assert torch.equal(dense.linear(x), full)
+    finally:
+        native.set_simd(True)
+    with pytest.raises(ValueError, match="divisible"):
+        BlockMatrix.dense(torch.zeros(2, 20))

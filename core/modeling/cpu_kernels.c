@@ -9,6 +9,8 @@
  *          high nibble weight j + 16); covers Q4_0 (m = -8 d) and Q4_1.
  *   fmt 8: q is int8, 32 bytes a block; covers Q8_0 (m = 0) and any 4/5-bit type widened.
  *   fmt 16: fmt 8 with d, m per 16 weights (Q6_K, and anything fused with it).
+ *   fmt 32: plain float32 weights, 128 bytes a block, d and m unused (F32/F16 matrices and
+ *           types without a block form, so that every matrix takes the same row-invariant path).
  * A block dequantises to exactly the float32 values the torch dequantiser gives (q * d is exact
  * in float32, so the fused multiply-add rounds once, like q * d + m), so results differ from a
  * float32 GEMM on the dequantised matrix only in summation order.
@@ -44,7 +46,7 @@
 
 #define QK 32
 
-static inline int64_t block_bytes(int fmt) { return fmt == 4 ? 16 : 32; }
+static inline int64_t block_bytes(int fmt) { return fmt == 4 ? 16 : fmt == 32 ? 128 : 32; }
 /* scales (d, m) per 32-weight block: format 16 is format 8 with a scale per 16 weights (Q6_K) */
 static inline int64_t block_scales(int fmt) { return fmt == 16 ? 2 : 1; }
 
@@ -59,6 +61,8 @@ static void unpack_row_scalar(int fmt, const uint8_t *q, const float *d, const f
                 o[j] = fmaf((float)(p[j] & 0x0F), d[b], m[b]);
                 o[j + 16] = fmaf((float)(p[j] >> 4), d[b], m[b]);
             }
+        } else if (fmt == 32) {
+            memcpy(o, q + b * 128, sizeof(float) * QK);
         } else if (fmt == 8) {
             const int8_t *p = (const int8_t *)(q + b * 32);
             for (int j = 0; j < 32; j++) o[j] = fmaf((float)p[j], d[b], m[b]);
@@ -116,6 +120,10 @@ QG_AVX2 static inline __attribute__((always_inline)) void block_avx2(int fmt, co
                                                                      const float *d, const float *m, __m256 w[4]) {
     __m128i q0, q1;
     __m256i i[4];
+    if (fmt == 32) {
+        for (int k = 0; k < 4; k++) w[k] = _mm256_loadu_ps((const float *)(q + blk * 128) + 8 * k);
+        return;
+    }
     if (fmt == 4) {
         const __m128i low4 = _mm_set1_epi8(0x0F);
         __m128i raw = _mm_loadu_si128((const __m128i *)(q + blk * 16));
@@ -741,7 +749,7 @@ static void silu_mul_rows(const float *gu, float *out, int64_t rows, int64_t f) 
 
 static int check_weight(QWeight *W, int fmt, unsigned long long q, unsigned long long d, unsigned long long m,
                         long long N, long long K) {
-    if ((fmt != 4 && fmt != 8 && fmt != 16) || N < 0 || K < 0 || K % QK != 0 || !q || !d || !m) {
+    if ((fmt != 4 && fmt != 8 && fmt != 16 && fmt != 32) || N < 0 || K < 0 || K % QK != 0 || !q || !d || !m) {
         PyErr_SetString(PyExc_ValueError, "bad quantised weight description");
         return 0;
     }

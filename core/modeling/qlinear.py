@@ -14,8 +14,9 @@ Formats: ``4`` (4-bit q, ggml nibble order; Q4_0 as m = -8 d, Q4_1, Q4_K) and ``
 Q8_0, Q5_K, and 4-bit blocks widened when a fused matrix mixes types). A K-quant super-block is
 eight affine 32-weight sub-blocks (d * sc, dmin * m), so Q4_K and Q5_K repack exactly; Q6_K has
 sixteen 16-weight sub-blocks and becomes format ``16`` (format 8 with a scale per 16 weights).
-Q2_K, Q3_K and the rest are not packed (``pack_tensors`` returns None) and the caller keeps
-float32 weights for that matrix.
+Q2_K, Q3_K and the rest are not packed (``pack_tensors`` returns None); a caller that wants
+every matrix on the kernel wraps such a matrix's float32 weights as format ``32``
+(``BlockMatrix.dense``: d = 1, m = 0, the weights as they are).
 
 Calls with more than ``GEMM_ROWS`` (72) rows (long prefills) dequantise the matrix in slices and use
 torch's blocked GEMM, which wins there; that path sums in torch's order.
@@ -58,8 +59,9 @@ def native_info() -> dict[str, object]:
     return native.info()
 
 
-FORMATS = (4, 8, 16)
-SCALES_PER_BLOCK = {4: 1, 8: 1, 16: 2}  # format 16: format 8 with d, m per 16 weights (Q6_K)
+FORMATS = (4, 8, 16, 32)
+SCALES_PER_BLOCK = {4: 1, 8: 1, 16: 2, 32: 1}  # format 16: format 8 with d, m per 16 weights (Q6_K)
+BLOCK_BYTES = {4: 16, 8: 32, 16: 32, 32: 128}  # format 32: plain float32 weights (d = 1, m = 0)
 
 
 class BlockMatrix:
@@ -74,7 +76,7 @@ class BlockMatrix:
             raise ValueError(f"block format must be one of {FORMATS}, got {fmt}")
         n, scales = d.shape
         nb = scales // SCALES_PER_BLOCK[fmt]
-        per_block = 16 if fmt == 4 else 32
+        per_block = BLOCK_BYTES[fmt]
         if q.dtype != torch.uint8 or tuple(q.shape) != (n, nb * per_block) or scales % SCALES_PER_BLOCK[fmt]:
             raise ValueError(f"q must be uint8 [{n}, {nb * per_block}], got {q.dtype} {list(q.shape)}")
         if d.dtype != torch.float32 or m.dtype != torch.float32 or m.shape != d.shape:
@@ -91,8 +93,22 @@ class BlockMatrix:
         fmt = max(p.fmt for p in parts)
         return cls(fmt, *(torch.cat(t) for t in zip(*(p._as(fmt) for p in parts))))
 
+    @classmethod
+    def dense(cls, weight: torch.Tensor) -> "BlockMatrix":
+        """Format 32: float32 weights [N, K] as they are, so a matrix with no block form takes
+        the same row-invariant kernel as the others."""
+        w = weight.to(torch.float32).contiguous()
+        n, k = w.shape
+        if k % QK:
+            raise ValueError(f"dense block matrices need K divisible by {QK}, got {k}")
+        ones = torch.ones((n, k // QK), dtype=torch.float32)
+        return cls(32, w.view(torch.uint8).reshape(n, -1), ones, torch.zeros_like(ones))
+
     def _as(self, fmt: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """(q, d, m) of the same weights in a format at least as wide."""
+        if fmt == 32 and self.fmt != 32:
+            dense = BlockMatrix.dense(self.dequantize())
+            return dense.q, dense.d, dense.m
         q, d, m = self.q, self.d, self.m
         if self.fmt == 4 and fmt > 4:
             q = _widen(q)
@@ -194,6 +210,8 @@ def _widen(q4: torch.Tensor) -> torch.Tensor:
 def _dequantize_torch(fmt: int, q: torch.Tensor, d: torch.Tensor, m: torch.Tensor) -> torch.Tensor:
     """The same values as the kernel's unpack (q * d is exact, so q * d + m rounds once)."""
     n = q.shape[0]
+    if fmt == 32:
+        return q.contiguous().view(torch.float32).reshape(n, -1).clone()
     if fmt == 4:
         blocks = q.view(n, -1, 16)
         values = torch.cat([blocks & 0x0F, blocks >> 4], dim=2).to(torch.float32)

@@ -4,8 +4,14 @@ Block: ``x += W_o attn(rope(q), rope(k), v)`` on ``RMSNorm(x)``, then
 ``x += W_down (silu(W_gate h) * W_up h)`` on ``RMSNorm(x)``; final RMSNorm; LM head (the
 embedding when the file has no ``output.weight``).
 
-Attention is GQA without copying the cache per step: the KV cache is [n_kv, capacity, hd] per
-layer and the queries of the ``group`` heads that share a KV head are stacked as extra query
+Two paths run a block. On the CPU in float32 (the default) ``_kernel_block`` runs it on the
+compiled kernels (``tsspec.modeling``: block matmuls on the file's quantised weights, causal
+attention, RMSNorm, RoPE, SiLU product), each computing a row the same way whatever the row
+count, so a k-row verify reproduces the 1-row decode's logits bit for bit. Elsewhere (CUDA,
+bf16/f16, the float64 reference mode, a build without the kernels) ``_block`` uses torch ops.
+
+Torch attention is GQA without copying the cache per step: the KV cache is [n_kv, capacity, hd]
+per layer and the queries of the ``group`` heads that share a KV head are stacked as extra query
 rows of that KV head, ``q [n_kv, group * rows, hd]``, so two batched matmuls serve all heads.
 A multi-row call (prefill, verify) masks causally with the cache offset: row t sees keys
 ``0 .. past + t``.

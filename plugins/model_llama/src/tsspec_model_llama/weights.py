@@ -29,7 +29,7 @@ from tsspec.modeling.qlinear import FORMATS, BlockMatrix, pack_tensors
 from .hparams import LlamaHParams
 
 LAYOUT_TAG = "llama-fused-v2"  # bump when the prepared layout changes (invalidates caches)
-BLOCK_LAYOUT_TAG = "llama-blocks-v2"  # v2: K-quants (formats 4, 8 and 16)
+BLOCK_LAYOUT_TAG = "llama-blocks-v3"  # v2: K-quants (formats 4, 8, 16); v3: format 32
 MATRICES = ("wqkv", "wo", "w_gate_up", "w_down")  # per-layer names that may be BlockMatrix
 
 
@@ -83,14 +83,18 @@ def check_tensors(hp: LlamaHParams, gguf_file) -> dict[str, tuple[int, ...]]:
 
 
 def _matrix(gguf_file, key: str, names: list[str], scales: list[float], dtype: torch.dtype, blocks: bool):
-    """(key, tensor) pairs of one (fused) matrix: its blocks when ``blocks`` and every part is a
-    type the block kernel takes, else the dense rows in ``dtype``."""
+    """(key, tensor) pairs of one (fused) matrix: with ``blocks``, its quantised blocks when every
+    part is a type the block kernel takes, else its float32 weights as format-32 blocks (so every
+    matrix runs on the row-invariant kernel); without, the dense rows in ``dtype``."""
     if blocks:
         packed = pack_tensors(gguf_file, names, scales)
         if packed is not None:
             return list(packed.tensors(key).items())
     parts = [gguf_file.tensor(name) * s if s != 1.0 else gguf_file.tensor(name) for name, s in zip(names, scales)]
-    return [(key, (parts[0] if len(parts) == 1 else torch.cat(parts)).to(dtype))]
+    dense = parts[0] if len(parts) == 1 else torch.cat(parts)
+    if blocks and dense.shape[-1] % 32 == 0:
+        return list(BlockMatrix.dense(dense).tensors(key).items())
+    return [(key, dense.to(dtype))]
 
 
 def _layer_tensors(
