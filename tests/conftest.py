@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+
 import pytest
 
 
@@ -38,3 +40,20 @@ def cli_state(monkeypatch):
     for field in ("config_path", "config", "controls", "debug", "catalog"):
         monkeypatch.setattr(STATE, field, getattr(STATE, field))
     return STATE
+
+
+@pytest.fixture
+def scalar_path():
+    """A context manager that runs the compiled CPU kernels on their scalar path (tests compare
+    it with the SIMD path, which comes back on exit)."""
+    from tsspec.modeling import native
+
+    @contextlib.contextmanager
+    def scalar():
+        native.kernels().set_simd(False)
+        try:
+            yield
+        finally:
+            native.kernels().set_simd(True)
+
+    return scalar

@@ -12,11 +12,11 @@ import torch
 from gguf import GGMLQuantizationType as T
 from gguf import quants
 
-from tsspec.modeling import qlinear
+from tsspec.modeling import native, qlinear
 from tsspec.modeling.qlinear import BlockMatrix, pack_tensor
 
 TYPES = [T.Q4_0, T.Q4_1, T.Q8_0]
-needs_native = pytest.mark.skipif(not qlinear.native_available(), reason="the block kernel was not built")
+needs_native = pytest.mark.skipif(not native.available(), reason="the block kernel was not built")
 
 
 def make(kind, n=40, k=96, seed=0):
@@ -72,18 +72,14 @@ def test_rows_are_batch_invariant(kind):
 
 @needs_native
 @pytest.mark.parametrize("kind", TYPES)
-def test_scalar_path_agrees_bit_for_bit(kind):
+def test_scalar_path_agrees_bit_for_bit(kind, scalar_path):
     bm, _ = make(kind, n=24, k=64)
-    native = qlinear._load_native()
     x = torch.randn(5, 64, generator=torch.Generator().manual_seed(2))
     fast = bm.linear(x)
-    native.set_simd(False)
-    try:
+    with scalar_path():
         assert native.info()["simd"] == "scalar"
         slow = bm.linear(x)
         deq = bm.dequantize()
-    finally:
-        native.set_simd(True)
     assert torch.equal(fast, slow)
     assert torch.equal(deq, bm.dequantize())
 
@@ -104,7 +100,7 @@ def test_without_the_kernel_everything_still_works(monkeypatch):
 
     monkeypatch.setattr(native, "_module", None)
     monkeypatch.setattr(native, "_checked", True)
-    assert not qlinear.native_available() and qlinear.native_info()["simd"] is None
+    assert not native.available() and native.info()["simd"] is None
     x = torch.randn(3, 64)
     assert torch.equal(bm.dequantize(), ref)
     assert torch.allclose(bm.linear(x).double(), x.double() @ ref.double().t(), rtol=1e-5, atol=1e-4)
@@ -144,9 +140,9 @@ def test_bad_operands_are_refused():
         bm.linear(torch.zeros(2, 64, dtype=torch.float64))
     with pytest.raises(ValueError, match="uint8"):
         BlockMatrix(4, torch.zeros(2, 3, dtype=torch.uint8), torch.zeros(2, 1), torch.zeros(2, 1))
-    if qlinear.native_available():
+    if native.available():
         with pytest.raises(ValueError):
-            qlinear._load_native().gemm(5, 1, 1, 1, 1, 32, 1, 1, 1, 0, 1)
+            native.kernels().gemm(5, 1, 1, 1, 1, 32, 1, 1, 1, 0, 1)
 
 
 @needs_native
@@ -209,13 +205,13 @@ def test_k_quant_super_blocks_repack_exactly(kind, fmt):
     assert bm is not None and bm.fmt == fmt
     assert torch.equal(bm.dequantize(), ref)
     assert pack_tensor(raw.reshape(-1), kind, (n * 4, k // 4)) is None  # rows not whole super-blocks
-    if qlinear.native_available():
+    if native.available():
         x = torch.randn(3, k, generator=torch.Generator().manual_seed(8))
         assert torch.allclose(bm.linear(x).double(), x.double() @ ref.double().t(), rtol=1e-5, atol=1e-4)
 
 
 @needs_native
-def test_format_16_fuses_with_others_exactly_and_keeps_batch_invariance():
+def test_format_16_fuses_with_others_exactly_and_keeps_batch_invariance(scalar_path):
     """A Q6_K part fused with Q4_1 and Q8_0 parts: everything becomes format 16 with the same
     values; the scalar and SIMD paths and every row count agree bit for bit."""
     q6 = pack_tensor(random_k_blocks(T.Q6_K, 8, 256, seed=3).reshape(-1), T.Q6_K, (8, 256))
@@ -227,18 +223,14 @@ def test_format_16_fuses_with_others_exactly_and_keeps_batch_invariance():
     x = torch.randn(7, 256, generator=torch.Generator().manual_seed(6))
     full = fused.linear(x)
     assert all(torch.equal(fused.linear(x[r : r + 1]), full[r : r + 1]) for r in range(7))
-    native = qlinear._load_native()
-    native.set_simd(False)
-    try:
+    with scalar_path():
         assert torch.equal(fused.linear(x), full)
-    finally:
-        native.set_simd(True)
     back = BlockMatrix.from_tensors(fused.tensors("w"), "w")
     assert back is not None and back.fmt == 16 and torch.equal(back.dequantize(), fused.dequantize())
 
 
 @needs_native
-def test_format_32_carries_plain_float32_weights_on_the_same_kernel():
+def test_format_32_carries_plain_float32_weights_on_the_same_kernel(scalar_path):
     """A matrix with no block form (F32, F16, Q2_K...) rides the kernel as format 32: the weights
     as they are; fused with a quantised part, the fused matrix is format 32 too."""
     w = torch.randn(24, 96, generator=torch.Generator().manual_seed(9))
@@ -251,11 +243,7 @@ def test_format_32_carries_plain_float32_weights_on_the_same_kernel():
     q4, ref4 = make(T.Q4_1, n=8, k=96, seed=11)
     fused = BlockMatrix.concat([q4, dense])
     assert fused.fmt == 32 and torch.equal(fused.dequantize(), torch.cat([ref4, w]))
-    native = qlinear._load_native()
-    native.set_simd(False)
-    try:
+    with scalar_path():
         assert torch.equal(dense.linear(x), full)
-    finally:
-        native.set_simd(True)
     with pytest.raises(ValueError, match="divisible"):
         BlockMatrix.dense(torch.zeros(2, 20))

@@ -20,10 +20,6 @@ from . import native
 ROW_SLICE = 64  # query rows per kernel call
 
 
-def available() -> bool:
-    return native.available()
-
-
 def causal_attention(
     q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, past: int, heads: int
 ) -> torch.Tensor:

@@ -709,11 +709,9 @@ static void rms_norm_rows(const float *x, const float *w, float *out, int64_t ro
         float *o = out + r * n;
         float acc[8] = {0};
 #ifdef QG_X86
-        if (simd_on() && n % 8 == 0) {
-            float lanes[8];
-            rms_sumsq_avx2(xr, n, lanes);
-            memcpy(acc, lanes, sizeof(lanes));
-        } else
+        if (simd_on() && n % 8 == 0)
+            rms_sumsq_avx2(xr, n, acc);
+        else
 #endif
             for (int64_t i = 0; i < n; i++) acc[i % 8] = fmaf(xr[i], xr[i], acc[i % 8]);
         const float scale = 1.0f / sqrtf(lanes8(acc) / (float)n + eps);

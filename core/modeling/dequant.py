@@ -152,13 +152,18 @@ def _q4_k(b: torch.Tensor) -> torch.Tensor:
     return _per_sub(q, sc * _f16(b, 0), 32) - _per_sub(torch.ones_like(q), mn * _f16(b, 2), 32)
 
 
-def _q5_k(b: torch.Tensor) -> torch.Tensor:
+def q5_k_values(b: torch.Tensor) -> torch.Tensor:
+    """Q5_K blocks [n, 176] -> the 5-bit q of each weight, uint8 [n, 256]."""
     n = b.shape[0]
-    sc, mn = _k_scales(b[:, 4:16])
     qh = b[:, 16:48]  # bit j of qh[l] is the high bit of weight 32 j + l
     shifts = torch.arange(8, dtype=torch.uint8).view(1, 8, 1)
     high = ((qh.view(n, 1, 32) >> shifts) & 1).reshape(n, 256)
-    q = (_k_nibbles(b[:, 48:176]) | (high << 4)).to(torch.float32)
+    return _k_nibbles(b[:, 48:176]) | (high << 4)
+
+
+def _q5_k(b: torch.Tensor) -> torch.Tensor:
+    sc, mn = _k_scales(b[:, 4:16])
+    q = q5_k_values(b).to(torch.float32)
     return _per_sub(q, sc * _f16(b, 0), 32) - _per_sub(torch.ones_like(q), mn * _f16(b, 2), 32)
 
 

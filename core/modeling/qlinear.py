@@ -21,8 +21,9 @@ every matrix on the kernel wraps such a matrix's float32 weights as format ``32`
 Calls with more than ``GEMM_ROWS`` (72) rows (long prefills) dequantise the matrix in slices and use
 torch's blocked GEMM, which wins there; that path sums in torch's order.
 
-The compiled part is optional: ``native_available()`` is False when the build had no C
-compiler, and loaders then keep float32 weights.
+The compiled part is optional: ``tsspec.modeling.native.available()`` is False when the build
+had no C compiler, and loaders then keep float32 weights (``linear`` and ``dequantize`` still
+work, on torch).
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ import torch
 from gguf import GGMLQuantizationType as T
 
 from . import native
+from .dequant import _f16, _k_nibbles, _k_scales, _nibbles, q5_k_values, q6_k_parts
 
 QK = 32
 # up to this many rows the block kernel runs; above, dequantise + torch GEMM. Measured on the
@@ -44,20 +46,6 @@ GEMM_ROWS = 72
 DEQUANT_SLICE = 1 << 22  # weights dequantised at a time on the GEMM path (16 MiB of float32)
 PACKABLE = {T.Q4_0, T.Q4_1, T.Q8_0, T.Q4_K, T.Q5_K, T.Q6_K}
 K_BLOCK_BYTES = {T.Q4_K: 144, T.Q5_K: 176, T.Q6_K: 210}  # 256-weight super-blocks
-
-def _load_native():
-    return native.kernels()
-
-
-def native_available() -> bool:
-    """True when the compiled block kernel was built and imports."""
-    return native.available()
-
-
-def native_info() -> dict[str, object]:
-    """What the kernel build offers: ``{"simd": "avx2+fma" | "scalar" | None, "pool_workers": int}``."""
-    return native.info()
-
 
 FORMATS = (4, 8, 16, 32)
 SCALES_PER_BLOCK = {4: 1, 8: 1, 16: 2, 32: 1}  # format 16: format 8 with d, m per 16 weights (Q6_K)
@@ -142,7 +130,7 @@ class BlockMatrix:
         start, stop, _ = (rows or slice(None)).indices(self.shape[0])
         n, k = max(0, stop - start), self.shape[1]
         out = torch.empty((n, k), dtype=torch.float32)
-        kernels = _load_native()
+        kernels = native.kernels()
         if kernels is not None and n:
             kernels.dequant(
                 self.fmt, self.q[start].data_ptr(), self.d[start].data_ptr(), self.m[start].data_ptr(),
@@ -164,7 +152,7 @@ class BlockMatrix:
             raise ValueError(f"x has {k} columns, the matrix {self.shape[1]}")
         if x.dtype != torch.float32 or x.device.type != "cpu":
             raise ValueError("block matrices multiply float32 CPU rows")
-        kernels = _load_native()
+        kernels = native.kernels()
         if rows > GEMM_ROWS or kernels is None:
             return self._linear_torch(x, base)
         x = x.contiguous()
@@ -202,9 +190,7 @@ class BlockMatrix:
 
 def _widen(q4: torch.Tensor) -> torch.Tensor:
     """4-bit blocks [N, nb * 16] -> the same weights as int8 blocks [N, nb * 32] (as uint8 bytes)."""
-    n = q4.shape[0]
-    blocks = q4.view(n, -1, 16)
-    return torch.cat([blocks & 0x0F, blocks >> 4], dim=2).reshape(n, -1)
+    return _nibbles(q4.reshape(-1, 16)).reshape(q4.shape[0], -1)
 
 
 def _dequantize_torch(fmt: int, q: torch.Tensor, d: torch.Tensor, m: torch.Tensor) -> torch.Tensor:
@@ -213,15 +199,10 @@ def _dequantize_torch(fmt: int, q: torch.Tensor, d: torch.Tensor, m: torch.Tenso
     if fmt == 32:
         return q.contiguous().view(torch.float32).reshape(n, -1).clone()
     if fmt == 4:
-        blocks = q.view(n, -1, 16)
-        values = torch.cat([blocks & 0x0F, blocks >> 4], dim=2).to(torch.float32)
+        values = _nibbles(q.reshape(-1, 16)).view(n, -1, 32).to(torch.float32)
     else:  # int8; format 16's scales cover 16 weights each
         values = q.view(torch.int8).view(n, d.shape[1], -1).to(torch.float32)
     return (values * d.unsqueeze(-1) + m.unsqueeze(-1)).reshape(n, -1)
-
-
-def _f16(raw: np.ndarray, at: int) -> torch.Tensor:
-    return torch.from_numpy(np.ascontiguousarray(raw[:, at : at + 2]).view(np.float16).astype(np.float32)[:, 0])
 
 
 def _pack_k_quant(raw: np.ndarray, kind, n: int, k: int) -> BlockMatrix:
@@ -229,27 +210,21 @@ def _pack_k_quant(raw: np.ndarray, kind, n: int, k: int) -> BlockMatrix:
     d_j = d * sc_j and m_j = -(dmin * min_j), the products ggml's dequantiser forms (exact in
     float32), and q in 0..15 (format 4) or 0..31 (format 8). Q6_K: format 16, d_j = d * scale_j
     per 16 weights, q - 32 as int8."""
-    from .dequant import _f16 as f16, _k_nibbles, _k_scales, q6_k_parts
-
     size = K_BLOCK_BYTES[kind]
     supers = n * (k // 256)
-    b = torch.from_numpy(np.array(np.asarray(raw, dtype=np.uint8)[: supers * size])).view(supers, size)  # a copy
+    b = _blocks(raw, supers, size)
     if kind == T.Q6_K:  # 16 sub-blocks of 16: d_j = d * scale_j, q - 32 in -32..31, m = 0
         q, scales, d = q6_k_parts(b)
         d16 = (scales.to(torch.float32) * d).reshape(n, -1)
         return BlockMatrix(16, q.view(torch.uint8).reshape(n, -1).contiguous(), d16, torch.zeros_like(d16))
     sc, mins = _k_scales(b[:, 4:16])  # [supers, 8] each
-    d = (sc * f16(b, 0)).reshape(n, -1)
-    m = (-(mins * f16(b, 2))).reshape(n, -1)
+    d = (sc * _f16(b, 0)).reshape(n, -1)
+    m = (-(mins * _f16(b, 2))).reshape(n, -1)
     if kind == T.Q4_K:
         q = _k_nibbles(b[:, 16:144]).view(supers * 8, 2, 16)  # sub-block: weights 0-15, 16-31
         packed = (q[:, 0] | (q[:, 1] << 4)).reshape(n, -1)  # ggml's order: j low, j + 16 high
         return BlockMatrix(4, packed, d, m)
-    qh = b[:, 16:48]  # bit j of qh[l] is the high bit of weight 32 j + l
-    shifts = torch.arange(8, dtype=torch.uint8).view(1, 8, 1)
-    high = ((qh.view(supers, 1, 32) >> shifts) & 1).reshape(supers, 256)
-    q = _k_nibbles(b[:, 48:176]) | (high << 4)
-    return BlockMatrix(8, q.reshape(n, -1).contiguous(), d, m)
+    return BlockMatrix(8, q5_k_values(b).reshape(n, -1), d, m)
 
 
 def pack_tensor(raw: np.ndarray, ggml_type, shape: Sequence[int]) -> BlockMatrix | None:
@@ -265,17 +240,21 @@ def pack_tensor(raw: np.ndarray, ggml_type, shape: Sequence[int]) -> BlockMatrix
     if kind in K_BLOCK_BYTES:
         return _pack_k_quant(raw, kind, n, k) if k % 256 == 0 else None
     nb = k // QK
-    size = {T.Q4_0: 18, T.Q4_1: 20, T.Q8_0: 34}[kind]
-    blocks = np.asarray(raw, dtype=np.uint8)[: n * nb * size].reshape(n * nb, size)
-    d = _f16(blocks, 0)
+    b = _blocks(raw, n * nb, {T.Q4_0: 18, T.Q4_1: 20, T.Q8_0: 34}[kind])
+    d = _f16(b, 0)  # [n * nb, 1]
     if kind == T.Q4_0:
-        fmt, qs, m = 4, blocks[:, 2:18], d * -8.0
+        fmt, qs, m = 4, b[:, 2:18], d * -8.0
     elif kind == T.Q4_1:
-        fmt, qs, m = 4, blocks[:, 4:20], _f16(blocks, 2)
+        fmt, qs, m = 4, b[:, 4:20], _f16(b, 2)
     else:
-        fmt, qs, m = 8, blocks[:, 2:34], torch.zeros_like(d)
-    q = torch.from_numpy(np.ascontiguousarray(qs)).reshape(n, -1)
-    return BlockMatrix(fmt, q, d.reshape(n, nb), m.reshape(n, nb))
+        fmt, qs, m = 8, b[:, 2:34], torch.zeros_like(d)
+    return BlockMatrix(fmt, qs.reshape(n, -1), d.reshape(n, nb), m.reshape(n, nb))
+
+
+def _blocks(raw: np.ndarray, count: int, size: int) -> torch.Tensor:
+    """The first ``count`` blocks of ``size`` bytes of a tensor's raw bytes, as a uint8 tensor
+    [count, size] (a copy: the file's mapping is read-only)."""
+    return torch.from_numpy(np.array(np.asarray(raw, dtype=np.uint8)[: count * size])).view(count, size)
 
 
 def pack_tensors(gguf_file, names: Sequence[str], scales: Sequence[float] | None = None) -> BlockMatrix | None:

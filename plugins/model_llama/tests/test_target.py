@@ -260,10 +260,10 @@ def test_block_weights_match_dense_weights_and_transformers(tiny, scheme):
     one-row calls' rows."""
     from gguf import GGMLQuantizationType as T
 
-    from tsspec.modeling.qlinear import native_available
+    from tsspec.modeling import native
     from tsspec_model_llama import load_llama
 
-    if not native_available():
+    if not native.available():
         pytest.skip("the block kernel was not built")
     quantize = {frag: T[name] for frag, name in QUANTISED[scheme].items()}
     _, blocks, path = tiny(quantize=quantize)
@@ -343,13 +343,13 @@ def test_k_quant_files_take_the_block_path_and_match_transformers(tmp_path):
     from gguf import GGMLQuantizationType as T
 
     from tsspec.modeling.gguf_writer_util import write_gguf
-    from tsspec.modeling.qlinear import native_available
+    from tsspec.modeling import native
     from tsspec_model_llama import load_llama
     from tsspec_model_llama.convert import llama_gguf_contents
 
     from .conftest import make_hf_llama
 
-    if not native_available():
+    if not native.available():
         pytest.skip("the block kernel was not built")
     model = make_hf_llama(0, hidden_size=256, intermediate_size=512, num_attention_heads=4, num_key_value_heads=2)
     metadata, tensors = llama_gguf_contents(model.config, model.state_dict())

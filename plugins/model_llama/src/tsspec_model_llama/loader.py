@@ -24,7 +24,7 @@ import torch
 from tsspec.errors import ModelLoadError
 from tsspec.modeling.cache import WeightCache
 from tsspec.modeling.gguf_file import GGUFFile
-from tsspec.modeling.qlinear import native_available
+from tsspec.modeling import native
 from tsspec.modeling.tokenizer import from_gguf
 
 from .hparams import read_hparams
@@ -89,7 +89,7 @@ def load_llama(gguf_path: str | os.PathLike[str], options: Any = None, *, cache:
     device = resolve_device(path, _setting(options, "device"))
     requested = _setting(options, "dtype")
     dtype = resolve_dtype(path, requested)
-    blocks = requested in (None, "auto") and device.type == "cpu" and native_available()
+    blocks = requested in (None, "auto") and device.type == "cpu" and native.available()
     with GGUFFile(path) as gguf_file:
         if gguf_file.architecture not in ARCHITECTURES:
             raise ModelLoadError(

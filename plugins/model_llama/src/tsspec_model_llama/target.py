@@ -40,7 +40,6 @@ import torch.nn.functional as F
 
 from tsspec.errors import GenerationError
 from tsspec.modeling import native
-from tsspec.modeling.attention import available as kernel_attention_available
 from tsspec.modeling.attention import causal_attention
 from tsspec.modeling.qlinear import BlockMatrix
 from tsspec.protocols import ModelConfig
@@ -129,6 +128,9 @@ class LlamaTarget:
         self.load_seconds = load_seconds
         self.cache_hit = cache_hit
         tied = "lm_head" not in weights
+        # weights kept in quantised blocks (CPU): every matmul row is summed in the same order
+        # whatever the row count, and short verifies need no padding (see qlinear.py)
+        self.block_weights = any(isinstance(t, BlockMatrix) for t in weights.values())
         self.config = ModelConfig(
             architecture=hp.architecture,
             vocab_size=hp.vocab_size,
@@ -139,7 +141,7 @@ class LlamaTarget:
                 **hp.as_extra(),
                 "tied_embeddings": tied,
                 "dtype": str(dtype).removeprefix("torch."),
-                "weights": "blocks" if any(isinstance(t, BlockMatrix) for t in weights.values()) else "dense",
+                "weights": "blocks" if self.block_weights else "dense",
             },
         )
         # the residual stream, norms, RoPE and attention (KV cache included) run in float32;
@@ -149,15 +151,10 @@ class LlamaTarget:
         place = lambda t: t if isinstance(t, BlockMatrix) else t.to(self.device)  # noqa: E731
         self._embed = place(weights["embed"])
         self._lm_head = self._embed if tied else place(weights["lm_head"])
-        # weights kept in quantised blocks (CPU): every matmul row is summed in the same order
-        # whatever the row count, and short verifies need no padding (see qlinear.py)
-        self.block_weights = sum(isinstance(t, BlockMatrix) for t in weights.values())
-        # attention on the compiled kernel (CPU, float32 KV): each query row is computed the
-        # same way whatever the row count, so verify rows reproduce decode rows bit for bit
-        self._kernel_attention = (
-            self.device.type == "cpu" and dtype == torch.float32 and kernel_attention_available()
-        )
-        self._kernels = native.kernels() if self._kernel_attention else None
+        # the compiled kernels run the whole block (CPU, float32; None elsewhere or when not
+        # built): each row is computed the same way whatever the row count, so verify rows
+        # reproduce decode rows bit for bit
+        self._kernels = native.kernels() if self.device.type == "cpu" and dtype == torch.float32 else None
         self._rope_table = 0  # address of the RoPE (cos, sin) table, refreshed per forward
         self._output_norm = weights["output_norm"].to(self.device)
         self._layers = [_Layer(weights, i, self.device) for i in range(hp.n_layers)]
@@ -184,7 +181,7 @@ class LlamaTarget:
     def spec_verify_row_ms(self):
         """The verify cost by rows (optional attribute drafters read to size drafts): the block
         path's measured profile; None on other paths (dense GEMMs, CUDA: not measured)."""
-        if self.block_weights and self._kernel_attention:
+        if self.block_weights and self._kernels is not None:
             return BLOCK_PATH_ROW_MS
         return None
 
@@ -388,7 +385,7 @@ class LlamaTarget:
             x = _embedding(torch.tensor(ids, device=self.device), self._embed)  # [rows, H]
             if self._cast:
                 x = x.to(self._residual_dtype)
-            kernel_path = self._kernel_attention
+            kernel_path = self._kernels is not None
             if kernel_path:  # one thread count for the whole pass: no torch op here is wide
                 self._threads(self._gemm_threads)
                 self._rope.ensure(past + rows)
