@@ -140,6 +140,6 @@ def make_block_speculator(target: Any, options: Any = None) -> BlockDraftSpecula
             f"the target's hidden rows are {target_width} wide but the block drafter reads {feature_size} "
             "(its feature taps are not set)"
         )
-    window = options.window(getattr(target, "spec_preferred_draft_window", None)) if options is not None else DEFAULT_WINDOW
     pmin = options.min_prob(DEFAULT_MIN_DRAFT_PROB) if options is not None else DEFAULT_MIN_DRAFT_PROB
-    return BlockDraftSpeculator(head, window=window, min_draft_prob=pmin, feature_size=feature_size)
+    # the block size is this algorithm's own limit; the loop narrows it to the sequence's window
+    return BlockDraftSpeculator(head, window=int(head.block_size), min_draft_prob=pmin, feature_size=feature_size)

@@ -118,20 +118,18 @@ class DraftHeadSpeculator:
             return []
         self.counters.proposals += 1
         logits, hidden = self._first_step(ctx.last_token, ctx.carry_hidden, ctx.position)
-        preceding = list(ctx.history)  # history[-1] == last_token
         drafts: list[int] = []
         while True:
             logits = logits.reshape(-1)  # [vocab]
             if ctx.vocab_size and logits.shape[0] > ctx.vocab_size:
                 logits = logits[: ctx.vocab_size]  # padded head vocabulary: never draft padding
             if ctx.adjust_logits is not None:
-                logits = ctx.adjust_logits(logits, preceding)
+                logits = ctx.adjust_logits(logits, ctx.preceding(drafts))  # no copy of history
             token, probability = top1_over_topk(logits)
             if not passes_gate(probability, self.min_draft_prob):
                 self.counters.gate_stops += 1
                 break
             drafts.append(token)
-            preceding.append(token)
             if len(drafts) == budget:
                 break
             logits, hidden = self._step(token, hidden, ctx.position + len(drafts))
