@@ -25,7 +25,7 @@ from .protocols import (
     SpeculatorDeclined,
     Tokenizer,
 )
-from .runtime.options import SpeculationOptions
+from .runtime.options import MAX_DRAFT_WINDOW, SpeculationOptions
 from .runtime.registry import DECLINE_CODES, Decline, SpeculatorRegistry
 
 __version__ = "0.1.0"
@@ -69,6 +69,7 @@ __all__ = [
     "Decline",
     "DECLINE_CODES",
     "SpeculationOptions",
+    "MAX_DRAFT_WINDOW",
     # hook markers
     "hookimpl",
     "hookspec",

@@ -31,6 +31,7 @@ class LoaderEntry:
     plugin: str | None = None
     package: str | None = None
     version: str | None = None
+    file_less: bool = False  # a model loaded by name ("toy", "toy:SEED"), not from a GGUF file
 
 
 @attrs.define
@@ -60,12 +61,13 @@ class Catalog:
 
 
 def _add_loaders(table: dict[str, LoaderEntry], record, kind: str, pending: list):
-    def register(architectures, function):
+    def register(architectures, function, *, file_less=False):
         if isinstance(architectures, str):
             architectures = [architectures]
         if not callable(function):
             raise TypeError(f"{kind} for {architectures} is not callable")
-        entry = LoaderEntry(list(architectures), function, record.name, record.package, record.version)
+        entry = LoaderEntry(list(architectures), function, record.name, record.package, record.version,
+                            bool(file_less))
 
         def apply():
             for arch in architectures:

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 
 from tsspec.hookspecs import hookimpl
 from tsspec.protocols import DraftHeadKind, SpeculatorDeclined
-from tsspec.runtime.options import MAX_DRAFT_WINDOW, SpeculationOptions
+from tsspec import MAX_DRAFT_WINDOW, SpeculationOptions
 
 if TYPE_CHECKING:  # the speculator needs torch: imported when a speculator is made, not at start-up
     from .speculator import DraftHeadSpeculator

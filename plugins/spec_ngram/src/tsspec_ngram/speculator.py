@@ -31,7 +31,7 @@ from __future__ import annotations
 from typing import Any, Mapping, Sequence
 
 from tsspec.protocols import DraftContext
-from tsspec.runtime.options import MAX_DRAFT_WINDOW
+from tsspec import MAX_DRAFT_WINDOW
 
 from .matching import (
     DEFAULT_MAX_ORDER,
@@ -147,7 +147,7 @@ def make_ngram(target: Any, options: Any) -> NGramSpeculator:
     optional ``spec_verify_row_ms``. Serves every target (the registry already declined those whose
     trunk is unprofitable without its own drafter)."""
     if options is None:
-        from tsspec.runtime.options import SpeculationOptions
+        from tsspec import SpeculationOptions
 
         options = SpeculationOptions()
     settings = dict(_settings(options))
