@@ -6,8 +6,8 @@ at positions ``start ..`` in one of two modes:
 * ``commit`` (prefill, plain steps, re-forwards): every layer's state advances in place.
 * ``slots`` (verify): attention layers write their K/V at the rows' positions (positions past
   the committed length are scratch until a commit), GDN layers only READ their live state and
-  emit the state after every row (``DeltaNetSlots``). ``TrunkState.commit_slot(m)`` then makes
-  the state after row m live: a copy per GDN layer, no recompute.
+  emit the state after every row (``DeltaNetSlots``). ``Qwen35Target.spec_keep`` then makes
+  the state after the kept row live (``DeltaNetSlots.commit_into`` per GDN layer): no recompute.
 """
 
 from __future__ import annotations
