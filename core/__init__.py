@@ -24,6 +24,7 @@ from .protocols import (
     Speculator,
     SpeculatorDeclined,
     Tokenizer,
+    require_feature_width,
 )
 from .runtime.options import MAX_DRAFT_WINDOW, SpeculationOptions
 from .runtime.registry import DECLINE_CODES, Decline, SpeculatorRegistry
@@ -64,6 +65,7 @@ __all__ = [
     "ModelConfig",
     "Tokenizer",
     "SpeculatorDeclined",
+    "require_feature_width",
     # registry and options
     "SpeculatorRegistry",
     "Decline",

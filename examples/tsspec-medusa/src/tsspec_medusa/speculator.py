@@ -152,11 +152,8 @@ def make_medusa(target: Any, options: Any = None) -> MedusaSpeculator:
         )
     # the heads read the last post-norm hidden state; a factory must not reset taps that an
     # attached block drafter set (the target is shared), so tapped rows are a decline
-    if target.spec_feature_size != heads.hidden_size:
-        raise SpeculatorDeclined(
-            f"the model's hidden rows are {target.spec_feature_size} wide (feature taps set for "
-            f"another drafter?); Medusa heads read the {heads.hidden_size}-wide last hidden state"
-        )
+    tsspec.require_feature_width(target, heads.hidden_size, "Medusa heads (the last hidden state)",
+                                 "feature taps set for another drafter?")
     # one draft per head at most; the loop narrows that to the sequence's window
     return MedusaSpeculator(heads, min_draft_prob=options.min_prob(DEFAULT_MIN_DRAFT_PROB))
 
