@@ -39,8 +39,8 @@ def make_hf_muse(seed: int = 0, *, norm_std: float = 0.3, **text_overrides):
                 continue
             if name.endswith("language_model.norm.weight"):
                 param.copy_(1.0 + norm_std * torch.randn_like(param))
-            elif "norm" in name:
-                param.copy_(norm_std * torch.randn_like(param))
+            elif "norm" in name:  # 1 + w exact in float32, so the folded GGUF weight is exact
+                param.copy_((1.0 + norm_std * torch.randn_like(param)).float() - 1.0)
             else:
                 param.copy_(torch.randn_like(param) * WEIGHT_STD)
     return model
