@@ -21,7 +21,7 @@ TINY_VISION = dict(hidden_size=16, intermediate_size=16, num_hidden_layers=1, nu
 WEIGHT_STD = 0.15
 
 
-def make_hf_muse(seed: int = 0, *, norm_std: float = 0.3, **text_overrides):
+def make_hf_muse(seed: int = 0, *, norm_std: float = 0.3, weight_std: float = WEIGHT_STD, **text_overrides):
     """A random HF MuseGlimmerForConditionalGeneration (tiny vision tower), every weight drawn;
     norm weights around 0 (HF adds 1) with spread ``norm_std`` so the +1 / eps conventions move
     the logits."""
@@ -42,7 +42,7 @@ def make_hf_muse(seed: int = 0, *, norm_std: float = 0.3, **text_overrides):
             elif "norm" in name:  # 1 + w exact in float32, so the folded GGUF weight is exact
                 param.copy_((1.0 + norm_std * torch.randn_like(param)).float() - 1.0)
             else:
-                param.copy_(torch.randn_like(param) * WEIGHT_STD)
+                param.copy_(torch.randn_like(param) * weight_std)
     return model
 
 
@@ -65,8 +65,8 @@ def tiny(tmp_path):
 
     counter = iter(range(1000))
 
-    def build(*, seed=0, dtype=None, quantize=None, norm_std=0.3, **overrides):
-        model = make_hf_muse(seed, norm_std=norm_std, **overrides)
+    def build(*, seed=0, dtype=None, quantize=None, norm_std=0.3, weight_std=WEIGHT_STD, **overrides):
+        model = make_hf_muse(seed, norm_std=norm_std, weight_std=weight_std, **overrides)
         path = write_model(tmp_path / f"muse{next(counter)}.gguf", model, quantize=quantize)
         return model, load_muse_glimmer(path, {"dtype": dtype}), path
 
