@@ -139,9 +139,9 @@ def carry_drafter(drafter_path: str) -> tuple[dict[str, Any], dict[str, Any]]:
     with GGUFFile(drafter_path) as gf:
         if gf.architecture != DRAFTER_ARCH:
             raise ModelLoadError(drafter_path, f"architecture {gf.architecture!r} is not {DRAFTER_ARCH!r}")
-        for key in gf.keys():
+        for key in gf.keys:
             if key.startswith(DRAFTER_ARCH + ".") or key in MASK_KEYS:
                 metadata[key] = gf.get(key)
-        for name in gf.tensor_names():
+        for name in gf.tensor_names:
             tensors[PREFIX + name] = gf.tensor(name).numpy()
     return metadata, tensors
