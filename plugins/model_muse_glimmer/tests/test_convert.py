@@ -12,7 +12,9 @@ from .test_target import IDS, forward, rel_err
 
 
 def _registered():
+    """model_type -> (converter, description), through a fresh plugin host and pluggy."""
     import tsspec_model_muse_glimmer as plugin
+    from tsspec.plugins import PluginHost
 
     table = {}
 
@@ -20,7 +22,9 @@ def _registered():
         for model_type in model_types:
             table[model_type] = (converter, description)
 
-    plugin.tsspec_register_converters(register)
+    host = PluginHost()
+    assert host.register(plugin, "muse-glimmer").hooks == ["tsspec_register_converters", "tsspec_register_models"]
+    host.call_each("tsspec_register_converters", lambda name: {"register": register})
     return table
 
 

@@ -167,25 +167,15 @@ class MuseGlimmerTarget:
         self._last_start = min(self._last_start, length)
 
     def spec_keep(self, rows_kept: int) -> None:
-        """Keep the state after the first ``rows_kept`` rows of the last forward: every key is
-        kept (the window is a mask), so this only sets the length."""
-        end = self._last_start + int(rows_kept)
-        if not self._last_start <= end <= self._seq_len:
-            raise ValueError(f"cannot keep {rows_kept} rows of a forward that began at {self._last_start}")
-        self._seq_len = end
+        """Keep the state after the first ``rows_kept`` rows of the last forward: no recurrent
+        state and every key kept (the window is a mask), so this only sets the length."""
+        rows = self._seq_len - self._last_start
+        if not 1 <= rows_kept <= rows:
+            raise ValueError(f"cannot keep {rows_kept} rows of a forward of {rows}")
+        self._seq_len = self._last_start + int(rows_kept)
 
     def reset(self) -> None:
         self.spec_rewind_cache(0)
-
-    # the protocol's older rollback trio: no recurrent state, a KV rewind is the whole rollback
-    def spec_snapshot_recurrent_state(self) -> None:
-        return None
-
-    def spec_restore_recurrent_state(self) -> None:
-        return None
-
-    def spec_on_verify_accepted(self, accepted: int, rows: int) -> bool:
-        return False
 
     # -- one layer ---------------------------------------------------------------------------------
     def _window_start(self, layer: _Layer, position: int) -> int:
