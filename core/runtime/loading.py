@@ -29,6 +29,8 @@ class LoadOptions:
     device: str = "cpu"
     dtype: str | None = None  # None: the plugin's default (float32 on CPU)
     speculation: SpeculationOptions = attrs.field(factory=SpeculationOptions)
+    # the registered kernels available for ``device``'s type: {op name: implementation}
+    kernels: dict = attrs.field(factory=dict)
 
     # speculation settings read through the load options (drafters need the window, pmin...)
     def __getattr__(self, name: str) -> Any:
@@ -50,6 +52,11 @@ def _load_toy(path: object):
         return ToyTarget(seed=int(seed or 0))
     except ValueError:
         raise ModelLoadError(path, "toy model seed must be an integer (toy:SEED)") from None
+
+
+def _device_type(device: object) -> str:
+    """"cuda:1" -> "cuda" (the kernel table is keyed by device type)."""
+    return str(device or "cpu").split(":", 1)[0]
 
 
 def file_architecture(path: object) -> str:
@@ -83,6 +90,7 @@ def load_model(
             from .defaults import default_catalog
 
             catalog = default_catalog()
+        load_options = attrs.evolve(load_options, kernels=catalog.kernel_table(_device_type(device)))
         arch = file_architecture(path)
         entry = catalog.models.get(arch)
         if entry is None:
