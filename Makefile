@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 PIP := $(PY) -m pip
-PLUGINS := $(sort $(wildcard plugins/*/pyproject.toml))
+PLUGINS := $(sort $(wildcard plugins/*/pyproject.toml)) kernels_cuda/pyproject.toml
 STAMP := $(VENV)/.tsspec-installed
 
 .PHONY: setup run test bench soak clean

@@ -108,6 +108,7 @@ def attach_dflash(target: Any, gguf_path: str, options: Any = None) -> DFlashDra
         use_selector=extension_enabled(SELECTOR_ENV),
         dtype=dtype,
         source=path,
+        kernels=getattr(options, "kernels", None) if options is not None else None,
     )
     previous = getattr(target, "draft_head", None)
     try:
