@@ -249,6 +249,18 @@ class LlamaTarget:
     def reset(self) -> None:
         self.spec_rewind_cache(0)
 
+    # -- batched paged KV (serving): tsspec_model_llama.paged -------------------------------
+    def spec_kv_bytes_per_block(self, block_size: int) -> int:
+        from .paged import PagedLlamaKV
+
+        return PagedLlamaKV.bytes_per_block(self, block_size)
+
+    def spec_open_paged(self, num_blocks: int, block_size: int):
+        """A ``PagedKV`` over this target's weights (ValueError off the block-kernel path)."""
+        from .paged import open_paged
+
+        return open_paged(self, num_blocks, block_size)
+
     # no recurrent state: a KV rewind is the whole rollback
     def spec_snapshot_recurrent_state(self) -> None:
         return None
