@@ -125,6 +125,7 @@ class SpeculativeExecution:
         stop_tokens: frozenset[int] = frozenset(),
         clock: Callable[[], float] = time.perf_counter,
         speculator_label: str | None = None,
+        arm_after_reuse: bool | None = None,
     ):
         self.trunk = trunk
         self.sampler = sampler
@@ -135,6 +136,9 @@ class SpeculativeExecution:
         self.stop_tokens = frozenset(stop_tokens)
         self.clock = clock
         self.label = speculator_label or getattr(speculator, "name", "speculator")
+        # after a reused KV prefix: None asks the speculator (can_arm_after_prefix_reuse);
+        # False is the old rule (never arm after reuse), kept for comparisons
+        self.arm_after_reuse = arm_after_reuse
         self.stats = SpecStats()
         self._cached: list[int] = []  # tokens in the trunk's cache after the last run
         self._armed = False
@@ -208,12 +212,20 @@ class SpeculativeExecution:
             limit = min(len(self._cached), len(prompt) - 1)
             while reuse < limit and self._cached[reuse] == prompt[reuse]:
                 reuse += 1
+        if not reuse:  # a prefix cache's blocks the trunk was admitted with (batched trunks)
+            reuse = min(int(getattr(trunk, "adopted_prefix", 0) or 0), len(prompt) - 1)
         if reuse:
             trunk.rewind(reuse)
         else:
             trunk.reset()
         # can_arm_after_prefix_reuse is optional in the protocol, default False
-        self._armed = spec is not None and (reuse == 0 or bool(getattr(spec, "can_arm_after_prefix_reuse", False)))
+        arms = bool(getattr(spec, "can_arm_after_prefix_reuse", False)) and self.arm_after_reuse is not False
+        self._armed = spec is not None and (reuse == 0 or arms)
+        stats.prefix_reused = reuse
+        if reuse and spec is not None:
+            stats.armed_after_reuse = self._armed
+            log.info("speculator %s %s after a reused prefix of %d tokens", self.label,
+                     "armed" if self._armed else "not armed", reuse)
         if spec is not None and self._armed:
             try:
                 spec.reset()
