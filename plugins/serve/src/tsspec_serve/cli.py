@@ -73,4 +73,7 @@ def serve(
 
 
 def register(app: typer.Typer) -> None:
+    from .bench import COMMAND as BENCH_COMMAND, bench_serve
+
     app.command(COMMAND)(serve)
+    app.command(BENCH_COMMAND)(bench_serve)
