@@ -53,10 +53,8 @@ class BenchPlan:
 
 def serving_algorithms(catalog, target, options: SpeculationOptions) -> tuple[list[str], dict[str, str]]:
     """(names that serve ``target``, {name: decline reason} for those that do not)."""
-    from ..cli.plugins_cmd import evaluate_speculators
-
     serving, declined = [], {}
-    for row in evaluate_speculators(catalog, target, options):
+    for row in catalog.speculators.evaluate(target, options):
         if row["status"] == "serves":
             serving.append(row["name"])
         else:

@@ -31,39 +31,6 @@ def plugins(as_json: JsonFlag = False) -> None:
         typer.echo(line)
 
 
-def evaluate_speculators(catalog, target, options) -> list[dict]:
-    """One row per registered algorithm; with a target, whether it would serve it or why not."""
-    import attrs
-
-    from ..runtime.registry import Decline
-
-    rows = []
-    for entry in catalog.speculators.entries():
-        row = {
-            "name": entry.name,
-            "plugin": entry.plugin,
-            "package": entry.package,
-            "version": entry.version,
-            "requires_draft_head": entry.requires_draft_head,
-            "description": entry.description,
-            "status": "registered",
-            "code": None,
-            "reason": None,
-        }
-        if target is not None:
-            made = catalog.speculators.create(target, attrs.evolve(options, spec_type=entry.name))
-            if isinstance(made, Decline):
-                row.update(status="declined", code=made.code, reason=made.reason)
-            else:
-                row.update(status="serves")
-                try:
-                    made.close()
-                except Exception:
-                    pass
-        rows.append(row)
-    return rows
-
-
 def list_speculators(
     model: Annotated[Optional[str], typer.Option("--model", help="GGUF file: say whether each algorithm serves it.")] = None,
     draft_model: Annotated[Optional[str], typer.Option("--draft-model", "--spec-draft-model", help="Drafter file to attach.")] = None,
@@ -81,7 +48,7 @@ def list_speculators(
         # the drafter is left to each factory (it stays in the options), so a drafter that does
         # not fit the model shows up as a decline reason instead of stopping the listing
         target = load_model(model, catalog=catalog, options=SpeculationOptions())
-    rows = evaluate_speculators(catalog, target, options)
+    rows = catalog.speculators.evaluate(target, options)
     if as_json:
         typer.echo(json.dumps(rows, indent=2))
         return

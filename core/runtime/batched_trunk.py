@@ -38,6 +38,7 @@ class BatchedSpecTrunk:
         self.chunk_rows = max(1, chunk_rows)
         self._len = table.length  # positions with KV written (adopted prefix included)
         self.adopted_prefix = table.reused_tokens
+        self._last_verify: tuple[int, list[int]] = (0, [])
 
     # -- sizes -----------------------------------------------------------------------------
     @property
@@ -80,16 +81,20 @@ class BatchedSpecTrunk:
         self.table.commit(tokens, start)
         return logits, (torch.cat(hiddens, dim=0) if hiddens else None)
 
-    def snapshot(self) -> None:
-        return None
-
     def verify(self, tokens: Sequence[int], *, want_hidden: bool):
-        return self._forward([int(t) for t in tokens], all_logits=True, want_hidden=want_hidden)
+        tokens = [int(t) for t in tokens]
+        self._last_verify = (self._len, tokens)
+        return self._forward(tokens, all_logits=True, want_hidden=want_hidden)
 
-    def keep(self, start: int, tokens: Sequence[int], kept_rows: int) -> str:
-        self._len = start + kept_rows
-        self.table.commit(list(tokens[:kept_rows]), start)
-        return ALL if kept_rows == len(tokens) else REWOUND
+    def keep(self, rows_kept: int) -> str:
+        """Keep the first ``rows_kept`` rows of the last ``verify`` (a KV length: the dropped
+        positions are overwritten later); their tokens become the table's kept tokens."""
+        start, tokens = self._last_verify
+        if not 1 <= rows_kept <= len(tokens):
+            raise ValueError(f"cannot keep {rows_kept} rows of a verify of {len(tokens)}")
+        self._len = start + rows_kept
+        self.table.commit(tokens[:rows_kept], start)
+        return ALL if rows_kept == len(tokens) else REWOUND
 
     def rewind(self, length: int) -> None:
         if not 0 <= length <= self._len:

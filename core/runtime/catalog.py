@@ -12,7 +12,12 @@ from typing import Any, Callable
 import attrs
 
 from ..plugins import LOADED, PluginHost
-from .registry import SpeculatorRegistry
+from .registry import SpeculatorRegistry, check_registration
+
+# the keyword facts a speculator registration may carry besides requires_draft_head
+SPECULATOR_FACTS = frozenset(
+    {"serves_kind", "weight_free", "default_pmin", "description", "drafter_hint", "auto_priority"}
+)
 
 
 @attrs.define
@@ -83,16 +88,13 @@ def build_catalog(host: PluginHost, *, discover: bool = True) -> Catalog:
     def speculators_for(name):
         record = host.plugin_info(name)
 
-        def register(spec_name, factory, *, requires_draft_head, description="", drafter_hint=""):
-            kwargs = dict(
-                requires_draft_head=requires_draft_head,
-                description=description,
-                drafter_hint=drafter_hint,
-                plugin=record.name,
-                package=record.package,
-                version=record.version,
-            )
-            SpeculatorRegistry().register(spec_name, factory, **kwargs)  # raises on bad arguments
+        def register(spec_name, factory, *, requires_draft_head, **facts):
+            unknown = sorted(set(facts) - SPECULATOR_FACTS)
+            if unknown:
+                raise TypeError(f"register() got unknown keyword arguments {unknown}")
+            check_registration(spec_name, factory, **facts)  # raises on bad arguments
+            kwargs = dict(facts, requires_draft_head=requires_draft_head, plugin=record.name,
+                          package=record.package, version=record.version)
             pending.append((name, lambda: catalog.speculators.register(spec_name, factory, **kwargs)))
 
         return {"register": register}

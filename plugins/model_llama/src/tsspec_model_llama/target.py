@@ -18,7 +18,7 @@ A multi-row call (prefill, verify) masks causally with the cache offset: row t s
 
 KV cache: pre-allocated and grown geometrically (``spec_ensure_capacity``); a rejected draft
 tail is dropped by ``spec_rewind_cache`` (the slots are simply overwritten later), so the
-target has no recurrent state and snapshot/restore are no-ops.
+target has no recurrent state: ``spec_keep`` only sets the length.
 
 Drafter-facing surface (DFlash-style block drafters and per-token heads borrow these):
 
@@ -171,6 +171,7 @@ class LlamaTarget:
         self._qk_heads = hp.n_heads + hp.n_kv_heads
         self._qk_size = self._qk_heads * hp.head_dim
         self._seq_len = 0
+        self._last_forward = (0, 0)  # (start, rows) of the last spec_forward, for spec_keep
         self._capacity = 0
         self._k: torch.Tensor | None = None  # [layers, n_kv, capacity, hd]
         self._v: torch.Tensor | None = None
@@ -261,15 +262,13 @@ class LlamaTarget:
 
         return open_paged(self, num_blocks, block_size)
 
-    # no recurrent state: a KV rewind is the whole rollback
-    def spec_snapshot_recurrent_state(self) -> None:
-        return None
-
-    def spec_restore_recurrent_state(self) -> None:
-        return None
-
-    def spec_on_verify_accepted(self, accepted: int, rows: int) -> bool:
-        return False
+    def spec_keep(self, rows_kept: int) -> None:
+        """Keep the first ``rows_kept`` rows of the last forward: no recurrent state, so setting
+        the KV length is the whole rollback (later forwards overwrite the dropped slots)."""
+        start, rows = self._last_forward
+        if not 1 <= rows_kept <= rows:
+            raise ValueError(f"cannot keep {rows_kept} rows of a forward of {rows}")
+        self._seq_len = start + rows_kept
 
     # -- forward ---------------------------------------------------------------------------
     def _causal_bias(self, past: int, rows: int) -> torch.Tensor | None:
@@ -419,6 +418,7 @@ class LlamaTarget:
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """logits [rows or 1, vocab] float32; hidden [rows, spec_feature_size] float32 or None."""
         rows = len(tokens)
+        self._last_forward = (self._seq_len, rows)
         pad = self._gemm_padding(rows) if all_logits_rows else 0
         if pad:
             # 2-3 row GEMMs are slower than 4-row ones on CPU: run the rows (LM head included)

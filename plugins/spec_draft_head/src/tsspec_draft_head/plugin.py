@@ -51,4 +51,7 @@ def make_draft_head(target, options: SpeculationOptions | None = None) -> "Draft
 
 @hookimpl
 def tsspec_register_speculators(register):
-    register(ALGORITHM, make_draft_head, requires_draft_head=True, description=DESCRIPTION)
+    from .speculator import DEFAULT_MIN_DRAFT_PROB
+
+    register(ALGORITHM, make_draft_head, requires_draft_head=True, serves_kind=DraftHeadKind.PER_TOKEN,
+             weight_free=False, default_pmin=DEFAULT_MIN_DRAFT_PROB, description=DESCRIPTION)

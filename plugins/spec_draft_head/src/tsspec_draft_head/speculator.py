@@ -23,26 +23,23 @@ fused call over [d, e, x] from 3, which overwrites the head's rows for the rejec
 
 from __future__ import annotations
 
-import os
 from typing import Mapping, Sequence
 
 import attrs
 import torch
 
-from tsspec.runtime.registry import DEFAULT_PMIN
+from tsspec.switches import switch_on
 
 from .confidence import passes_gate, top1_over_topk
 from .plugin import ALGORITHM
 
-DEFAULT_MIN_DRAFT_PROB = DEFAULT_PMIN[ALGORITHM]  # 0.75: --spec-pmin for a per-token head
+DEFAULT_MIN_DRAFT_PROB = 0.75  # --spec-pmin for a per-token head (registered with the algorithm)
 FOLD_ENV = "TS_MTP_FOLD_CATCHUP"
-_OFF = {"0", "false", "no", "off"}
 
 
 def fold_enabled(environ: Mapping[str, str] | None = None) -> bool:
     """Whether ``TS_MTP_FOLD_CATCHUP`` allows folding (anything but 0/false/no/off does)."""
-    env = os.environ if environ is None else environ
-    return env.get(FOLD_ENV, "1").strip().lower() not in _OFF
+    return switch_on(FOLD_ENV, environ)
 
 
 @attrs.define
