@@ -31,8 +31,10 @@ def tsspec_register_speculators(register):
 
 @hookspec
 def tsspec_register_models(register):
-    """register(architectures: list[str], loader); loader(gguf_path, options) -> SpeculativeTarget,
-    keyed by the GGUF's general.architecture."""
+    """register(architectures: list[str], loader, *, file_less: bool = False);
+    loader(gguf_path, options) -> SpeculativeTarget, keyed by the GGUF's general.architecture.
+    ``file_less=True``: the loader takes a name instead of a file (``--model toy``, ``toy:SEED``:
+    a model path that is not a file and whose part before ``:`` is the architecture)."""
 
 
 @hookspec

@@ -82,7 +82,7 @@ def test_cli_command_and_alias(catalog, tmp_path):
     assert catalog.calls == [("lm", "a.gguf", "f16"), ("lm", "b.gguf", "f32")]
 
 
-def test_main_prints_one_line_and_exit_2(tmp_path, capsys, monkeypatch):
+def test_main_prints_one_line_and_exit_2(tmp_path, capsys, monkeypatch, cli_state):
     from tsspec.cli.app import main
 
     bad = _checkpoint(tmp_path, "bad", {"model_type": "mystery"})

@@ -86,6 +86,8 @@ def test_auto_picks_block_once_a_dflash_file_is_attached(tmp_path, drafter_file)
 
 def test_loader_path_attaches_by_architecture_and_fails_in_one_line(tmp_path, drafter_file):
     catalog = Catalog()
+    # the file-less toy model, as the toy plugin registers it
+    catalog.models["toy"] = LoaderEntry(["toy"], lambda name, options: ToyTarget(), "toy", file_less=True)
     registered = {}
     tsspec_block.tsspec_register_drafters(lambda archs, fn: registered.update({a: fn for a in archs}))
     assert set(registered) == {"dflash", "dflash-draft"}
