@@ -176,3 +176,18 @@ def test_block_with_the_assistant_is_lossless(pair, sampling):
     _, spec = assert_lossless(lambda: load_muse_glimmer(trunk_path), make_speculator, [5, 9, 2, 3, 17, 8, 4],
                               max_tokens=30, sampling=sampling, options=options)
     assert spec.stats.draft_tokens > 0 and spec.stats.faults == 0
+
+
+def test_list_speculators_with_the_assistant(pair, capsys):
+    """With --draft-model the block algorithm serves the trunk; ngram still does."""
+    import json
+
+    from tsspec.cli.app import main
+
+    _, _, trunk_path, drafter_path = pair()
+    try:
+        main(["list-speculators", "--model", str(trunk_path), "--draft-model", str(drafter_path), "--json"])
+    except SystemExit as exc:
+        assert not exc.code
+    rows = {r["name"]: r for r in json.loads(capsys.readouterr().out)}
+    assert rows["block"]["status"] == "serves" and rows["ngram"]["status"] == "serves"
