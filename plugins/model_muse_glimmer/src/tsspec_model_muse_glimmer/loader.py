@@ -17,6 +17,7 @@ import torch
 
 from tsspec.errors import ModelLoadError
 from tsspec.modeling import native
+from tsspec.modeling.cache import WeightCache
 from tsspec.modeling.gguf_file import GGUFFile
 from tsspec.modeling.tokenizer import from_gguf
 
@@ -55,7 +56,7 @@ def load_muse_glimmer(gguf_path: str | os.PathLike[str], options: Any = None) ->
         if gguf_file.architecture != ARCH:
             raise ModelLoadError(path, f"architecture {gguf_file.architecture!r} is not {ARCH!r}")
         hparams = read_hparams(gguf_file)
-        weights = load_weights(hparams, gguf_file, dtype, blocks=blocks)
+        weights = load_weights(hparams, gguf_file, dtype, blocks=blocks, cache=WeightCache())
         tokenizer = from_gguf(gguf_file)
         target = MuseGlimmerTarget(hparams, weights, tokenizer=tokenizer, dtype=dtype, path=path)
         attach_at_load(target, gguf_file, options)
