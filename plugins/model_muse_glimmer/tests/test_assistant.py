@@ -145,6 +145,11 @@ def test_attaches_from_the_environment_and_from_the_target_file(pair, tmp_path, 
     carried_path = helpers.write_model(tmp_path / "carried.gguf", model, extra_metadata=meta, extra_tensors=tensors)
     carried = load_muse_glimmer(carried_path)
     assert carried.draft_head is not None and carried.feature_taps == (1, 3)
+    from tsspec.runtime.defaults import default_catalog
+
+    speculators = default_catalog().speculators
+    assert speculators.resolve_name(carried, "auto") == "block"  # a carried assistant drives block
+    assert speculators.resolve_name(load_muse_glimmer(trunk_path), "auto") == "ngram"
     ids = [3, 17, 5, 9, 40, 2]
     outs = []
     for target in (from_env, carried):
