@@ -3,10 +3,10 @@ PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 PIP := $(PY) -m pip
-PLUGINS := $(sort $(wildcard plugins/*/pyproject.toml))
+PLUGINS := $(sort $(wildcard plugins/*/pyproject.toml)) kernels_cuda/pyproject.toml
 STAMP := $(VENV)/.tsspec-installed
 
-.PHONY: setup run test bench soak clean
+.PHONY: setup run test bench bench-serve soak clean
 
 setup: $(STAMP)
 
@@ -44,6 +44,10 @@ $(BENCH_STAMP): $(STAMP)
 
 bench: setup $(BENCH_STAMP)
 	$(VENV)/bin/tsspec bench $(BENCH_ARGS) --json docs/bench.json --markdown BENCHMARKS.md --plot docs/bench.png
+
+# the serving figures (docs/bench-serve.md): streams, the multi-turn chat with prefix reuse, RSS
+bench-serve: setup
+	$(VENV)/bin/tsspec bench-serve --markdown docs/bench-serve.md --json docs/bench-serve.json
 
 soak: setup
 	$(PY) -m pytest -q -m soak

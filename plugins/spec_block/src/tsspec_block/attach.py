@@ -114,6 +114,7 @@ def attach_open(target: Any, gguf_file: Any, options: Any = None) -> DFlashDraft
         use_selector=extension_enabled(SELECTOR_ENV),
         dtype=dtype,
         source=path,
+        kernels=getattr(options, "kernels", None) if options is not None else None,
     )
     previous = getattr(target, "draft_head", None)
     try:
