@@ -73,6 +73,18 @@ def tiny(tmp_path):
     return build
 
 
+@pytest.fixture(autouse=True, scope="session")
+def _private_cache_dir(tmp_path_factory):
+    """Weight caches of these tests go to a temporary directory, never ~/.cache."""
+    previous = os.environ.get("TSSPEC_CACHE_DIR")
+    os.environ["TSSPEC_CACHE_DIR"] = str(tmp_path_factory.mktemp("weight-cache"))
+    yield
+    if previous is None:
+        os.environ.pop("TSSPEC_CACHE_DIR", None)
+    else:
+        os.environ["TSSPEC_CACHE_DIR"] = previous
+
+
 @pytest.fixture(autouse=True)
 def _one_torch_thread():
     threads = torch.get_num_threads()

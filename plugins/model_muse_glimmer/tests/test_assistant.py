@@ -145,6 +145,11 @@ def test_attaches_from_the_environment_and_from_the_target_file(pair, tmp_path, 
     carried_path = helpers.write_model(tmp_path / "carried.gguf", model, extra_metadata=meta, extra_tensors=tensors)
     carried = load_muse_glimmer(carried_path)
     assert carried.draft_head is not None and carried.feature_taps == (1, 3)
+    from tsspec.runtime.defaults import default_catalog
+
+    speculators = default_catalog().speculators
+    assert speculators.resolve_name(carried, "auto") == "block"  # a carried assistant drives block
+    assert speculators.resolve_name(load_muse_glimmer(trunk_path), "auto") == "ngram"
     ids = [3, 17, 5, 9, 40, 2]
     outs = []
     for target in (from_env, carried):
@@ -176,3 +181,18 @@ def test_block_with_the_assistant_is_lossless(pair, sampling):
     _, spec = assert_lossless(lambda: load_muse_glimmer(trunk_path), make_speculator, [5, 9, 2, 3, 17, 8, 4],
                               max_tokens=30, sampling=sampling, options=options)
     assert spec.stats.draft_tokens > 0 and spec.stats.faults == 0
+
+
+def test_list_speculators_with_the_assistant(pair, capsys):
+    """With --draft-model the block algorithm serves the trunk; ngram still does."""
+    import json
+
+    from tsspec.cli.app import main
+
+    _, _, trunk_path, drafter_path = pair()
+    try:
+        main(["list-speculators", "--model", str(trunk_path), "--draft-model", str(drafter_path), "--json"])
+    except SystemExit as exc:
+        assert not exc.code
+    rows = {r["name"]: r for r in json.loads(capsys.readouterr().out)}
+    assert rows["block"]["status"] == "serves" and rows["ngram"]["status"] == "serves"

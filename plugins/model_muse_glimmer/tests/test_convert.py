@@ -30,7 +30,7 @@ def _registered():
 
 def test_hook_registers_both_model_types():
     table = _registered()
-    assert {"muse_glimmer", "muse_glimmer_assistant"} <= set(table)
+    assert {"muse_glimmer", "MuseGlimmerForConditionalGeneration", "MuseGlimmerAssistantModel"} <= set(table)
     assert all(desc for _, desc in table.values())
 
 
@@ -91,3 +91,31 @@ def test_assistant_converts_to_dflash_with_the_logit_transform(tmp_path):
         assert list(gf.get("dflash.target_layers")) == [1, 3]  # trap 3: HF ids name layer outputs
     with pytest.raises(Exception, match="q8_0"):
         converter(tmp_path / "hf", tmp_path / "q.gguf", outtype="q8_0")
+
+
+def test_tsspec_convert_dispatches_to_these_converters(tmp_path, helpers, capsys):
+    """The one ``tsspec convert`` command: the trunk, and the assistant with the logit transform
+    (this plugin's converter, chosen by the checkpoint's ``architectures``)."""
+    from transformers.models.muse_glimmer_assistant import MuseGlimmerAssistantConfig, MuseGlimmerAssistantModel
+
+    from tsspec.cli.app import main
+    from tsspec.modeling.gguf_file import GGUFFile
+
+    def convert(*args):
+        try:
+            main(["convert", *map(str, args)])
+        except SystemExit as exc:
+            assert not exc.code, capsys.readouterr().err
+
+    helpers.make_hf_muse(0).save_pretrained(tmp_path / "trunk")
+    convert(tmp_path / "trunk", tmp_path / "trunk.gguf", "--outtype", "f16")
+    with GGUFFile(tmp_path / "trunk.gguf") as gf:
+        assert gf.architecture == "muse-glimmer"
+    cfg = MuseGlimmerAssistantConfig(hidden_size=64, intermediate_size=80, num_hidden_layers=1, num_attention_heads=4,
+                                     num_key_value_heads=2, head_dim=16, block_size=4, mask_token_id=95,
+                                     target_layer_ids=[0, 2], max_position_embeddings=256,
+                                     bos_token_id=None, eos_token_id=None, pad_token_id=None)
+    MuseGlimmerAssistantModel(cfg).save_pretrained(tmp_path / "assistant")
+    convert(tmp_path / "assistant", tmp_path / "dflash.gguf")
+    with GGUFFile(tmp_path / "dflash.gguf") as gf:
+        assert gf.architecture == "dflash" and gf.get("dflash.final_logit_softcapping") == pytest.approx(20.0)

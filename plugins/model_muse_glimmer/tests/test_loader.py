@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+import torch
 
 from tsspec.errors import ModelLoadError
 
@@ -66,3 +67,22 @@ def test_registered_through_the_plugin_host(tiny):
     _, _, path = tiny()
     target = tsspec.load_model(str(path))
     assert type(target).__name__ == "MuseGlimmerTarget"
+
+
+def test_warm_load_from_the_weight_cache(tiny):
+    """The second load maps the prepared blocks back from the cache; same logits bit for bit."""
+    from tsspec.modeling.cache import WeightCache
+    from tsspec.modeling.gguf_file import GGUFFile
+    from tsspec_model_muse_glimmer import load_muse_glimmer
+    from tsspec_model_muse_glimmer.hparams import read_hparams
+    from tsspec_model_muse_glimmer.weights import load_weights
+
+    _, cold, path = tiny()
+    cache = WeightCache()
+    with GGUFFile(path) as gf:
+        load_weights(read_hparams(gf), gf, cold.dtype, blocks=True, cache=cache)
+    assert cache.last_hit
+    warm = load_muse_glimmer(path)
+    ids = [3, 1, 4, 1, 5, 9, 2, 6]
+    assert torch.equal(cold.spec_forward(ids, all_logits_rows=True, want_hidden=False)[0],
+                       warm.spec_forward(ids, all_logits_rows=True, want_hidden=False)[0])

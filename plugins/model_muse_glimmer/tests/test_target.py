@@ -220,3 +220,13 @@ def test_context_overflow_is_a_generation_error(tiny):
     _, target, _ = tiny(max_position_embeddings=8)
     with pytest.raises(GenerationError, match="exceed"):
         forward(target, IDS[:9])
+
+
+def test_long_prefill_past_the_kernel_row_limit(tiny, helpers):
+    """100 rows: the matmuls take the dequantise + GEMM path (> 72 rows), the sliding layers
+    attend row by row past the window; then a verify on that cache."""
+    model, target, _ = tiny(sliding_window=16)
+    ids = [(7 * i + 3) % 96 for i in range(106)]
+    ref = helpers.hf_logits(model, ids)
+    assert rel_err(forward(target, ids[:100]), ref[:100]) < REL
+    assert rel_err(forward(target, ids[100:]), ref[100:]) < REL

@@ -52,7 +52,9 @@ def tsspec_register_models(register):
 
 @hookimpl
 def tsspec_register_converters(register):
-    register(["muse_glimmer", "muse_glimmer_text"], _convert_trunk,
-             description="Muse-Glimmer text trunk -> GGUF muse-glimmer (the vision tower is skipped)")
-    register(["muse_glimmer_assistant"], _convert_assistant,
+    """``tsspec convert`` tries a checkpoint's ``architectures`` before its ``model_type``: the
+    class names make these converters win for checkpoints transformers saved."""
+    register(["MuseGlimmerForConditionalGeneration", "MuseGlimmerTextModel", "muse_glimmer", "muse_glimmer_text"],
+             _convert_trunk, description="Muse-Glimmer text trunk -> GGUF muse-glimmer (the vision tower is skipped)")
+    register(["MuseGlimmerAssistantModel", "muse_glimmer_assistant"], _convert_assistant,
              description="Muse-Glimmer DFlash assistant -> GGUF dflash (with the target's logit scale and softcap)")

@@ -5,7 +5,7 @@
 * ``TS_MUSE_GLIMMER_DFLASH=PATH``: the loader attaches that drafter file right after loading.
 * Carried in the target's own file: the drafter's keys (``dflash.*``, as in a drafter file) and
   its tensors under the prefix ``dflash.`` (``dflash.fc.weight``, ``dflash.blk.0.attn_q.weight``...).
-  ``carry_drafter`` writes such a file; the loader reads it through ``CarriedDrafter``, a view
+  ``carry_drafter`` builds those keys and tensors; the loader reads them through ``CarriedDrafter``, a view
   that makes that part of the file look like a drafter file to the block plugin's reader.
 
 Only one assistant is attached: an explicit ``--draft-model`` later replaces it (the runtime
@@ -61,71 +61,31 @@ class CarriedDrafter:
         return self._file.require_tensor(PREFIX + name, shape, dtype)
 
 
-def carried_assistant(gguf_file) -> CarriedDrafter | None:
-    """The drafter the target file carries, or None. The view stays valid only while the file
-    is open, so the loader reads it (``read_carried``) before closing."""
-    if not gguf_file.has_tensor(PREFIX + "fc.weight"):
-        return None
-    return read_carried(CarriedDrafter(gguf_file))
-
-
-def _block():
+def _block_attach():
     try:
-        from tsspec_block import attach as block_attach
-        from tsspec_block import config as block_config
-        from tsspec_block import weights as block_weights
+        from tsspec_block import attach
     except ImportError:
         return None
-    return block_attach, block_config, block_weights
+    return attach
 
 
-def read_carried(view: CarriedDrafter):
-    """(config, float64 weights, float32 weights) of a carried drafter, read while open."""
-    block = _block()
-    if block is None:
-        raise ModelLoadError(view.path, "the file carries a DFlash assistant, which needs the tsspec-block plugin")
-    _, block_config, block_weights = block
-    import torch
-
-    cfg = block_config.config_from_gguf(view)
-    return cfg, {dtype: block_weights.weights_from_gguf(view, cfg, dtype) for dtype in (torch.float32, torch.float64)}
-
-
-def _bind(target, cfg, weights, path: str, options: Any) -> None:
-    """Bind a drafter read elsewhere (the carried one) exactly as the block plugin's attach does."""
-    block_attach, _, _ = _block()
-    from tsspec_block.head import DFlashDraftHead
-
-    block_attach.check_fit(cfg, target, path)
-    dtype = block_attach._dtype(options, target)
-    head = DFlashDraftHead(
-        cfg, weights[dtype], target,
-        use_conv=block_attach.extension_enabled(block_attach.CONV_ENV),
-        use_selector=block_attach.extension_enabled(block_attach.SELECTOR_ENV),
-        dtype=dtype, source=path,
-    )
-    target.spec_set_feature_taps(list(cfg.target_layers))
-    if int(target.spec_feature_size) != cfg.feature_size:
-        target.spec_set_feature_taps(None)
-        raise ModelLoadError(path, f"the carried drafter reads {cfg.feature_size}-wide rows, the target gives "
-                                   f"{target.spec_feature_size}")
-    target.draft_head = head
-
-
-def attach_at_load(target, carried, options: Any = None, environ=None) -> None:
-    """Attach the environment's drafter file, else the carried one, else nothing."""
+def attach_at_load(target, gguf_file, options: Any = None, environ=None) -> None:
+    """Attach the environment's drafter file, else the one ``gguf_file`` (the target's own file,
+    still open) carries, else nothing."""
     path = (environ if environ is not None else os.environ).get(ENV, "").strip()
+    carried = gguf_file.has_tensor(PREFIX + "fc.weight")
+    if not path and not carried:
+        return
+    block = _block_attach()
+    if block is None:
+        where = f"{ENV} names" if path else "the file carries"
+        raise ModelLoadError(path or gguf_file.path, f"{where} a DFlash assistant, which needs the tsspec-block plugin")
     if path:
-        block = _block()
-        if block is None:
-            raise ModelLoadError(path, f"{ENV} names a DFlash assistant, which needs the tsspec-block plugin")
         if not os.path.isfile(path):
             raise ModelLoadError(path, f"{ENV} names no such file")
-        block[0].attach_dflash(target, path, options)
-        return
-    if carried is not None:
-        cfg, weights = carried
-        _bind(target, cfg, weights, target.path or "<target>", options)
+        block.attach_dflash(target, path, options)
+    else:
+        block.attach_open(target, CarriedDrafter(gguf_file), options)
 
 
 def carry_drafter(drafter_path: str) -> tuple[dict[str, Any], dict[str, Any]]:

@@ -17,9 +17,11 @@ import torch
 
 from tsspec.errors import ModelLoadError
 from tsspec.modeling import native
+from tsspec.modeling.cache import WeightCache
 from tsspec.modeling.gguf_file import GGUFFile
 from tsspec.modeling.tokenizer import from_gguf
 
+from .assistant import attach_at_load
 from .hparams import ARCH, read_hparams
 from .target import MuseGlimmerTarget
 from .weights import load_weights
@@ -54,13 +56,8 @@ def load_muse_glimmer(gguf_path: str | os.PathLike[str], options: Any = None) ->
         if gguf_file.architecture != ARCH:
             raise ModelLoadError(path, f"architecture {gguf_file.architecture!r} is not {ARCH!r}")
         hparams = read_hparams(gguf_file)
-        weights = load_weights(hparams, gguf_file, dtype, blocks=blocks)
+        weights = load_weights(hparams, gguf_file, dtype, blocks=blocks, cache=WeightCache())
         tokenizer = from_gguf(gguf_file)
-        from .assistant import carried_assistant
-
-        carried = carried_assistant(gguf_file)
-    target = MuseGlimmerTarget(hparams, weights, tokenizer=tokenizer, dtype=dtype, path=path)
-    from .assistant import attach_at_load
-
-    attach_at_load(target, carried, options)
+        target = MuseGlimmerTarget(hparams, weights, tokenizer=tokenizer, dtype=dtype, path=path)
+        attach_at_load(target, gguf_file, options)
     return target

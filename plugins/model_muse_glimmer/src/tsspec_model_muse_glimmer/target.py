@@ -248,7 +248,7 @@ class MuseGlimmerTarget:
         if layer.sliding:
             q, kn = self._rope.apply(q, past), self._rope.apply(kn, past)
         self._k[i][:, past:end] = kn.transpose(0, 1)
-        self._v[i][:, past:end] = y[:, nq : nq + 2 * nkv][:, nkv:].reshape(rows, hp.n_kv_heads, hd).transpose(0, 1)
+        self._v[i][:, past:end] = y[:, nq + nkv : nq + 2 * nkv].reshape(rows, hp.n_kv_heads, hd).transpose(0, 1)
         keys = torch.arange(end)
         positions = past + torch.arange(rows)
         first = positions - hp.sliding_window + 1 if layer.sliding else torch.zeros_like(positions)

@@ -13,6 +13,9 @@ Block mode (``blocks=True``, the CPU float32 default): every matrix stays in the
 quantised blocks (``tsspec.modeling.qlinear.BlockMatrix``; Q4_0/Q4_1/Q8_0/Q4_K/Q5_K/Q6_K), and a
 matrix of another type (F32, F16, Q2_K...) rides the same kernel as format-32 blocks, so every
 row is computed the same way whatever the row count.
+
+The prepared tensors go through ``tsspec.modeling.cache.WeightCache`` (block matrices flattened
+to their ``q``/``d``/``m`` tensors, ``assemble`` joins them again): a warm load skips packing.
 """
 
 from __future__ import annotations
@@ -20,10 +23,11 @@ from __future__ import annotations
 import torch
 
 from tsspec.errors import ModelLoadError
-from tsspec.modeling.qlinear import BlockMatrix, pack_tensors
+from tsspec.modeling.qlinear import FORMATS, BlockMatrix, pack_tensors
 
 from .hparams import MuseGlimmerHParams
 
+LAYOUT_TAG = "muse-glimmer-v1"  # bump when the prepared layout changes (invalidates caches)
 MATRICES = ("wqkvg", "wo", "w_gate_up", "w_down")
 VECTORS = ("attn_norm", "post_attn_norm", "ffn_norm", "post_ffn_norm", "q_norm", "k_norm")
 
@@ -76,22 +80,22 @@ def _matrix(gguf_file, names: list[str], dtype: torch.dtype, blocks: bool):
     return dense.to(dtype)
 
 
-def load_weights(
-    hp: MuseGlimmerHParams, gguf_file, dtype: torch.dtype, *, blocks: bool
-) -> dict[str, torch.Tensor | BlockMatrix]:
-    """Checked, prepared weights (CPU). ``dtype`` is the dense matrices' dtype; vectors are
-    float64 in the float64 reference mode, else float32."""
-    check_tensors(hp, gguf_file)
+def prepare_weights(hp: MuseGlimmerHParams, gguf_file, dtype: torch.dtype, blocks: bool) -> dict[str, torch.Tensor]:
+    """The forward's tensors as a flat, cacheable dict (block matrices as their parts). Vectors
+    are float64 in the float64 reference mode, else float32."""
     vec_dtype = torch.float64 if dtype == torch.float64 else torch.float32
+    out: dict[str, torch.Tensor] = {}
+
+    def matrix(key: str, names: list[str]) -> None:
+        value = _matrix(gguf_file, names, dtype, blocks)
+        out.update(value.tensors(key) if isinstance(value, BlockMatrix) else {key: value})
 
     def vec(name: str) -> torch.Tensor:
         return gguf_file.tensor(name).to(vec_dtype).contiguous()
 
-    out: dict[str, torch.Tensor | BlockMatrix] = {
-        "embed": _matrix(gguf_file, ["token_embd.weight"], dtype, blocks),
-        "lm_head": _matrix(gguf_file, ["output.weight"], dtype, blocks),
-        "output_norm": vec("output_norm.weight"),
-    }
+    matrix("embed", ["token_embd.weight"])
+    matrix("lm_head", ["output.weight"])
+    out["output_norm"] = vec("output_norm.weight")
     attn_scale = hp.head_dim**-0.5
     for i in range(hp.n_layers):
         p = f"blk.{i}."
@@ -101,9 +105,36 @@ def load_weights(
         out[f"l{i}.post_ffn_norm"] = vec(p + "post_ffw_norm.weight")
         out[f"l{i}.q_norm"] = (vec(p + "attn_q_norm.weight") * attn_scale).contiguous()
         out[f"l{i}.k_norm"] = vec(p + "attn_k_norm.weight")
-        qkvg = [p + n + ".weight" for n in ("attn_q", "attn_k", "attn_v", "attn_gate")]
-        out[f"l{i}.wqkvg"] = _matrix(gguf_file, qkvg, dtype, blocks)
-        out[f"l{i}.wo"] = _matrix(gguf_file, [p + "attn_output.weight"], dtype, blocks)
-        out[f"l{i}.w_gate_up"] = _matrix(gguf_file, [p + "ffn_gate.weight", p + "ffn_up.weight"], dtype, blocks)
-        out[f"l{i}.w_down"] = _matrix(gguf_file, [p + "ffn_down.weight"], dtype, blocks)
+        matrix(f"l{i}.wqkvg", [p + n + ".weight" for n in ("attn_q", "attn_k", "attn_v", "attn_gate")])
+        matrix(f"l{i}.wo", [p + "attn_output.weight"])
+        matrix(f"l{i}.w_gate_up", [p + "ffn_gate.weight", p + "ffn_up.weight"])
+        matrix(f"l{i}.w_down", [p + "ffn_down.weight"])
     return out
+
+
+def assemble(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor | BlockMatrix]:
+    """The flat dict with each matrix's block parts joined into a BlockMatrix."""
+    parts = {f"q{fmt}" for fmt in FORMATS}
+    stems = {name.rpartition(".")[0] for name in tensors if name.rpartition(".")[2] in parts}
+    out: dict[str, torch.Tensor | BlockMatrix] = {}
+    for name, tensor in tensors.items():
+        stem, _, part = name.rpartition(".")
+        if stem in stems:
+            if part in parts:
+                out[stem] = BlockMatrix.from_tensors(tensors, stem)
+        else:
+            out[name] = tensor
+    return out
+
+
+def load_weights(
+    hp: MuseGlimmerHParams, gguf_file, dtype: torch.dtype, *, blocks: bool, cache=None
+) -> dict[str, torch.Tensor | BlockMatrix]:
+    """Checked, prepared weights (CPU), through the load cache when given."""
+    check_tensors(hp, gguf_file)
+    if cache is None:
+        return assemble(prepare_weights(hp, gguf_file, dtype, blocks))
+    from tsspec.modeling.cache import cache_key
+
+    key = cache_key(gguf_file, f"{LAYOUT_TAG}-{'blocks' if blocks else 'dense'}", dtype)
+    return assemble(cache.load_or_build(key, lambda: prepare_weights(hp, gguf_file, dtype, blocks)))

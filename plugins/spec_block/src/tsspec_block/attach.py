@@ -24,7 +24,7 @@ from .config import DFlashConfig, config_from_gguf
 from .head import DFlashDraftHead
 from .weights import weights_from_gguf
 
-__all__ = ["attach_dflash", "check_fit", "CONV_ENV", "SELECTOR_ENV", "extension_enabled"]
+__all__ = ["attach_dflash", "attach_open", "check_fit", "CONV_ENV", "SELECTOR_ENV", "extension_enabled"]
 
 log = logging.getLogger("tsspec.block")
 
@@ -88,12 +88,18 @@ def attach_dflash(target: Any, gguf_path: str, options: Any = None) -> DFlashDra
     """Read ``gguf_path``, check it against ``target``, bind it and make it ``target.draft_head``."""
     from tsspec.modeling.gguf_file import GGUFFile
 
-    path = str(gguf_path)
-    with GGUFFile(path) as gguf_file:
-        cfg = config_from_gguf(gguf_file)
-        check_fit(cfg, target, path)
-        dtype = _dtype(options, target)
-        weights = weights_from_gguf(gguf_file, cfg, dtype)
+    with GGUFFile(str(gguf_path)) as gguf_file:
+        return attach_open(target, gguf_file, options)
+
+
+def attach_open(target: Any, gguf_file: Any, options: Any = None) -> DFlashDraftHead:
+    """``attach_dflash`` on an open ``GGUFFile``, or on any object with its reading methods (a
+    model plugin whose target file carries the drafter passes a view of that part)."""
+    path = str(gguf_file.path)
+    cfg = config_from_gguf(gguf_file)
+    check_fit(cfg, target, path)
+    dtype = _dtype(options, target)
+    weights = weights_from_gguf(gguf_file, cfg, dtype)
     vocab = int(target.config.vocab_size)
     if weights.selector is not None and weights.selector.vocab_size != vocab:
         raise ModelLoadError(
