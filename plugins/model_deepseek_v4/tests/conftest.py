@@ -90,11 +90,11 @@ def randomize(module: torch.nn.Module, seed: int, vocab: int = VOCAB, experts: i
 class HFOracle:
     """The tiny transformers model and an MTP block made of transformers' own V4 modules."""
 
-    def __init__(self, seed: int = 0, dtype: torch.dtype = torch.float32):
+    def __init__(self, seed: int = 0, dtype: torch.dtype = torch.float32, **overrides):
         import transformers as t
         from transformers.models.deepseek_v4 import modeling_deepseek_v4 as m
 
-        config = t.DeepseekV4Config(**CONFIG)
+        config = t.DeepseekV4Config(**{**CONFIG, **overrides})
         config._attn_implementation = "eager"
         torch.manual_seed(seed)
         self.config = config
@@ -198,6 +198,19 @@ def make_target(converted, gguf_path):
         return load_from_source(MemorySource(arch, meta, tensors), dtype=dtype, with_draft_head=with_mtp)
 
     return make
+
+
+@pytest.fixture(scope="session")
+def make_tie_target():
+    """A target whose indexer has 2 heads (exact ReLU-zero ties at the top-k boundary are
+    common): make_tie_target(dtype=None)."""
+    from tsspec_model_deepseek_v4.convert import convert_state_dict
+    from tsspec_model_deepseek_v4.loader import load_from_source
+    from tsspec_model_deepseek_v4.source import MemorySource
+
+    o = HFOracle(seed=3, index_n_heads=2)
+    arch, meta, tensors = convert_state_dict(o.config, o.state_dict(with_mtp=False))
+    return lambda dtype=None: load_from_source(MemorySource(arch, meta, tensors), dtype=dtype)
 
 
 @pytest.fixture(scope="session")

@@ -214,10 +214,11 @@ def attention(w: AttentionWeights, x: torch.Tensor, cache: LayerCache, start: in
     masks = [(key_pos[None, :] <= positions[:, None]) & (key_pos[None, :] > positions[:, None] - window)]
     if w.compressor is not None:
         compress(w.compressor, cache.compressor, x, start, rope, eps)
+        if w.indexer is not None:  # its projections are stored for every row, entries or not
+            compress(w.indexer.compressor, cache.indexer, x, start, rope, eps)
         n_entries = end // cache.ratio
         if n_entries > 0:
             if w.indexer is not None:
-                compress(w.indexer.compressor, cache.indexer, x, start, rope, eps)
                 chosen = indexer_select(w.indexer, cache.indexer, x, r, positions, n_entries, cos, sin, rope)
             else:
                 vis = visible_entries(positions, cache.ratio)
