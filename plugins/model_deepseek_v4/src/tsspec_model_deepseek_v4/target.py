@@ -106,9 +106,20 @@ class DeepseekV4Target:
         self._taps = [int(l) for l in layers] if layers else None
 
     def state_fingerprint(self) -> tuple:
-        """The state plain decoding depends on: length and the kept rows' sliding K = V."""
-        rows = [float(c.kv[: self._len].double().sum()) for c in self._cache.layers]
-        return (self._len, tuple(round(r, 9) for r in rows))
+        """(length, then per layer the kept K = V rows and the complete windows' compressed
+        entries), rounded to 2^-24 so that summation-order noise of a multi-row forward does
+        not count as a difference (a wrong row does)."""
+        def q(t: torch.Tensor) -> torch.Tensor:
+            return (t.double() * 2.0 ** 24).round()
+
+        parts: list = [self._len]
+        for c in self._cache.layers:
+            parts.append(q(c.kv[: self._len]))
+            if c.compressor is not None:
+                parts.append(q(c.compressor.entries[: self._len // c.ratio]))
+            if c.indexer is not None:
+                parts.append(q(c.indexer.entries[: self._len // c.ratio]))
+        return tuple(parts)
 
     @property
     def cache_bytes(self) -> int:
