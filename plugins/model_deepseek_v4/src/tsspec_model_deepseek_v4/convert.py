@@ -6,8 +6,9 @@ the converter registered for ``model_type = deepseek_v4`` through ``tsspec_regis
 
 Two checkpoint namings are accepted and may be mixed: DeepSeek's own (``layers.N.attn.wq_a``,
 ``layers.N.ffn.experts.E.w1``, ``mtp.0.*``: what the released repositories hold) and
-transformers' (``model.layers.N.self_attn.q_a_proj``, fused ``mlp.experts.gate_up_proj``: what
-``save_pretrained`` writes). transformers ignores ``mtp.*`` on load, so an MTP block only ever
+transformers' in-memory names (``model.layers.N.self_attn.q_a_proj``, fused
+``mlp.experts.gate_up_proj``); ``save_pretrained`` writes DeepSeek's names under ``model.``, with
+the attention's ``kv_norm`` as ``attn.norm``: accepted too. transformers ignores ``mtp.*`` on load, so an MTP block only ever
 comes in DeepSeek's naming; it becomes block ``L = num_hidden_layers`` with its extra tensors
 under ``blk.L.nextn.*`` (``e_proj``, ``h_proj``, ``enorm``, ``hnorm``, ``shared_head_norm`` (the
 block's final ``norm``), ``hc_head_{fn,base,scale}``), and ``nextn_predict_layers`` counts it.
@@ -67,9 +68,10 @@ _HF_TO_DS = [
     (r"^mlp\.experts\.gate_up_proj$", "ffn.experts.gate_up"),
     (r"^mlp\.experts\.down_proj$", "ffn.experts.down"),
 ]
+_HF_COMPRESSOR_LEAF = {"kv_proj.weight": "wkv.weight", "gate_proj.weight": "wgate.weight", "position_bias": "ape",
+                       "kv_norm.weight": "norm.weight"}
 _COMPRESSOR_SUFFIX = {"wkv.weight": "kv.weight", "wgate.weight": "gate.weight", "ape": "ape.weight",
-                      "position_bias": "ape.weight", "kv_proj.weight": "kv.weight", "gate_proj.weight": "gate.weight",
-                      "norm.weight": "norm.weight", "kv_norm.weight": "norm.weight"}
+                      "norm.weight": "norm.weight"}
 _BLOCK = {
     "attn_norm.weight": "attn_norm.weight", "ffn_norm.weight": "ffn_norm.weight",
     "attn.wq_a.weight": "attn_q_a.weight", "attn.q_norm.weight": "attn_q_a_norm.weight",
@@ -111,6 +113,11 @@ def canonical_names(state_dict: Mapping[str, torch.Tensor]) -> dict[str, torch.T
                 if count:
                     rest = new
                     break
+            if rest == "attn.norm.weight":  # save_pretrained's reverse renaming of attn.kv_norm
+                rest = "attn.kv_norm.weight"
+            c = re.match(r"^(attn\.(?:indexer\.)?compressor\.)(.*)$", rest)
+            if c and c.group(2) in _HF_COMPRESSOR_LEAF:
+                rest = c.group(1) + _HF_COMPRESSOR_LEAF[c.group(2)]
             prefix = "layers" if m.group(1) == "model.layers" else "mtp"
             out[f"{prefix}.{m.group(2)}.{rest}"] = value
             continue
