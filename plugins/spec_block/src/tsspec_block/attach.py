@@ -13,12 +13,12 @@ the operator named the file, and the two consume different hidden rows.
 from __future__ import annotations
 
 import logging
-import os
 from typing import Any, Mapping
 
 import torch
 
 from tsspec.errors import ModelLoadError
+from tsspec.switches import switch_on
 
 from .config import DFlashConfig, config_from_gguf
 from .head import DFlashDraftHead
@@ -35,9 +35,8 @@ _DTYPES = {"float32": torch.float32, "fp32": torch.float32, "float64": torch.flo
 
 
 def extension_enabled(name: str, environ: Mapping[str, str] | None = None) -> bool:
-    """A DFlash2 extension is on unless its switch is set to 0 / false / off."""
-    value = (environ if environ is not None else os.environ).get(name, "")
-    return value.strip().lower() not in ("0", "false", "no", "off")
+    """A DFlash2 extension is on unless its switch is set to 0 / false / no / off."""
+    return switch_on(name, environ)
 
 
 def check_fit(cfg: DFlashConfig, target: Any, path: str) -> None:
@@ -109,6 +108,7 @@ def attach_dflash(target: Any, gguf_path: str, options: Any = None) -> DFlashDra
         use_selector=extension_enabled(SELECTOR_ENV),
         dtype=dtype,
         source=path,
+        kernels=getattr(options, "kernels", None) if options is not None else None,
     )
     previous = getattr(target, "draft_head", None)
     try:
