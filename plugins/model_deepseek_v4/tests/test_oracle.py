@@ -58,17 +58,16 @@ def test_verify_and_partial_acceptance_inside_a_window(rel_err, oracle, make_tar
     trunk.ensure_capacity(64)
     trunk.forward_keep_all(sequence[:19], want_hidden=False)
     rows = sequence[19:25]
-    trunk.snapshot()
     logits, _ = trunk.verify(rows, want_hidden=False)
     ref, _ = oracle.decode(sequence[:25])
     assert rel_err(logits, ref[19:25]) < TOL
-    trunk.keep(19, rows, 2)
+    assert trunk.keep(2) == "rewound"
     assert target.cache_seq_len == 21
     accepted = sequence[:21] + sequence[30:48]
     ref, _ = oracle.decode(accepted)
     logits, _ = trunk.verify(accepted[21:25], want_hidden=False)  # a second verify on the kept cache
     assert rel_err(logits, ref[21:25]) < TOL
-    trunk.keep(21, accepted[21:25], 4)
+    assert trunk.keep(4) == "all"
     for t in range(25, len(accepted)):
         logits = _step(target, [accepted[t]])
         assert rel_err(logits[-1], ref[t]) < TOL, f"position {t}"

@@ -174,14 +174,3 @@ class DeepseekV4Target:
         self._last_start = self._last_end = length
         if length == 0 and self.draft_head is not None:
             self.draft_head.reset()
-
-    # the previous loop's rollback trio, kept until the loop calls spec_keep itself
-    def spec_snapshot_recurrent_state(self) -> None:
-        return None
-
-    def spec_on_verify_accepted(self, accepted: int, rows: int) -> bool:
-        self.spec_keep(accepted + 1)
-        return True
-
-    def spec_restore_recurrent_state(self) -> None:
-        return None
