@@ -12,8 +12,10 @@ from tsspec.hookspecs import hookimpl
 
 ARCHITECTURES = ["deepseek4"]
 MODEL_TYPES = ["deepseek_v4"]
+DRAFTER_ARCHITECTURES = ["deepseek4-dspark"]
 
-__all__ = ["ARCHITECTURES", "MODEL_TYPES", "tsspec_register_models", "tsspec_register_converters"]
+__all__ = ["ARCHITECTURES", "MODEL_TYPES", "DRAFTER_ARCHITECTURES", "tsspec_register_models",
+           "tsspec_register_drafters", "tsspec_register_converters"]
 
 
 def _load(gguf_path, options):
@@ -31,6 +33,17 @@ def _convert(src_dir, out_path, *, outtype: str = "f32") -> None:
 @hookimpl
 def tsspec_register_models(register):
     register(list(ARCHITECTURES), _load)
+
+
+def _attach(target, gguf_path, options):
+    from .dspark import attach_dspark_file
+
+    return attach_dspark_file(target, gguf_path, options)
+
+
+@hookimpl
+def tsspec_register_drafters(register):
+    register(list(DRAFTER_ARCHITECTURES), _attach)
 
 
 @hookimpl

@@ -75,8 +75,9 @@ class TailRope:
         self.dtype = dtype
 
     def tables(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """cos, sin [rows, dims/2] for integer positions [rows] (angles in float32, like HF)."""
-        angles = positions.to(torch.float32)[:, None] * self.inv_freq[None, :]
+        """cos, sin [rows, dims/2] for integer positions [rows]: the angles in float32 (like HF),
+        their cos / sin in the model's dtype (float32, or float64 for exact tests)."""
+        angles = (positions.to(torch.float32)[:, None] * self.inv_freq[None, :]).to(work_dtype(self.dtype))
         return angles.cos().to(self.dtype), angles.sin().to(self.dtype)
 
     def apply(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, *, inverse: bool = False) -> torch.Tensor:

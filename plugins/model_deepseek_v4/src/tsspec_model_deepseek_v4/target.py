@@ -98,6 +98,13 @@ class DeepseekV4Target:
     def lm_head(self, h: torch.Tensor) -> torch.Tensor:
         return self.trunk.lm_head(h.to(self.trunk.dtype))  # [n, V]
 
+    def attach_drafter_file(self, path: str, options=None):
+        """Bind a DSpark drafter file (``deepseek4-dspark``, or ``dflash`` with hyper-connections);
+        the block plugin's attach hands the latter over here."""
+        from .dspark import attach_dspark_file
+
+        return attach_dspark_file(self, path, options)
+
     def spec_set_feature_taps(self, layers: Sequence[int] | None) -> None:
         if layers:
             bad = [l for l in layers if not 0 <= int(l) <= self.hp.num_layers]
