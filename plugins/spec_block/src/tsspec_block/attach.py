@@ -6,6 +6,10 @@ pair is found HERE, before the first token: a ``ModelLoadError`` naming the file
 mismatch (the CLI prints it as one line; the block speculator's factory turns it into a decline
 reason), never a crash mid-generation. The target is left untouched when attaching fails.
 
+A file with ``dflash.hyper_connection.count > 0`` is a DSpark drafter for a hyper-connection
+model (DeepSeek V4): its stages are that model's blocks, so the target binds it itself
+(``target.attach_drafter_file(path, options)``, offered by the model plugin).
+
 A target that already carries a per-token head (NextN / MTP) gets its ``draft_head`` replaced:
 the operator named the file, and the two consume different hidden rows.
 """
@@ -88,8 +92,19 @@ def attach_dflash(target: Any, gguf_path: str, options: Any = None) -> DFlashDra
     """Read ``gguf_path``, check it against ``target``, bind it and make it ``target.draft_head``."""
     from tsspec.modeling.gguf_file import GGUFFile
 
-    with GGUFFile(str(gguf_path)) as gguf_file:
-        return attach_open(target, gguf_file, options)
+    path = str(gguf_path)
+    with GGUFFile(path) as gguf_file:
+        hyper = int(gguf_file.get(f"{gguf_file.architecture}.hyper_connection.count", 0) or 0)
+        if hyper <= 0:
+            return attach_open(target, gguf_file, options)
+    # a DSpark drafter for a hyper-connection model (DeepSeek V4) in the dflash convention: its
+    # stages are the model's own blocks, so the model plugin binds it
+    bind = getattr(target, "attach_drafter_file", None)
+    if not callable(bind):
+        arch = getattr(getattr(target, "config", None), "architecture", type(target).__name__)
+        raise ModelLoadError(path, f"a DFlash file with hyper_connection.count = {hyper} drafts for a "
+                                   f"hyper-connection model (DeepSeek V4 DSpark); the target ({arch}) cannot bind it")
+    return bind(path, options)
 
 
 def attach_open(target: Any, gguf_file: Any, options: Any = None) -> DFlashDraftHead:
