@@ -18,14 +18,9 @@ def test_entry_point_and_registrations():
     seen = []
     tsspec_model_qwen35.tsspec_register_models(lambda archs, loader: seen.append((archs, loader)))
     assert seen[0][0] == ["qwen35", "qwen35moe", "qwen3next"]
-    commands = []
-
-    class App:
-        def add_typer(self, sub, name):
-            commands.append((name, [c.name for c in sub.registered_commands]))
-
-    tsspec_model_qwen35.tsspec_register_commands(App())
-    assert commands == [("convert", ["hf-to-gguf"])]
+    converters = []
+    tsspec_model_qwen35.tsspec_register_converters(lambda types, fn, **kw: converters.append(types))
+    assert converters == [["qwen3_5", "qwen3_5_text", "qwen3_5_moe", "qwen3_5_moe_text", "qwen3_next"]]
 
 
 @pytest.mark.parametrize("arch", ["qwen35moe", "qwen3next"])
@@ -45,7 +40,7 @@ def test_load_model_through_core(arch, gguf_path):
 
 
 def test_missing_or_misshapen_tensors_are_named(converted, tmp_path):
-    from tsspec.modeling.gguf_writer_util import write_gguf
+    from tsspec.modeling.gguf_writer import write_gguf
     from tsspec.runtime.loading import load_model
 
     arch, meta, tensors = converted("qwen35")

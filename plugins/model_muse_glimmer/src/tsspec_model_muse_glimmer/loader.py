@@ -1,0 +1,66 @@
+"""``load_muse_glimmer(gguf_path, options)``: the loader registered for ``muse-glimmer`` files.
+
+Dtype: float32 (default; CPU, on the compiled block kernels when they are built: every matrix
+kept in the file's quantised blocks, batch-invariant rows) or float64 (the exact reference mode
+for tests, torch ops). ``--dtype float32`` asks for dense float32 matrices. Device: CPU only.
+
+A DFlash assistant is attached at load when the environment names one
+(``TS_MUSE_GLIMMER_DFLASH=PATH``) or when the target's own file carries it (``assistant.py``).
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any, Mapping
+
+import torch
+
+from tsspec.errors import ModelLoadError
+from tsspec.modeling import native
+from tsspec.modeling.gguf_file import GGUFFile
+from tsspec.modeling.tokenizer import from_gguf
+
+from .hparams import ARCH, read_hparams
+from .target import MuseGlimmerTarget
+from .weights import load_weights
+
+DTYPES = {"float32": torch.float32, "fp32": torch.float32, "f32": torch.float32,
+          "float64": torch.float64, "fp64": torch.float64}
+
+
+def _setting(options: Any, name: str) -> Any:
+    if options is None:
+        return None
+    if isinstance(options, Mapping):
+        return options.get(name)
+    return getattr(options, name, None)
+
+
+def load_muse_glimmer(gguf_path: str | os.PathLike[str], options: Any = None) -> MuseGlimmerTarget:
+    """Open, check and load a Muse-Glimmer GGUF. Every problem is a ModelLoadError."""
+    path = os.fspath(gguf_path)
+    device = str(_setting(options, "device") or "cpu")
+    if device != "cpu":
+        raise ModelLoadError(path, f"--device {device}: the muse-glimmer plugin runs on the CPU only")
+    requested = _setting(options, "dtype")
+    if requested in (None, "auto"):
+        dtype = torch.float32
+    else:
+        dtype = DTYPES.get(str(requested).lower().removeprefix("torch."))
+        if dtype is None:
+            raise ModelLoadError(path, f"--dtype {requested!r} is not supported (use float32 or float64)")
+    blocks = requested in (None, "auto") and native.available()
+    with GGUFFile(path) as gguf_file:
+        if gguf_file.architecture != ARCH:
+            raise ModelLoadError(path, f"architecture {gguf_file.architecture!r} is not {ARCH!r}")
+        hparams = read_hparams(gguf_file)
+        weights = load_weights(hparams, gguf_file, dtype, blocks=blocks)
+        tokenizer = from_gguf(gguf_file)
+        from .assistant import carried_assistant
+
+        carried = carried_assistant(gguf_file)
+    target = MuseGlimmerTarget(hparams, weights, tokenizer=tokenizer, dtype=dtype, path=path)
+    from .assistant import attach_at_load
+
+    attach_at_load(target, carried, options)
+    return target

@@ -1,0 +1,68 @@
+"""Loading: hyper-parameters from the file, one-line errors for bad files and options."""
+
+from __future__ import annotations
+
+import pytest
+
+from tsspec.errors import ModelLoadError
+
+
+def _metadata_of(model):
+    from tsspec_model_muse_glimmer.convert import muse_glimmer_gguf
+
+    return muse_glimmer_gguf(model.config.to_dict(), model.state_dict())
+
+
+def test_hparams_from_the_file(tiny):
+    _, target, _ = tiny(sliding_window=5)
+    hp = target.hparams
+    assert (hp.n_layers, hp.hidden_size, hp.n_heads, hp.n_kv_heads, hp.head_dim) == (4, 64, 4, 2, 16)
+    assert hp.sliding == (True, True, True, False) and hp.sliding_window == 5
+    assert hp.logit_scale == pytest.approx(0.19611613513818404) and hp.softcap == 20.0
+    assert target.config.architecture == "muse-glimmer"
+    assert target.speculation_profitable and target.spec_verify_persists_accepted_kv
+
+
+def test_scalar_pattern_period_is_llama_cpp_rule():
+    from tsspec_model_muse_glimmer.hparams import layer_pattern
+
+    assert layer_pattern(4, 8, "f", "k") == (True, True, True, False) * 2
+    assert layer_pattern(0, 3, "f", "k") == (True,) * 3
+    with pytest.raises(ModelLoadError, match="one bool per layer"):
+        layer_pattern([True, False], 3, "f", "k")
+
+
+@pytest.mark.parametrize("edit,message", [
+    (lambda m, t: t.pop("blk.1.attn_gate.weight"), "blk.1.attn_gate.weight"),
+    (lambda m, t: m.pop("muse-glimmer.attention.sliding_window"), "sliding_window"),
+    (lambda m, t: m.__setitem__("muse-glimmer.attention.sliding_window_pattern", [True]), "one bool per layer"),
+    (lambda m, t: m.__setitem__("muse-glimmer.attention.head_count_kv", 3), "do not group"),
+])
+def test_bad_files_are_one_line_errors(tmp_path, helpers, edit, message):
+    from tsspec.modeling.gguf_writer_util import write_gguf
+    from tsspec_model_muse_glimmer import load_muse_glimmer
+
+    metadata, tensors = _metadata_of(helpers.make_hf_muse(0))
+    edit(metadata, tensors)
+    path = write_gguf(tmp_path / "bad.gguf", "muse-glimmer", metadata, tensors)
+    with pytest.raises(ModelLoadError, match=message):
+        load_muse_glimmer(path)
+
+
+def test_bad_options(tiny):
+    from tsspec_model_muse_glimmer import load_muse_glimmer
+
+    _, _, path = tiny()
+    with pytest.raises(ModelLoadError, match="float32 or float64"):
+        load_muse_glimmer(path, {"dtype": "int8"})
+    with pytest.raises(ModelLoadError, match="CPU only"):
+        load_muse_glimmer(path, {"device": "cuda"})
+
+
+def test_registered_through_the_plugin_host(tiny):
+    """The entry point serves the architecture through ``tsspec.load_model``."""
+    import tsspec
+
+    _, _, path = tiny()
+    target = tsspec.load_model(str(path))
+    assert type(target).__name__ == "MuseGlimmerTarget"
