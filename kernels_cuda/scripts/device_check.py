@@ -195,6 +195,44 @@ def dflash_block_vs_decode(impl, device, bandwidth) -> dict:
     return results
 
 
+def rollback(impl, device) -> dict:
+    """spec_keep after a partially accepted 8-row verify on a qwen35 trunk whose GDN layers have
+    SIZES' heads (16 key / 32 value heads of 128 at h200 sizes): the slot path with the kernels,
+    the slot path on torch, and the restore + re-forward path. Median ms of the keep and the
+    forwards it ran."""
+    from tsspec_model_qwen35.loader import load_from_source
+    from tsspec_model_qwen35.source import MemorySource
+    from tsspec_model_qwen35.synthetic import SyntheticSpec, random_model
+
+    s = SIZES
+    spec = SyntheticSpec(vocab_size=4096 if s.hidden >= 1024 else 64, hidden_size=min(s.hidden, 1024), num_layers=4,
+                         full_attention_interval=4, num_heads=8, num_kv_heads=2, head_dim=128 if s.hidden >= 1024 else 8,
+                         rope_dims=64 if s.hidden >= 1024 else 4, num_k_heads=s.nk, num_v_heads=s.nv, head_k_dim=s.dk,
+                         head_v_dim=s.dv, ffn_size=2 * min(s.hidden, 1024))
+    arch, meta, tensors = random_model(spec, seed=0)
+    results = {}
+    for name, kernels, per_row in (("kernels", impl, True), ("torch_slots", None, True), ("torch_reforward", None, False)):
+        target = load_from_source(MemorySource(arch, meta, tensors), dtype="float32", device=device, kernels=kernels,
+                                  per_row_snapshots=per_row)
+        target.spec_forward([1 + i % 60 for i in range(64)], all_logits_rows=False, want_hidden=False)
+        target.spec_keep(64)
+        times, reforwards = [], 0
+        for step in range(12):
+            target.spec_forward([7 + step] * 8, all_logits_rows=True, want_hidden=False)
+            before = target.counters.forward_calls
+            if torch.device(device).type == "cuda":
+                torch.cuda.synchronize()
+            t0 = time.perf_counter()
+            target.spec_keep(3)
+            if torch.device(device).type == "cuda":
+                torch.cuda.synchronize()
+            times.append((time.perf_counter() - t0) * 1e3)
+            reforwards += target.counters.forward_calls - before
+        results[name] = {"keep_ms": sorted(times[2:])[len(times[2:]) // 2], "reforwards": reforwards,
+                         "in_use": target.kernels_in_use}
+    return results
+
+
 def run_tests(out_dir: Path) -> dict:
     started = time.perf_counter()
     log = out_dir / "pytest.log"
@@ -212,7 +250,8 @@ def verdicts(report) -> dict:
     return {
         "every kernel == torch contract within 1e-5 (float32)": worst <= F32_TOL,
         "fused GDN verify within 2x its bytes floor": t["gdn_verify"]["x_floor"] <= 2.0,
-        "rollback: no re-forward (commit = one copy launch)": True,
+        "rollback: no re-forward (spec_keep commits a slot on the device)": report["rollback"]["kernels"]["reforwards"] == 0
+        and "gdn_commit" in report["rollback"]["kernels"]["in_use"],
         "DFlash block (inject + draft) under 20% of a target decode step": block["ratio"] < 0.2,
         "lossless tests pass on the device": report["tests"]["exit_code"] == 0,
     }
@@ -231,6 +270,9 @@ def markdown(report) -> str:
     for op, row in report["timings"].items():
         lines.append(f"| {op} | {row['unit']} | {row['kernel_ms']:.4f} | {row['torch_ms']:.4f} | {row['floor_ms']:.4f} "
                      f"| {row['x_floor']:.2f} | {row['x_torch']:.2f} |")
+    lines += ["", f"## Rollback (spec_keep of 3 of 8 verify rows, 3 GDN layers of {SIZES.nk}/{SIZES.nv} heads x {SIZES.dk})", "",
+              "| path | keep ms (median) | re-forwards |", "| --- | --- | --- |"]
+    lines += [f"| {name} | {row['keep_ms']:.3f} | {row['reforwards']} |" for name, row in report["rollback"].items()]
     b = report["dflash_block"]
     lines += ["", f"DFlash block (inject {SIZES.inject_rows} rows + draft {SIZES.block}): {b['kernels_ms']:.3f} ms with "
               f"kernels, {b['torch_ms']:.3f} ms torch; target step floor {b['target_step_floor_ms']:.3f} ms "
@@ -263,6 +305,7 @@ def main(argv=None) -> int:
     report["correctness"] = correctness(impl, device)
     report["timings"] = timings(impl, device, bandwidth)
     report["dflash_block"] = dflash_block_vs_decode(impl, device, bandwidth)
+    report["rollback"] = rollback(impl, device)
     report["compiled"] = list(LOADER.compiled)
     report["measure_seconds"] = round(time.perf_counter() - t0, 1)
     report["tests"] = {"command": "-", "exit_code": 0, "summary": "skipped", "seconds": 0} if args.skip_tests else run_tests(out_dir)

@@ -25,6 +25,9 @@ def test_dry_run_writes_the_report(tmp_path):
     assert all(row["floor_ms"] > 0 and row["kernel_ms"] > 0 for row in report["timings"].values())
     assert report["dflash_block"]["kernels_in_use"] and report["dflash_block"]["torch_in_use"] == []
     assert "every kernel == torch contract within 1e-5 (float32)" in report["verdicts"]
+    rollback = report["rollback"]  # measured: slots commit without re-forwarding, restore does not
+    assert rollback["kernels"]["reforwards"] == 0 and "gdn_commit" in rollback["kernels"]["in_use"]
+    assert rollback["torch_reforward"]["reforwards"] > 0
     text = (tmp_path / "device_report.md").read_text()
     assert text.startswith("# kernels_cuda device check") and "| gdn_verify |" in text
 

@@ -56,8 +56,25 @@ def test_bad_options(tiny):
     _, _, path = tiny()
     with pytest.raises(ModelLoadError, match="float32 or float64"):
         load_muse_glimmer(path, {"dtype": "int8"})
-    with pytest.raises(ModelLoadError, match="CPU only"):
-        load_muse_glimmer(path, {"device": "cuda"})
+    with pytest.raises(ModelLoadError, match="runs on cpu or cuda"):
+        load_muse_glimmer(path, {"device": "meta"})
+    if not torch.cuda.is_available():
+        with pytest.raises(ModelLoadError, match="no CUDA device"):
+            load_muse_glimmer(path, {"device": "cuda"})
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_cuda_trunk_equals_the_cpu_reference(tiny):
+    """--device cuda runs the torch layers on the device; logits match the float32 CPU ones."""
+    from tsspec_model_muse_glimmer import load_muse_glimmer
+
+    _, _, path = tiny()
+    ids = [5, 9, 2, 3, 17, 8]
+    cpu = load_muse_glimmer(path, {"dtype": "float32"}).spec_forward(ids, all_logits_rows=True, want_hidden=False)[0]
+    cuda = load_muse_glimmer(path, {"dtype": "float32", "device": "cuda"})
+    logits = cuda.spec_forward(ids, all_logits_rows=True, want_hidden=False)[0]
+    assert logits.device.type == "cpu"
+    assert float((logits - cpu).abs().max() / cpu.abs().max()) < 1e-4
 
 
 def test_registered_through_the_plugin_host(tiny):

@@ -34,7 +34,7 @@ class RotaryTable:
     def apply(self, x: torch.Tensor, start: int) -> torch.Tensor:
         """x [rows, heads, hd] at positions start.. -> a rotated copy (torch path)."""
         rows = x.shape[0]
-        cs = self.ensure(start + rows)[start : start + rows].to(x.dtype)  # [rows, half, 2]
+        cs = self.ensure(start + rows)[start : start + rows].to(x.device, x.dtype)  # [rows, half, 2]
         cos, sin = cs[:, None, :, 0], cs[:, None, :, 1]
         pairs = x.unflatten(-1, (self.half, 2))
         a, b = pairs[..., 0], pairs[..., 1]

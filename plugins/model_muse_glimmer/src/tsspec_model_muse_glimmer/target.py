@@ -17,8 +17,9 @@ Two paths run a layer. On the CPU in float32 (the default) ``_kernel_layer`` use
 kernels (block matmuls on the file's quantised weights, RMSNorm, RoPE, attention, SiLU product)
 and runs the two transcendental element-wise ops (the sigmoid gate and the softcap) one row at a
 time, so every row is computed the same way whatever the row count: a k-row verify reproduces
-the 1-row decode bit for bit. Elsewhere (float64 reference mode, a build without the kernels)
-``_torch_layer`` uses torch ops.
+the 1-row decode bit for bit. Elsewhere (float64 reference mode, a build without the kernels,
+``--device cuda``) ``_torch_layer`` uses torch ops on the target's device; logits and hidden
+rows come back on the host.
 
 KV cache: every layer keeps every position ([layers, n_kv, capacity, hd]); a sliding layer's
 query at position p reads keys ``max(0, p - window + 1) .. p``. Because nothing is evicted, a
@@ -87,15 +88,18 @@ class MuseGlimmerTarget:
     spec_verify_persists_accepted_kv = True
 
     def __init__(self, hparams: MuseGlimmerHParams, weights, *, tokenizer=None,
-                 dtype: torch.dtype = torch.float32, path: str | None = None):
+                 dtype: torch.dtype = torch.float32, path: str | None = None, device: str | torch.device = "cpu"):
         self.hparams = hp = hparams
         self.path = path
         self.dtype = dtype
+        self.device = torch.device(device)
+        if self.device.type != "cpu":  # dense weights only (quantised blocks are a CPU format)
+            weights = {name: t.to(self.device) if isinstance(t, torch.Tensor) else t for name, t in weights.items()}
         self.tokenizer = tokenizer
         self.draft_head = None
         self.block_weights = any(isinstance(t, BlockMatrix) for t in weights.values())
         self._res_dtype = torch.float64 if dtype == torch.float64 else torch.float32
-        self._kernels = native.kernels() if dtype == torch.float32 else None
+        self._kernels = native.kernels() if dtype == torch.float32 and self.device.type == "cpu" else None
         self.config = ModelConfig(
             architecture=ARCH,
             vocab_size=hp.vocab_size,
@@ -108,7 +112,7 @@ class MuseGlimmerTarget:
         self._embed = weights["embed"]
         self._lm_head = weights["lm_head"]
         self._output_norm = weights["output_norm"]
-        self._ones = torch.ones(hp.hidden_size, dtype=self._res_dtype)  # the weightless norms
+        self._ones = torch.ones(hp.hidden_size, dtype=self._res_dtype, device=self.device)  # the weightless norms
         self._layers = [_Layer(weights, i, hp.sliding[i]) for i in range(hp.n_layers)]
         self._rope = RotaryTable(hp.head_dim, hp.rope_base_swa, self._res_dtype)
         self._seq_len = 0
@@ -153,8 +157,8 @@ class MuseGlimmerTarget:
         hp = self.hparams
         capacity = min(self.max_context_length, max(required_seq_len, 2 * self._capacity, INITIAL_CAPACITY))
         shape = (hp.n_layers, hp.n_kv_heads, capacity, hp.head_dim)
-        k = torch.zeros(shape, dtype=self._res_dtype)
-        v = torch.zeros(shape, dtype=self._res_dtype)
+        k = torch.zeros(shape, dtype=self._res_dtype, device=self.device)
+        v = torch.zeros(shape, dtype=self._res_dtype, device=self.device)
         if self._k is not None and self._seq_len:
             k[:, :, : self._seq_len] = self._k[:, :, : self._seq_len]
             v[:, :, : self._seq_len] = self._v[:, :, : self._seq_len]
@@ -249,8 +253,8 @@ class MuseGlimmerTarget:
             q, kn = self._rope.apply(q, past), self._rope.apply(kn, past)
         self._k[i][:, past:end] = kn.transpose(0, 1)
         self._v[i][:, past:end] = y[:, nq + nkv : nq + 2 * nkv].reshape(rows, hp.n_kv_heads, hd).transpose(0, 1)
-        keys = torch.arange(end)
-        positions = past + torch.arange(rows)
+        keys = torch.arange(end, device=x.device)
+        positions = past + torch.arange(rows, device=x.device)
         first = positions - hp.sliding_window + 1 if layer.sliding else torch.zeros_like(positions)
         visible = (keys[None, :] <= positions[:, None]) & (keys[None, :] >= first[:, None])  # [rows, end]
         kc = self._k[i][:, :end].repeat_interleave(hp.group_size, dim=0)  # [nh, end, hd]
@@ -324,6 +328,9 @@ class MuseGlimmerTarget:
                 hidden = torch.cat(tapped, dim=-1)
             else:
                 hidden = normed if all_logits_rows else self._rms(x, self._output_norm, self.hparams.rms_eps)
+        if self.device.type != "cpu":  # the loop samples on the host
+            logits = logits.cpu()
+            hidden = hidden.cpu() if hidden is not None else None
         return logits, hidden
 
     def _raw_logits(self, normed: torch.Tensor) -> torch.Tensor:
@@ -333,19 +340,19 @@ class MuseGlimmerTarget:
     @torch.inference_mode()
     def embed(self, token_ids: Sequence[int] | torch.Tensor) -> torch.Tensor:
         """Raw token embeddings [n, H] (no embedding norm)."""
-        ids = torch.as_tensor(token_ids, dtype=torch.long).reshape(-1)
+        ids = torch.as_tensor(token_ids, dtype=torch.long, device=self.device).reshape(-1)
         table = self._embed
         rows = table.rows(ids) if isinstance(table, BlockMatrix) else F.embedding(ids, table)
         return rows.to(self._res_dtype)
 
     @torch.inference_mode()
     def final_norm(self, hidden: torch.Tensor) -> torch.Tensor:
-        return self._rms(hidden.to(self._res_dtype), self._output_norm, self.hparams.rms_eps)
+        return self._rms(hidden.to(self.device, self._res_dtype), self._output_norm, self.hparams.rms_eps)
 
     @torch.inference_mode()
     def lm_head(self, hidden: torch.Tensor) -> torch.Tensor:
         """``W_out h`` [n, vocab] of already-normed rows, without the logit scale and softcap."""
-        return self._raw_logits(hidden.to(self._res_dtype))
+        return self._raw_logits(hidden.to(self.device, self._res_dtype))
 
     def __repr__(self) -> str:
         hp = self.hparams
