@@ -39,6 +39,9 @@ class BatchedSpecTrunk:
         self._len = table.length  # positions with KV written (adopted prefix included)
         self.adopted_prefix = table.reused_tokens
         self._last_verify: tuple[int, list[int]] = (0, [])
+        # what the last verify's extra rows cost the other sequences of its batch (ms); the
+        # loop adds it to the verify's cost for the governor
+        self.extra_cost_ms = 0.0
 
     # -- sizes -----------------------------------------------------------------------------
     @property

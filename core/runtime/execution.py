@@ -278,7 +278,8 @@ class SpeculativeExecution:
             rows = torch.cat([seq.carry[None], hidden[: kept - 1]], dim=0)
             seq.carry = hidden[kept - 1]
         self._commit(rows_in[:kept], rows, p)
-        self.governor.record(True, self._ms(step_start), kept)
+        # a batched trunk also charges what the verify's extra rows cost the rest of its batch
+        self.governor.record(True, self._ms(step_start) + float(getattr(self.trunk, "extra_cost_ms", 0.0)), kept)
 
     # -- helpers -----------------------------------------------------------------------------
     def _reusable_prefix(self, prompt: list[int]) -> int:

@@ -15,7 +15,11 @@ ONE ragged forward of the paged KV, then hands each sequence its rows.
 * Finish / cancel: a finished, failed or cancelled sequence frees its blocks and reservation at
   once. ``cancel()`` takes effect at the sequence's next forward (at most one step later).
 * Cost: a sequence's governor times its steps as they run here, i.e. the whole batch's forward
-  (every row the batch adds), so a verify is charged what its rows cost next to everyone else's.
+  (every row the batch adds). A verify's k extra rows also slow every other sequence of the
+  batch, so the trunk adds that share to the verify's cost (``extra_cost_ms``): the batch's
+  time times the fraction those rows add by the target's cost-by-rows profile
+  (``spec_verify_row_ms``; rows counted linearly without one), times the other sequences.
+  Speculation then has to win for the batch, not only for its own sequence.
 
 Every bookkeeping call (pool, tables, queues) runs under one lock; the forward runs outside it.
 """
@@ -90,6 +94,21 @@ class _Work:
     result: Any = None
     error: BaseException | None = None
     finished: bool = False
+
+
+def row_cost(profile, rows: int) -> float:
+    """The relative cost of a forward of ``rows`` rows: linear interpolation in a measured
+    ((rows, ms), ...) profile (extrapolated from its last two points), or ``rows`` without one."""
+    if not profile:
+        return float(rows)
+    points = sorted((int(r), float(ms)) for r, ms in profile)
+    if rows <= points[0][0]:
+        return points[0][1] * rows / points[0][0]
+    for (r0, m0), (r1, m1) in zip(points, points[1:]):
+        if rows <= r1:
+            return m0 + (m1 - m0) * (rows - r0) / (r1 - r0)
+    (r0, m0), (r1, m1) = points[-2], points[-1]
+    return m1 + (m1 - m0) * (rows - r1) / (r1 - r0)
 
 
 class Scheduler:
@@ -374,15 +393,19 @@ class Scheduler:
                 if not runnable:
                     continue
                 self._cond.release()
+                began = time.perf_counter()
                 try:
                     outputs = self.kv.forward(rows)
                     error = None
                 except Exception as exc:  # noqa: BLE001 - every sequence of the batch gets it
                     outputs, error = None, exc
                 finally:
+                    elapsed = (time.perf_counter() - began) * 1000.0
                     self._cond.acquire()
                 self.steps += 1
-                self.batch_rows += sum(len(r.tokens) for r in rows)
+                total = sum(len(r.tokens) for r in rows)
+                self.batch_rows += total
+                self._charge(runnable, total, elapsed)
                 for i, work in enumerate(runnable):
                     if error is not None:
                         work.error = error
@@ -390,6 +413,18 @@ class Scheduler:
                         work.result = outputs[i]
                     work.finished = True
                 self._cond.notify_all()
+
+    def _charge(self, batch: list[_Work], total_rows: int, ms: float) -> None:
+        """Give each verify of the batch the time its extra rows cost the other sequences."""
+        others = len(batch) - 1
+        profile = getattr(self.target, "spec_verify_row_ms", None)
+        full = row_cost(profile, total_rows)
+        for work in batch:
+            extra = 0.0
+            if work.all_logits and others and full > 0:
+                without = row_cost(profile, total_rows - len(work.tokens) + 1)
+                extra = ms * max(0.0, full - without) / full * others
+            work.handle.trunk.extra_cost_ms = extra
 
     # -- reading ---------------------------------------------------------------------------
     def snapshot(self) -> dict[str, Any]:

@@ -10,7 +10,10 @@ weight matmul (block kernels, row-invariant) and RMSNorm covers all of them at o
 attention run per sequence (its own positions, its own keys). Attention gathers the sequence's
 keys into a contiguous ``[n_kv, past + rows, hd]`` buffer and calls the same causal kernel as
 the linear cache, so each row is computed exactly as in a single-sequence forward: a sequence's
-logits do not depend on which sequences share the batch (batch invariance, bit for bit).
+logits do not depend on which sequences share the batch (batch invariance, bit for bit). Per
+layer, one gather serves the whole batch: every sequence's keys side by side in one buffer
+``[n_kv, sum of lengths, hd]``, and the kernel reads sequence i at its offset with the buffer's
+length as the head stride.
 
 That holds on the compiled CPU float32 path with every matrix in blocks and at most
 ``GEMM_ROWS`` rows per call (larger matmuls take torch's GEMM, whose sums depend on the row
@@ -26,7 +29,7 @@ from typing import Sequence
 import torch
 import torch.nn.functional as F
 
-from tsspec.modeling.attention import causal_attention
+from tsspec.modeling.attention import ROW_SLICE
 from tsspec.modeling.qlinear import GEMM_ROWS, BlockMatrix
 from tsspec.protocols import PagedRows
 
@@ -90,6 +93,13 @@ class PagedLlamaKV:
         if max(ends) > target.max_context_length:
             raise ValueError(f"{max(ends)} positions exceed the context of {target.max_context_length}")
         slots = [self._slots(r.blocks, end) for r, end in zip(batch, ends)]  # [end] each
+        every_slot = torch.cat(slots)  # [sum of ends]: all keys of the batch, side by side
+        new_slots = torch.cat([where[r.past :] for r, where in zip(batch, slots)])  # [R]
+        offsets = [0]
+        for end in ends:
+            offsets.append(offsets[-1] + end)
+        span = offsets[-1]
+        threads = torch.get_num_threads()
         target._rope.ensure(max(ends))
         rope_table = torch.view_as_real(target._rope._rot).data_ptr()
         taps = target._taps
@@ -104,15 +114,22 @@ class PagedLlamaKV:
             qkv = _linear(h, layer.wqkv, layer.bqkv)  # [R, (nh + 2 nkv) hd]; Q pre-scaled
             attn = torch.empty((total, hp.q_size), dtype=torch.float32)  # [R, nh * hd]
             k_pool, v_pool = self._k[i], self._v[i]  # [nkv, slots, hd]
-            for r, (a, b), where in zip(batch, spans, slots):
-                rows = b - a
-                kernels.rope(qkv[a].data_ptr(), qkv.stride(0), rows, target._qk_heads, hd, hp.rope_dim, rope_table, r.past)
-                new = where[r.past :]
-                k_pool[:, new] = qkv[a:b, hp.q_size : target._qk_size].view(rows, nkv, hd).transpose(0, 1)
-                v_pool[:, new] = qkv[a:b, target._qk_size :].view(rows, nkv, hd).transpose(0, 1)
-                k_seq = k_pool.index_select(1, where)  # [nkv, past + rows, hd], contiguous
-                v_seq = v_pool.index_select(1, where)
-                attn[a:b] = causal_attention(qkv[a:b], k_seq, v_seq, r.past, hp.n_heads)
+            for r, (a, b) in zip(batch, spans):
+                kernels.rope(qkv[a].data_ptr(), qkv.stride(0), b - a, target._qk_heads, hd, hp.rope_dim, rope_table, r.past)
+            k_pool[:, new_slots] = qkv[:, hp.q_size : target._qk_size].view(total, nkv, hd).transpose(0, 1)
+            v_pool[:, new_slots] = qkv[:, target._qk_size :].view(total, nkv, hd).transpose(0, 1)
+            k_all = k_pool.index_select(1, every_slot)  # [nkv, span, hd], contiguous
+            v_all = v_pool.index_select(1, every_slot)
+            row_bytes = hd * k_all.element_size()
+            for r, (a, b), offset in zip(batch, spans, offsets):
+                # the kernel reads head h of this sequence at k + h * span * hd, key j at + j * hd
+                for start in range(a, b, ROW_SLICE):
+                    stop = min(b, start + ROW_SLICE)
+                    kernels.attention(
+                        qkv[start].data_ptr(), qkv.stride(0), k_all.data_ptr() + offset * row_bytes,
+                        v_all.data_ptr() + offset * row_bytes, span, attn[start].data_ptr(), stop - start,
+                        hp.n_heads, nkv, hd, r.past + start - a, threads,
+                    )
             x = target._residual_add(x, attn, layer.wo, layer.bo)
             h = torch.empty_like(x)
             kernels.rms_norm(x.data_ptr(), layer.ffn_norm.data_ptr(), h.data_ptr(), total, H, target._eps)
