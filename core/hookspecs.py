@@ -45,8 +45,11 @@ def tsspec_register_drafters(register):
 
 @hookspec
 def tsspec_register_kernels(register):
-    """register(op_name: str, implementation, *, device: str = "cuda", description: str = "");
-    accelerated implementations of named ops; the torch reference stays the fallback."""
+    """register(op_name: str, implementation, *, device: str = "cuda", description: str = "",
+    available: bool = True, reason: str = ""); accelerated implementations of named ops; the
+    torch reference stays the fallback. ``available=False`` records an op that cannot run here
+    (no device, a missing library) with the reason: listed by ``tsspec plugins``, never used.
+    Loaders receive the available ops for their device as ``options.kernels`` ({op: callable})."""
 
 
 @hookspec

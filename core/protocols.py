@@ -25,6 +25,8 @@ __all__ = [
     "Tokenizer",
     "SpeculativeTarget",
     "BatchedSpeculativeTarget",
+    "PagedKV",
+    "PagedRows",
     "SpecTrunk",
     "Speculator",
     "DraftHead",
@@ -264,30 +266,52 @@ class SpeculativeTarget(Protocol):
         ...
 
 
-@runtime_checkable
-class BatchedSpeculativeTarget(SpeculativeTarget, Protocol):
-    """The same contract over a batched, slot-addressed (paged) KV: each call names its slot.
+@attrs.frozen
+class PagedRows:
+    """One sequence's part of a batched paged forward: its block table (the blocks holding its
+    positions 0, 1, ... in order), ``past`` positions already in them, and the new ``tokens``
+    (at positions past ..). ``all_logits``: logits for every row (a verify), else the last row."""
 
-    The loop reaches it through ``SpecTrunk``; ``BatchedSpecTrunk`` binds one slot. No built-in
-    model implements it yet: the seam exists so batched serving composes with speculation.
+    blocks: Sequence[int]
+    past: int
+    tokens: Sequence[int]
+    all_logits: bool = False
+    want_hidden: bool = False
+
+
+@runtime_checkable
+class PagedKV(Protocol):
+    """A target's KV in ``num_blocks`` fixed-size blocks and one forward over a ragged batch.
+
+    The core owns the bookkeeping (block tables, reference counts, the prefix cache:
+    ``tsspec.runtime.prefix_cache``); the plugin owns the tensors. On a batch-invariant path a
+    sequence's rows are computed exactly as in a forward of that sequence alone.
     """
 
-    max_batch_slots: int
+    num_blocks: int
+    block_size: int
+    max_batch_rows: int  # the most rows one forward takes (prefills go in chunks of it)
 
-    def spec_slot_seq_len(self, slot: int) -> int: ...
+    def forward(self, batch: Sequence[PagedRows]) -> list[tuple["torch.Tensor", "torch.Tensor | None"]]:
+        """Per sequence: (logits [rows or 1, vocab], hidden [rows, spec_feature_size] or None).
+        Writes the new rows' KV into their blocks (the caller made them writable)."""
+        ...
 
-    def spec_forward_slots(
-        self,
-        slots: Sequence[int],
-        tokens: Sequence[Sequence[int]],
-        *,
-        all_logits_rows: bool,
-        want_hidden: bool,
-    ) -> list[tuple["torch.Tensor", "torch.Tensor | None"]]: ...
+    def copy_block(self, src: int, dst: int) -> None: ...
 
-    def spec_slot_keep(self, slot: int, rows_kept: int) -> "str | None": ...
 
-    def spec_slot_rewind(self, slot: int, length: int) -> None: ...
+@runtime_checkable
+class BatchedSpeculativeTarget(SpeculativeTarget, Protocol):
+    """A target that can also serve many sequences over a paged KV (serving, continuous batching).
+
+    ``spec_open_paged`` raises ValueError with a reason when this load of the model cannot
+    (e.g. not on its batch-invariant path). ``BatchedSpecTrunk``
+    (``tsspec.runtime.batched_trunk``) binds one sequence of it for the shared loop.
+    """
+
+    def spec_kv_bytes_per_block(self, block_size: int) -> int: ...
+
+    def spec_open_paged(self, num_blocks: int, block_size: int) -> PagedKV: ...
 
 
 @runtime_checkable

@@ -36,11 +36,16 @@ class LoaderEntry:
 
 @attrs.define
 class KernelEntry:
+    """One accelerated op. ``available`` False: registered but unusable here (no device, no
+    CuPy...), with ``reason``; ``tsspec plugins`` prints it, lookups skip it."""
+
     op: str
     implementation: Callable[..., Any]
     device: str = "cuda"
     description: str = ""
     plugin: str | None = None
+    available: bool = True
+    reason: str = ""
 
 
 @attrs.define
@@ -53,11 +58,15 @@ class Catalog:
     host: PluginHost | None = None
 
     def kernel(self, op: str, device: str):
-        """The first registered implementation of ``op`` for ``device``, or None (use torch)."""
+        """The first available implementation of ``op`` for ``device``, or None (use torch)."""
         for entry in self.kernels.get(op, ()):
-            if entry.device == device:
+            if entry.device == device and entry.available:
                 return entry.implementation
         return None
+
+    def kernel_table(self, device: str) -> dict[str, Callable[..., Any]]:
+        """Every available op for a device type ("cuda", "cpu"): what a loader receives."""
+        return {op: impl for op in sorted(self.kernels) if (impl := self.kernel(op, device)) is not None}
 
 
 def _add_loaders(table: dict[str, LoaderEntry], record, kind: str, pending: list):
@@ -105,8 +114,12 @@ def build_catalog(host: PluginHost, *, discover: bool = True) -> Catalog:
         return {"register": register}
 
     def kernels_for(name):
-        def register(op, implementation, *, device="cuda", description=""):
-            entry = KernelEntry(op, implementation, device, description, name)
+        def register(op, implementation, *, device="cuda", description="", available=True, reason=""):
+            if not isinstance(op, str) or not op:
+                raise ValueError(f"invalid kernel op name {op!r}")
+            if not callable(implementation):
+                raise TypeError(f"kernel {op!r}: implementation is not callable")
+            entry = KernelEntry(op, implementation, str(device), description, name, bool(available), str(reason or ""))
             pending.append((name, lambda: catalog.kernels.setdefault(op, []).append(entry)))
 
         return {"register": register}

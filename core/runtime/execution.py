@@ -109,6 +109,7 @@ class SpeculativeExecution:
         stop_tokens: frozenset[int] = frozenset(),
         clock: Callable[[], float] = time.perf_counter,
         speculator_label: str | None = None,
+        arm_after_reuse: bool | None = None,
     ):
         self.trunk = trunk
         self.sampler = sampler
@@ -119,6 +120,9 @@ class SpeculativeExecution:
         self.stop_tokens = frozenset(stop_tokens)
         self.clock = clock
         self.label = speculator_label or getattr(speculator, "name", "speculator")
+        # after a reused KV prefix: None asks the speculator (can_arm_after_prefix_reuse);
+        # False is the old rule (never arm after reuse), kept for comparisons
+        self.arm_after_reuse = arm_after_reuse
         self.stats = SpecStats()
         self.seq: SequenceState | None = None
         self._cached: list[int] = []  # tokens in the trunk's cache after the last sequence
@@ -197,12 +201,20 @@ class SpeculativeExecution:
         commit it; returns the logits [1, vocab] of its last row."""
         trunk, prompt, spec = self.trunk, seq.history, self.speculator
         reuse = self._reusable_prefix(prompt)
+        if not reuse:  # a prefix cache's blocks the trunk was admitted with (batched trunks)
+            reuse = min(int(getattr(trunk, "adopted_prefix", 0) or 0), len(prompt) - 1)
         if reuse:
             trunk.rewind(reuse)
         else:
             trunk.reset()
         # can_arm_after_prefix_reuse is optional in the protocol, default False
-        self._armed = spec is not None and (reuse == 0 or bool(getattr(spec, "can_arm_after_prefix_reuse", False)))
+        arms = bool(getattr(spec, "can_arm_after_prefix_reuse", False)) and self.arm_after_reuse is not False
+        self._armed = spec is not None and (reuse == 0 or arms)
+        self.stats.prefix_reused = reuse
+        if reuse and spec is not None:
+            self.stats.armed_after_reuse = self._armed
+            log.info("speculator %s %s after a reused prefix of %d tokens", self.label,
+                     "armed" if self._armed else "not armed", reuse)
         if self._armed:
             try:
                 spec.reset()
@@ -266,7 +278,8 @@ class SpeculativeExecution:
             rows = torch.cat([seq.carry[None], hidden[: kept - 1]], dim=0)
             seq.carry = hidden[kept - 1]
         self._commit(rows_in[:kept], rows, p)
-        self.governor.record(True, self._ms(step_start), kept)
+        # a batched trunk also charges what the verify's extra rows cost the rest of its batch
+        self.governor.record(True, self._ms(step_start) + float(getattr(self.trunk, "extra_cost_ms", 0.0)), kept)
 
     # -- helpers -----------------------------------------------------------------------------
     def _reusable_prefix(self, prompt: list[int]) -> int:

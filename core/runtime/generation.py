@@ -190,8 +190,14 @@ def generate(
     chat: bool = False,
     system: str | None = None,
     clock=None,
+    trunk=None,
+    arm_after_reuse: bool | None = None,
 ) -> Generation:
-    """Generate up to ``max_tokens`` tokens. Speculation never changes the output."""
+    """Generate up to ``max_tokens`` tokens. Speculation never changes the output.
+
+    ``trunk``: the SpecTrunk to run on (default: the target's own linear cache); the scheduler
+    passes a ``BatchedSpecTrunk``. ``arm_after_reuse=False`` never arms a speculator after a
+    reused KV prefix (the old rule; None lets the speculator decide)."""
     options = options or SpeculationOptions()
     if max_tokens < 1:
         raise GenerationError(f"max tokens must be >= 1, got {max_tokens}")
@@ -217,7 +223,7 @@ def generate(
     window = draft_window(options, target, speculator, name)
     sampler = Sampler(sampling or SamplingParams())
     execution = SpeculativeExecution(
-        LinearSpecTrunk(target),
+        trunk if trunk is not None else LinearSpecTrunk(target),
         sampler,
         vocab_size=target.config.vocab_size,
         speculator=speculator,
@@ -225,6 +231,7 @@ def generate(
         governor=governor or SpeculationCostGovernor(enabled=options.adaptive),
         stop_tokens=frozenset(stop_tokens),
         speculator_label=label or name,
+        arm_after_reuse=arm_after_reuse,
         **({"clock": clock} if clock is not None else {}),
     )
     stream = _TextStream(tokenizer, stop)

@@ -24,12 +24,19 @@ class LoadOptions:
     device: str = "cpu"
     dtype: str | None = None  # None: the plugin's default (float32 on CPU)
     speculation: SpeculationOptions = attrs.field(factory=SpeculationOptions)
+    # the registered kernels available for ``device``'s type: {op name: implementation}
+    kernels: dict = attrs.field(factory=dict)
 
     # speculation settings read through the load options (drafters need the window, pmin...)
     def __getattr__(self, name: str) -> Any:
         if name.startswith("__") or name == "speculation":
             raise AttributeError(name)
         return getattr(self.speculation, name)
+
+
+def _device_type(device: object) -> str:
+    """"cuda:1" -> "cuda" (the kernel table is keyed by device type)."""
+    return str(device or "cpu").split(":", 1)[0]
 
 
 def file_architecture(path: object) -> str:
@@ -60,6 +67,7 @@ def load_model(
         from .defaults import default_catalog
 
         catalog = default_catalog()
+    load_options = attrs.evolve(load_options, kernels=catalog.kernel_table(_device_type(device)))
     entry = catalog.models.get(str(path).partition(":")[0])
     if entry is None or not entry.file_less or Path(str(path)).exists():
         arch = file_architecture(path)

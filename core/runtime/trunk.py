@@ -1,8 +1,8 @@
 """Trunks: the seam between the shared loop and a model's KV regime.
 
 ``LinearSpecTrunk`` drives a ``SpeculativeTarget`` through its own linear cache;
-``BatchedSpecTrunk`` binds one slot of a ``BatchedSpeculativeTarget`` (paged KV + per-slot
-recurrent state). The loop only ever talks to the ``SpecTrunk`` protocol.
+``BatchedSpecTrunk`` (``tsspec.runtime.batched_trunk``) is one sequence of a paged target that
+the scheduler batches with others. The loop only ever talks to the ``SpecTrunk`` protocol.
 
 Rollback has one contract: after any forward the trunk calls the target's
 ``spec_keep(rows_kept)``; the target puts itself into the state after the first ``rows_kept``
@@ -69,40 +69,3 @@ class LinearSpecTrunk:
 
     def reset(self) -> None:
         self.target.spec_rewind_cache(0)
-
-
-class _SlotView:
-    """Presents one slot of a BatchedSpeculativeTarget as a single-sequence target."""
-
-    def __init__(self, target, slot: int):
-        if not 0 <= slot < target.max_batch_slots:
-            raise ValueError(f"slot {slot} outside 0..{target.max_batch_slots - 1}")
-        self._target = target
-        self._slot = slot
-
-    def __getattr__(self, name):  # capability fields (feature size, persists_accepted_kv...)
-        return getattr(self._target, name)
-
-    @property
-    def cache_seq_len(self) -> int:
-        return self._target.spec_slot_seq_len(self._slot)
-
-    def spec_forward(self, tokens, *, all_logits_rows: bool, want_hidden: bool):
-        [(logits, hidden)] = self._target.spec_forward_slots(
-            [self._slot], [list(tokens)], all_logits_rows=all_logits_rows, want_hidden=want_hidden
-        )
-        return logits, hidden
-
-    def spec_keep(self, rows_kept: int):
-        return self._target.spec_slot_keep(self._slot, rows_kept)
-
-    def spec_rewind_cache(self, length: int) -> None:
-        self._target.spec_slot_rewind(self._slot, length)
-
-
-class BatchedSpecTrunk(LinearSpecTrunk):
-    """One slot of a ``BatchedSpeculativeTarget``: the same contract, addressed by slot."""
-
-    def __init__(self, target, slot: int):
-        super().__init__(_SlotView(target, slot))
-        self.slot = slot

@@ -260,6 +260,18 @@ class LlamaTarget:
     def reset(self) -> None:
         self.spec_rewind_cache(0)
 
+    # -- batched paged KV (serving): tsspec_model_llama.paged -------------------------------
+    def spec_kv_bytes_per_block(self, block_size: int) -> int:
+        from .paged import PagedLlamaKV
+
+        return PagedLlamaKV.bytes_per_block(self, block_size)
+
+    def spec_open_paged(self, num_blocks: int, block_size: int):
+        """A ``PagedKV`` over this target's weights (ValueError off the block-kernel path)."""
+        from .paged import open_paged
+
+        return open_paged(self, num_blocks, block_size)
+
     def spec_keep(self, rows_kept: int) -> None:
         """Keep the first ``rows_kept`` rows of the last forward: no recurrent state, so setting
         the KV length is the whole rollback (later forwards overwrite the dropped slots)."""
