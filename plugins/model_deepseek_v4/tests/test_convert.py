@@ -133,3 +133,17 @@ def test_missing_tensor_is_a_clear_load_error(converted):
     tensors = {k: v for k, v in tensors.items() if k != "blk.1.indexer.proj.weight"}
     with pytest.raises(ModelLoadError, match="blk.1.indexer.proj.weight"):
         load_from_source(MemorySource(arch, meta, tensors))
+
+
+def test_tsspec_convert_command(hf_dir, tmp_path):
+    """``tsspec convert SRC OUT`` dispatches on config.json's model_type to this plugin."""
+    from tsspec.cli.app import main
+    from tsspec.modeling.gguf_file import GGUFFile
+
+    out = tmp_path / "cli.gguf"
+    try:
+        main(["convert", str(hf_dir), str(out), "--outtype", "f16"])
+    except SystemExit as exc:
+        assert exc.code in (0, None)
+    with GGUFFile(out) as gf:
+        assert gf.architecture == "deepseek4" and gf.get("deepseek4.nextn_predict_layers") == 1
