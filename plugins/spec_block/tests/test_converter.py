@@ -150,8 +150,8 @@ def test_checkpoint_directory_and_cli(tmp_path):
 
 
 def test_tsspec_convert_dispatches_dflash_checkpoints(tmp_path):
-    """``tsspec convert`` finds this plugin's converter by model_type (transformers layout) or by
-    architectures (z-lab's drafter config says model_type qwen3); q8_0 is declined in one line."""
+    """``tsspec convert`` finds this plugin's converter by architectures (z-lab's drafter config
+    says model_type qwen3); q8_0 is declined in one line."""
     from safetensors.torch import save_file
 
     import tsspec_block
@@ -163,7 +163,7 @@ def test_tsspec_convert_dispatches_dflash_checkpoints(tmp_path):
     host.register(tsspec_block, "block")
     catalog = build_catalog(host, discover=False)
     state, config = _assistant()
-    for name, extra in (("a", {"model_type": "muse_glimmer_assistant"}),
+    for name, extra in (("a", {"model_type": "qwen3", "architectures": ["DFlash2DraftModel"]}),
                         ("z", {"model_type": "qwen3", "architectures": ["DFlashDraftModel"]})):
         src = tmp_path / name
         src.mkdir()
