@@ -297,9 +297,8 @@ class DSparkHead:
         ids[0] = anchor
         positions = torch.arange(position, position + cfg.block)
         lo = max(0, position - hp.sliding_window + 1)
-        valid = self._valid[lo:position] if self._valid.shape[0] >= position else torch.cat(
-            [self._valid[lo:], torch.zeros(position - max(lo, self._valid.shape[0]), dtype=torch.bool)])
-        ctx_pos = torch.arange(lo, position)[valid]
+        self._valid = _grow(self._valid, position)
+        ctx_pos = torch.arange(lo, position)[self._valid[lo:position]]  # the rows the head was given
         with torch.no_grad():
             streams = self.trunk.embed(ids).unsqueeze(1).expand(-1, hp.hc_mult, -1).contiguous()
             for j, lw in enumerate(w.stages):
