@@ -318,8 +318,8 @@ class BatchedSpeculativeTarget(SpeculativeTarget, Protocol):
 class SpecTrunk(Protocol):
     """The seam the loop drives: one sequence's view of a trunk, whatever its KV regime.
 
-    ``LinearSpecTrunk`` wraps a target's own linear cache; a batched trunk binds one slot of a
-    ``BatchedSpeculativeTarget``. A batch-invariant (deterministic) trunk fits behind it too.
+    ``LinearSpecTrunk`` wraps a target's own linear cache; ``BatchedSpecTrunk`` is one sequence
+    of a ``BatchedSpeculativeTarget``'s paged KV, whose forwards the scheduler batches.
     """
 
     @property
