@@ -70,3 +70,17 @@ def test_verify_rows_after_keep_equal_decode_float64(make_tie_target, sequence):
     _rows(ref, sequence[:23])
     one = torch.cat([_rows(ref, [t]) for t in sequence[30:36]])
     assert float((second - one).abs().max()) < 1e-10
+
+
+def test_chunked_prefill_equals_one_call(make_tie_target, sequence, monkeypatch):
+    """A prefill longer than PREFILL_CHUNK runs in chunks: the same rows (float64)."""
+    import tsspec_model_deepseek_v4.target as target_module
+
+    whole = make_tie_target(dtype="float64")
+    logits, hidden = whole.spec_forward(sequence, all_logits_rows=True, want_hidden=True)
+    monkeypatch.setattr(target_module, "PREFILL_CHUNK", 7)
+    chunked = make_tie_target(dtype="float64")
+    logits7, hidden7 = chunked.spec_forward(sequence, all_logits_rows=True, want_hidden=True)
+    assert float((logits - logits7).abs().max()) < 1e-10 and float((hidden - hidden7).abs().max()) < 1e-10
+    last, _ = make_tie_target(dtype="float64").spec_forward(sequence, all_logits_rows=False, want_hidden=False)
+    assert last.shape[0] == 1 and float((last - logits[-1:]).abs().max()) < 1e-10

@@ -26,7 +26,7 @@ def _t(tensors, name):
 class Reference:
     """The DSpark equations in float64, one row and one key at a time."""
 
-    def __init__(self, meta, tensors, *, stages, first, taps):
+    def __init__(self, meta, tensors, *, stages, first, taps, top_k=None):
         a = "deepseek4"
         self.m, self.t = meta, tensors
         self.H = meta[f"{a}.embedding_length"]
@@ -35,7 +35,7 @@ class Reference:
         self.hd = meta[f"{a}.attention.key_length"]
         self.groups = meta[f"{a}.attention.output_group_count"]
         self.window = meta[f"{a}.attention.sliding_window"]
-        self.k = meta[f"{a}.expert_used_count"]
+        self.k = top_k or meta[f"{a}.expert_used_count"]
         self.scale = meta[f"{a}.expert_weights_scale"]
         self.limit = meta[f"{a}.swiglu_clamp_exp"]
         self.iters = meta[f"{a}.hyper_connection.sinkhorn_iterations"]
@@ -175,6 +175,7 @@ VARIANTS = [
     dict(head_type="rnn", confidence_with_markov=False),
     dict(head_type="vanilla", sample_from_anchor=False),
     dict(head_type="vanilla", rank=0, confidence=False),
+    dict(head_type="gated", experts=2, experts_per_token=1),  # stages with their own expert count
 ]
 
 
@@ -194,6 +195,7 @@ def test_block_proposals_match_the_float64_reference(converted, sequence, varian
     target = make()
     head = target.draft_head
     assert head is not None and head.kind.value == "block"
+    assert head.w.stages[0].moe.router.shape[0] == variant.get("experts", 4)
     prompt = sequence[:12]
     logits, feats = target.spec_forward(prompt, all_logits_rows=True, want_hidden=True)
     target.spec_keep(len(prompt))
@@ -203,7 +205,7 @@ def test_block_proposals_match_the_float64_reference(converted, sequence, varian
     count = head.drafts_per_pass
     tokens, confs = head.draft_block(anchor, feats[-1], 12, count)
 
-    ref = Reference(meta, tensors, stages=2, first=5, taps=(3, 5))
+    ref = Reference(meta, tensors, stages=2, first=5, taps=(3, 5), top_k=variant.get("experts_per_token"))
     for pos in range(12):
         ref.inject(pos, feats[pos])
     ref_rows = ref.block([anchor] + [1] * 3, 12)

@@ -67,6 +67,8 @@ class DSparkConfig:
     confidence: bool
     confidence_with_markov: bool
     sample_from_anchor: bool
+    experts: int | None = None  # the stages' own routed-expert count (None: the trunk's)
+    experts_per_token: int | None = None
 
 
 @attrs.define
@@ -148,9 +150,12 @@ def read_config(source: Any, *, convention: str, num_layers: int, vocab: int) ->
         problems.append("confidence_head_with_markov needs markov_rank > 0 (speculators refuses it too)")
     if problems:
         raise ModelLoadError(path, "DSpark drafter: " + "; ".join(problems))
+    experts, used = keys.get("expert_count"), keys.get("expert_used_count")
     return DSparkConfig(block=block, noise_token_id=int(noise), taps=tuple(taps), stages=stages, markov_rank=rank,
                         head_type=head_type, confidence=conf, confidence_with_markov=with_markov,
-                        sample_from_anchor=_as_bool(keys.get("sample_from_anchor"), True))
+                        sample_from_anchor=_as_bool(keys.get("sample_from_anchor"), True),
+                        experts=int(experts) if experts is not None else None,
+                        experts_per_token=int(used) if used is not None else None)
 
 
 _NAMES = {  # (DeepSeek conventions, dflash convention)
@@ -167,6 +172,9 @@ def _first(source: Any, *names: str) -> str | None:
 def read_weights(source: Any, cfg: DSparkConfig, hp, dtype: torch.dtype, *, first_block: int,
                  convention: str, trunk_weights=None) -> DSparkWeights:
     path = getattr(source, "path", "<memory>")
+    if cfg.experts is not None or cfg.experts_per_token is not None:  # stages route over their own experts
+        hp = attrs.evolve(hp, num_experts=cfg.experts or hp.num_experts,
+                          experts_per_token=cfg.experts_per_token or hp.experts_per_token)
     r = Reader(source, hp, dtype)
     H, V, hc = hp.hidden_size, hp.vocab_size, hp.hc_mult
     col = 1 if convention == "dflash" else 0
@@ -317,7 +325,7 @@ class DSparkHead:
         streams = hyper_expand(streams, a, post, comb)
         post, comb, x = hyper_mix(streams, lw.hc_ffn.fn, lw.hc_ffn.base, lw.hc_ffn.scale,
                                   iters=hp.hc_iters, hc_eps=hp.hc_eps, norm_eps=hp.rms_eps)
-        f = moe(lw.moe, rms_norm(x, lw.ffn_norm, hp.rms_eps), ids, top_k=hp.experts_per_token,
+        f = moe(lw.moe, rms_norm(x, lw.ffn_norm, hp.rms_eps), ids, top_k=self.cfg.experts_per_token or hp.experts_per_token,
                 scoring=hp.scoring, routed_scale=hp.routed_scale, limit=hp.swiglu_limit)
         return hyper_expand(streams, f, post, comb)
 

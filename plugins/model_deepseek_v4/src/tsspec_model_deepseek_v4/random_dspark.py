@@ -20,7 +20,8 @@ def _stage_template(tensors: dict[str, np.ndarray], layer: int) -> dict[str, np.
 def random_dspark(arch_meta: dict[str, Any], tensors: dict[str, np.ndarray], *, convention: str = "embedded",
                   stages: int = 2, block: int = 4, rank: int = 8, head_type: str = "vanilla",
                   confidence: bool = True, confidence_with_markov: bool = True, sample_from_anchor: bool = True,
-                  taps: tuple[int, ...] = (2, 4), noise_token_id: int = 1, seed: int = 0
+                  taps: tuple[int, ...] = (2, 4), noise_token_id: int = 1, seed: int = 0,
+                  experts: int | None = None, experts_per_token: int | None = None
                   ) -> tuple[str, dict[str, Any], dict[str, np.ndarray]]:
     """(architecture, metadata, tensors). ``taps`` are HF target_layer_ids (layer outputs).
     'embedded': the trunk's file with the MTP block replaced by DSpark stages; 'sidecar': a
@@ -33,7 +34,10 @@ def random_dspark(arch_meta: dict[str, Any], tensors: dict[str, np.ndarray], *, 
     hc = int(arch_meta[f"{a}.hyper_connection.count"])
     # a learned-MoE layer to copy shapes from (the last trunk layer is never hash-routed here)
     template = _stage_template(tensors, L - 1)
-    template = {k: v for k, v in template.items()}
+    if experts is not None:  # stages with their own, smaller set of routed experts
+        for name in ("ffn_gate_inp.weight", "ffn_gate_exps.weight", "ffn_up_exps.weight", "ffn_down_exps.weight"):
+            template[name] = template[name][:experts]
+        template["exp_probs_b.bias"] = template.get("exp_probs_b.bias", np.zeros(experts, np.float32))[:experts]
     if "exp_probs_b.bias" not in template:
         template["exp_probs_b.bias"] = np.zeros(int(arch_meta[f"{a}.expert_count"]), np.float32)
 
@@ -81,6 +85,8 @@ def random_dspark(arch_meta: dict[str, Any], tensors: dict[str, np.ndarray], *, 
     keys = {"block_size": block, "markov_rank": rank, "markov_head_type": head_type,
             "enable_confidence_head": confidence, "confidence_head_with_markov": confidence_with_markov,
             "sample_from_anchor": sample_from_anchor}
+    if experts is not None:
+        keys.update({"expert_count": experts, "expert_used_count": experts_per_token or 1})
     if convention == "dflash":
         rename = {"fc.weight": "fc.weight", "hidden_norm.weight": "enc.output_norm.weight",
                   "output_norm.weight": "output_norm.weight"}

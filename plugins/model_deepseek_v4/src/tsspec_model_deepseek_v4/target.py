@@ -28,6 +28,9 @@ from .trunk import DeepseekV4Trunk
 from .weights import DeepseekV4Weights
 
 
+PREFILL_CHUNK = 256  # rows per trunk call (attention scores are rows x keys per head)
+
+
 @attrs.define
 class TargetCounters:
     forward_calls: int = 0
@@ -143,16 +146,22 @@ class DeepseekV4Target:
             raise ValueError(f"token id {bad[0]} is outside the vocabulary (0..{self.hp.vocab_size - 1})")
         start, rows = self._len, len(tokens)
         self.spec_ensure_capacity(start + rows)
+        logit_rows, hidden_rows = [], []
         with torch.no_grad():
-            out = self.trunk.forward(tokens, start, self._cache, taps=self._taps or ())
-            streams = out.streams if all_logits_rows else out.streams[-1:]
-            logits = self.trunk.logits(streams)
-            hidden = None
-            if want_hidden:
-                if self._taps:
-                    hidden = torch.cat([out.taps[t].mean(dim=1) for t in self._taps], dim=-1)
-                else:
-                    hidden = out.streams.reshape(rows, -1)
+            # long prefills go in chunks: each row's keys are bounded by the window and the
+            # compressed entries, and the state is by position, so chunks change nothing
+            for at in range(0, rows, PREFILL_CHUNK):
+                part = tokens[at : at + PREFILL_CHUNK]
+                out = self.trunk.forward(part, start + at, self._cache, taps=self._taps or ())
+                if all_logits_rows or at + len(part) == rows:
+                    logit_rows.append(self.trunk.logits(out.streams if all_logits_rows else out.streams[-1:]))
+                if want_hidden:
+                    if self._taps:
+                        hidden_rows.append(torch.cat([out.taps[t].mean(dim=1) for t in self._taps], dim=-1))
+                    else:
+                        hidden_rows.append(out.streams.reshape(len(part), -1))
+            logits = torch.cat(logit_rows)
+            hidden = torch.cat(hidden_rows) if want_hidden else None
         self.counters.forward_calls += 1
         self.counters.forward_rows += rows
         self._len = start + rows
