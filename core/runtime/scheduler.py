@@ -323,7 +323,6 @@ class Scheduler:
                 self,
                 table,
                 max_context_length=self.target.max_context_length,
-                feature_size=self.target.spec_feature_size,
                 chunk_rows=self.chunk_rows,
             )
             handle.trunk.handle = handle
