@@ -26,8 +26,9 @@ from .protocols import (
     Speculator,
     SpeculatorDeclined,
     Tokenizer,
+    require_feature_width,
 )
-from .runtime.options import SpeculationOptions
+from .runtime.options import MAX_DRAFT_WINDOW, SpeculationOptions
 from .runtime.registry import DECLINE_CODES, Decline, SpeculatorRegistry
 
 __version__ = "0.1.0"
@@ -70,11 +71,13 @@ __all__ = [
     "ModelConfig",
     "Tokenizer",
     "SpeculatorDeclined",
+    "require_feature_width",
     # registry and options
     "SpeculatorRegistry",
     "Decline",
     "DECLINE_CODES",
     "SpeculationOptions",
+    "MAX_DRAFT_WINDOW",
     # hook markers
     "hookimpl",
     "hookspec",

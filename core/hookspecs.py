@@ -31,8 +31,10 @@ def tsspec_register_speculators(register):
 
 @hookspec
 def tsspec_register_models(register):
-    """register(architectures: list[str], loader); loader(gguf_path, options) -> SpeculativeTarget,
-    keyed by the GGUF's general.architecture."""
+    """register(architectures: list[str], loader, *, file_less: bool = False);
+    loader(gguf_path, options) -> SpeculativeTarget, keyed by the GGUF's general.architecture.
+    ``file_less=True``: the loader takes a name instead of a file (``--model toy``, ``toy:SEED``:
+    a model path that is not a file and whose part before ``:`` is the architecture)."""
 
 
 @hookspec
@@ -43,8 +45,11 @@ def tsspec_register_drafters(register):
 
 @hookspec
 def tsspec_register_kernels(register):
-    """register(op_name: str, implementation, *, device: str = "cuda", description: str = "");
-    accelerated implementations of named ops; the torch reference stays the fallback."""
+    """register(op_name: str, implementation, *, device: str = "cuda", description: str = "",
+    available: bool = True, reason: str = ""); accelerated implementations of named ops; the
+    torch reference stays the fallback. ``available=False`` records an op that cannot run here
+    (no device, a missing library) with the reason: listed by ``tsspec plugins``, never used.
+    Loaders receive the available ops for their device as ``options.kernels`` ({op: callable})."""
 
 
 @hookspec

@@ -34,6 +34,7 @@ __all__ = [
     "DraftContext",
     "PrecedingTokens",
     "SpeculatorDeclined",
+    "require_feature_width",
 ]
 
 
@@ -43,6 +44,20 @@ class SpeculatorDeclined(Exception):
     The registry turns it into a ``cannot_serve`` decline that ``tsspec list-speculators`` prints,
     so the message should say what is missing ("no Medusa file attached (--spec-draft-model)").
     """
+
+
+def require_feature_width(target: Any, width: int, reader: str, hint: str = "") -> None:
+    """Decline (``SpeculatorDeclined``) unless the target's hidden rows are ``width`` wide: the
+    one check a factory whose drafter reads hidden rows makes (feature taps change the width).
+
+    ``reader`` names what reads them ("the block drafter"); ``hint`` says what to do about it.
+    """
+    have = int(target.spec_feature_size)
+    if have != int(width):
+        raise SpeculatorDeclined(
+            f"the model's hidden rows are {have} wide but {reader} reads {int(width)}"
+            + (f" ({hint})" if hint else "")
+        )
 
 
 class DraftHeadKind(enum.Enum):

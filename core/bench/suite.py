@@ -18,6 +18,7 @@ import attrs
 
 from .. import __version__
 from ..errors import OptionsError
+from ..runtime.generation import draft_window
 from ..runtime.options import SpeculationOptions
 from ..runtime.sampling import SamplingParams
 from .machine import describe_machine, load_average
@@ -208,7 +209,7 @@ def run_plan(
             "compare_reps": plan.compare_reps or plan.reps,
             "prompts": plan.prompts_label,
             "sampling": _sampling_text(plan.sampling),
-            "window": plan.options.window(getattr(target, "spec_preferred_draft_window", None)),
+            "window": draft_window(plan.options, target),
             "adaptive": plan.options.adaptive,
             "algorithms": algorithms,
             "declined": declined,

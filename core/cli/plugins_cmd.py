@@ -13,10 +13,37 @@ from .state import STATE
 JsonFlag = Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")]
 
 
+def kernel_rows(catalog) -> dict[str, list[dict]]:
+    """Registered kernels by plugin: op, device, whether usable here and why not."""
+    rows: dict[str, list[dict]] = {}
+    for op in sorted(catalog.kernels):
+        for entry in catalog.kernels[op]:
+            rows.setdefault(entry.plugin or "-", []).append(
+                {"op": op, "device": entry.device, "available": entry.available, "reason": entry.reason}
+            )
+    return rows
+
+
+def _kernel_summary(rows: list[dict]) -> str:
+    """One line per plugin: its ops by device and availability ("device found" or the reason)."""
+    parts = []
+    for device in sorted({r["device"] for r in rows}):
+        mine = [r for r in rows if r["device"] == device]
+        usable = [r["op"] for r in mine if r["available"]]
+        state = "; ".join(sorted({r["reason"] for r in mine if r["reason"]})) or (
+            "available" if usable else "unavailable")
+        parts.append(f"{device}: {', '.join(r['op'] for r in mine)} ({state})")
+    return " | ".join(parts)
+
+
 def plugins(as_json: JsonFlag = False) -> None:
-    """List installed plugins: package, version, hooks, status and reason."""
+    """List installed plugins: package, version, hooks, status and reason (and their kernels)."""
     catalog = STATE.catalog
     records = [r.to_json() for r in catalog.host.list_records()]
+    kernels = kernel_rows(catalog)
+    for r in records:
+        if r["name"] in kernels:
+            r["kernels"] = kernels[r["name"]]
     if as_json:
         typer.echo(json.dumps(records, indent=2))
         return
@@ -29,6 +56,8 @@ def plugins(as_json: JsonFlag = False) -> None:
         if r["reason"]:
             line += f"  ({r['reason']})"
         typer.echo(line)
+        if r.get("kernels"):
+            typer.echo(f"    kernels {_kernel_summary(r['kernels'])}")
 
 
 def list_speculators(

@@ -342,7 +342,7 @@ def test_k_quant_files_take_the_block_path_and_match_transformers(tmp_path):
     head) keeps every matrix as blocks; logits equal the dense path's and transformers'."""
     from gguf import GGMLQuantizationType as T
 
-    from tsspec.modeling.gguf_writer_util import write_gguf
+    from tsspec.modeling.gguf_writer import write_gguf
     from tsspec.modeling import native
     from tsspec_model_llama import load_llama
     from tsspec_model_llama.convert import llama_gguf_contents

@@ -56,10 +56,6 @@ OUTPUT_DEVICE = torch.device("cpu")
 # CPU GEMMs with 2-3 rows take a slower path than 4 rows; shorter verifies are padded to this
 MIN_FAST_GEMM_ROWS = 4
 
-# the cost of a forward by rows on the block-kernel path (ms; only the shape matters to
-# drafters): the embedded model, 2 threads, ~100-600 tokens of context, medians (kernels
-# multiply 4 rows per unpacked block, so the cost steps up every 4 rows)
-BLOCK_PATH_ROW_MS = ((1, 11.0), (2, 12.0), (3, 13.6), (4, 15.3), (5, 20.0), (8, 26.5), (9, 28.5), (12, 36.0), (16, 46.0), (32, 90.0), (64, 178.0))
 
 def _linear(h: torch.Tensor, weight, bias: torch.Tensor | None = None) -> torch.Tensor:
     """h [rows, in] @ weight^T (+ bias) for a dense weight or a BlockMatrix."""
@@ -176,15 +172,29 @@ class LlamaTarget:
         self._k: torch.Tensor | None = None  # [layers, n_kv, capacity, hd]
         self._v: torch.Tensor | None = None
         self._taps: tuple[int, ...] | None = None
+        self._row_ms = None  # the forward's cost by rows, measured on first use
         self._gemm_threads = self._small_threads = self._active_threads = torch.get_num_threads()
 
     @property
     def spec_verify_row_ms(self):
-        """The verify cost by rows (optional attribute drafters read to size drafts): the block
-        path's measured profile; None on other paths (dense GEMMs, CUDA: not measured)."""
-        if self.block_weights and self._kernels is not None:
-            return BLOCK_PATH_ROW_MS
-        return None
+        """The verify cost by rows (optional attribute drafters read to size drafts), measured
+        by this target on this machine on first use (``row_cost``: cached per file and
+        machine); None off the block-kernel path (dense GEMMs, CUDA: not measured)."""
+        if not (self.block_weights and self._kernels is not None):
+            return None
+        if self._row_ms is None:
+            from .row_cost import ROWS, cached
+
+            if self._seq_len + max(ROWS) > self.max_context_length:
+                return None  # no room after the cached tokens to measure in
+            self._row_ms = cached(self.path, f"block|{self.dtype}", self._calibration_forward)
+        return self._row_ms
+
+    def _calibration_forward(self, rows: int) -> None:
+        """An n-row verify after the cached tokens, dropped again (row_cost times these)."""
+        start = self._seq_len
+        self.spec_forward([0] * rows, all_logits_rows=True, want_hidden=False)
+        self.spec_rewind_cache(start)
 
     # -- SpeculativeTarget: sizes ------------------------------------------------------------
     @property

@@ -81,9 +81,10 @@ class Qwen35Target:
 
     def __init__(self, hp: Qwen35HParams, weights: Qwen35Weights, *, dtype: torch.dtype = torch.float32,
                  tokenizer=None, per_row_snapshots: bool | None = None, max_context: int | None = None,
-                 with_draft_head: bool = True, source_path: str | None = None):
+                 with_draft_head: bool = True, source_path: str | None = None, kernels: dict | None = None):
         self.hp = hp
-        self.trunk = Qwen35Trunk(hp, weights, dtype)
+        self.trunk = Qwen35Trunk(hp, weights, dtype, kernels=kernels)
+        self.device = self.trunk.device  # where the trunk runs; logits and hidden rows come back on the CPU
         self.tokenizer = tokenizer
         self.source_path = source_path
         self._max_context = int(max_context or hp.context_length)
@@ -121,6 +122,11 @@ class Qwen35Target:
         self._per_row = bool(value)
 
     @property
+    def kernels_in_use(self) -> list[str]:
+        """Registered device ops that have run (``generate --stats`` prints them)."""
+        return sorted(self.trunk.kernels_used)
+
+    @property
     def cache_seq_len(self) -> int:
         return self._len
 
@@ -137,10 +143,10 @@ class Qwen35Target:
         return self.trunk.embed(list(ids))  # [n, H]
 
     def final_norm(self, h: torch.Tensor) -> torch.Tensor:
-        return self.trunk.final_norm(h.to(self.trunk.dtype))
+        return self.trunk.final_norm(h.to(self.device, self.trunk.dtype))
 
     def lm_head(self, h: torch.Tensor) -> torch.Tensor:
-        return self.trunk.lm_head(h.to(self.trunk.dtype))  # [n, V]
+        return self.trunk.lm_head(h.to(self.device, self.trunk.dtype))  # [n, V]
 
     def spec_set_feature_taps(self, layers: Sequence[int] | None) -> None:
         if layers:
@@ -189,6 +195,9 @@ class Qwen35Target:
         hidden = None
         if want_hidden:
             hidden = out.taps if self._taps else normed
+        if self.device.type != "cpu":  # the loop samples on the host
+            logits = logits.cpu()
+            hidden = hidden.cpu() if hidden is not None else None
         return logits, hidden
 
     def spec_keep(self, rows_kept: int) -> str | None:
@@ -207,8 +216,7 @@ class Qwen35Target:
             return "committed" if self._per_row else None
         self._pending = None
         if pending.slots is not None:
-            for index, slots in pending.slots.items():
-                slots.commit_into(self._state.per_layer[index], rows_kept - 1)
+            self._state.commit_slots(pending.slots, rows_kept - 1)  # one launch on the kernels
             self._len = self._recurrent_pos = pending.start + rows_kept
             self.counters.slot_commits += 1
             return "committed"

@@ -81,7 +81,7 @@ class _Bench:
         self.tokenizer = target.tokenizer
 
     def scheduler(self, max_seqs: int = 8):
-        from tsspec.runtime.scheduler import Scheduler
+        from tsspec import Scheduler
 
         return Scheduler(self.target, kv_cache_mb=self.kv_cache_mb, max_seqs=max_seqs, registry=self.registry).start()
 
@@ -90,13 +90,13 @@ class _Bench:
         return self.tokenizer.encode(text, add_special_tokens=False)
 
     def options(self, mode: str):
-        from tsspec.runtime.options import SpeculationOptions
+        from tsspec import SpeculationOptions
 
         return SpeculationOptions(enabled=False) if mode == "plain" else SpeculationOptions(spec_type="ngram")
 
     # -- 1. streams ------------------------------------------------------------------------
     def streams(self, n: int, mode: str, max_tokens: int) -> dict[str, float]:
-        from tsspec.runtime.scheduler import SequenceRequest
+        from tsspec import SequenceRequest
 
         prompts = [self.chat_ids([{"role": "user", "content": p}]) for p in _stream_prompts(n)]
         gaps: list[float] = []
@@ -137,7 +137,7 @@ class _Bench:
 
     # -- 2. multi-turn chat ----------------------------------------------------------------
     def conversation(self, mode: str, max_tokens: int) -> list[dict[str, Any]]:
-        from tsspec.runtime.scheduler import SequenceRequest
+        from tsspec import SequenceRequest
 
         code = inspect.getsource(textwrap.indent)
         messages: list[dict[str, str]] = []
@@ -162,7 +162,7 @@ class _Bench:
 
     # -- 3. memory -------------------------------------------------------------------------
     def memory(self, requests: int, max_tokens: int) -> dict[str, float]:
-        from tsspec.runtime.scheduler import SequenceRequest
+        from tsspec import SequenceRequest
 
         prompts = [self.chat_ids([{"role": "user", "content": f"Say a word about the number {i}."}]) for i in range(16)]
         sched = self.scheduler()
@@ -236,7 +236,7 @@ def bench_serve(
     from tsspec.cli.generate_cmd import load_target
     from tsspec.cli.state import STATE
     from tsspec.errors import OptionsError
-    from tsspec.runtime.options import SpeculationOptions
+    from tsspec import SpeculationOptions
 
     if only not in (None, "streams", "chat", "memory"):
         raise OptionsError(f"--only must be streams, chat or memory, got {only!r}")

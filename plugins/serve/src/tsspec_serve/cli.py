@@ -38,6 +38,8 @@ def serve(
     for name, value, low in (("--port", port, 0), ("--kv-block-size", block_size, 1), ("--max-seqs", max_seqs, 1)):
         if value < low:
             raise OptionsError(f"{name} must be >= {low}, got {value}")
+    if port > 65535:
+        raise OptionsError(f"--port must be <= 65535, got {port}")
     if not kv_cache_mb > 0:
         raise OptionsError(f"--kv-cache-mb must be > 0, got {kv_cache_mb}")
     options = flags.speculation_options(spec, spec_type, spec_draft, spec_pmin, spec_draft_model, draft_model, spec_adaptive)
