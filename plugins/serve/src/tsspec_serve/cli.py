@@ -61,10 +61,14 @@ def serve(
     except ValueError as exc:
         raise GenerationError(str(exc)) from None
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
-    pool = engine.scheduler.pool
+    scheduler = engine.scheduler
+    if scheduler.serial is None:
+        regime = f"KV {scheduler.pool.num_blocks} blocks x {block_size} tokens, max {max_seqs} sequences"
+    else:
+        regime = f"one sequence at a time: {scheduler.serial}"
     typer.echo(
-        f"[serve] {engine.model_id} on http://{host}:{port}  (KV {pool.num_blocks} blocks x {block_size} tokens, "
-        f"max {max_seqs} sequences, speculation {options.spec_type if options.enabled else 'off'})",
+        f"[serve] {engine.model_id} on http://{host}:{port}  ({regime}, "
+        f"speculation {options.spec_type if options.enabled else 'off'})",
         err=True,
     )
     engine.start()
