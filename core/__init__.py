@@ -27,6 +27,7 @@ from .protocols import (
     SpeculatorDeclined,
     Tokenizer,
     require_feature_width,
+    resolve_feature_taps,
 )
 from .runtime.options import MAX_DRAFT_WINDOW, SpeculationOptions
 from .runtime.registry import DECLINE_CODES, Decline, SpeculatorRegistry
@@ -72,6 +73,7 @@ __all__ = [
     "Tokenizer",
     "SpeculatorDeclined",
     "require_feature_width",
+    "resolve_feature_taps",
     # registry and options
     "SpeculatorRegistry",
     "Decline",

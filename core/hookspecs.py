@@ -56,9 +56,10 @@ def tsspec_register_kernels(register):
 def tsspec_register_converters(register):
     """register(model_types: list[str], converter, *, description: str = "");
     converter(src_dir: pathlib.Path, out_path: pathlib.Path, *, outtype: str) -> None writes a
-    GGUF from a Hugging Face checkpoint directory whose config.json ``model_type`` is one of
-    ``model_types`` (targets and drafters alike). ``outtype`` is "f32", "f16" or "q8_0".
-    ``tsspec convert SRC_DIR OUT.gguf`` dispatches on the checkpoint's ``model_type``."""
+    GGUF from a Hugging Face checkpoint directory (targets and drafters alike). ``outtype`` is
+    "f32", "f16" or "q8_0". ``tsspec convert SRC_DIR OUT.gguf`` looks up config.json's
+    ``architectures`` entries (class names), then its ``model_type``, among every registered
+    key: register a class name to claim one checkpoint class only."""
 
 
 @hookspec

@@ -35,6 +35,7 @@ __all__ = [
     "PrecedingTokens",
     "SpeculatorDeclined",
     "require_feature_width",
+    "resolve_feature_taps",
 ]
 
 
@@ -58,6 +59,22 @@ def require_feature_width(target: Any, width: int, reader: str, hint: str = "") 
             f"the model's hidden rows are {have} wide but {reader} reads {int(width)}"
             + (f" ({hint})" if hint else "")
         )
+
+
+def resolve_feature_taps(layers: Sequence[int] | None, num_layers: int) -> tuple[int, ...] | None:
+    """What ``spec_set_feature_taps(layers)`` stores: None (or no layers) restores the default
+    hidden rows; otherwise the layer ids as a tuple, each a residual index in ``0..num_layers``
+    (ValueError naming the range otherwise).
+
+    >>> resolve_feature_taps([2, 0], 4), resolve_feature_taps(None, 4), resolve_feature_taps([], 4)
+    ((2, 0), None, None)
+    """
+    if not layers:
+        return None
+    taps = tuple(int(layer) for layer in layers)
+    if any(not 0 <= t <= int(num_layers) for t in taps):
+        raise ValueError(f"feature taps must be layer ids in 0..{int(num_layers)}, got {list(taps)}")
+    return taps
 
 
 class DraftHeadKind(enum.Enum):
@@ -318,8 +335,8 @@ class BatchedSpeculativeTarget(SpeculativeTarget, Protocol):
 class SpecTrunk(Protocol):
     """The seam the loop drives: one sequence's view of a trunk, whatever its KV regime.
 
-    ``LinearSpecTrunk`` wraps a target's own linear cache; a batched trunk binds one slot of a
-    ``BatchedSpeculativeTarget``. A batch-invariant (deterministic) trunk fits behind it too.
+    ``LinearSpecTrunk`` wraps a target's own linear cache; ``BatchedSpecTrunk`` is one sequence
+    of a ``BatchedSpeculativeTarget``'s paged KV, whose forwards the scheduler batches.
     """
 
     @property

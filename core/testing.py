@@ -18,7 +18,7 @@ from typing import Callable, Sequence
 
 import torch
 
-from .protocols import DraftContext, ModelConfig
+from .protocols import DraftContext, ModelConfig, resolve_feature_taps
 from .toy_heads import PrefixReference, ToyPerTokenHead
 from .runtime.options import SpeculationOptions
 from .runtime.sampling import SamplingParams
@@ -113,7 +113,7 @@ class ToyTarget:
         self._saved_state: torch.Tensor | None = None  # [H] the state a verify started from
         self._last: tuple[int, list[int]] = (0, [])  # (start, tokens) of the last forward
         self._slots: torch.Tensor | None = None  # [rows, H] per-row states of the last forward
-        self._taps: list[int] | None = None
+        self._taps: tuple[int, ...] | None = None
         self.forward_calls = 0
         self.forward_rows = 0
 
@@ -143,11 +143,7 @@ class ToyTarget:
 
     # -- the protocol ---------------------------------------------------------------------
     def spec_set_feature_taps(self, layers: Sequence[int] | None) -> None:
-        if layers is not None:
-            bad = [l for l in layers if not 0 <= l <= self.config.num_layers]
-            if bad:
-                raise ValueError(f"tap layer {bad[0]} outside 0..{self.config.num_layers}")
-        self._taps = list(layers) if layers else None
+        self._taps = resolve_feature_taps(layers, self.config.num_layers)
 
     def spec_ensure_capacity(self, required_seq_len: int) -> None:
         if required_seq_len > self._max_context:

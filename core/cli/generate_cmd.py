@@ -123,7 +123,8 @@ def generate(
 
     named_type = spec_type  # what the operator named (the demo's default is ours)
     if demo:
-        spec_type = spec_type or "ngram"
+        # the demo drafts weight-free: the preferred weight-free algorithm installed (ngram)
+        spec_type = spec_type or next(iter(STATE.catalog.speculators.weight_free()), "auto")
         chat, system = True, system or DEMO_SYSTEM
         max_tokens = DEMO_MAX_TOKENS if max_tokens == 128 else max_tokens
         text = demo_prompt() if prompt is None and prompt_file is None else _read_prompt(prompt, prompt_file)

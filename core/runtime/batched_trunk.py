@@ -30,11 +30,10 @@ class Cancelled(Exception):
 class BatchedSpecTrunk:
     """See the module docstring. Built by the scheduler at admission."""
 
-    def __init__(self, scheduler, table: BlockTable, *, max_context_length: int, feature_size: int, chunk_rows: int):
+    def __init__(self, scheduler, table: BlockTable, *, max_context_length: int, chunk_rows: int):
         self.scheduler = scheduler
         self.table = table
         self._max_ctx = max_context_length
-        self._feature = feature_size
         self.chunk_rows = max(1, chunk_rows)
         self._len = table.length  # positions with KV written (adopted prefix included)
         self.adopted_prefix = table.reused_tokens
@@ -53,8 +52,8 @@ class BatchedSpecTrunk:
         return self._max_ctx
 
     @property
-    def feature_size(self) -> int:
-        return self._feature
+    def feature_size(self) -> int:  # read live: a drafter may set feature taps after admission
+        return self.scheduler.target.spec_feature_size
 
     @property
     def can_rewind(self) -> bool:

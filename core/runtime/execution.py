@@ -121,7 +121,7 @@ class SpeculativeExecution:
         self.clock = clock
         self.label = speculator_label or getattr(speculator, "name", "speculator")
         # after a reused KV prefix: None asks the speculator (can_arm_after_prefix_reuse);
-        # False is the old rule (never arm after reuse), kept for comparisons
+        # False never arms after reuse (the refuse-all rule the serving benchmark compares against)
         self.arm_after_reuse = arm_after_reuse
         self.stats = SpecStats()
         self.seq: SequenceState | None = None

@@ -197,7 +197,7 @@ def generate(
 
     ``trunk``: the SpecTrunk to run on (default: the target's own linear cache); the scheduler
     passes a ``BatchedSpecTrunk``. ``arm_after_reuse=False`` never arms a speculator after a
-    reused KV prefix (the old rule; None lets the speculator decide)."""
+    reused KV prefix (the refuse-all rule, for comparisons; None lets the speculator decide)."""
     options = options or SpeculationOptions()
     if max_tokens < 1:
         raise GenerationError(f"max tokens must be >= 1, got {max_tokens}")

@@ -21,6 +21,10 @@ ONE ragged forward of the paged KV, then hands each sequence its rows.
   (``spec_verify_row_ms``; rows counted linearly without one), times the other sequences.
   Speculation then has to win for the batch, not only for its own sequence.
 
+A target without a paged path (no ``spec_open_paged``, or one that declines this load) is still
+served: one sequence at a time on its own cache, without batching or the prefix cache
+(``serial`` holds the reason; it is logged once).
+
 Every bookkeeping call (pool, tables, queues) runs under one lock; the forward runs outside it.
 """
 
@@ -127,27 +131,38 @@ class Scheduler:
         registry=None,
         identity: str | None = None,
     ):
-        if not callable(getattr(target, "spec_open_paged", None)):
-            raise GenerationError(f"{type(target).__name__} has no batched paged path (spec_open_paged)")
         if max_seqs < 1:
             raise ValueError(f"max_seqs must be >= 1, got {max_seqs}")
-        per_block = target.spec_kv_bytes_per_block(block_size)
-        num_blocks = int(kv_cache_mb * (1 << 20) // per_block)
-        if num_blocks < 2:
-            raise GenerationError(
-                f"--kv-cache-mb {kv_cache_mb} holds {num_blocks} blocks of {block_size} tokens "
-                f"({per_block / (1 << 20):.2f} MiB each): give it more"
-            )
-        try:
-            self.kv = target.spec_open_paged(num_blocks, block_size)
-        except ValueError as exc:
-            raise GenerationError(str(exc)) from None
         self.target = target
-        identity = identity if identity is not None else str(getattr(target, "path", "") or id(target))
-        self.pool = BlockPool(num_blocks, block_size, identity=identity)
+        self.kv = None
+        self.pool: BlockPool | None = None
+        # without a paged path the scheduler still serves, one sequence at a time on the
+        # target's own cache (no batching, no prefix cache): ``serial`` says why
+        self.serial: str | None = None
+        if not callable(getattr(target, "spec_open_paged", None)):
+            self.serial = f"{type(target).__name__} has no batched paged path"
+        else:
+            per_block = target.spec_kv_bytes_per_block(block_size)
+            num_blocks = int(kv_cache_mb * (1 << 20) // per_block)
+            if num_blocks < 2:
+                raise GenerationError(
+                    f"--kv-cache-mb {kv_cache_mb} holds {num_blocks} blocks of {block_size} tokens "
+                    f"({per_block / (1 << 20):.2f} MiB each): give it more"
+                )
+            try:
+                self.kv = target.spec_open_paged(num_blocks, block_size)
+            except ValueError as exc:
+                self.serial = str(exc)
+        if self.serial is not None:
+            log.warning("serving one sequence at a time: %s", self.serial)
+            max_seqs = 1
+        else:
+            identity = identity if identity is not None else str(getattr(target, "path", "") or id(target))
+            self.pool = BlockPool(self.kv.num_blocks, block_size, identity=identity)
         self.block_size = block_size
         self.max_seqs = max_seqs
-        self.max_batch_rows = min(max_batch_rows or self.kv.max_batch_rows, self.kv.max_batch_rows)
+        rows_cap = self.kv.max_batch_rows if self.kv is not None else 64
+        self.max_batch_rows = min(max_batch_rows or rows_cap, rows_cap)
         if self.max_batch_rows < MAX_WINDOW + 1:
             raise ValueError(f"max_batch_rows must be >= {MAX_WINDOW + 1} (a full verify), got {self.max_batch_rows}")
         self.chunk_rows = max(1, min(chunk_rows, self.max_batch_rows))
@@ -217,7 +232,7 @@ class Scheduler:
         if len(request.prompt) >= ctx:
             raise GenerationError(f"the prompt has {len(request.prompt)} tokens and the context holds {ctx}")
         need = self.blocks_needed(len(request.prompt), request.max_tokens)
-        if need > self.pool.num_blocks:
+        if self.pool is not None and need > self.pool.num_blocks:
             raise GenerationError(
                 f"the request needs {need} KV blocks and the cache holds {self.pool.num_blocks}: "
                 "raise --kv-cache-mb or lower max_tokens"
@@ -256,6 +271,13 @@ class Scheduler:
         from .generation import generate  # generation imports the loop; keep this module light
 
         request = handle.request
+        user_on_token = request.on_token
+
+        def on_token(token: int, piece: str):  # a cancel takes effect at the next token too
+            if handle.cancelled:
+                raise Cancelled()
+            return user_on_token(token, piece) if user_on_token is not None else None
+
         try:
             result = generate(
                 self.target,
@@ -264,7 +286,7 @@ class Scheduler:
                 max_tokens=request.max_tokens,
                 sampling=request.sampling,
                 registry=self.registry,
-                on_token=request.on_token,
+                on_token=on_token,
                 stop=request.stop,
                 trunk=handle.trunk,
                 arm_after_reuse=request.arm_after_reuse,
@@ -279,7 +301,8 @@ class Scheduler:
             if state == FAILED:
                 log.warning("sequence %d failed: %r", handle.id, exc)
         with self._cond:
-            handle.trunk.table.free()
+            if handle.trunk is not None:
+                handle.trunk.table.free()
             self._running.discard(handle)
             handle.state = state
             self.finished[state] += 1
@@ -309,6 +332,10 @@ class Scheduler:
                     handle.request.on_done(handle)
                 continue
             request = handle.request
+            if self.serial is not None:  # the target's own cache: nothing to reserve
+                self._waiting.popleft()
+                self._start(handle)
+                continue
             table = BlockTable(self.pool, self.kv.copy_block)
             counters = (self.pool.queried_tokens, self.pool.hit_tokens)
             table.adopt(request.prompt)
@@ -323,16 +350,18 @@ class Scheduler:
                 self,
                 table,
                 max_context_length=self.target.max_context_length,
-                feature_size=self.target.spec_feature_size,
                 chunk_rows=self.chunk_rows,
             )
             handle.trunk.handle = handle
             handle.reused_tokens = table.reused_tokens
-            handle.state = RUNNING
-            self._running.add(handle)
-            threading.Thread(
-                target=self._run_sequence, args=(handle,), name=f"tsspec-seq-{handle.id}", daemon=True
-            ).start()
+            self._start(handle)
+
+    def _start(self, handle: SequenceHandle) -> None:
+        handle.state = RUNNING
+        self._running.add(handle)
+        threading.Thread(
+            target=self._run_sequence, args=(handle,), name=f"tsspec-seq-{handle.id}", daemon=True
+        ).start()
 
     def _take_batch(self) -> list[_Work]:
         """The batch of this step: one-row requests first, then the rest, under the budget."""
@@ -430,17 +459,19 @@ class Scheduler:
     def snapshot(self) -> dict[str, Any]:
         """Counters and gauges for metrics (a consistent copy)."""
         with self._cond:
+            pool = self.pool
             return {
                 "running": len(self._running),
                 "waiting": len(self._waiting),
                 "finished": dict(self.finished),
-                "kv_blocks_total": self.pool.num_blocks,
-                "kv_blocks_in_use": self.pool.in_use,
-                "kv_blocks_cached": self.pool.cached,
-                "kv_blocks_reserved": self.pool.reserved,
-                "prefix_queried_tokens": self.pool.queried_tokens,
-                "prefix_hit_tokens": self.pool.hit_tokens,
-                "prefix_hit_rate": self.pool.hit_rate,
+                "serial": self.serial,
+                "kv_blocks_total": pool.num_blocks if pool else 0,
+                "kv_blocks_in_use": pool.in_use if pool else 0,
+                "kv_blocks_cached": pool.cached if pool else 0,
+                "kv_blocks_reserved": pool.reserved if pool else 0,
+                "prefix_queried_tokens": pool.queried_tokens if pool else 0,
+                "prefix_hit_tokens": pool.hit_tokens if pool else 0,
+                "prefix_hit_rate": pool.hit_rate if pool else 0.0,
                 "steps": self.steps,
                 "batch_rows": self.batch_rows,
                 "arming": dict(self.arming),

@@ -108,6 +108,7 @@ def _one(live, embedded_target, i, results):
     results[i] = (reply.choices[0].text, prompt, sampling)
 
 
+@pytest.mark.slow
 def test_eight_concurrent_clients_each_equal_their_solo_run(live, embedded_target):
     results: dict = {}
     threads = [threading.Thread(target=_one, args=(live, embedded_target, i, results)) for i in range(8)]

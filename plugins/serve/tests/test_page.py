@@ -54,6 +54,7 @@ def _send(browser, wait, text: str, index: int):
     return browser.find_elements(By.CSS_SELECTOR, ".msg.assistant")[index]
 
 
+@pytest.mark.slow
 def test_page_streams_an_answer_with_speed_and_acceptance(live, browser, tmp_path):
     from selenium.webdriver.common.by import By
     from selenium.webdriver.support.ui import WebDriverWait

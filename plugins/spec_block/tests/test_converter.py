@@ -7,7 +7,7 @@ import json
 import pytest
 import torch
 
-from tsspec.errors import ModelLoadError, TsspecError
+from tsspec.errors import ModelLoadError
 from tsspec.modeling.gguf_file import GGUFFile
 
 from tsspec_block.config import config_from_gguf
@@ -151,8 +151,7 @@ def test_checkpoint_directory_and_cli(tmp_path):
 
 def test_tsspec_convert_dispatches_dflash_checkpoints(tmp_path):
     """``tsspec convert`` finds this plugin's converter by architectures (z-lab's drafter config
-    says model_type qwen3); a bare muse_glimmer_assistant type is the model plugin's, not ours;
-    q8_0 is declined in one line."""
+    says model_type qwen3); q8_0 is declined in one line."""
     from safetensors.torch import save_file
 
     import tsspec_block
@@ -164,7 +163,7 @@ def test_tsspec_convert_dispatches_dflash_checkpoints(tmp_path):
     host.register(tsspec_block, "block")
     catalog = build_catalog(host, discover=False)
     state, config = _assistant()
-    for name, extra in (("a", {"model_type": "muse_glimmer_assistant", "architectures": ["DFlash2DraftModel"]}),
+    for name, extra in (("a", {"model_type": "qwen3", "architectures": ["DFlash2DraftModel"]}),
                         ("z", {"model_type": "qwen3", "architectures": ["DFlashDraftModel"]})):
         src = tmp_path / name
         src.mkdir()
@@ -174,8 +173,3 @@ def test_tsspec_convert_dispatches_dflash_checkpoints(tmp_path):
         assert _read(tmp_path / f"{name}.gguf")[1].target_layers == (2, 14, 26)
     with pytest.raises(ModelLoadError, match="f32 or f16"):
         convert_checkpoint(catalog, tmp_path / "a", tmp_path / "q.gguf", outtype="q8_0")
-    bare = tmp_path / "bare"
-    bare.mkdir()
-    (bare / "config.json").write_text(json.dumps({**config, "model_type": "muse_glimmer_assistant"}))
-    with pytest.raises(TsspecError, match="no converter for model_type 'muse_glimmer_assistant'"):
-        convert_checkpoint(catalog, bare, tmp_path / "bare.gguf")

@@ -21,7 +21,7 @@ from typing import Sequence
 import attrs
 import torch
 
-from tsspec.protocols import ModelConfig
+from tsspec.protocols import ModelConfig, resolve_feature_taps
 
 from .hparams import DeepseekV4HParams
 from .trunk import DeepseekV4Trunk
@@ -69,7 +69,7 @@ class DeepseekV4Target:
         self._len = 0
         self._last_start = 0  # the last forward covered positions _last_start .. _last_end - 1
         self._last_end = 0
-        self._taps: list[int] | None = None
+        self._taps: tuple[int, ...] | None = None
         self.draft_head = None
         if with_draft_head and weights.mtp is not None:
             from .mtp import MtpHead
@@ -109,11 +109,7 @@ class DeepseekV4Target:
         return attach_dspark_file(self, path, options)
 
     def spec_set_feature_taps(self, layers: Sequence[int] | None) -> None:
-        if layers:
-            bad = [l for l in layers if not 0 <= int(l) <= self.hp.num_layers]
-            if bad:
-                raise ValueError(f"tap layer {bad[0]} outside 0..{self.hp.num_layers}")
-        self._taps = [int(l) for l in layers] if layers else None
+        self._taps = resolve_feature_taps(layers, self.hp.num_layers)
 
     def state_fingerprint(self) -> tuple:
         """(length, then per layer the kept K = V rows and the complete windows' compressed

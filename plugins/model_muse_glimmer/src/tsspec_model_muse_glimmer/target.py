@@ -47,7 +47,7 @@ import torch.nn.functional as F
 from tsspec.errors import GenerationError
 from tsspec.modeling import native
 from tsspec.modeling.qlinear import BlockMatrix
-from tsspec.protocols import ModelConfig
+from tsspec.protocols import ModelConfig, resolve_feature_taps
 
 from .hparams import ARCH, MuseGlimmerHParams
 from .rope import RotaryTable
@@ -140,13 +140,7 @@ class MuseGlimmerTarget:
         return self._taps
 
     def spec_set_feature_taps(self, layers: Sequence[int] | None) -> None:
-        if layers is None:
-            self._taps = None
-            return
-        taps = tuple(int(layer) for layer in layers)
-        if not taps or any(not 0 <= t <= self.hparams.n_layers for t in taps):
-            raise ValueError(f"feature taps must be layer ids in 0..{self.hparams.n_layers}, got {list(layers)}")
-        self._taps = taps
+        self._taps = resolve_feature_taps(layers, self.hparams.n_layers)
 
     # -- KV cache and rollback -----------------------------------------------------------------
     def spec_ensure_capacity(self, required_seq_len: int) -> None:

@@ -15,7 +15,8 @@ matrix of another type (F32, F16, Q2_K...) rides the same kernel as format-32 bl
 row is computed the same way whatever the row count.
 
 The prepared tensors go through ``tsspec.modeling.cache.WeightCache`` (block matrices flattened
-to their ``q``/``d``/``m`` tensors, ``assemble`` joins them again): a warm load skips packing.
+to their ``q``/``d``/``m`` tensors, ``tsspec.modeling.cache.join_block_matrices``
+joins them again): a warm load skips packing.
 """
 
 from __future__ import annotations
@@ -23,7 +24,8 @@ from __future__ import annotations
 import torch
 
 from tsspec.errors import ModelLoadError
-from tsspec.modeling.qlinear import FORMATS, BlockMatrix, pack_tensors
+from tsspec.modeling.cache import join_block_matrices
+from tsspec.modeling.qlinear import BlockMatrix, pack_tensors
 
 from .hparams import MuseGlimmerHParams
 
@@ -112,29 +114,14 @@ def prepare_weights(hp: MuseGlimmerHParams, gguf_file, dtype: torch.dtype, block
     return out
 
 
-def assemble(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor | BlockMatrix]:
-    """The flat dict with each matrix's block parts joined into a BlockMatrix."""
-    parts = {f"q{fmt}" for fmt in FORMATS}
-    stems = {name.rpartition(".")[0] for name in tensors if name.rpartition(".")[2] in parts}
-    out: dict[str, torch.Tensor | BlockMatrix] = {}
-    for name, tensor in tensors.items():
-        stem, _, part = name.rpartition(".")
-        if stem in stems:
-            if part in parts:
-                out[stem] = BlockMatrix.from_tensors(tensors, stem)
-        else:
-            out[name] = tensor
-    return out
-
-
 def load_weights(
     hp: MuseGlimmerHParams, gguf_file, dtype: torch.dtype, *, blocks: bool, cache=None
 ) -> dict[str, torch.Tensor | BlockMatrix]:
     """Checked, prepared weights (CPU), through the load cache when given."""
     check_tensors(hp, gguf_file)
     if cache is None:
-        return assemble(prepare_weights(hp, gguf_file, dtype, blocks))
+        return join_block_matrices(prepare_weights(hp, gguf_file, dtype, blocks))
     from tsspec.modeling.cache import cache_key
 
     key = cache_key(gguf_file, f"{LAYOUT_TAG}-{'blocks' if blocks else 'dense'}", dtype)
-    return assemble(cache.load_or_build(key, lambda: prepare_weights(hp, gguf_file, dtype, blocks)))
+    return join_block_matrices(cache.load_or_build(key, lambda: prepare_weights(hp, gguf_file, dtype, blocks)))

@@ -28,7 +28,7 @@ from typing import Mapping, Sequence
 import attrs
 import torch
 
-from tsspec.protocols import ModelConfig
+from tsspec.protocols import ModelConfig, resolve_feature_taps
 from tsspec.switches import switch_on
 
 from .deltanet import DeltaNetSlots
@@ -105,7 +105,7 @@ class Qwen35Target:
         self._recurrent_pos = 0  # the position the live recurrent state stands at
         self._pending: _PendingVerify | None = None
         self._last_rows = 0  # rows of the last forward (a committing one keeps them all)
-        self._taps: list[int] | None = None
+        self._taps: tuple[int, ...] | None = None
         self.draft_head = None
         if with_draft_head and weights.nextn is not None:
             self.draft_head = MtpHead(self.trunk, weights.nextn, self._max_context)
@@ -149,11 +149,7 @@ class Qwen35Target:
         return self.trunk.lm_head(h.to(self.device, self.trunk.dtype))  # [n, V]
 
     def spec_set_feature_taps(self, layers: Sequence[int] | None) -> None:
-        if layers:
-            bad = [l for l in layers if not 0 <= int(l) <= self.hp.num_layers]
-            if bad:
-                raise ValueError(f"tap layer {bad[0]} outside 0..{self.hp.num_layers}")
-        self._taps = [int(l) for l in layers] if layers else None
+        self._taps = resolve_feature_taps(layers, self.hp.num_layers)
 
     # -- the protocol ------------------------------------------------------------------------
     def spec_ensure_capacity(self, required_seq_len: int) -> None:

@@ -4,7 +4,9 @@ Three measurements, each printed as a table (and written as Markdown / JSON on r
 
 1. Streams: aggregate tok/s (all tokens over the wall time from submission to the last token,
    prefill included) and p50 / p99 inter-token latency (gaps between a stream's tokens as they
-   are emitted: the tokens of one verify arrive together) at 1, 2, 4 and 8 concurrent streams, plain vs speculative (n-gram), paired: at every level the two modes alternate, each
+   are emitted: the tokens of one verify arrive together, so the median gap of a stream that
+   accepts drafts is ~0) and the mean time per output token after the first, at 1, 2, 4 and 8
+   concurrent streams, plain vs speculative (n-gram), paired: at every level the two modes alternate, each
    run on a fresh scheduler; medians over ``--reps`` and the ratio of medians.
 2. Multi-turn chat with prefix reuse: one conversation of 4 input-grounded turns, each turn's
    prompt the whole conversation so far, so from turn 2 on a sequence adopts the cached KV of
@@ -50,7 +52,7 @@ def _stream_prompts(n: int) -> list[str]:
     out = []
     for i in range(n):
         code = inspect.getsource(sources[i % len(sources)])
-        code = "\n".join(code.splitlines()[:14])
+        code = "\n".join(code.splitlines()[:8])
         out.append(f"Add type hints to this function and return the whole function unchanged otherwise.\n\n```python\n{code}\n```")
     return out
 
@@ -79,7 +81,7 @@ class _Bench:
         self.tokenizer = target.tokenizer
 
     def scheduler(self, max_seqs: int = 8):
-        from tsspec.runtime.scheduler import Scheduler
+        from tsspec import Scheduler
 
         return Scheduler(self.target, kv_cache_mb=self.kv_cache_mb, max_seqs=max_seqs, registry=self.registry).start()
 
@@ -88,17 +90,18 @@ class _Bench:
         return self.tokenizer.encode(text, add_special_tokens=False)
 
     def options(self, mode: str):
-        from tsspec.runtime.options import SpeculationOptions
+        from tsspec import SpeculationOptions
 
         return SpeculationOptions(enabled=False) if mode == "plain" else SpeculationOptions(spec_type="ngram")
 
     # -- 1. streams ------------------------------------------------------------------------
     def streams(self, n: int, mode: str, max_tokens: int) -> dict[str, float]:
-        from tsspec.runtime.scheduler import SequenceRequest
+        from tsspec import SequenceRequest
 
         prompts = [self.chat_ids([{"role": "user", "content": p}]) for p in _stream_prompts(n)]
         gaps: list[float] = []
         firsts: list[float] = []
+        lasts: list[list] = []
         lock = threading.Lock()
         sched = self.scheduler()
         try:
@@ -114,7 +117,9 @@ class _Bench:
                             gaps.append(now - last[0])
                         else:
                             firsts.append(now)
+                            last.append(now)
                     last[0] = now
+                lasts.append(last)
 
                 handles.append(sched.submit_request(SequenceRequest(ids, max_tokens, options=self.options(mode), on_token=on_token)))
             for h in handles:
@@ -123,12 +128,16 @@ class _Bench:
         finally:
             sched.close()
         tokens = sum(len(h.result.tokens) for h in handles)
+        # time per output token of each stream after its first: (last - first) / (n - 1)
+        tpot = [(last[0] - last[1]) / (len(h.result.tokens) - 1) for last, h in zip(lasts, handles)
+                if len(last) > 1 and len(h.result.tokens) > 1]
         return {"tok_s": tokens / wall, "ttft_p50_ms": 1000 * (_percentile(firsts, 0.5) - start), "itl_p50_ms": 1000 * _percentile(gaps, 0.5), "itl_p99_ms": 1000 * _percentile(gaps, 0.99),
+                "tpot_ms": 1000 * statistics.mean(tpot) if tpot else float("nan"),
                 "tokens": tokens}
 
     # -- 2. multi-turn chat ----------------------------------------------------------------
     def conversation(self, mode: str, max_tokens: int) -> list[dict[str, Any]]:
-        from tsspec.runtime.scheduler import SequenceRequest
+        from tsspec import SequenceRequest
 
         code = inspect.getsource(textwrap.indent)
         messages: list[dict[str, str]] = []
@@ -153,7 +162,7 @@ class _Bench:
 
     # -- 3. memory -------------------------------------------------------------------------
     def memory(self, requests: int, max_tokens: int) -> dict[str, float]:
-        from tsspec.runtime.scheduler import SequenceRequest
+        from tsspec import SequenceRequest
 
         prompts = [self.chat_ids([{"role": "user", "content": f"Say a word about the number {i}."}]) for i in range(16)]
         sched = self.scheduler()
@@ -193,12 +202,13 @@ class _Bench:
 
 
 def _md_streams(rows) -> list[str]:
-    out = ["| streams | plain tok/s | spec tok/s | ratio | plain ITL p50 / p99 ms | spec ITL p50 / p99 ms |",
-           "|---:|---:|---:|---:|---:|---:|"]
+    out = ["| streams | plain tok/s | spec tok/s | ratio | plain ITL p50 / p99 ms | spec ITL p50 / p99 ms | plain / spec ms per token |",
+           "|---:|---:|---:|---:|---:|---:|---:|"]
     for r in rows:
         out.append(f"| {r['streams']} | {r['plain']['tok_s']:.1f} | {r['spec']['tok_s']:.1f} | {r['ratio']:.2f}x | "
                    f"{r['plain']['itl_p50_ms']:.1f} / {r['plain']['itl_p99_ms']:.1f} | "
-                   f"{r['spec']['itl_p50_ms']:.1f} / {r['spec']['itl_p99_ms']:.1f} |")
+                   f"{r['spec']['itl_p50_ms']:.1f} / {r['spec']['itl_p99_ms']:.1f} | "
+                   f"{r['plain']['tpot_ms']:.1f} / {r['spec']['tpot_ms']:.1f} |")
     return out
 
 
@@ -226,7 +236,7 @@ def bench_serve(
     from tsspec.cli.generate_cmd import load_target
     from tsspec.cli.state import STATE
     from tsspec.errors import OptionsError
-    from tsspec.runtime.options import SpeculationOptions
+    from tsspec import SpeculationOptions
 
     if only not in (None, "streams", "chat", "memory"):
         raise OptionsError(f"--only must be streams, chat or memory, got {only!r}")

@@ -38,6 +38,8 @@ def serve(
     for name, value, low in (("--port", port, 0), ("--kv-block-size", block_size, 1), ("--max-seqs", max_seqs, 1)):
         if value < low:
             raise OptionsError(f"{name} must be >= {low}, got {value}")
+    if port > 65535:
+        raise OptionsError(f"--port must be <= 65535, got {port}")
     if not kv_cache_mb > 0:
         raise OptionsError(f"--kv-cache-mb must be > 0, got {kv_cache_mb}")
     options = flags.speculation_options(spec, spec_type, spec_draft, spec_pmin, spec_draft_model, draft_model, spec_adaptive)
@@ -59,10 +61,14 @@ def serve(
     except ValueError as exc:
         raise GenerationError(str(exc)) from None
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
-    pool = engine.scheduler.pool
+    scheduler = engine.scheduler
+    if scheduler.serial is None:
+        regime = f"KV {scheduler.pool.num_blocks} blocks x {block_size} tokens, max {max_seqs} sequences"
+    else:
+        regime = f"one sequence at a time: {scheduler.serial}"
     typer.echo(
-        f"[serve] {engine.model_id} on http://{host}:{port}  (KV {pool.num_blocks} blocks x {block_size} tokens, "
-        f"max {max_seqs} sequences, speculation {options.spec_type if options.enabled else 'off'})",
+        f"[serve] {engine.model_id} on http://{host}:{port}  ({regime}, "
+        f"speculation {options.spec_type if options.enabled else 'off'})",
         err=True,
     )
     engine.start()

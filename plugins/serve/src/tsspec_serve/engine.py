@@ -15,8 +15,8 @@ from typing import Any, AsyncIterator
 
 import attrs
 
-from tsspec.runtime.options import SpeculationOptions
-from tsspec.runtime.scheduler import MAX_WINDOW, Scheduler, SequenceHandle, SequenceRequest
+from tsspec import Scheduler, SequenceRequest, SpeculationOptions
+from tsspec.runtime.scheduler import MAX_WINDOW, SequenceHandle  # scheduler internals this engine shares
 
 from .metrics import ServerMetrics
 from .payload import Prepared

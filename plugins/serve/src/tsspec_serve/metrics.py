@@ -64,7 +64,7 @@ class _SchedulerCollector:
         yield gauge("num_requests_running", "Sequences being decoded.", snap["running"])
         yield gauge("num_requests_waiting", "Requests waiting for admission.", snap["waiting"])
         yield gauge("kv_cache_usage_perc", "Fraction of KV blocks held by sequences.",
-                    snap["kv_blocks_in_use"] / snap["kv_blocks_total"])
+                    snap["kv_blocks_in_use"] / snap["kv_blocks_total"] if snap["kv_blocks_total"] else 0.0)
         yield counter("prefix_cache_queries", "Prompt tokens looked up in the prefix cache.", snap["prefix_queried_tokens"])
         yield counter("prefix_cache_hits", "Prompt tokens found in the prefix cache.", snap["prefix_hit_tokens"])
         yield gauge("prefix_cache_hit_rate", "Hits over queries (tokens) since start.", snap["prefix_hit_rate"])

@@ -12,8 +12,7 @@ from typing import Any, Mapping, Sequence
 
 import attrs
 
-from tsspec.runtime.options import SpeculationOptions
-from tsspec.runtime.sampling import SamplingParams
+from tsspec import SamplingParams, SpeculationOptions
 
 MAX_STOP = 4  # OpenAI allows up to 4 stop sequences
 DEFAULT_CHAT_MAX_TOKENS = 256

@@ -6,9 +6,9 @@ Registered through the ``tsspec`` entry point ``block``:
   draft head, gated on the cumulative prefix probability;
 * drafter architectures ``dflash`` and ``dflash-draft``: ``attach_dflash(target, path, options)``
   binds a DFlash / DFlash2 GGUF to a target (``--draft-model PATH``);
-* converter for HF DFlash checkpoints (z-lab ``DFlashDraftModel`` / ``DFlash2DraftModel`` and
-  transformers' ``muse_glimmer_assistant`` layouts) to GGUF ``dflash``: ``tsspec convert SRC
-  OUT``, or the alias command ``tsspec convert-dflash SRC OUT`` (which also takes the target's
+* converter for z-lab DFlash checkpoints (``DFlashDraftModel`` / ``DFlash2DraftModel``) to GGUF
+  ``dflash``: ``tsspec convert SRC OUT``, or the alias command (which reads transformers'
+  ``muse_glimmer_assistant`` layout too) ``tsspec convert-dflash SRC OUT`` (which also takes the target's
   ``--logit-scale`` / ``--softcap`` when the drafter config does not carry them).
 
 Importing this package loads no torch: the hooks import their modules when called.
@@ -28,9 +28,8 @@ __all__ = [
 ]
 
 DRAFTER_ARCHITECTURES = ["dflash", "dflash-draft"]
-# checkpoint types (config.json architectures / model_type) `tsspec convert` sends here. A model's
-# own assistant type (muse_glimmer_assistant) is left to its model plugin, whose converter also
-# writes the target's logit scale and softcap; `convert-dflash` still reads that layout.
+# checkpoint types (config.json architectures) the converter reads; transformers' Muse-Glimmer
+# assistant checkpoints are the model_muse_glimmer plugin's (it adds the target's logit scale)
 CHECKPOINT_TYPES = ["DFlashDraftModel", "DFlash2DraftModel"]
 
 
