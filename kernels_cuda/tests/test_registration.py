@@ -49,10 +49,32 @@ def test_probe_without_cupy_names_the_fix(monkeypatch):
         return real(name, *args, **kwargs)
 
     monkeypatch.setattr(builtins, "__import__", no_cupy)
+    monkeypatch.setattr("tsspec_kernels_cuda.loader._driver_present", lambda: True)
     verdict = probe()
     assert not verdict.available and "cupy-cuda12x" in verdict.reason
     assert verdict.describe().startswith("unavailable: CuPy is not importable")
     assert DeviceProbe(True, device="NVIDIA H200", arch="compute_90").describe() == "device NVIDIA H200 (compute_90)"
+
+
+def test_probe_without_a_driver_never_imports_cupy(monkeypatch):
+    import builtins
+    import importlib.util
+
+    real = builtins.__import__
+    imported = []
+
+    def watch(name, *args, **kwargs):
+        if name == "cupy" or name.startswith("cupy."):
+            imported.append(name)
+        return real(name, *args, **kwargs)
+
+    monkeypatch.setattr(builtins, "__import__", watch)
+    monkeypatch.setattr("tsspec_kernels_cuda.loader._driver_present", lambda: False)
+    real_find = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: object() if name == "cupy" else real_find(name, *a))
+    verdict = probe()
+    assert not verdict.available and "no NVIDIA driver" in verdict.reason
+    assert imported == []
 
 
 class _CpuKernels:

@@ -8,6 +8,9 @@ with that reason otherwise, so the rest of tsspec installs and runs without CuPy
 
 from __future__ import annotations
 
+import ctypes.util
+import importlib.util
+import os
 import threading
 from typing import Any
 
@@ -32,7 +35,14 @@ class DeviceProbe:
 
 
 def probe() -> DeviceProbe:
-    """Look for CuPy and a CUDA device without raising (every failure becomes a reason)."""
+    """Look for CuPy and a CUDA device without raising (every failure becomes a reason).
+
+    CuPy is imported only where it is installed AND an NVIDIA driver is present, so that a CPU
+    machine never pays CuPy's import on every ``tsspec`` start (the hook runs at start-up)."""
+    if importlib.util.find_spec("cupy") is None:
+        return DeviceProbe(False, "CuPy is not importable (not installed); install cupy-cuda12x or cupy-cuda13x")
+    if not _driver_present():
+        return DeviceProbe(False, "no NVIDIA driver on this machine (no /proc/driver/nvidia, no libcuda)")
     try:
         import cupy  # noqa: F401
     except Exception as exc:  # ImportError, or a CuPy built for another CUDA
@@ -53,6 +63,11 @@ def probe() -> DeviceProbe:
     except Exception as exc:
         return DeviceProbe(False, f"cannot read the CUDA device's properties ({type(exc).__name__}: {exc})")
     return DeviceProbe(True, "", name, arch)
+
+
+def _driver_present() -> bool:
+    """An NVIDIA driver is loaded (Linux's /proc entry) or its user library can be found."""
+    return os.path.exists("/proc/driver/nvidia") or ctypes.util.find_library("cuda") is not None
 
 
 class KernelLoader:
