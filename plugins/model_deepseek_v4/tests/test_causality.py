@@ -30,16 +30,12 @@ def test_ties_in_the_indexer_happen_here(make_tie_target, sequence):
     seen = []
     original = attention.indexer_select
 
-    def spy(w, cache, x, r, positions, n, cos, sin, rope):
-        chosen = original(w, cache, x, r, positions, n, cos, sin, rope)
-        q = rope.apply(torch.nn.functional.linear(r, w.q_b).view(x.shape[0], w.heads, -1), cos, sin)
-        scores = torch.relu(torch.einsum("rhd,nd->rhn", q, cache.entries[:n])).mul(
-            torch.nn.functional.linear(x, w.proj).unsqueeze(-1)).sum(1)
-        vis = attention.visible_entries(positions, w.compressor.ratio)
-        for i in range(x.shape[0]):
-            v = scores[i, : int(vis[i])].sort(descending=True).values
-            if len(v) > w.topk and v[w.topk - 1] == v[w.topk]:
-                seen.append(int(positions[i]))
+    def spy(w, cache, q, head_w, visible):
+        chosen = original(w, cache, q, head_w, visible)
+        scores = torch.relu(torch.einsum("rhd,nd->rhn", q, cache.entries[:visible])).mul(head_w.unsqueeze(-1)).sum(1)
+        v = scores[0].sort(descending=True).values
+        if len(v) > w.topk and v[w.topk - 1] == v[w.topk]:
+            seen.append(visible)
         return chosen
 
     attention.indexer_select = spy

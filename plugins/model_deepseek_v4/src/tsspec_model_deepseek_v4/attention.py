@@ -23,7 +23,11 @@ with ``q = rope(W_qb^I r)``; the top ``index_topk`` of the visible entries are a
 The cache (``LayerCache``) keeps everything by ABSOLUTE position: the sliding K = V rows, the
 compressors' raw projections and the emitted entries. A multi-row forward writes all its rows'
 projections first, then emits the entries of the windows its rows complete, then attends each
-row to exactly what a one-row decode at that position would see. Rolling back is therefore
+row to exactly what a one-row decode at that position would see. Every row is attended on its
+own, over exactly the keys a one-row decode at its position has (the sliding rows and the
+visible entries, nothing masked in from later rows), and entries are emitted one window at a
+time: with the row-invariant matrices of ``invariant.py`` a float32 k-row verify reproduces
+the one-row decode bit for bit. Rolling back is therefore
 only a change of length: entries of windows the kept rows did not complete are recomputed when
 their window closes again (a rewind into the middle of a window needs no saved state).
 """
@@ -34,6 +38,7 @@ import attrs
 import torch
 import torch.nn.functional as F
 
+from .invariant import linear, linear_slice
 from .ops import TailRope, rms_norm, unit_rms_norm, work_dtype
 
 MIN_ROWS = 64  # first allocation of a cache; it then doubles
@@ -129,67 +134,70 @@ class LayerCache:
 def compress(w: CompressorWeights, cache: CompressorCache, x: torch.Tensor, start: int, rope: TailRope,
              eps: float) -> None:
     """Store the rows' projections (x [rows, H] at positions start..) and emit the entries of
-    every window those rows complete."""
-    rows = x.shape[0]
-    end = start + rows
-    cache.proj_kv[start:end] = F.linear(x, w.kv)
-    cache.proj_gate[start:end] = F.linear(x, w.gate)
+    every window those rows complete, one window at a time (as one-row decoding emits them)."""
+    end = start + x.shape[0]
+    cache.proj_kv[start:end] = linear(x, w.kv)
+    cache.proj_gate[start:end] = linear(x, w.gate)
+    for window in range(start // w.ratio, end // w.ratio):
+        cache.entries[window : window + 1] = _entry(w, cache, window, rope, eps)
+
+
+def _entry(w: CompressorWeights, cache: CompressorCache, window: int, rope: TailRope, eps: float) -> torch.Tensor:
+    """The compressed entry [1, d] of one complete window from the stored projections."""
     m, d = w.ratio, w.dim
-    first, last = start // m, end // m  # windows [first, last) close in this forward
-    if last <= first:
-        return
-    n = last - first
-    kv = cache.proj_kv[first * m : last * m].view(n, m, -1)  # [n, m, coff * d]
-    gate = cache.proj_gate[first * m : last * m].view(n, m, -1) + w.ape.to(kv.dtype)
+    ape = w.ape.to(cache.proj_kv.dtype)
+    kv = cache.proj_kv[window * m : (window + 1) * m]  # [m, coff * d]
+    gate = cache.proj_gate[window * m : (window + 1) * m] + ape
     if w.overlap:
         # slot layout [series A of window w-1 (m slots) | series B of window w (m slots)]
-        prev_kv = kv.new_zeros((n, m, d))
-        prev_gate = gate.new_full((n, m, d), float("-inf"))
-        lo = max(first, 1)
-        if lo < last:
-            src_kv = cache.proj_kv[(lo - 1) * m : (last - 1) * m].view(last - lo, m, -1)
-            src_gate = cache.proj_gate[(lo - 1) * m : (last - 1) * m].view(last - lo, m, -1) + w.ape.to(kv.dtype)
-            prev_kv[lo - first :] = src_kv[..., :d]
-            prev_gate[lo - first :] = src_gate[..., :d]
-        kv = torch.cat([prev_kv, kv[..., d:]], dim=1)  # [n, 2m, d]
-        gate = torch.cat([prev_gate, gate[..., d:]], dim=1)
-    weights = torch.softmax(gate.to(work_dtype(gate.dtype)), dim=1).to(kv.dtype)
-    entries = rms_norm((kv * weights).sum(dim=1), w.norm, eps)  # [n, d]
-    positions = torch.arange(first, last) * m
-    cos, sin = rope.tables(positions)
-    cache.entries[first:last] = rope.apply(entries, cos, sin)
+        if window > 0:
+            prev_kv = cache.proj_kv[(window - 1) * m : window * m, :d]
+            prev_gate = cache.proj_gate[(window - 1) * m : window * m, :d] + ape[:, :d]
+        else:
+            prev_kv = kv.new_zeros((m, d))
+            prev_gate = gate.new_full((m, d), float("-inf"))
+        kv = torch.cat([prev_kv, kv[:, d:]])  # [2m, d]
+        gate = torch.cat([prev_gate, gate[:, d:]])
+    weights = torch.softmax(gate.to(work_dtype(gate.dtype)), dim=0).to(kv.dtype)
+    entry = rms_norm((kv * weights).sum(dim=0, keepdim=True), w.norm, eps)  # [1, d]
+    cos, sin = rope.tables(torch.tensor([window * m]))
+    return rope.apply(entry, cos, sin)
 
 
-def visible_entries(positions: torch.Tensor, ratio: int) -> torch.Tensor:
-    """How many compressed entries each row sees: complete windows only. [rows]"""
-    return torch.div(positions + 1, ratio, rounding_mode="floor")
+def visible_entries(position: int, ratio: int) -> int:
+    """How many compressed entries a row at ``position`` sees: complete windows only."""
+    return (position + 1) // ratio
 
 
-def indexer_select(w: IndexerWeights, cache: CompressorCache, x: torch.Tensor, r: torch.Tensor,
-                   positions: torch.Tensor, n_entries: int, rope_cos: torch.Tensor, rope_sin: torch.Tensor,
-                   rope: TailRope) -> torch.Tensor:
-    """The entries each row attends: a bool mask [rows, n_entries] (the top-k visible by score)."""
-    rows = x.shape[0]
+def indexer_select(w: IndexerWeights, cache: CompressorCache, q: torch.Tensor, head_w: torch.Tensor,
+                   visible: int) -> torch.Tensor:
+    """The entries one row attends among its ``visible`` ones: a bool mask [visible] (the
+    top-k by score). q [1, heads, d] (rotated), head_w [1, heads]."""
     d = w.compressor.dim
-    wd = work_dtype(x.dtype)
-    q = F.linear(r, w.q_b).view(rows, w.heads, d)
-    q = rope.apply(q, rope_cos, rope_sin).to(wd)  # [rows, heads, d]
-    keys = cache.entries[:n_entries].to(wd)  # [n, d]
-    scores = torch.relu(torch.einsum("rhd,nd->rhn", q, keys)) * (d ** -0.5)
-    head_w = F.linear(x, w.proj).to(wd) * (w.heads ** -0.5)  # [rows, heads]
-    total = (scores * head_w.unsqueeze(-1)).sum(dim=1)  # [rows, n]
-    vis = visible_entries(positions, w.compressor.ratio)  # [rows]
-    allowed = torch.arange(n_entries)[None, :] < vis[:, None]
-    total = total.masked_fill(~allowed, float("-inf"))
-    k = min(w.topk, n_entries)
-    chosen = torch.zeros(rows, n_entries, dtype=torch.bool)
+    wd = work_dtype(q.dtype)
+    keys = cache.entries[:visible].to(wd)  # [n, d]
+    scores = torch.relu(torch.einsum("rhd,nd->rhn", q.to(wd), keys)) * (d ** -0.5)
+    total = (scores * (head_w.to(wd) * (w.heads ** -0.5)).unsqueeze(-1)).sum(dim=1)  # [1, n]
+    chosen = torch.zeros(visible, dtype=torch.bool)
+    k = min(w.topk, visible)
     if k > 0:
-        # a stable sort: equal scores (ReLU makes exact zeros common) go to the lower entry
-        # index, whatever the number of masked entries after them, so a row picks the same
-        # entries in a multi-row verify as in a one-row decode
-        idx = torch.sort(total, dim=-1, descending=True, stable=True).indices[:, :k]  # [rows, k]
-        chosen.scatter_(1, idx, True)
-    return chosen & allowed
+        # a stable sort: equal scores (ReLU makes exact zeros common) go to the lower entry index
+        idx = torch.sort(total[0], descending=True, stable=True).indices[:k]
+        chosen[idx] = True
+    return chosen
+
+
+def _attend(q: torch.Tensor, keys: torch.Tensor, mask: torch.Tensor | None, sinks: torch.Tensor,
+            hd: int) -> torch.Tensor:
+    """One row: q [1, heads, hd] over keys [nk, hd] (V = K; mask [nk] or None) with per-head
+    sinks -> [1, heads, hd] in the work dtype."""
+    wd = keys.dtype
+    logits = torch.einsum("rhd,kd->rhk", q.to(wd), keys) * (hd ** -0.5)
+    if mask is not None:
+        logits = logits.masked_fill(~mask[None, None, :], float("-inf"))
+    combined = torch.cat([logits, sinks.to(wd).view(1, -1, 1)], dim=-1)
+    probs = torch.softmax(combined - combined.amax(dim=-1, keepdim=True), dim=-1)[..., :-1]
+    return torch.einsum("rhk,kd->rhd", probs, keys)
 
 
 def attention(w: AttentionWeights, x: torch.Tensor, cache: LayerCache, start: int, *, heads: int, hd: int,
@@ -200,41 +208,38 @@ def attention(w: AttentionWeights, x: torch.Tensor, cache: LayerCache, start: in
     rows = x.shape[0]
     end = start + rows
     wd = work_dtype(x.dtype)
-    positions = torch.arange(start, end)
-    cos, sin = rope.tables(positions)
-    r = rms_norm(F.linear(x, w.q_a), w.q_a_norm, eps)  # [rows, q_lora_rank]
-    q = unit_rms_norm(F.linear(r, w.q_b).view(rows, heads, hd), eps)
+    cos, sin = rope.tables(torch.arange(start, end))
+    r = rms_norm(linear(x, w.q_a), w.q_a_norm, eps)  # [rows, q_lora_rank]
+    q = unit_rms_norm(linear(r, w.q_b).view(rows, heads, hd), eps)
     q = rope.apply(q, cos, sin)  # [rows, heads, hd]
-    kv = rope.apply(rms_norm(F.linear(x, w.kv), w.kv_norm, eps).unsqueeze(1), cos, sin).squeeze(1)  # [rows, hd]
+    kv = rope.apply(rms_norm(linear(x, w.kv), w.kv_norm, eps).unsqueeze(1), cos, sin).squeeze(1)  # [rows, hd]
     cache.kv[start:end] = kv
 
-    lo = max(first, start - window + 1)
-    keys = [cache.kv[lo:end]]  # [ns, hd]
-    key_pos = torch.arange(lo, end)
-    masks = [(key_pos[None, :] <= positions[:, None]) & (key_pos[None, :] > positions[:, None] - window)]
+    iq = head_w = None
     if w.compressor is not None:
         compress(w.compressor, cache.compressor, x, start, rope, eps)
         if w.indexer is not None:  # its projections are stored for every row, entries or not
-            compress(w.indexer.compressor, cache.indexer, x, start, rope, eps)
-        n_entries = end // cache.ratio
-        if n_entries > 0:
-            if w.indexer is not None:
-                chosen = indexer_select(w.indexer, cache.indexer, x, r, positions, n_entries, cos, sin, rope)
-            else:
-                vis = visible_entries(positions, cache.ratio)
-                chosen = torch.arange(n_entries)[None, :] < vis[:, None]
-            keys.append(cache.compressor.entries[:n_entries])
-            masks.append(chosen)
-    keys_t = torch.cat(keys).to(wd)  # [nk, hd]
-    mask = torch.cat(masks, dim=1)  # [rows, nk]
-    logits = torch.einsum("rhd,kd->rhk", q.to(wd), keys_t) * (hd ** -0.5)
-    logits = logits.masked_fill(~mask[:, None, :], float("-inf"))
-    sinks = w.sinks.to(wd).view(1, heads, 1).expand(rows, heads, 1)
-    combined = torch.cat([logits, sinks], dim=-1)
-    probs = torch.softmax(combined - combined.amax(dim=-1, keepdim=True), dim=-1)[..., :-1]
-    out = torch.einsum("rhk,kd->rhd", probs, keys_t).to(x.dtype)  # [rows, heads, hd]
+            ix = w.indexer
+            compress(ix.compressor, cache.indexer, x, start, rope, eps)
+            iq = rope.apply(linear(r, ix.q_b).view(rows, ix.heads, ix.compressor.dim), cos, sin)  # [rows, ih, d]
+            head_w = linear(x, ix.proj)  # [rows, ih]
+
+    outs = []
+    for i in range(rows):  # each row over exactly the keys a one-row decode at its position has
+        p = start + i
+        lo = max(first, p - window + 1)
+        keys = [cache.kv[lo : p + 1]]  # [ns, hd]
+        mask = None
+        visible = visible_entries(p, cache.ratio) if w.compressor is not None else 0
+        if visible > 0:
+            keys.append(cache.compressor.entries[:visible])
+            if iq is not None:
+                chosen = indexer_select(w.indexer, cache.indexer, iq[i : i + 1].clone(), head_w[i : i + 1].clone(),
+                                        visible)
+                mask = torch.cat([torch.ones(p + 1 - lo, dtype=torch.bool), chosen])
+        outs.append(_attend(q[i : i + 1].clone(), torch.cat(keys).to(wd), mask, w.sinks, hd))
+    out = torch.cat(outs).to(x.dtype)  # [rows, heads, hd]
     out = rope.apply(out, cos, sin, inverse=True)
     grouped = out.reshape(rows, groups, heads * hd // groups)
-    o_a = w.o_a.view(groups, -1, grouped.shape[-1])  # [groups, o_lora_rank, in]
-    mid = torch.einsum("rgi,goi->rgo", grouped, o_a).reshape(rows, -1)
-    return F.linear(mid, w.o_b)
+    mid = torch.cat([linear_slice(grouped[:, g], w.o_a, g, parts=groups) for g in range(groups)], dim=-1)
+    return linear(mid, w.o_b)

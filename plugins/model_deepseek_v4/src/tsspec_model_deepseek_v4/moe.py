@@ -9,7 +9,9 @@ Routing for a row x (``scoring`` is sqrt(softplus) on V4)::
     out     = sum_e w_e * SwiGLU_e(x) + SwiGLU_shared(x)
 
 Every SwiGLU clamps: the gate pre-activation from above at ``limit``, the up projection to
-``[-limit, limit]``. Experts run per expert over the rows routed to it.
+``[-limit, limit]``. Experts run per expert over the rows routed to it. On the float32 path the
+matrices are row-invariant (``invariant.linear``) and the routing runs one row at a time, so a
+row's output does not depend on the rows sharing the forward.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ import attrs
 import torch
 import torch.nn.functional as F
 
+from .invariant import linear, linear_slice, per_row
 from .ops import clamped_swiglu
 
 
@@ -45,15 +48,25 @@ class MoEWeights:
 def route(w: MoEWeights, x: torch.Tensor, ids: torch.Tensor, *, top_k: int, scoring: str,
           routed_scale: float) -> tuple[torch.Tensor, torch.Tensor]:
     """(weights [rows, k] in x's dtype, expert ids [rows, k])."""
-    scores = score(F.linear(x, w.router), scoring)  # [rows, E]
     if w.tid2eid is not None:
-        experts = w.tid2eid[ids]
-    else:
-        biased = scores + w.bias.to(scores.dtype) if w.bias is not None else scores
-        experts = torch.topk(biased, top_k, dim=-1, sorted=False).indices
+        experts = w.tid2eid[ids]  # [rows, k]
+        return per_row(lambda row, e: _weigh(score(linear(row, w.router), scoring), e, routed_scale),
+                       x, experts) + (experts,)
+    return per_row(lambda row: _learned(w, row, top_k, scoring, routed_scale), x)
+
+
+def _weigh(scores: torch.Tensor, experts: torch.Tensor, routed_scale: float) -> tuple[torch.Tensor]:
     chosen = scores.gather(1, experts)
     chosen = chosen / (chosen.sum(dim=-1, keepdim=True) + 1e-20)
-    return chosen * routed_scale, experts
+    return (chosen * routed_scale,)
+
+
+def _learned(w: MoEWeights, x: torch.Tensor, top_k: int, scoring: str,
+             routed_scale: float) -> tuple[torch.Tensor, torch.Tensor]:
+    scores = score(linear(x, w.router), scoring)  # [rows, E]
+    biased = scores + w.bias.to(scores.dtype) if w.bias is not None else scores
+    experts = torch.topk(biased, top_k, dim=-1, sorted=False).indices  # [rows, k]
+    return _weigh(scores, experts, routed_scale) + (experts,)
 
 
 def moe(w: MoEWeights, x: torch.Tensor, ids: torch.Tensor, *, top_k: int, scoring: str, routed_scale: float,
@@ -63,6 +76,8 @@ def moe(w: MoEWeights, x: torch.Tensor, ids: torch.Tensor, *, top_k: int, scorin
     out = torch.zeros_like(x)
     for expert in torch.unique(experts).tolist():
         rows, slot = torch.nonzero(experts == expert, as_tuple=True)
-        y = clamped_swiglu(x[rows], w.gate_exps[expert], w.up_exps[expert], w.down_exps[expert], limit)
+        y = clamped_swiglu(x[rows], lambda h: linear_slice(h, w.gate_exps, expert),
+                           lambda h: linear_slice(h, w.up_exps, expert),
+                           lambda h: linear_slice(h, w.down_exps, expert), limit)
         out.index_add_(0, rows, y * weights[rows, slot, None])
     return out + clamped_swiglu(x, w.shared_gate, w.shared_up, w.shared_down, limit)

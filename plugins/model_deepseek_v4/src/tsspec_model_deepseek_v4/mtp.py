@@ -26,11 +26,11 @@ from __future__ import annotations
 from typing import Sequence
 
 import torch
-import torch.nn.functional as F
 
 from tsspec.protocols import DraftHeadKind
 
 from .attention import LayerCache
+from .invariant import linear
 from .ops import hyper_head, rms_norm
 from .weights import MtpWeights
 
@@ -114,7 +114,7 @@ class MtpHead:
         with torch.no_grad():
             e = rms_norm(trunk.embed(ids), w.enorm, hp.rms_eps)  # [n, H]
             h = rms_norm(h_rows.view(n, self.hc, self.hidden), w.hnorm, hp.rms_eps)  # [n, hc, H]
-            streams = F.linear(e, w.e_proj).unsqueeze(1) + F.linear(h, w.h_proj)  # [n, hc, H]
+            streams = linear(e, w.e_proj).unsqueeze(1) + linear(h.reshape(n * self.hc, self.hidden), w.h_proj).view(n, self.hc, self.hidden)  # [n, hc, H]
             streams = trunk.layer(w.layer, streams, ids, self.cache, start, 0, first=self.base)
         self.end = start + n
         return streams

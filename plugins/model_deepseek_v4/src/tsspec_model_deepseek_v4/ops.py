@@ -22,6 +22,8 @@ import math
 import torch
 import torch.nn.functional as F
 
+from .invariant import linear, per_row
+
 
 def work_dtype(dtype: torch.dtype) -> torch.dtype:
     """Norms, softmaxes and the hyper-connection maths run in at least float32."""
@@ -29,7 +31,12 @@ def work_dtype(dtype: torch.dtype) -> torch.dtype:
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    """``x / rms(x) * weight`` over the last dim, in at least float32, returned in x's dtype."""
+    """``x / rms(x) * weight`` over the last dim, in at least float32, returned in x's dtype
+    (one row at a time on the float32 path)."""
+    return per_row(lambda row: _rms_norm(row, weight, eps), x)
+
+
+def _rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     work = x.to(work_dtype(x.dtype))
     normed = work * torch.rsqrt(work.pow(2).mean(-1, keepdim=True) + eps)
     return (weight.to(work.dtype) * normed).to(x.dtype)
@@ -37,6 +44,10 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
 
 def unit_rms_norm(x: torch.Tensor, eps: float) -> torch.Tensor:
     """``x / rms(x)`` over the last dim (no weight)."""
+    return per_row(lambda row: _unit_rms_norm(row, eps), x)
+
+
+def _unit_rms_norm(x: torch.Tensor, eps: float) -> torch.Tensor:
     scale = torch.rsqrt(x.to(work_dtype(x.dtype)).square().mean(-1, keepdim=True) + eps)
     return x * scale.to(x.dtype)
 
@@ -76,7 +87,11 @@ class TailRope:
 
     def tables(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """cos, sin [rows, dims/2] for integer positions [rows]: the angles in float32 (like HF),
-        their cos / sin in the model's dtype (float32, or float64 for exact tests)."""
+        their cos / sin in the model's dtype (float32, or float64 for exact tests). On the float32
+        path one position at a time (a vectorised cos of several rows can differ in the last bit)."""
+        if self.dtype == torch.float32 and positions.numel() > 1:
+            parts = [self.tables(positions[i : i + 1]) for i in range(positions.numel())]
+            return torch.cat([c for c, _ in parts]), torch.cat([s for _, s in parts])
         angles = (positions.to(torch.float32)[:, None] * self.inv_freq[None, :]).to(work_dtype(self.dtype))
         return angles.cos().to(self.dtype), angles.sin().to(self.dtype)
 
@@ -99,7 +114,14 @@ def hyper_mix(streams: torch.Tensor, fn: torch.Tensor, base: torch.Tensor, scale
               iters: int, hc_eps: float, norm_eps: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """streams [rows, hc, H] -> (post [rows, hc], comb [rows, hc, hc], collapsed [rows, H]).
 
-    ``fn`` [(2 + hc) * hc, hc * H], ``base`` [(2 + hc) * hc], ``scale`` [3] (pre, post, comb)."""
+    ``fn`` [(2 + hc) * hc, hc * H], ``base`` [(2 + hc) * hc], ``scale`` [3] (pre, post, comb).
+    One row at a time on the float32 path."""
+    return per_row(lambda row: _hyper_mix(row, fn, base, scale, iters=iters, hc_eps=hc_eps, norm_eps=norm_eps),
+                   streams)
+
+
+def _hyper_mix(streams: torch.Tensor, fn: torch.Tensor, base: torch.Tensor, scale: torch.Tensor, *,
+               iters: int, hc_eps: float, norm_eps: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     rows, hc, width = streams.shape
     wd = work_dtype(streams.dtype)
     flat = unit_rms_norm(streams.reshape(rows, hc * width).to(wd), norm_eps)
@@ -122,6 +144,10 @@ def hyper_mix(streams: torch.Tensor, fn: torch.Tensor, base: torch.Tensor, scale
 def hyper_expand(streams: torch.Tensor, out: torch.Tensor, post: torch.Tensor, comb: torch.Tensor) -> torch.Tensor:
     """The residual update after a block: ``new_k = post_k * out + sum_j comb[j, k] * streams_j``.
     streams [rows, hc, H], out [rows, H] -> [rows, hc, H]."""
+    return per_row(_hyper_expand, streams, out, post, comb)
+
+
+def _hyper_expand(streams: torch.Tensor, out: torch.Tensor, post: torch.Tensor, comb: torch.Tensor) -> torch.Tensor:
     dtype = streams.dtype
     return post.to(dtype).unsqueeze(-1) * out.unsqueeze(-2) + torch.matmul(comb.to(dtype).transpose(-1, -2), streams)
 
@@ -130,6 +156,11 @@ def hyper_head(streams: torch.Tensor, fn: torch.Tensor, base: torch.Tensor, scal
                hc_eps: float, norm_eps: float) -> torch.Tensor:
     """The final collapse of the streams: [rows, hc, H] -> [rows, H] (sigmoid weights, no
     Sinkhorn). ``fn`` [hc, hc * H], ``base`` [hc], ``scale`` [1]."""
+    return per_row(lambda row: _hyper_head(row, fn, base, scale, hc_eps=hc_eps, norm_eps=norm_eps), streams)
+
+
+def _hyper_head(streams: torch.Tensor, fn: torch.Tensor, base: torch.Tensor, scale: torch.Tensor, *,
+                hc_eps: float, norm_eps: float) -> torch.Tensor:
     rows, hc, width = streams.shape
     wd = work_dtype(streams.dtype)
     flat = unit_rms_norm(streams.reshape(rows, hc * width).to(wd), norm_eps)
@@ -139,10 +170,16 @@ def hyper_head(streams: torch.Tensor, fn: torch.Tensor, base: torch.Tensor, scal
 
 def clamped_swiglu(x: torch.Tensor, gate: torch.Tensor, up: torch.Tensor, down: torch.Tensor, limit: float) -> torch.Tensor:
     """``down(silu(min(gate x, limit)) * clamp(up x, -limit, limit))``; x [rows, H] -> [rows, H].
-    A limit <= 0 turns the clamps off."""
-    g = F.linear(x, gate)
-    u = F.linear(x, up)
+    A limit <= 0 turns the clamps off. The matrices may be given as functions of x (the
+    experts' row-invariant slices)."""
+    g = gate(x) if callable(gate) else linear(x, gate)
+    u = up(x) if callable(up) else linear(x, up)
+    act = per_row(lambda gr, ur: _swiglu(gr, ur, limit), g, u)
+    return down(act) if callable(down) else linear(act, down)
+
+
+def _swiglu(g: torch.Tensor, u: torch.Tensor, limit: float) -> torch.Tensor:
     if limit > 0:
         g = g.clamp(max=limit)
         u = u.clamp(min=-limit, max=limit)
-    return F.linear(F.silu(g) * u, down)
+    return F.silu(g) * u

@@ -17,10 +17,10 @@ from typing import Sequence
 
 import attrs
 import torch
-import torch.nn.functional as F
 
 from .attention import LayerCache, attention
 from .hparams import DeepseekV4HParams
+from .invariant import linear
 from .moe import moe
 from .ops import TailRope, hyper_expand, hyper_head, hyper_mix, rms_norm
 from .weights import DeepseekV4Weights, LayerWeights
@@ -72,7 +72,7 @@ class DeepseekV4Trunk:
         return rms_norm(h, self.w.final_norm, self.hp.rms_eps)
 
     def lm_head(self, h: torch.Tensor) -> torch.Tensor:
-        return F.linear(h, self.w.lm_head)  # [n, V]
+        return linear(h, self.w.lm_head)  # [n, V]
 
     # -- the forward -----------------------------------------------------------------------------
     def layer(self, lw: LayerWeights, streams: torch.Tensor, ids: torch.Tensor, cache: LayerCache, start: int,
