@@ -219,9 +219,10 @@ def test_block_proposals_match_the_float64_reference(converted, sequence, varian
     assert len(tokens) == (4 if variant.get("sample_from_anchor", True) else 3)
 
 
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
 @pytest.mark.parametrize("sampling", [SamplingParams(), SamplingParams(temperature=0.8, seed=2)], ids=["greedy", "sampled"])
-def test_dspark_lossless_through_block(converted, sequence, sampling):
-    make, _, _ = _build(converted, head_type="gated")
+def test_dspark_lossless_through_block(converted, sequence, sampling, dtype):
+    make, _, _ = _build(converted, dtype, head_type="gated")
     _, spec = assert_lossless(make, lambda t: None, sequence[:10], max_tokens=24, sampling=sampling,
                               options=SpeculationOptions(spec_type="block", pmin=0.0, adaptive=False))
     assert spec.speculator == "block", spec.decline

@@ -1,7 +1,8 @@
 """Lossless generation through the shared loop: speculative output equals plain output token for
 token, greedy and seeded, with the testing kit's oracle speculator (controlled partial
 acceptance, so rollbacks land inside compression windows), random drafts, and drafter-free
-n-gram. float64 models: a multi-row verify and one-row decoding agree to ~1e-15."""
+n-gram. float32 (the serving path: a multi-row verify reproduces one-row decoding bit for bit)
+and float64 (the exact reference mode)."""
 
 from __future__ import annotations
 
@@ -17,14 +18,18 @@ SAMPLED = SamplingParams(temperature=0.9, top_k=20, seed=11)
 MAX_TOKENS = 28
 
 
-def _maker(make_target, **kw):
-    return lambda: make_target(dtype="float64", **kw)
+DTYPES = pytest.mark.parametrize("dtype", ["float32", "float64"])
 
 
+def _maker(make_target, dtype, **kw):
+    return lambda: make_target(dtype=dtype, **kw)
+
+
+@DTYPES
 @pytest.mark.parametrize("sampling", [GREEDY, SAMPLED], ids=["greedy", "sampled"])
-def test_oracle_speculator_at_partial_acceptance(make_target, sequence, sampling):
+def test_oracle_speculator_at_partial_acceptance(make_target, sequence, sampling, dtype):
     prompt = sequence[:11]
-    make = _maker(make_target, with_mtp=False)
+    make = _maker(make_target, dtype, with_mtp=False)
     plain = generate(make(), prompt, SpeculationOptions(enabled=False), max_tokens=MAX_TOKENS, sampling=sampling)
     reference = prompt + plain.tokens
     _, spec = assert_lossless(
@@ -35,20 +40,22 @@ def test_oracle_speculator_at_partial_acceptance(make_target, sequence, sampling
     assert 0 < spec.stats.accepted_tokens < spec.stats.draft_tokens
 
 
-def test_random_speculator(make_target, sequence):
+@DTYPES
+def test_random_speculator(make_target, sequence, dtype):
     _, spec = assert_lossless(
-        _maker(make_target, with_mtp=False), lambda t: RandomSpeculator(t.config.vocab_size, max_draft_tokens=4, seed=3),
+        _maker(make_target, dtype, with_mtp=False), lambda t: RandomSpeculator(t.config.vocab_size, max_draft_tokens=4, seed=3),
         sequence[:9], max_tokens=MAX_TOKENS,
     )
     assert spec.stats.draft_tokens > 0
 
 
+@DTYPES
 @pytest.mark.parametrize("sampling", [GREEDY, SamplingParams(temperature=0.3, seed=5)], ids=["greedy", "sampled"])
-def test_ngram_serves_without_a_drafter(make_target, sampling):
+def test_ngram_serves_without_a_drafter(make_target, sampling, dtype):
     """``--spec-type ngram`` on a checkpoint without any drafter (the trunk is drafter-independent)."""
     prompt = [5, 6, 7, 8, 9, 10, 11] * 4
     _, spec = assert_lossless(
-        _maker(make_target, with_mtp=False), lambda t: None, prompt, max_tokens=MAX_TOKENS, sampling=sampling,
+        _maker(make_target, dtype, with_mtp=False), lambda t: None, prompt, max_tokens=MAX_TOKENS, sampling=sampling,
         options=SpeculationOptions(spec_type="ngram", adaptive=False),
     )
     assert spec.speculator == "ngram", spec.decline

@@ -97,11 +97,12 @@ def test_transformers_ignores_mtp_weights_on_load():
     assert any("mtp" in p for p in DeepseekV4PreTrainedModel._keys_to_ignore_on_load_unexpected)
 
 
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
 @pytest.mark.parametrize("sampling", [SamplingParams(), SamplingParams(temperature=0.8, seed=4)],
                          ids=["greedy", "sampled"])
-def test_mtp_lossless_through_draft_head(make_target, sequence, sampling):
+def test_mtp_lossless_through_draft_head(make_target, sequence, sampling, dtype):
     _, spec = assert_lossless(
-        lambda: make_target(dtype="float64"), lambda t: None, sequence[:9], max_tokens=24, sampling=sampling,
+        lambda: make_target(dtype=dtype), lambda t: None, sequence[:9], max_tokens=24, sampling=sampling,
         options=SpeculationOptions(spec_type="draft-head", pmin=0.0, adaptive=False),
     )
     assert spec.speculator == "draft-head", spec.decline
