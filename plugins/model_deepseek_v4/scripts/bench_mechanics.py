@@ -14,7 +14,7 @@ Acceptance is meaningless on random weights, so this shows the mechanics only:
 The model: 6 layers (sliding, CSA, HCA, CSA, HCA, sliding), hidden 256, 8 heads of 64, q rank
 128, 8 experts (top 2) of 256, 4 hyper-connection streams, window 64, CSA rate 4 (indexer 8 heads
 x 32, top 16), HCA rate 32, vocabulary 2048; built with transformers (a test dependency) and
-converted. Run: ``python plugins/model_deepseek_v4/scripts/bench_mechanics.py [--reps 3]``.
+converted. Run: ``python plugins/model_deepseek_v4/scripts/bench_mechanics.py [--reps 3] [--verify-only]``.
 """
 
 from __future__ import annotations
@@ -149,11 +149,13 @@ def main() -> None:
     parser.add_argument("--reps", type=int, default=3)
     parser.add_argument("--tokens", type=int, default=48)
     parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--verify-only", action="store_true", help="only the verify cost and rollback figures")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     make = build()
     verify_cost(make, args.reps)
-    oracle_runs(make, args.reps, args.tokens)
+    if not args.verify_only:
+        oracle_runs(make, args.reps, args.tokens)
 
 
 if __name__ == "__main__":

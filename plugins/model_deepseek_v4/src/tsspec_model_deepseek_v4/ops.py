@@ -22,7 +22,7 @@ import math
 import torch
 import torch.nn.functional as F
 
-from .invariant import linear, per_row
+from .invariant import linear, per_row, row_invariant
 
 
 def work_dtype(dtype: torch.dtype) -> torch.dtype:
@@ -110,62 +110,70 @@ class TailRope:
         return torch.cat([head, rotated], dim=-1)
 
 
+def ordered_sum(t: torch.Tensor, dim: int, *, keepdim: bool = False) -> torch.Tensor:
+    """``t.sum(dim)``; on the float32 path as explicit elementwise adds in index order, so every
+    row is summed the same way whatever the row count (torch's reduction kernels pick their
+    strategy by shape). The hyper-connection dims summed here are tiny (``hc``)."""
+    if not row_invariant(t):
+        return t.sum(dim=dim, keepdim=keepdim)
+    parts = t.unbind(dim)
+    total = parts[0]
+    for part in parts[1:]:
+        total = total + part
+    return total.unsqueeze(dim) if keepdim else total
+
+
 def hyper_mix(streams: torch.Tensor, fn: torch.Tensor, base: torch.Tensor, scale: torch.Tensor, *,
               iters: int, hc_eps: float, norm_eps: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """streams [rows, hc, H] -> (post [rows, hc], comb [rows, hc, hc], collapsed [rows, H]).
 
     ``fn`` [(2 + hc) * hc, hc * H], ``base`` [(2 + hc) * hc], ``scale`` [3] (pre, post, comb).
-    One row at a time on the float32 path."""
-    return per_row(lambda row: _hyper_mix(row, fn, base, scale, iters=iters, hc_eps=hc_eps, norm_eps=norm_eps),
-                   streams)
-
-
-def _hyper_mix(streams: torch.Tensor, fn: torch.Tensor, base: torch.Tensor, scale: torch.Tensor, *,
-               iters: int, hc_eps: float, norm_eps: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    On the float32 path the sigmoids and the softmax run one row at a time, the matrix on the
+    row-invariant kernel, and the Sinkhorn sums as ordered adds (batched: they are exact
+    elementwise ops)."""
     rows, hc, width = streams.shape
     wd = work_dtype(streams.dtype)
     flat = unit_rms_norm(streams.reshape(rows, hc * width).to(wd), norm_eps)
-    mixes = F.linear(flat, fn.to(wd))  # [rows, (2 + hc) * hc]
-    pre_w, post_w, comb_w = mixes.split([hc, hc, hc * hc], dim=-1)
+    mixes = linear(flat, fn.to(wd))  # [rows, (2 + hc) * hc]
     base = base.to(wd)
     pre_b, post_b, comb_b = base.split([hc, hc, hc * hc])
     scale = scale.to(wd)
-    pre = torch.sigmoid(pre_w * scale[0] + pre_b) + hc_eps
-    post = 2 * torch.sigmoid(post_w * scale[1] + post_b)
-    comb = torch.softmax(comb_w.view(rows, hc, hc) * scale[2] + comb_b.view(hc, hc), dim=-1) + hc_eps
-    comb = comb / (comb.sum(dim=-2, keepdim=True) + hc_eps)
+
+    def gates(m: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        pre_w, post_w, comb_w = m.split([hc, hc, hc * hc], dim=-1)
+        pre = torch.sigmoid(pre_w * scale[0] + pre_b) + hc_eps
+        post = 2 * torch.sigmoid(post_w * scale[1] + post_b)
+        comb = torch.softmax(comb_w.reshape(-1, hc, hc) * scale[2] + comb_b.view(hc, hc), dim=-1) + hc_eps
+        return pre, post, comb
+
+    pre, post, comb = per_row(gates, mixes)  # [rows, hc], [rows, hc], [rows, hc, hc]
+    comb = comb / (ordered_sum(comb, -2, keepdim=True) + hc_eps)
     for _ in range(iters - 1):
-        comb = comb / (comb.sum(dim=-1, keepdim=True) + hc_eps)
-        comb = comb / (comb.sum(dim=-2, keepdim=True) + hc_eps)
-    collapsed = (pre.unsqueeze(-1) * streams.to(wd)).sum(dim=1).to(streams.dtype)
+        comb = comb / (ordered_sum(comb, -1, keepdim=True) + hc_eps)
+        comb = comb / (ordered_sum(comb, -2, keepdim=True) + hc_eps)
+    collapsed = ordered_sum(pre.unsqueeze(-1) * streams.to(wd), 1).to(streams.dtype)
     return post, comb, collapsed
 
 
 def hyper_expand(streams: torch.Tensor, out: torch.Tensor, post: torch.Tensor, comb: torch.Tensor) -> torch.Tensor:
     """The residual update after a block: ``new_k = post_k * out + sum_j comb[j, k] * streams_j``.
     streams [rows, hc, H], out [rows, H] -> [rows, hc, H]."""
-    return per_row(_hyper_expand, streams, out, post, comb)
-
-
-def _hyper_expand(streams: torch.Tensor, out: torch.Tensor, post: torch.Tensor, comb: torch.Tensor) -> torch.Tensor:
     dtype = streams.dtype
-    return post.to(dtype).unsqueeze(-1) * out.unsqueeze(-2) + torch.matmul(comb.to(dtype).transpose(-1, -2), streams)
+    mixed = ordered_sum(comb.to(dtype).unsqueeze(-1) * streams.unsqueeze(2), 1) if row_invariant(streams) \
+        else torch.matmul(comb.to(dtype).transpose(-1, -2), streams)  # [rows, hc, H]
+    return post.to(dtype).unsqueeze(-1) * out.unsqueeze(-2) + mixed
 
 
 def hyper_head(streams: torch.Tensor, fn: torch.Tensor, base: torch.Tensor, scale: torch.Tensor, *,
                hc_eps: float, norm_eps: float) -> torch.Tensor:
     """The final collapse of the streams: [rows, hc, H] -> [rows, H] (sigmoid weights, no
     Sinkhorn). ``fn`` [hc, hc * H], ``base`` [hc], ``scale`` [1]."""
-    return per_row(lambda row: _hyper_head(row, fn, base, scale, hc_eps=hc_eps, norm_eps=norm_eps), streams)
-
-
-def _hyper_head(streams: torch.Tensor, fn: torch.Tensor, base: torch.Tensor, scale: torch.Tensor, *,
-                hc_eps: float, norm_eps: float) -> torch.Tensor:
     rows, hc, width = streams.shape
     wd = work_dtype(streams.dtype)
     flat = unit_rms_norm(streams.reshape(rows, hc * width).to(wd), norm_eps)
-    pre = torch.sigmoid(F.linear(flat, fn.to(wd)) * scale.to(wd)[0] + base.to(wd)) + hc_eps  # [rows, hc]
-    return (pre.unsqueeze(-1) * streams.to(wd)).sum(dim=1).to(streams.dtype)
+    logits = linear(flat, fn.to(wd)) * scale.to(wd)[0] + base.to(wd)  # [rows, hc]
+    pre = per_row(torch.sigmoid, logits) + hc_eps
+    return ordered_sum(pre.unsqueeze(-1) * streams.to(wd), 1).to(streams.dtype)
 
 
 def clamped_swiglu(x: torch.Tensor, gate: torch.Tensor, up: torch.Tensor, down: torch.Tensor, limit: float) -> torch.Tensor:

@@ -24,6 +24,7 @@ import torch
 from tsspec.protocols import ModelConfig, resolve_feature_taps
 
 from .hparams import DeepseekV4HParams
+from .invariant import per_row
 from .trunk import DeepseekV4Trunk
 from .weights import DeepseekV4Weights
 
@@ -157,7 +158,8 @@ class DeepseekV4Target:
                     logit_rows.append(self.trunk.logits(out.streams if all_logits_rows else out.streams[-1:]))
                 if want_hidden:
                     if self._taps:
-                        hidden_rows.append(torch.cat([out.taps[t].mean(dim=1) for t in self._taps], dim=-1))
+                        hidden_rows.append(torch.cat([per_row(lambda s: s.mean(dim=1), out.taps[t])
+                                                      for t in self._taps], dim=-1))
                     else:
                         hidden_rows.append(out.streams.reshape(len(part), -1))
             logits = torch.cat(logit_rows)
