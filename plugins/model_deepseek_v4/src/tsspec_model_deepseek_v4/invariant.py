@@ -18,13 +18,14 @@ float64 (the exact reference mode) runs batched, as torch gives it.
 
 from __future__ import annotations
 
+import functools
 from typing import Callable
 
 import torch
 import torch.nn.functional as F
 
 from tsspec.modeling import native
-from tsspec.modeling.qlinear import QK, BlockMatrix
+from tsspec.modeling.qlinear import GEMM_ROWS, QK, BlockMatrix
 
 _BLOCK_ATTR = "_tsspec_row_block"  # the weight's BlockMatrix (or None), kept on the tensor
 _SLICES_ATTR = "_tsspec_row_slices"  # per-slice BlockMatrices of a stacked [E, N, K] weight
@@ -95,3 +96,20 @@ def linear_slice(x: torch.Tensor, stacked: torch.Tensor, index: int, parts: int 
         return F.linear(x, stacked[index] if parts is None else stacked.chunk(parts)[index])
     weight, block = block_of_slice(stacked, index, parts)
     return _linear_rows(x, weight, block)
+
+
+@functools.lru_cache(maxsize=16)
+def _ones(k: int) -> BlockMatrix:
+    return BlockMatrix.dense(torch.ones(1, k))
+
+
+def mean_square(x: torch.Tensor) -> torch.Tensor | None:
+    """``mean(x^2)`` over the last dim [..., 1] summed on the row-invariant kernel (the squares
+    times a ones vector), in calls of at most ``GEMM_ROWS`` rows; None where the kernel cannot
+    take it (then the caller goes one row at a time)."""
+    k = x.shape[-1]
+    if not row_invariant(x) or k % QK or not native.available():
+        return None
+    flat = (x * x).reshape(-1, k)
+    sums = torch.cat([_ones(k).linear(flat[i : i + GEMM_ROWS]) for i in range(0, flat.shape[0], GEMM_ROWS)])
+    return (sums / k).view(*x.shape[:-1], 1)

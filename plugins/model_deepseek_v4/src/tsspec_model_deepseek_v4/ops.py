@@ -22,7 +22,7 @@ import math
 import torch
 import torch.nn.functional as F
 
-from .invariant import linear, per_row, row_invariant
+from .invariant import linear, mean_square, per_row, row_invariant
 
 
 def work_dtype(dtype: torch.dtype) -> torch.dtype:
@@ -31,8 +31,13 @@ def work_dtype(dtype: torch.dtype) -> torch.dtype:
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    """``x / rms(x) * weight`` over the last dim, in at least float32, returned in x's dtype
-    (one row at a time on the float32 path)."""
+    """``x / rms(x) * weight`` over the last dim, in at least float32, returned in x's dtype.
+    On the float32 path the sum of squares is row-invariant (``mean_square``) and the scale
+    ``1 / sqrt`` is exact elementwise (torch's rsqrt is not the same in its vector and scalar
+    paths), or, where the kernel cannot take the width, one row at a time."""
+    ms = mean_square(x)
+    if ms is not None:
+        return weight * (x * (1 / torch.sqrt(ms + eps)))
     return per_row(lambda row: _rms_norm(row, weight, eps), x)
 
 
@@ -43,7 +48,10 @@ def _rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor
 
 
 def unit_rms_norm(x: torch.Tensor, eps: float) -> torch.Tensor:
-    """``x / rms(x)`` over the last dim (no weight)."""
+    """``x / rms(x)`` over the last dim (no weight); float32 as ``rms_norm``."""
+    ms = mean_square(x)
+    if ms is not None:
+        return x * (1 / torch.sqrt(ms + eps))
     return per_row(lambda row: _unit_rms_norm(row, eps), x)
 
 
