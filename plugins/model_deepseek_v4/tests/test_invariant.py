@@ -80,3 +80,17 @@ def test_the_indexer_selects_and_the_kernel_is_used(make_target, sequence):
     assert any(n < visible for n, visible in picked), picked
     if native.available():
         assert block_of(target.trunk.w.layers[0].attn.q_a) is not None
+
+
+def test_without_compiled_kernels_rows_go_one_at_a_time(make_target, sequence, monkeypatch):
+    """Without the compiled kernel every matrix and norm falls back to one row at a time: still
+    bit for bit."""
+    import tsspec_model_deepseek_v4.invariant as invariant
+
+    monkeypatch.setattr(invariant.native, "available", lambda: False)
+    verify, decode = make_target(with_mtp=False), make_target(with_mtp=False)
+    assert invariant.block_of(verify.trunk.w.layers[0].attn.q_a) is None
+    for t in (verify, decode):
+        _forward(t, sequence[:PREFIX])
+    span = sequence[PREFIX : PREFIX + 5]
+    _assert_bitwise(_forward(verify, span), _decoded(decode, span))
