@@ -24,8 +24,8 @@ from typing import Callable
 import torch
 import torch.nn.functional as F
 
-from tsspec.modeling import native
-from tsspec.modeling.qlinear import GEMM_ROWS, QK, BlockMatrix
+from tsspec.modeling import native, rowops
+from tsspec.modeling.qlinear import QK, BlockMatrix
 
 _BLOCK_ATTR = "_tsspec_row_block"  # the weight's BlockMatrix (or None), kept on the tensor
 _SLICES_ATTR = "_tsspec_row_slices"  # per-slice BlockMatrices of a stacked [E, N, K] weight
@@ -99,17 +99,24 @@ def linear_slice(x: torch.Tensor, stacked: torch.Tensor, index: int, parts: int 
 
 
 @functools.lru_cache(maxsize=16)
-def _ones(k: int) -> BlockMatrix:
-    return BlockMatrix.dense(torch.ones(1, k))
+def _ones(n: int) -> torch.Tensor:
+    return torch.ones(n)
 
 
-def mean_square(x: torch.Tensor) -> torch.Tensor | None:
-    """``mean(x^2)`` over the last dim [..., 1] summed on the row-invariant kernel (the squares
-    times a ones vector), in calls of at most ``GEMM_ROWS`` rows; None where the kernel cannot
-    take it (then the caller goes one row at a time)."""
-    k = x.shape[-1]
-    if not row_invariant(x) or k % QK or not native.available():
+def norm_rows(x: torch.Tensor, weight: torch.Tensor | None, eps: float) -> torch.Tensor | None:
+    """RMSNorm over the last dim on the compiled per-row kernel (``tsspec.modeling.rowops``: every
+    row computed the same way whatever the row count), ``weight`` None for the unit norm; None
+    where the kernel is not there or x is not on the float32 path (then the caller goes one row
+    at a time or batched)."""
+    if not row_invariant(x) or not native.available():
         return None
-    flat = (x * x).reshape(-1, k)
-    sums = torch.cat([_ones(k).linear(flat[i : i + GEMM_ROWS]) for i in range(0, flat.shape[0], GEMM_ROWS)])
-    return (sums / k).view(*x.shape[:-1], 1)
+    n = x.shape[-1]
+    w = _ones(n) if weight is None else weight.to(torch.float32).contiguous()
+    return rowops.rms_norm(x.reshape(-1, n).contiguous(), w, eps).view(x.shape)
+
+
+def silu_mul_rows(g: torch.Tensor, u: torch.Tensor) -> torch.Tensor | None:
+    """``silu(g) * u`` [rows, F] on the compiled per-row kernel; None where it is not there."""
+    if not row_invariant(g) or not native.available():
+        return None
+    return rowops.silu_mul(torch.cat([g, u], dim=-1).contiguous())

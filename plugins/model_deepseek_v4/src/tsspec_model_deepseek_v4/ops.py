@@ -22,7 +22,7 @@ import math
 import torch
 import torch.nn.functional as F
 
-from .invariant import linear, mean_square, per_row, row_invariant
+from .invariant import linear, norm_rows, per_row, row_invariant, silu_mul_rows
 
 
 def work_dtype(dtype: torch.dtype) -> torch.dtype:
@@ -32,12 +32,11 @@ def work_dtype(dtype: torch.dtype) -> torch.dtype:
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     """``x / rms(x) * weight`` over the last dim, in at least float32, returned in x's dtype.
-    On the float32 path the sum of squares is row-invariant (``mean_square``) and the scale
-    ``1 / sqrt`` is exact elementwise (torch's rsqrt is not the same in its vector and scalar
-    paths), or, where the kernel cannot take the width, one row at a time."""
-    ms = mean_square(x)
-    if ms is not None:
-        return weight * (x * (1 / torch.sqrt(ms + eps)))
+    On the float32 path on the compiled per-row kernel (``invariant.norm_rows``), or, without
+    it, one row at a time."""
+    out = norm_rows(x, weight, eps)
+    if out is not None:
+        return out
     return per_row(lambda row: _rms_norm(row, weight, eps), x)
 
 
@@ -49,9 +48,9 @@ def _rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor
 
 def unit_rms_norm(x: torch.Tensor, eps: float) -> torch.Tensor:
     """``x / rms(x)`` over the last dim (no weight); float32 as ``rms_norm``."""
-    ms = mean_square(x)
-    if ms is not None:
-        return x * (1 / torch.sqrt(ms + eps))
+    out = norm_rows(x, None, eps)
+    if out is not None:
+        return out
     return per_row(lambda row: _unit_rms_norm(row, eps), x)
 
 
@@ -92,14 +91,25 @@ class TailRope:
             inv = 1.0 / (base ** (torch.arange(0, dims, 2, dtype=torch.float32) / dims))
         self.inv_freq = inv  # [dims/2] float32, as transformers computes the angles
         self.dtype = dtype
+        self._cos = self._sin = torch.zeros(0, dims // 2, dtype=dtype)  # [known, dims/2] (float32 path)
+        self._known = 0
 
     def tables(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """cos, sin [rows, dims/2] for integer positions [rows]: the angles in float32 (like HF),
         their cos / sin in the model's dtype (float32, or float64 for exact tests). On the float32
-        path one position at a time (a vectorised cos of several rows can differ in the last bit)."""
-        if self.dtype == torch.float32 and positions.numel() > 1:
-            parts = [self.tables(positions[i : i + 1]) for i in range(positions.numel())]
-            return torch.cat([c for c, _ in parts]), torch.cat([s for _, s in parts])
+        path each position is computed once, on its own (a vectorised cos of several rows can differ
+        in the last bit), and kept in a table that grows as positions are asked for."""
+        if self.dtype == torch.float32 and positions.numel() > 0:
+            need = int(positions.max()) + 1
+            if need > self._known:  # extend the table, one new position at a time
+                new = [self._compute(torch.tensor([p])) for p in range(self._known, max(need, 2 * self._known))]
+                self._cos = torch.cat([self._cos[: self._known]] + [c for c, _ in new])
+                self._sin = torch.cat([self._sin[: self._known]] + [s for _, s in new])
+                self._known = self._cos.shape[0]
+            return self._cos[positions], self._sin[positions]
+        return self._compute(positions)
+
+    def _compute(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         angles = (positions.to(torch.float32)[:, None] * self.inv_freq[None, :]).to(work_dtype(self.dtype))
         return angles.cos().to(self.dtype), angles.sin().to(self.dtype)
 
@@ -190,12 +200,10 @@ def clamped_swiglu(x: torch.Tensor, gate: torch.Tensor, up: torch.Tensor, down: 
     experts' row-invariant slices)."""
     g = gate(x) if callable(gate) else linear(x, gate)
     u = up(x) if callable(up) else linear(x, up)
-    act = per_row(lambda gr, ur: _swiglu(gr, ur, limit), g, u)
-    return down(act) if callable(down) else linear(act, down)
-
-
-def _swiglu(g: torch.Tensor, u: torch.Tensor, limit: float) -> torch.Tensor:
     if limit > 0:
         g = g.clamp(max=limit)
         u = u.clamp(min=-limit, max=limit)
-    return F.silu(g) * u
+    act = silu_mul_rows(g, u)  # the compiled per-row kernel on the float32 path
+    if act is None:
+        act = per_row(lambda gr, ur: F.silu(gr) * ur, g, u)
+    return down(act) if callable(down) else linear(act, down)
