@@ -10,8 +10,11 @@ float32 path:
   every output in a fixed order whatever the row count; dense float32 weights ride it as format
   32, built once per weight and kept on the tensor), or, where the kernel cannot take the matrix
   (no compiled kernels, K not a multiple of 32), one row at a time;
+* ``norm_rows`` and ``silu_mul_rows`` run RMSNorm and the SiLU product on the compiled per-row
+  kernels of ``tsspec.modeling.rowops``;
 * ``per_row`` applies a function to each row on its own: a fresh contiguous tensor of exactly the
-  one-row shape, so every row runs the code a one-row decode runs.
+  one-row shape, so every row runs the code a one-row decode runs (the other transcendental ops,
+  and everything when the compiled kernels are missing).
 
 float64 (the exact reference mode) runs batched, as torch gives it.
 """
