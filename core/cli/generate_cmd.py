@@ -64,6 +64,8 @@ def describe_target(target) -> str:
     if weights == "blocks":
         from ..modeling import native
 
+        if extra.get("arithmetic"):
+            parts.append(f"arithmetic {extra['arithmetic']}")
         parts.append(f"kernels {native.info().get('simd')}")
     return ", ".join(parts)
 
