@@ -27,12 +27,17 @@ run: setup
 test: setup
 	$(PY) -m pytest -q
 
-# BENCHMARKS.md, docs/bench.png and docs/bench.json in one run (~10 min on 2 quiet cores).
+# BENCHMARKS.md, docs/bench.png and docs/bench.json in one run (~15 min on 2 quiet cores; run it
+# on a quiet machine: every figure is a paired ratio, but a busy machine still blurs them).
 # The peers are optional extras, installed here only: llama-cpp-python is built from source with
 # portable SIMD flags (a native build dies with "Illegal instruction" on these CPUs; ~10 min once).
+# Each peer runs in its own process with its own default environment, llama.cpp in the fastest
+# of its documented variants (probed first), and its runs alternate with tsspec's (paired);
+# --goals adds the CPU speed goals: verify cost by rows, prefill of 1,000 tokens beside the peers.
 BENCH_STAMP := $(VENV)/.tsspec-bench-extras
 BENCH_ARGS := --per-class 1 --reps 2 --oracle-acceptance 0,0.5,1 --oracle-classes qa \
-	--oracle-governor both --compare transformers,llama.cpp --compare-reps 1 --governor-check --governor-reps 2
+	--oracle-governor both --compare transformers,llama.cpp --compare-reps 2 --goals \
+	--governor-check --governor-reps 2
 
 $(BENCH_STAMP): $(STAMP)
 	$(PIP) install -q 'matplotlib>=3.8'

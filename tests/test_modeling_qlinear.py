@@ -326,3 +326,22 @@ def test_unknown_precision_is_an_error():
     bm, _ = make(T.Q8_0, n=8, k=32)
     with pytest.raises(ValueError, match="precision"):
         bm.linear(torch.randn(1, 32), precision="int4")
+
+
+@needs_native
+def test_int8_vnni_path_equals_the_avx2_path():
+    """Where the CPU has AVX-512 VNNI, vpdpbusd forms the same integer lanes as AVX2's
+    maddubs + madd: the two paths (and the scalar one) agree bit for bit."""
+    kernels = native.kernels()
+    if native.info()["int8"] != "avx512-vnni":
+        pytest.skip("this CPU has no AVX-512 VNNI")
+    for fmt in (4, 8):
+        bm = random_blocks(fmt, 29, 224, seed=fmt)
+        x = torch.randn(11, 224, generator=torch.Generator().manual_seed(7))
+        vnni = bm.linear(x, precision="int8")
+        kernels.set_vnni(False)
+        try:
+            assert native.info()["int8"] == "avx2"
+            assert torch.equal(bm.linear(x, precision="int8"), vnni)
+        finally:
+            kernels.set_vnni(True)

@@ -64,9 +64,12 @@ def describe_target(target) -> str:
     if weights == "blocks":
         from ..modeling import native
 
-        if extra.get("arithmetic"):
+        info = native.info()
+        if extra.get("arithmetic") == "int8":
+            parts.append(f"arithmetic int8 ({info.get('int8')})")
+        elif extra.get("arithmetic"):
             parts.append(f"arithmetic {extra['arithmetic']}")
-        parts.append(f"kernels {native.info().get('simd')}")
+        parts.append(f"kernels {info.get('simd')}")
     return ", ".join(parts)
 
 

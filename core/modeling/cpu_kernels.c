@@ -205,6 +205,7 @@ static int have_avx2(void) { return 0; }
 #endif
 
 static int use_simd = -1; /* -1: auto, 0: scalar forced (tests) */
+static int use_vnni = 1;  /* 0: the int8 path stays on AVX2 even where VNNI exists (tests) */
 
 static inline int simd_on(void) { return use_simd != 0 && have_avx2(); }
 
@@ -371,51 +372,95 @@ QG_AVX2 static inline __m256i block_lanes_avx2(const int fmt, __m256i w, __m256i
 
 /* formats 4 and 8: up to 4 rows of quantised x against one weight row, 4 blocks at a time (their
  * weights stay in registers for every row); the 4 blocks' exact int sums go into one vector */
-QG_AVX2 static inline __attribute__((always_inline)) void dot_q8g_tile_avx2(const int fmt, const uint8_t *q,
-                                                                            const float *d, const float *m,
-                                                                            int64_t nb, const QAct *A, int64_t r0,
-                                                                            const int T, float *res) {
-    __m128 acc[4];
-    for (int t = 0; t < T; t++) acc[t] = _mm_setzero_ps();
-    const int64_t nb4 = nb & ~(int64_t)3;
-    for (int64_t b = 0; b < nb4; b += 4) {
-        __m256i w[4], uw[4];
-        for (int i = 0; i < 4; i++) {
-            w[i] = block_bytes_avx2(fmt, q, b + i);
-            uw[i] = fmt == 4 ? w[i] : _mm256_sign_epi8(w[i], w[i]);
+#define DEFINE_Q8G_TILE(NAME, ATTR, LANES) \
+ATTR static inline __attribute__((always_inline)) void NAME(const int fmt, const uint8_t *q, \
+                                                                            const float *d, const float *m, \
+                                                                            int64_t nb, const QAct *A, int64_t r0, \
+                                                                            const int T, float *res) { \
+    __m128 acc[4]; \
+    for (int t = 0; t < T; t++) acc[t] = _mm_setzero_ps(); \
+    const int64_t nb4 = nb & ~(int64_t)3; \
+    for (int64_t b = 0; b < nb4; b += 4) { \
+        __m256i w[4], uw[4]; \
+        for (int i = 0; i < 4; i++) { \
+            w[i] = block_bytes_avx2(fmt, q, b + i); \
+            uw[i] = fmt == 4 ? w[i] : _mm256_sign_epi8(w[i], w[i]); \
+        } \
+        const __m128 dv = _mm_loadu_ps(d + b), mv = _mm_loadu_ps(m + b); \
+        for (int t = 0; t < T; t++) { \
+            const int64_t r = r0 + t; \
+            const int8_t *x = A->q + r * A->K + b * QK; \
+            __m256i v0 = LANES(fmt, w[0], uw[0], x), v1 = LANES(fmt, w[1], uw[1], x + QK); \
+            __m256i v2 = LANES(fmt, w[2], uw[2], x + 2 * QK), v3 = LANES(fmt, w[3], uw[3], x + 3 * QK); \
+            __m256i h = _mm256_hadd_epi32(_mm256_hadd_epi32(v0, v1), _mm256_hadd_epi32(v2, v3)); \
+            __m128i isum = _mm_add_epi32(_mm256_castsi256_si128(h), _mm256_extracti128_si256(h, 1)); \
+            __m128 scale = _mm_mul_ps(dv, _mm_loadu_ps(A->d + r * nb + b)); \
+            acc[t] = _mm_fmadd_ps(_mm_cvtepi32_ps(isum), scale, acc[t]); \
+            acc[t] = _mm_fmadd_ps(mv, _mm_loadu_ps(A->s32 + r * nb + b), acc[t]); \
+        } \
+    } \
+    for (int t = 0; t < T; t++) { \
+        const int64_t r = r0 + t; \
+        float lanes[4]; \
+        _mm_storeu_ps(lanes, acc[t]); \
+        for (int64_t b = nb4; b < nb; b++) { /* the last nb mod 4 blocks, as the scalar path */ \
+            const __m256i w = block_bytes_avx2(fmt, q, b); \
+            const __m256i v = LANES(fmt, w, fmt == 4 ? w : _mm256_sign_epi8(w, w), A->q + r * A->K + b * QK); \
+            int32_t l8[8], isum = 0; \
+            _mm256_storeu_si256((__m256i *)l8, v); \
+            for (int l = 0; l < 8; l++) isum += l8[l]; \
+            lanes[b % 4] = fmaf((float)isum, d[b] * A->d[r * nb + b], lanes[b % 4]); \
+            lanes[b % 4] = fmaf(m[b], A->s32[r * nb + b], lanes[b % 4]); \
+        } \
+        res[t] = (lanes[0] + lanes[2]) + (lanes[1] + lanes[3]); \
+    } \
+}
+
+DEFINE_Q8G_TILE(dot_q8g_tile_avx2, QG_AVX2, block_lanes_avx2)
+
+/* AVX-512 VNNI (on 256-bit registers, so no wider than the AVX2 path's): vpdpbusd forms the same
+ * int32 lanes in one instruction (sums of four u8 x s8 products, no int16 step); the float part
+ * is the shared tile's, so results equal the AVX2 and scalar paths bit for bit */
+#define QG_VNNI __attribute__((target("avx2,fma,avx512f,avx512vl,avx512bw,avx512vnni")))
+QG_VNNI static inline __m256i block_lanes_vnni(const int fmt, __m256i w, __m256i uw, const int8_t *xq) {
+    __m256i x = _mm256_loadu_si256((const __m256i *)xq);
+    if (fmt != 4) x = _mm256_sign_epi8(x, w);
+    return _mm256_dpbusd_epi32(_mm256_setzero_si256(), uw, x);
+}
+
+DEFINE_Q8G_TILE(dot_q8g_tile_vnni, QG_VNNI, block_lanes_vnni)
+
+QG_VNNI static void dots_q8g_vnni(int fmt, const uint8_t *q, const float *d, const float *m, int64_t nb,
+                                  const QAct *A, int64_t r0, int64_t R, float *res) {
+    if (fmt == 4) {
+        for (; R >= 4; R -= 4, r0 += 4, res += 4) dot_q8g_tile_vnni(4, q, d, m, nb, A, r0, 4, res);
+        switch (R) {
+            case 3: dot_q8g_tile_vnni(4, q, d, m, nb, A, r0, 3, res); break;
+            case 2: dot_q8g_tile_vnni(4, q, d, m, nb, A, r0, 2, res); break;
+            case 1: dot_q8g_tile_vnni(4, q, d, m, nb, A, r0, 1, res); break;
         }
-        const __m128 dv = _mm_loadu_ps(d + b), mv = _mm_loadu_ps(m + b);
-        for (int t = 0; t < T; t++) {
-            const int64_t r = r0 + t;
-            const int8_t *x = A->q + r * A->K + b * QK;
-            __m256i v0 = block_lanes_avx2(fmt, w[0], uw[0], x), v1 = block_lanes_avx2(fmt, w[1], uw[1], x + QK);
-            __m256i v2 = block_lanes_avx2(fmt, w[2], uw[2], x + 2 * QK), v3 = block_lanes_avx2(fmt, w[3], uw[3], x + 3 * QK);
-            __m256i h = _mm256_hadd_epi32(_mm256_hadd_epi32(v0, v1), _mm256_hadd_epi32(v2, v3));
-            __m128i isum = _mm_add_epi32(_mm256_castsi256_si128(h), _mm256_extracti128_si256(h, 1));
-            __m128 scale = _mm_mul_ps(dv, _mm_loadu_ps(A->d + r * nb + b));
-            acc[t] = _mm_fmadd_ps(_mm_cvtepi32_ps(isum), scale, acc[t]);
-            acc[t] = _mm_fmadd_ps(mv, _mm_loadu_ps(A->s32 + r * nb + b), acc[t]);
-        }
+        return;
     }
-    for (int t = 0; t < T; t++) {
-        const int64_t r = r0 + t;
-        float lanes[4];
-        _mm_storeu_ps(lanes, acc[t]);
-        for (int64_t b = nb4; b < nb; b++) { /* the last nb mod 4 blocks, as the scalar path */
-            const __m256i w = block_bytes_avx2(fmt, q, b);
-            const __m256i v = block_lanes_avx2(fmt, w, fmt == 4 ? w : _mm256_sign_epi8(w, w), A->q + r * A->K + b * QK);
-            int32_t l8[8], isum = 0;
-            _mm256_storeu_si256((__m256i *)l8, v);
-            for (int l = 0; l < 8; l++) isum += l8[l];
-            lanes[b % 4] = fmaf((float)isum, d[b] * A->d[r * nb + b], lanes[b % 4]);
-            lanes[b % 4] = fmaf(m[b], A->s32[r * nb + b], lanes[b % 4]);
-        }
-        res[t] = (lanes[0] + lanes[2]) + (lanes[1] + lanes[3]);
+    for (; R >= 2; R -= 2, r0 += 2, res += 2) dot_q8g_tile_vnni(8, q, d, m, nb, A, r0, 2, res);
+    if (R == 1) dot_q8g_tile_vnni(8, q, d, m, nb, A, r0, 1, res);
+}
+
+static int have_vnni(void) {
+    static int cached = -1;
+    if (cached < 0) {
+        __builtin_cpu_init();
+        cached = __builtin_cpu_supports("avx512vnni") && __builtin_cpu_supports("avx512vl") &&
+                 __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
     }
+    return cached;
 }
 
 QG_AVX2 static void dots_q8_avx2(int fmt, const uint8_t *q, const float *d, const float *m, int64_t nb, const QAct *A,
                                  int64_t r0, int64_t R, float *res) {
+    if ((fmt == 4 || fmt == 8) && use_vnni && have_vnni()) {
+        dots_q8g_vnni(fmt, q, d, m, nb, A, r0, R, res);
+        return;
+    }
     if (fmt == 4) {
         for (; R >= 4; R -= 4, r0 += 4, res += 4) dot_q8g_tile_avx2(4, q, d, m, nb, A, r0, 4, res);
         switch (R) {
@@ -1155,8 +1200,20 @@ static PyObject *py_set_simd(PyObject *self, PyObject *args) {
     Py_RETURN_NONE;
 }
 
+static PyObject *py_set_vnni(PyObject *self, PyObject *args) {
+    int on;
+    if (!PyArg_ParseTuple(args, "p", &on)) return NULL;
+    use_vnni = on;
+    Py_RETURN_NONE;
+}
+
 static PyObject *py_info(PyObject *self, PyObject *noargs) {
-    return Py_BuildValue("{s:s,s:i}", "simd", simd_on() ? "avx2+fma" : "scalar", "pool_workers", pool.started);
+    const char *int8 = "scalar";
+#ifdef QG_X86
+    if (simd_on()) int8 = use_vnni && have_vnni() ? "avx512-vnni" : "avx2";
+#endif
+    return Py_BuildValue("{s:s,s:s,s:i}", "simd", simd_on() ? "avx2+fma" : "scalar", "int8", int8, "pool_workers",
+                         pool.started);
 }
 
 static PyMethodDef methods[] = {
@@ -1167,6 +1224,7 @@ static PyMethodDef methods[] = {
     {"rope", py_rope, METH_VARARGS, "rotary embedding of rows, in place (adjacent pairs)"},
     {"silu_mul", py_silu_mul, METH_VARARGS, "silu(gate) * up of rows"},
     {"set_simd", py_set_simd, METH_VARARGS, "False forces the scalar path (tests)"},
+    {"set_vnni", py_set_vnni, METH_VARARGS, "False keeps the int8 path on AVX2 where VNNI exists (tests)"},
     {"info", py_info, METH_NOARGS, "which paths this build has"},
     {NULL, NULL, 0, NULL},
 };
