@@ -141,13 +141,15 @@ class LlamaCppEngine:
         times: list[float] = []
         start = time.perf_counter()
         if api == "create_completion":
-            # the text API: one chunk per token; token ids are read back from the context
-            for _chunk in llm.create_completion(list(prompt_ids), max_tokens=max_tokens, temperature=0.0, top_k=1,
-                                                top_p=1.0, min_p=0.0, repeat_penalty=1.0, stream=True, seed=0):
+            # the text API: one chunk per token (timed as it arrives); the API returns text, so
+            # the token ids for the output comparison are the text tokenised again
+            text = []
+            for chunk in llm.create_completion(list(prompt_ids), max_tokens=max_tokens, temperature=0.0, top_k=1,
+                                               top_p=1.0, min_p=0.0, repeat_penalty=1.0, stream=True, seed=0):
                 times.append(time.perf_counter())
+                text.append(chunk["choices"][0]["text"])
             seconds = time.perf_counter() - start
-            evaluated = [int(t) for t in llm.input_ids[: llm.n_tokens]]
-            tokens = evaluated[len(prompt_ids):]
+            tokens = [int(t) for t in llm.tokenize("".join(text).encode("utf-8"), add_bos=False, special=True)]
             return tokens, decode_rate(times, [1] * len(times)), seconds
         for tok in llm.generate(list(prompt_ids), top_k=1, top_p=1.0, min_p=0.0, temp=0.0, repeat_penalty=1.0,
                                 reset=True):
