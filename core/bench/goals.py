@@ -44,7 +44,7 @@ def verify_cost(target, stream: Sequence[int], *, context: int = VERIFY_CONTEXT,
                 reps: int = VERIFY_REPS) -> dict:
     """Milliseconds of a 1-row and a ``rows``-row forward (all rows' logits, as a verify) after
     ``context`` tokens, alternating; the ratio is the median of per-round ratios."""
-    target.reset()
+    target.spec_rewind_cache(0)
     _forward(target, list(stream[:context]), False)
     new = list(stream[context:context + rows])
     times: dict[int, list[float]] = {1: [], rows: []}
@@ -57,7 +57,7 @@ def verify_cost(target, stream: Sequence[int], *, context: int = VERIFY_CONTEXT,
             if rep >= 0:
                 times[r].append(elapsed * 1e3)
     ratios = [b / a for a, b in zip(times[1], times[rows])]
-    target.reset()
+    target.spec_rewind_cache(0)
     return {"context": context, "rows": rows, "reps": reps, "one_row_ms": statistics.median(times[1]),
             "rows_ms": statistics.median(times[rows]), "ratio": statistics.median(ratios)}
 
@@ -70,11 +70,11 @@ def prefill_pairs(target, peers: dict, stream: Sequence[int], *, reps: int = PRE
     out: dict = {"tokens": len(ids), "reps": reps, "tsspec_tps": [], "peers": {}}
 
     def tsspec_once() -> float:
-        target.reset()
+        target.spec_rewind_cache(0)
         start = time.perf_counter()
         _forward(target, ids, False)
         seconds = time.perf_counter() - start
-        target.reset()
+        target.spec_rewind_cache(0)
         return seconds
 
     settings: dict[str, dict] = {}
