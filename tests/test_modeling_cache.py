@@ -11,7 +11,7 @@ import torch
 from tsspec.modeling import cache as cache_module
 from tsspec.modeling.cache import WeightCache, cache_dir, cache_key
 from tsspec.modeling.gguf_file import GGUFFile
-from tsspec.modeling.gguf_writer_util import write_gguf
+from tsspec.modeling.gguf_writer import write_gguf
 
 
 def sample_tensors() -> dict[str, torch.Tensor]:
@@ -121,3 +121,15 @@ def test_key_tracks_file_layout_and_dtype(tmp_path):
     assert key != cache_key(GGUFFile(path), "layout-a", torch.float32)
     write_gguf(path, "demo", {}, {"w": np.zeros((2, 64), np.float32)})
     assert key != cache_key(GGUFFile(path), "layout-a", torch.float32)
+
+
+def test_join_block_matrices_rebuilds_what_tensors_flattened():
+    from tsspec.modeling.cache import join_block_matrices
+    from tsspec.modeling.qlinear import BlockMatrix
+
+    weight = torch.randn(4, 64, generator=torch.Generator().manual_seed(1))  # [N, K]
+    flat = {"embd": torch.ones(3), **BlockMatrix.dense(weight).tensors("l0.wq"), "l0.norm": torch.zeros(2)}
+    joined = join_block_matrices(flat)
+    assert list(joined) == ["embd", "l0.wq", "l0.norm"]  # the input's order, one entry per matrix
+    assert isinstance(joined["l0.wq"], BlockMatrix) and joined["l0.wq"].fmt == 32
+    assert torch.equal(joined["l0.wq"].q, flat["l0.wq.q32"]) and torch.equal(joined["l0.norm"], flat["l0.norm"])

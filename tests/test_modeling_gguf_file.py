@@ -12,7 +12,7 @@ from hypothesis import HealthCheck, given, settings, strategies as st
 
 from tsspec.errors import ModelLoadError
 from tsspec.modeling.gguf_file import GGUFFile, read_architecture
-from tsspec.modeling.gguf_writer_util import write_gguf
+from tsspec.modeling.gguf_writer import write_gguf
 
 METADATA = {
     "demo.block_count": 3,
@@ -195,3 +195,16 @@ def test_random_header_corruption_never_escapes(small_gguf, tmp_path_factory, da
             damaged.tensor(name)
     except ModelLoadError as exc:
         assert "\n" not in str(exc)
+
+
+def test_memory_source_reads_like_a_file():
+    from tsspec.modeling.gguf_file import MemorySource
+
+    src = MemorySource("demo", {"demo.block_count": 3, "demo.ids": np.arange(3)}, {"w": np.ones((2, 4), np.float32)})
+    assert src.architecture == "demo" and src.require(src.arch_key("block_count")) == 3
+    assert src.get("demo.ids") == [0, 1, 2] and src.get("absent", None) is None
+    assert src.tensor_names == ["w"] and src.tensor_shape("w") == (2, 4)
+    assert src.require_tensor("w", (2, 4), torch.float64).dtype == torch.float64
+    for call in (lambda: src.get("absent"), lambda: src.tensor("v"), lambda: src.require_tensor("w", (4, 2))):
+        with pytest.raises(ModelLoadError, match="<memory>"):
+            call()

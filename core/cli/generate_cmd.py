@@ -70,7 +70,20 @@ def describe_target(target) -> str:
         elif extra.get("arithmetic"):
             parts.append(f"arithmetic {extra['arithmetic']}")
         parts.append(f"kernels {info.get('simd')}")
+    in_use = kernels_in_use(target)
+    if in_use:
+        parts.append(f"device kernels {', '.join(in_use)}")
     return ", ".join(parts)
+
+
+def kernels_in_use(target) -> list[str]:
+    """Registered kernels the target (and its drafter) run: their ``kernels_in_use`` fields."""
+    names: list[str] = []
+    for part in (target, getattr(target, "draft_head", None)):
+        for name in getattr(part, "kernels_in_use", None) or ():
+            if name not in names:
+                names.append(str(name))
+    return names
 
 
 def load_target(model: str | None, device: str, dtype: str | None, options):
@@ -115,7 +128,8 @@ def generate(
 
     named_type = spec_type  # what the operator named (the demo's default is ours)
     if demo:
-        spec_type = spec_type or "ngram"
+        # the demo drafts weight-free: the preferred weight-free algorithm installed (ngram)
+        spec_type = spec_type or next(iter(STATE.catalog.speculators.weight_free()), "auto")
         chat, system = True, system or DEMO_SYSTEM
         max_tokens = DEMO_MAX_TOKENS if max_tokens == 128 else max_tokens
         text = demo_prompt() if prompt is None and prompt_file is None else _read_prompt(prompt, prompt_file)

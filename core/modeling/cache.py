@@ -34,7 +34,7 @@ from typing import Callable, Mapping
 import numpy as np
 import torch
 
-__all__ = ["WeightCache", "cache_dir", "cache_key"]
+__all__ = ["WeightCache", "cache_dir", "cache_key", "join_block_matrices"]
 
 log = logging.getLogger("tsspec.modeling.cache")
 
@@ -79,6 +79,29 @@ def cache_key(gguf_file, layout: str, dtype: torch.dtype) -> str:
         digest.update(f"|{name}:{info.ggml_type.name}:{info.shape}".encode())
     digest.update(f"|{layout}|{_NAMES.get(dtype, str(dtype))}|v{FORMAT_VERSION}".encode())
     return digest.hexdigest()[:32]
+
+
+def join_block_matrices(tensors: Mapping[str, torch.Tensor]) -> dict:
+    """A flat dict of tensors (what a cache entry holds) with every block matrix joined again.
+
+    A ``tsspec.modeling.qlinear.BlockMatrix`` is stored flat as ``STEM.q<fmt>``, ``STEM.d`` and
+    ``STEM.m`` (``BlockMatrix.tensors(STEM)``); this returns ``{STEM: BlockMatrix}`` for each
+    such group and every other tensor under its own name, in the input's order. Model plugins
+    that cache block weights call it on what ``WeightCache.load_or_build`` returns.
+    """
+    from .qlinear import FORMATS, BlockMatrix  # the kernels load only for plugins that use them
+
+    parts = {f"q{fmt}" for fmt in FORMATS}
+    stems = {name.rpartition(".")[0] for name in tensors if name.rpartition(".")[2] in parts}
+    out: dict = {}
+    for name, tensor in tensors.items():
+        stem, _, part = name.rpartition(".")
+        if stem in stems:
+            if part in parts:
+                out[stem] = BlockMatrix.from_tensors(tensors, stem)
+        else:
+            out[name] = tensor
+    return out
 
 
 def _align(n: int) -> int:

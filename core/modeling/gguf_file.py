@@ -26,7 +26,7 @@ import numpy as np
 from ..errors import ModelLoadError
 from .gguf_header import GGUFHeader, HeaderError, TensorInfo, parse_header
 
-__all__ = ["GGUFFile", "MISSING", "read_architecture"]
+__all__ = ["GGUFFile", "MISSING", "MEMORY_PATH", "MemorySource", "read_architecture"]
 
 
 class _Missing:
@@ -34,8 +34,8 @@ class _Missing:
         return "MISSING"
 
 
-MISSING: Any = _Missing()
-_DECODE_ERRORS = (struct.error, ValueError, OverflowError, IndexError, KeyError, MemoryError)  # "no default": get() raises like require() when the key is absent
+MISSING: Any = _Missing()  # "no default": get() raises like require() when the key is absent
+_DECODE_ERRORS = (struct.error, ValueError, OverflowError, IndexError, KeyError, MemoryError)
 
 _KIND_NAMES = {int: "an integer", float: "a number", str: "a string", bool: "a boolean", list: "an array"}
 
@@ -223,3 +223,72 @@ def read_architecture(path: str | os.PathLike[str]) -> str:
     """``general.architecture`` of a GGUF (ModelLoadError if it is not a readable GGUF)."""
     with GGUFFile(path) as gguf_file:
         return gguf_file.architecture
+
+
+MEMORY_PATH = "<memory>"
+
+
+class MemorySource:
+    """An in-memory stand-in for ``GGUFFile``: the reading methods a loader uses
+    (``architecture``, ``arch_key``, ``get``, ``require``, ``tensor_names``, ``has_tensor``,
+    ``tensor_shape``, ``tensor``, ``require_tensor``, ``close``) over dicts, so a converter's
+    output (tests, a benchmark's random model) loads through exactly the code path a file takes.
+
+    ``metadata`` uses full GGUF key names (``qwen35.block_count``); ``tensors`` are in numpy
+    order (a linear weight is [out, in]), as numpy arrays or torch tensors. ``require`` does not
+    check the value's kind. Failures are ``ModelLoadError``s naming ``path``.
+    """
+
+    def __init__(self, architecture: str, metadata: Any, tensors: Any, path: str = MEMORY_PATH):
+        self.path = path
+        self._metadata = {"general.architecture": architecture, **dict(metadata)}
+        self._tensors = dict(tensors)
+
+    @property
+    def architecture(self) -> str:
+        return self._metadata["general.architecture"]
+
+    def arch_key(self, suffix: str) -> str:
+        return f"{self.architecture}.{suffix}"
+
+    def get(self, key: str, default: Any = MISSING) -> Any:
+        if key in self._metadata:
+            value = self._metadata[key]
+            return value.tolist() if isinstance(value, np.ndarray) else value
+        if default is MISSING:
+            raise ModelLoadError(self.path, f"missing metadata key {key!r}")
+        return default
+
+    def require(self, key: str, kind: type | None = None) -> Any:
+        return self.get(key)
+
+    @property
+    def tensor_names(self) -> list[str]:
+        return list(self._tensors)
+
+    def has_tensor(self, name: str) -> bool:
+        return name in self._tensors
+
+    def tensor_shape(self, name: str) -> tuple[int, ...]:
+        if name not in self._tensors:
+            raise ModelLoadError(self.path, f"missing tensor {name!r}")
+        return tuple(int(s) for s in self._tensors[name].shape)
+
+    def tensor(self, name: str, dtype=None):
+        """The tensor as torch (``dtype``, default float32), numpy order."""
+        import torch
+
+        if name not in self._tensors:
+            raise ModelLoadError(self.path, f"missing tensor {name!r}")
+        value = self._tensors[name]
+        out = value if isinstance(value, torch.Tensor) else torch.as_tensor(np.asarray(value))
+        return out.to(dtype or torch.float32)
+
+    def require_tensor(self, name: str, shape: Sequence[int] | None = None, dtype=None):
+        actual = self.tensor_shape(name)
+        if shape is not None and tuple(actual) != tuple(int(s) for s in shape):
+            raise ModelLoadError(self.path, f"tensor {name!r} has shape {list(actual)}, expected {list(shape)}")
+        return self.tensor(name, dtype)
+
+    def close(self) -> None:
+        pass

@@ -12,7 +12,8 @@ milliseconds with the tensor's name. The layout the forward wants differs from t
 Block mode (``blocks=True``, the CPU default): the matrices stay in the file's quantised blocks
 (``tsspec.modeling.qlinear.BlockMatrix``: Q4_0, Q4_1, Q8_0) and are stored as their ``q``/``d``/``m``
 tensors under the matrix's name (``l3.wqkv.q4``, ``l3.wqkv.d``, ...); a matrix of another type
-stays dense float32. ``assemble`` turns the flat dict back into tensors and BlockMatrix objects.
+stays dense float32. ``tsspec.modeling.cache.join_block_matrices`` turns the flat dict back
+into tensors and BlockMatrix objects.
 
 The prepared tensors go through ``tsspec.modeling.cache.WeightCache``; a warm load maps them back.
 """
@@ -24,7 +25,8 @@ from typing import Iterator
 import torch
 
 from tsspec.errors import ModelLoadError
-from tsspec.modeling.qlinear import FORMATS, BlockMatrix, pack_tensors
+from tsspec.modeling.cache import join_block_matrices
+from tsspec.modeling.qlinear import BlockMatrix, pack_tensors
 
 from .hparams import LlamaHParams
 
@@ -134,29 +136,14 @@ def prepare_weights(hp: LlamaHParams, gguf_file, dtype: torch.dtype, blocks: boo
     return out
 
 
-def assemble(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor | BlockMatrix]:
-    """The flat (cacheable) dict with each matrix's block tensors joined into a BlockMatrix."""
-    quant_parts = {f"q{fmt}" for fmt in FORMATS}
-    block_stems = {name.rpartition(".")[0] for name in tensors if name.rpartition(".")[2] in quant_parts}
-    out: dict[str, torch.Tensor | BlockMatrix] = {}
-    for name, tensor in tensors.items():
-        stem, _, part = name.rpartition(".")
-        if stem in block_stems:
-            if part in quant_parts:
-                out[stem] = BlockMatrix.from_tensors(tensors, stem)
-        else:
-            out[name] = tensor
-    return out
-
-
 def load_weights(
     hp: LlamaHParams, gguf_file, dtype: torch.dtype, cache=None, *, blocks: bool = False
 ) -> dict[str, torch.Tensor | BlockMatrix]:
     """Checked, prepared weights (block matrices joined), through the load cache when given."""
     check_tensors(hp, gguf_file)
     if cache is None:
-        return assemble(prepare_weights(hp, gguf_file, dtype, blocks))
+        return join_block_matrices(prepare_weights(hp, gguf_file, dtype, blocks))
     from tsspec.modeling.cache import cache_key
 
     key = cache_key(gguf_file, BLOCK_LAYOUT_TAG if blocks else LAYOUT_TAG, dtype)
-    return assemble(cache.load_or_build(key, lambda: prepare_weights(hp, gguf_file, dtype, blocks)))
+    return join_block_matrices(cache.load_or_build(key, lambda: prepare_weights(hp, gguf_file, dtype, blocks)))

@@ -1,0 +1,78 @@
+"""Imports inside tsspec only point down the layers docs/architecture.md draws, and the core
+names no plugin."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import tsspec
+
+ROOT = Path(tsspec.__file__).resolve().parent
+# docs/architecture.md, "Packages and the direction of imports"
+LAYER = {"errors": 0, "protocols": 0, "hookspecs": 0, "switches": 0, "config": 0, "data": 0,
+         "plugins": 1, "modeling": 1, "runtime": 2, "testing": 3, "toy_heads": 3, "bench": 4, "cli": 5}
+REPO = ROOT.parent  # the checkout: core/ is the package, plugins/ and kernels_cuda/ beside it
+INTERNAL = ("tsspec.runtime", "tsspec.bench", "tsspec.cli")
+# the one documented exception (docs/architecture.md): the serve command builds on the CLI
+SERVE_ALLOWED = ("tsspec.cli.flags", "tsspec.cli.state", "tsspec.cli.generate_cmd",
+                 "tsspec.runtime.scheduler", "tsspec.runtime.defaults")
+
+
+def _imports(path: Path) -> list[str]:
+    """Absolute module names (``tsspec.x.y`` or others) imported by ``path``."""
+    parts = list(path.relative_to(ROOT).with_suffix("").parts)
+    package = parts[:-1] if parts[-1] != "__init__" else parts[:-1]
+    found = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            found += [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package[: len(package) - node.level + 1]
+                module = ".".join(["tsspec", *base, *([node.module] if node.module else [])])
+                found += [module] if node.module else [f"{module}.{a.name}" for a in node.names]
+            elif node.module:
+                found.append(node.module)
+    return found
+
+
+def test_no_upward_import_edges():
+    upward = []
+    for path in ROOT.rglob("*.py"):
+        parts = path.relative_to(ROOT).parts
+        if parts == ("__init__.py",):
+            continue  # the package's lazy public surface sits outside the layering
+        mine = LAYER[parts[0].removesuffix(".py")]
+        for module in _imports(path):
+            bits = module.split(".")
+            if bits[0] == "tsspec" and len(bits) > 1 and LAYER.get(bits[1], 0) > mine:
+                upward.append(f"{path.relative_to(ROOT)} -> {module}")
+    assert upward == []
+
+
+def test_the_core_imports_no_plugin():
+    named = [f"{p.relative_to(ROOT)} -> {m}" for p in ROOT.rglob("*.py") for m in _imports(p)
+             if m.split(".")[0].startswith("tsspec_")]  # every plugin package is tsspec_<name>
+    assert named == []
+
+
+def test_builtin_plugins_import_only_the_public_api():
+    """Plugins import ``tsspec``, its layer-0 modules and ``tsspec.modeling``; never the runtime,
+    bench or CLI internals (the serve command's documented exception aside)."""
+    sources = [*REPO.glob("plugins/*/src/**/*.py"), *REPO.glob("kernels_cuda/src/**/*.py"),
+               *REPO.glob("examples/*/src/**/*.py")]
+    if not sources:  # an installed (non-checkout) tsspec: nothing to read
+        return
+    internal = []
+    for path in sources:
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = ([a.name for a in node.names] if isinstance(node, ast.Import)
+                     else [f"{node.module}.{a.name}" for a in node.names]
+                     if isinstance(node, ast.ImportFrom) and node.module and not node.level
+                     else [])
+            for name in names:
+                allowed = "tsspec_serve" in path.parts and name.startswith(SERVE_ALLOWED)
+                if name.startswith(INTERNAL) and not allowed:
+                    internal.append(f"{path.relative_to(REPO)} -> {name}")
+    assert internal == []
