@@ -31,7 +31,8 @@ class _Seq:
 def _script(sequence):
     """Per sequence: a prompt, then steps ('plain', token) / ('verify', tokens, rows_kept)."""
     return [
-        (sequence[:9], [("plain", 5), ("verify", [7, 8, 9, 10], 2), ("plain", 11), ("verify", [1, 2, 3], 3)]),
+        (sequence[:9], [("plain", 5), ("verify", [7, 8, 9, 10], 2), ("plain", 11), ("verify", [1, 2, 3], 3),
+                        ("verify", list(range(40, 57)), 5), ("plain", 70)]),  # 17 rows: wider than the slots
         (sequence[20:23], [("verify", [4, 4, 4, 4, 4], 1), ("plain", 6), ("plain", 60)]),
         (sequence[30:47], [("plain", 3), ("plain", 90), ("verify", [15, 16], 1), ("plain", 2)]),
     ]
@@ -88,6 +89,7 @@ def test_batched_sequences_equal_their_solo_runs(make_target, sequence, per_row)
         for (gl, gh), (el, eh) in zip(got[i], expected[i]):
             assert torch.equal(gl, el), f"sequence {i}: logits differ from its solo run"
             assert torch.equal(gh, eh), f"sequence {i}: hidden rows differ from its solo run"
+    assert target.counters.state_restores >= 1  # a partly kept wide (or restore-path) verify re-forwarded
     assert kv.live_sequences == 3
     for s in seqs:
         kv.release(s.seq)

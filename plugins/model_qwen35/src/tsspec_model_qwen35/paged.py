@@ -224,7 +224,9 @@ class PagedQwen35KV:
 
 
 def open_paged(target, num_blocks: int, block_size: int) -> PagedQwen35KV:
-    """The paged KV of ``target``."""
+    """The paged KV of ``target``, or a ValueError saying why this load has none."""
+    if target.device.type != "cpu":
+        raise ValueError("the qwen35 batched paged path is checked on the CPU only (--device cpu)")
     if num_blocks < 1 or block_size < 1:
         raise ValueError(f"a paged KV needs >= 1 block of >= 1 token, got {num_blocks} x {block_size}")
     return PagedQwen35KV(target, num_blocks, block_size)
