@@ -17,7 +17,7 @@ import typer
 
 from .. import __version__
 from ..errors import EXIT_USAGE, TsspecError
-from . import generate_cmd, inspect_cmd, plugins_cmd
+from . import generate_cmd, inspect_cmd, plugins_cmd, train_cmd
 from .state import STATE, CliState
 
 
@@ -50,6 +50,7 @@ def build_app() -> typer.Typer:
     app.command("list-speculators")(plugins_cmd.list_speculators)
     app.command("inspect")(inspect_cmd.inspect)
     app.command("generate")(generate_cmd.generate)
+    app.command("train-drafter")(train_cmd.train_drafter)
     try:
         from . import bench_cmd
     except ImportError:

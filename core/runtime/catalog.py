@@ -41,6 +41,8 @@ class Catalog:
     models: dict[str, LoaderEntry] = attrs.field(factory=dict)  # architecture -> loader
     drafters: dict[str, LoaderEntry] = attrs.field(factory=dict)  # architecture -> attach
     kernels: dict[str, list[KernelEntry]] = attrs.field(factory=dict)
+    trainers: dict[str, Any] = attrs.field(factory=dict)  # drafter kind -> TrainerEntry
+    bundled_drafters: list[Any] = attrs.field(factory=list)  # BundledDrafter records
     host: PluginHost | None = None
 
     def kernel(self, op: str, device: str):
@@ -51,17 +53,27 @@ class Catalog:
         return None
 
 
-def _add_loaders(table: dict[str, LoaderEntry], record, kind: str, pending: list):
-    def register(architectures, function):
+def _add_loaders(table: dict[str, LoaderEntry], record, kind: str, pending: list, bundled: list | None = None):
+    def register(architectures, function=None, *, files=()):
         if isinstance(architectures, str):
             architectures = [architectures]
-        if not callable(function):
+        architectures = list(architectures or ())
+        if architectures and not callable(function):
             raise TypeError(f"{kind} for {architectures} is not callable")
-        entry = LoaderEntry(list(architectures), function, record.name, record.package, record.version)
+        if files and bundled is None:
+            raise TypeError(f"{kind} registrations take no files")
+        records = []
+        if files:
+            from .bundled import bundled_record
+
+            records = [bundled_record(spec, record.name) for spec in files]  # raises when malformed
+        entry = LoaderEntry(architectures, function, record.name, record.package, record.version) if architectures else None
 
         def apply():
             for arch in architectures:
                 table.setdefault(arch, entry)  # first registration wins; load order is by name
+            if records:
+                bundled.extend(records)
 
         pending.append((record.name, apply))
 
@@ -111,9 +123,23 @@ def build_catalog(host: PluginHost, *, discover: bool = True) -> Catalog:
     )
     host.call_each(
         "tsspec_register_drafters",
-        lambda name: {"register": _add_loaders(catalog.drafters, host.plugin_info(name), "drafter attach", pending)},
+        lambda name: {"register": _add_loaders(catalog.drafters, host.plugin_info(name), "drafter attach", pending,
+                                               catalog.bundled_drafters)},
     )
     host.call_each("tsspec_register_kernels", kernels_for)
+
+    def trainers_for(name):
+        def register(kind, trainer, *, description=""):
+            from ..training.request import TrainerEntry
+
+            if not callable(trainer):
+                raise TypeError(f"trainer for kind {kind!r} is not callable")
+            entry = TrainerEntry(str(kind), trainer, description, name)
+            pending.append((name, lambda: catalog.trainers.setdefault(entry.kind, entry)))
+
+        return {"register": register}
+
+    host.call_each("tsspec_register_trainers", trainers_for)
     for plugin, apply in pending:
         if host.plugin_info(plugin).status == LOADED:
             apply()
