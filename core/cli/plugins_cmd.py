@@ -96,6 +96,14 @@ def list_speculators(
             line += f"  {r['description']}"
         typer.echo(line)
     if target is not None:
+        head = getattr(target, "draft_head", None)
+        source = getattr(head, "source", None)
+        if source:
+            from ..runtime.bundled import pick
+
+            record = pick(catalog.bundled_drafters, model, "auto") if not draft_model else None
+            shipped = f" (shipped by plugin {record.plugin} for this model file)" if record else ""
+            typer.echo(f"drafter: {source}{shipped}")
         auto = catalog.speculators.resolve_name(target, "auto")
         text = f"{auto.code}: {auto.reason}" if isinstance(auto, Decline) else auto
         typer.echo(f"auto -> {text}")

@@ -28,9 +28,9 @@ def _taps(text: str | None) -> tuple[int, ...] | None:
 
 
 def train_drafter(
-    model: Annotated[str, typer.Option("--model", help="Target GGUF (the teacher).")],
     kind: Annotated[str, typer.Option("--kind", help="Drafter kind (mtp, dflash...: see the error for installed ones).")],
     out: Annotated[str, typer.Option("--out", help="Drafter GGUF to write.")],
+    model: Annotated[Optional[str], typer.Option("--model", "-m", help="Target GGUF, the teacher (default: the embedded SmolLM2-135M-Instruct).")] = None,
     layers: Annotated[int, typer.Option("--layers", help="Drafter decoder layers.", rich_help_panel=PANEL_TRAIN)] = 1,
     block_size: Annotated[int, typer.Option("--block-size", help="Block drafters: tokens per block.", rich_help_panel=PANEL_TRAIN)] = 8,
     taps: Annotated[Optional[str], typer.Option("--taps", help="Block drafters: target layers to tap, e.g. 1,15,29.", rich_help_panel=PANEL_TRAIN)] = None,
@@ -45,8 +45,8 @@ def train_drafter(
     outtype: Annotated[str, typer.Option("--outtype", help="f32, f16 or q8_0.", rich_help_panel=PANEL_TRAIN)] = "f16",
     checkpoint: Annotated[Optional[str], typer.Option("--checkpoint", help="Resumable checkpoint file (default: OUT.ckpt).", rich_help_panel=PANEL_TRAIN)] = None,
     seq_len: Annotated[int, typer.Option("--seq-len", help="Tokens per teacher-forcing sequence.", rich_help_panel=PANEL_DATA)] = 256,
-    corpus_chars: Annotated[int, typer.Option("--corpus-chars", help="Characters per standard-library source.", rich_help_panel=PANEL_DATA)] = 25_000,
-    package_chars: Annotated[int, typer.Option("--package-chars", help="Characters of installed packages' docs.", rich_help_panel=PANEL_DATA)] = 15_000,
+    corpus_chars: Annotated[int, typer.Option("--corpus-chars", help="Characters per standard-library source.", rich_help_panel=PANEL_DATA)] = 6_000,
+    package_chars: Annotated[int, typer.Option("--package-chars", help="Characters of installed packages docs.", rich_help_panel=PANEL_DATA)] = 4_000,
     prompts: Annotated[int, typer.Option("--prompts", help="Generated instruction prompts the target answers.", rich_help_panel=PANEL_DATA)] = 72,
     answer_tokens: Annotated[int, typer.Option("--answer-tokens", help="Longest cached answer.", rich_help_panel=PANEL_DATA)] = 96,
     soft_k: Annotated[int, typer.Option("--soft-k", help="Teacher top-k logits kept per row (for --kl-weight).", rich_help_panel=PANEL_DATA)] = 8,
@@ -71,6 +71,10 @@ def train_drafter(
                         ("--seq-len", seq_len), ("--layers", layers), ("--block-size", block_size)):
         if value < 1:
             raise OptionsError(f"{name} must be at least 1, got {value}")
+    if model is None:
+        from ..modeling.embedded import embedded_model_path
+
+        model = str(embedded_model_path())
     target = load_model(model, catalog=catalog, options=SpeculationOptions(enabled=False))
     identity = identify(model).to_json() if not str(model).startswith("toy") else {
         "architecture": target.config.architecture, "shape_digest": "toy", "sha256": str(model)}

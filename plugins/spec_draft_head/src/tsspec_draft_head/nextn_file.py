@@ -31,7 +31,7 @@ import torch
 from tsspec.errors import ModelLoadError
 from tsspec.protocols import DraftHeadKind
 
-from .nextn_model import NextNConfig, NextNModule
+from .nextn_model import NextNConfig, NextNModule, rope_tables
 
 __all__ = ["ARCHITECTURE", "write_nextn", "read_nextn", "NextNFileHead", "attach_nextn"]
 
@@ -140,6 +140,21 @@ def read_nextn(path) -> tuple[NextNModule, dict[str, Any], dict]:
     return module, target, manifest
 
 
+class _single_thread:
+    """One intra-op thread inside a head call: a head step is many small ops, and on a shared
+    CPU two OpenMP threads waiting on each other at every barrier (even a fill of the
+    vocabulary-sized logits) cost more than the work. The trunk does the same for small ops."""
+
+    def __enter__(self):
+        self.threads = torch.get_num_threads()
+        if self.threads > 1:
+            torch.set_num_threads(1)
+
+    def __exit__(self, *exc):
+        if self.threads > 1:
+            torch.set_num_threads(self.threads)
+
+
 class NextNFileHead:
     """A per-token DraftHead over a ``NextNModule`` bound to a target (its embedding).
 
@@ -164,6 +179,8 @@ class NextNFileHead:
         self._v = torch.zeros(0, cfg.num_kv_heads, cfg.head_dim)
         self.base: int | None = None
         self.end = 0
+        self._rope_size = 0
+        self._cos = self._sin = None
         self.calls = 0
         self.rows_run = 0
 
@@ -177,12 +194,13 @@ class NextNFileHead:
         self._advance([int(t) for t in tokens], h_rows, int(start_pos), want_last=False)
 
     def draft_catch_up_and_step(self, tokens: Sequence[int], h_rows: torch.Tensor, start_pos: int):
-        out = self._advance([int(t) for t in tokens], h_rows, int(start_pos), want_last=True)
-        last = out[-1]  # [H]
-        with torch.inference_mode():
-            small = self.m.logits(last)  # [K]
-            logits = torch.full((self.vocab_size,), float("-inf"))
-            logits[self.m.draft_ids] = small
+        with _single_thread():
+            out = self._advance([int(t) for t in tokens], h_rows, int(start_pos), want_last=True)
+            last = out[-1]  # [H]
+            with torch.inference_mode():
+                small = self.m.logits(last)  # [K]
+                logits = torch.full((self.vocab_size,), float("-inf"))
+                logits.index_copy_(0, self.m.draft_ids, small)
         return logits, last
 
     def draft_block(self, last_token, h_prev, position, max_tokens):
@@ -225,17 +243,29 @@ class NextNFileHead:
         self._ensure(at + n)
         self.calls += 1
         self.rows_run += n
-        m = self.m
-        emb = self.target.embed(tokens).float()  # [n, H]
-        u = m.inputs(emb, h_rows)  # [n, H]
-        q, k, v = m.qkv(u, torch.arange(start, start + n))  # [n, heads, hd]
-        self._k[at : at + n] = k
-        self._v[at : at + n] = v
-        keys, values = self._k[: at + n], self._v[: at + n]  # [at+n, nkv, hd]
-        mask = torch.arange(at + n)[None, :] <= (at + torch.arange(n))[:, None]  # [n, at+n]
-        attn = m.attend(q.unsqueeze(0), keys.unsqueeze(0), values.unsqueeze(0), mask)[0]  # [n, nh*hd]
-        self.end = start + n
-        return m.finish(u, attn)  # [n, H]
+        with _single_thread():
+            m = self.m
+            emb = self.target.embed(tokens).float()  # [n, H]
+            u = m.inputs(emb, h_rows)  # [n, H]
+            q, k, v = m.qkv(u, None, self._rope(start, n))  # [n, heads, hd]
+            self._k[at : at + n] = k
+            self._v[at : at + n] = v
+            keys, values = self._k[: at + n], self._v[: at + n]  # [at+n, nkv, hd]
+            mask = None
+            if n > 1:
+                mask = torch.arange(at + n)[None, :] <= (at + torch.arange(n))[:, None]  # [n, at+n]
+            attn = m.attend(q.unsqueeze(0), keys.unsqueeze(0), values.unsqueeze(0), mask)[0]  # [n, nh*hd]
+            self.end = start + n
+            return m.finish(u, attn)  # [n, H]
+
+    def _rope(self, start: int, n: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """(cos, sin) [n, 1, hd/2] for positions start.., from a table grown on demand."""
+        if start + n > self._rope_size:
+            size = max(start + n, 2 * self._rope_size, 512)
+            cfg = self.m.cfg
+            self._cos, self._sin = rope_tables(torch.arange(size), cfg.head_dim, cfg.rope_theta)
+            self._rope_size = size
+        return self._cos[start : start + n], self._sin[start : start + n]
 
 
 def check_fit(target_facts: dict, module: NextNModule, target, path: str) -> None:

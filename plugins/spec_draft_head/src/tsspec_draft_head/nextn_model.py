@@ -111,23 +111,22 @@ class NextNModule(nn.Module):
         both = torch.cat([self._norm(emb, self.enorm), self._norm(h, self.hnorm)], dim=-1)  # [..., 2H]
         return F.linear(both, self.eh_proj)
 
-    def qkv(self, u: torch.Tensor, positions: torch.Tensor):
-        """q [..., n, nh, hd], k/v [..., n, nkv, hd] (RoPE applied) of u [..., n, H]."""
+    def qkv(self, u: torch.Tensor, positions: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor] | None = None):
+        """q [..., n, nh, hd], k/v [..., n, nkv, hd] (RoPE applied) of u [..., n, H];
+        ``rope`` = precomputed (cos, sin) for ``positions``."""
         cfg = self.cfg
         x = self._norm(u, self.attn_norm)
         q = F.linear(x, self.wq).unflatten(-1, (cfg.num_heads, cfg.head_dim))
         k = F.linear(x, self.wk).unflatten(-1, (cfg.num_kv_heads, cfg.head_dim))
         v = F.linear(x, self.wv).unflatten(-1, (cfg.num_kv_heads, cfg.head_dim))
-        cos, sin = rope_tables(positions, cfg.head_dim, cfg.rope_theta)
+        cos, sin = rope if rope is not None else rope_tables(positions, cfg.head_dim, cfg.rope_theta)
         return apply_rope(q, cos, sin), apply_rope(k, cos, sin), v
 
     def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
         """q [B, n, nh, hd], k/v [B, m, nkv, hd], mask [n, m] bool -> [B, n, nh*hd]."""
         groups = self.cfg.num_heads // self.cfg.num_kv_heads
-        k = k.repeat_interleave(groups, dim=-2)
-        v = v.repeat_interleave(groups, dim=-2)
         out = F.scaled_dot_product_attention(
-            q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), attn_mask=mask
+            q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), attn_mask=mask, enable_gqa=groups > 1
         )  # [B, nh, n, hd]
         return out.transpose(1, 2).flatten(-2)
 
