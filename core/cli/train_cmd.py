@@ -41,6 +41,7 @@ def train_drafter(
     unroll: Annotated[int, typer.Option("--unroll", help="Per-token heads: chained steps trained (EAGLE-style).", rich_help_panel=PANEL_TRAIN)] = 3,
     kl_weight: Annotated[float, typer.Option("--kl-weight", help="Weight of the soft (top-k KL) loss; 0: argmax labels only.", rich_help_panel=PANEL_TRAIN)] = 0.0,
     seed: Annotated[int, typer.Option("--seed", help="Seed of data sampling and initialisation.", rich_help_panel=PANEL_TRAIN)] = 0,
+    threads: Annotated[Optional[int], typer.Option("--threads", help="torch intra-op threads (default: torch's).", rich_help_panel=PANEL_TRAIN)] = None,
     device: Annotated[str, typer.Option("--device", help="auto (cuda when present), cpu or cuda.", rich_help_panel=PANEL_TRAIN)] = "auto",
     outtype: Annotated[str, typer.Option("--outtype", help="f32, f16 or q8_0.", rich_help_panel=PANEL_TRAIN)] = "f16",
     checkpoint: Annotated[Optional[str], typer.Option("--checkpoint", help="Resumable checkpoint file (default: OUT.ckpt).", rich_help_panel=PANEL_TRAIN)] = None,
@@ -61,6 +62,12 @@ def train_drafter(
     from ..training.request import TrainRequest
 
     catalog = STATE.catalog
+    if threads is not None:
+        if threads < 1:
+            raise OptionsError(f"--threads must be at least 1, got {threads}")
+        import torch
+
+        torch.set_num_threads(threads)
     trainers = getattr(catalog, "trainers", {}) or {}
     if kind not in trainers:
         installed = ", ".join(sorted(trainers)) or "none"

@@ -67,11 +67,14 @@ def unroll_mask(length: int, step: int, device=None) -> torch.Tensor:
 
     At drafting time the chain's step j runs at position q = p + j - 1: the cache holds the
     true rows up to p (step 1 and catch-ups) and one entry per later step (step i at
-    p + i - 1). So: step-1 keys at positions <= q - step + 1, and step i's key at q - step + i.
+    p + i - 1). So: step-1 keys at positions 1 .. q - step + 1, and step i's key at q - step + i.
     """
     q = torch.arange(length, device=device)[:, None]  # [L, 1]
     k = torch.arange(length, device=device)[None, :]  # [1, L]
-    blocks = [k <= q - step + 1]
+    first = k <= q - step + 1
+    # the head never holds position 0 (it has no predecessor row); only a query at 0 reads it
+    first = first & ((k > 0) | (q == 0))
+    blocks = [first]
     for i in range(2, step + 1):
         blocks.append(k == q - step + i)
     return torch.cat(blocks, dim=1)  # [L, step * L]
