@@ -37,7 +37,7 @@ run-drafter: setup
 DRAFTERS_DIR := plugins/drafters_smollm2/src/tsspec_drafters_smollm2
 drafters: setup
 	$(VENV)/bin/tsspec train-drafter --kind mtp --out $(DRAFTERS_DIR)/smollm2-135m-instruct-mtp.gguf \
-		--draft-vocab 4096 --steps 100 --batch 4 --unroll 3 --lr 1e-3 --seed 0 --threads 1 --outtype f16
+		--draft-vocab 4096 --steps 280 --batch 4 --unroll 3 --lr 1e-3 --seed 0 --threads 1 --outtype f16
 
 test: setup
 	$(PY) -m pytest -q

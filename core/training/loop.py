@@ -51,6 +51,12 @@ def _lr_at(step: int, spec: LoopSpec) -> float:
     return spec.lr * 0.5 * (1.0 + math.cos(math.pi * min(1.0, (step - spec.warmup) / span)))
 
 
+def _schedule(spec: LoopSpec) -> dict:
+    """What a checkpoint must share with the run resuming it."""
+    return {"steps": spec.steps, "lr": spec.lr, "warmup": spec.warmup, "seed": spec.seed,
+            "weight_decay": spec.weight_decay}
+
+
 def run(
     module: torch.nn.Module,
     spec: LoopSpec,
@@ -69,6 +75,13 @@ def run(
     ckpt = Path(spec.checkpoint) if spec.checkpoint else None
     if ckpt is not None and ckpt.exists():
         state = torch.load(ckpt, map_location="cpu", weights_only=False)
+        mine = _schedule(spec)
+        theirs = state.get("schedule", mine)
+        if theirs != mine:
+            from ..errors import OptionsError
+
+            diff = ", ".join(f"{k} {theirs.get(k)} vs {v}" for k, v in mine.items() if theirs.get(k) != v)
+            raise OptionsError(f"checkpoint {ckpt} belongs to another schedule ({diff}): delete it or choose another")
         module.load_state_dict(state["module"])
         optimiser.load_state_dict(state["optimiser"])
         start, history = int(state["step"]), list(state["history"])
@@ -80,7 +93,7 @@ def run(
         ckpt.parent.mkdir(parents=True, exist_ok=True)
         tmp = ckpt.with_suffix(ckpt.suffix + ".tmp")
         torch.save({"module": module.state_dict(), "optimiser": optimiser.state_dict(), "step": step,
-                    "history": history}, tmp)
+                    "history": history, "schedule": _schedule(spec)}, tmp)
         os.replace(tmp, ckpt)
 
     steps = range(start, spec.steps)

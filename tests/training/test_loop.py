@@ -53,3 +53,13 @@ def test_interrupted_run_resumes_to_the_same_history(tmp_path):
     model, sample, loss = _trainer()  # a fresh process: new module, resumed from the checkpoint
     resumed = run(model, spec, sample, loss, log=lambda _: None)
     assert [h["loss"] for h in resumed] == pytest.approx([h["loss"] for h in whole], rel=1e-6)
+
+
+def test_a_checkpoint_of_another_schedule_is_refused(tmp_path):
+    from tsspec.errors import OptionsError
+
+    ckpt = tmp_path / "ckpt.pt"
+    model, sample, loss = _trainer()
+    run(model, LoopSpec(steps=5, log_every=0, checkpoint=str(ckpt)), sample, loss, log=lambda _: None)
+    with pytest.raises(OptionsError, match="steps 5 vs 6"):
+        run(model, LoopSpec(steps=6, log_every=0, checkpoint=str(ckpt)), sample, loss, log=lambda _: None)
