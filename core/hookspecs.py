@@ -15,17 +15,26 @@ hookimpl = pluggy.HookimplMarker("tsspec")
 
 @hookspec
 def tsspec_register_speculators(register):
-    """register(name, factory, *, requires_draft_head: bool, description: str = "",
-    drafter_hint: str = ""); factory(target, options) -> Speculator | None (None or
-    SpeculatorDeclined = cannot serve). ``drafter_hint`` says what to attach when the model
-    carries no drafter ("a Medusa GGUF with --spec-draft-model PATH"): it completes the
-    ``no_draft_head`` sentence "<name> needs trained drafter weights ...; attach <hint> or ..."."""
+    """register(name, factory, *, requires_draft_head: bool,
+    serves_kind: DraftHeadKind | None = None, weight_free: bool = not requires_draft_head,
+    default_pmin: float = 0.0, description: str = "", drafter_hint: str = "",
+    auto_priority: int = 0); factory(target, options) -> Speculator | None (None or
+    SpeculatorDeclined = cannot serve).
+
+    The algorithm's facts travel with its registration: ``serves_kind`` makes ``auto`` pick it
+    for targets carrying a drafter of that kind; ``weight_free`` algorithms are what ``auto``
+    picks without one (highest ``auto_priority`` first) and what decline sentences suggest;
+    ``default_pmin`` is what ``--spec-pmin`` means when the operator gives none.
+    ``drafter_hint`` says what to attach when the model carries no drafter ("a Medusa GGUF with
+    --spec-draft-model PATH"): it completes the ``no_draft_head`` sentence."""
 
 
 @hookspec
 def tsspec_register_models(register):
-    """register(architectures: list[str], loader); loader(gguf_path, options) -> SpeculativeTarget,
-    keyed by the GGUF's general.architecture."""
+    """register(architectures: list[str], loader, *, file_less: bool = False);
+    loader(gguf_path, options) -> SpeculativeTarget, keyed by the GGUF's general.architecture.
+    ``file_less=True``: the loader takes a name instead of a file (``--model toy``, ``toy:SEED``:
+    a model path that is not a file and whose part before ``:`` is the architecture)."""
 
 
 @hookspec
@@ -36,8 +45,20 @@ def tsspec_register_drafters(register):
 
 @hookspec
 def tsspec_register_kernels(register):
-    """register(op_name: str, implementation, *, device: str = "cuda", description: str = "");
-    accelerated implementations of named ops; the torch reference stays the fallback."""
+    """register(op_name: str, implementation, *, device: str = "cuda", description: str = "",
+    available: bool = True, reason: str = ""); accelerated implementations of named ops; the
+    torch reference stays the fallback. ``available=False`` records an op that cannot run here
+    (no device, a missing library) with the reason: listed by ``tsspec plugins``, never used.
+    Loaders receive the available ops for their device as ``options.kernels`` ({op: callable})."""
+
+
+@hookspec
+def tsspec_register_converters(register):
+    """register(model_types: list[str], converter, *, description: str = "");
+    converter(src_dir: pathlib.Path, out_path: pathlib.Path, *, outtype: str) -> None writes a
+    GGUF from a Hugging Face checkpoint directory whose config.json ``model_type`` is one of
+    ``model_types`` (targets and drafters alike). ``outtype`` is "f32", "f16" or "q8_0".
+    ``tsspec convert SRC_DIR OUT.gguf`` dispatches on the checkpoint's ``model_type``."""
 
 
 @hookspec

@@ -27,6 +27,7 @@ HOOK_NAMES = (
     "tsspec_register_speculators",
     "tsspec_register_models",
     "tsspec_register_drafters",
+    "tsspec_register_converters",
     "tsspec_register_kernels",
     "tsspec_register_commands",
 )
@@ -162,18 +163,22 @@ class PluginHost:
 
     # -- hooks -----------------------------------------------------------------------------
     def call_each(self, hook_name: str, make_kwargs: Callable[[str], dict[str, Any]]) -> None:
-        """Call ``hook_name`` on each loaded plugin separately, so one plugin raising is recorded
-        against that plugin and the others still run. ``make_kwargs(plugin_name)`` builds the
-        arguments (a ``register`` callback bound to that plugin)."""
-        caller = getattr(self.pm.hook, hook_name)
-        for impl in caller.get_hookimpls():
+        """Call ``hook_name`` through pluggy once per loaded plugin that implements it, so one
+        plugin raising is recorded against that plugin and the others still run.
+        ``make_kwargs(plugin_name)`` builds the arguments (a ``register`` callback bound to that
+        plugin). Each call is a pluggy hook call restricted to that plugin's implementation:
+        other plugins' wrappers still run around it, and pluggy's tracing sees it."""
+        impls = getattr(self.pm.hook, hook_name).get_hookimpls()
+        plain = [impl for impl in impls if not (impl.hookwrapper or impl.wrapper)]
+        for impl in plain:
             name = impl.plugin_name
             record = self.records.get(name)
             if record is not None and record.status != LOADED:
                 continue
-            kwargs = make_kwargs(name)
+            others = [other.plugin for other in plain if other.plugin_name != name]
+            call = self.pm.subset_hook_caller(hook_name, remove_plugins=others)
             try:
-                impl.function(**{arg: kwargs[arg] for arg in impl.argnames})
+                call(**make_kwargs(name))
             except (Exception, SystemExit) as exc:  # SystemExit too, as at import
                 reason = f"{hook_name} raised: {_describe(exc)}"
                 if record is None:

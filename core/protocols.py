@@ -1,6 +1,6 @@
 """The public contracts between the shared loop, model adapters, algorithms and drafter weights.
 
-Three layers that must never be conflated (see ARCHITECTURE.md):
+Three layers that must never be conflated (see docs/architecture.md):
 
 * ``SpeculativeTarget`` -- a model adapter: a multi-row forward with per-row logits plus rollback.
 * ``Speculator`` -- an algorithm: how drafts are proposed. Written once, works on many models.
@@ -25,12 +25,16 @@ __all__ = [
     "Tokenizer",
     "SpeculativeTarget",
     "BatchedSpeculativeTarget",
+    "PagedKV",
+    "PagedRows",
     "SpecTrunk",
     "Speculator",
     "DraftHead",
     "DraftHeadKind",
     "DraftContext",
+    "PrecedingTokens",
     "SpeculatorDeclined",
+    "require_feature_width",
 ]
 
 
@@ -40,6 +44,20 @@ class SpeculatorDeclined(Exception):
     The registry turns it into a ``cannot_serve`` decline that ``tsspec list-speculators`` prints,
     so the message should say what is missing ("no Medusa file attached (--spec-draft-model)").
     """
+
+
+def require_feature_width(target: Any, width: int, reader: str, hint: str = "") -> None:
+    """Decline (``SpeculatorDeclined``) unless the target's hidden rows are ``width`` wide: the
+    one check a factory whose drafter reads hidden rows makes (feature taps change the width).
+
+    ``reader`` names what reads them ("the block drafter"); ``hint`` says what to do about it.
+    """
+    have = int(target.spec_feature_size)
+    if have != int(width):
+        raise SpeculatorDeclined(
+            f"the model's hidden rows are {have} wide but {reader} reads {int(width)}"
+            + (f" ({hint})" if hint else "")
+        )
 
 
 class DraftHeadKind(enum.Enum):
@@ -78,6 +96,43 @@ class Tokenizer(Protocol):
     ) -> str: ...
 
 
+class PrecedingTokens(Sequence[int]):
+    """``history`` followed by ``drafts``, without copying the history (a copy would make every
+    proposal O(context)); what ``DraftContext.adjust_logits`` reads for the next draft.
+
+    >>> list(PrecedingTokens([1, 2, 3], [7]))
+    [1, 2, 3, 7]
+    >>> PrecedingTokens([1, 2, 3], [7, 8])[-3:]
+    [3, 7, 8]
+    """
+
+    __slots__ = ("_history", "_drafts")
+
+    def __init__(self, history: Sequence[int], drafts: Sequence[int] = ()):
+        self._history = history
+        self._drafts = list(drafts)
+
+    def __len__(self) -> int:
+        return len(self._history) + len(self._drafts)
+
+    def __getitem__(self, index):
+        if isinstance(index, slice):
+            return [self[i] for i in range(*index.indices(len(self)))]
+        n, size = len(self._history), len(self)
+        if index < 0:
+            index += size
+        if not 0 <= index < size:
+            raise IndexError("preceding-token index out of range")
+        return self._history[index] if index < n else self._drafts[index - n]
+
+    def __iter__(self):
+        yield from self._history
+        yield from self._drafts
+
+    def __repr__(self) -> str:
+        return f"PrecedingTokens(history={len(self._history)}, drafts={self._drafts})"
+
+
 @attrs.frozen
 class DraftContext:
     """Everything a speculator may look at when proposing. One object, not a parameter list,
@@ -86,19 +141,31 @@ class DraftContext:
     ``last_token`` sits at absolute ``position`` and is NOT yet in the trunk's cache; a draft
     ``[d1..dk]`` guesses the tokens at positions ``position+1 ..``. ``history`` is the whole
     sequence so far (prompt and emitted tokens) and ends with ``last_token``.
+
+    ``window`` is the draft window the loop decided once for the sequence (the operator's
+    ``--spec-draft``, else the default narrowed by the target's preferred window and the
+    speculator's ``max_draft_tokens``); ``max_tokens`` is this step's cap (the window further
+    cut by the token budget, the context and the governor). Never propose more than
+    ``max_tokens``: the loop has already capped it, there is nothing left to re-cap.
     """
 
     last_token: int
     position: int
-    max_tokens: int  # already capped by the window, the token budget and the context length
+    max_tokens: int  # already capped by the window, the token budget, the context, the governor
     history: Sequence[int]  # read-only view; history[-1] == last_token
     carry_hidden: "torch.Tensor | None" = None  # [spec_feature_size]: the row that predicted last_token
     # Applies the sampler's logit adjustments (repetition penalty...) for a draft whose
     # preceding tokens are ``tokens``: adjust_logits(logits [vocab], tokens) -> logits [vocab].
+    # Pass ``preceding(drafts_so_far)`` as ``tokens``.
     adjust_logits: Callable[["torch.Tensor", Sequence[int]], "torch.Tensor"] | None = None
     vocab_size: int = 0
-    # how many preceding tokens adjust_logits reads (0: it reads none): pass only that tail
+    # how many preceding tokens adjust_logits reads (0: it reads none)
     adjust_lookback: int = 0
+    window: int = 0  # the sequence's draft window (0 when the context was built by hand: use max_tokens)
+
+    def preceding(self, drafts: Sequence[int] = ()) -> Sequence[int]:
+        """The tokens before the next draft: ``history`` then ``drafts`` (no copy of history)."""
+        return PrecedingTokens(self.history, drafts)
 
 
 @runtime_checkable
@@ -142,15 +209,20 @@ class SpeculativeTarget(Protocol):
     """What the shared loop needs from a model, and nothing about drafting.
 
     Call protocol (the loop guarantees it; adapters may rely on it):
+
     * ``spec_forward`` appends ``tokens`` at positions ``cache_seq_len ..`` and advances
-      ``cache_seq_len`` by ``len(tokens)``.
-    * Every ``spec_forward`` is followed by ``spec_on_verify_accepted(accepted, rows)`` where
-      ``accepted + 1`` rows are kept. It returns True when the target put itself into the exact
-      state after those rows (e.g. by committing a per-row recurrent snapshot); False leaves it
-      to the loop, which rewinds the KV (``spec_verify_persists_accepted_kv``) or restores the
-      snapshot and re-forwards the kept prefix. When every row is kept nothing more happens.
-    * A multi-row verify is preceded by ``spec_snapshot_recurrent_state``.
-    * ``spec_rewind_cache(0)`` starts a fresh sequence (clears recurrent state too).
+      ``cache_seq_len`` by ``len(tokens)``. ``all_logits_rows=True`` marks a verify: only then
+      may the loop keep fewer rows than it forwarded.
+    * Every ``spec_forward`` is followed by ONE rollback call, ``spec_keep(rows_kept)``: keep
+      the state after the first ``rows_kept`` rows of that forward (``1 <= rows_kept <= rows``;
+      prefill and plain steps keep every row). A KV target sets its length to
+      ``start + rows_kept``; a hybrid target commits a per-row recurrent slot, or restores the
+      state it saved when the verify began and re-forwards the kept rows itself. It may return
+      a word for the statistics ('committed', 'reforward'); None is counted as 'all' when
+      every row is kept, else 'rewound' (KV targets) or 'committed'.
+    * ``spec_rewind_cache(length)`` goes back to an earlier length between forwards: ``0``
+      starts a fresh sequence (clears recurrent state too); other lengths are legal where the
+      KV alone holds the state (``spec_verify_persists_accepted_kv``: reusing a cached prefix).
     """
 
     config: ModelConfig
@@ -182,11 +254,9 @@ class SpeculativeTarget(Protocol):
 
     def spec_ensure_capacity(self, required_seq_len: int) -> None: ...
 
-    def spec_snapshot_recurrent_state(self) -> None: ...
-
-    def spec_on_verify_accepted(self, accepted: int, rows: int) -> bool: ...
-
-    def spec_restore_recurrent_state(self) -> None: ...
+    def spec_keep(self, rows_kept: int) -> "str | None":
+        """Keep the state after the first ``rows_kept`` rows of the last forward (see above)."""
+        ...
 
     def spec_rewind_cache(self, length: int) -> None: ...
 
@@ -196,34 +266,52 @@ class SpeculativeTarget(Protocol):
         ...
 
 
-@runtime_checkable
-class BatchedSpeculativeTarget(SpeculativeTarget, Protocol):
-    """The same contract over a batched, slot-addressed (paged) KV: each call names its slot.
+@attrs.frozen
+class PagedRows:
+    """One sequence's part of a batched paged forward: its block table (the blocks holding its
+    positions 0, 1, ... in order), ``past`` positions already in them, and the new ``tokens``
+    (at positions past ..). ``all_logits``: logits for every row (a verify), else the last row."""
 
-    The loop reaches it through ``SpecTrunk``; ``BatchedSpecTrunk`` binds one slot. No built-in
-    model implements it yet: the seam exists so batched serving composes with speculation.
+    blocks: Sequence[int]
+    past: int
+    tokens: Sequence[int]
+    all_logits: bool = False
+    want_hidden: bool = False
+
+
+@runtime_checkable
+class PagedKV(Protocol):
+    """A target's KV in ``num_blocks`` fixed-size blocks and one forward over a ragged batch.
+
+    The core owns the bookkeeping (block tables, reference counts, the prefix cache:
+    ``tsspec.runtime.prefix_cache``); the plugin owns the tensors. On a batch-invariant path a
+    sequence's rows are computed exactly as in a forward of that sequence alone.
     """
 
-    max_batch_slots: int
+    num_blocks: int
+    block_size: int
+    max_batch_rows: int  # the most rows one forward takes (prefills go in chunks of it)
 
-    def spec_slot_seq_len(self, slot: int) -> int: ...
+    def forward(self, batch: Sequence[PagedRows]) -> list[tuple["torch.Tensor", "torch.Tensor | None"]]:
+        """Per sequence: (logits [rows or 1, vocab], hidden [rows, spec_feature_size] or None).
+        Writes the new rows' KV into their blocks (the caller made them writable)."""
+        ...
 
-    def spec_forward_slots(
-        self,
-        slots: Sequence[int],
-        tokens: Sequence[Sequence[int]],
-        *,
-        all_logits_rows: bool,
-        want_hidden: bool,
-    ) -> list[tuple["torch.Tensor", "torch.Tensor | None"]]: ...
+    def copy_block(self, src: int, dst: int) -> None: ...
 
-    def spec_slot_on_verify_accepted(self, slot: int, accepted: int, rows: int) -> bool: ...
 
-    def spec_slot_snapshot(self, slot: int) -> None: ...
+@runtime_checkable
+class BatchedSpeculativeTarget(SpeculativeTarget, Protocol):
+    """A target that can also serve many sequences over a paged KV (serving, continuous batching).
 
-    def spec_slot_restore(self, slot: int) -> None: ...
+    ``spec_open_paged`` raises ValueError with a reason when this load of the model cannot
+    (e.g. not on its batch-invariant path). ``BatchedSpecTrunk``
+    (``tsspec.runtime.batched_trunk``) binds one sequence of it for the shared loop.
+    """
 
-    def spec_slot_rewind(self, slot: int, length: int) -> None: ...
+    def spec_kv_bytes_per_block(self, block_size: int) -> int: ...
+
+    def spec_open_paged(self, num_blocks: int, block_size: int) -> PagedKV: ...
 
 
 @runtime_checkable
@@ -251,19 +339,15 @@ class SpecTrunk(Protocol):
         """Forward and keep every row (prefill, plain steps): logits [1, vocab], hidden [rows, F]."""
         ...
 
-    def snapshot(self) -> None:
-        """Mark the pre-verify recurrent state (free on trunks with per-row snapshots)."""
-        ...
-
     def verify(
         self, tokens: Sequence[int], *, want_hidden: bool
     ) -> tuple["torch.Tensor", "torch.Tensor | None"]:
-        """Forward all rows after ``snapshot``: logits [rows, vocab], hidden [rows, F] or None."""
+        """Forward all rows: logits [rows, vocab], hidden [rows, F] or None. ``keep`` follows."""
         ...
 
-    def keep(self, start: int, tokens: Sequence[int], kept_rows: int) -> str:
-        """After ``verify(tokens)`` at ``start``, keep the first ``kept_rows`` rows. Returns how:
-        'all', 'committed' (per-row snapshot), 'rewound' (KV rewind) or 'reforward'."""
+    def keep(self, rows_kept: int) -> str:
+        """After ``verify``, keep its first ``rows_kept`` rows (the target's ``spec_keep``).
+        Returns how: 'all', 'committed' (per-row slot), 'rewound' (KV) or 'reforward'."""
         ...
 
     @property

@@ -65,9 +65,10 @@ class ToyTokenizer:
 class ToyTarget:
     """An exact toy trunk: embedding -> attention layer (KV cache) -> recurrent layer -> logits.
 
-    ``per_row_snapshots=True`` behaves like a hybrid trunk with per-row state snapshots: a
-    verify leaves the live recurrent state untouched and ``spec_on_verify_accepted`` commits the
-    chosen row's state. False: the live state advances and rollback restores + re-forwards.
+    ``per_row_snapshots=True`` behaves like a hybrid trunk with per-row state slots: a forward
+    leaves the live recurrent state untouched and ``spec_keep`` commits the kept row's slot.
+    False: the live state advances; a verify saves the state it started from and ``spec_keep``
+    of a prefix restores it and re-forwards the kept rows.
     ``recurrent=False`` drops the recurrent layer (pure KV: rollback is a rewind).
     """
 
@@ -109,9 +110,9 @@ class ToyTarget:
         self._values = torch.zeros(0, H, dtype=torch.float64)  # [capacity, H]
         self._len = 0
         self._state = torch.zeros(H, dtype=torch.float64)  # live recurrent state [H]
-        self._saved_state = self._state.clone()
+        self._saved_state: torch.Tensor | None = None  # [H] the state a verify started from
+        self._last: tuple[int, list[int]] = (0, [])  # (start, tokens) of the last forward
         self._slots: torch.Tensor | None = None  # [rows, H] per-row states of the last forward
-        self._slot_start = 0
         self._taps: list[int] | None = None
         self.forward_calls = 0
         self.forward_rows = 0
@@ -184,6 +185,23 @@ class ToyTarget:
         self.spec_ensure_capacity(start + len(tokens))
         if self.forward_delay_s:
             time.sleep(self.forward_delay_s)
+        # a verify on the restore path saves the state it starts from (spec_keep may need it)
+        self._saved_state = self._state.clone() if all_logits_rows and not self.per_row_snapshots else None
+        hiddens, features, states = self._rows(tokens, start)
+        self._last = (start, tokens)
+        if self.per_row_snapshots:
+            self._slots = torch.stack(states)  # the live state stays the pre-forward state
+        else:
+            self._state = states[-1]
+        h_all = torch.stack(hiddens)  # [rows, H]
+        logits = self.lm_head(h_all if all_logits_rows else h_all[-1:])
+        hidden = None
+        if want_hidden:
+            hidden = torch.stack(features) if self._taps else h_all
+        return logits, hidden
+
+    def _rows(self, tokens: list[int], start: int):
+        """Run ``tokens`` at ``start ..`` from the live state; advance the length."""
         self.forward_calls += 1
         self.forward_rows += len(tokens)
         state = self._state
@@ -195,33 +213,26 @@ class ToyTarget:
             if self._taps:
                 features.append(torch.cat([entering[l] for l in self._taps]))
         self._len = start + len(tokens)
-        if self.per_row_snapshots:
-            self._slots = torch.stack(states)  # the live state stays the pre-verify state
-            self._slot_start = start
-        else:
-            self._state = state
-        h_all = torch.stack(hiddens)  # [rows, H]
-        logits = self.lm_head(h_all if all_logits_rows else h_all[-1:])
-        hidden = None
-        if want_hidden:
-            hidden = torch.stack(features) if self._taps else h_all
-        return logits, hidden
+        return hiddens, features, states
 
-    def spec_snapshot_recurrent_state(self) -> None:
-        if not self.per_row_snapshots:
-            self._saved_state = self._state.clone()
-
-    def spec_on_verify_accepted(self, accepted: int, rows: int) -> bool:
-        if not self.per_row_snapshots:
-            return False
-        self._state = self._slots[accepted].clone()
-        self._len = self._slot_start + accepted + 1
-        self._slots = None
-        return True
-
-    def spec_restore_recurrent_state(self) -> None:
-        if not self.per_row_snapshots:
-            self._state = self._saved_state.clone()
+    def spec_keep(self, rows_kept: int) -> str | None:
+        start, tokens = self._last
+        if not 1 <= rows_kept <= len(tokens):
+            raise ValueError(f"cannot keep {rows_kept} rows of a forward of {len(tokens)}")
+        if self.per_row_snapshots:  # commit the kept row's state slot
+            self._state = self._slots[rows_kept - 1].clone()
+            self._len = start + rows_kept
+            self._slots = None
+            return "committed"
+        if rows_kept == len(tokens) or not self.recurrent:
+            self._len = start + rows_kept  # a KV rewind is the whole rollback
+            return None
+        if self._saved_state is None:
+            raise ValueError("keeping a prefix of a recurrent forward needs a verify (all_logits_rows=True)")
+        self._state, self._saved_state = self._saved_state, None  # restore, then re-forward
+        self._len = start
+        self._state = self._rows(tokens[:rows_kept], start)[2][-1]
+        return "reforward"
 
     def spec_rewind_cache(self, length: int) -> None:
         if not 0 <= length <= self._len:
@@ -229,7 +240,7 @@ class ToyTarget:
         self._len = length
         if length == 0:
             self._state = torch.zeros_like(self._state)
-            self._saved_state = self._state.clone()
+            self._saved_state = None
 
     # -- for tests ------------------------------------------------------------------------
     def state_fingerprint(self) -> tuple:

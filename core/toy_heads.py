@@ -78,7 +78,7 @@ class PrefixReference:
         self._tokens, self._last = [], None  # until the forward succeeds: a failure restarts
         self.target.spec_ensure_capacity(len(tokens))
         logits, _ = self.target.spec_forward(new, all_logits_rows=False, want_hidden=False)
-        self.target.spec_on_verify_accepted(len(new) - 1, len(new))
+        self.target.spec_keep(len(new))
         self.forwarded_tokens += len(new)
         self._tokens = tokens
         self._last = logits[-1]  # [vocab]

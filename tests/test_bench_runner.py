@@ -150,11 +150,12 @@ class _FixedLogits:
 
     def spec_forward(self, tokens, *, all_logits_rows, want_hidden):
         self.cache_seq_len += len(tokens)
+        self.rows = len(tokens)
         rows = len(tokens) if all_logits_rows else 1
         return self.logits.expand(rows, -1).clone(), None
 
-    def spec_on_verify_accepted(self, accepted, rows):
-        return False
+    def spec_keep(self, rows_kept):
+        self.cache_seq_len -= self.rows - rows_kept
 
     def spec_rewind_cache(self, length):
         self.cache_seq_len = length

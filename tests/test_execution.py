@@ -217,3 +217,38 @@ def test_validate_proposal():
     assert validate_proposal(None, 4, 10) == ([], None)
     assert validate_proposal([-1], 4, 10) == ([], "out_of_vocab")
     assert validate_proposal(iter([1]), 4, 10) == ([], "bad_type")
+
+
+def test_accept_names_accepted_corrected_and_bonus_tokens():
+    from tsspec.runtime.execution import accept
+
+    rows = [5, 6, 9]
+    drawn_rows = []
+
+    def draw(i):
+        drawn_rows.append(i)
+        return rows[i]
+
+    assert accept(draw, [5, 6]) == [5, 6, 9]  # two accepted, bonus 9
+    assert accept(lambda i: [5, 7, 9][i], [5, 6]) == [5, 7]  # one accepted, 7 corrects 6
+    assert accept(lambda i: [4][i], [5, 6]) == [4]  # none accepted
+    drawn_rows.clear()
+    accept(draw, [1, 2])
+    assert drawn_rows == [0]  # rows after the first rejection are never drawn
+
+
+def test_draft_context_carries_the_window_and_the_preceding_tokens():
+    seen = []
+
+    class Spy(FixedSpeculator):
+        def propose(self, ctx):
+            seen.append((ctx.window, ctx.max_tokens, list(ctx.preceding([7])[-3:])))
+            return super().propose(ctx)
+
+    prompt = [3, 1, 4, 1, 5]
+    ref = prompt + plain_tokens(ToyTarget(seed=2), prompt, 12)
+    generate_opts = SpeculationOptions(adaptive=False, draft=3)
+    out = generate(ToyTarget(seed=2), prompt, generate_opts, max_tokens=12, speculator=Spy(ref, 2, 8, 32))
+    assert out.tokens == ref[len(prompt):]
+    assert seen and all(window == 3 and max_tokens <= 3 for window, max_tokens, _ in seen)
+    assert seen[0][2] == [prompt[-1], ref[len(prompt)], 7]  # history (ends with last) then drafts

@@ -39,7 +39,7 @@ from hypothesis import strategies as st
 import tsspec.modeling.dequant  # noqa: F401  (imported here, not inside a time-bounded case)
 from tsspec.errors import ModelLoadError
 from tsspec.modeling.gguf_file import GGUFFile
-from tsspec.modeling.gguf_writer_util import write_gguf
+from tsspec.modeling.gguf_writer import write_gguf
 
 # -- the seed file -----------------------------------------------------------------------------
 

@@ -46,8 +46,8 @@ CLI_TIMEOUT_S = 180
 # (label, extra argv before the command, extra environment, expected status)
 CONTROLS = [
     ("--disable-plugin", ["--disable-plugin", "medusa"], {}, "disabled"),
-    ("--plugins", ["--plugins", "ngram"], {}, "blocked"),
-    ("TSSPEC_PLUGINS", [], {"TSSPEC_PLUGINS": "ngram"}, "blocked"),
+    ("--plugins", ["--plugins", "ngram,toy"], {}, "blocked"),
+    ("TSSPEC_PLUGINS", [], {"TSSPEC_PLUGINS": "ngram,toy"}, "blocked"),
     ("TSSPEC_DISABLE_PLUGINS", [], {"TSSPEC_DISABLE_PLUGINS": "medusa"}, "disabled"),
     ("tsspec.toml", ["--config", "{config}"], {}, "disabled"),
 ]
@@ -167,6 +167,11 @@ def _driver_cases(installed: Installed, embedded: str | None) -> list:
         argv = [a.replace("{config}", str(installed.config)) for a in argv]
         cases.append((f"{label}/plugins", [*argv, "plugins", "--json"], env))
         cases.append((f"{label}/generate", [*argv, *gen, "-n", "8", "--spec-type", "medusa"], env))
+    # the core names no algorithm: with only this third-party one, or none at all, the listing
+    # and `auto` still say something true
+    for label, allowed in (("only-medusa", "toy,medusa"), ("no-algorithm", "toy")):
+        cases.append((f"{label}/list", ["--plugins", allowed, "list-speculators", "--model", "toy"], {}))
+        cases.append((f"{label}/auto", ["--plugins", allowed, *gen, "-n", "4", "--spec-type", "auto"], {}))
     if embedded is not None:
         cases.append(("embedded", ["list-speculators", "--model", embedded, "--json"], {}))
     return cases
@@ -260,3 +265,18 @@ def test_each_operator_control_removes_it(installed, label, status):
     assert result["code"] == 2, result
     assert "unknown --spec-type 'medusa'" in result["stderr"]
     assert "medusa" not in result["stderr"].split("known:")[1]
+
+
+def test_with_only_a_third_party_algorithm_or_none_the_cli_tells_the_truth(installed):
+    listing = _ok(installed.driver["only-medusa/list"])
+    assert listing.startswith("medusa") and "ngram" not in listing
+    assert "no weight-free algorithm is installed" in listing  # medusa's decline, on the toy
+    assert "auto -> no_draft_head" in listing and "none is installed" in listing
+    auto = json.loads(_ok(installed.driver["only-medusa/auto"]))
+    assert auto["speculator"] is None and auto["decline"]["code"] == "no_draft_head"
+    assert "ngram" not in auto["decline"]["reason"]
+    plain = json.loads(_ok(installed.driver["plain"]))
+    assert auto["tokens"] == plain["tokens"][:4]  # declined speculation still generates
+    nothing = _ok(installed.driver["no-algorithm/list"])
+    assert "no speculation algorithms registered" in nothing and "none is installed" in nothing
+    assert json.loads(_ok(installed.driver["no-algorithm/auto"]))["decline"]["code"] == "no_draft_head"

@@ -11,7 +11,7 @@ import torch
 from tsspec.modeling import cache as cache_module
 from tsspec.modeling.cache import WeightCache, cache_dir, cache_key
 from tsspec.modeling.gguf_file import GGUFFile
-from tsspec.modeling.gguf_writer_util import write_gguf
+from tsspec.modeling.gguf_writer import write_gguf
 
 
 def sample_tensors() -> dict[str, torch.Tensor]:

@@ -12,7 +12,7 @@ from hypothesis import HealthCheck, given, settings, strategies as st
 
 from tsspec.errors import ModelLoadError
 from tsspec.modeling.gguf_file import GGUFFile, read_architecture
-from tsspec.modeling.gguf_writer_util import write_gguf
+from tsspec.modeling.gguf_writer import write_gguf
 
 METADATA = {
     "demo.block_count": 3,

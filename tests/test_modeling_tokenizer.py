@@ -14,7 +14,7 @@ from hypothesis import assume, given, settings, strategies as st
 from tsspec.modeling.chat_template import ChatTemplate, ChatTemplateError
 from tsspec.modeling.embedded import embedded_model_path
 from tsspec.modeling.gguf_file import GGUFFile
-from tsspec.modeling.gguf_writer_util import write_gguf
+from tsspec.modeling.gguf_writer import write_gguf
 from tsspec.modeling.tokenizer import GGUFTokenizer, byte_alphabet, from_gguf
 from tsspec.protocols import Tokenizer
 

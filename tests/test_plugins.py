@@ -156,3 +156,41 @@ def test_real_entry_point_install(tmp_path):
         assert {r["name"]: r for r in json.loads(out)}["throwaway"]["status"] == DISABLED
     finally:
         subprocess.run([*pip, "uninstall", "-y", "tsspec-throwaway"], check=True)
+
+
+def test_hooks_are_called_through_pluggy_so_wrappers_run():
+    """A plugin's hook wrapper runs around every other plugin's registration call."""
+    seen = []
+
+    class Tracer:
+        @hookimpl(wrapper=True)
+        def tsspec_register_speculators(self, register):
+            seen.append("before")
+            result = yield
+            seen.append("after")
+            return result
+
+    host = PluginHost()
+    host.register(make_plugin("alpha"), "alpha")
+    host.register(make_plugin("beta"), "beta")
+    host.register(Tracer(), "tracer")
+    catalog = build_catalog(host, discover=False)
+    assert catalog.speculators.names() == ["alpha", "beta"]
+    assert seen == ["before", "after"] * 2  # once around each plugin's own call
+
+
+def test_bad_registration_arguments_fail_that_plugin_only():
+    mod = types.ModuleType("fake_bad_args")
+
+    @hookimpl
+    def tsspec_register_speculators(register):
+        register("fine", lambda t, o: None, requires_draft_head=False)
+        register("odd", lambda t, o: None, requires_draft_head=False, default_pmin=7)
+
+    mod.tsspec_register_speculators = tsspec_register_speculators
+    host = PluginHost()
+    host.register(mod, "badargs")
+    host.register(make_plugin("good"), "good")
+    catalog = build_catalog(host, discover=False)
+    assert catalog.speculators.names() == ["good"]  # "fine" is dropped with its plugin
+    assert host.records["badargs"].status == FAILED and "default_pmin" in host.records["badargs"].reason

@@ -44,9 +44,12 @@ class Named:
 
 def make_registry():
     reg = SpeculatorRegistry()
-    reg.register("ngram", lambda t, o: Named("an ngram speculator"), requires_draft_head=False, plugin="ngram")
-    reg.register("draft-head", lambda t, o: Named("a head speculator"), requires_draft_head=True, plugin="draft-head")
-    reg.register("block", lambda t, o: Named("a block speculator"), requires_draft_head=True, plugin="block")
+    reg.register("ngram", lambda t, o: Named("an ngram speculator"), requires_draft_head=False,
+                 weight_free=True, plugin="ngram")
+    reg.register("draft-head", lambda t, o: Named("a head speculator"), requires_draft_head=True,
+                 serves_kind=DraftHeadKind.PER_TOKEN, default_pmin=0.75, plugin="draft-head")
+    reg.register("block", lambda t, o: Named("a block speculator"), requires_draft_head=True,
+                 serves_kind=DraftHeadKind.BLOCK, default_pmin=0.35, plugin="block")
     return reg
 
 
@@ -133,7 +136,11 @@ def test_registration_rules():
     assert reg.create(ToyTarget(), opts("ngram")) == Named("an ngram speculator")  # first one kept
     assert reg.conflicts and "other" in reg.conflicts[0]
     assert reg.default_pmin("draft-head") == 0.75 and reg.default_pmin("block") == 0.35
-    assert reg.default_pmin("ngram") == 0.0
+    assert reg.default_pmin("ngram") == 0.0 and reg.default_pmin("unregistered") == 0.0
+    with pytest.raises(ValueError, match="default_pmin"):
+        reg.register("y", lambda t, o: None, requires_draft_head=False, default_pmin=1.5)
+    with pytest.raises(TypeError, match="serves_kind"):
+        reg.register("y", lambda t, o: None, requires_draft_head=True, serves_kind="block")
 
 
 def test_factory_returning_a_non_speculator_is_a_plugin_error():
@@ -141,3 +148,39 @@ def test_factory_returning_a_non_speculator_is_a_plugin_error():
     reg.register("odd", lambda t, o: "a string", requires_draft_head=False, plugin="podd")
     d = reg.create(ToyTarget(), opts("odd"))
     assert d.code == PLUGIN_ERROR and "not a speculator" in d.reason
+
+
+def test_auto_and_declines_name_only_what_is_registered():
+    """No algorithm is named by the core: with a third-party weight-free algorithm alone, auto
+    picks it and decline sentences suggest it; with none, they say none is installed."""
+    reg = SpeculatorRegistry()
+    reg.register("bigram", lambda t, o: Named("bigram"), requires_draft_head=False, plugin="third")
+    reg.register("heads", lambda t, o: Named("heads"), requires_draft_head=True, plugin="third")
+    target = ToyTarget()
+    assert reg.weight_free() == ["bigram"] and reg.resolve_name(target, "auto") == "bigram"
+    d = reg.create(target, opts("heads"))
+    assert d.code == NO_DRAFT_HEAD and "--spec-type bigram" in d.reason and "ngram" not in d.reason
+    target.draft_head = Head(DraftHeadKind.PER_TOKEN)  # a drafter no installed algorithm serves
+    assert reg.resolve_name(target, "auto") == "bigram"
+    empty = SpeculatorRegistry()
+    empty.register("heads", lambda t, o: Named("heads"), requires_draft_head=True)
+    d = empty.create(ToyTarget(), opts("heads"))
+    assert d.code == NO_DRAFT_HEAD and "no weight-free algorithm is installed" in d.reason
+    d = empty.create(ToyTarget(), opts())
+    assert d.code == NO_DRAFT_HEAD and "none is installed" in d.reason and "ngram" not in d.reason
+
+
+def test_auto_prefers_the_declared_priority_then_the_name():
+    reg = SpeculatorRegistry()
+    for name, priority in (("aaa", 0), ("zzz", 5), ("mmm", 5)):
+        reg.register(name, lambda t, o: Named(name), requires_draft_head=False, auto_priority=priority)
+    assert reg.weight_free() == ["mmm", "zzz", "aaa"]
+    assert reg.resolve_name(ToyTarget(), "auto") == "mmm"
+
+
+def test_evaluate_reports_every_registration():
+    rows = {r["name"]: r for r in make_registry().evaluate(ToyTarget(), opts())}
+    assert rows["ngram"]["status"] == "serves" and rows["ngram"]["plugin"] == "ngram"
+    assert rows["draft-head"]["code"] == NO_DRAFT_HEAD and rows["draft-head"]["requires_draft_head"]
+    listed = {r["name"]: r["status"] for r in make_registry().evaluate(None, opts())}
+    assert set(listed.values()) == {"registered"}

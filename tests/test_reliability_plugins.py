@@ -442,7 +442,7 @@ def test_cli_plugins_json_lists_failures_and_the_cli_still_works(installed_evil,
 
 
 def test_cli_allow_list_blocks_the_broken_plugins(installed_evil, cli, capsys, monkeypatch):
-    monkeypatch.setenv("TSSPEC_PLUGINS", "ngram")
+    monkeypatch.setenv("TSSPEC_PLUGINS", "ngram,toy")  # the toy model is a plugin too
     assert cli("plugins", "--json") in (0, None)
     records = {r["name"]: r for r in json.loads(capsys.readouterr().out)}
     for name in DIST_PLUGINS:

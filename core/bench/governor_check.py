@@ -22,10 +22,10 @@ from ..testing import ToyTarget
 from .prompts import EncodedCase, PromptCase
 from .runner import BenchConfig, BenchRunner, RunRecord
 
-# rows -> forward time relative to one row: the embedded SmolLM2-135M on the CPU block kernels,
-# 2 threads, ~100-600 tokens of context (model_llama's BLOCK_PATH_ROW_MS: 1 row 11 ms, 2: 12,
-# 4: 15.3, 8: 26.5, 16: 46). Steeper than dense float32 GEMMs (1.0 / 1.004 / 1.349 / 1.725 /
-# 1.873), so extra verify rows cost more and the governor's probes matter more.
+# rows -> forward time relative to one row: the cost shape this synthetic benchmark simulates
+# (the embedded SmolLM2-135M on the CPU block kernels, 2 threads, ~100-600 tokens of context,
+# as once measured: 1 row 11 ms, 2: 12, 4: 15.3, 8: 26.5, 16: 46). It decides nothing at run
+# time; targets measure their own cost (model_llama's spec_verify_row_ms).
 VERIFY_COST_PROFILE = (
     (1, 1.0), (2, 1.091), (3, 1.236), (4, 1.391), (5, 1.818), (8, 2.409), (9, 2.591), (12, 3.273), (16, 4.182)
 )

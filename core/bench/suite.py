@@ -18,6 +18,7 @@ import attrs
 
 from .. import __version__
 from ..errors import OptionsError
+from ..runtime.generation import draft_window
 from ..runtime.options import SpeculationOptions
 from ..runtime.sampling import SamplingParams
 from .machine import describe_machine, load_average
@@ -53,10 +54,8 @@ class BenchPlan:
 
 def serving_algorithms(catalog, target, options: SpeculationOptions) -> tuple[list[str], dict[str, str]]:
     """(names that serve ``target``, {name: decline reason} for those that do not)."""
-    from ..cli.plugins_cmd import evaluate_speculators
-
     serving, declined = [], {}
-    for row in evaluate_speculators(catalog, target, options):
+    for row in catalog.speculators.evaluate(target, options):
         if row["status"] == "serves":
             serving.append(row["name"])
         else:
@@ -210,7 +209,7 @@ def run_plan(
             "compare_reps": plan.compare_reps or plan.reps,
             "prompts": plan.prompts_label,
             "sampling": _sampling_text(plan.sampling),
-            "window": plan.options.window(getattr(target, "spec_preferred_draft_window", None)),
+            "window": draft_window(plan.options, target),
             "adaptive": plan.options.adaptive,
             "algorithms": algorithms,
             "declined": declined,

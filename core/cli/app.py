@@ -17,7 +17,7 @@ import typer
 
 from .. import __version__
 from ..errors import EXIT_USAGE, TsspecError
-from . import generate_cmd, inspect_cmd, plugins_cmd, train_cmd
+from . import convert_cmd, generate_cmd, inspect_cmd, plugins_cmd, train_cmd
 from .state import STATE, CliState
 
 
@@ -28,9 +28,12 @@ def _version(value: bool) -> None:
 
 
 def build_app() -> typer.Typer:
+    from ..switches import describe
+
     app = typer.Typer(
         name="tsspec",
         help="Lossless speculative decoding for GGUF language models.",
+        epilog="Attribution switches (environment; output never changes): " + "; ".join(describe().splitlines()),
         no_args_is_help=True,
         pretty_exceptions_enable=False,
         add_completion=False,
@@ -51,6 +54,7 @@ def build_app() -> typer.Typer:
     app.command("inspect")(inspect_cmd.inspect)
     app.command("generate")(generate_cmd.generate)
     app.command("train-drafter")(train_cmd.train_drafter)
+    app.command("convert")(convert_cmd.convert)
     try:
         from . import bench_cmd
     except ImportError:

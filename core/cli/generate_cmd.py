@@ -65,7 +65,20 @@ def describe_target(target) -> str:
         from ..modeling import native
 
         parts.append(f"kernels {native.info().get('simd')}")
+    in_use = kernels_in_use(target)
+    if in_use:
+        parts.append(f"device kernels {', '.join(in_use)}")
     return ", ".join(parts)
+
+
+def kernels_in_use(target) -> list[str]:
+    """Registered kernels the target (and its drafter) run: their ``kernels_in_use`` fields."""
+    names: list[str] = []
+    for part in (target, getattr(target, "draft_head", None)):
+        for name in getattr(part, "kernels_in_use", None) or ():
+            if name not in names:
+                names.append(str(name))
+    return names
 
 
 def load_target(model: str | None, device: str, dtype: str | None, options):

@@ -13,10 +13,37 @@ from .state import STATE
 JsonFlag = Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")]
 
 
+def kernel_rows(catalog) -> dict[str, list[dict]]:
+    """Registered kernels by plugin: op, device, whether usable here and why not."""
+    rows: dict[str, list[dict]] = {}
+    for op in sorted(catalog.kernels):
+        for entry in catalog.kernels[op]:
+            rows.setdefault(entry.plugin or "-", []).append(
+                {"op": op, "device": entry.device, "available": entry.available, "reason": entry.reason}
+            )
+    return rows
+
+
+def _kernel_summary(rows: list[dict]) -> str:
+    """One line per plugin: its ops by device and availability ("device found" or the reason)."""
+    parts = []
+    for device in sorted({r["device"] for r in rows}):
+        mine = [r for r in rows if r["device"] == device]
+        usable = [r["op"] for r in mine if r["available"]]
+        state = "; ".join(sorted({r["reason"] for r in mine if r["reason"]})) or (
+            "available" if usable else "unavailable")
+        parts.append(f"{device}: {', '.join(r['op'] for r in mine)} ({state})")
+    return " | ".join(parts)
+
+
 def plugins(as_json: JsonFlag = False) -> None:
-    """List installed plugins: package, version, hooks, status and reason."""
+    """List installed plugins: package, version, hooks, status and reason (and their kernels)."""
     catalog = STATE.catalog
     records = [r.to_json() for r in catalog.host.list_records()]
+    kernels = kernel_rows(catalog)
+    for r in records:
+        if r["name"] in kernels:
+            r["kernels"] = kernels[r["name"]]
     if as_json:
         typer.echo(json.dumps(records, indent=2))
         return
@@ -29,39 +56,8 @@ def plugins(as_json: JsonFlag = False) -> None:
         if r["reason"]:
             line += f"  ({r['reason']})"
         typer.echo(line)
-
-
-def evaluate_speculators(catalog, target, options) -> list[dict]:
-    """One row per registered algorithm; with a target, whether it would serve it or why not."""
-    import attrs
-
-    from ..runtime.registry import Decline
-
-    rows = []
-    for entry in catalog.speculators.entries():
-        row = {
-            "name": entry.name,
-            "plugin": entry.plugin,
-            "package": entry.package,
-            "version": entry.version,
-            "requires_draft_head": entry.requires_draft_head,
-            "description": entry.description,
-            "status": "registered",
-            "code": None,
-            "reason": None,
-        }
-        if target is not None:
-            made = catalog.speculators.create(target, attrs.evolve(options, spec_type=entry.name))
-            if isinstance(made, Decline):
-                row.update(status="declined", code=made.code, reason=made.reason)
-            else:
-                row.update(status="serves")
-                try:
-                    made.close()
-                except Exception:
-                    pass
-        rows.append(row)
-    return rows
+        if r.get("kernels"):
+            typer.echo(f"    kernels {_kernel_summary(r['kernels'])}")
 
 
 def list_speculators(
@@ -81,7 +77,7 @@ def list_speculators(
         # the drafter is left to each factory (it stays in the options), so a drafter that does
         # not fit the model shows up as a decline reason instead of stopping the listing
         target = load_model(model, catalog=catalog, options=SpeculationOptions())
-    rows = evaluate_speculators(catalog, target, options)
+    rows = catalog.speculators.evaluate(target, options)
     if as_json:
         typer.echo(json.dumps(rows, indent=2))
         return

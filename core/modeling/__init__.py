@@ -1,11 +1,30 @@
-"""Model plumbing shared by the model plugins (import the submodules; this package re-exports
-nothing so that importing it stays cheap):
+"""The modeling toolkit for model plugins: a PUBLIC API (see docs/architecture.md).
+
+Model plugins may import these submodules and the names in each one's ``__all__`` (or its
+documented classes and functions); they change only with a major version of tsspec, with a
+changelog entry in docs/plugins.md. This package re-exports nothing, so importing it stays cheap.
 
 * ``gguf_file`` -- ``GGUFFile``: a memory-mapped GGUF with typed metadata and tensors; every
   failure is a one-line ``ModelLoadError`` (``gguf_header`` is its bounded parser).
+* ``gguf_writer`` -- ``write_gguf``: converters and tests write GGUF files with it.
 * ``dequant`` -- vectorised torch dequantisation of the ggml types.
+* ``qlinear`` -- ``BlockMatrix``: matmuls on a file's quantised blocks, row-invariant on the CPU.
+* ``attention`` / ``rowops`` / ``native`` -- row-invariant CPU kernels and whether they are built.
 * ``cache`` -- ``WeightCache``: prepared weights kept on disk so a second load takes seconds.
 * ``tokenizer`` / ``chat_template`` -- the tokenizer and chat template a GGUF describes.
-* ``gguf_writer_util`` -- ``write_gguf`` for tests (tiny models converted from transformers).
 * ``embedded`` -- where the embedded default model (SmolLM2-135M-Instruct) is installed.
 """
+
+__all__ = [
+    "attention",
+    "cache",
+    "chat_template",
+    "dequant",
+    "embedded",
+    "gguf_file",
+    "gguf_writer",
+    "native",
+    "qlinear",
+    "rowops",
+    "tokenizer",
+]

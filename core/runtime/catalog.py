@@ -1,4 +1,5 @@
-"""The catalog: what the loaded plugins registered (speculators, models, drafters, kernels).
+"""The catalog: what the loaded plugins registered (speculators, models, drafters, converters,
+kernels).
 
 Built from a ``PluginHost`` by calling each registration hook once per plugin, with a
 ``register`` callback bound to that plugin so every registration is a record with a name,
@@ -12,7 +13,13 @@ from typing import Any, Callable
 import attrs
 
 from ..plugins import LOADED, PluginHost
-from .registry import SpeculatorRegistry
+from .converting import ConverterEntry
+from .registry import SpeculatorRegistry, check_registration
+
+# the keyword facts a speculator registration may carry besides requires_draft_head
+SPECULATOR_FACTS = frozenset(
+    {"serves_kind", "weight_free", "default_pmin", "description", "drafter_hint", "auto_priority"}
+)
 
 
 @attrs.define
@@ -24,15 +31,21 @@ class LoaderEntry:
     plugin: str | None = None
     package: str | None = None
     version: str | None = None
+    file_less: bool = False  # a model loaded by name ("toy", "toy:SEED"), not from a GGUF file
 
 
 @attrs.define
 class KernelEntry:
+    """One accelerated op. ``available`` False: registered but unusable here (no device, no
+    CuPy...), with ``reason``; ``tsspec plugins`` prints it, lookups skip it."""
+
     op: str
     implementation: Callable[..., Any]
     device: str = "cuda"
     description: str = ""
     plugin: str | None = None
+    available: bool = True
+    reason: str = ""
 
 
 @attrs.define
@@ -40,21 +53,26 @@ class Catalog:
     speculators: SpeculatorRegistry = attrs.field(factory=SpeculatorRegistry)
     models: dict[str, LoaderEntry] = attrs.field(factory=dict)  # architecture -> loader
     drafters: dict[str, LoaderEntry] = attrs.field(factory=dict)  # architecture -> attach
+    converters: dict[str, ConverterEntry] = attrs.field(factory=dict)  # checkpoint type -> converter
     kernels: dict[str, list[KernelEntry]] = attrs.field(factory=dict)
     trainers: dict[str, Any] = attrs.field(factory=dict)  # drafter kind -> TrainerEntry
     bundled_drafters: list[Any] = attrs.field(factory=list)  # BundledDrafter records
     host: PluginHost | None = None
 
     def kernel(self, op: str, device: str):
-        """The first registered implementation of ``op`` for ``device``, or None (use torch)."""
+        """The first available implementation of ``op`` for ``device``, or None (use torch)."""
         for entry in self.kernels.get(op, ()):
-            if entry.device == device:
+            if entry.device == device and entry.available:
                 return entry.implementation
         return None
 
+    def kernel_table(self, device: str) -> dict[str, Callable[..., Any]]:
+        """Every available op for a device type ("cuda", "cpu"): what a loader receives."""
+        return {op: impl for op in sorted(self.kernels) if (impl := self.kernel(op, device)) is not None}
+
 
 def _add_loaders(table: dict[str, LoaderEntry], record, kind: str, pending: list, bundled: list | None = None):
-    def register(architectures, function=None, *, files=()):
+    def register(architectures, function=None, *, file_less=False, files=()):
         if isinstance(architectures, str):
             architectures = [architectures]
         architectures = list(architectures or ())
@@ -67,7 +85,8 @@ def _add_loaders(table: dict[str, LoaderEntry], record, kind: str, pending: list
             from .bundled import bundled_record
 
             records = [bundled_record(spec, record.name) for spec in files]  # raises when malformed
-        entry = LoaderEntry(architectures, function, record.name, record.package, record.version) if architectures else None
+        entry = (LoaderEntry(architectures, function, record.name, record.package, record.version, bool(file_less))
+                 if architectures else None)
 
         def apply():
             for arch in architectures:
@@ -95,23 +114,24 @@ def build_catalog(host: PluginHost, *, discover: bool = True) -> Catalog:
     def speculators_for(name):
         record = host.plugin_info(name)
 
-        def register(spec_name, factory, *, requires_draft_head, description="", drafter_hint=""):
-            kwargs = dict(
-                requires_draft_head=requires_draft_head,
-                description=description,
-                drafter_hint=drafter_hint,
-                plugin=record.name,
-                package=record.package,
-                version=record.version,
-            )
-            SpeculatorRegistry().register(spec_name, factory, **kwargs)  # raises on bad arguments
+        def register(spec_name, factory, *, requires_draft_head, **facts):
+            unknown = sorted(set(facts) - SPECULATOR_FACTS)
+            if unknown:
+                raise TypeError(f"register() got unknown keyword arguments {unknown}")
+            check_registration(spec_name, factory, **facts)  # raises on bad arguments
+            kwargs = dict(facts, requires_draft_head=requires_draft_head, plugin=record.name,
+                          package=record.package, version=record.version)
             pending.append((name, lambda: catalog.speculators.register(spec_name, factory, **kwargs)))
 
         return {"register": register}
 
     def kernels_for(name):
-        def register(op, implementation, *, device="cuda", description=""):
-            entry = KernelEntry(op, implementation, device, description, name)
+        def register(op, implementation, *, device="cuda", description="", available=True, reason=""):
+            if not isinstance(op, str) or not op:
+                raise ValueError(f"invalid kernel op name {op!r}")
+            if not callable(implementation):
+                raise TypeError(f"kernel {op!r}: implementation is not callable")
+            entry = KernelEntry(op, implementation, str(device), description, name, bool(available), str(reason or ""))
             pending.append((name, lambda: catalog.kernels.setdefault(op, []).append(entry)))
 
         return {"register": register}
@@ -126,6 +146,29 @@ def build_catalog(host: PluginHost, *, discover: bool = True) -> Catalog:
         lambda name: {"register": _add_loaders(catalog.drafters, host.plugin_info(name), "drafter attach", pending,
                                                catalog.bundled_drafters)},
     )
+    def converters_for(name):
+        record = host.plugin_info(name)
+
+        def register(model_types, converter, *, description=""):
+            if isinstance(model_types, str):
+                model_types = [model_types]
+            model_types = list(model_types)
+            if not model_types or not all(isinstance(t, str) and t for t in model_types):
+                raise ValueError(f"converter model_types must be non-empty strings, got {model_types!r}")
+            if not callable(converter):
+                raise TypeError(f"converter for {model_types} is not callable")
+            entry = ConverterEntry(model_types, converter, str(description or ""), record.name,
+                                   record.package, record.version)
+
+            def apply():
+                for model_type in model_types:
+                    catalog.converters.setdefault(model_type, entry)  # first registration wins
+
+            pending.append((name, apply))
+
+        return {"register": register}
+
+    host.call_each("tsspec_register_converters", converters_for)
     host.call_each("tsspec_register_kernels", kernels_for)
 
     def trainers_for(name):

@@ -1,113 +1,97 @@
-"""SpeculativeExecution: the one implementation of draft -> verify -> accept -> rollback -> commit.
+"""SpeculativeExecution: the one implementation of draft -> verify -> accept -> keep -> commit.
 
-Per decode step, with ``last`` the newest token (emitted, not yet in the trunk's cache) at
+One sequence runs as small steps, so a scheduler can interleave the steps of many executions:
+``start`` (``_prefill`` and the first token), then ``step`` until ``done`` (each step is a
+``_plain_step`` or a ``_verify_step``), then ``finish``. ``run`` does all three.
+
+A verify step, with ``last`` the newest token (emitted, not yet in the trunk's cache) at
 position ``p``:
 
 1. Draft: ``speculator.propose(DraftContext)``. The result is untrusted input: a wrong type, an id
    outside the vocabulary, more tokens than allowed or an exception ends drafting for that step
    and is counted as a fault; after ``MAX_FAULTS`` the speculator is parked for the sequence.
-2. Verify: ``[last, d1..dK]`` in ONE forward with all-row logits. Row i draws the token at
-   position ``p+1+i`` with the position-seeded sampler; drafts are accepted while the draw equals
-   the draft. The first draw that differs (or row K's draw when all are accepted) is the
-   correction / bonus token. Every emitted token therefore comes from a trunk row: lossless.
-3. Rollback: keep ``m+1`` rows (``last`` and m accepted drafts) through the trunk: a per-row
-   recurrent snapshot is committed directly, a KV is rewound, or the pre-verify state is restored
-   and the kept prefix re-forwarded.
-4. Commit: the kept tokens and the exact hidden rows that predicted them go to the speculator.
+2. Verify: ``[last, d1..dK]`` in ONE forward with all-row logits.
+3. Accept (``accept``): row i draws the token at position ``p+1+i`` with the position-seeded
+   sampler; drafts are accepted while the draw equals the draft. Every emitted token therefore
+   comes from a trunk row: lossless.
+4. Keep: the trunk keeps ``m+1`` rows (``last`` and the m accepted drafts) through the target's
+   one rollback call, ``spec_keep``.
+5. Commit: the kept tokens and the exact hidden rows that predicted them go to the speculator.
 
-An empty proposal is an ordinary one-row step that still commits to the speculator. The cost
+An empty proposal is a plain one-row step that still commits to the speculator. The cost
 governor beside the loop may park drafting; then steps are plain one-row steps.
 """
 
 from __future__ import annotations
 
-import itertools
+import contextlib
 import logging
-import operator
 import time
-from typing import Callable, Sequence
+from typing import Callable, Iterator, Sequence
 
+import attrs
 import torch
 
 from ..protocols import DraftContext
 from .governor import SpeculationCostGovernor
+from .proposal import (  # noqa: F401  (the fault kinds are part of this module's surface)
+    BAD_ID,
+    BAD_TYPE,
+    COMMIT_RAISED,
+    MAX_FAULTS,
+    OUT_OF_VOCAB,
+    PROPOSE_RAISED,
+    TOO_MANY,
+    HistoryView,
+    validate_proposal,
+)
 from .sampling import Sampler
 from .stats import SpecStats
 
 log = logging.getLogger("tsspec.execution")
 
-MAX_FAULTS = 3  # faults in one sequence before the speculator is parked for it
-
-# fault kinds, as counted in SpecStats.fault_kinds
-PROPOSE_RAISED = "propose_raised"
-COMMIT_RAISED = "commit_raised"
-BAD_TYPE = "bad_type"
-BAD_ID = "bad_id"
-OUT_OF_VOCAB = "out_of_vocab"
-TOO_MANY = "too_many_tokens"
-
 _logged_faults: set[str] = set()  # speculators whose first fault was already logged
 
 
-def validate_proposal(raw: object, max_tokens: int, vocab_size: int) -> tuple[list[int], str | None]:
-    """Turn an untrusted proposal into a list of ids, or ([], fault kind). Total: whatever the
-    proposal's own methods do (raise, lie about their length, iterate forever) it returns.
+def accept(draw: Callable[[int], int], drafts: Sequence[int]) -> list[int]:
+    """The tokens one verify emits, in the terms of vLLM's rejection sampler.
 
-    >>> validate_proposal([3, 4], 8, 10)
-    ([3, 4], None)
-    >>> validate_proposal([3, 99], 8, 10)
-    ([], 'out_of_vocab')
+    ``draw(i)`` samples verify row i (the row that follows ``drafts[:i]``). Draft i is
+    *accepted* when row i draws exactly it; the first row whose draw differs gives the
+    *corrected* token in its place and ends the step; when every draft is accepted, the last row
+    gives a *bonus* token. Returns the accepted drafts followed by the corrected or bonus token:
+    ``len(result) - 1`` drafts were accepted. Pure: rows are drawn lazily, none after the end.
+
+    >>> accept(lambda i: [5, 6, 9][i], [5, 6])  # both accepted, bonus 9
+    [5, 6, 9]
+    >>> accept(lambda i: [5, 7, 9][i], [5, 6])  # 5 accepted, 7 corrects 6
+    [5, 7]
     """
-    if raw is None:
-        return [], None
-    try:  # hasattr / len run the proposal's own code, which may raise anything
-        if isinstance(raw, (str, bytes, dict)) or not hasattr(raw, "__len__") or not hasattr(raw, "__iter__"):
-            return [], BAD_TYPE
-        n = len(raw)
-    except Exception:
-        return [], BAD_TYPE
-    if n > max_tokens:
-        return [], TOO_MANY
-    ids: list[int] = []
-    try:
-        # never iterate past the claimed length: an iterator that yields more is lying
-        for item in itertools.islice(raw, n + 1):
-            if len(ids) == n:
-                return [], BAD_TYPE
-            if isinstance(item, bool):
-                return [], BAD_ID
-            try:
-                value = operator.index(item)  # ints, numpy ints, 0-d int tensors; never floats
-            except Exception:
-                return [], BAD_ID
-            if not 0 <= value < vocab_size:
-                return [], OUT_OF_VOCAB
-            ids.append(value)
-    except Exception:  # the iterator itself raised
-        return [], BAD_TYPE
-    return ids, None
+    drawn: list[int] = []
+    for i in range(len(drafts) + 1):
+        token = draw(i)
+        drawn.append(token)
+        if i == len(drafts) or token != drafts[i]:
+            break
+    return drawn
 
 
-class HistoryView(Sequence[int]):
-    """A read-only view of the sequence so far, handed to ``propose`` without copying it
-    (copying would make every step O(context)). Valid for the duration of the call."""
+@attrs.define
+class _Timer:
+    ms: float = 0.0
 
-    __slots__ = ("_items",)
 
-    def __init__(self, items: list[int]):
-        self._items = items
+@attrs.define
+class SequenceState:
+    """One running sequence: what it emitted and what the next step needs."""
 
-    def __len__(self) -> int:
-        return len(self._items)
-
-    def __getitem__(self, index):
-        return self._items[index]
-
-    def __iter__(self):
-        return iter(self._items)
-
-    def __repr__(self) -> str:
-        return f"HistoryView(len={len(self._items)})"
+    history: list[int]  # prompt + emitted tokens; history[-1] is the newest, not yet cached
+    max_tokens: int
+    on_token: Callable[[int], bool | None] | None = None
+    emitted: list[int] = attrs.field(factory=list)
+    carry: torch.Tensor | None = None  # [F]: the trunk row that predicted history[-1]
+    want_hidden: bool = False
+    done: bool = False
 
 
 class SpeculativeExecution:
@@ -125,6 +109,7 @@ class SpeculativeExecution:
         stop_tokens: frozenset[int] = frozenset(),
         clock: Callable[[], float] = time.perf_counter,
         speculator_label: str | None = None,
+        arm_after_reuse: bool | None = None,
     ):
         self.trunk = trunk
         self.sampler = sampler
@@ -135,12 +120,212 @@ class SpeculativeExecution:
         self.stop_tokens = frozenset(stop_tokens)
         self.clock = clock
         self.label = speculator_label or getattr(speculator, "name", "speculator")
+        # after a reused KV prefix: None asks the speculator (can_arm_after_prefix_reuse);
+        # False is the old rule (never arm after reuse), kept for comparisons
+        self.arm_after_reuse = arm_after_reuse
         self.stats = SpecStats()
-        self._cached: list[int] = []  # tokens in the trunk's cache after the last run
+        self.seq: SequenceState | None = None
+        self._cached: list[int] = []  # tokens in the trunk's cache after the last sequence
         self._armed = False
         self._faults = 0
+        self._run_start = self._decode_start = 0.0
 
-    # -- helpers ---------------------------------------------------------------------------
+    # -- one sequence: start, step until done, finish ----------------------------------------
+    def run(
+        self,
+        prompt: Sequence[int],
+        max_tokens: int,
+        *,
+        on_token: Callable[[int], bool | None] | None = None,
+    ) -> list[int]:
+        """Generate up to ``max_tokens`` tokens after ``prompt``. ``on_token(tok)`` is called for
+        each emitted token and may return True to stop after it (stop strings)."""
+        seq = self.start(prompt, max_tokens, on_token=on_token)
+        if max_tokens <= 0:
+            return seq.emitted
+        while not seq.done:
+            self.step()
+        self.finish()
+        return seq.emitted
+
+    def start(self, prompt: Sequence[int], max_tokens: int, *, on_token=None) -> SequenceState:
+        """Prefill ``prompt`` and emit the first token."""
+        prompt = [int(t) for t in prompt]
+        self.stats = SpecStats(prompt_tokens=len(prompt))
+        self._faults = 0
+        self._run_start = self.clock()
+        seq = self.seq = SequenceState(history=prompt, max_tokens=max_tokens, on_token=on_token)
+        if max_tokens <= 0:
+            seq.done = True
+            return seq
+        seq.want_hidden = bool(self.speculator is not None and self.speculator.needs_hidden_state)
+        self.governor.reset()
+        logits = self._prefill(seq)
+        self._decode_start = self.clock()
+        self._emit(seq, self.sampler.sample(logits[-1], len(prompt), seq.history))
+        return seq
+
+    def step(self) -> None:
+        """One decode step: a verify when the speculator drafts, else a plain one-row step."""
+        seq = self.seq
+        p = self.trunk.seq_len  # position of `last`, the newest emitted token
+        max_ctx = self.trunk.max_context_length
+        if p + 1 > max_ctx:
+            seq.done = True  # no room to forward the last token: the context is full
+            return
+        step_start = self.clock()
+        k_max = min(self.window, max_ctx - p - 1, seq.max_tokens - len(seq.emitted) - 1)
+        attempted = self._armed and k_max > 0 and self.governor.want_speculation()
+        drafts = self._propose(self._context(seq, p, k_max)) if attempted else []
+        self.stats.steps += 1
+        if drafts:
+            self._verify_step(seq, p, drafts, step_start)
+        else:
+            self._plain_step(seq, p, attempted, self._ms(step_start))
+
+    def finish(self) -> None:
+        """Close the sequence's statistics and remember what the trunk caches for the next."""
+        seq, stats, end = self.seq, self.stats, self.clock()
+        stats.emitted_tokens = len(seq.emitted)
+        stats.decode_ms = (end - self._decode_start) * 1000.0
+        stats.wall_ms = (end - self._run_start) * 1000.0
+        stats.governor_wins = self.governor.wins
+        stats.governor_losses = self.governor.losses
+        stats.governor_parked_steps = self.governor.parked_steps
+        n = self.trunk.seq_len
+        self._cached = seq.history[:n] if n <= len(seq.history) else []
+
+    # -- the steps ---------------------------------------------------------------------------
+    def _prefill(self, seq: SequenceState) -> torch.Tensor:
+        """Forward the prompt (after the longest cached prefix the trunk can rewind to) and
+        commit it; returns the logits [1, vocab] of its last row."""
+        trunk, prompt, spec = self.trunk, seq.history, self.speculator
+        reuse = self._reusable_prefix(prompt)
+        if not reuse:  # a prefix cache's blocks the trunk was admitted with (batched trunks)
+            reuse = min(int(getattr(trunk, "adopted_prefix", 0) or 0), len(prompt) - 1)
+        if reuse:
+            trunk.rewind(reuse)
+        else:
+            trunk.reset()
+        # can_arm_after_prefix_reuse is optional in the protocol, default False
+        arms = bool(getattr(spec, "can_arm_after_prefix_reuse", False)) and self.arm_after_reuse is not False
+        self._armed = spec is not None and (reuse == 0 or arms)
+        self.stats.prefix_reused = reuse
+        if reuse and spec is not None:
+            self.stats.armed_after_reuse = self._armed
+            log.info("speculator %s %s after a reused prefix of %d tokens", self.label,
+                     "armed" if self._armed else "not armed", reuse)
+        if self._armed:
+            try:
+                spec.reset()
+            except Exception as exc:
+                self._fault(COMMIT_RAISED, repr(exc))
+        suffix = prompt[reuse:]
+        with self._phase("prefill"):
+            trunk.ensure_capacity(len(prompt))
+            logits, hidden = trunk.forward_keep_all(suffix, want_hidden=seq.want_hidden and self._armed)
+        rows = None
+        if hidden is not None:
+            # row k predicted suffix[k]: row 0's predecessor is the last reused row (or none at
+            # position 0), which we do not have: zeros
+            rows = torch.cat([hidden.new_zeros(1, hidden.shape[-1]), hidden[:-1]], dim=0)
+            seq.carry = hidden[-1]
+        self._commit(suffix, rows, reuse)
+        return logits
+
+    def _plain_step(self, seq: SequenceState, p: int, attempted: bool, draft_ms: float) -> None:
+        """Forward ``last`` alone and draw the next token from its row."""
+        last, carry = seq.history[-1], seq.carry
+        with self._phase("plain") as forward:
+            logits, hidden = self.trunk.forward_keep_all([last], want_hidden=seq.want_hidden and self._armed)
+        self.stats.plain_steps += 1
+        self._commit([last], None if carry is None else carry[None], p)
+        seq.carry = hidden[-1] if hidden is not None else None
+        token = self.sampler.sample(logits[-1], p + 1, seq.history)
+        if attempted:
+            self.governor.record_empty_proposal(draft_ms)
+        self.governor.record(False, forward.ms, 1)
+        self._emit(seq, token)
+
+    def _verify_step(self, seq: SequenceState, p: int, drafts: list[int], step_start: float) -> None:
+        """Verify ``[last, *drafts]`` in one forward, emit what it accepts, keep those rows."""
+        stats, sampler = self.stats, self.sampler
+        rows_in = [seq.history[-1], *drafts]
+        self.trunk.ensure_capacity(p + len(rows_in))
+        with self._phase("verify"):
+            logits, hidden = self.trunk.verify(rows_in, want_hidden=seq.want_hidden)
+            back = sampler.lookback
+            recent = seq.history[-back:] if back else []
+            drawn = accept(
+                lambda i: sampler.sample(logits[i], p + 1 + i, recent + drafts[:i] if back else recent),
+                drafts,
+            )
+        stats.verify_steps += 1
+        stats.record_acceptance(len(drafts), len(drawn) - 1)
+        # emit in order; a stop token, the budget or a stop string may end the step early, and
+        # then the cache keeps only what plain decoding would hold
+        kept = 0  # rows kept: `last` plus the drafts emitted before the final token
+        for token in drawn:
+            kept += 1
+            if self._emit(seq, token):
+                break
+        with self._phase("rollback"):
+            mode = self.trunk.keep(kept)
+        stats.rollback_modes[mode] = stats.rollback_modes.get(mode, 0) + 1
+        rows = None
+        if hidden is not None and seq.carry is not None:
+            # row k of the commit predicted rows_in[k]: carry for `last`, then verify rows
+            rows = torch.cat([seq.carry[None], hidden[: kept - 1]], dim=0)
+            seq.carry = hidden[kept - 1]
+        self._commit(rows_in[:kept], rows, p)
+        # a batched trunk also charges what the verify's extra rows cost the rest of its batch
+        self.governor.record(True, self._ms(step_start) + float(getattr(self.trunk, "extra_cost_ms", 0.0)), kept)
+
+    # -- helpers -----------------------------------------------------------------------------
+    def _reusable_prefix(self, prompt: list[int]) -> int:
+        """How many leading prompt tokens the trunk still caches from the last sequence (never
+        the whole prompt: the last row must be forwarded for its logits)."""
+        cached = self._cached
+        if not (self.trunk.can_rewind and cached and self.trunk.seq_len == len(cached)):
+            return 0
+        limit, reuse = min(len(cached), len(prompt) - 1), 0
+        while reuse < limit and cached[reuse] == prompt[reuse]:
+            reuse += 1
+        return reuse
+
+    def _context(self, seq: SequenceState, p: int, k_max: int) -> DraftContext:
+        return DraftContext(
+            last_token=seq.history[-1],
+            position=p,
+            max_tokens=self.governor.draft_limit(k_max),
+            history=HistoryView(seq.history),
+            carry_hidden=seq.carry,
+            adjust_logits=self.sampler.adjust,
+            vocab_size=self.vocab_size,
+            adjust_lookback=self.sampler.lookback,
+            window=self.window,
+        )
+
+    def _emit(self, seq: SequenceState, token: int) -> bool:
+        """Record one emitted token; True (and the sequence done) when it must stop after it."""
+        seq.emitted.append(token)
+        seq.history.append(token)
+        stop = token in self.stop_tokens or len(seq.emitted) >= seq.max_tokens
+        if seq.on_token is not None and seq.on_token(token):
+            stop = True
+        seq.done = seq.done or stop
+        return stop
+
+    @contextlib.contextmanager
+    def _phase(self, name: str) -> Iterator[_Timer]:
+        """Time the block into ``stats.phase_ms[name]``; the timer's ``ms`` is set on exit."""
+        timer, t0 = _Timer(), self.clock()
+        try:
+            yield timer
+        finally:
+            timer.ms = self._ms(t0)
+            self.stats.add_phase(name, timer.ms)
+
     def _ms(self, start: float) -> float:
         return (self.clock() - start) * 1000.0
 
@@ -158,184 +343,20 @@ class SpeculativeExecution:
     def _commit(self, tokens: Sequence[int], rows: torch.Tensor | None, start: int) -> None:
         if not self._armed:
             return
-        t0 = self.clock()
-        try:
-            self.speculator.commit(list(tokens), rows, start)
-        except Exception as exc:
-            self._fault(COMMIT_RAISED, repr(exc))
-        self.stats.add_phase("commit", self._ms(t0))
-
-    def _propose(self, ctx: DraftContext) -> list[int]:
-        t0 = self.clock()
-        try:
-            raw = self.speculator.propose(ctx)
-        except Exception as exc:
-            self.stats.add_phase("draft", self._ms(t0))
-            self._fault(PROPOSE_RAISED, repr(exc))
-            return []
-        drafts, fault = validate_proposal(raw, ctx.max_tokens, self.vocab_size)
-        self.stats.add_phase("draft", self._ms(t0))
-        if fault:
-            self._fault(fault)
-        return drafts
-
-    # -- the run ---------------------------------------------------------------------------
-    def run(
-        self,
-        prompt: Sequence[int],
-        max_tokens: int,
-        *,
-        on_token: Callable[[int], bool | None] | None = None,
-    ) -> list[int]:
-        """Generate up to ``max_tokens`` tokens after ``prompt``. ``on_token(tok)`` is called for
-        each emitted token and may return True to stop after it (stop strings)."""
-        prompt = [int(t) for t in prompt]
-        trunk, sampler, stats = self.trunk, self.sampler, SpecStats()
-        self.stats = stats
-        stats.prompt_tokens = len(prompt)
-        self._faults = 0
-        run_start = self.clock()
-        emitted: list[int] = []
-        if max_tokens <= 0:
-            return emitted
-        spec = self.speculator
-        want_hidden = bool(spec is not None and spec.needs_hidden_state)
-        self.governor.reset()
-
-        # -- prefill, reusing a cached prefix when the trunk can rewind --------------------
-        reuse = 0
-        if trunk.can_rewind and self._cached and trunk.seq_len == len(self._cached):
-            limit = min(len(self._cached), len(prompt) - 1)
-            while reuse < limit and self._cached[reuse] == prompt[reuse]:
-                reuse += 1
-        if reuse:
-            trunk.rewind(reuse)
-        else:
-            trunk.reset()
-        # can_arm_after_prefix_reuse is optional in the protocol, default False
-        self._armed = spec is not None and (reuse == 0 or bool(getattr(spec, "can_arm_after_prefix_reuse", False)))
-        if spec is not None and self._armed:
+        with self._phase("commit"):
             try:
-                spec.reset()
+                self.speculator.commit(list(tokens), rows, start)
             except Exception as exc:
                 self._fault(COMMIT_RAISED, repr(exc))
-        suffix = prompt[reuse:]
-        t0 = self.clock()
-        trunk.ensure_capacity(len(prompt))
-        logits, hidden = trunk.forward_keep_all(suffix, want_hidden=want_hidden and self._armed)
-        stats.add_phase("prefill", self._ms(t0))
-        carry = None
-        if hidden is not None:
-            carry = hidden[-1]
-            shifted = torch.cat([hidden.new_zeros(1, hidden.shape[-1]), hidden[:-1]], dim=0)
-            # row 0 of the suffix was predicted by the last reused row, which we do not have
-            self._commit(suffix, shifted, reuse)
-        else:
-            self._commit(suffix, None, reuse)
-        history = list(prompt)
-        decode_start = self.clock()
 
-        def emit(tok: int) -> bool:
-            """Record one emitted token; True when generation must stop after it."""
-            emitted.append(tok)
-            history.append(tok)
-            stop = tok in self.stop_tokens or len(emitted) >= max_tokens
-            if on_token is not None and on_token(tok):
-                stop = True
-            return stop
-
-        tok = sampler.sample(logits[-1], len(prompt), history)
-        done = emit(tok)
-        max_ctx = trunk.max_context_length
-        while not done:
-            p = trunk.seq_len  # position of `last`, the newest emitted token
-            if p + 1 > max_ctx:
-                break  # no room to forward the last token: the context is full
-            last = history[-1]
-            step_start = self.clock()
-            k_max = min(self.window, max_ctx - p - 1, max_tokens - len(emitted) - 1)
-            drafts: list[int] = []
-            attempted = False
-            if self._armed and k_max > 0 and self.governor.want_speculation():
-                attempted = True
-                ctx = DraftContext(
-                    last_token=last,
-                    position=p,
-                    max_tokens=self.governor.draft_limit(k_max),
-                    history=HistoryView(history),
-                    carry_hidden=carry,
-                    adjust_logits=sampler.adjust,
-                    vocab_size=self.vocab_size,
-                    adjust_lookback=sampler.lookback,
-                )
-                drafts = self._propose(ctx)
-            stats.steps += 1
-            if not drafts:
-                draft_ms = self._ms(step_start)
-                t1 = self.clock()
-                logits, hidden = trunk.forward_keep_all([last], want_hidden=want_hidden and self._armed)
-                stats.add_phase("plain", self._ms(t1))
-                stats.plain_steps += 1
-                self._commit([last], None if carry is None else carry[None], p)
-                carry = hidden[-1] if hidden is not None else None
-                tok = sampler.sample(logits[-1], p + 1, history)
-                if attempted:
-                    self.governor.record_empty_proposal(draft_ms)
-                self.governor.record(False, self._ms(t1), 1)
-                done = emit(tok)
-                continue
-
-            # -- verify ------------------------------------------------------------------
-            k = len(drafts)
-            rows_in = [last, *drafts]
-            trunk.ensure_capacity(p + k + 1)
-            t1 = self.clock()
-            trunk.snapshot()
-            stats.add_phase("snapshot", self._ms(t1))
-            t1 = self.clock()
-            logits, hidden = trunk.verify(rows_in, want_hidden=want_hidden)
-            # -- accept: row i draws position p+1+i; accept while it equals the draft -----
-            drawn: list[int] = []
-            accepted = 0
-            back = sampler.lookback
-            recent = history[-back:] if back else []
-            for i in range(k + 1):
-                tok = sampler.sample(logits[i], p + 1 + i, recent + drafts[:i] if back else recent)
-                drawn.append(tok)
-                if i < k and tok == drafts[i]:
-                    accepted += 1
-                    continue
-                break
-            stats.add_phase("verify", self._ms(t1))
-            stats.verify_steps += 1
-            stats.record_acceptance(k, accepted)
-            # emit drawn tokens in order; a stop token, the budget or a stop string may end
-            # the step early, and then the cache keeps only what plain decoding would hold
-            out = 0
-            for tok in drawn:
-                out += 1
-                if emit(tok):
-                    done = True
-                    break
-            kept_rows = out  # `last` plus the (out - 1) drafts emitted before the final token
-            t1 = self.clock()
-            mode = trunk.keep(p, rows_in, kept_rows)
-            stats.add_phase("rollback", self._ms(t1))
-            stats.rollback_modes[mode] = stats.rollback_modes.get(mode, 0) + 1
-            if hidden is not None:
-                rows = torch.cat([carry[None], hidden[: kept_rows - 1]], dim=0) if carry is not None else hidden[:kept_rows]
-                self._commit(rows_in[:kept_rows], rows, p)
-                carry = hidden[kept_rows - 1]
-            else:
-                self._commit(rows_in[:kept_rows], None, p)
-            self.governor.record(True, self._ms(step_start), out)
-
-        end = self.clock()
-        stats.emitted_tokens = len(emitted)
-        stats.decode_ms = (end - decode_start) * 1000.0
-        stats.wall_ms = (end - run_start) * 1000.0
-        stats.governor_wins = self.governor.wins
-        stats.governor_losses = self.governor.losses
-        stats.governor_parked_steps = self.governor.parked_steps
-        self._cached = history[: trunk.seq_len] if trunk.seq_len <= len(history) else []
-        return emitted
+    def _propose(self, ctx: DraftContext) -> list[int]:
+        drafts, fault = [], None
+        with self._phase("draft"):
+            try:  # validate_proposal is total: only the speculator's own code raises
+                drafts, kind = validate_proposal(self.speculator.propose(ctx), ctx.max_tokens, self.vocab_size)
+                fault = (kind, "") if kind else None
+            except Exception as exc:
+                fault = (PROPOSE_RAISED, repr(exc))
+        if fault:
+            self._fault(*fault)
+        return drafts

@@ -76,6 +76,20 @@ def encode_prompt(target, prompt: str | Sequence[int], *, chat: bool = False, sy
     return ids
 
 
+def draft_window(options: SpeculationOptions, target, speculator=None, name: str | None = None) -> int:
+    """The draft window, decided once per sequence (speculators read it from DraftContext):
+    the operator's --spec-draft, else the default narrowed by the target's preferred window;
+    never more than the speculator's own ``max_draft_tokens``."""
+    window = options.window(getattr(target, "spec_preferred_draft_window", None))
+    if speculator is not None:
+        try:  # a plugin's attribute: garbage (None, "8", nan) leaves the window as it is
+            window = max(0, min(window, int(getattr(speculator, "max_draft_tokens", window))))
+        except Exception:
+            log.warning("speculator %s: max_draft_tokens %r is not an integer; using %d",
+                        name, getattr(speculator, "max_draft_tokens", None), window)
+    return window
+
+
 def resolve_speculator(target, options: SpeculationOptions, registry=None):
     """(speculator | None, name | None, decline | None) for a request."""
     if not options.enabled:
@@ -176,8 +190,14 @@ def generate(
     chat: bool = False,
     system: str | None = None,
     clock=None,
+    trunk=None,
+    arm_after_reuse: bool | None = None,
 ) -> Generation:
-    """Generate up to ``max_tokens`` tokens. Speculation never changes the output."""
+    """Generate up to ``max_tokens`` tokens. Speculation never changes the output.
+
+    ``trunk``: the SpecTrunk to run on (default: the target's own linear cache); the scheduler
+    passes a ``BatchedSpecTrunk``. ``arm_after_reuse=False`` never arms a speculator after a
+    reused KV prefix (the old rule; None lets the speculator decide)."""
     options = options or SpeculationOptions()
     if max_tokens < 1:
         raise GenerationError(f"max tokens must be >= 1, got {max_tokens}")
@@ -200,16 +220,10 @@ def generate(
     tokenizer = getattr(target, "tokenizer", None)
     if stop_tokens is None:
         stop_tokens = sorted(getattr(tokenizer, "eos_token_ids", ()) or ())
-    window = options.window(getattr(target, "spec_preferred_draft_window", None))
-    if speculator is not None:
-        try:  # a plugin's attribute: garbage (None, "8", nan) leaves the window as it is
-            window = max(0, min(window, int(getattr(speculator, "max_draft_tokens", window))))
-        except Exception:
-            log.warning("speculator %s: max_draft_tokens %r is not an integer; using %d",
-                        name, getattr(speculator, "max_draft_tokens", None), window)
+    window = draft_window(options, target, speculator, name)
     sampler = Sampler(sampling or SamplingParams())
     execution = SpeculativeExecution(
-        LinearSpecTrunk(target),
+        trunk if trunk is not None else LinearSpecTrunk(target),
         sampler,
         vocab_size=target.config.vocab_size,
         speculator=speculator,
@@ -217,6 +231,7 @@ def generate(
         governor=governor or SpeculationCostGovernor(enabled=options.adaptive),
         stop_tokens=frozenset(stop_tokens),
         speculator_label=label or name,
+        arm_after_reuse=arm_after_reuse,
         **({"clock": clock} if clock is not None else {}),
     )
     stream = _TextStream(tokenizer, stop)

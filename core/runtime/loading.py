@@ -2,11 +2,9 @@
 
 ``load_model(path)`` reads the GGUF's ``general.architecture`` and hands the file to the plugin
 that registered that architecture; a drafter file (``--draft-model``) is attached to the loaded
-target by the plugin that registered the drafter's architecture. Every failure is a
-``ModelLoadError`` naming the file and the problem.
-
-The path ``toy`` or ``toy:SEED`` loads the exact float64 toy target of ``tsspec.testing``: the
-whole loop is reachable from the CLI without any GGUF.
+target by the plugin that registered the drafter's architecture. A path that is not a file but
+names a file-less architecture (``toy`` or ``toy:SEED``, registered with ``file_less=True``) goes
+to that loader as is. Every failure is a ``ModelLoadError`` naming the file and the problem.
 """
 
 from __future__ import annotations
@@ -19,9 +17,6 @@ import attrs
 from ..errors import ModelLoadError
 from .options import SpeculationOptions
 
-TOY_SCHEME = "toy"
-
-
 @attrs.frozen
 class LoadOptions:
     """What a model loader or drafter attach function receives as ``options``."""
@@ -29,6 +24,8 @@ class LoadOptions:
     device: str = "cpu"
     dtype: str | None = None  # None: the plugin's default (float32 on CPU)
     speculation: SpeculationOptions = attrs.field(factory=SpeculationOptions)
+    # the registered kernels available for ``device``'s type: {op name: implementation}
+    kernels: dict = attrs.field(factory=dict)
 
     # speculation settings read through the load options (drafters need the window, pmin...)
     def __getattr__(self, name: str) -> Any:
@@ -37,19 +34,9 @@ class LoadOptions:
         return getattr(self.speculation, name)
 
 
-def _is_toy(path: object) -> bool:
-    text = str(path)
-    return text == TOY_SCHEME or text.startswith(TOY_SCHEME + ":")
-
-
-def _load_toy(path: object):
-    from ..testing import ToyTarget  # the toy lives in the testing kit
-
-    _, _, seed = str(path).partition(":")
-    try:
-        return ToyTarget(seed=int(seed or 0))
-    except ValueError:
-        raise ModelLoadError(path, "toy model seed must be an integer (toy:SEED)") from None
+def _device_type(device: object) -> str:
+    """"cuda:1" -> "cuda" (the kernel table is keyed by device type)."""
+    return str(device or "cpu").split(":", 1)[0]
 
 
 def file_architecture(path: object) -> str:
@@ -76,13 +63,13 @@ def load_model(
     """Load ``path`` through the plugin that serves its architecture; attach ``draft_model``."""
     spec = options or SpeculationOptions()
     load_options = LoadOptions(device=device, dtype=dtype, speculation=spec)
-    if _is_toy(path):
-        target = _load_toy(path)
-    else:
-        if catalog is None:
-            from .defaults import default_catalog
+    if catalog is None:
+        from .defaults import default_catalog
 
-            catalog = default_catalog()
+        catalog = default_catalog()
+    load_options = attrs.evolve(load_options, kernels=catalog.kernel_table(_device_type(device)))
+    entry = catalog.models.get(str(path).partition(":")[0])
+    if entry is None or not entry.file_less or Path(str(path)).exists():
         arch = file_architecture(path)
         entry = catalog.models.get(arch)
         if entry is None:
@@ -94,18 +81,18 @@ def load_model(
             raise ModelLoadError(
                 path, f"architecture {arch!r} is served by no loaded plugin (served: {served})"
             )
-        try:
-            target = entry.function(str(path), load_options)
-        except ModelLoadError:
-            raise
-        except (MemoryError, KeyboardInterrupt):
-            raise
-        except Exception as exc:
-            raise ModelLoadError(
-                path, f"plugin {entry.plugin} failed to load it: {type(exc).__name__}: {exc}"
-            ) from exc
+    try:
+        target = entry.function(str(path), load_options)
+    except ModelLoadError:
+        raise
+    except (MemoryError, KeyboardInterrupt):
+        raise
+    except Exception as exc:
+        raise ModelLoadError(
+            path, f"plugin {entry.plugin} failed to load it: {type(exc).__name__}: {exc}"
+        ) from exc
     drafter = draft_model or spec.drafter_path
-    if not drafter and not _is_toy(path) and spec.enabled and catalog is not None:
+    if not drafter and spec.enabled and Path(str(path)).is_file():
         from .bundled import pick
 
         record = pick(catalog.bundled_drafters, path, spec.spec_type)

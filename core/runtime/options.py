@@ -1,7 +1,7 @@
 """Speculation options: one attrs object resolved from CLI flags, environment and config.
 
-Precedence, strongest first: CLI flag, environment (``TS_SPEC_*`` or the historical
-``TS_MTP_*``), config file ``[spec]``, defaults. Once resolved, options are published under BOTH
+Precedence, strongest first: CLI flag, environment (``TS_SPEC_*``, or ``TS_MTP_*``
+which native loaders share), config file ``[spec]``, defaults. Once resolved, options are published under BOTH
 prefixes (native loaders read ``TS_MTP_SPEC`` / ``TS_MTP_DRAFT`` while loading a model: a
 cross-language contract, not just compatibility).
 """

@@ -1,12 +1,18 @@
 """SpeculatorRegistry: the only place that knows which algorithms exist, and why one declines.
 
+Every fact about an algorithm arrives with its registration (``register(name, factory, *,
+requires_draft_head, serves_kind, weight_free, default_pmin, description)``); the registry names
+no algorithm of its own. ``auto`` is derived from what is registered: a checkpoint's drafter
+kind picks the algorithm registered for that kind, no drafter picks the preferred weight-free
+algorithm (highest ``auto_priority``, then name).
+
 ``create(target, options)`` returns a Speculator or a ``Decline`` with a stable code and an
 operator-facing sentence. Codes, in the order they are checked:
 
 * ``refused``        the target refuses speculation outright (outranks everything)
 * ``unknown_algorithm`` the name is not registered (the sentence lists the known ones)
 * ``no_draft_head``  the algorithm needs trained drafter weights the target does not carry
-                     (the sentence names the weight-free alternative)
+                     (the sentence names the weight-free algorithms that are installed)
 * ``unprofitable``   the trunk cannot verify profitably without its own drafter
 * ``cannot_serve``   the factory declined (None or SpeculatorDeclined), with its reason
 * ``plugin_error``   the factory raised anything else
@@ -15,6 +21,7 @@ operator-facing sentence. Codes, in the order they are checked:
 from __future__ import annotations
 
 import logging
+import math
 from typing import Any, Callable
 
 import attrs
@@ -24,7 +31,6 @@ from ..protocols import DraftHeadKind, SpeculatorDeclined
 log = logging.getLogger("tsspec.registry")
 
 AUTO = "auto"
-WEIGHT_FREE_ALTERNATIVE = "ngram"
 
 REFUSED = "refused"
 UNPROFITABLE = "unprofitable"
@@ -33,11 +39,6 @@ UNKNOWN_ALGORITHM = "unknown_algorithm"
 CANNOT_SERVE = "cannot_serve"
 PLUGIN_ERROR = "plugin_error"
 DECLINE_CODES = (REFUSED, UNPROFITABLE, NO_DRAFT_HEAD, UNKNOWN_ALGORITHM, CANNOT_SERVE, PLUGIN_ERROR)
-
-# --spec-pmin means something different per algorithm, so each has its own default.
-DEFAULT_PMIN = {"draft-head": 0.75, "block": 0.35, "ngram": 0.0}
-# which built-in algorithm `auto` picks for each kind of drafter a checkpoint carries
-AUTO_BY_KIND = {DraftHeadKind.PER_TOKEN: "draft-head", DraftHeadKind.BLOCK: "block"}
 
 
 @attrs.frozen
@@ -54,7 +55,7 @@ class Decline:
 
 @attrs.define
 class SpeculatorEntry:
-    """One registration, with the plugin that made it."""
+    """One registration: the algorithm's facts, with the plugin that made it."""
 
     name: str
     factory: Callable[[Any, Any], Any]
@@ -65,6 +66,37 @@ class SpeculatorEntry:
     version: str | None = None
     # what to attach, for the no_draft_head sentence ("a Medusa GGUF with --spec-draft-model PATH")
     drafter_hint: str = ""
+    serves_kind: DraftHeadKind | None = None  # `auto` picks it for targets carrying this kind
+    weight_free: bool = False  # serves any target that verifies on its own (no drafter weights)
+    default_pmin: float = 0.0  # what --spec-pmin means when the operator gives none
+    auto_priority: int = 0  # among weight-free algorithms, `auto` prefers the highest
+
+    def to_json(self) -> dict[str, Any]:
+        """The fields ``tsspec list-speculators --json`` prints for a registration."""
+        return {
+            "name": self.name,
+            "plugin": self.plugin,
+            "package": self.package,
+            "version": self.version,
+            "requires_draft_head": self.requires_draft_head,
+            "description": self.description,
+        }
+
+
+def check_registration(
+    name: Any, factory: Any, *, serves_kind: Any = None, default_pmin: Any = 0.0, **_: Any
+) -> None:
+    """Raise on arguments no registration may have (the plugin's hook fails, not the run)."""
+    if not isinstance(name, str) or not name or name == AUTO:
+        raise ValueError(f"invalid speculator name {name!r} ('auto' is reserved)")
+    if not callable(factory):
+        raise TypeError(f"speculator {name!r}: factory is not callable")
+    if serves_kind is not None and not isinstance(serves_kind, DraftHeadKind):
+        raise TypeError(f"speculator {name!r}: serves_kind must be a DraftHeadKind or None")
+    if isinstance(default_pmin, bool) or not isinstance(default_pmin, (int, float)) or not (
+        math.isfinite(default_pmin) and 0.0 <= default_pmin <= 1.0
+    ):
+        raise ValueError(f"speculator {name!r}: default_pmin must be a number in [0, 1]")
 
 
 def draft_head_kind(target: Any) -> DraftHeadKind:
@@ -73,7 +105,7 @@ def draft_head_kind(target: Any) -> DraftHeadKind:
 
 
 class SpeculatorRegistry:
-    """Name -> factory. Fill it with ``register`` (directly or through the plugin hook)."""
+    """Name -> registration. Fill it with ``register`` (directly or through the plugin hook)."""
 
     def __init__(self) -> None:
         self._entries: dict[str, SpeculatorEntry] = {}
@@ -85,24 +117,28 @@ class SpeculatorRegistry:
         factory: Callable[[Any, Any], Any],
         *,
         requires_draft_head: bool,
+        serves_kind: DraftHeadKind | None = None,
+        weight_free: bool | None = None,
+        default_pmin: float = 0.0,
         description: str = "",
+        drafter_hint: str = "",
+        auto_priority: int = 0,
         plugin: str | None = None,
         package: str | None = None,
         version: str | None = None,
-        drafter_hint: str = "",
     ) -> None:
-        if not isinstance(name, str) or not name or name == AUTO:
-            raise ValueError(f"invalid speculator name {name!r} ('auto' is reserved)")
-        if not callable(factory):
-            raise TypeError(f"speculator {name!r}: factory is not callable")
+        """``weight_free`` defaults to ``not requires_draft_head``."""
+        check_registration(name, factory, serves_kind=serves_kind, default_pmin=default_pmin)
         if name in self._entries:
             first = self._entries[name].plugin
             self.conflicts.append(f"{name}: registered by {first} and again by {plugin}; kept {first}")
             log.warning("speculator %s registered twice (%s, %s): keeping the first", name, first, plugin)
             return
         self._entries[name] = SpeculatorEntry(
-            name, factory, bool(requires_draft_head), description, plugin, package, version,
-            str(drafter_hint or ""),
+            name, factory, bool(requires_draft_head), str(description or ""), plugin, package, version,
+            str(drafter_hint or ""), serves_kind,
+            (not requires_draft_head) if weight_free is None else bool(weight_free),
+            float(default_pmin), int(auto_priority),
         )
 
     def names(self) -> list[str]:
@@ -115,22 +151,46 @@ class SpeculatorRegistry:
         return self._entries.get(name)
 
     def default_pmin(self, name: str) -> float:
-        return DEFAULT_PMIN.get(name, 0.0)
+        entry = self._entries.get(name)
+        return entry.default_pmin if entry is not None else 0.0
+
+    def weight_free(self) -> list[str]:
+        """The installed weight-free algorithms, `auto`'s preference first."""
+        found = [e for e in self._entries.values() if e.weight_free]
+        return [e.name for e in sorted(found, key=lambda e: (-e.auto_priority, e.name))]
+
+    def for_kind(self, kind: DraftHeadKind) -> str | None:
+        """The algorithm registered to serve drafters of ``kind`` (first by name), or None."""
+        names = [e.name for e in self.entries() if e.serves_kind is kind]
+        return names[0] if names else None
+
+    def _weight_free_advice(self) -> str:
+        """The end of a no_draft_head sentence: the weight-free algorithms actually installed."""
+        free = self.weight_free()
+        if not free:
+            return " (no weight-free algorithm is installed)"
+        return " or use the weight-free " + " or ".join(f"--spec-type {n}" for n in free)
 
     def resolve_name(self, target: Any, spec_type: str) -> str | Decline:
-        """Map ``auto`` to the algorithm for the drafter the checkpoint carries."""
+        """Map ``auto`` to the algorithm for the drafter the checkpoint carries, else to the
+        preferred weight-free algorithm."""
         if spec_type != AUTO:
             return spec_type
         kind = draft_head_kind(target)
-        if kind in AUTO_BY_KIND:
-            return AUTO_BY_KIND[kind]
-        if getattr(target, "speculation_profitable", True) and WEIGHT_FREE_ALTERNATIVE in self._entries:
-            return WEIGHT_FREE_ALTERNATIVE
+        if kind is not DraftHeadKind.NONE:
+            chosen = self.for_kind(kind)
+            if chosen is not None:
+                return chosen
+        free = self.weight_free()
+        if getattr(target, "speculation_profitable", True) and free:
+            return free[0]
+        carried = "a drafter no installed algorithm serves" if kind is not DraftHeadKind.NONE else "no drafter"
         return Decline(
             AUTO,
             NO_DRAFT_HEAD,
-            "auto: the model carries no drafter; attach one (--draft-model) or choose a "
-            f"weight-free algorithm (--spec-type {WEIGHT_FREE_ALTERNATIVE})",
+            f"auto: the model carries {carried}; attach one (--draft-model) or "
+            + (f"choose a weight-free algorithm ({', '.join('--spec-type ' + n for n in free)})"
+               if free else "install a weight-free algorithm plugin (none is installed)"),
         )
 
     def check(self, target: Any, name: str, options: Any = None) -> Decline | None:
@@ -148,8 +208,7 @@ class SpeculatorRegistry:
                 name,
                 NO_DRAFT_HEAD,
                 f"{name} needs trained drafter weights and the model carries none; attach "
-                f"{entry.drafter_hint or 'a drafter file'} or use the weight-free --spec-type "
-                f"{WEIGHT_FREE_ALTERNATIVE}",
+                f"{entry.drafter_hint or 'a drafter file'}{self._weight_free_advice()}",
             )
         if not entry.requires_draft_head and not getattr(target, "speculation_profitable", True):
             return Decline(
@@ -200,3 +259,23 @@ class SpeculatorRegistry:
             )
         return speculator
 
+
+    def evaluate(self, target: Any, options: Any) -> list[dict[str, Any]]:
+        """One row per registered algorithm (``SpeculatorEntry.to_json`` plus ``status``,
+        ``code``, ``reason``); with a target, whether it would serve it ('serves') or why not
+        ('declined'). Speculators made to find out are closed again."""
+        rows = []
+        for entry in self.entries():
+            row = {**entry.to_json(), "status": "registered", "code": None, "reason": None}
+            if target is not None:
+                made = self.create(target, attrs.evolve(options, spec_type=entry.name))
+                if isinstance(made, Decline):
+                    row.update(status="declined", code=made.code, reason=made.reason)
+                else:
+                    row.update(status="serves")
+                    try:
+                        made.close()
+                    except Exception:
+                        pass
+            rows.append(row)
+        return rows

@@ -38,6 +38,8 @@ class SpecStats:
     speculator_parked: bool = False
     wall_ms: float = 0.0
     decode_ms: float = 0.0
+    prefix_reused: int = 0  # prompt tokens whose KV came from a cache (not prefilled)
+    armed_after_reuse: bool = False  # did the speculator arm after that reused prefix?
 
     # -- derived --------------------------------------------------------------------------
     @property
@@ -114,6 +116,8 @@ class SpecStats:
             "ms[" + " ".join(f"{p}={ph.get(p, 0.0):.0f}" for p in PHASES) + "]",
             f"governor[win={self.governor_wins} loss={self.governor_losses} parked={self.governor_parked_steps}]",
         ]
+        if self.prefix_reused:
+            parts.append(f"prefix_reused={self.prefix_reused} armed={'yes' if self.armed_after_reuse else 'no'}")
         if self.faults:
             parts.append(f"faults={self.faults}")
         return " ".join(parts)

@@ -1,16 +1,21 @@
 """Trunks: the seam between the shared loop and a model's KV regime.
 
 ``LinearSpecTrunk`` drives a ``SpeculativeTarget`` through its own linear cache;
-``BatchedSpecTrunk`` binds one slot of a ``BatchedSpeculativeTarget`` (paged KV + per-slot
-recurrent state). The loop only ever talks to the ``SpecTrunk`` protocol, so a batch-invariant
-(deterministic) trunk can later be slotted in the same way.
+``BatchedSpecTrunk`` (``tsspec.runtime.batched_trunk``) is one sequence of a paged target that
+the scheduler batches with others. The loop only ever talks to the ``SpecTrunk`` protocol.
+
+Rollback has one contract: after any forward the trunk calls the target's
+``spec_keep(rows_kept)``; the target puts itself into the state after the first ``rows_kept``
+rows of that forward, however it can (KV length, per-row slot, restore + re-forward).
 """
 
 from __future__ import annotations
 
 from typing import Sequence
 
+# how a verify's rows were kept, as counted in SpecStats.rollback_modes
 ALL, COMMITTED, REWOUND, REFORWARD = "all", "committed", "rewound", "reforward"
+KEEP_MODES = (ALL, COMMITTED, REWOUND, REFORWARD)
 
 
 class LinearSpecTrunk:
@@ -18,6 +23,7 @@ class LinearSpecTrunk:
 
     def __init__(self, target):
         self.target = target
+        self._rows = 0  # rows of the last forward
 
     @property
     def seq_len(self) -> int:
@@ -40,76 +46,26 @@ class LinearSpecTrunk:
 
     def forward_keep_all(self, tokens: Sequence[int], *, want_hidden: bool):
         logits, hidden = self.target.spec_forward(tokens, all_logits_rows=False, want_hidden=want_hidden)
-        self.target.spec_on_verify_accepted(len(tokens) - 1, len(tokens))
+        self.target.spec_keep(len(tokens))
         return logits, hidden
 
-    def snapshot(self) -> None:
-        self.target.spec_snapshot_recurrent_state()
-
     def verify(self, tokens: Sequence[int], *, want_hidden: bool):
+        self._rows = len(tokens)
         return self.target.spec_forward(tokens, all_logits_rows=True, want_hidden=want_hidden)
 
-    def keep(self, start: int, tokens: Sequence[int], kept_rows: int) -> str:
-        rows = len(tokens)
-        if self.target.spec_on_verify_accepted(kept_rows - 1, rows):
-            return COMMITTED
-        if kept_rows == rows:
+    def keep(self, rows_kept: int) -> str:
+        """Keep the first ``rows_kept`` rows of the last ``verify``; returns how (KEEP_MODES).
+        A target may name its way by returning a mode from ``spec_keep``; one that returns None
+        kept everything ('all'), or rewound its KV / committed its state for a prefix."""
+        mode = self.target.spec_keep(rows_kept)
+        if mode in KEEP_MODES:
+            return mode
+        if rows_kept == self._rows:
             return ALL
-        if self.target.spec_verify_persists_accepted_kv:
-            self.target.spec_rewind_cache(start + kept_rows)
-            return REWOUND
-        # no per-row snapshot and no usable KV: restore and re-advance over the kept prefix
-        self.target.spec_restore_recurrent_state()
-        self.target.spec_rewind_cache(start)
-        self.target.spec_forward(tokens[:kept_rows], all_logits_rows=False, want_hidden=False)
-        self.target.spec_on_verify_accepted(kept_rows - 1, kept_rows)
-        return REFORWARD
+        return REWOUND if self.can_rewind else COMMITTED
 
     def rewind(self, length: int) -> None:
         self.target.spec_rewind_cache(length)
 
     def reset(self) -> None:
         self.target.spec_rewind_cache(0)
-
-
-class _SlotView:
-    """Presents one slot of a BatchedSpeculativeTarget as a single-sequence target."""
-
-    def __init__(self, target, slot: int):
-        if not 0 <= slot < target.max_batch_slots:
-            raise ValueError(f"slot {slot} outside 0..{target.max_batch_slots - 1}")
-        self._target = target
-        self._slot = slot
-
-    def __getattr__(self, name):  # capability fields (feature size, persists_accepted_kv...)
-        return getattr(self._target, name)
-
-    @property
-    def cache_seq_len(self) -> int:
-        return self._target.spec_slot_seq_len(self._slot)
-
-    def spec_forward(self, tokens, *, all_logits_rows: bool, want_hidden: bool):
-        [(logits, hidden)] = self._target.spec_forward_slots(
-            [self._slot], [list(tokens)], all_logits_rows=all_logits_rows, want_hidden=want_hidden
-        )
-        return logits, hidden
-
-    def spec_on_verify_accepted(self, accepted: int, rows: int) -> bool:
-        return self._target.spec_slot_on_verify_accepted(self._slot, accepted, rows)
-
-    def spec_snapshot_recurrent_state(self) -> None:
-        self._target.spec_slot_snapshot(self._slot)
-
-    def spec_restore_recurrent_state(self) -> None:
-        self._target.spec_slot_restore(self._slot)
-
-    def spec_rewind_cache(self, length: int) -> None:
-        self._target.spec_slot_rewind(self._slot, length)
-
-
-class BatchedSpecTrunk(LinearSpecTrunk):
-    """One slot of a ``BatchedSpeculativeTarget``: the same contract, addressed by slot."""
-
-    def __init__(self, target, slot: int):
-        super().__init__(_SlotView(target, slot))
-        self.slot = slot

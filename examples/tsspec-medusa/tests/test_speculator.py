@@ -132,8 +132,11 @@ def test_declines_a_missing_or_foreign_file(tmp_path):
 
 
 def test_options_size_the_speculator(random_medusa):
-    spec = make_medusa(ToyTarget(), tsspec.SpeculationOptions(spec_draft_model=str(random_medusa), draft=2, pmin=0.4))
-    assert spec.max_draft_tokens == 2 and spec.min_draft_prob == 0.4
+    options = tsspec.SpeculationOptions(spec_draft_model=str(random_medusa), draft=2, pmin=0.4)
+    spec = make_medusa(ToyTarget(), options)
+    assert spec.max_draft_tokens == 3 and spec.min_draft_prob == 0.4  # one draft per head
+    gen = tsspec.generate(ToyTarget(), [1, 2, 3], options, max_tokens=4, speculator=spec)
+    assert gen.stats.draft_tokens <= 2 * gen.stats.drafts  # the loop's window (--spec-draft 2)
     spec = make_medusa(ToyTarget(), tsspec.SpeculationOptions(spec_draft_model=str(random_medusa)))
     assert spec.max_draft_tokens == 3 and spec.min_draft_prob == spec.default_min_draft_prob == 0.0
 
@@ -176,9 +179,7 @@ def test_attach_checks_the_file_and_attaches_nothing(random_medusa, tmp_path):
 
 
 def test_adjustments_see_history_then_drafts_without_a_copy():
-    from tsspec_medusa.speculator import _Preceding
-
-    view = _Preceding((1, 2, 3), [7, 8])
+    view = ctx(history=(1, 2, 3)).preceding([7, 8])
     assert len(view) == 5 and list(view) == [1, 2, 3, 7, 8]
     assert view[-2:] == [7, 8] and view[1:4] == [2, 3, 7] and view[-1] == 8 and view[0] == 1
     with pytest.raises(IndexError):

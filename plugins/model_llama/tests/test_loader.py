@@ -10,7 +10,7 @@ import torch
 
 from tsspec.errors import ModelLoadError
 from tsspec.modeling.cache import WeightCache
-from tsspec.modeling.gguf_writer_util import write_gguf
+from tsspec.modeling.gguf_writer import write_gguf
 from tsspec_model_llama import load_llama
 from tsspec_model_llama.convert import llama_gguf_contents
 

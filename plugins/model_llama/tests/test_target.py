@@ -179,10 +179,10 @@ def test_protocol_and_config(tiny):
     assert target.speculation_profitable and target.speculation_refusal is None
     assert target.spec_preferred_draft_window is None and target.spec_verify_persists_accepted_kv
     target.spec_forward([1, 2, 3], all_logits_rows=True, want_hidden=False)
-    target.spec_snapshot_recurrent_state()
-    assert target.spec_on_verify_accepted(0, 3) is False  # the loop rewinds the KV
-    target.spec_restore_recurrent_state()
-    assert target.cache_seq_len == 3
+    assert target.spec_keep(3) is None and target.cache_seq_len == 3
+    target.spec_forward([4, 5], all_logits_rows=True, want_hidden=False)
+    assert target.spec_keep(1) is None  # a KV target keeps a prefix by its length alone
+    assert target.cache_seq_len == 4
 
 
 def test_bfloat16_and_float64_options(tiny):
@@ -342,7 +342,7 @@ def test_k_quant_files_take_the_block_path_and_match_transformers(tmp_path):
     head) keeps every matrix as blocks; logits equal the dense path's and transformers'."""
     from gguf import GGMLQuantizationType as T
 
-    from tsspec.modeling.gguf_writer_util import write_gguf
+    from tsspec.modeling.gguf_writer import write_gguf
     from tsspec.modeling import native
     from tsspec_model_llama import load_llama
     from tsspec_model_llama.convert import llama_gguf_contents

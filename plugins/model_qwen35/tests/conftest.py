@@ -171,7 +171,7 @@ def converted(oracle):
 @pytest.fixture(scope="session")
 def gguf_path(converted, tmp_path_factory):
     """gguf_path(arch) -> a GGUF file written by core's writer from the conversion."""
-    from tsspec.modeling.gguf_writer_util import write_gguf
+    from tsspec.modeling.gguf_writer import write_gguf
 
     cache = {}
 

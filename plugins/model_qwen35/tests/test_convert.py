@@ -1,5 +1,6 @@
 """The HF -> GGUF converter: llama.cpp's names and the conventions behind the three traps, the
-checkpoint layouts it accepts, and ``tsspec convert hf-to-gguf`` end to end."""
+checkpoint layouts it accepts, and ``tsspec convert`` (and its alias ``convert hf-to-gguf``) end
+to end."""
 
 from __future__ import annotations
 
@@ -124,16 +125,18 @@ def test_irregular_layer_types_are_written_per_layer(oracle, rel_err, sequence):
     assert rel_err(logits, ref) < 1e-4
 
 
-def test_cli_converts_a_checkpoint_directory(oracle, tmp_path, rel_err, sequence):
-    """``tsspec convert hf-to-gguf DIR OUT``: safetensors (with mtp.* weights) + config.json in,
-    a GGUF the model registry loads out, with HF's logits."""
+def test_cli_converts_a_checkpoint_directory(oracle, tmp_path, rel_err, sequence, monkeypatch):
+    """``tsspec convert DIR OUT`` (and ``convert hf-to-gguf DIR OUT``): safetensors (with mtp.*
+    weights) + config.json in, a GGUF the model registry loads out, with HF's logits."""
     from safetensors.torch import save_file
     from typer.testing import CliRunner
 
+    import tsspec_model_qwen35
     from tsspec.cli.app import build_app
+    from tsspec.cli.state import STATE
+    from tsspec.plugins import PluginHost
+    from tsspec.runtime.catalog import build_catalog
     from tsspec.runtime.loading import load_model
-
-    from tsspec_model_qwen35.cli import register
 
     o = oracle("qwen3next")
     src = tmp_path / "hf"
@@ -141,11 +144,15 @@ def test_cli_converts_a_checkpoint_directory(oracle, tmp_path, rel_err, sequence
     (src / "config.json").write_text(json.dumps(o.config.to_dict()))
     save_file({k: v.contiguous() for k, v in o.state_dict().items()}, str(src / "model.safetensors"))
     out = tmp_path / "out.gguf"
+    host = PluginHost()
+    host.register(tsspec_model_qwen35, "qwen35")
+    monkeypatch.setattr(STATE, "catalog", build_catalog(host, discover=False))
     app = build_app()
-    register(app)
     result = CliRunner().invoke(app, ["convert", "hf-to-gguf", str(src), str(out)])
     assert result.exit_code == 0, result.output
-    assert "qwen3next" in result.output
+    assert "qwen3_next" in result.output
+    q8 = CliRunner().invoke(app, ["convert", str(src), str(tmp_path / "q8.gguf"), "--outtype", "q8_0"])
+    assert q8.exit_code == 0, q8.output
     target = load_model(out)
     assert type(target).__name__ == "Qwen35Target" and target.draft_head is not None
     logits, _ = target.spec_forward(sequence[:12], all_logits_rows=True, want_hidden=False)

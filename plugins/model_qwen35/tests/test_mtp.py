@@ -16,7 +16,7 @@ def _trunk_rows(target, ids):
     """The trunk's post-norm hidden rows for ``ids`` (a prefill on a fresh cache)."""
     target.spec_rewind_cache(0)
     _, hidden = target.spec_forward(ids, all_logits_rows=False, want_hidden=True)
-    target.spec_on_verify_accepted(len(ids) - 1, len(ids))
+    target.spec_keep(len(ids))
     return hidden
 
 

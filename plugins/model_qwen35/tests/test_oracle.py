@@ -15,7 +15,7 @@ TOL = 1e-4
 def _forward(target, tokens, *, verify: bool = False, hidden: bool = False):
     logits, h = target.spec_forward(tokens, all_logits_rows=verify, want_hidden=hidden)
     if not verify:
-        target.spec_on_verify_accepted(len(tokens) - 1, len(tokens))
+        target.spec_keep(len(tokens))
     return logits, h
 
 
@@ -26,7 +26,7 @@ def test_prefill_matches_hf(arch, rel_err, oracle, make_target, sequence):
     post-norm hidden state."""
     target = make_target(arch, from_file=True)
     logits, hidden = target.spec_forward(sequence, all_logits_rows=True, want_hidden=True)
-    target.spec_on_verify_accepted(len(sequence) - 1, len(sequence))
+    target.spec_keep(len(sequence))
     assert rel_err(logits, oracle(arch).logits(sequence)) < TOL
     assert rel_err(hidden, oracle(arch).hidden(sequence)) < TOL
     assert target.cache_seq_len == len(sequence)
@@ -57,10 +57,9 @@ def test_verify_and_partial_commit_match_hf(arch, per_row, rel_err, oracle, make
     trunk.ensure_capacity(40)
     trunk.forward_keep_all(sequence[:12], want_hidden=False)
     rows = sequence[12:16]
-    trunk.snapshot()
     logits, _ = trunk.verify(rows, want_hidden=False)
     assert rel_err(logits, o.logits(sequence[:16])[12:16]) < TOL
-    mode = trunk.keep(12, rows, 2)
+    mode = trunk.keep(2)
     assert mode == ("committed" if per_row else "reforward")
     assert target.cache_seq_len == 14
     accepted = sequence[:14] + sequence[40:52]  # the rejected rows 14, 15 never happened
@@ -82,9 +81,8 @@ def test_full_acceptance_then_verify_again(per_row, rel_err, oracle, make_target
     ref = o.logits(sequence[:20])
     for start in (8, 12):
         rows = sequence[start : start + 4]
-        trunk.snapshot()
         logits, _ = trunk.verify(rows, want_hidden=False)
         assert rel_err(logits, ref[start : start + 4]) < TOL
-        trunk.keep(start, rows, 4)
+        trunk.keep(4)
     logits, _ = _forward(target, [sequence[16]])
     assert rel_err(logits[-1], ref[16]) < TOL

@@ -1,5 +1,5 @@
 """The speculation contract of ``Qwen35Target`` on both rollback paths: what a verify may touch,
-what a commit does, what the snapshot copies, which rewinds are legal, the capability fields."""
+what ``spec_keep`` does, what the restore path copies, which rewinds are legal, the capability fields."""
 
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ def _recurrent(target) -> list[tuple[torch.Tensor, torch.Tensor]]:
 def _prefill(target, tokens):
     target.spec_ensure_capacity(64)
     target.spec_forward(tokens, all_logits_rows=False, want_hidden=False)
-    assert target.spec_on_verify_accepted(len(tokens) - 1, len(tokens)) is target.per_row_snapshots
+    assert target.spec_keep(len(tokens)) == ("committed" if target.per_row_snapshots else None)
 
 
 def test_capabilities(make_target):
@@ -41,14 +41,13 @@ def test_verify_leaves_live_state_and_commit_picks_the_slot(make_target, sequenc
     target = make_target("qwen35", dtype="float64")
     _prefill(target, sequence[:10])
     before = _recurrent(target)
-    target.spec_snapshot_recurrent_state()
-    assert target.counters.state_snapshots == 0  # nothing copied
     logits, _ = target.spec_forward(sequence[10:14], all_logits_rows=True, want_hidden=False)
+    assert target.counters.state_snapshots == 0  # nothing copied
     assert logits.shape == (4, target.config.vocab_size)
     assert target.cache_seq_len == 14
     for (c0, s0), (c1, s1) in zip(before, _recurrent(target)):
         assert torch.equal(c0, c1) and torch.equal(s0, s1)
-    assert target.spec_on_verify_accepted(1, 4) is True
+    assert target.spec_keep(2) == "committed"
     assert target.cache_seq_len == 12
     committed = _recurrent(target)
 
@@ -56,7 +55,7 @@ def test_verify_leaves_live_state_and_commit_picks_the_slot(make_target, sequenc
     _prefill(plain, sequence[:10])
     for tok in sequence[10:12]:
         plain.spec_forward([tok], all_logits_rows=False, want_hidden=False)
-        plain.spec_on_verify_accepted(0, 1)
+        plain.spec_keep(1)
     for (c0, s0), (c1, s1) in zip(committed, _recurrent(plain)):
         torch.testing.assert_close(c0, c1, rtol=1e-12, atol=1e-12)
         torch.testing.assert_close(s0, s1, rtol=1e-12, atol=1e-12)
@@ -64,17 +63,17 @@ def test_verify_leaves_live_state_and_commit_picks_the_slot(make_target, sequenc
 
 def test_wide_verify_falls_back_and_keeps_the_contract(make_target, sequence):
     """Past MAX_SLOT_ROWS rows a verify commits in place from a copy; a partial keep re-forwards
-    internally and still returns True with the state of the kept prefix."""
+    internally and leaves the state of the kept prefix."""
     from tsspec_model_qwen35.target import MAX_SLOT_ROWS
 
     rows = MAX_SLOT_ROWS + 4
     target = make_target("qwen35", dtype="float64")
     _prefill(target, sequence[:5])
     target.spec_forward(sequence[5 : 5 + rows], all_logits_rows=True, want_hidden=False)
-    assert target.spec_on_verify_accepted(6, rows) is True
+    assert target.spec_keep(7) == "committed"
     assert target.cache_seq_len == 12 and target.counters.state_restores == 1
     after, _ = target.spec_forward(sequence[12:14], all_logits_rows=True, want_hidden=False)
-    target.spec_on_verify_accepted(1, 2)
+    target.spec_keep(2)
     plain = make_target("qwen35", dtype="float64")
     _prefill(plain, sequence[:12])
     ref, _ = plain.spec_forward(sequence[12:14], all_logits_rows=True, want_hidden=False)
@@ -88,9 +87,8 @@ def test_a_new_sequence_after_commits_starts_clean(make_target, sequence):
     trunk.ensure_capacity(64)
     first, _ = trunk.forward_keep_all(sequence[:8], want_hidden=False)
     for start in (8, 10):
-        trunk.snapshot()
         trunk.verify(sequence[start : start + 3], want_hidden=False)
-        trunk.keep(start, sequence[start : start + 3], 2)
+        trunk.keep(2)
     trunk.reset()
     again, _ = trunk.forward_keep_all(sequence[:8], want_hidden=False)
     assert torch.equal(first, again)
@@ -103,13 +101,11 @@ def test_restore_path_copies_and_reforwards(make_target, sequence):
     trunk.ensure_capacity(64)
     trunk.forward_keep_all(sequence[:10], want_hidden=False)
     before = _recurrent(target)
-    trunk.snapshot()
-    assert target.counters.state_snapshots == 1
     trunk.verify(sequence[10:14], want_hidden=False)
+    assert target.counters.state_snapshots == 1  # the verify copied the state it started from
     assert any(not torch.equal(a[1], b[1]) for a, b in zip(before, _recurrent(target)))  # advanced live
-    assert target.spec_on_verify_accepted(1, 4) is False
     calls = target.counters.forward_calls
-    assert trunk.keep(10, sequence[10:14], 2) == "reforward"
+    assert trunk.keep(2) == "reforward"
     assert target.counters.state_restores == 1
     assert target.counters.forward_calls == calls + 1  # the second forward the snapshots avoid
     assert target.cache_seq_len == 12
@@ -120,10 +116,9 @@ def test_snapshot_path_commits_without_reforward(make_target, sequence):
     trunk = LinearSpecTrunk(target)
     trunk.ensure_capacity(64)
     trunk.forward_keep_all(sequence[:10], want_hidden=False)
-    trunk.snapshot()
     trunk.verify(sequence[10:14], want_hidden=False)
     calls = target.counters.forward_calls
-    assert trunk.keep(10, sequence[10:14], 2) == "committed"
+    assert trunk.keep(2) == "committed"
     assert target.counters.forward_calls == calls
     assert target.counters.slot_commits == 1 and target.counters.state_snapshots == 0
     # a plain step after the commit continues from position 12
@@ -143,13 +138,13 @@ def test_illegal_uses_fail_loudly(make_target, sequence, per_row):
         target.spec_ensure_capacity(10_000)
     if per_row:
         with pytest.raises(ValueError, match="verify"):
-            target.spec_on_verify_accepted(3, 10)  # a committing forward cannot keep a prefix
+            target.spec_keep(4)  # a committing forward cannot keep a prefix
         target.spec_forward(sequence[10:13], all_logits_rows=True, want_hidden=False)
         with pytest.raises(RuntimeError, match="not resolved"):
             target.spec_forward(sequence[13:14], all_logits_rows=False, want_hidden=False)
-        with pytest.raises(ValueError, match="does not match"):
-            target.spec_on_verify_accepted(0, 5)
-        target.spec_restore_recurrent_state()  # drops the unresolved verify
+        with pytest.raises(ValueError, match="cannot keep"):
+            target.spec_keep(5)
+        target.spec_rewind_cache(10)  # drops the unresolved verify
         assert target.cache_seq_len == 10
     target.spec_rewind_cache(10)  # to where the recurrent state stands: fine
     target.spec_rewind_cache(0)
@@ -163,7 +158,7 @@ def test_feature_taps_are_residuals_entering_layers(make_target, sequence):
     assert target.spec_feature_size == 3 * target.config.hidden_size
     target.spec_ensure_capacity(16)
     _, hidden = target.spec_forward(sequence[:5], all_logits_rows=False, want_hidden=True)
-    target.spec_on_verify_accepted(4, 5)
+    target.spec_keep(5)
     H = target.config.hidden_size
     assert hidden.shape == (5, 3 * H)
     torch.testing.assert_close(hidden[:, :H], target.embed(sequence[:5]))  # entering layer 0
@@ -180,7 +175,7 @@ def test_drafter_surface_matches_forward(make_target, sequence):
     target = make_target("qwen35")
     target.spec_ensure_capacity(16)
     logits, hidden = target.spec_forward(sequence[:6], all_logits_rows=True, want_hidden=True)
-    target.spec_on_verify_accepted(5, 6)
+    target.spec_keep(6)
     torch.testing.assert_close(target.lm_head(hidden), logits)
     assert target.embed([1, 2]).shape == (2, target.config.hidden_size)
 

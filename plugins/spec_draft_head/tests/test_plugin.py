@@ -63,15 +63,16 @@ def test_auto_picks_draft_head_for_a_per_token_checkpoint(registry):
     assert isinstance(made, DraftHeadSpeculator) and made.name == "draft-head"
 
 
-def test_window_and_pmin_come_from_options_and_target():
+def test_pmin_comes_from_options_and_the_window_from_the_loop():
+    from tsspec.runtime.generation import draft_window
+
     target = _toy()
     spec = make_draft_head(target, SpeculationOptions())
-    assert (spec.max_draft_tokens, spec.min_draft_prob) == (8, 0.75)
+    assert spec.min_draft_prob == 0.75 and draft_window(SpeculationOptions(), target, spec) == 8
     target.spec_preferred_draft_window = 3
-    assert make_draft_head(target, SpeculationOptions()).max_draft_tokens == 3
+    assert draft_window(SpeculationOptions(), target, make_draft_head(target, SpeculationOptions())) == 3
     spec = make_draft_head(target, SpeculationOptions(draft=6, pmin=0.2))
-    assert (spec.max_draft_tokens, spec.min_draft_prob) == (6, 0.2)
-    assert make_draft_head(target, None).max_draft_tokens == 3
+    assert spec.min_draft_prob == 0.2 and draft_window(SpeculationOptions(draft=6), target, spec) == 6
     assert spec.feature_size == target.spec_feature_size
 
 

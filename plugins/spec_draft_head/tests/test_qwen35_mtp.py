@@ -18,7 +18,7 @@ import torch
 pytest.importorskip("tsspec_model_qwen35")
 pytest.importorskip("transformers")
 
-from tsspec.runtime.generation import generate  # noqa: E402
+from tsspec.runtime.generation import draft_window, generate  # noqa: E402
 from tsspec.runtime.options import SpeculationOptions  # noqa: E402
 from tsspec.runtime.sampling import SamplingParams  # noqa: E402
 from tsspec.testing import assert_lossless  # noqa: E402
@@ -120,7 +120,7 @@ def test_mtp_head_is_served_and_folding_saves_its_catch_up_calls(make_target, mo
         assert target.draft_head is not None and target.draft_head.resumes_after_gap is False
         options = SpeculationOptions(adaptive=False, pmin=0.0)
         speculator = make_draft_head(target, options)
-        assert speculator.max_draft_tokens == target.spec_preferred_draft_window
+        assert draft_window(options, target, speculator) == target.spec_preferred_draft_window
         assert speculator.can_arm_after_prefix_reuse is False
         gen = generate(target, PROMPT, options, max_tokens=MAX_TOKENS, speculator=speculator)
         runs[fold] = (gen, speculator.counters, target.draft_head.calls)

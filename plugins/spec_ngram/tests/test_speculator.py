@@ -6,6 +6,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from tsspec.runtime.generation import draft_window
 from tsspec.protocols import DraftContext, Speculator
 from tsspec.runtime.options import SpeculationOptions
 from tsspec.testing import ToyTarget
@@ -79,10 +80,10 @@ def test_propose_never_exceeds_max_tokens_or_window(history, max_tokens, window)
     assert all(isinstance(t, int) for t in draft)
 
 
-def test_propose_stops_at_the_context_limit():
-    spec = NGramSpeculator(8, max_context=12)
-    history = [1, 2] * 5  # last token at position 9: room for positions 10 and 11 only
-    assert spec.propose(ctx_for(history)) == [1, 2]
+def test_propose_takes_the_cap_the_loop_computed():
+    spec = NGramSpeculator(8)
+    history = [1, 2] * 5  # the loop leaves room for positions 10 and 11 only in max_tokens
+    assert spec.propose(ctx_for(history, max_tokens=2)) == [1, 2]
 
 
 def test_pmin_scales_the_required_match_length():
@@ -105,11 +106,12 @@ def test_reset_forgets_the_sequence():
 def test_factory_reads_window_pmin_and_settings():
     target = ToyTarget(vocab_size=16, max_context=64)
     spec = make_ngram(target, SpeculationOptions())
-    assert spec.max_draft_tokens == 8 and spec.required_match == 2 and spec.max_context == 64
+    assert draft_window(SpeculationOptions(), target, spec) == 8 and spec.required_match == 2
     target.spec_preferred_draft_window = 3
-    assert make_ngram(target, SpeculationOptions()).max_draft_tokens == 3
+    assert draft_window(SpeculationOptions(), target, make_ngram(target, SpeculationOptions())) == 3
     spec = make_ngram(target, SpeculationOptions(draft=5, pmin=0.75))
-    assert spec.max_draft_tokens == 5 and spec.min_draft_prob == 0.75 and spec.required_match == 6
+    assert draft_window(SpeculationOptions(draft=5), target, spec) == 5
+    assert spec.min_draft_prob == 0.75 and spec.required_match == 6
     spec = make_ngram(target, SpeculationOptions(extra={"ngram": {"max_order": 4, "follow": False}}))
     assert spec.required_match == 2
     with pytest.raises(ValueError, match="unknown ngram settings"):

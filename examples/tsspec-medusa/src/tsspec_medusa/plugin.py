@@ -9,7 +9,7 @@ from typing import Optional
 import tsspec
 from tsspec import hookimpl
 
-from .speculator import DRAFTER_HINT, NAME, attach_medusa, make_medusa
+from .speculator import DEFAULT_MIN_DRAFT_PROB, DRAFTER_HINT, NAME, attach_medusa, make_medusa
 from .weights import ARCHITECTURE, DEFAULT_HEADS, DEFAULT_LAYERS, write_random_medusa
 
 DESCRIPTION = (
@@ -21,7 +21,9 @@ COMMAND = "medusa-random"
 
 @hookimpl
 def tsspec_register_speculators(register):
-    register(NAME, make_medusa, requires_draft_head=True, description=DESCRIPTION, drafter_hint=DRAFTER_HINT)
+    # Medusa heads are not a DraftHead a checkpoint carries: `auto` never picks this (serves_kind None)
+    register(NAME, make_medusa, requires_draft_head=True, serves_kind=None, weight_free=False,
+             default_pmin=DEFAULT_MIN_DRAFT_PROB, description=DESCRIPTION, drafter_hint=DRAFTER_HINT)
 
 
 @hookimpl

@@ -37,3 +37,14 @@ def _load(gguf_path, options):
 @hookimpl
 def tsspec_register_models(register):
     register(list(ARCHITECTURES), _load)
+
+
+def _convert(src_dir, out_path, *, outtype):
+    from .convert import convert_hf_dir
+
+    convert_hf_dir(src_dir, out_path, outtype=outtype)
+
+
+@hookimpl
+def tsspec_register_converters(register):
+    register(["llama"], _convert, description="HF llama safetensors -> GGUF llama (token ids only)")

@@ -20,9 +20,12 @@ from typing import Any, Mapping
 
 import numpy as np
 
-from tsspec.modeling.gguf_writer_util import write_gguf
+from tsspec.modeling.gguf_writer import write_gguf
 
-__all__ = ["permute_for_gguf", "llama_gguf_contents", "write_llama_gguf"]
+__all__ = ["permute_for_gguf", "llama_gguf_contents", "write_llama_gguf", "convert_hf_dir"]
+
+# --outtype -> the ggml type matrices are written in (None: float32)
+MATRIX_TYPES = {"f32": None, "f16": "F16", "q8_0": "Q8_0"}
 
 
 def permute_for_gguf(w: np.ndarray, n_heads: int) -> np.ndarray:
@@ -109,3 +112,39 @@ def write_llama_gguf(
             if kind is not None:
                 tensors[name] = (array, kind)
     return write_gguf(path, "llama", metadata, tensors, tokenizer=tokenizer)
+
+
+def convert_hf_dir(src_dir: str | os.PathLike[str], out_path: str | os.PathLike[str], *, outtype: str = "f32") -> str:
+    """A Hugging Face llama checkpoint directory (config.json + safetensors) -> a llama GGUF
+    (token ids only: the tokenizer is not converted). Matrices in ``outtype`` (f32, f16, q8_0;
+    Q8_0 only where rows split into 32-value blocks), vectors in float32."""
+    import json
+    import types
+    from pathlib import Path
+
+    from gguf import GGMLQuantizationType
+    from safetensors.torch import load_file
+
+    from tsspec.errors import ModelLoadError
+
+    src = Path(src_dir)
+    if outtype not in MATRIX_TYPES:
+        raise ModelLoadError(src, f"--outtype {outtype!r}: use {', '.join(MATRIX_TYPES)}")
+    shards = sorted(src.glob("*.safetensors"))
+    if not shards:
+        raise ModelLoadError(src, "no *.safetensors files")
+    raw = json.loads((src / "config.json").read_text())
+    config = types.SimpleNamespace(
+        **{"tie_word_embeddings": False, "max_position_embeddings": 4096, "rms_norm_eps": 1e-5, **raw}
+    )
+    state: dict[str, Any] = {}
+    for shard in shards:
+        state.update(load_file(str(shard)))
+    metadata, tensors = llama_gguf_contents(config, state)
+    kind = MATRIX_TYPES[outtype]
+    if kind is not None:
+        ggml = getattr(GGMLQuantizationType, kind)
+        for name, array in list(tensors.items()):
+            if array.ndim == 2 and (kind != "Q8_0" or array.shape[-1] % 32 == 0):
+                tensors[name] = (array, ggml)
+    return write_gguf(out_path, "llama", metadata, tensors)

@@ -18,7 +18,7 @@ A multi-row call (prefill, verify) masks causally with the cache offset: row t s
 
 KV cache: pre-allocated and grown geometrically (``spec_ensure_capacity``); a rejected draft
 tail is dropped by ``spec_rewind_cache`` (the slots are simply overwritten later), so the
-target has no recurrent state and snapshot/restore are no-ops.
+target has no recurrent state: ``spec_keep`` only sets the length.
 
 Drafter-facing surface (DFlash-style block drafters and per-token heads borrow these):
 
@@ -56,10 +56,6 @@ OUTPUT_DEVICE = torch.device("cpu")
 # CPU GEMMs with 2-3 rows take a slower path than 4 rows; shorter verifies are padded to this
 MIN_FAST_GEMM_ROWS = 4
 
-# the cost of a forward by rows on the block-kernel path (ms; only the shape matters to
-# drafters): the embedded model, 2 threads, ~100-600 tokens of context, medians (kernels
-# multiply 4 rows per unpacked block, so the cost steps up every 4 rows)
-BLOCK_PATH_ROW_MS = ((1, 11.0), (2, 12.0), (3, 13.6), (4, 15.3), (5, 20.0), (8, 26.5), (9, 28.5), (12, 36.0), (16, 46.0), (32, 90.0), (64, 178.0))
 
 def _linear(h: torch.Tensor, weight, bias: torch.Tensor | None = None) -> torch.Tensor:
     """h [rows, in] @ weight^T (+ bias) for a dense weight or a BlockMatrix."""
@@ -171,19 +167,34 @@ class LlamaTarget:
         self._qk_heads = hp.n_heads + hp.n_kv_heads
         self._qk_size = self._qk_heads * hp.head_dim
         self._seq_len = 0
+        self._last_forward = (0, 0)  # (start, rows) of the last spec_forward, for spec_keep
         self._capacity = 0
         self._k: torch.Tensor | None = None  # [layers, n_kv, capacity, hd]
         self._v: torch.Tensor | None = None
         self._taps: tuple[int, ...] | None = None
+        self._row_ms = None  # the forward's cost by rows, measured on first use
         self._gemm_threads = self._small_threads = self._active_threads = torch.get_num_threads()
 
     @property
     def spec_verify_row_ms(self):
-        """The verify cost by rows (optional attribute drafters read to size drafts): the block
-        path's measured profile; None on other paths (dense GEMMs, CUDA: not measured)."""
-        if self.block_weights and self._kernels is not None:
-            return BLOCK_PATH_ROW_MS
-        return None
+        """The verify cost by rows (optional attribute drafters read to size drafts), measured
+        by this target on this machine on first use (``row_cost``: cached per file and
+        machine); None off the block-kernel path (dense GEMMs, CUDA: not measured)."""
+        if not (self.block_weights and self._kernels is not None):
+            return None
+        if self._row_ms is None:
+            from .row_cost import ROWS, cached
+
+            if self._seq_len + max(ROWS) > self.max_context_length:
+                return None  # no room after the cached tokens to measure in
+            self._row_ms = cached(self.path, f"block|{self.dtype}", self._calibration_forward)
+        return self._row_ms
+
+    def _calibration_forward(self, rows: int) -> None:
+        """An n-row verify after the cached tokens, dropped again (row_cost times these)."""
+        start = self._seq_len
+        self.spec_forward([0] * rows, all_logits_rows=True, want_hidden=False)
+        self.spec_rewind_cache(start)
 
     # -- SpeculativeTarget: sizes ------------------------------------------------------------
     @property
@@ -249,15 +260,25 @@ class LlamaTarget:
     def reset(self) -> None:
         self.spec_rewind_cache(0)
 
-    # no recurrent state: a KV rewind is the whole rollback
-    def spec_snapshot_recurrent_state(self) -> None:
-        return None
+    # -- batched paged KV (serving): tsspec_model_llama.paged -------------------------------
+    def spec_kv_bytes_per_block(self, block_size: int) -> int:
+        from .paged import PagedLlamaKV
 
-    def spec_restore_recurrent_state(self) -> None:
-        return None
+        return PagedLlamaKV.bytes_per_block(self, block_size)
 
-    def spec_on_verify_accepted(self, accepted: int, rows: int) -> bool:
-        return False
+    def spec_open_paged(self, num_blocks: int, block_size: int):
+        """A ``PagedKV`` over this target's weights (ValueError off the block-kernel path)."""
+        from .paged import open_paged
+
+        return open_paged(self, num_blocks, block_size)
+
+    def spec_keep(self, rows_kept: int) -> None:
+        """Keep the first ``rows_kept`` rows of the last forward: no recurrent state, so setting
+        the KV length is the whole rollback (later forwards overwrite the dropped slots)."""
+        start, rows = self._last_forward
+        if not 1 <= rows_kept <= rows:
+            raise ValueError(f"cannot keep {rows_kept} rows of a forward of {rows}")
+        self._seq_len = start + rows_kept
 
     # -- forward ---------------------------------------------------------------------------
     def _causal_bias(self, past: int, rows: int) -> torch.Tensor | None:
@@ -407,6 +428,7 @@ class LlamaTarget:
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """logits [rows or 1, vocab] float32; hidden [rows, spec_feature_size] float32 or None."""
         rows = len(tokens)
+        self._last_forward = (self._seq_len, rows)
         pad = self._gemm_padding(rows) if all_logits_rows else 0
         if pad:
             # 2-3 row GEMMs are slower than 4-row ones on CPU: run the rows (LM head included)

@@ -1,7 +1,8 @@
 """tsspec-model-qwen35: Qwen 3.5 / 3.6 / 3.8 (``qwen35``, ``qwen35moe``) and Qwen3-Next
 (``qwen3next``) hybrid Gated DeltaNet trunks as ``SpeculativeTarget``s, with per-row recurrent
-state snapshots, their NextN / MTP head as a per-token ``DraftHead``, and ``tsspec convert
-hf-to-gguf``. Registered through the ``tsspec`` entry point ``qwen35``.
+state snapshots, their NextN / MTP head as a per-token ``DraftHead``, and the converter for
+their Hugging Face checkpoints (``tsspec convert SRC_DIR OUT.gguf``). Registered through the
+``tsspec`` entry point ``qwen35``.
 
 Importing this module is cheap: torch and the model code load when a model does.
 """
@@ -11,8 +12,10 @@ from __future__ import annotations
 from tsspec.hookspecs import hookimpl
 
 ARCHITECTURES = ["qwen35", "qwen35moe", "qwen3next"]
+# config.json model_type values the converter reads (text-only and multimodal configs)
+MODEL_TYPES = ["qwen3_5", "qwen3_5_text", "qwen3_5_moe", "qwen3_5_moe_text", "qwen3_next"]
 
-__all__ = ["ARCHITECTURES", "tsspec_register_models", "tsspec_register_commands"]
+__all__ = ["ARCHITECTURES", "MODEL_TYPES", "tsspec_register_models", "tsspec_register_converters"]
 
 
 def _load(gguf_path, options):
@@ -26,8 +29,13 @@ def tsspec_register_models(register):
     register(list(ARCHITECTURES), _load)
 
 
-@hookimpl
-def tsspec_register_commands(app):
-    from .cli import register
+def _convert(src_dir, out_path, *, outtype):
+    from .convert import convert_hf_dir
 
-    register(app)
+    convert_hf_dir(src_dir, out_path, outtype=outtype)
+
+
+@hookimpl
+def tsspec_register_converters(register):
+    register(list(MODEL_TYPES), _convert,
+             description="Qwen 3.5 / 3.5-MoE / Qwen3-Next safetensors -> GGUF (llama.cpp names, token ids only)")

@@ -34,9 +34,9 @@ class AttentionWeights:
 class KVCache:
     """Keys and values of one attention layer at absolute positions ``0 .. capacity-1``."""
 
-    def __init__(self, kv_heads: int, head_dim: int, dtype: torch.dtype):
-        self.keys = torch.zeros(kv_heads, 0, head_dim, dtype=dtype)  # [kv_heads, capacity, hd]
-        self.values = torch.zeros(kv_heads, 0, head_dim, dtype=dtype)  # [kv_heads, capacity, hd]
+    def __init__(self, kv_heads: int, head_dim: int, dtype: torch.dtype, device: torch.device | str = "cpu"):
+        self.keys = torch.zeros(kv_heads, 0, head_dim, dtype=dtype, device=device)  # [kv_heads, capacity, hd]
+        self.values = torch.zeros(kv_heads, 0, head_dim, dtype=dtype, device=device)  # [kv_heads, capacity, hd]
 
     @property
     def capacity(self) -> int:
@@ -89,8 +89,8 @@ def gated_attention(
     keys, values = cache.keys[:, :end], cache.values[:, :end]  # [kv_heads, end, hd]
     mask = None
     if rows > 1:
-        key_pos = torch.arange(end)
-        own_pos = torch.arange(start, end)
+        key_pos = torch.arange(end, device=x.device)
+        own_pos = torch.arange(start, end, device=x.device)
         mask = key_pos[None, :] <= own_pos[:, None]  # [rows, end]
     attn = F.scaled_dot_product_attention(
         q, keys, values, attn_mask=mask, scale=1.0 / math.sqrt(head_dim),

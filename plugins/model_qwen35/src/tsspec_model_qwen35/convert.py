@@ -303,7 +303,7 @@ def convert_hf_dir(src_dir: str | Path, out_path: str | Path, *, outtype: str = 
     """Convert a Hugging Face model directory; returns (architecture, tensors written)."""
     from gguf import GGMLQuantizationType
 
-    from tsspec.modeling.gguf_writer_util import write_gguf
+    from tsspec.modeling.gguf_writer import write_gguf
 
     src = Path(src_dir)
     config_file = src / "config.json"
@@ -314,7 +314,11 @@ def convert_hf_dir(src_dir: str | Path, out_path: str | Path, *, outtype: str = 
     if outtype == "f16":
         # 2-D weights in F16 (llama.cpp keeps norms and 1-D parameters in F32)
         tensors = {k: (v, GGMLQuantizationType.F16) if v.ndim >= 2 else v for k, v in tensors.items()}
+    elif outtype == "q8_0":
+        # matrices whose rows split into 32-value blocks in Q8_0; the rest stays F32
+        q8 = GGMLQuantizationType.Q8_0
+        tensors = {k: (v, q8) if v.ndim == 2 and v.shape[-1] % 32 == 0 else v for k, v in tensors.items()}
     elif outtype != "f32":
-        raise ConversionError(f"--outtype {outtype!r}: use f32 or f16")
+        raise ConversionError(f"--outtype {outtype!r}: use f32, f16 or q8_0")
     write_gguf(out_path, arch, meta, tensors)
     return arch, len(tensors)

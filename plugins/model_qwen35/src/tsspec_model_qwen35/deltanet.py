@@ -15,6 +15,10 @@ rows). Two forms of the recurrence:
   writes the state after EVERY row into its own slot (the per-row snapshots a verify emits),
   at no extra arithmetic: each row's state is computed in its slot. Committing slot m swaps
   that buffer with the live one: no copy of the state at all.
+* with registered kernels (``DeltaNetLayer(kernels=...)``, float32 state): a verify is one
+  ``gdn_verify`` launch writing a contiguous slot block and the conv window; a commit copies slot
+  m into the live buffers on the device (``gdn_commit``, every layer at once); a one-row step is
+  one ``gdn_step`` launch (state in place, conv state into the spare buffer, which becomes live).
 * ``delta_rule_chunked``: the same recurrence for long prefills, CHUNK rows at a time. Within a
   chunk with cumulative log decay G_t and u_t the row's state correction, unrolling the rule gives
   ``(I + A) U = beta V - (beta exp(G) K) S0`` with ``A_tj = beta_t exp(G_t - G_j) k_t.k_j``
@@ -56,6 +60,17 @@ class DeltaNetState:
     conv: torch.Tensor  # [K-1, conv_dim] last pre-conv rows, oldest first
     ssm: torch.Tensor  # [num_v, dk, dv] in the state dtype (>= float32)
     spare: list[torch.Tensor] = attrs.field(factory=list)  # slot buffers, each like ``ssm``
+    # kernel path: [R, num_v, dk, dv] slot block, [K-1+R, conv_dim] window, spare conv state
+    block: torch.Tensor | None = None
+    window: torch.Tensor | None = None
+    conv_spare: torch.Tensor | None = None
+
+    def kernel_buffers(self, rows: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """The slot block and window for a verify of ``rows`` rows (grown, never shrunk)."""
+        if self.block is None or self.block.shape[0] < rows:
+            self.block = self.ssm.new_empty((rows, *self.ssm.shape))
+            self.window = self.conv.new_empty((self.conv.shape[0] + rows, self.conv.shape[1]))
+        return self.block, self.window
 
     def slot_buffers(self, rows: int) -> list[torch.Tensor]:
         while len(self.spare) < rows:
@@ -82,10 +97,18 @@ class DeltaNetSlots:
     ssm: list[torch.Tensor]  # rows x [num_v, dk, dv]: the state's slot buffers 0..rows-1
     window: torch.Tensor  # [K-1 + rows, conv_dim] = concat(old conv state, new pre-conv rows)
     kernel: int
+    block: torch.Tensor | None = None  # kernel path: the slot block ``ssm`` views
+    commit_op: object = None  # kernel path: gdn_commit (slot -> live on the device)
+    used: set | None = None  # the layer's record of ops that ran
 
     def commit_into(self, state: DeltaNetState, row: int) -> None:
         """Make slot ``row`` live. The recurrent state is not copied: the slot buffer and the
-        live buffer swap roles (the old live buffer becomes a slot buffer for the next verify)."""
+        live buffer swap roles (the old live buffer becomes a slot buffer for the next verify).
+        Slots from the kernel are copied into the live buffers by ``gdn_commit`` instead."""
+        if self.commit_op is not None:
+            self.commit_op([self.block], [self.window], [state.ssm], [state.conv], row)
+            self.used.add("gdn_commit")
+            return
         index = next(i for i, buf in enumerate(state.spare) if buf is self.ssm[row])
         state.ssm, state.spare[index] = state.spare[index], state.ssm
         if self.kernel > 1:
@@ -137,14 +160,14 @@ def delta_rule_chunked(
     q, k, v = (x.permute(1, 0, 2).reshape(x.shape[1], n, chunk, x.shape[2]) for x in (q, k, v))
     g, beta = (x.t().reshape(x.shape[1], n, chunk) for x in (g, beta))
     G = g.cumsum(-1)  # [nv, n, C]
-    lower = torch.ones(chunk, chunk, dtype=torch.bool).tril()  # j <= t
+    lower = torch.ones(chunk, chunk, dtype=torch.bool, device=q.device).tril()  # j <= t
     strict = lower.clone().fill_diagonal_(False)  # j < t
     gap = G.unsqueeze(-1) - G.unsqueeze(-2)  # [nv, n, C, C]: G_t - G_j
     decay_tj = gap.masked_fill(~lower, float("-inf")).exp()  # exp(G_t - G_j), 0 above the diagonal
     kb = k * beta.unsqueeze(-1)
     A = (kb @ k.transpose(-1, -2)) * decay_tj
     A = A.masked_fill(~strict, 0.0)
-    system = A + torch.eye(chunk, dtype=A.dtype)
+    system = A + torch.eye(chunk, dtype=A.dtype, device=A.device)
     w_v = torch.linalg.solve_triangular(system, v * beta.unsqueeze(-1), upper=False, unitriangular=True)
     w_k = torch.linalg.solve_triangular(system, kb * G.exp().unsqueeze(-1), upper=False, unitriangular=True)
     scores = (q @ k.transpose(-1, -2)) * decay_tj  # [nv, n, C, C]
@@ -164,8 +187,10 @@ def delta_rule_chunked(
 class DeltaNetLayer:
     """One GDN mixer: projections, conv, recurrence and gated output norm."""
 
+    KERNEL_OPS = ("gdn_verify", "gdn_step", "gdn_commit")
+
     def __init__(self, w: DeltaNetWeights, *, num_k: int, num_v: int, dk: int, dv: int, kernel: int,
-                 eps: float, state_dtype: torch.dtype):
+                 eps: float, state_dtype: torch.dtype, kernels: dict | None = None, used: set | None = None):
         self.w = w
         self.num_k, self.num_v, self.dk, self.dv = num_k, num_v, dk, dv
         self.kernel = kernel
@@ -175,12 +200,31 @@ class DeltaNetLayer:
         self.conv_dim = 2 * self.key_dim + self.value_dim
         self.splits = [self.conv_dim, self.value_dim, num_v, num_v]
         self.scale = 1.0 / math.sqrt(dk)
+        # the fused ops run on a float32 state only (a float64 reference model keeps torch)
+        usable = state_dtype == torch.float32 and kernels
+        self.ops = {op: kernels[op] for op in self.KERNEL_OPS if usable and op in kernels}
+        if "gdn_commit" not in self.ops:  # a kernel verify's slots are committed by the kernel
+            self.ops.pop("gdn_verify", None)
+        self.used = used if used is not None else set()
+        if self.ops:  # float32 contiguous copies of the small weights the kernels read
+            self._kw = tuple(t.to(torch.float32).contiguous() for t in (w.conv, w.a, w.dt_bias))
 
     def new_state(self, dtype: torch.dtype) -> DeltaNetState:
+        device = self.w.conv.device
+        conv_dtype = torch.float32 if self.ops else dtype  # the kernels keep the window in float32
         return DeltaNetState(
-            torch.zeros(self.kernel - 1, self.conv_dim, dtype=dtype),
-            torch.zeros(self.num_v, self.dk, self.dv, dtype=self.state_dtype),
+            torch.zeros(self.kernel - 1, self.conv_dim, dtype=conv_dtype, device=device),
+            torch.zeros(self.num_v, self.dk, self.dv, dtype=self.state_dtype, device=device),
         )
+
+    def _kernel_inputs(self, x: torch.Tensor):
+        """Projections for the fused ops: (mixed, z, beta logits, alpha logits), float32."""
+        mixed, z, b, a = F.linear(x, self.w.in_proj).split(self.splits, dim=-1)
+        f32 = torch.float32
+        return mixed.to(f32).contiguous(), z, b.to(f32).contiguous(), a.to(f32).contiguous()
+
+    def _kernel_args(self) -> dict:
+        return dict(num_k=self.num_k, dk=self.dk, scale=self.scale)
 
     def _prepare(self, x: torch.Tensor, conv_state: torch.Tensor):
         """Projections, conv and gates for rows x [rows, H] after the live conv state."""
@@ -212,6 +256,17 @@ class DeltaNetLayer:
 
     def forward_commit(self, x: torch.Tensor, state: DeltaNetState) -> torch.Tensor:
         """Prefill / plain step / re-forward: advance ``state`` in place. Returns [rows, H]."""
+        step = self.ops.get("gdn_step")
+        if step is not None and x.shape[0] == 1:
+            mixed, z, b, a = self._kernel_inputs(x)
+            if state.conv_spare is None:
+                state.conv_spare = torch.empty_like(state.conv)
+            conv_w, a_neg, dt_bias = self._kw
+            o = step(mixed, state.conv, conv_w, b, a, a_neg, dt_bias, self.w.key_index, state.ssm, state.ssm,
+                     state.conv_spare, **self._kernel_args())
+            state.conv, state.conv_spare = state.conv_spare, state.conv
+            self.used.add("gdn_step")
+            return self._finish(o, z, x.dtype)
         q, k, v, g, beta, z, window = self._prepare(x, state.conv)
         if x.shape[0] <= ROWS_FORM_MAX:
             o, s = delta_rule_rows(q, k, v, g, beta, state.ssm)
@@ -224,6 +279,18 @@ class DeltaNetLayer:
 
     def forward_slots(self, x: torch.Tensor, state: DeltaNetState) -> tuple[torch.Tensor, DeltaNetSlots]:
         """Verify: read ``state``, leave it untouched, emit the state after every row."""
+        verify = self.ops.get("gdn_verify")
+        if verify is not None:
+            rows = x.shape[0]
+            mixed, z, b, a = self._kernel_inputs(x)
+            block, window = state.kernel_buffers(rows)
+            conv_w, a_neg, dt_bias = self._kw
+            o = verify(mixed, state.conv, conv_w, b, a, a_neg, dt_bias, self.w.key_index, state.ssm, block, window,
+                       **self._kernel_args())
+            self.used.add("gdn_verify")
+            slots = DeltaNetSlots([block[t] for t in range(rows)], window, self.kernel, block=block,
+                                  commit_op=self.ops["gdn_commit"], used=self.used)
+            return self._finish(o, z, x.dtype), slots
         q, k, v, g, beta, z, window = self._prepare(x, state.conv)
         slots = state.slot_buffers(x.shape[0])
         o, _ = delta_rule_rows(q, k, v, g, beta, state.ssm, slots=slots)

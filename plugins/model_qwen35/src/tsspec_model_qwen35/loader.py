@@ -17,7 +17,7 @@ from tsspec.errors import ModelLoadError
 
 from .hparams import Qwen35HParams
 from .target import Qwen35Target, snapshots_enabled
-from .weights import load_weights
+from .weights import load_weights, move_weights
 
 DTYPES = {"float32": torch.float32, "fp32": torch.float32, "float64": torch.float64, "fp64": torch.float64,
           "float16": torch.float16, "bfloat16": torch.bfloat16}
@@ -35,6 +35,20 @@ def resolve_dtype(value: Any) -> torch.dtype:
     return DTYPES[text]
 
 
+def resolve_device(path: str, value: Any) -> torch.device:
+    """``cpu`` or ``cuda[:N]`` where torch has CUDA; anything else is a ModelLoadError."""
+    text = str(value or "cpu")
+    try:
+        device = torch.device(text)
+    except (RuntimeError, ValueError):
+        raise ModelLoadError(path, f"--device {text!r} is not a torch device") from None
+    if device.type not in ("cpu", "cuda"):
+        raise ModelLoadError(path, f"--device {text}: tsspec-model-qwen35 runs on cpu or cuda")
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise ModelLoadError(path, f"--device {text}: torch has no CUDA device here")
+    return device
+
+
 def _snapshot_choice(options: Any) -> bool:
     extra = getattr(getattr(options, "speculation", None), "extra", None) or {}
     if SNAPSHOTS_OPTION in extra:
@@ -43,14 +57,18 @@ def _snapshot_choice(options: Any) -> bool:
 
 
 def load_from_source(source: Any, *, dtype: Any = None, tokenizer=None, per_row_snapshots: bool | None = None,
-                     max_context: int | None = None, with_draft_head: bool = True) -> Qwen35Target:
-    """A target from an open ``GGUFFile`` or a ``MemorySource``."""
+                     max_context: int | None = None, with_draft_head: bool = True, device: Any = "cpu",
+                     kernels: dict | None = None) -> Qwen35Target:
+    """A target from an open ``GGUFFile`` or a ``MemorySource``, on ``device`` (its weights moved
+    there), using the registered ``kernels`` ({op: callable}) for that device where present."""
     torch_dtype = resolve_dtype(dtype)
     hp = Qwen35HParams.from_gguf(source)
     weights = load_weights(source, hp, torch_dtype, with_nextn=with_draft_head)
+    if torch.device(device).type != "cpu":
+        weights = move_weights(weights, device)
     return Qwen35Target(hp, weights, dtype=torch_dtype, tokenizer=tokenizer, per_row_snapshots=per_row_snapshots,
                         max_context=max_context, with_draft_head=with_draft_head,
-                        source_path=getattr(source, "path", None))
+                        source_path=getattr(source, "path", None), kernels=kernels)
 
 
 def load_qwen35(gguf_path: str, options: Any = None) -> Qwen35Target:
@@ -58,13 +76,13 @@ def load_qwen35(gguf_path: str, options: Any = None) -> Qwen35Target:
     from tsspec.modeling.gguf_file import GGUFFile
     from tsspec.modeling.tokenizer import from_gguf as tokenizer_from_gguf
 
-    device = getattr(options, "device", "cpu") or "cpu"
-    if device != "cpu":
-        raise ModelLoadError(gguf_path, f"tsspec-model-qwen35 runs on the CPU only (asked for {device!r})")
+    device = resolve_device(gguf_path, getattr(options, "device", "cpu"))
     try:
         dtype = resolve_dtype(getattr(options, "dtype", None))
     except ValueError as exc:
         raise ModelLoadError(gguf_path, str(exc)) from None
+    kernels = getattr(options, "kernels", None) or {}
     with GGUFFile(gguf_path) as gf:
         tokenizer = tokenizer_from_gguf(gf)
-        return load_from_source(gf, dtype=dtype, tokenizer=tokenizer, per_row_snapshots=_snapshot_choice(options))
+        return load_from_source(gf, dtype=dtype, tokenizer=tokenizer, per_row_snapshots=_snapshot_choice(options),
+                                device=device, kernels=dict(kernels))

@@ -46,7 +46,7 @@ class MtpHead:
         self.max_context = max_context
         hp = trunk.hp
         self.hidden_size = hp.hidden_size
-        self.cache = KVCache(hp.num_kv_heads, hp.head_dim, trunk.dtype)
+        self.cache = KVCache(hp.num_kv_heads, hp.head_dim, trunk.dtype, trunk.device)
         self.base: int | None = None  # first position held in the cache
         self.end = 0  # next position to write
         self.rows_run = 0  # rows forwarded through the head (cost accounting)
@@ -103,10 +103,10 @@ class MtpHead:
         self.calls += 1
         self.rows_run += n
         trunk, hp, w = self.trunk, self.trunk.hp, self.w
-        e = rms_norm(w.embed[torch.tensor(tokens, dtype=torch.long)], w.enorm, hp.rms_eps)  # [n, H]
-        h = rms_norm(h_rows, w.hnorm, hp.rms_eps)
+        e = rms_norm(w.embed[torch.tensor(tokens, dtype=torch.long, device=w.embed.device)], w.enorm, hp.rms_eps)  # [n, H]
+        h = rms_norm(h_rows.to(w.embed.device), w.hnorm, hp.rms_eps)
         u = F.linear(torch.cat([e, h], dim=-1), w.eh_proj)  # [n, H]
-        cos, sin = trunk.rope.tables(torch.arange(start, start + n))
+        cos, sin = trunk.rope.tables(torch.arange(start, start + n, device=w.embed.device))
         u = trunk.attention_block(w.layer, u, self.cache, start - self.base, cos, sin)
         self.end = start + n
         return rms_norm(u, w.head_norm, hp.rms_eps)  # [n, H]

@@ -46,7 +46,8 @@ class PartialRope:
 
     def tables(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """cos, sin [rows, dims] for integer positions [rows]."""
-        freqs = positions.to(self.work_dtype)[:, None] * self.inv_freq[None, :]  # [rows, dims/2]
+        inv_freq = self.inv_freq.to(positions.device)
+        freqs = positions.to(self.work_dtype)[:, None] * inv_freq[None, :]  # [rows, dims/2]
         angles = torch.cat([freqs, freqs], dim=-1)
         return angles.cos().to(self.dtype), angles.sin().to(self.dtype)
 

@@ -1,20 +1,20 @@
 """``Qwen35Target``: the hybrid trunk as a ``SpeculativeTarget``, with per-row state snapshots.
 
 Rejection on a recurrent trunk (speculative_decoding.md): a KV cache drops a rejected tail by
-changing its length, a Gated DeltaNet state cannot. Two ways to roll back, both kept:
+changing its length, a Gated DeltaNet state cannot. ``spec_keep(rows_kept)``, the one rollback
+call, has two ways to do it, both kept:
 
 * per-row snapshots (default): a verify (``spec_forward(..., all_logits_rows=True)``) reads the
   live recurrent state and leaves it untouched, emitting the state after EVERY row (one slot per
-  row; a slot's conv state is a slice of the window the verify already built).
-  ``spec_snapshot_recurrent_state`` therefore copies nothing: the live state IS the pre-verify
-  state until ``spec_on_verify_accepted(m, rows)`` commits slot m (the slot buffer and the
-  live buffer swap roles: no copy, no re-forward), sets the length to ``start + m + 1`` and
-  returns True. Prefill and one-row plain steps commit in place. A verify
-  wider than ``MAX_SLOT_ROWS`` rows (slots cost one state per row) commits in place from a copy
-  and re-forwards the kept rows itself on a partial acceptance: the contract holds at any width.
-* restore + re-forward (``TS_Q35_VERIFY_SNAPSHOTS=0``, or ``per_row_snapshots = False``): every
-  forward advances the live state; the snapshot copies it, the loop restores it and re-forwards
-  the kept rows. Kept for attribution (the benchmark) and as the fallback.
+  row; a slot's conv state is a slice of the window the verify already built). ``spec_keep(m)``
+  commits slot ``m - 1`` (the slot buffer and the live buffer swap roles: no copy, no
+  re-forward) and sets the length to ``start + m``. Prefill and one-row plain steps commit in
+  place. A verify wider than ``MAX_SLOT_ROWS`` rows (slots cost one state per row) takes the
+  second way: the contract holds at any width.
+* restore + re-forward (``TS_Q35_VERIFY_SNAPSHOTS=0``, or ``per_row_snapshots = False``): a
+  verify copies the recurrent state it starts from and advances the live state; ``spec_keep``
+  of a prefix restores the copy and re-forwards the kept rows. Kept for attribution (the
+  benchmark) and as the fallback.
 
 ``spec_verify_persists_accepted_kv`` is False on both paths: rewinding the KV alone never undoes
 the recurrent state, so the loop must not reuse a cached prefix by rewinding (a hybrid's rewind
@@ -23,13 +23,13 @@ is only legal to the position its recurrent state already holds, and to 0).
 
 from __future__ import annotations
 
-import os
 from typing import Mapping, Sequence
 
 import attrs
 import torch
 
 from tsspec.protocols import ModelConfig
+from tsspec.switches import switch_on
 
 from .deltanet import DeltaNetSlots
 from .hparams import Qwen35HParams
@@ -40,19 +40,18 @@ from .weights import Qwen35Weights
 SNAPSHOTS_ENV = "TS_Q35_VERIFY_SNAPSHOTS"
 PREFERRED_DRAFT_WINDOW = 3  # each row of a verify costs one recurrent-state slot per GDN layer
 MAX_SLOT_ROWS = 16  # wider verifies (or all-row prefills) fall back to copy + re-forward
-_OFF = {"0", "false", "no", "off"}
 
 
 def snapshots_enabled(environ: Mapping[str, str] | None = None) -> bool:
     """``TS_Q35_VERIFY_SNAPSHOTS``: anything but 0/false/no/off keeps per-row snapshots on."""
-    env = os.environ if environ is None else environ
-    return env.get(SNAPSHOTS_ENV, "1").strip().lower() not in _OFF
+    return switch_on(SNAPSHOTS_ENV, environ)
 
 
 @attrs.define
 class _PendingVerify:
-    """A verify not yet resolved. ``slots`` per GDN layer; or, for a verify wider than
-    ``MAX_SLOT_ROWS``, None: it committed in place and ``saved`` holds the pre-verify state."""
+    """A verify not yet resolved by ``spec_keep``. ``slots`` per GDN layer; or None (restore
+    path, or a verify wider than ``MAX_SLOT_ROWS``): it advanced the live state and ``saved``
+    holds the state it started from."""
 
     start: int
     rows: int
@@ -68,7 +67,7 @@ class TargetCounters:
     forward_calls: int = 0
     forward_rows: int = 0
     slot_commits: int = 0  # per-row snapshot commits (one per verify)
-    state_snapshots: int = 0  # full copies of the recurrent state (restore path only)
+    state_snapshots: int = 0  # full copies of the recurrent state (restore path, wide verifies)
     state_restores: int = 0
 
 
@@ -82,9 +81,10 @@ class Qwen35Target:
 
     def __init__(self, hp: Qwen35HParams, weights: Qwen35Weights, *, dtype: torch.dtype = torch.float32,
                  tokenizer=None, per_row_snapshots: bool | None = None, max_context: int | None = None,
-                 with_draft_head: bool = True, source_path: str | None = None):
+                 with_draft_head: bool = True, source_path: str | None = None, kernels: dict | None = None):
         self.hp = hp
-        self.trunk = Qwen35Trunk(hp, weights, dtype)
+        self.trunk = Qwen35Trunk(hp, weights, dtype, kernels=kernels)
+        self.device = self.trunk.device  # where the trunk runs; logits and hidden rows come back on the CPU
         self.tokenizer = tokenizer
         self.source_path = source_path
         self._max_context = int(max_context or hp.context_length)
@@ -104,8 +104,7 @@ class Qwen35Target:
         self._len = 0  # positions in the cache (protocol's cache_seq_len)
         self._recurrent_pos = 0  # the position the live recurrent state stands at
         self._pending: _PendingVerify | None = None
-        self._saved = None  # restore path: the recurrent state copied by spec_snapshot
-        self._saved_pos = 0
+        self._last_rows = 0  # rows of the last forward (a committing one keeps them all)
         self._taps: list[int] | None = None
         self.draft_head = None
         if with_draft_head and weights.nextn is not None:
@@ -121,6 +120,11 @@ class Qwen35Target:
         """Switch rollback paths between sequences (an unresolved verify is discarded)."""
         self._drop_pending()
         self._per_row = bool(value)
+
+    @property
+    def kernels_in_use(self) -> list[str]:
+        """Registered device ops that have run (``generate --stats`` prints them)."""
+        return sorted(self.trunk.kernels_used)
 
     @property
     def cache_seq_len(self) -> int:
@@ -139,10 +143,10 @@ class Qwen35Target:
         return self.trunk.embed(list(ids))  # [n, H]
 
     def final_norm(self, h: torch.Tensor) -> torch.Tensor:
-        return self.trunk.final_norm(h.to(self.trunk.dtype))
+        return self.trunk.final_norm(h.to(self.device, self.trunk.dtype))
 
     def lm_head(self, h: torch.Tensor) -> torch.Tensor:
-        return self.trunk.lm_head(h.to(self.trunk.dtype))  # [n, V]
+        return self.trunk.lm_head(h.to(self.device, self.trunk.dtype))  # [n, V]
 
     def spec_set_feature_taps(self, layers: Sequence[int] | None) -> None:
         if layers:
@@ -162,20 +166,24 @@ class Qwen35Target:
         if not tokens:
             raise ValueError("spec_forward needs at least one token")
         if self._pending is not None:
-            raise RuntimeError("the previous verify was not resolved by spec_on_verify_accepted")
+            raise RuntimeError("the previous verify was not resolved by spec_keep")
         bad = [t for t in tokens if not 0 <= t < self.hp.vocab_size]
         if bad:
             raise ValueError(f"token id {bad[0]} is outside the vocabulary (0..{self.hp.vocab_size - 1})")
         start, rows = self._len, len(tokens)
         self.spec_ensure_capacity(start + rows)
-        verify = self._per_row and all_logits_rows
-        slots = verify and rows <= MAX_SLOT_ROWS
-        saved = self._state.snapshot() if verify and not slots else None
+        verify = all_logits_rows
+        slots = verify and self._per_row and rows <= MAX_SLOT_ROWS
+        saved = None
+        if verify and not slots:  # restore path: keep the state this verify starts from
+            saved = self._state.snapshot()
+            self.counters.state_snapshots += not self._per_row
         with torch.no_grad():  # not inference_mode: committed slot buffers become live state
             out = self.trunk.forward(tokens, start, self._state, slots=slots, taps=self._taps)
             self.counters.forward_calls += 1
             self.counters.forward_rows += rows
             self._len = start + rows
+            self._last_rows = rows
             if verify:
                 self._pending = _PendingVerify(start, rows, out.slots, tokens, saved)
             if not slots:
@@ -187,56 +195,42 @@ class Qwen35Target:
         hidden = None
         if want_hidden:
             hidden = out.taps if self._taps else normed
+        if self.device.type != "cpu":  # the loop samples on the host
+            logits = logits.cpu()
+            hidden = hidden.cpu() if hidden is not None else None
         return logits, hidden
 
-    def spec_snapshot_recurrent_state(self) -> None:
-        if self._per_row:
-            return  # the live state stays the pre-verify state until a commit: nothing to copy
-        self._saved = self._state.snapshot()
-        self._saved_pos = self._recurrent_pos
-        self.counters.state_snapshots += 1
-
-    def spec_on_verify_accepted(self, accepted: int, rows: int) -> bool:
-        if not self._per_row:
-            return False
+    def spec_keep(self, rows_kept: int) -> str | None:
+        """Keep the first ``rows_kept`` rows of the last forward: commit its slot, or restore
+        the saved state and re-forward the kept rows (see the module docstring)."""
         pending = self._pending
+        rows = pending.rows if pending is not None else self._last_rows
+        if not 1 <= rows_kept <= rows:
+            raise ValueError(f"cannot keep {rows_kept} rows of a forward of {rows}")
         if pending is None:  # prefill / plain step: already committed in place
-            if accepted != rows - 1:
+            if rows_kept != rows:
                 raise ValueError(
-                    f"keeping {accepted + 1} of {rows} rows of a committing forward needs a verify "
+                    f"keeping {rows_kept} of {rows} rows of a committing forward needs a verify "
                     "(spec_forward with all_logits_rows=True)"
                 )
-            return True
-        if rows != pending.rows or not 0 <= accepted < rows:
-            raise ValueError(f"accepted={accepted}, rows={rows} does not match the verify of {pending.rows} rows")
+            return "committed" if self._per_row else None
         self._pending = None
-        if pending.slots is None:  # a wide verify committed in place
-            if accepted < rows - 1:
-                self._state.restore(pending.saved)
-                self._len = self._recurrent_pos = pending.start
-                self.counters.state_restores += 1
-                with torch.no_grad():
-                    self.trunk.forward(pending.tokens[: accepted + 1], pending.start, self._state, slots=False)
-                self.counters.forward_calls += 1
-                self.counters.forward_rows += accepted + 1
-            self._len = self._recurrent_pos = pending.start + accepted + 1
-            return True
-        for index, slots in pending.slots.items():
-            slots.commit_into(self._state.per_layer[index], accepted)
-        self._len = pending.start + accepted + 1
-        self._recurrent_pos = self._len
-        self.counters.slot_commits += 1
-        return True
-
-    def spec_restore_recurrent_state(self) -> None:
-        if self._per_row:
-            self._drop_pending()  # the live state already is the pre-verify state
-            return
-        if self._saved is None:
-            raise RuntimeError("spec_restore_recurrent_state without a snapshot")
-        self._state.restore(self._saved)
-        self._recurrent_pos = self._saved_pos
+        if pending.slots is not None:
+            self._state.commit_slots(pending.slots, rows_kept - 1)  # one launch on the kernels
+            self._len = self._recurrent_pos = pending.start + rows_kept
+            self.counters.slot_commits += 1
+            return "committed"
+        if rows_kept == rows:
+            return "committed" if self._per_row else None
+        self._state.restore(pending.saved)
+        self._len = self._recurrent_pos = pending.start
         self.counters.state_restores += 1
+        with torch.no_grad():
+            self.trunk.forward(pending.tokens[:rows_kept], pending.start, self._state, slots=False)
+        self.counters.forward_calls += 1
+        self.counters.forward_rows += rows_kept
+        self._len = self._recurrent_pos = pending.start + rows_kept
+        return "committed" if self._per_row else "reforward"
 
     def spec_rewind_cache(self, length: int) -> None:
         if not 0 <= length <= self._len:
@@ -245,13 +239,12 @@ class Qwen35Target:
         if length == 0:
             self._state.zero_recurrent()
             self._recurrent_pos = 0
-            self._saved = None
             if self.draft_head is not None:
                 self.draft_head.reset()
         elif length != self._recurrent_pos:
             raise ValueError(
                 f"cannot rewind a hybrid trunk to {length}: its recurrent state stands at "
-                f"{self._recurrent_pos} (restore the snapshot first, or rewind to 0)"
+                f"{self._recurrent_pos} (keep rows with spec_keep, or rewind to 0)"
             )
         self._len = length
 

@@ -6,8 +6,12 @@ at positions ``start ..`` in one of two modes:
 * ``commit`` (prefill, plain steps, re-forwards): every layer's state advances in place.
 * ``slots`` (verify): attention layers write their K/V at the rows' positions (positions past
   the committed length are scratch until a commit), GDN layers only READ their live state and
-  emit the state after every row (``DeltaNetSlots``). ``TrunkState.commit_slot(m)`` then makes
-  the state after row m live: a copy per GDN layer, no recompute.
+  emit the state after every row (``DeltaNetSlots``). ``TrunkState.commit_slots(slots, m)`` then
+  makes the state after row m live: no recompute (one launch for every layer on the kernels).
+
+Device: the trunk runs where its weights are (CPU or CUDA). ``kernels`` ({op: callable}, the
+registered ops for that device) swaps in the fused GDN ops (``gdn_verify``, ``gdn_step``,
+``gdn_commit``) where present; without them the same code runs the torch ops.
 """
 
 from __future__ import annotations
@@ -39,6 +43,21 @@ class TrunkState:
     def recurrent(self) -> list[tuple[int, DeltaNetState]]:
         return [(i, s) for i, s in enumerate(self.per_layer) if isinstance(s, DeltaNetState)]
 
+    def commit_slots(self, slots: dict[int, DeltaNetSlots], row: int) -> None:
+        """Make slot ``row`` of a verify live in every GDN layer: one batched ``gdn_commit``
+        when the slots came from the kernel, else each layer's own commit."""
+        ops = {s.commit_op for s in slots.values()}
+        if len(ops) == 1 and None not in ops:
+            layers = sorted(slots)
+            live = [self.per_layer[i] for i in layers]
+            ops.pop()([slots[i].block for i in layers], [slots[i].window for i in layers],
+                      [s.ssm for s in live], [s.conv for s in live], row)
+            for s in slots.values():
+                s.used.add("gdn_commit")
+            return
+        for index, layer_slots in slots.items():
+            layer_slots.commit_into(self.per_layer[index], row)
+
     def snapshot(self) -> dict[int, DeltaNetState]:
         return {i: s.clone() for i, s in self.recurrent()}
 
@@ -66,11 +85,14 @@ class ForwardOut:
 class Qwen35Trunk:
     """The torch trunk over loaded weights. Stateless: the sequence lives in a TrunkState."""
 
-    def __init__(self, hp: Qwen35HParams, weights: Qwen35Weights, dtype: torch.dtype = torch.float32):
+    def __init__(self, hp: Qwen35HParams, weights: Qwen35Weights, dtype: torch.dtype = torch.float32,
+                 kernels: dict | None = None):
         self.hp = hp
         self.w = weights
         self.dtype = dtype
+        self.device = weights.embed.device
         self.state_dtype = state_dtype_for(dtype)
+        self.kernels_used: set[str] = set()  # registered ops that have run (for --stats)
         self.rope = PartialRope(hp.rope_dims, hp.rope_base, dtype)
         self.mixers: list[DeltaNetLayer | AttentionWeights] = []
         for lw in weights.layers:
@@ -80,6 +102,7 @@ class Qwen35Trunk:
                 self.mixers.append(DeltaNetLayer(
                     lw.mixer, num_k=hp.num_k_heads, num_v=hp.num_v_heads, dk=hp.k_head_dim,
                     dv=hp.v_head_dim, kernel=hp.conv_kernel, eps=hp.rms_eps, state_dtype=self.state_dtype,
+                    kernels=kernels, used=self.kernels_used,
                 ))
 
     def new_state(self) -> TrunkState:
@@ -89,12 +112,12 @@ class Qwen35Trunk:
             if isinstance(mixer, DeltaNetLayer):
                 per_layer.append(mixer.new_state(self.dtype))
             else:
-                per_layer.append(KVCache(hp.num_kv_heads, hp.head_dim, self.dtype))
+                per_layer.append(KVCache(hp.num_kv_heads, hp.head_dim, self.dtype, self.device))
         return TrunkState(per_layer)
 
     # -- drafter-facing pieces -------------------------------------------------------------
     def embed(self, ids: Sequence[int] | torch.Tensor) -> torch.Tensor:
-        return self.w.embed[torch.as_tensor(ids, dtype=torch.long)]  # [n, H]
+        return self.w.embed[torch.as_tensor(ids, dtype=torch.long, device=self.device)]  # [n, H]
 
     def final_norm(self, h: torch.Tensor) -> torch.Tensor:
         return rms_norm(h, self.w.final_norm, self.hp.rms_eps)
@@ -118,7 +141,7 @@ class Qwen35Trunk:
         hp = self.hp
         x = self.embed(list(tokens))  # [rows, H]
         rows = x.shape[0]
-        cos, sin = self.rope.tables(torch.arange(start, start + rows))
+        cos, sin = self.rope.tables(torch.arange(start, start + rows, device=self.device))
         tapped: dict[int, torch.Tensor] = {}
         tap_set = set(taps or ())
         out_slots: dict[int, DeltaNetSlots] | None = {} if slots else None

@@ -162,6 +162,18 @@ class _Reader:
         )
 
 
+def move_weights(obj: Any, device: torch.device | str) -> Any:
+    """The same weights structure with every tensor on ``device`` (attrs classes, lists, tuples)."""
+    if isinstance(obj, torch.Tensor):
+        return obj.to(device)
+    if attrs.has(type(obj)):
+        return attrs.evolve(obj, **{f.name: move_weights(getattr(obj, f.name), device)
+                                    for f in attrs.fields(type(obj)) if f.init})
+    if isinstance(obj, (list, tuple)):
+        return type(obj)(move_weights(item, device) for item in obj)
+    return obj
+
+
 def load_weights(source: Any, hp: Qwen35HParams, dtype: torch.dtype = torch.float32, *,
                  with_nextn: bool = True) -> Qwen35Weights:
     """All trunk weights (and the first NextN block when present and asked for)."""

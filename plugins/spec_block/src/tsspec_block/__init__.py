@@ -6,8 +6,10 @@ Registered through the ``tsspec`` entry point ``block``:
   draft head, gated on the cumulative prefix probability;
 * drafter architectures ``dflash`` and ``dflash-draft``: ``attach_dflash(target, path, options)``
   binds a DFlash / DFlash2 GGUF to a target (``--draft-model PATH``);
-* command ``tsspec convert-dflash SRC OUT``: HF DFlash checkpoints (z-lab and transformers'
-  ``muse_glimmer_assistant`` layouts) to GGUF ``dflash``.
+* converter for HF DFlash checkpoints (z-lab ``DFlashDraftModel`` / ``DFlash2DraftModel`` and
+  transformers' ``muse_glimmer_assistant`` layouts) to GGUF ``dflash``: ``tsspec convert SRC
+  OUT``, or the alias command ``tsspec convert-dflash SRC OUT`` (which also takes the target's
+  ``--logit-scale`` / ``--softcap`` when the drafter config does not carry them).
 
 Importing this package loads no torch: the hooks import their modules when called.
 """
@@ -19,12 +21,15 @@ from tsspec.hookspecs import hookimpl
 __all__ = [
     "tsspec_register_speculators",
     "tsspec_register_drafters",
+    "tsspec_register_converters",
     "tsspec_register_commands",
     "attach_file",
     "make_speculator",
 ]
 
 DRAFTER_ARCHITECTURES = ["dflash", "dflash-draft"]
+# checkpoint types (config.json architectures / model_type) the converter reads
+CHECKPOINT_TYPES = ["DFlashDraftModel", "DFlash2DraftModel", "muse_glimmer_assistant"]
 
 
 def make_speculator(target, options=None):
@@ -44,15 +49,32 @@ def attach_file(target, gguf_path, options=None):
 
 @hookimpl
 def tsspec_register_speculators(register):
-    from .speculator import ALGORITHM, DESCRIPTION, DRAFTER_HINT
+    from tsspec.protocols import DraftHeadKind
 
-    register(ALGORITHM, make_speculator, requires_draft_head=True, description=DESCRIPTION,
+    from .speculator import ALGORITHM, DEFAULT_MIN_DRAFT_PROB, DESCRIPTION, DRAFTER_HINT
+
+    register(ALGORITHM, make_speculator, requires_draft_head=True, serves_kind=DraftHeadKind.BLOCK,
+             weight_free=False, default_pmin=DEFAULT_MIN_DRAFT_PROB, description=DESCRIPTION,
              drafter_hint=DRAFTER_HINT)
 
 
 @hookimpl
 def tsspec_register_drafters(register):
     register(DRAFTER_ARCHITECTURES, attach_file)
+
+
+def convert_file(src_dir, out_path, *, outtype):
+    """The ``tsspec convert`` converter (see ``converter.convert_checkpoint``)."""
+    from .converter import OUT_TYPES, ConversionError, convert_checkpoint
+
+    if outtype not in OUT_TYPES:
+        raise ConversionError(str(src_dir), f"DFlash drafters convert to {' or '.join(OUT_TYPES)}, not {outtype}")
+    convert_checkpoint(src_dir, out_path, out_type=outtype)
+
+
+@hookimpl
+def tsspec_register_converters(register):
+    register(list(CHECKPOINT_TYPES), convert_file, description="HF DFlash / DFlash2 drafter -> GGUF dflash")
 
 
 @hookimpl

@@ -6,6 +6,10 @@ pair is found HERE, before the first token: a ``ModelLoadError`` naming the file
 mismatch (the CLI prints it as one line; the block speculator's factory turns it into a decline
 reason), never a crash mid-generation. The target is left untouched when attaching fails.
 
+A file with ``dflash.hyper_connection.count > 0`` is a DSpark drafter for a hyper-connection
+model (DeepSeek V4): its stages are that model's blocks, so the target binds it itself
+(``target.attach_drafter_file(path, options)``, offered by the model plugin).
+
 A target that already carries a per-token head (NextN / MTP) gets its ``draft_head`` replaced:
 the operator named the file, and the two consume different hidden rows.
 """
@@ -13,18 +17,18 @@ the operator named the file, and the two consume different hidden rows.
 from __future__ import annotations
 
 import logging
-import os
 from typing import Any, Mapping
 
 import torch
 
 from tsspec.errors import ModelLoadError
+from tsspec.switches import switch_on
 
 from .config import DFlashConfig, config_from_gguf
 from .head import DFlashDraftHead
 from .weights import weights_from_gguf
 
-__all__ = ["attach_dflash", "check_fit", "CONV_ENV", "SELECTOR_ENV", "extension_enabled"]
+__all__ = ["attach_dflash", "attach_open", "check_fit", "CONV_ENV", "SELECTOR_ENV", "extension_enabled"]
 
 log = logging.getLogger("tsspec.block")
 
@@ -35,9 +39,8 @@ _DTYPES = {"float32": torch.float32, "fp32": torch.float32, "float64": torch.flo
 
 
 def extension_enabled(name: str, environ: Mapping[str, str] | None = None) -> bool:
-    """A DFlash2 extension is on unless its switch is set to 0 / false / off."""
-    value = (environ if environ is not None else os.environ).get(name, "")
-    return value.strip().lower() not in ("0", "false", "no", "off")
+    """A DFlash2 extension is on unless its switch is set to 0 / false / no / off."""
+    return switch_on(name, environ)
 
 
 def check_fit(cfg: DFlashConfig, target: Any, path: str) -> None:
@@ -91,10 +94,27 @@ def attach_dflash(target: Any, gguf_path: str, options: Any = None) -> DFlashDra
 
     path = str(gguf_path)
     with GGUFFile(path) as gguf_file:
-        cfg = config_from_gguf(gguf_file)
-        check_fit(cfg, target, path)
-        dtype = _dtype(options, target)
-        weights = weights_from_gguf(gguf_file, cfg, dtype)
+        hyper = int(gguf_file.get(f"{gguf_file.architecture}.hyper_connection.count", 0) or 0)
+        if hyper <= 0:
+            return attach_open(target, gguf_file, options)
+    # a DSpark drafter for a hyper-connection model (DeepSeek V4) in the dflash convention: its
+    # stages are the model's own blocks, so the model plugin binds it
+    bind = getattr(target, "attach_drafter_file", None)
+    if not callable(bind):
+        arch = getattr(getattr(target, "config", None), "architecture", type(target).__name__)
+        raise ModelLoadError(path, f"a DFlash file with hyper_connection.count = {hyper} drafts for a "
+                                   f"hyper-connection model (DeepSeek V4 DSpark); the target ({arch}) cannot bind it")
+    return bind(path, options)
+
+
+def attach_open(target: Any, gguf_file: Any, options: Any = None) -> DFlashDraftHead:
+    """``attach_dflash`` on an open ``GGUFFile``, or on any object with its reading methods (a
+    model plugin whose target file carries the drafter passes a view of that part)."""
+    path = str(gguf_file.path)
+    cfg = config_from_gguf(gguf_file)
+    check_fit(cfg, target, path)
+    dtype = _dtype(options, target)
+    weights = weights_from_gguf(gguf_file, cfg, dtype)
     vocab = int(target.config.vocab_size)
     if weights.selector is not None and weights.selector.vocab_size != vocab:
         raise ModelLoadError(
@@ -109,6 +129,7 @@ def attach_dflash(target: Any, gguf_path: str, options: Any = None) -> DFlashDra
         use_selector=extension_enabled(SELECTOR_ENV),
         dtype=dtype,
         source=path,
+        kernels=getattr(options, "kernels", None) if options is not None else None,
     )
     previous = getattr(target, "draft_head", None)
     try:

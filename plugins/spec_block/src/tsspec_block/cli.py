@@ -1,7 +1,5 @@
-"""``tsspec convert-dflash SRC_DIR OUT.gguf``: the DFlash checkpoint converter as a command.
-
-A top-level command rather than a subcommand of ``tsspec convert``: that group belongs to the
-qwen35 plugin, and two plugins adding a group of the same name would shadow each other.
+"""``tsspec convert-dflash SRC_DIR OUT.gguf``: an alias of ``tsspec convert`` for DFlash
+checkpoints that also takes the target's logit transform when the drafter config lacks it.
 """
 
 from __future__ import annotations

@@ -13,6 +13,13 @@ Three passes (the specification's "DFlash and DFlash2")::
 DFlash2 adds a grouped dynamic conv around each sublayer (``ops.grouped_dynamic_conv``) and the
 candidate selector (``selector``); both are keyed off the file and are no-ops when absent.
 
+Device: the drafter runs where its target runs (``target.device``, CPU by default). Registered
+kernels for that device (``kernels``: {op: callable}) replace, where present and the drafter
+computes in float32: pass B (``dflash_inject``, one launch for every layer), pass C's attention
+over ring + block (``dflash_block_attention``) and grouped conv (``dflash_grouped_conv``), and
+the selector's lattice (``selector_lattice``: only k + k*k*(n-1) scores come back to the host
+walk). Otherwise the same code runs the torch ops below.
+
 Feature rows (the commit contract): ``h_rows[k]`` is the target's tapped row of position
 ``start_pos + k - 1``; ``h_prev`` in ``draft_block`` is the row of ``position - 1``, the latest
 cached position. The drafter's context is exactly the set of positions it was given, so a gap
@@ -31,10 +38,12 @@ from tsspec.protocols import DraftHeadKind
 from .config import DFlashConfig
 from .kv_ring import ContextKV
 from .ops import block_attention, grouped_dynamic_conv, logit_transform, rms_norm, rope_neox, swiglu
-from .selector import select_tokens
+from .selector import select_tokens, walk_lattice
 from .weights import ConvWeights, DFlashWeights, LayerWeights, map_weights
 
 __all__ = ["DFlashDraftHead"]
+
+INJECT_MAX_ROWS = 32  # rows one fused inject launch takes (commits are k+1 rows; prefills go in torch)
 
 
 class DFlashDraftHead:
@@ -53,9 +62,11 @@ class DFlashDraftHead:
         use_selector: bool = True,
         dtype: torch.dtype = torch.float32,
         source: str | None = None,
+        kernels: dict | None = None,
     ):
         self.config = config
-        self.weights = map_weights(weights, lambda t: t.to(dtype))
+        self.device = torch.device(getattr(target, "device", None) or "cpu")
+        self.weights = map_weights(weights, lambda t: t.to(self.device, dtype))
         self.target = target
         self.block_size = config.block_size
         self.dtype = dtype
@@ -70,17 +81,32 @@ class DFlashDraftHead:
                 config.value_dim,
                 rows=config.ring_rows if config.layer_is_sliding(i) else None,
                 dtype=dtype,
+                device=self.device,
             )
             for i in range(config.num_layers)
         ]
         self._seen_end = 0  # one past the highest position injected
         self._last_row: tuple[int, torch.Tensor] | None = None  # (position, feature row) injected last
         self._target_dtype: torch.dtype | None = None  # dtype of the target's embedding rows
+        self.ops = dict(kernels or {}) if dtype == torch.float32 else {}  # the fused ops need float32
+        self.kernels_used: set[str] = set()
 
     # -- DraftHead protocol ----------------------------------------------------------------
     @property
     def feature_size(self) -> int:
         return self.config.feature_size
+
+    @property
+    def kernels_in_use(self) -> list[str]:
+        """Registered device ops that have run (``generate --stats`` prints them)."""
+        return sorted(self.kernels_used)
+
+    def _op(self, name: str):
+        """A registered op by name, recorded as used, or None (the torch path)."""
+        op = self.ops.get(name)
+        if op is not None:
+            self.kernels_used.add(name)
+        return op
 
     def reset(self) -> None:
         for store in self._stores:
@@ -116,7 +142,14 @@ class DFlashDraftHead:
         logits = self._lm_head(rows)  # [n, vocab]
         transformed = logit_transform(logits, self.config.logit_scale, self.config.logit_softcap)
         if self.use_selector:
-            return select_tokens(self.weights.selector, rows, transformed, int(last_token))
+            transformed = transformed.to(self.device)  # a target may hand logits back on the host
+            lattice = self._op("selector_lattice")
+            if lattice is None:
+                return select_tokens(self.weights.selector, rows, transformed, int(last_token))
+            sel = self.weights.selector
+            compact = lattice(transformed.to(torch.float32).contiguous(), rows.contiguous(), sel.hidden,
+                              sel.predecessor, sel.successor, int(last_token), sel.top_k)
+            return walk_lattice(*(t.cpu() for t in compact))  # the compact readback
         top, tokens = transformed.max(dim=-1)  # [n] each
         conf = torch.exp(top - torch.logsumexp(transformed, dim=-1))  # softmax at the argmax
         return [int(t) for t in tokens], [float(c) for c in conf]
@@ -162,15 +195,24 @@ class DFlashDraftHead:
         if features.shape[0] == 0:
             self._seen_end = max(end, 0)
             return
-        positions = torch.arange(first, first + features.shape[0], dtype=torch.long)  # [n]
+        positions = torch.arange(first, first + features.shape[0], dtype=torch.long, device=self.device)  # [n]
         self.inject_rows(positions, features)
-        self._last_row = (int(positions[-1]), features[-1].clone())
+        self._last_row = (int(positions[-1]), features[-1].clone())  # on the caller's device
         self._seen_end = end
 
     def inject_rows(self, positions: torch.Tensor, features: torch.Tensor) -> None:
         """Pass A (encoder) and pass B (K/V into each layer's ring) for feature rows [n, F]."""
         cfg, w = self.config, self.weights
-        context = rms_norm(F.linear(features.to(self.dtype), w.fc), w.enc_norm, cfg.eps)  # [n, H]
+        features = features.to(self.device, self.dtype)
+        inject = self.ops.get("dflash_inject")
+        if inject is not None and self._inject_fits(features.shape[0]):
+            self.kernels_used.add("dflash_inject")
+            layers = [(lw.wk, lw.bk, lw.wv, lw.bv, lw.k_norm) for lw in w.layers]
+            rings = [store.device_view(positions) for store in self._stores]
+            inject(features.contiguous(), w.fc, w.enc_norm, layers, rings, positions, eps=cfg.eps,
+                   rope_base=cfg.rope_base)
+            return
+        context = rms_norm(F.linear(features, w.fc), w.enc_norm, cfg.eps)  # [n, H]
         n = context.shape[0]
         for lw, store in zip(w.layers, self._stores):
             k = F.linear(context, lw.wk, lw.bk).view(n, cfg.n_head_kv, cfg.head_dim)
@@ -178,13 +220,17 @@ class DFlashDraftHead:
             v = F.linear(context, lw.wv, lw.bv).view(n, cfg.n_head_kv, cfg.value_dim)
             store.write(positions, k, v)
 
+    def _inject_fits(self, rows: int) -> bool:
+        """The fused inject takes up to 32 rows per launch and a ring at least that long."""
+        return rows <= INJECT_MAX_ROWS and all(not s.ring or s.capacity >= rows for s in self._stores)
+
     def block_hidden(self, anchor: int, position: int) -> torch.Tensor:
         """Pass C up to the final norm: the drafter rows [B, H] of ``[anchor, MASK x (B-1)]``."""
         cfg = self.config
         ids = torch.full((self.block_size,), cfg.mask_token_id, dtype=torch.long)
         ids[0] = int(anchor)
         x = self._embed(ids)  # [B, H]
-        positions = torch.arange(position, position + self.block_size, dtype=torch.long)  # [B]
+        positions = torch.arange(position, position + self.block_size, dtype=torch.long, device=self.device)  # [B]
         for layer, (lw, store) in enumerate(zip(self.weights.layers, self._stores)):
             window = cfg.sliding_window if cfg.layer_is_sliding(layer) else None
             x = self._layer(x, lw, store, positions, window)
@@ -203,22 +249,31 @@ class DFlashDraftHead:
         k = rope_neox(rms_norm(k, lw.k_norm, cfg.eps), positions, cfg.rope_base)
         v = F.linear(h, lw.wv, lw.bv).view(rows, cfg.n_head_kv, cfg.value_dim)
         start = int(positions[0])
+        attention = self._op("dflash_block_attention")
+        if attention is not None:  # one pass over the store: no gather, no mask tensor
+            attn = attention(q.contiguous(), store.keys, store.values, store.positions, k.contiguous(), v.contiguous(),
+                             start=start, window=window, scale=self._scale)
+            out = F.linear(attn, lw.wo, lw.bo)  # [B, H]
+            return self._ffn(self._conv_out(out, lw.attn_conv, out_taps, residual=x), lw)
         lo = start - window if window is not None else 0
         ctx_k, ctx_v, ctx_pos = store.gather(lo, start)  # [m, nkv, hd], [m, nkv, vd], [m]
         keys = torch.cat([ctx_k, k])  # [m+B, nkv, hd]
         values = torch.cat([ctx_v, v])
         key_pos = torch.cat([ctx_pos, positions])  # [m+B]
         if window is None:
-            visible = torch.ones((rows, keys.shape[0]), dtype=torch.bool)
+            visible = torch.ones((rows, keys.shape[0]), dtype=torch.bool, device=keys.device)
         else:  # HF's bidirectional sliding window: |q - k| <= window (inclusive)
             visible = (positions[:, None] - key_pos[None, :]).abs() <= window  # [B, m+B]
         attn = block_attention(q, keys, values, visible, self._scale)  # [B, nh*vd]
         out = F.linear(attn, lw.wo, lw.bo)  # [B, H]
-        x = x + self._conv_out(out, lw.attn_conv, out_taps)
-        h = rms_norm(x, lw.ffn_norm, cfg.eps)
+        return self._ffn(self._conv_out(out, lw.attn_conv, out_taps, residual=x), lw)
+
+    def _ffn(self, x: torch.Tensor, lw: LayerWeights) -> torch.Tensor:
+        """The layer's second half: x + (conv'd) SwiGLU((conv'd) RMSNorm(x))."""
+        h = rms_norm(x, lw.ffn_norm, self.config.eps)
         h, out_taps = self._conv_in(h, lw.ffn_conv)
         out = swiglu(h, lw.w_gate, lw.w_up, lw.w_down)
-        return x + self._conv_out(out, lw.ffn_conv, out_taps)
+        return self._conv_out(out, lw.ffn_conv, out_taps, residual=x)
 
     def _conv_in(
         self, h: torch.Tensor, conv: ConvWeights | None
@@ -228,19 +283,27 @@ class DFlashDraftHead:
             return h, None
         kernel, groups = int(self.config.conv_kernel_size), self.config.conv_groups
         coef = F.linear(h, conv.proj).view(h.shape[0], 2, kernel, groups)  # [B, side, K, G]
+        fused = self._op("dflash_grouped_conv")
+        if fused is not None:
+            return fused(h.contiguous(), coef[:, 0], conv.base[0], int(self.config.conv_group_size)), coef[:, 1]
         filtered = grouped_dynamic_conv(h, coef[:, 0], conv.base[0], int(self.config.conv_group_size))
         return filtered, coef[:, 1]
 
-    def _conv_out(self, out: torch.Tensor, conv: ConvWeights | None, taps: torch.Tensor | None) -> torch.Tensor:
+    def _conv_out(self, out: torch.Tensor, conv: ConvWeights | None, taps: torch.Tensor | None,
+                  *, residual: torch.Tensor) -> torch.Tensor:
+        """``residual + conv(out)`` (the residual add fused into the kernel when it runs)."""
         if conv is None or taps is None:
-            return out
-        return grouped_dynamic_conv(out, taps, conv.base[1], int(self.config.conv_group_size))
+            return residual + out
+        fused = self._op("dflash_grouped_conv")
+        if fused is not None:
+            return fused(out.contiguous(), taps, conv.base[1], int(self.config.conv_group_size), residual.contiguous())
+        return residual + grouped_dynamic_conv(out, taps, conv.base[1], int(self.config.conv_group_size))
 
     # -- borrowed from the target ----------------------------------------------------------
     def _embed(self, ids: torch.Tensor) -> torch.Tensor:
         emb = self.target.embed(ids.tolist())  # [B, H] the target's raw embedding rows
         self._target_dtype = emb.dtype
-        return emb.to(self.dtype)
+        return emb.to(self.device, self.dtype)
 
     def _lm_head(self, rows: torch.Tensor) -> torch.Tensor:
         return self.target.lm_head(rows.to(self._target_dtype or rows.dtype))

@@ -64,6 +64,13 @@ class ContextKV:
         self.values[slots] = values
         self.positions[slots] = positions
 
+    def device_view(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, int]:
+        """(keys, values, positions, ring rows or 0) for a kernel that writes ``positions``
+        itself: slot ``p % rows`` in a ring, slot ``p`` in a linear store (grown first)."""
+        if not self.ring:
+            self._grow(int(positions.max()) + 1)
+        return self.keys, self.values, self.positions, self.capacity if self.ring else 0
+
     def forget_from(self, position: int) -> None:
         """Drop every row at ``position`` or later (a rewind)."""
         self.positions[self.positions >= position] = EMPTY

@@ -17,7 +17,7 @@ from __future__ import annotations
 import logging
 from typing import Any, Sequence
 
-from tsspec.protocols import DraftContext, DraftHeadKind, SpeculatorDeclined
+from tsspec.protocols import DraftContext, DraftHeadKind, SpeculatorDeclined, require_feature_width
 
 __all__ = ["ALGORITHM", "DEFAULT_MIN_DRAFT_PROB", "BlockDraftSpeculator", "gate_cumulative", "make_block_speculator"]
 
@@ -134,12 +134,8 @@ def make_block_speculator(target: Any, options: Any = None) -> BlockDraftSpecula
     if not callable(getattr(head, "draft_block", None)):
         raise SpeculatorDeclined("the attached block head has no draft_block")
     feature_size = getattr(head, "feature_size", None)
-    target_width = getattr(target, "spec_feature_size", None)
-    if feature_size is not None and target_width is not None and int(target_width) != int(feature_size):
-        raise SpeculatorDeclined(
-            f"the target's hidden rows are {target_width} wide but the block drafter reads {feature_size} "
-            "(its feature taps are not set)"
-        )
-    window = options.window(getattr(target, "spec_preferred_draft_window", None)) if options is not None else DEFAULT_WINDOW
+    if feature_size is not None:
+        require_feature_width(target, feature_size, "the block drafter", "its feature taps are not set")
     pmin = options.min_prob(DEFAULT_MIN_DRAFT_PROB) if options is not None else DEFAULT_MIN_DRAFT_PROB
-    return BlockDraftSpeculator(head, window=window, min_draft_prob=pmin, feature_size=feature_size)
+    # the block size is this algorithm's own limit; the loop narrows it to the sequence's window
+    return BlockDraftSpeculator(head, window=int(head.block_size), min_draft_prob=pmin, feature_size=feature_size)

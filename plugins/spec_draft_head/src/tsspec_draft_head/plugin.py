@@ -1,8 +1,8 @@
 """The ``draft-head`` registration: factory and hook implementation.
 
 The factory only decides whether this algorithm can serve a target (it needs a PER_TOKEN draft
-head attached to it) and sizes the speculator from the options; everything else is in
-``speculator.py``.
+head attached to it) and reads ``--spec-pmin``; the loop decides the draft window and hands it
+over in ``DraftContext``. Everything else is in ``speculator.py``.
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 
 from tsspec.hookspecs import hookimpl
 from tsspec.protocols import DraftHeadKind, SpeculatorDeclined
-from tsspec.runtime.options import SpeculationOptions
+from tsspec import MAX_DRAFT_WINDOW, SpeculationOptions
 
 if TYPE_CHECKING:  # the speculator needs torch: imported when a speculator is made, not at start-up
     from .speculator import DraftHeadSpeculator
@@ -43,7 +43,7 @@ def make_draft_head(target, options: SpeculationOptions | None = None) -> "Draft
         )
     return DraftHeadSpeculator(
         head,
-        max_draft_tokens=options.window(getattr(target, "spec_preferred_draft_window", None)),
+        max_draft_tokens=MAX_DRAFT_WINDOW,  # a chain has no limit of its own: the loop's window is it
         feature_size=target.spec_feature_size,
         min_draft_prob=options.min_prob(DEFAULT_MIN_DRAFT_PROB),
     )
@@ -51,7 +51,10 @@ def make_draft_head(target, options: SpeculationOptions | None = None) -> "Draft
 
 @hookimpl
 def tsspec_register_speculators(register):
-    register(ALGORITHM, make_draft_head, requires_draft_head=True, description=DESCRIPTION)
+    from .speculator import DEFAULT_MIN_DRAFT_PROB
+
+    register(ALGORITHM, make_draft_head, requires_draft_head=True, serves_kind=DraftHeadKind.PER_TOKEN,
+             weight_free=False, default_pmin=DEFAULT_MIN_DRAFT_PROB, description=DESCRIPTION)
 
 
 @hookimpl

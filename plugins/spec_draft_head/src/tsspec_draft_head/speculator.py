@@ -6,9 +6,9 @@ the first step whose confidence gate fails (top-1 over the head's top-10 logits,
 sampler's logit adjustments), or at the window.
 
 Commit tells the head what really landed, with the trunk's exact hidden rows, so its KV cache
-tracks the sequence and not its own rejected drafts. That catch-up used to be a separate head
-call before the next proposal's first step. llama.cpp instead runs its MTP block once over
-``n_accepted + 1`` rows; we do the same when the head offers ``draft_catch_up_and_step``: commit
+tracks the sequence and not its own rejected drafts. Like llama.cpp, which runs its MTP block
+once over ``n_accepted + 1`` rows, we fold that catch-up into the next proposal's first head
+call when the head offers ``draft_catch_up_and_step``: commit
 only records the rows, and the next proposal's first step carries them (its own inputs are
 ``ctx.last_token`` and ``ctx.carry_hidden``). A step then costs one head call instead of two.
 ``TS_MTP_FOLD_CATCHUP=0`` keeps the unfolded path (catch-up at commit), for attribution.
@@ -23,26 +23,23 @@ fused call over [d, e, x] from 3, which overwrites the head's rows for the rejec
 
 from __future__ import annotations
 
-import os
 from typing import Mapping, Sequence
 
 import attrs
 import torch
 
-from tsspec.runtime.registry import DEFAULT_PMIN
+from tsspec.switches import switch_on
 
 from .confidence import passes_gate, top1_over_topk
 from .plugin import ALGORITHM
 
-DEFAULT_MIN_DRAFT_PROB = DEFAULT_PMIN[ALGORITHM]  # 0.75: --spec-pmin for a per-token head
+DEFAULT_MIN_DRAFT_PROB = 0.75  # --spec-pmin for a per-token head (registered with the algorithm)
 FOLD_ENV = "TS_MTP_FOLD_CATCHUP"
-_OFF = {"0", "false", "no", "off"}
 
 
 def fold_enabled(environ: Mapping[str, str] | None = None) -> bool:
     """Whether ``TS_MTP_FOLD_CATCHUP`` allows folding (anything but 0/false/no/off does)."""
-    env = os.environ if environ is None else environ
-    return env.get(FOLD_ENV, "1").strip().lower() not in _OFF
+    return switch_on(FOLD_ENV, environ)
 
 
 @attrs.define
@@ -121,20 +118,18 @@ class DraftHeadSpeculator:
             return []
         self.counters.proposals += 1
         logits, hidden = self._first_step(ctx.last_token, ctx.carry_hidden, ctx.position)
-        preceding = list(ctx.history)  # history[-1] == last_token
         drafts: list[int] = []
         while True:
             logits = logits.reshape(-1)  # [vocab]
             if ctx.vocab_size and logits.shape[0] > ctx.vocab_size:
                 logits = logits[: ctx.vocab_size]  # padded head vocabulary: never draft padding
             if ctx.adjust_logits is not None:
-                logits = ctx.adjust_logits(logits, preceding)
+                logits = ctx.adjust_logits(logits, ctx.preceding(drafts))  # no copy of history
             token, probability = top1_over_topk(logits)
             if not passes_gate(probability, self.min_draft_prob):
                 self.counters.gate_stops += 1
                 break
             drafts.append(token)
-            preceding.append(token)
             if len(drafts) == budget:
                 break
             logits, hidden = self._step(token, hidden, ctx.position + len(drafts))

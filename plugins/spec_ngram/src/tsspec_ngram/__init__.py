@@ -9,7 +9,7 @@ from __future__ import annotations
 from tsspec.hookspecs import hookimpl
 
 from .matching import NGramDrafter, NGramIndex, required_match_length
-from .speculator import NAME, NGramSpeculator, make_ngram
+from .speculator import DEFAULT_MIN_DRAFT_PROB, NAME, NGramSpeculator, make_ngram
 
 __all__ = [
     "NGramDrafter",
@@ -28,4 +28,6 @@ DESCRIPTION = (
 
 @hookimpl
 def tsspec_register_speculators(register):
-    register(NAME, make_ngram, requires_draft_head=False, description=DESCRIPTION)
+    # auto_priority: `auto` prefers ngram over other weight-free algorithms on drafter-less models
+    register(NAME, make_ngram, requires_draft_head=False, weight_free=True,
+             default_pmin=DEFAULT_MIN_DRAFT_PROB, auto_priority=100, description=DESCRIPTION)

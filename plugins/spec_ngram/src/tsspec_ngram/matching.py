@@ -86,9 +86,11 @@ COMMON_FACTOR = 0.6
 # the price of a verify row is the running tokens-per-ms of this request, started from
 # RATE_PRIOR_STEPS plain steps
 RATE_PRIOR_STEPS = 8
-# forward cost by rows assumed when nobody says better (reference/cpu-measurements.md, the
-# embedded model on CPU: 1 row 52.7 ms, 2: 52.9, 4: 71.1, 8: 90.9, 16: 98.7; linear between);
-# only its shape matters
+# A documented default, not a policy: the forward's cost shape by rows assumed only when the
+# operator turns ``value`` on and neither a ``row_ms`` setting nor the target's measured
+# ``spec_verify_row_ms`` says better (``value`` is off by default without a measured profile).
+# Dense float32 GEMMs on a CPU (1 row 52.7 ms, 2: 52.9, 4: 71.1, 8: 90.9, 16: 98.7; linear
+# between); only its shape matters, and the running tokens-per-ms price corrects its scale.
 REFERENCE_ROW_MS = ((1, 52.7), (2, 52.9), (4, 71.1), (8, 90.9), (16, 98.7))
 PMIN_ORDER_SCALE = 8  # --spec-pmin p asks for a match of ceil(p * 8) tokens (clamped to the orders)
 

@@ -31,6 +31,7 @@ from __future__ import annotations
 from typing import Any, Mapping, Sequence
 
 from tsspec.protocols import DraftContext
+from tsspec import MAX_DRAFT_WINDOW
 
 from .matching import (
     DEFAULT_MAX_ORDER,
@@ -85,14 +86,12 @@ class NGramSpeculator:
         value: bool = DEFAULT_VALUE,
         row_ms: Any = None,
         modulus: int | None = None,
-        max_context: int | None = None,
     ) -> None:
         if window < 1:
             raise ValueError(f"draft window must be at least 1, got {window}")
         self.max_draft_tokens = int(window)
         self.min_draft_prob = float(min_draft_prob)
         self.required_match = required_match_length(self.min_draft_prob, min_order, max_order)
-        self.max_context = max_context
         self._drafter = NGramDrafter(
             min_order,
             max_order,
@@ -112,10 +111,7 @@ class NGramSpeculator:
         return len(self._drafter.index)
 
     def propose(self, ctx: DraftContext) -> list[int]:
-        count = min(self.max_draft_tokens, ctx.max_tokens)
-        if self.max_context is not None:
-            # the verify puts last_token at ctx.position and drafts after it
-            count = min(count, self.max_context - ctx.position - 1)
+        count = min(self.max_draft_tokens, ctx.max_tokens)  # the loop capped max_tokens already
         if count <= 0:
             return []
         history = ctx.history
@@ -145,17 +141,15 @@ def _settings(options: Any) -> Mapping[str, Any]:
 
 
 def make_ngram(target: Any, options: Any) -> NGramSpeculator:
-    """Registry factory: the window from the options narrowed by the target's preference,
-    ``--spec-pmin`` (default 0) as the match-length requirement, policy overrides from
+    """Registry factory: ``--spec-pmin`` (default 0) as the match-length requirement (the loop
+    decides the window and caps every ``DraftContext.max_tokens``), policy overrides from
     ``options.extra["ngram"]``, the verify cost by rows from ``row_ms`` there or the target's
     optional ``spec_verify_row_ms``. Serves every target (the registry already declined those whose
     trunk is unprofitable without its own drafter)."""
     if options is None:
-        from tsspec.runtime.options import SpeculationOptions
+        from tsspec import SpeculationOptions
 
         options = SpeculationOptions()
-    window = options.window(getattr(target, "spec_preferred_draft_window", None))
-    max_context = getattr(target, "max_context_length", None)
     settings = dict(_settings(options))
     if settings.get("row_ms") is None:
         published = getattr(target, "spec_verify_row_ms", None)
@@ -167,9 +161,4 @@ def make_ngram(target: Any, options: Any) -> NGramSpeculator:
         # unless the operator chose the policy
         if settings["row_ms"] is not None:
             settings.setdefault("value", True)
-    return NGramSpeculator(
-        window,
-        options.min_prob(DEFAULT_MIN_DRAFT_PROB),
-        max_context=int(max_context) if max_context else None,
-        **settings,
-    )
+    return NGramSpeculator(MAX_DRAFT_WINDOW, options.min_prob(DEFAULT_MIN_DRAFT_PROB), **settings)

@@ -1,0 +1,110 @@
+"""``BatchedSpecTrunk``: one sequence of a batched paged target, as the shared loop sees it.
+
+The loop (``SpeculativeExecution``) drives it like any ``SpecTrunk``; every forward it asks for
+becomes a request to the ``Scheduler``, which runs the requests of all live sequences together
+in one ragged forward and hands each sequence its rows. Prefills go in chunks of at most
+``chunk_rows`` rows (chunked prefill: a long prompt never holds the batch for long, and every
+matmul stays on the batch-invariant kernels).
+
+Positions: ``seq_len`` counts the positions whose KV is written (a verify's rows included until
+``keep``); the ``BlockTable`` holds the kept tokens, which key full blocks for the prefix cache.
+A sequence admitted with a cached prefix starts with ``adopted_prefix`` positions it never
+computed; the loop then prefills only the rest of the prompt.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import torch
+
+from .prefix_cache import BlockTable
+
+ALL, REWOUND = "all", "rewound"
+
+
+class Cancelled(Exception):
+    """The sequence was cancelled (client gone, server stopping): unwind and free it."""
+
+
+class BatchedSpecTrunk:
+    """See the module docstring. Built by the scheduler at admission."""
+
+    def __init__(self, scheduler, table: BlockTable, *, max_context_length: int, feature_size: int, chunk_rows: int):
+        self.scheduler = scheduler
+        self.table = table
+        self._max_ctx = max_context_length
+        self._feature = feature_size
+        self.chunk_rows = max(1, chunk_rows)
+        self._len = table.length  # positions with KV written (adopted prefix included)
+        self.adopted_prefix = table.reused_tokens
+        self._last_verify: tuple[int, list[int]] = (0, [])
+        # what the last verify's extra rows cost the other sequences of its batch (ms); the
+        # loop adds it to the verify's cost for the governor
+        self.extra_cost_ms = 0.0
+
+    # -- sizes -----------------------------------------------------------------------------
+    @property
+    def seq_len(self) -> int:
+        return self._len
+
+    @property
+    def max_context_length(self) -> int:
+        return self._max_ctx
+
+    @property
+    def feature_size(self) -> int:
+        return self._feature
+
+    @property
+    def can_rewind(self) -> bool:
+        return True  # KV only: a rewind is the whole rollback
+
+    def ensure_capacity(self, required_seq_len: int) -> None:
+        if required_seq_len > self._max_ctx:
+            from ..errors import GenerationError
+
+            raise GenerationError(f"{required_seq_len} tokens exceed the model's context of {self._max_ctx}")
+
+    # -- forwards --------------------------------------------------------------------------
+    def _forward(self, tokens: list[int], *, all_logits: bool, want_hidden: bool):
+        logits, hidden = self.scheduler.submit(self, tokens, all_logits=all_logits, want_hidden=want_hidden)
+        self._len += len(tokens)
+        return logits, hidden
+
+    def forward_keep_all(self, tokens: Sequence[int], *, want_hidden: bool):
+        tokens = [int(t) for t in tokens]
+        start = self._len
+        hiddens: list[torch.Tensor] = []
+        logits = None
+        for at in range(0, len(tokens), self.chunk_rows):
+            logits, hidden = self._forward(tokens[at : at + self.chunk_rows], all_logits=False, want_hidden=want_hidden)
+            if hidden is not None:
+                hiddens.append(hidden)
+        self.table.commit(tokens, start)
+        return logits, (torch.cat(hiddens, dim=0) if hiddens else None)
+
+    def verify(self, tokens: Sequence[int], *, want_hidden: bool):
+        tokens = [int(t) for t in tokens]
+        self._last_verify = (self._len, tokens)
+        return self._forward(tokens, all_logits=True, want_hidden=want_hidden)
+
+    def keep(self, rows_kept: int) -> str:
+        """Keep the first ``rows_kept`` rows of the last ``verify`` (a KV length: the dropped
+        positions are overwritten later); their tokens become the table's kept tokens."""
+        start, tokens = self._last_verify
+        if not 1 <= rows_kept <= len(tokens):
+            raise ValueError(f"cannot keep {rows_kept} rows of a verify of {len(tokens)}")
+        self._len = start + rows_kept
+        self.table.commit(tokens[:rows_kept], start)
+        return ALL if rows_kept == len(tokens) else REWOUND
+
+    def rewind(self, length: int) -> None:
+        if not 0 <= length <= self._len:
+            raise ValueError(f"cannot rewind {self._len} positions to {length}")
+        self._len = length
+        if length < self.table.length:
+            self.table.truncate(length)
+
+    def reset(self) -> None:
+        self.rewind(0)

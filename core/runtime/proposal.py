@@ -1,0 +1,80 @@
+"""What a speculator proposes, as the loop sees it: the untrusted proposal checked
+(``validate_proposal``), the fault kinds it counts, and the read-only history view it lends.
+"""
+
+from __future__ import annotations
+
+import itertools
+import operator
+from typing import Sequence
+
+MAX_FAULTS = 3  # faults in one sequence before the speculator is parked for it
+
+# fault kinds, as counted in SpecStats.fault_kinds
+PROPOSE_RAISED = "propose_raised"
+COMMIT_RAISED = "commit_raised"
+BAD_TYPE = "bad_type"
+BAD_ID = "bad_id"
+OUT_OF_VOCAB = "out_of_vocab"
+TOO_MANY = "too_many_tokens"
+
+
+def validate_proposal(raw: object, max_tokens: int, vocab_size: int) -> tuple[list[int], str | None]:
+    """Turn an untrusted proposal into a list of ids, or ([], fault kind). Total: whatever the
+    proposal's own methods do (raise, lie about their length, iterate forever) it returns.
+
+    >>> validate_proposal([3, 4], 8, 10)
+    ([3, 4], None)
+    >>> validate_proposal([3, 99], 8, 10)
+    ([], 'out_of_vocab')
+    """
+    if raw is None:
+        return [], None
+    try:  # hasattr / len run the proposal's own code, which may raise anything
+        if isinstance(raw, (str, bytes, dict)) or not hasattr(raw, "__len__") or not hasattr(raw, "__iter__"):
+            return [], BAD_TYPE
+        n = len(raw)
+    except Exception:
+        return [], BAD_TYPE
+    if n > max_tokens:
+        return [], TOO_MANY
+    ids: list[int] = []
+    try:
+        # never iterate past the claimed length: an iterator that yields more is lying
+        for item in itertools.islice(raw, n + 1):
+            if len(ids) == n:
+                return [], BAD_TYPE
+            if isinstance(item, bool):
+                return [], BAD_ID
+            try:
+                value = operator.index(item)  # ints, numpy ints, 0-d int tensors; never floats
+            except Exception:
+                return [], BAD_ID
+            if not 0 <= value < vocab_size:
+                return [], OUT_OF_VOCAB
+            ids.append(value)
+    except Exception:  # the iterator itself raised
+        return [], BAD_TYPE
+    return ids, None
+
+
+class HistoryView(Sequence[int]):
+    """A read-only view of the sequence so far, handed to ``propose`` without copying it
+    (copying would make every step O(context)). Valid for the duration of the call."""
+
+    __slots__ = ("_items",)
+
+    def __init__(self, items: list[int]):
+        self._items = items
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+    def __getitem__(self, index):
+        return self._items[index]
+
+    def __iter__(self):
+        return iter(self._items)
+
+    def __repr__(self) -> str:
+        return f"HistoryView(len={len(self._items)})"

@@ -1,0 +1,120 @@
+"""The DeepSeek V4 MTP block (``num_nextn_predict_layers``) as the target's per-token ``DraftHead``.
+
+One step, for token x at position p with S_prev the trunk's hyper-connection streams of the
+row that predicted x (position p-1, [hc, H])::
+
+    S      = e_proj(RMSNorm_e(Emb(x)))  +  h_proj(RMSNorm_h(S_prev))      # broadcast over hc streams
+    S'     = V4 decoder layer(S) at position p    (sliding-window attention with its own cache,
+                                                   learned-routing MoE, its own hyper-connections)
+    logits = lm_head(RMSNorm(hyper_head_mtp(S')))                        # predicts position p+1
+    S'     is chained as the next step's S_prev
+
+This is DeepSeek's ``MTPBlock`` (``inference/model.py``: ``e_proj(enorm(embed)) + h_proj(hnorm(x))``
+over the streams, the full block, then the head with the block's own ``hc_head_*`` and ``norm``;
+embedding and LM head shared with the trunk). transformers 5.24 ignores ``mtp.*`` on load
+(``_keys_to_ignore_on_load_unexpected``), so the oracle is a float64 reference of these
+equations built from transformers' own V4 layer classes (tests/test_mtp.py).
+
+The head's cache holds positions ``base .. end-1`` by absolute position. Position 0 has no
+predecessor row; like the Qwen MTP head, the head never sees it (a catch-up from 0 starts at 1).
+A catch-up from ``start`` drops everything at or after ``start``; a start past ``end`` is a gap
+the head never saw, and it restarts there.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import torch
+import torch.nn.functional as F
+
+from tsspec.protocols import DraftHeadKind
+
+from .attention import LayerCache
+from .ops import hyper_head, rms_norm
+from .weights import MtpWeights
+
+
+class MtpHead:
+    """A per-token draft head over the MTP block of a ``DeepseekV4Trunk``."""
+
+    kind = DraftHeadKind.PER_TOKEN
+    block_size = 1
+    resumes_after_gap = False
+
+    def __init__(self, trunk, mtp: MtpWeights, max_context: int):
+        self.trunk = trunk
+        self.w = mtp
+        self.max_context = max_context
+        hp = trunk.hp
+        self.hc, self.hidden = hp.hc_mult, hp.hidden_size
+        self.feature_size = hp.hc_mult * hp.hidden_size
+        self.cache = LayerCache(mtp.layer.attn, hp.head_dim, trunk.dtype)
+        self.base: int | None = None
+        self.end = 0
+        self.rows_run = 0
+        self.calls = 0
+
+    # -- the DraftHead protocol ---------------------------------------------------------------
+    def reset(self) -> None:
+        self.base, self.end = None, 0
+
+    def draft_step(self, token: int, h_prev: torch.Tensor, pos: int) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.draft_catch_up_and_step([int(token)], h_prev.reshape(1, -1), pos)
+
+    def draft_catch_up(self, tokens: Sequence[int], h_rows: torch.Tensor, start_pos: int) -> None:
+        self._advance([int(t) for t in tokens], h_rows, int(start_pos), want_last=False)
+
+    def draft_catch_up_and_step(self, tokens: Sequence[int], h_rows: torch.Tensor, start_pos: int
+                                ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The catch-up on ``tokens[:-1]`` and the step on ``tokens[-1]`` in one call; the last
+        row's (logits [vocab], chained streams [hc * H])."""
+        streams = self._advance([int(t) for t in tokens], h_rows, int(start_pos), want_last=True)
+        return self.logits(streams[-1:])[0], streams[-1].reshape(-1)
+
+    def draft_block(self, last_token, h_prev, position, max_tokens):
+        raise NotImplementedError("the MTP head is a per-token head: use draft_step")
+
+    def logits(self, streams: torch.Tensor) -> torch.Tensor:
+        """[rows, hc, H] -> [rows, V] through the block's own hyper head and norm."""
+        hp, w = self.trunk.hp, self.w
+        collapsed = hyper_head(streams, w.hc_head.fn, w.hc_head.base, w.hc_head.scale,
+                               hc_eps=hp.hc_eps, norm_eps=hp.rms_eps)
+        return self.trunk.lm_head(rms_norm(collapsed, w.norm, hp.rms_eps))
+
+    # -- internals ------------------------------------------------------------------------------
+    def _place(self, start: int) -> None:
+        if self.base is None or start < self.base or start > self.end:
+            self.base, self.end = start, start
+        else:
+            self.end = start
+
+    def _advance(self, tokens: list[int], h_rows: torch.Tensor, start: int, *, want_last: bool) -> torch.Tensor:
+        if h_rows is None or h_rows.dim() != 2 or h_rows.shape[0] != len(tokens) or h_rows.shape[1] != self.feature_size:
+            shape = None if h_rows is None else tuple(h_rows.shape)
+            raise ValueError(
+                f"the MTP head needs one row of the trunk's streams ({self.feature_size} wide) per token "
+                f"(got {shape} for {len(tokens)} tokens; are feature taps set?)"
+            )
+        if not tokens:
+            raise ValueError("no tokens to feed the MTP head")
+        h_rows = h_rows.to(self.trunk.dtype)
+        if start == 0 and (len(tokens) > 1 or not want_last):
+            tokens, h_rows, start = tokens[1:], h_rows[1:], 1  # position 0 has no predecessor row
+            if not tokens:
+                self._place(1)
+                return h_rows.view(0, self.hc, self.hidden)
+        self._place(start)
+        n = len(tokens)
+        self.cache.ensure(start + n)
+        self.calls += 1
+        self.rows_run += n
+        trunk, hp, w = self.trunk, self.trunk.hp, self.w
+        ids = torch.tensor(tokens, dtype=torch.long)
+        with torch.no_grad():
+            e = rms_norm(trunk.embed(ids), w.enorm, hp.rms_eps)  # [n, H]
+            h = rms_norm(h_rows.view(n, self.hc, self.hidden), w.hnorm, hp.rms_eps)  # [n, hc, H]
+            streams = F.linear(e, w.e_proj).unsqueeze(1) + F.linear(h, w.h_proj)  # [n, hc, H]
+            streams = trunk.layer(w.layer, streams, ids, self.cache, start, 0, first=self.base)
+        self.end = start + n
+        return streams

@@ -1,0 +1,20 @@
+"""tsspec plugin ``serve``: ``tsspec serve``, an OpenAI-compatible HTTP server.
+
+Many requests share the model through the core's scheduler (continuous batching over the
+target's paged KV, a block-hash prefix cache), each with its own speculator. Endpoints:
+``POST /v1/chat/completions``, ``POST /v1/completions``, ``GET /v1/models``, ``GET /health``,
+``GET /metrics`` (Prometheus) and a chat page at ``/``.
+
+Importing this package is cheap: FastAPI and the model code load when the command runs.
+"""
+
+from __future__ import annotations
+
+from tsspec.hookspecs import hookimpl
+
+
+@hookimpl
+def tsspec_register_commands(app):
+    from .cli import register
+
+    register(app)

@@ -1,0 +1,295 @@
+"""``tsspec bench-serve``: figures of the serving engine (the scheduler the server runs).
+
+Three measurements, each printed as a table (and written as Markdown / JSON on request):
+
+1. Streams: aggregate tok/s (all tokens over the wall time from submission to the last token,
+   prefill included) and p50 / p99 inter-token latency (gaps between a stream's tokens as they
+   are emitted: the tokens of one verify arrive together) at 1, 2, 4 and 8 concurrent streams, plain vs speculative (n-gram), paired: at every level the two modes alternate, each
+   run on a fresh scheduler; medians over ``--reps`` and the ratio of medians.
+2. Multi-turn chat with prefix reuse: one conversation of 4 input-grounded turns, each turn's
+   prompt the whole conversation so far, so from turn 2 on a sequence adopts the cached KV of
+   the earlier turns. Modes: speculation armed after reuse (n-gram opts in), the old refuse-all
+   rule (never arm after reuse), and plain; paired per rep on a fresh scheduler each; tok/s per
+   turn (decode speed of that turn) as medians. Outputs are identical in all modes (lossless):
+   the command checks it.
+3. Memory: RSS before and after ``--requests`` short requests in waves of 8, every third one
+   cancelled after its first token (after a warm-up wave).
+
+Requests go to the scheduler in-process (no HTTP), so the figures are the engine's.
+"""
+
+from __future__ import annotations
+
+import gc
+import inspect
+import json
+import statistics
+import textwrap
+import threading
+import time
+from typing import Annotated, Any, Optional
+
+import typer
+
+COMMAND = "bench-serve"
+STREAM_LEVELS = (1, 2, 4, 8)
+
+
+def _rss_mb() -> float:
+    with open("/proc/self/status") as handle:
+        for line in handle:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024.0
+    return float("nan")
+
+
+def _stream_prompts(n: int) -> list[str]:
+    """Input-grounded requests (they quote their input), one per stream, all different."""
+    sources = [textwrap.indent, textwrap.dedent, textwrap.shorten, json.dumps, statistics.median, statistics.mean,
+               inspect.getdoc, inspect.cleandoc]
+    out = []
+    for i in range(n):
+        code = inspect.getsource(sources[i % len(sources)])
+        code = "\n".join(code.splitlines()[:14])
+        out.append(f"Add type hints to this function and return the whole function unchanged otherwise.\n\n```python\n{code}\n```")
+    return out
+
+
+TURNS = (
+    "Here is a function:\n\n```python\n{code}\n```\n\nAdd type hints to it and return the whole function.",
+    "Now add a short docstring line at the top of the body and return the whole function again.",
+    "Rename the function to `indent_lines` and return the whole function again.",
+    "Return the final version of the function once more, exactly as it is now.",
+)
+
+
+def _percentile(values: list[float], q: float) -> float:
+    if not values:
+        return float("nan")
+    values = sorted(values)
+    k = min(len(values) - 1, max(0, round(q * (len(values) - 1))))
+    return values[k]
+
+
+class _Bench:
+    def __init__(self, target, registry, kv_cache_mb: float):
+        self.target = target
+        self.registry = registry
+        self.kv_cache_mb = kv_cache_mb
+        self.tokenizer = target.tokenizer
+
+    def scheduler(self, max_seqs: int = 8):
+        from tsspec.runtime.scheduler import Scheduler
+
+        return Scheduler(self.target, kv_cache_mb=self.kv_cache_mb, max_seqs=max_seqs, registry=self.registry).start()
+
+    def chat_ids(self, messages) -> list[int]:
+        text = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True)
+        return self.tokenizer.encode(text, add_special_tokens=False)
+
+    def options(self, mode: str):
+        from tsspec.runtime.options import SpeculationOptions
+
+        return SpeculationOptions(enabled=False) if mode == "plain" else SpeculationOptions(spec_type="ngram")
+
+    # -- 1. streams ------------------------------------------------------------------------
+    def streams(self, n: int, mode: str, max_tokens: int) -> dict[str, float]:
+        from tsspec.runtime.scheduler import SequenceRequest
+
+        prompts = [self.chat_ids([{"role": "user", "content": p}]) for p in _stream_prompts(n)]
+        gaps: list[float] = []
+        firsts: list[float] = []
+        lock = threading.Lock()
+        sched = self.scheduler()
+        try:
+            handles = []
+            start = time.perf_counter()
+            for ids in prompts:
+                last = [None]
+
+                def on_token(tok, piece, last=last):
+                    now = time.perf_counter()
+                    with lock:
+                        if last[0] is not None:
+                            gaps.append(now - last[0])
+                        else:
+                            firsts.append(now)
+                    last[0] = now
+
+                handles.append(sched.submit_request(SequenceRequest(ids, max_tokens, options=self.options(mode), on_token=on_token)))
+            for h in handles:
+                h.wait()
+            wall = time.perf_counter() - start
+        finally:
+            sched.close()
+        tokens = sum(len(h.result.tokens) for h in handles)
+        return {"tok_s": tokens / wall, "ttft_p50_ms": 1000 * (_percentile(firsts, 0.5) - start), "itl_p50_ms": 1000 * _percentile(gaps, 0.5), "itl_p99_ms": 1000 * _percentile(gaps, 0.99),
+                "tokens": tokens}
+
+    # -- 2. multi-turn chat ----------------------------------------------------------------
+    def conversation(self, mode: str, max_tokens: int) -> list[dict[str, Any]]:
+        from tsspec.runtime.scheduler import SequenceRequest
+
+        code = inspect.getsource(textwrap.indent)
+        messages: list[dict[str, str]] = []
+        turns = []
+        sched = self.scheduler(max_seqs=1)
+        try:
+            for i, turn in enumerate(TURNS):
+                messages.append({"role": "user", "content": turn.format(code=code)})
+                request = SequenceRequest(self.chat_ids(messages), max_tokens, options=self.options(mode),
+                                          arm_after_reuse=False if mode == "refuse-all" else None)
+                handle = sched.submit_request(request)
+                handle.wait()
+                result = handle.result
+                messages.append({"role": "assistant", "content": result.text})
+                stats = result.stats
+                turns.append({"turn": i + 1, "tok_s": stats.tokens_per_second, "tokens": result.tokens,
+                              "reused": stats.prefix_reused, "armed": stats.armed_after_reuse,
+                              "accepted": stats.accepted_tokens, "drafted": stats.draft_tokens})
+        finally:
+            sched.close()
+        return turns
+
+    # -- 3. memory -------------------------------------------------------------------------
+    def memory(self, requests: int, max_tokens: int) -> dict[str, float]:
+        from tsspec.runtime.scheduler import SequenceRequest
+
+        prompts = [self.chat_ids([{"role": "user", "content": f"Say a word about the number {i}."}]) for i in range(16)]
+        sched = self.scheduler()
+        try:
+            def wave(start: int, count: int) -> int:
+                handles, cancelled = [], 0
+                for i in range(start, start + count):
+                    holder: dict[str, Any] = {}
+                    cancel = i % 3 == 2
+
+                    def on_token(tok, piece, holder=holder, cancel=cancel):
+                        if cancel:
+                            sched.cancel(holder["h"])
+
+                    holder["h"] = sched.submit_request(SequenceRequest(
+                        prompts[i % len(prompts)], max_tokens, options=self.options("spec" if i % 2 else "plain"),
+                        on_token=on_token))
+                    handles.append(holder["h"])
+                for h in handles:
+                    h.wait()
+                    cancelled += h.state == "cancelled"
+                return cancelled
+
+            wave(0, 8)  # warm-up: allocations, the speculator's first use
+            gc.collect()
+            before = _rss_mb()
+            cancelled = 0
+            for start in range(0, requests, 8):
+                cancelled += wave(start, min(8, requests - start))
+            gc.collect()
+            after = _rss_mb()
+            snap = sched.snapshot()
+        finally:
+            sched.close()
+        return {"requests": requests, "cancelled": cancelled, "rss_before_mb": before, "rss_after_mb": after,
+                "kv_blocks_in_use_after": snap["kv_blocks_in_use"], "kv_blocks_reserved_after": snap["kv_blocks_reserved"]}
+
+
+def _md_streams(rows) -> list[str]:
+    out = ["| streams | plain tok/s | spec tok/s | ratio | plain ITL p50 / p99 ms | spec ITL p50 / p99 ms |",
+           "|---:|---:|---:|---:|---:|---:|"]
+    for r in rows:
+        out.append(f"| {r['streams']} | {r['plain']['tok_s']:.1f} | {r['spec']['tok_s']:.1f} | {r['ratio']:.2f}x | "
+                   f"{r['plain']['itl_p50_ms']:.1f} / {r['plain']['itl_p99_ms']:.1f} | "
+                   f"{r['spec']['itl_p50_ms']:.1f} / {r['spec']['itl_p99_ms']:.1f} |")
+    return out
+
+
+def _md_turns(turns) -> list[str]:
+    out = ["| turn | prefix reused | plain tok/s | refuse-all tok/s | armed tok/s | armed / refuse-all | armed / plain | armed accepted |",
+           "|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    for t in turns:
+        out.append(f"| {t['turn']} | {t['reused']} | {t['plain']:.1f} | {t['refuse-all']:.1f} | {t['armed']:.1f} | "
+                   f"{t['armed'] / t['refuse-all']:.2f}x | {t['armed'] / t['plain']:.2f}x | {t['accepted']}/{t['drafted']} |")
+    return out
+
+
+def bench_serve(
+    model: Annotated[Optional[str], typer.Option("--model", "-m", help="GGUF file (default: the embedded model).")] = None,
+    reps: Annotated[int, typer.Option("--reps", min=1, help="Paired repetitions per measurement.")] = 2,
+    max_tokens: Annotated[int, typer.Option("--max-tokens", min=1, help="Tokens per stream.")] = 48,
+    turn_tokens: Annotated[int, typer.Option("--turn-tokens", min=1, help="Tokens per chat turn.")] = 120,
+    requests: Annotated[int, typer.Option("--requests", min=8, help="Requests of the memory check.")] = 1000,
+    kv_cache_mb: Annotated[float, typer.Option("--kv-cache-mb")] = 256.0,
+    only: Annotated[Optional[str], typer.Option("--only", help="streams, chat or memory (default: all).")] = None,
+    markdown: Annotated[Optional[str], typer.Option("--markdown", help="Write the tables to this file.")] = None,
+    json_path: Annotated[Optional[str], typer.Option("--json", help="Write the figures as JSON.")] = None,
+) -> None:
+    """Serving figures: tok/s and inter-token latency at 1-8 streams, the multi-turn chat with prefix reuse, RSS over many requests."""
+    from tsspec.cli.generate_cmd import load_target
+    from tsspec.cli.state import STATE
+    from tsspec.errors import OptionsError
+    from tsspec.runtime.options import SpeculationOptions
+
+    if only not in (None, "streams", "chat", "memory"):
+        raise OptionsError(f"--only must be streams, chat or memory, got {only!r}")
+    target = load_target(model, "cpu", None, SpeculationOptions())
+    bench = _Bench(target, STATE.catalog.speculators, kv_cache_mb)
+    report: dict[str, Any] = {"machine_note": "figures from one machine; see the command line and load"}
+    lines = ["# Serving figures (`tsspec bench-serve`)", ""]
+
+    if only in (None, "streams"):
+        rows = []
+        for n in STREAM_LEVELS:
+            runs = {"plain": [], "spec": []}
+            for rep in range(reps):
+                order = ("plain", "spec") if rep % 2 == 0 else ("spec", "plain")
+                for mode in order:
+                    runs[mode].append(bench.streams(n, mode, max_tokens))
+            med = {m: {k: statistics.median(r[k] for r in runs[m]) for k in runs[m][0]} for m in runs}
+            row = {"streams": n, "plain": med["plain"], "spec": med["spec"], "ratio": med["spec"]["tok_s"] / med["plain"]["tok_s"]}
+            rows.append(row)
+            typer.echo(f"[streams {n}] plain {row['plain']['tok_s']:.1f} tok/s, spec {row['spec']['tok_s']:.1f} tok/s ({row['ratio']:.2f}x)", err=True)
+        report["streams"] = rows
+        lines += [f"## Concurrent streams ({max_tokens} tokens each, n-gram vs plain, medians of {reps} paired runs)", "",
+                  *_md_streams(rows), ""]
+
+    if only in (None, "chat"):
+        modes = ("armed", "refuse-all", "plain")
+        runs = {m: [] for m in modes}
+        for rep in range(reps):
+            order = modes if rep % 2 == 0 else tuple(reversed(modes))
+            for mode in order:
+                runs[mode].append(bench.conversation(mode, turn_tokens))
+        reference = runs["plain"][0]
+        for mode in modes:
+            for run in runs[mode]:
+                for a, b in zip(run, reference):
+                    if a["tokens"] != b["tokens"]:
+                        raise RuntimeError(f"turn {a['turn']} of mode {mode} differs from plain: not lossless")
+        turns = []
+        for i in range(len(TURNS)):
+            row = {"turn": i + 1, "reused": runs["armed"][0][i]["reused"],
+                   "accepted": runs["armed"][0][i]["accepted"], "drafted": runs["armed"][0][i]["drafted"]}
+            for mode in modes:
+                row[mode] = statistics.median(run[i]["tok_s"] for run in runs[mode])
+            turns.append(row)
+            typer.echo(f"[chat turn {i + 1}] reused {row['reused']}: plain {row['plain']:.1f}, refuse-all {row['refuse-all']:.1f}, armed {row['armed']:.1f} tok/s", err=True)
+        report["chat"] = turns
+        lines += [f"## Multi-turn chat with prefix reuse (4 turns, {turn_tokens} tokens a turn, medians of {reps} paired runs; outputs identical)", "",
+                  *_md_turns(turns), ""]
+
+    if only in (None, "memory"):
+        mem = bench.memory(requests, 4)
+        report["memory"] = mem
+        typer.echo(f"[memory] RSS {mem['rss_before_mb']:.1f} -> {mem['rss_after_mb']:.1f} MiB over {requests} requests ({mem['cancelled']} cancelled)", err=True)
+        lines += ["## Memory over many requests", "",
+                  f"RSS {mem['rss_before_mb']:.1f} MiB before and {mem['rss_after_mb']:.1f} MiB after {mem['requests']} requests "
+                  f"(4 tokens each, waves of 8, {mem['cancelled']} cancelled after their first token); KV blocks held afterwards: "
+                  f"{mem['kv_blocks_in_use_after']}, reserved: {mem['kv_blocks_reserved_after']}.", ""]
+
+    text = "\n".join(lines)
+    typer.echo(text)
+    if markdown:
+        with open(markdown, "w", encoding="utf-8") as handle:
+            handle.write(text + "\n")
+    if json_path:
+        with open(json_path, "w", encoding="utf-8") as handle:
+            json.dump(report, handle, indent=1, default=str)

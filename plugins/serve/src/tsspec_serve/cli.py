@@ -1,0 +1,79 @@
+"""``tsspec serve``: the OpenAI-compatible server as a command."""
+
+from __future__ import annotations
+
+import logging
+from typing import Annotated, Optional
+
+import typer
+
+from tsspec.cli import flags
+from tsspec.cli.state import STATE
+from tsspec.errors import OptionsError
+
+COMMAND = "serve"
+
+
+def serve(
+    model: Annotated[Optional[str], typer.Option("--model", "-m", help="GGUF file (default: the embedded SmolLM2-135M-Instruct).")] = None,
+    host: Annotated[str, typer.Option("--host", help="Address to listen on.")] = "127.0.0.1",
+    port: Annotated[int, typer.Option("--port", help="TCP port.")] = 8080,
+    served_model_name: Annotated[Optional[str], typer.Option("--served-model-name", help="The model id clients send (default: the file's stem).")] = None,
+    kv_cache_mb: Annotated[float, typer.Option("--kv-cache-mb", help="Memory for the paged KV cache and prefix cache (MiB).")] = 256.0,
+    block_size: Annotated[int, typer.Option("--kv-block-size", help="Tokens per KV block (the prefix cache's unit).")] = 16,
+    max_seqs: Annotated[int, typer.Option("--max-seqs", help="Sequences decoded together at most.")] = 8,
+    device: flags.Device = "cpu",
+    dtype: flags.Dtype = None,
+    spec: flags.Spec = None,
+    spec_type: flags.SpecType = None,
+    spec_draft: flags.SpecDraft = None,
+    spec_pmin: flags.SpecPmin = None,
+    spec_draft_model: flags.SpecDraftModel = None,
+    draft_model: flags.DraftModel = None,
+    spec_adaptive: flags.Adaptive = None,
+) -> None:
+    """Serve the model over HTTP: OpenAI API (/v1/chat/completions, /v1/completions), /metrics, a chat page at /."""
+    from tsspec.cli.generate_cmd import load_target
+
+    for name, value, low in (("--port", port, 0), ("--kv-block-size", block_size, 1), ("--max-seqs", max_seqs, 1)):
+        if value < low:
+            raise OptionsError(f"{name} must be >= {low}, got {value}")
+    if not kv_cache_mb > 0:
+        raise OptionsError(f"--kv-cache-mb must be > 0, got {kv_cache_mb}")
+    options = flags.speculation_options(spec, spec_type, spec_draft, spec_pmin, spec_draft_model, draft_model, spec_adaptive)
+    if options.enabled:
+        flags.check_spec_type(options.spec_type, STATE.catalog.speculators)
+    target = load_target(model, device, dtype, options)
+    import uvicorn
+
+    from tsspec.errors import GenerationError
+
+    from .api import create_app
+    from .engine import ServeEngine
+
+    try:
+        engine = ServeEngine(
+            target, model_id=served_model_name, options=options, registry=STATE.catalog.speculators,
+            kv_cache_mb=kv_cache_mb, block_size=block_size, max_seqs=max_seqs,
+        )
+    except ValueError as exc:
+        raise GenerationError(str(exc)) from None
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    pool = engine.scheduler.pool
+    typer.echo(
+        f"[serve] {engine.model_id} on http://{host}:{port}  (KV {pool.num_blocks} blocks x {block_size} tokens, "
+        f"max {max_seqs} sequences, speculation {options.spec_type if options.enabled else 'off'})",
+        err=True,
+    )
+    engine.start()
+    try:
+        uvicorn.run(create_app(engine), host=host, port=port, log_level="warning")
+    finally:
+        engine.close()
+
+
+def register(app: typer.Typer) -> None:
+    from .bench import COMMAND as BENCH_COMMAND, bench_serve
+
+    app.command(COMMAND)(serve)
+    app.command(BENCH_COMMAND)(bench_serve)

@@ -1,0 +1,238 @@
+"""OpenAI request bodies -> validated generation settings, with errors that name the field.
+
+Every problem becomes a ``RequestError`` (HTTP 400 unless said otherwise) whose ``param`` is the
+offending field, as OpenAI's error body has it: ``{"error": {"message", "type", "param",
+"code"}}``. Nothing here touches the model beyond its facts (context, tokenizer).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Mapping, Sequence
+
+import attrs
+
+from tsspec.runtime.options import SpeculationOptions
+from tsspec.runtime.sampling import SamplingParams
+
+MAX_STOP = 4  # OpenAI allows up to 4 stop sequences
+DEFAULT_CHAT_MAX_TOKENS = 256
+DEFAULT_COMPLETION_MAX_TOKENS = 16  # OpenAI's default for /v1/completions
+ROLES = ("system", "user", "assistant")
+
+
+class RequestError(Exception):
+    """A request the server will not run: ``message`` for people, ``param`` the field."""
+
+    def __init__(self, message: str, param: str | None = None, *, code: str | None = None, status: int = 400):
+        super().__init__(message)
+        self.message = message
+        self.param = param
+        self.code = code
+        self.status = status
+
+    def body(self) -> dict[str, Any]:
+        kind = "invalid_request_error" if self.status < 500 else "server_error"
+        return {"error": {"message": self.message, "type": kind, "param": self.param, "code": self.code}}
+
+
+@attrs.frozen
+class Prepared:
+    """A validated request, ready for the scheduler."""
+
+    kind: str  # "chat" | "completion"
+    prompt_ids: list[int]
+    max_tokens: int
+    sampling: SamplingParams
+    options: SpeculationOptions
+    stop: tuple[str, ...]
+    stream: bool
+    include_usage: bool
+
+
+def _number(body: Mapping[str, Any], name: str, default: float, low: float, high: float) -> float:
+    value = body.get(name)
+    if value is None:
+        return default
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise RequestError(f"'{name}' must be a number, got {value!r}", name)
+    if not low <= value <= high:
+        raise RequestError(f"'{name}' must be between {low:g} and {high:g}, got {value!r}", name)
+    return float(value)
+
+
+def _integer(body: Mapping[str, Any], name: str, default: int | None, low: int, high: int | None = None) -> int | None:
+    value = body.get(name)
+    if value is None:
+        return default
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise RequestError(f"'{name}' must be an integer, got {value!r}", name)
+    if value < low or (high is not None and value > high):
+        bounds = f">= {low}" if high is None else f"between {low} and {high}"
+        raise RequestError(f"'{name}' must be {bounds}, got {value}", name)
+    return value
+
+
+def _stop(body: Mapping[str, Any]) -> tuple[str, ...]:
+    value = body.get("stop")
+    if value is None:
+        return ()
+    if isinstance(value, str):
+        value = [value]
+    if not isinstance(value, list) or not all(isinstance(s, str) for s in value):
+        raise RequestError("'stop' must be a string or a list of strings", "stop")
+    if len(value) > MAX_STOP:
+        raise RequestError(f"'stop' takes at most {MAX_STOP} strings, got {len(value)}", "stop")
+    return tuple(s for s in value if s)
+
+
+def sampling_params(body: Mapping[str, Any]) -> SamplingParams:
+    temperature = _number(body, "temperature", 1.0, 0.0, 2.0)  # OpenAI's default
+    top_p = _number(body, "top_p", 1.0, 0.0, 1.0)
+    if top_p == 0.0:
+        raise RequestError("'top_p' must be greater than 0", "top_p")
+    top_k = _integer(body, "top_k", 0, 0)
+    min_p = _number(body, "min_p", 0.0, 0.0, 1.0)
+    seed = _integer(body, "seed", 0, -(1 << 63), (1 << 64) - 1)
+    return SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p, seed=seed)
+
+
+def speculation_options(body: Mapping[str, Any], default: SpeculationOptions, names: Sequence[str], max_draft: int) -> SpeculationOptions:
+    """The per-request ``speculative: {type, draft, pmin}`` over the server's defaults."""
+    value = body.get("speculative")
+    if value is None:
+        return default
+    if not isinstance(value, dict):
+        raise RequestError("'speculative' must be an object {type, draft, pmin}", "speculative")
+    unknown = sorted(set(value) - {"type", "draft", "pmin"})
+    if unknown:
+        raise RequestError(f"'speculative' has unknown keys {unknown}; known: type, draft, pmin", f"speculative.{unknown[0]}")
+    options = default
+    kind = value.get("type")
+    if kind is not None:
+        if not isinstance(kind, str):
+            raise RequestError("'speculative.type' must be a string", "speculative.type")
+        if kind in ("none", "off"):
+            options = attrs.evolve(options, enabled=False)
+        elif kind == "auto" or kind in names:
+            options = attrs.evolve(options, enabled=True, spec_type=kind)
+        else:
+            known = ", ".join(["auto", "none", *sorted(names)])
+            raise RequestError(f"unknown speculation type {kind!r}; known: {known}", "speculative.type")
+    draft = value.get("draft")
+    if draft is not None:
+        if isinstance(draft, bool) or not isinstance(draft, int) or not 1 <= draft <= max_draft:
+            raise RequestError(f"'speculative.draft' must be an integer between 1 and {max_draft}, got {draft!r}", "speculative.draft")
+        options = attrs.evolve(options, draft=draft)
+    pmin = value.get("pmin")
+    if pmin is not None:
+        if isinstance(pmin, bool) or not isinstance(pmin, (int, float)) or not 0.0 <= pmin <= 1.0:
+            raise RequestError(f"'speculative.pmin' must be a number between 0 and 1, got {pmin!r}", "speculative.pmin")
+        options = attrs.evolve(options, pmin=float(pmin))
+    return options
+
+
+def _messages(body: Mapping[str, Any]) -> list[dict[str, str]]:
+    messages = body.get("messages")
+    if not isinstance(messages, list) or not messages:
+        raise RequestError("'messages' must be a non-empty list of {role, content}", "messages")
+    out = []
+    for i, message in enumerate(messages):
+        if not isinstance(message, dict):
+            raise RequestError(f"messages[{i}] must be an object", f"messages[{i}]")
+        role = message.get("role")
+        if role not in ROLES:
+            raise RequestError(f"messages[{i}].role must be one of {', '.join(ROLES)}, got {role!r}", f"messages[{i}].role")
+        content = message.get("content")
+        if isinstance(content, list):  # [{type: text, text}] parts
+            if not all(isinstance(p, dict) and p.get("type") == "text" and isinstance(p.get("text"), str) for p in content):
+                raise RequestError(f"messages[{i}].content parts must be text parts", f"messages[{i}].content")
+            content = "".join(p["text"] for p in content)
+        if not isinstance(content, str):
+            raise RequestError(f"messages[{i}].content must be a string", f"messages[{i}].content")
+        out.append({"role": role, "content": content})
+    return out
+
+
+def _common(body: Mapping[str, Any], model_ids: Sequence[str]) -> None:
+    model = body.get("model")
+    if not isinstance(model, str) or model not in model_ids:
+        raise RequestError(
+            f"the model {model!r} does not exist; this server serves {', '.join(repr(m) for m in model_ids)}",
+            "model", code="model_not_found",
+        )
+    n = _integer(body, "n", 1, 1)
+    if n != 1:
+        raise RequestError(f"'n' must be 1 (one choice per request), got {n}", "n")
+    if "stream" in body and not isinstance(body["stream"], bool):
+        raise RequestError("'stream' must be true or false", "stream")
+
+
+def _budget(body: Mapping[str, Any], prompt_len: int, context: int, default: int, prompt_param: str) -> int:
+    if prompt_len >= context:
+        raise RequestError(
+            f"the prompt ('{prompt_param}') has {prompt_len} tokens and the model's context holds {context}: shorten it",
+            prompt_param, code="context_length_exceeded",
+        )
+    name = "max_completion_tokens" if body.get("max_completion_tokens") is not None else "max_tokens"
+    room = context - prompt_len
+    value = _integer(body, name, None, 1)
+    if value is None:
+        return min(default, room)
+    if value > room:
+        raise RequestError(
+            f"'{name}' is {value} but the context holds {context} tokens and the prompt takes {prompt_len}: "
+            f"at most {room}", name, code="context_length_exceeded",
+        )
+    return value
+
+
+def _stream_usage(body: Mapping[str, Any]) -> bool:
+    options = body.get("stream_options")
+    if options is None:
+        return False
+    if not isinstance(options, dict):
+        raise RequestError("'stream_options' must be an object", "stream_options")
+    return bool(options.get("include_usage", False))
+
+
+def prepare_chat(body: Any, *, tokenizer, context: int, model_ids: Sequence[str], default: SpeculationOptions,
+                 spec_names: Sequence[str], max_draft: int) -> Prepared:
+    if not isinstance(body, dict):
+        raise RequestError("the request body must be a JSON object")
+    _common(body, model_ids)
+    messages = _messages(body)
+    text = tokenizer.apply_chat_template(messages, add_generation_prompt=True)
+    ids = tokenizer.encode(text, add_special_tokens=False)
+    return Prepared(
+        "chat", ids, _budget(body, len(ids), context, DEFAULT_CHAT_MAX_TOKENS, "messages"), sampling_params(body),
+        speculation_options(body, default, spec_names, max_draft), _stop(body), bool(body.get("stream", False)),
+        _stream_usage(body),
+    )
+
+
+def prepare_completion(body: Any, *, tokenizer, context: int, model_ids: Sequence[str], default: SpeculationOptions,
+                       spec_names: Sequence[str], max_draft: int) -> Prepared:
+    if not isinstance(body, dict):
+        raise RequestError("the request body must be a JSON object")
+    _common(body, model_ids)
+    prompt = body.get("prompt")
+    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str):
+        prompt = prompt[0]
+    if isinstance(prompt, str):
+        if not prompt:
+            raise RequestError("'prompt' is empty", "prompt")
+        ids = tokenizer.encode(prompt, add_special_tokens=True)
+    elif isinstance(prompt, list) and prompt and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
+        vocab = tokenizer.vocab_size if hasattr(tokenizer, "vocab_size") else None
+        bad = [t for t in prompt if t < 0 or (vocab is not None and t >= vocab)]
+        if bad:
+            raise RequestError(f"'prompt' token id {bad[0]} is outside the vocabulary", "prompt")
+        ids = list(prompt)
+    else:
+        raise RequestError("'prompt' must be a string, a one-string list or a list of token ids", "prompt")
+    return Prepared(
+        "completion", ids, _budget(body, len(ids), context, DEFAULT_COMPLETION_MAX_TOKENS, "prompt"),
+        sampling_params(body), speculation_options(body, default, spec_names, max_draft), _stop(body),
+        bool(body.get("stream", False)), _stream_usage(body),
+    )

@@ -1,0 +1,96 @@
+"""A live server on 127.0.0.1 (the embedded model, the real scheduler) shared by a test module."""
+
+from __future__ import annotations
+
+import http.client
+import json
+import os
+import socket
+import threading
+import time
+
+import pytest
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _private_cache_dir(tmp_path_factory):
+    previous = os.environ.get("TSSPEC_CACHE_DIR")
+    os.environ["TSSPEC_CACHE_DIR"] = str(tmp_path_factory.mktemp("weight-cache"))
+    yield
+    if previous is None:
+        os.environ.pop("TSSPEC_CACHE_DIR", None)
+    else:
+        os.environ["TSSPEC_CACHE_DIR"] = previous
+
+
+@pytest.fixture(scope="session")
+def embedded_target():
+    from tsspec.modeling import native
+    from tsspec.modeling.embedded import embedded_model_path
+    from tsspec_model_llama import load_llama
+
+    if not native.available():
+        pytest.skip("the CPU block kernels were not built: the batched path needs them")
+    return load_llama(embedded_model_path())
+
+
+class LiveServer:
+    """uvicorn serving ``create_app(engine)`` in a thread on a loopback port."""
+
+    def __init__(self, engine):
+        import uvicorn
+
+        from tsspec_serve.api import create_app
+
+        self.engine = engine.start()
+        self.sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        self.sock.bind(("127.0.0.1", 0))
+        self.port = self.sock.getsockname()[1]
+        self.server = uvicorn.Server(uvicorn.Config(create_app(engine), log_level="warning", lifespan="off"))
+        self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [self.sock]}, daemon=True)
+        self.thread.start()
+        deadline = time.monotonic() + 30
+        while not self.server.started:
+            if time.monotonic() > deadline:
+                raise RuntimeError("the server did not start")
+            time.sleep(0.02)
+
+    @property
+    def base_url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def request(self, method: str, path: str, body=None, *, raw: bytes | None = None, timeout: float = 120):
+        """(status, parsed JSON or text) over a fresh connection."""
+        conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=timeout)
+        data = raw if raw is not None else (json.dumps(body).encode() if body is not None else None)
+        conn.request(method, path, body=data, headers={"Content-Type": "application/json"})
+        response = conn.getresponse()
+        text = response.read().decode()
+        conn.close()
+        try:
+            return response.status, json.loads(text)
+        except json.JSONDecodeError:
+            return response.status, text
+
+    def stop(self) -> None:
+        self.server.should_exit = True
+        self.thread.join(30)
+        self.engine.close()
+        self.sock.close()
+
+
+@pytest.fixture(scope="module")
+def live(embedded_target):
+    import tsspec_ngram
+    from tsspec.runtime.options import SpeculationOptions
+    from tsspec.runtime.registry import SpeculatorRegistry
+    from tsspec_serve.engine import ServeEngine
+
+    registry = SpeculatorRegistry()  # only what these tests need: ngram
+    tsspec_ngram.tsspec_register_speculators(registry.register)
+    engine = ServeEngine(embedded_target, model_id="smol", options=SpeculationOptions(spec_type="ngram"),
+                         registry=registry, kv_cache_mb=64, max_seqs=8)
+    server = LiveServer(engine)
+    yield server
+    server.stop()
