@@ -27,12 +27,12 @@ $(STAMP): pyproject.toml setup.py core/modeling/cpu_kernels.c $(PLUGINS) require
 run: setup
 	$(VENV)/bin/tsspec generate --demo --stats
 
-# The learned drafter at work: the embedded model with its shipped MTP drafter (draft-head),
-# then the same request without it (TS_SPEC_BUNDLED=0: the weight-free ngram), both with --stats.
+# The learned drafter at work: the embedded model with its shipped MTP drafter (--spec-type
+# draft-head attaches it; --spec-pmin 0.3 lets the weakly trained head draft), then `auto`.
 run-drafter: setup
 	$(VENV)/bin/tsspec list-speculators --model "$$($(PY) -c 'from tsspec.modeling.embedded import embedded_model_path as p; print(p())')"
+	$(VENV)/bin/tsspec generate --chat --stats --max-tokens 96 --spec-type draft-head --spec-pmin 0.3 --prompt "Explain photosynthesis to a child in a few sentences."
 	$(VENV)/bin/tsspec generate --chat --stats --max-tokens 96 --prompt "Explain photosynthesis to a child in a few sentences."
-	TS_SPEC_BUNDLED=0 $(VENV)/bin/tsspec generate --chat --stats --max-tokens 96 --prompt "Explain photosynthesis to a child in a few sentences."
 
 # The shipped learned drafters, from scratch (teacher data is cached under ~/.cache/tsspec/training;
 # ~40 min on 2 busy cores). One torch thread: the head's small matmuls lose more to two contending

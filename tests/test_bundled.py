@@ -70,6 +70,8 @@ def test_registered_files_are_picked_for_their_target_only(tmp_path, monkeypatch
     assert pick(catalog.bundled_drafters, a, "draft-head") == record
     assert pick(catalog.bundled_drafters, a, "ngram") is None
     assert pick(catalog.bundled_drafters, _model(tmp_path / "b.gguf", seed=1), "auto") is None
+    not_auto = _catalog([{**files[0], "auto": False}]).bundled_drafters
+    assert pick(not_auto, a, "auto") is None and pick(not_auto, a, "draft-head") == not_auto[0]
     monkeypatch.setenv(BUNDLED_ENV, "0")
     assert pick(catalog.bundled_drafters, a, "auto") is None
 

@@ -39,6 +39,7 @@ def train_drafter(
     batch: Annotated[int, typer.Option("--batch", help="Sequences per step.", rich_help_panel=PANEL_TRAIN)] = 8,
     lr: Annotated[float, typer.Option("--lr", help="Peak learning rate.", rich_help_panel=PANEL_TRAIN)] = 1e-3,
     unroll: Annotated[int, typer.Option("--unroll", help="Per-token heads: chained steps trained (EAGLE-style).", rich_help_panel=PANEL_TRAIN)] = 3,
+    freeze_layer: Annotated[bool, typer.Option("--freeze-layer/--train-layer", help="Per-token heads: keep the decoder layer copied from the target; train the input projection and norms only.", rich_help_panel=PANEL_TRAIN)] = False,
     kl_weight: Annotated[float, typer.Option("--kl-weight", help="Weight of the soft (top-k KL) loss; 0: argmax labels only.", rich_help_panel=PANEL_TRAIN)] = 0.0,
     seed: Annotated[int, typer.Option("--seed", help="Seed of data sampling and initialisation.", rich_help_panel=PANEL_TRAIN)] = 0,
     threads: Annotated[Optional[int], typer.Option("--threads", help="torch intra-op threads (default: torch's).", rich_help_panel=PANEL_TRAIN)] = None,
@@ -92,7 +93,7 @@ def train_drafter(
                       cache_dir=cache_dir or ""),
         loop=LoopSpec(steps=steps, lr=lr, seed=seed, device=device, checkpoint=checkpoint or out + ".ckpt"),
         identity=identity, layers=layers, block_size=block_size, taps=_taps(taps), draft_vocab=draft_vocab,
-        unroll=unroll, batch=batch, kl_weight=kl_weight, outtype=outtype,
+        unroll=unroll, batch=batch, kl_weight=kl_weight, outtype=outtype, freeze_layer=freeze_layer,
     )
     from tqdm.auto import tqdm
 

@@ -8,8 +8,10 @@ A drafter distribution registers its files through the drafters hook::
                                "description": "..."}])
 
 A record is keyed by the TARGET file's identity (``tsspec.modeling.identity``), never its name.
-When a model is loaded without ``--draft-model`` and the requested algorithm is ``auto`` or the
-record's own algorithm, the first matching record's file is attached. Set
+When a model is loaded without ``--draft-model`` and the requested algorithm is the record's own
+algorithm, or ``auto`` for a record registered with ``auto`` (the default: True; a distribution
+sets it False for a drafter its figures show losing to the weight-free choice), the first
+matching record's file is attached. Set
 ``TS_SPEC_BUNDLED=0`` to load models bare (no bundled drafter).
 """
 
@@ -36,6 +38,7 @@ class BundledDrafter:
     target: TargetIdentity
     description: str = ""
     plugin: str | None = None
+    auto: bool = True  # attached under --spec-type auto (False: only for its own algorithm)
 
 
 def bundled_record(spec: Mapping[str, Any], plugin: str | None) -> BundledDrafter:
@@ -52,6 +55,7 @@ def bundled_record(spec: Mapping[str, Any], plugin: str | None) -> BundledDrafte
         target=TargetIdentity(str(target["architecture"]), str(target["shape_digest"]), target.get("sha256") or None),
         description=str(spec.get("description") or ""),
         plugin=plugin,
+        auto=bool(spec.get("auto", True)),
     )
 
 
@@ -64,7 +68,7 @@ def pick(records, model_path: object, spec_type: str = AUTO) -> BundledDrafter |
     """The bundled drafter for ``model_path`` under ``spec_type``, or None."""
     if not records or not enabled():
         return None
-    wanted = [r for r in records if spec_type == AUTO or r.algorithm == spec_type]
+    wanted = [r for r in records if (spec_type == AUTO and r.auto) or r.algorithm == spec_type]
     for record in wanted:
         if Path(record.path).is_file() and record.target.matches(str(model_path)):
             return record

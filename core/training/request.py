@@ -36,6 +36,7 @@ class TrainRequest:
     outtype: str = "f16"
     valid_share: float = 0.05
     init_from_target: bool = True
+    freeze_layer: bool = False  # per-token heads: train only the input projection and norms
 
 
 @attrs.define

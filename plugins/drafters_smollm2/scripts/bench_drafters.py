@@ -57,8 +57,10 @@ def main(argv=None) -> int:
 
     path = str(embedded_model_path())
     catalog = default_catalog()
-    with_drafter = load_model(path, catalog=catalog)  # the bundled drafter attaches here
+    # the bundled drafter attaches for its own algorithm; `auto` gets what the registration says
+    with_drafter = load_model(path, catalog=catalog, options=SpeculationOptions(spec_type="draft-head"))
     head = getattr(with_drafter, "draft_head", None)
+    auto_target = load_model(path, catalog=catalog)
     bare = load_model(path, catalog=catalog, options=SpeculationOptions(enabled=False))
     algorithms = args.algorithms.split(",")
     results = []
@@ -67,7 +69,7 @@ def main(argv=None) -> int:
         ids = tok.encode(tok.apply_chat_template(prompt["messages"], add_generation_prompt=True), add_special_tokens=False)
         n = min(prompt["max_tokens"], args.max_tokens) if args.max_tokens else prompt["max_tokens"]
         for algo in algorithms:
-            target = with_drafter if algo in ("draft-head", "auto") else bare
+            target = {"draft-head": with_drafter, "auto": auto_target}.get(algo, bare)
             opts = SpeculationOptions(spec_type=algo)
             ratios, tpv, per_pos, accepted, drafts = [], [], None, 0, 0
             for rep in range(args.reps):

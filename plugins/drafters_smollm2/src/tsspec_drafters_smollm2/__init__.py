@@ -18,9 +18,11 @@ from tsspec.hookspecs import hookimpl
 __all__ = ["tsspec_register_drafters", "drafter_files", "DRAFTERS"]
 
 HERE = Path(__file__).parent
-# file -> (algorithm it serves, metadata prefix of its target facts)
+# file -> (algorithm it serves, metadata prefix of its target facts, attached under auto?)
+# `auto` follows the figures (FIGURES.md): a drafter that loses to the weight-free ngram on the
+# served classes is attached only when its algorithm is asked for by name.
 DRAFTERS = {
-    "smollm2-135m-instruct-mtp.gguf": ("draft-head", "nextn"),
+    "smollm2-135m-instruct-mtp.gguf": ("draft-head", "nextn", False),  # loses to ngram: FIGURES.md
 }
 
 
@@ -29,7 +31,7 @@ def drafter_files() -> list[dict]:
     from tsspec.modeling.gguf_file import GGUFFile
 
     files = []
-    for name, (algorithm, prefix) in DRAFTERS.items():
+    for name, (algorithm, prefix, auto) in DRAFTERS.items():
         path = HERE / name
         if not path.is_file():
             continue
@@ -39,7 +41,7 @@ def drafter_files() -> list[dict]:
                 "shape_digest": f.require(f"{prefix}.target.shape_digest", str),
                 "sha256": f.get(f"{prefix}.target.sha256", "") or None,
             }
-        files.append({"path": str(path), "algorithm": algorithm, "target": target,
+        files.append({"path": str(path), "algorithm": algorithm, "target": target, "auto": auto,
                       "description": f"{name}: trained for SmolLM2-135M-Instruct (Q4_1)"})
     return files
 

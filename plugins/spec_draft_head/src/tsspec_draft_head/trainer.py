@@ -186,6 +186,11 @@ def train_mtp(request: TrainRequest, target, log: Callable[[str], None] = print,
                        from_target=request.init_from_target)
     log(f"initialised from {init}")
     module.head.requires_grad_(False)  # the target's own rows: frozen (fewer weights to overfit)
+    if request.freeze_layer:
+        # keep the target's last layer as copied: only eh_proj and the norms learn (a small
+        # corpus cannot overfit 0.7M weights the way it overfits 4M)
+        for name in ("wq", "wk", "wv", "wo", "w_gate", "w_up", "w_down"):
+            getattr(module, name).requires_grad_(False)
     module.to(device)
     with torch.inference_mode():
         embed = target.embed(list(range(V))).float()  # [V, H]
@@ -204,7 +209,7 @@ def train_mtp(request: TrainRequest, target, log: Callable[[str], None] = print,
     recipe = {
         "kind": KIND, "steps": request.loop.steps, "lr": request.loop.lr, "batch": request.batch,
         "unroll": request.unroll, "draft_vocab": int(draft_ids.numel()), "kl_weight": request.kl_weight,
-        "seed": request.loop.seed, "init": init, "draft_vocab_coverage": round(cover, 4),
+        "seed": request.loop.seed, "init": init, "freeze_layer": request.freeze_layer, "draft_vocab_coverage": round(cover, 4),
         "valid_accuracy": {k: round(v, 4) for k, v in after.items()},
     }
     facts = {**request.identity, "vocab_size": V, "architecture": target.config.architecture}
