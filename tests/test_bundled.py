@@ -89,13 +89,13 @@ def test_trainers_are_registered_by_kind():
     assert catalog.trainers["toykind"].description == "a test trainer"
 
 
-def test_train_drafter_names_installed_kinds_on_an_unknown_kind():
+def test_train_drafter_names_installed_kinds_on_an_unknown_kind(monkeypatch):
     from typer.testing import CliRunner
 
     from tsspec.cli.app import build_app
     from tsspec.cli.state import STATE
 
-    STATE.catalog = _catalog([])
+    monkeypatch.setattr(STATE, "catalog", _catalog([]))
     result = CliRunner().invoke(build_app(), ["train-drafter", "--kind", "nope", "--out", "x.gguf"])
     assert result.exit_code != 0
     assert "installed kinds: toykind" in str(result.exception) or "installed kinds: toykind" in result.output
