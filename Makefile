@@ -6,7 +6,7 @@ PIP := $(PY) -m pip
 PLUGINS := $(sort $(wildcard plugins/*/pyproject.toml)) kernels_cuda/pyproject.toml
 STAMP := $(VENV)/.tsspec-installed
 
-.PHONY: setup run test bench bench-serve soak clean
+.PHONY: setup run run-drafter test bench bench-serve soak clean drafters
 
 setup: $(STAMP)
 
@@ -27,15 +27,35 @@ $(STAMP): pyproject.toml setup.py core/modeling/cpu_kernels.c $(PLUGINS) require
 run: setup
 	$(VENV)/bin/tsspec generate --demo --stats
 
+# The learned drafter at work: the embedded model with its shipped MTP drafter (--spec-type
+# draft-head attaches it; --spec-pmin 0.3 lets the weakly trained head draft), then `auto`.
+run-drafter: setup
+	$(VENV)/bin/tsspec list-speculators --model "$$($(PY) -c 'from tsspec.modeling.embedded import embedded_model_path as p; print(p())')"
+	$(VENV)/bin/tsspec generate --chat --stats --max-tokens 96 --spec-type draft-head --spec-pmin 0.3 --prompt "Explain photosynthesis to a child in a few sentences."
+	$(VENV)/bin/tsspec generate --chat --stats --max-tokens 96 --prompt "Explain photosynthesis to a child in a few sentences."
+
+# The shipped learned drafters, from scratch (teacher data is cached under ~/.cache/tsspec/training;
+# ~40 min on 2 busy cores). One torch thread: the head's small matmuls lose more to two contending
+# OpenMP threads than they gain on a shared machine.
+DRAFTERS_DIR := plugins/drafters_smollm2/src/tsspec_drafters_smollm2
+drafters: setup
+	$(VENV)/bin/tsspec train-drafter --kind mtp --out $(DRAFTERS_DIR)/smollm2-135m-instruct-mtp.gguf \
+		--draft-vocab 4096 --steps 140 --batch 4 --unroll 3 --lr 1e-3 --seed 0 --threads 1 --outtype f16
+
 test: setup
 	$(PY) -m pytest -q
 
-# BENCHMARKS.md, docs/bench.png and docs/bench.json in one run (~10 min on 2 quiet cores).
+# BENCHMARKS.md, docs/bench.png and docs/bench.json in one run (~15 min on 2 quiet cores; run it
+# on a quiet machine: every figure is a paired ratio, but a busy machine still blurs them).
 # The peers are optional extras, installed here only: llama-cpp-python is built from source with
 # portable SIMD flags (a native build dies with "Illegal instruction" on these CPUs; ~10 min once).
+# Each peer runs in its own process with its own default environment, llama.cpp in the fastest
+# of its documented variants (probed first), and its runs alternate with tsspec's (paired);
+# --goals adds the CPU speed goals: verify cost by rows, prefill of 1,000 tokens beside the peers.
 BENCH_STAMP := $(VENV)/.tsspec-bench-extras
 BENCH_ARGS := --per-class 1 --reps 2 --oracle-acceptance 0,0.5,1 --oracle-classes qa \
-	--oracle-governor both --compare transformers,llama.cpp --compare-reps 1 --governor-check --governor-reps 2
+	--oracle-governor both --compare transformers,llama.cpp --compare-reps 2 --goals \
+	--governor-check --governor-reps 2
 
 $(BENCH_STAMP): $(STAMP)
 	$(PIP) install -q 'matplotlib>=3.8'

@@ -63,5 +63,12 @@ def tsspec_register_converters(register):
 
 
 @hookspec
+def tsspec_register_trainers(register):
+    """register(kind: str, trainer, *, description: str = ""); trainer(request, target, log) ->
+    dict trains a drafter of ``kind`` (``tsspec train-drafter --kind KIND``; see
+    ``tsspec.training.request``)."""
+
+
+@hookspec
 def tsspec_register_commands(app):
     """Add commands to the typer application ``app``."""

@@ -287,13 +287,16 @@ class SpeculativeTarget(Protocol):
 class PagedRows:
     """One sequence's part of a batched paged forward: its block table (the blocks holding its
     positions 0, 1, ... in order), ``past`` positions already in them, and the new ``tokens``
-    (at positions past ..). ``all_logits``: logits for every row (a verify), else the last row."""
+    (at positions past ..). ``all_logits``: logits for every row (a verify), else the last row.
+    ``seq``: the sequence's id, stable from admission to release (a hybrid trunk keys its
+    per-sequence recurrent state by it)."""
 
     blocks: Sequence[int]
     past: int
     tokens: Sequence[int]
     all_logits: bool = False
     want_hidden: bool = False
+    seq: int = 0
 
 
 @runtime_checkable
@@ -303,6 +306,11 @@ class PagedKV(Protocol):
     The core owns the bookkeeping (block tables, reference counts, the prefix cache:
     ``tsspec.runtime.prefix_cache``); the plugin owns the tensors. On a batch-invariant path a
     sequence's rows are computed exactly as in a forward of that sequence alone.
+
+    Optional, for trunks with per-sequence recurrent state (hybrids): ``keep(seq, rows_kept)``
+    resolves a sequence's last verify (returns the rollback mode) and ``release(seq)`` frees its
+    state slot; ``row_invariant = False`` asks for prefills in one piece (as the solo run);
+    ``resumes_prefix = False`` (with ``prefix_refusal``, the reason) refuses cached prefixes.
     """
 
     num_blocks: int

@@ -140,6 +140,8 @@ def test_generate_stats_name_the_weights_path(capsys):
     model_line = next(line for line in err.splitlines() if line.startswith("[model] "))
     assert model_line.startswith("[model] llama, cpu, float32, weights ")
     if native.available():
-        assert "weights blocks, kernels " in model_line
+        assert "weights blocks, arithmetic float32, kernels " in model_line
+        code, _, err = run(capsys, "generate", "-p", "The capital of France is", "-n", "4", "--stats", "--dtype", "int8")
+        assert code == 0 and f"weights blocks, arithmetic int8 ({native.info()['int8']}), kernels " in err
     code, _, err = run(capsys, "generate", "-p", "The capital of France is", "-n", "4", "--stats", "--dtype", "float32")
     assert code == 0 and "[model] llama, cpu, float32, weights dense" in err

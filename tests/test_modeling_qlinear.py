@@ -84,14 +84,26 @@ def test_scalar_path_agrees_bit_for_bit(kind, scalar_path):
     assert torch.equal(deq, bm.dequantize())
 
 
-def test_many_rows_take_the_dequantising_path(monkeypatch):
+@needs_native
+def test_many_rows_take_the_path_measured_faster(monkeypatch):
+    """Calls longer than any verify take whichever of the kernel and dequantise + torch GEMM was
+    measured faster here (once per shape and precision); both give the product."""
+    monkeypatch.setattr(qlinear, "_LONG_PATH", {})
     bm, ref = make(T.Q4_1, n=30, k=64)
     x = torch.randn(qlinear.GEMM_ROWS + 3, 64)
     expected = x.double() @ ref.double().t()
     assert torch.allclose(bm.linear(x).double(), expected, rtol=1e-5, atol=1e-4)
-    monkeypatch.setattr(qlinear, "DEQUANT_SLICE", 64 * 7)  # slices of 7 rows
-    base = torch.randn(x.shape[0], 30)
-    assert torch.allclose(bm.linear(x, base).double(), expected + base.double(), rtol=1e-5, atol=1e-4)
+    key = (30, 64, 4, "float32")
+    assert qlinear._LONG_PATH[key] in ("kernel", "torch")
+    for forced in ("kernel", "torch"):
+        monkeypatch.setitem(qlinear._LONG_PATH, key, forced)
+        monkeypatch.setattr(qlinear, "DEQUANT_SLICE", 64 * 7)  # torch path: slices of 7 rows
+        base = torch.randn(x.shape[0], 30)
+        assert torch.allclose(bm.linear(x, base).double(), expected + base.double(), rtol=1e-5, atol=1e-4)
+    # a call of up to GEMM_ROWS rows never consults the measurement: verify rows stay on the kernel
+    monkeypatch.setitem(qlinear._LONG_PATH, key, "torch")
+    short = x[: qlinear.GEMM_ROWS]
+    assert torch.equal(bm.linear(short)[5], bm.linear(short[5:6])[0])
 
 
 def test_without_the_kernel_everything_still_works(monkeypatch):
@@ -247,3 +259,89 @@ def test_format_32_carries_plain_float32_weights_on_the_same_kernel(scalar_path)
         assert torch.equal(dense.linear(x), full)
     with pytest.raises(ValueError, match="divisible"):
         BlockMatrix.dense(torch.zeros(2, 20))
+
+
+# -- int8 activations (precision "int8") ------------------------------------------------------
+
+def random_blocks(fmt: int, n: int, k: int, seed: int = 0) -> BlockMatrix:
+    """A BlockMatrix of random q, d, m in format ``fmt`` (format 16: Q6_K-like, m = 0)."""
+    g = torch.Generator().manual_seed(seed)
+    nb = k // 32
+    if fmt == 4:
+        q = torch.randint(0, 256, (n, nb * 16), dtype=torch.uint8, generator=g)
+    else:
+        lo, hi = (-32, 32) if fmt == 16 else (-128, 128)
+        q = torch.randint(lo, hi, (n, nb * 32), dtype=torch.int8, generator=g).view(torch.uint8)
+    scales = nb * 2 if fmt == 16 else nb
+    d = torch.rand(n, scales, generator=g) * 0.02
+    m = torch.zeros(n, scales) if fmt == 16 else torch.randn(n, scales, generator=g) * 0.01
+    return BlockMatrix(fmt, q, d, m)
+
+
+@needs_native
+@pytest.mark.parametrize("fmt", [4, 8, 16])
+@pytest.mark.parametrize("k", [96, 192, 224])  # 3, 6, 7 blocks: groups of four and tails
+def test_int8_scalar_and_simd_agree_and_rows_are_batch_invariant(fmt, k, scalar_path):
+    bm = random_blocks(fmt, 37, k, seed=k)
+    x = torch.randn(13, k, generator=torch.Generator().manual_seed(fmt))
+    x[4] = 0.0  # an all-zero row quantises with a zero scale
+    base = torch.randn(13, 37)
+    fast = bm.linear(x, base, precision="int8")
+    with scalar_path():
+        assert torch.equal(bm.linear(x, base, precision="int8"), fast)
+    for r in range(13):  # each row alone, and the rows again in other tiles
+        assert torch.equal(bm.linear(x[r : r + 1], base[r : r + 1], precision="int8")[0], fast[r])
+    assert torch.equal(bm.linear(x[3:12], base[3:12], precision="int8"), fast[3:12])
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        assert torch.equal(bm.linear(x, base, precision="int8"), fast)
+    finally:
+        torch.set_num_threads(threads)
+    assert torch.equal(fast[4], base[4])
+
+
+@needs_native
+@pytest.mark.parametrize("fmt", [4, 8, 16])
+def test_int8_error_is_the_quantisation_error(fmt):
+    """int8 activations cost accuracy (stated: under 2% of the largest output on random data),
+    never correctness: the result tracks the float64 product."""
+    bm = random_blocks(fmt, 50, 256, seed=3)
+    x = torch.randn(9, 256, generator=torch.Generator().manual_seed(3))
+    expected = x.double() @ bm.dequantize().double().t()
+    got = bm.linear(x, precision="int8").double()
+    assert ((got - expected).abs().max() / expected.abs().max()).item() < 2e-2
+    exact = bm.linear(x).double()
+    assert ((exact - expected).abs().max() / expected.abs().max()).item() < 1e-5
+
+
+@needs_native
+def test_int8_leaves_plain_float_matrices_on_float32_math():
+    dense = BlockMatrix.dense(torch.randn(24, 64))
+    x = torch.randn(5, 64)
+    assert torch.equal(dense.linear(x, precision="int8"), dense.linear(x))
+
+
+def test_unknown_precision_is_an_error():
+    bm, _ = make(T.Q8_0, n=8, k=32)
+    with pytest.raises(ValueError, match="precision"):
+        bm.linear(torch.randn(1, 32), precision="int4")
+
+
+@needs_native
+def test_int8_vnni_path_equals_the_avx2_path():
+    """Where the CPU has AVX-512 VNNI, vpdpbusd forms the same integer lanes as AVX2's
+    maddubs + madd: the two paths (and the scalar one) agree bit for bit."""
+    kernels = native.kernels()
+    if native.info()["int8"] != "avx512-vnni":
+        pytest.skip("this CPU has no AVX-512 VNNI")
+    for fmt in (4, 8):
+        bm = random_blocks(fmt, 29, 224, seed=fmt)
+        x = torch.randn(11, 224, generator=torch.Generator().manual_seed(7))
+        vnni = bm.linear(x, precision="int8")
+        kernels.set_vnni(False)
+        try:
+            assert native.info()["int8"] == "avx2"
+            assert torch.equal(bm.linear(x, precision="int8"), vnni)
+        finally:
+            kernels.set_vnni(True)

@@ -5,37 +5,169 @@
 * ``llama.cpp`` through ``llama-cpp-python``: plain, and with its prompt-lookup draft model
   (``LlamaPromptLookupDecoding``, which needs ``logits_all=True``).
 
-Neither is a tsspec dependency: each is imported when asked for, with a one-line error naming
-the package to install when it is missing. Both get the token ids tsspec encoded (chat template
-included), so the three engines answer exactly the same request; each is timed over decoding
-only (first emitted token to last), like tsspec's tok/s, and alternates plain / prompt lookup
-in one process after a warm-up, like the main runner.
+Every peer runs in its own process (``peer_worker.py``, started by ``PeerProcess``) with the
+environment tsspec was started with minus the OpenMP wait/thread settings (``PEER_ENV_DROP``):
+llama.cpp's ggml and torch both use OpenMP, and a setting such as ``OMP_WAIT_POLICY=PASSIVE``
+cuts llama.cpp's decode speed to a third (measured: 104 -> 35 tok/s). Threads = the cores this
+process may use, for decoding and for batches.
+
+llama.cpp offers several documented ways to run the same request (the ``generate`` and
+``create_completion`` APIs, flash attention off / on): ``tune`` probes them on one prompt and
+the bench then uses the fastest plain and the fastest prompt-lookup variant (its figures are the
+peer's best, not its defaults). Each peer run is paired with the tsspec run of the same prompt and
+round (the bench calls the peer right after it), so "tsspec / peer" is a median of paired ratios.
+
+Neither peer is a tsspec dependency: a missing package is a one-line error naming the command
+that installs it.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import statistics
-import time
+import subprocess
+import sys
+import tempfile
 from pathlib import Path
-from typing import Callable, Sequence
+from typing import Sequence
 
 import attrs
 
 from ..errors import TsspecError
-from .prompts import EncodedCase
+from .peer_worker import LOOKUP, MISSING_HINT, PLAIN, PROMPT_LOOKUP_TOKENS, decode_rate  # noqa: F401
 
-PLAIN, LOOKUP = "plain", "prompt-lookup"
-PROMPT_LOOKUP_TOKENS = 10  # tokens per prompt-lookup draft, both peers (their usual setting)
-LLAMA_CPP_BUILD_HINT = (
-    'CMAKE_ARGS="-DGGML_NATIVE=OFF -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON" '
-    "pip install llama-cpp-python==0.3.36"
-)
+LLAMA_CPP_BUILD_HINT = MISSING_HINT["llama.cpp"]
 PEER_NAMES = ("transformers", "llama.cpp")
+# settings that change how an OpenMP pool waits or how many threads it runs: a peer gets its
+# engine's defaults, never what tsspec's process (or the shell that started it) chose
+PEER_ENV_DROP = ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT", "KMP_BLOCKTIME", "OMP_NUM_THREADS", "MKL_NUM_THREADS",
+                 "OMP_PROC_BIND", "OMP_PLACES")
+TUNE_TOKENS = 48  # new tokens per probe run
+TUNE_REPS = 2
 
 
 class PeerUnavailable(TsspecError):
     """A peer that cannot run here (package missing, model file unusable)."""
+
+
+def usable_cores() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:
+        return os.cpu_count() or 1
+
+
+def peer_environment(base: dict[str, str] | None = None) -> dict[str, str]:
+    """The environment a peer process starts with: ``base`` (default: this process's) without
+    the OpenMP settings in PEER_ENV_DROP."""
+    env = dict(os.environ if base is None else base)
+    for key in PEER_ENV_DROP:
+        env.pop(key, None)
+    return env
+
+
+class PeerProcess:
+    """One peer engine in a child process (see peer_worker.py for the line protocol)."""
+
+    def __init__(self, name: str, gguf_path: str | Path, stop_tokens: Sequence[int], *, threads: int | None = None,
+                 env: dict[str, str] | None = None):
+        if name not in PEER_NAMES:
+            raise PeerUnavailable(f"unknown peer {name!r}: choose from {', '.join(PEER_NAMES)}")
+        if not Path(str(gguf_path)).is_file():
+            raise PeerUnavailable(f"--compare {name} needs a GGUF model file (got {gguf_path})")
+        self.engine = name
+        self.stop_tokens = [int(t) for t in stop_tokens]
+        self.threads = threads or usable_cores()
+        self._stderr = tempfile.TemporaryFile()
+        worker = Path(__file__).with_name("peer_worker.py")  # by path: the child imports no tsspec
+        self._proc = subprocess.Popen(
+            [sys.executable, str(worker), name, str(gguf_path), str(self.threads)],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._stderr, text=True, bufsize=1,
+            env=peer_environment() if env is None else env,
+        )
+        first = self._read()
+        if "error" in first:
+            self.close()
+            raise PeerUnavailable(first["error"])
+        ready = first["ready"]
+        self.configs: list[str] = list(ready["configs"])
+        self.info: dict = dict(ready["info"])
+        self.environment: dict = dict(ready["environment"])
+        # the variant used for each kind; tune() replaces these with the fastest
+        self.chosen = {PLAIN: self._variants(PLAIN)[0], LOOKUP: self._variants(LOOKUP)[0]}
+        self.probe: list[dict] = []
+
+    def _variants(self, kind: str) -> list[str]:
+        return [c for c in self.configs if c == kind or c.startswith(kind + "/")]
+
+    def _read(self) -> dict:
+        line = self._proc.stdout.readline() if self._proc.stdout else ""
+        if not line:
+            self._stderr.seek(0)
+            tail = self._stderr.read().decode(errors="replace").strip().splitlines()[-3:]
+            return {"error": f"{self.engine} worker exited (code {self._proc.poll()}): {' | '.join(tail) or 'no output'}"}
+        return json.loads(line)
+
+    def _ask(self, request: dict) -> dict:
+        if self._proc.poll() is not None:
+            raise PeerUnavailable(f"{self.engine} worker is not running")
+        self._proc.stdin.write(json.dumps(request) + "\n")
+        self._proc.stdin.flush()
+        answer = self._read()
+        if "error" in answer:
+            raise PeerUnavailable(answer["error"])
+        return answer
+
+    def generate(self, config: str, prompt_ids: Sequence[int], max_tokens: int) -> tuple[list[int], float, float]:
+        """(tokens, decode tok/s, seconds) of one greedy run; ``config`` is a kind (plain,
+        prompt-lookup: the chosen variant) or a variant name."""
+        variant = self.chosen.get(config, config)
+        a = self._ask({"op": "generate", "config": variant, "prompt_ids": [int(t) for t in prompt_ids],
+                       "max_tokens": int(max_tokens), "stop": self.stop_tokens})
+        return [int(t) for t in a["tokens"]], float(a["tps"]), float(a["seconds"])
+
+    def prefill(self, prompt_ids: Sequence[int], **settings) -> float:
+        """Seconds to process the prompt (no generation)."""
+        return float(self._ask({"op": "prefill", "prompt_ids": [int(t) for t in prompt_ids], **settings})["seconds"])
+
+    def tune(self, prompt_ids: Sequence[int], *, max_tokens: int = TUNE_TOKENS, reps: int = TUNE_REPS) -> list[dict]:
+        """Probe every variant of each kind on one prompt (alternating, ``reps`` rounds after a
+        warm-up) and choose the fastest by median decode tok/s."""
+        variants = self._variants(PLAIN) + self._variants(LOOKUP)
+        if len(variants) <= 2:
+            return []
+        seen: dict[str, list[float]] = {v: [] for v in variants}
+        for rep in range(-1, reps):
+            for v in variants:
+                _, tps, _ = self.generate(v, prompt_ids, max_tokens)
+                if rep >= 0:
+                    seen[v].append(tps)
+        self.probe = [{"variant": v, "tokens_per_second": round(statistics.median(t), 2)} for v, t in seen.items()]
+        for kind in (PLAIN, LOOKUP):
+            self.chosen[kind] = max(self._variants(kind), key=lambda v: statistics.median(seen[v]))
+        return self.probe
+
+    def close(self) -> None:
+        proc = getattr(self, "_proc", None)
+        if proc is not None and proc.poll() is None:
+            try:
+                proc.stdin.write(json.dumps({"op": "quit"}) + "\n")
+                proc.stdin.flush()
+                proc.wait(timeout=30)
+            except (OSError, subprocess.TimeoutExpired, ValueError):
+                proc.kill()
+                proc.wait()
+        self._stderr.close()
+
+    def describe(self) -> dict:
+        return {"engine": self.engine, "threads": self.threads, "chosen": dict(self.chosen), "probe": self.probe,
+                "info": self.info, "environment": self.environment}
+
+
+def make_peer(name: str, gguf_path: str | Path, stop_tokens: Sequence[int]) -> PeerProcess:
+    """The peer called ``name`` on ``gguf_path`` in its own process; PeerUnavailable otherwise."""
+    return PeerProcess(name, gguf_path, stop_tokens)
 
 
 @attrs.define
@@ -49,14 +181,26 @@ class PeerRecord:
     tokens_per_second: float  # decode: (emitted - 1) / (last token time - first token time)
     seconds: float  # whole call, prefill included
     tsspec_prefix: int | None = None  # leading tokens equal to tsspec's plain output
+    variant: str | None = None  # the engine's variant (llama.cpp: api and flash attention)
+    tsspec_tps: float | None = None  # the paired tsspec run (same prompt, round and kind)
+    tsspec_config: str | None = None
 
     def to_json(self) -> dict:
         return {
-            "engine": self.engine, "config": self.config, "case": self.case_id, "class": self.cls,
-            "rep": self.rep, "emitted": len(self.tokens),
+            "engine": self.engine, "config": self.config, "variant": self.variant, "case": self.case_id,
+            "class": self.cls, "rep": self.rep, "emitted": len(self.tokens),
             "tokens_per_second": round(self.tokens_per_second, 3), "seconds": round(self.seconds, 3),
+            "paired_tsspec": self.tsspec_config,
+            "paired_tsspec_tokens_per_second": None if self.tsspec_tps is None else round(self.tsspec_tps, 3),
             "same_prefix_as_tsspec_plain": self.tsspec_prefix, "tokens": self.tokens,
         }
+
+
+def run_peer_once(peer: PeerProcess, config: str, case, rep: int, *, tsspec_tps: float | None = None,
+                  tsspec_config: str | None = None) -> PeerRecord:
+    tokens, tps, seconds = peer.generate(config, case.prompt_ids, case.max_tokens)
+    return PeerRecord(peer.engine, config, case.id, case.cls, rep, tokens, tps, seconds,
+                      variant=peer.chosen.get(config, config), tsspec_tps=tsspec_tps, tsspec_config=tsspec_config)
 
 
 def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
@@ -73,159 +217,6 @@ def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
     return n
 
 
-def _decode_rate(times: Sequence[float], counts: Sequence[int]) -> float:
-    """tok/s after the first emitted token: tokens arriving after it over the time they took."""
-    if len(times) < 2:
-        return 0.0
-    span = times[-1] - times[0]
-    return (sum(counts) - counts[0]) / span if span > 0 else 0.0
-
-
-class TransformersPeer:
-    """Hugging Face transformers on the GGUF (dequantised to float32 on load: slow, once)."""
-
-    engine = "transformers"
-
-    def __init__(self, gguf_path: str | Path, stop_tokens: Sequence[int]):
-        try:
-            import transformers  # noqa: F401
-            from transformers import AutoModelForCausalLM
-        except ImportError:
-            raise PeerUnavailable("--compare transformers needs the transformers package: pip install 'transformers>=5' accelerate") from None
-        import torch
-        from transformers.utils import logging as hf_logging
-
-        hf_logging.set_verbosity_error()
-        hf_logging.disable_progress_bar()  # the bench draws its own progress
-        path = Path(gguf_path)
-        try:
-            self.model = AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name, dtype=torch.float32)
-        except Exception as exc:
-            raise PeerUnavailable(f"transformers cannot load {path}: {type(exc).__name__}: {exc}") from None
-        self.model.eval()
-        self.stop_tokens = [int(t) for t in stop_tokens]
-        self.torch = torch
-
-    def generate(self, config: str, prompt_ids: Sequence[int], max_tokens: int) -> tuple[list[int], float, float]:
-        from transformers.generation.streamers import BaseStreamer
-
-        times: list[float] = []
-        counts: list[int] = []
-
-        class _Clock(BaseStreamer):
-            """Records when new tokens arrive (the first put is the prompt itself)."""
-
-            def __init__(self):
-                self.prompt_seen = False
-
-            def put(self, value):
-                if not self.prompt_seen:
-                    self.prompt_seen = True
-                    return
-                times.append(time.perf_counter())
-                counts.append(int(value.numel()))
-
-            def end(self):
-                pass
-
-        ids = self.torch.tensor([list(prompt_ids)], dtype=self.torch.long)
-        extra = {"prompt_lookup_num_tokens": PROMPT_LOOKUP_TOKENS} if config == LOOKUP else {}
-        start = time.perf_counter()
-        with self.torch.inference_mode():
-            out = self.model.generate(
-                ids, attention_mask=self.torch.ones_like(ids), max_new_tokens=max_tokens, do_sample=False,
-                temperature=None, top_p=None, top_k=None, eos_token_id=self.stop_tokens or None,
-                pad_token_id=(self.stop_tokens or [0])[0], streamer=_Clock(), **extra,
-            )
-        seconds = time.perf_counter() - start
-        tokens = [int(t) for t in out[0, ids.shape[1]:]]
-        return tokens, _decode_rate(times, counts), seconds
-
-    def close(self) -> None:
-        self.model = None
-
-
-class LlamaCppPeer:
-    """llama.cpp through llama-cpp-python: one plain context and one with prompt lookup."""
-
-    engine = "llama.cpp"
-
-    def __init__(self, gguf_path: str | Path, stop_tokens: Sequence[int], n_ctx: int = 2048):
-        try:
-            from llama_cpp import Llama
-            from llama_cpp.llama_speculative import LlamaPromptLookupDecoding
-        except ImportError:
-            raise PeerUnavailable(f"--compare llama.cpp needs llama-cpp-python; on this CPU build it with {LLAMA_CPP_BUILD_HINT}") from None
-        try:
-            threads = len(os.sched_getaffinity(0))
-        except AttributeError:
-            threads = os.cpu_count() or 1
-        common = dict(model_path=str(gguf_path), n_ctx=n_ctx, n_threads=threads, n_threads_batch=threads, verbose=False, seed=0)
-        try:
-            self.models = {
-                PLAIN: Llama(**common),
-                LOOKUP: Llama(**common, logits_all=True,
-                              draft_model=LlamaPromptLookupDecoding(num_pred_tokens=PROMPT_LOOKUP_TOKENS)),
-            }
-        except Exception as exc:
-            raise PeerUnavailable(f"llama.cpp cannot load {gguf_path}: {type(exc).__name__}: {exc}") from None
-        self.stop_tokens = set(int(t) for t in stop_tokens) | {int(self.models[PLAIN].token_eos())}
-
-    def generate(self, config: str, prompt_ids: Sequence[int], max_tokens: int) -> tuple[list[int], float, float]:
-        llm = self.models[config]
-        llm.reset()  # no prefix reuse between runs: every run prefills, like tsspec's
-        tokens: list[int] = []
-        times: list[float] = []
-        start = time.perf_counter()
-        for tok in llm.generate(list(prompt_ids), top_k=1, top_p=1.0, min_p=0.0, temp=0.0, repeat_penalty=1.0, reset=True):
-            times.append(time.perf_counter())
-            tokens.append(int(tok))
-            if int(tok) in self.stop_tokens or len(tokens) >= max_tokens:
-                break
-        seconds = time.perf_counter() - start
-        return tokens, _decode_rate(times, [1] * len(times)), seconds
-
-    def close(self) -> None:
-        for llm in self.models.values():
-            try:
-                llm.close()
-            except Exception:
-                pass
-        self.models = {}
-
-
-def make_peer(name: str, gguf_path: str | Path, stop_tokens: Sequence[int]):
-    """The peer called ``name`` on ``gguf_path``; PeerUnavailable with the reason otherwise."""
-    if name not in PEER_NAMES:
-        raise PeerUnavailable(f"unknown peer {name!r}: choose from {', '.join(PEER_NAMES)}")
-    if not Path(str(gguf_path)).is_file():
-        raise PeerUnavailable(f"--compare {name} needs a GGUF model file (got {gguf_path})")
-    if name == "transformers":
-        return TransformersPeer(gguf_path, stop_tokens)
-    return LlamaCppPeer(gguf_path, stop_tokens)
-
-
-def run_peer(
-    peer,
-    cases: Sequence[EncodedCase],
-    reps: int,
-    *,
-    on_run: Callable[[PeerRecord], None] | None = None,
-) -> list[PeerRecord]:
-    """Warm-up, then per case ``reps`` rounds of plain, prompt-lookup (alternating)."""
-    records = []
-    slots = [(0, -1, c) for c in (PLAIN, LOOKUP)] if cases else []
-    slots += [(i, rep, c) for i in range(len(cases)) for rep in range(reps) for c in (PLAIN, LOOKUP)]
-    for i, rep, config in slots:
-        case = cases[i]
-        tokens, tps, seconds = peer.generate(config, case.prompt_ids, case.max_tokens)
-        record = PeerRecord(peer.engine, config, case.id, case.cls, rep, tokens, tps, seconds)
-        records.append(record)
-        if on_run is not None:
-            on_run(record)
-    return records
-
-
 @attrs.define
 class PeerRow:
     """One engine x configuration x class cell."""
@@ -240,11 +231,13 @@ class PeerRow:
     ratio_max: float | None
     same_as_own_plain: int  # runs whose tokens equal the engine's plain run of the pair
     same_as_tsspec_plain: int  # runs whose tokens equal tsspec's plain reference
+    tsspec_over_this: float | None = None  # median of paired tsspec tok/s / this tok/s
+    tsspec_config: str | None = None  # the tsspec configuration it was paired with
 
     def to_json(self) -> dict:
         data = attrs.asdict(self)
         data["class"] = data.pop("cls")
-        for key in ("tokens_per_second", "ratio_median", "ratio_min", "ratio_max"):
+        for key in ("tokens_per_second", "ratio_median", "ratio_min", "ratio_max", "tsspec_over_this"):
             if data[key] is not None:
                 data[key] = round(data[key], 4)
         return data
@@ -272,9 +265,12 @@ def summarise_peers(records: Sequence[PeerRecord], classes: Sequence[str], refer
                         if config != PLAIN and partner.tokens_per_second:
                             ratios.append(r.tokens_per_second / partner.tokens_per_second)
                 same_ts = sum(r.tokens == references.get(r.case_id) for r in cell)
+                paired = [r.tsspec_tps / r.tokens_per_second for r in cell if r.tsspec_tps and r.tokens_per_second]
                 rows.append(PeerRow(
                     engine, config, cls, len(cell), statistics.median(r.tokens_per_second for r in cell),
                     statistics.median(ratios) if ratios else None, min(ratios) if ratios else None,
                     max(ratios) if ratios else None, same_own, same_ts,
+                    statistics.median(paired) if paired else None,
+                    next((r.tsspec_config for r in cell if r.tsspec_config), None),
                 ))
     return rows

@@ -34,6 +34,12 @@ class BenchReport:
     peer_rows: list[PeerRow] = attrs.field(factory=list)
     peer_errors: dict[str, str] = attrs.field(factory=dict)
     governor: list = attrs.field(factory=list)  # GovernorCheck per clock (virtual, wall)
+    goals: dict | None = None  # the CPU speed goals' in-process measurements (goals.measure_goals)
+
+    def goal_rows(self) -> list:
+        from .goals import goal_rows
+
+        return goal_rows(self) if (self.goals or self.peer_records) else []
 
     # -- selections ------------------------------------------------------------------------
     def rows_of(self, kind: str, cls: str | None = None) -> list[SummaryRow]:
@@ -88,6 +94,7 @@ class BenchReport:
                 "runs": [r.to_json() for r in self.peer_records],
             },
             "governor_check": [g.to_json() for g in self.governor],
+            "goals": {"measured": self.goals, "rows": [g.to_json() for g in self.goal_rows()]},
             "runs": [r.to_json() for r in self.records],
         }
 
@@ -121,14 +128,25 @@ class BenchReport:
         console.print(table)
         if self.peer_rows:
             peers = Table(title="peers on the same GGUF and prompt ids")
-            for col in ("engine", "config", "class", "tok/s", "speed-up vs own plain", "same as own plain", "same as tsspec plain"):
+            for col in ("engine", "config", "class", "tok/s", "speed-up vs own plain", "tsspec / this (paired)",
+                        "same as own plain", "same as tsspec plain"):
                 peers.add_column(col)
             for row in self.peer_rows:
                 if row.cls != ALL_CLASSES:
                     continue
                 peers.add_row(row.engine, row.config, row.cls, f"{row.tokens_per_second:.1f}", _ratio_text(row),
+                              f"{row.tsspec_over_this:.2f}x" if row.tsspec_over_this else "-",
                               f"{row.same_as_own_plain}/{row.runs}", f"{row.same_as_tsspec_plain}/{row.runs}")
             console.print(peers)
+        goal_rows = self.goal_rows()
+        if goal_rows:
+            goals = Table(title="CPU speed goals (issue 16), paired ratios")
+            for col in ("#", "goal", "measured", "ratio", "target", "verdict"):
+                goals.add_column(col)
+            for g in goal_rows:
+                goals.add_row(str(g.number), g.name, g.figure, "-" if g.ratio is None else f"{g.ratio:.2f}x", g.goal,
+                              "-" if g.met is None else ("met" if g.met else "NOT met"))
+            console.print(goals)
         for name, error in self.peer_errors.items():
             console.print(f"[yellow]peer {name} skipped: {error}[/yellow]")
         for check in self.governor:
@@ -236,6 +254,7 @@ def _markdown(report: BenchReport, plot_path: str | None) -> list[str]:
         f"- paired reps per prompt: {settings['reps']}",
         "",
     ]
+    lines += _goal_section(report)
     lines += _speed_section(report)
     lines += _mechanics_section(report)
     lines += _oracle_section(report)
@@ -363,26 +382,52 @@ def _peer_section(report: BenchReport) -> list[str]:
     if not report.peer_rows and not report.peer_errors:
         return []
     lines = ["## Peers on the same GGUF", "",
-             "Each peer gets the token ids tsspec encoded (same chat template, same prompts, same budget, greedy) "
-             "and alternates plain / prompt lookup in one process after a warm-up, timed over decoding only. "
-             "transformers runs `generate()` on the model dequantised from the GGUF, with "
-             "`prompt_lookup_num_tokens=10` for prompt lookup; llama.cpp runs through llama-cpp-python "
-             "(built with `-DGGML_NATIVE=OFF -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON`), with "
-             "`LlamaPromptLookupDecoding(num_pred_tokens=10)` and `logits_all=True` for prompt lookup.",
+             "Each peer runs in its own process with its own default environment (tsspec's environment without "
+             "the OpenMP wait and thread settings), threads = cores, and gets the token ids tsspec encoded (same "
+             "chat template, prompts, budget, greedy). Each peer run follows the tsspec run of the same prompt and "
+             "round (plain after tsspec plain, prompt lookup after tsspec's first algorithm), so 'tsspec / this' is "
+             "a median of paired ratios. Timed over decoding only. transformers runs `generate()` on the model "
+             "dequantised from the GGUF, with `prompt_lookup_num_tokens=10` for prompt lookup; llama.cpp runs through "
+             "llama-cpp-python (built with `-DGGML_NATIVE=OFF -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON`), with "
+             "`LlamaPromptLookupDecoding(num_pred_tokens=10)` and `logits_all=True` for prompt lookup; its variants "
+             "(API `generate` / `create_completion`, flash attention off / on) are probed on the first prompt and the "
+             "fastest of each kind is used.",
              "", f"Command: `{report.meta['command']}`", ""]
-    ts_plain = {r.cls: r for r in report.rows if r.kind == PLAIN}
-    header = ["engine", "config", "class", "tok/s", "speed-up vs own plain (min-max)", "tsspec plain / this",
+    for name, info in (report.meta.get("settings", {}).get("peers") or {}).items():
+        probe = ", ".join(f"{p['variant']} {p['tokens_per_second']:.1f}" for p in info.get("probe", []))
+        env = ", ".join(f"{k}={v}" for k, v in info.get("environment", {}).items()) or "no OpenMP settings"
+        lines.append(f"- {name}: {info.get('threads')} threads; used {info.get('chosen')}; environment: {env}"
+                     + (f"; probe tok/s: {probe}" if probe else ""))
+    lines.append("")
+    header = ["engine", "config", "class", "tok/s", "speed-up vs own plain (min-max)", "tsspec / this (paired)",
               "output = own plain", "output = tsspec plain"]
     body = []
     for r in report.peer_rows:
-        base = ts_plain.get(r.cls)
-        rel = f"{base.tokens_per_second / r.tokens_per_second:.2f}x" if base and r.tokens_per_second else "-"
+        rel = f"{r.tsspec_over_this:.2f}x ({r.tsspec_config})" if r.tsspec_over_this else "-"
         body.append([r.engine, r.config, f"**{r.cls}**" if r.cls == ALL_CLASSES else r.cls,
                      f"{r.tokens_per_second:.1f}", _ratio_text(r), rel,
                      f"{r.same_as_own_plain}/{r.runs}", f"{r.same_as_tsspec_plain}/{r.runs}"])
     lines += _table(header, body)
     for name, error in report.peer_errors.items():
         lines += ["", f"- {name}: not measured ({error})"]
+    return lines + [""]
+
+
+def _goal_section(report: BenchReport) -> list[str]:
+    rows = report.goal_rows()
+    if not rows:
+        return []
+    lines = ["## The CPU speed goals (issue 16)", "",
+             "Each ratio is a median of paired ratios from this run; the peers ran in their own processes.", ""]
+    body = [[str(g.number), g.name, g.figure, "-" if g.ratio is None else f"{g.ratio:.2f}x", g.goal,
+             "-" if g.met is None else ("met" if g.met else "NOT met")] for g in rows]
+    lines += _table(["#", "goal", "measured", "ratio", "target", "verdict"], body)
+    p = (report.goals or {}).get("prefill")
+    if p:
+        for name, cell in p.get("peers", {}).items():
+            probe = ", ".join(f"{k}={v}" for q in cell.get("probe", []) for k, v in q.items())
+            lines += ["", f"Prefill, {name}: {cell['median_tps']:.0f} tok/s with {cell['setting'] or 'its defaults'}"
+                      + (f" (probe: {probe})" if probe else "") + f"; tsspec {p['tsspec_median_tps']:.0f} tok/s."]
     return lines + [""]
 
 
@@ -477,11 +522,10 @@ def _reading(report: BenchReport) -> list[str]:
     for engine in dict.fromkeys(r.engine for r in report.peer_rows):
         lookup = next((r for r in report.peer_rows if r.engine == engine and r.config == LOOKUP and r.cls == ALL_CLASSES), None)
         plain = next((r for r in report.peer_rows if r.engine == engine and r.config == PLAIN and r.cls == ALL_CLASSES), None)
-        ts = next((r for r in report.rows if r.kind == PLAIN and r.cls == ALL_CLASSES), None)
         if lookup is None or plain is None:
             continue
-        text = (f"- **{engine}** on the same GGUF: plain {plain.tokens_per_second:.1f} tok/s"
-                + (f" (tsspec plain is {ts.tokens_per_second / plain.tokens_per_second:.2f}x of it)" if ts and plain.tokens_per_second else "")
+        text = (f"- **{engine}** on the same GGUF, in its own process: plain {plain.tokens_per_second:.1f} tok/s"
+                + (f" (tsspec plain is {plain.tsspec_over_this:.2f}x of it, paired runs)" if plain.tsspec_over_this else "")
                 + f"; its prompt lookup runs at {lookup.ratio_median:.2f}x of its own plain"
                 + f" and its output equals its plain output in {lookup.same_as_own_plain}/{lookup.runs} runs"
                 + f" (tsspec's plain output: {plain.same_as_tsspec_plain}/{plain.runs} of its plain runs).")

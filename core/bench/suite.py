@@ -48,6 +48,7 @@ class BenchPlan:
     compare: list[str] = attrs.field(factory=list)
     compare_reps: int | None = None  # None: reps
     governor_check: bool = False
+    goals: bool = False  # the CPU speed goals (issue 16): verify cost by rows, prefill, ratios to llama.cpp
     governor_reps: int = 3
     command: str = "tsspec bench"
 
@@ -137,43 +138,67 @@ def run_plan(
         target, cases, configs, reps=plan.reps, options=plan.options, sampling=plan.sampling,
         registry=None if catalog is None else catalog.speculators, on_mismatch=on_mismatch,
     )
+    references = runner.references
+    peers, peer_errors = _start_peers(plan, target, cases, report_progress, on_peer_error)
+    peer_records: list = []
+    # prompt lookup pairs with tsspec's first algorithm (ngram when installed): the peer's run
+    # follows tsspec's run of the same prompt and round, so the two see the same machine state
+    partner = next((c.name for c in configs if c.kind == "algorithm"), None)
+    compare_reps = plan.compare_reps or plan.reps
+    peer_tick = counter("peers", 2 * len(peers) * (1 + len(cases) * min(compare_reps, plan.reps))) if peers else None
+
+    def run_peers(kinds, case, rep, tsspec_record=None) -> None:
+        from .peers import PeerUnavailable, run_peer_once
+
+        if rep >= compare_reps:
+            return
+        for name, peer in list(peers.items()):
+            for kind in kinds:
+                try:
+                    rec = run_peer_once(peer, kind, case, rep,
+                                        tsspec_tps=None if tsspec_record is None else tsspec_record.tokens_per_second,
+                                        tsspec_config=None if tsspec_record is None else tsspec_record.config)
+                except PeerUnavailable as exc:
+                    peer_errors[name] = str(exc)
+                    peers.pop(name).close()
+                    break
+                peer_records.append(rec)
+                peer_tick(f"{name} {rec.case_id} {rec.config}: {rec.tokens_per_second:.1f} tok/s")
+
     records = []
-    if len(configs) > 1:
-        tick = counter("tsspec", len(runner.slots()))
-        runner.on_run = lambda slot, rec: tick(f"{rec.case_id} {rec.config}: {rec.tokens_per_second:.1f} tok/s")
-        records = runner.run()
-    rows = summarise(records, [c.name for c in configs], classes)
+    try:
+        if len(configs) > 1 or peers:
+            tick = counter("tsspec", len(runner.slots()))
 
-    peer_records, peer_rows, peer_errors = [], [], {}
-    if plan.compare:
-        from .peers import PeerUnavailable, common_prefix, make_peer, run_peer, summarise_peers
+            def on_run(slot, rec) -> None:
+                tick(f"{rec.case_id} {rec.config}: {rec.tokens_per_second:.1f} tok/s")
+                case = cases[slot.case]
+                if rec.kind == "plain":
+                    run_peers(("plain",) if partner else ("plain", "prompt-lookup"), case, slot.rep, rec)
+                elif rec.config == partner:
+                    run_peers(("prompt-lookup",), case, slot.rep, rec)
 
-        stop = sorted(getattr(getattr(target, "tokenizer", None), "eos_token_ids", ()) or ())
-        references = dict(runner.references)
-        for name in plan.compare:
-            try:
-                if plan.model_path is None:
-                    raise PeerUnavailable("peers need a GGUF model file, not the toy")
-                report_progress(name, 0, 0, f"loading {Path(plan.model_path).name}")
-                peer = make_peer(name, plan.model_path, stop)
-            except PeerUnavailable as exc:
-                peer_errors[name] = str(exc)
-                if on_peer_error is not None:
-                    on_peer_error(name, str(exc))
-                continue
-            reps = plan.compare_reps or plan.reps
-            tick = counter(name, 2 * (1 + len(cases) * reps))
-            try:
-                peer_records += run_peer(
-                    peer, cases, reps, on_run=lambda r: tick(f"{r.case_id} {r.config}: {r.tokens_per_second:.1f} tok/s"),
-                )
-            finally:
-                peer.close()
-        for record in peer_records:
-            reference = references.get(record.case_id)
-            if reference is not None:
-                record.tsspec_prefix = common_prefix(record.tokens, reference)
-        peer_rows = summarise_peers(peer_records, classes, references)
+            runner.on_run = on_run
+            records = runner.run()
+        rows = summarise(records, [c.name for c in configs], classes)
+        peer_rows = []
+        if plan.compare:
+            from .peers import common_prefix, summarise_peers
+
+            for record in peer_records:
+                reference = references.get(record.case_id)
+                if reference is not None:
+                    record.tsspec_prefix = common_prefix(record.tokens, reference)
+            peer_rows = summarise_peers(peer_records, classes, references)
+        goals = None
+        if plan.goals:
+            from .goals import measure_goals
+
+            goals = measure_goals(target, cases, peers, progress=report_progress)
+    finally:
+        peer_info = {name: peer.describe() for name, peer in peers.items()}
+        for peer in peers.values():
+            peer.close()
 
     governor = []
     if plan.governor_check:
@@ -218,13 +243,43 @@ def run_plan(
             "oracle_governed": {c.name: plan.options.adaptive if c.adaptive is None else c.adaptive
                                 for c in configs if c.kind == "oracle"},
             "compare": plan.compare,
+            "peers": peer_info,
         },
     }
     case_info = [
         {"id": c.id, "class": c.cls, "prompt_tokens": len(c.prompt_ids), "max_tokens": c.max_tokens, "trimmed": c.trimmed}
         for c in cases
     ]
-    return BenchReport(meta, case_info, records, rows, classes, peer_records, peer_rows, peer_errors, governor)
+    return BenchReport(meta, case_info, records, rows, classes, peer_records, peer_rows, peer_errors, governor, goals)
+
+
+def _start_peers(plan: BenchPlan, target, cases, report_progress, on_peer_error) -> tuple[dict, dict]:
+    """The requested peers, each in its own process and tuned to its fastest variant on the
+    first prompt: ({name: PeerProcess}, {name: why it is not measured})."""
+    from .peers import PeerUnavailable, make_peer
+
+    peers, errors = {}, {}
+    stop = sorted(getattr(getattr(target, "tokenizer", None), "eos_token_ids", ()) or ())
+    for name in plan.compare:
+        try:
+            if plan.model_path is None:
+                raise PeerUnavailable("peers need a GGUF model file, not the toy")
+            report_progress(name, 0, 0, f"loading {Path(plan.model_path).name} in its own process")
+            peer = make_peer(name, plan.model_path, stop)
+            try:
+                if cases:
+                    report_progress(name, 0, 0, "probing its variants")
+                    peer.tune(cases[0].prompt_ids)
+            except PeerUnavailable:
+                peer.close()
+                raise
+        except PeerUnavailable as exc:
+            errors[name] = str(exc)
+            if on_peer_error is not None:
+                on_peer_error(name, str(exc))
+            continue
+        peers[name] = peer
+    return peers, errors
 
 
 def _sampling_text(s: SamplingParams) -> str:

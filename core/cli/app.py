@@ -9,7 +9,6 @@ traceback instead.
 from __future__ import annotations
 
 import logging
-import os
 import sys
 from typing import Annotated, List, Optional
 
@@ -17,7 +16,7 @@ import typer
 
 from .. import __version__
 from ..errors import EXIT_USAGE, TsspecError
-from . import convert_cmd, generate_cmd, inspect_cmd, plugins_cmd
+from . import convert_cmd, generate_cmd, inspect_cmd, plugins_cmd, train_cmd
 from .state import STATE, CliState
 
 
@@ -53,6 +52,7 @@ def build_app() -> typer.Typer:
     app.command("list-speculators")(plugins_cmd.list_speculators)
     app.command("inspect")(inspect_cmd.inspect)
     app.command("generate")(generate_cmd.generate)
+    app.command("train-drafter")(train_cmd.train_drafter)
     app.command("convert")(convert_cmd.convert)
     try:
         from . import bench_cmd
@@ -104,11 +104,10 @@ def _add_plugin_commands(app: typer.Typer, catalog) -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
-    # OpenMP workers that spin while waiting lose badly when another process holds a core
-    # (measured: 632 -> 123 ms per decode step on a shared 2-core machine). Must be set before
-    # torch is imported; an operator's own setting wins. (tsspec's own CPU kernels do not use
-    # OpenMP: their pool never makes a caller wait for a sleeping worker, see cpu_kernels.c.)
-    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+    # No process-wide OpenMP settings here: tsspec's CPU kernels run on their own thread pool
+    # (cpu_kernels.c: a caller never waits for a sleeping worker), and an OMP_WAIT_POLICY set
+    # in this process would leak into everything it starts (a peer engine under PASSIVE
+    # decodes at a third of its speed). An operator's own setting is theirs to make.
     argv = list(sys.argv[1:] if argv is None else argv)
     debug = "--debug" in argv
     logging.basicConfig(level=logging.DEBUG if debug else logging.WARNING, format="tsspec: %(message)s")

@@ -63,6 +63,7 @@ def bench(
     compare: Annotated[Optional[List[str]], typer.Option("--compare", help="Peer on the same GGUF: transformers, llama.cpp (repeatable or comma separated).", rich_help_panel=BENCH_PANEL)] = None,
     compare_reps: Annotated[Optional[int], typer.Option("--compare-reps", min=1, help="Paired reps for the peers (default: --reps).", rich_help_panel=BENCH_PANEL)] = None,
     governor_check: Annotated[bool, typer.Option("--governor-check", help="Also measure the cost governor's goals on a toy with the embedded model's cost profile.", rich_help_panel=BENCH_PANEL)] = False,
+    goals: Annotated[bool, typer.Option("--goals", help="Also measure the CPU speed goals: verify cost by rows, prefill of 1,000 tokens (beside the --compare peers).", rich_help_panel=BENCH_PANEL)] = False,
     governor_reps: Annotated[int, typer.Option("--governor-reps", min=1, help="Paired reps of the governor check.", rich_help_panel=BENCH_PANEL)] = 3,
     json_path: Annotated[Optional[str], typer.Option("--json", help="Write every run and summary as JSON.", rich_help_panel=OUTPUT_PANEL)] = None,
     markdown_path: Annotated[Optional[str], typer.Option("--markdown", help="Write the report as Markdown (BENCHMARKS.md).", rich_help_panel=OUTPUT_PANEL)] = None,
@@ -138,6 +139,7 @@ def bench(
         compare=peers,
         compare_reps=compare_reps,
         governor_check=governor_check,
+        goals=goals,
         governor_reps=governor_reps,
         command=_command_line(),
     )

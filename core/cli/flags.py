@@ -52,7 +52,7 @@ MinP = Annotated[Optional[float], typer.Option("--min-p", rich_help_panel=SAMPLI
 RepeatPenalty = Annotated[Optional[float], typer.Option("--repeat-penalty", rich_help_panel=SAMPLING_PANEL)]
 Seed = Annotated[Optional[int], typer.Option("--seed", rich_help_panel=SAMPLING_PANEL)]
 Device = Annotated[str, typer.Option("--device", help="cpu or cuda.")]
-Dtype = Annotated[Optional[str], typer.Option("--dtype", help="Unset on cpu: quantised blocks with float32 math (the fast path); float32 = dense float32 weights; float16, bfloat16.")]
+Dtype = Annotated[Optional[str], typer.Option("--dtype", help="Unset on cpu: the file's quantised blocks on the compiled kernels (the fast path). int8 = blocks with int8 activations (llama.cpp's arithmetic); float32-blocks = blocks with exact float32 math; float32 = dense float32 weights; float16, bfloat16.")]
 
 
 def speculation_options(

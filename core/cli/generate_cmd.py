@@ -64,7 +64,12 @@ def describe_target(target) -> str:
     if weights == "blocks":
         from ..modeling import native
 
-        parts.append(f"kernels {native.info().get('simd')}")
+        info = native.info()
+        if extra.get("arithmetic") == "int8":
+            parts.append(f"arithmetic int8 ({info.get('int8')})")
+        elif extra.get("arithmetic"):
+            parts.append(f"arithmetic {extra['arithmetic']}")
+        parts.append(f"kernels {info.get('simd')}")
     in_use = kernels_in_use(target)
     if in_use:
         parts.append(f"device kernels {', '.join(in_use)}")

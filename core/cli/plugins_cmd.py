@@ -92,6 +92,16 @@ def list_speculators(
             line += f"  {r['description']}"
         typer.echo(line)
     if target is not None:
+        from ..runtime.bundled import pick
+
+        source = getattr(getattr(target, "draft_head", None), "source", None)
+        if source:
+            typer.echo(f"drafter: {source}")
+        for record in catalog.bundled_drafters:
+            if pick([record], model, record.algorithm) is not None:
+                when = "--spec-type auto or " if record.auto else ""
+                typer.echo(f"shipped drafter for this model file: {record.path} (plugin {record.plugin}; "
+                           f"attached under {when}--spec-type {record.algorithm})")
         auto = catalog.speculators.resolve_name(target, "auto")
         text = f"{auto.code}: {auto.reason}" if isinstance(auto, Decline) else auto
         typer.echo(f"auto -> {text}")

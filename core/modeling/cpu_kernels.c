@@ -205,9 +205,288 @@ static int have_avx2(void) { return 0; }
 #endif
 
 static int use_simd = -1; /* -1: auto, 0: scalar forced (tests) */
+static int use_vnni = 1;  /* 0: the int8 path stays on AVX2 even where VNNI exists (tests) */
 
 static inline int simd_on(void) { return use_simd != 0 && have_avx2(); }
 
+
+static inline float lanes8(const float *s);
+
+/* ---- int8 activations (precision "int8") ------------------------------------------------
+ * llama.cpp's CPU arithmetic: each row of x is quantised per 32-value block, xq = round(x / dx)
+ * with dx = max|x| / 127, and multiplied with the weights' integer q exactly in int32:
+ *   out[r, n] = sum_b (d_b dx_b) isum_b  +  sum_b m_b (dx_b sum_j xq_j),  isum_b = sum_j q_j xq_j
+ * Integer sums are exact whatever the order (the AVX2 path forms them with maddubs + madd: no pair
+ * can saturate, |q| <= 128 and |xq| <= 127), so only the float part has a fixed order:
+ *   formats 4 and 8: a 4-lane accumulator, block b in lane b mod 4: acc = fma(isum_b, d_b * dx_b,
+ *     acc), then acc = fma(m_b, s_b, acc) (s_b = dx_b * sum of the block's xq), blocks in order;
+ *     result (l0 + l2) + (l1 + l3);
+ *   format 16 (a scale per 16 weights): per block, lane l (0..7) holds the int sum over weights
+ *     4l..4l+3 and takes fma(lane, d_half * dx_b, acc); the min term m_h s_h in 8 lanes (h mod 8)
+ *     over halves; result reduce(acc) + reduce(min lanes).
+ * The scalar path follows the same order, so it agrees with the AVX2 path bit for bit, and a row
+ * depends only on itself: batch-invariant like the float32 path. Format 32 (plain float weights)
+ * has no integer form and keeps the float32 path. */
+
+typedef struct {
+    int8_t *q;      /* [R, K] */
+    float *d;       /* [R, nb]: dx per block */
+    float *s32;     /* [R, nb]: dx_b * sum of the block's xq */
+    float *s16;     /* [R, 2 nb]: the same per 16 values */
+    int64_t K, nb;
+} QAct;
+
+static void quantize_row(const float *x, int64_t nb, int8_t *q, float *d, float *s32, float *s16) {
+    for (int64_t b = 0; b < nb; b++) {
+        const float *xb = x + b * QK;
+        float amax = 0.0f;
+        for (int j = 0; j < QK; j++) {
+            float a = fabsf(xb[j]);
+            amax = a > amax ? a : amax;
+        }
+        const float dd = amax / 127.0f, id = dd != 0.0f ? 1.0f / dd : 0.0f;
+        int32_t sum[2] = {0, 0};
+        for (int j = 0; j < QK; j++) {
+            int v = (int)nearbyintf(xb[j] * id);
+            v = v > 127 ? 127 : v < -127 ? -127 : v;
+            q[b * QK + j] = (int8_t)v;
+            sum[j / 16] += v;
+        }
+        d[b] = dd;
+        s32[b] = dd * (float)(sum[0] + sum[1]);
+        s16[2 * b] = dd * (float)sum[0];
+        s16[2 * b + 1] = dd * (float)sum[1];
+    }
+}
+
+/* the 32 weights of block b as integers, in order */
+static inline void block_ints(int fmt, const uint8_t *q, int64_t b, int32_t *w) {
+    if (fmt == 4) {
+        const uint8_t *p = q + b * 16;
+        for (int j = 0; j < 16; j++) {
+            w[j] = p[j] & 0x0F;
+            w[j + 16] = p[j] >> 4;
+        }
+    } else {
+        const int8_t *p = (const int8_t *)(q + b * 32);
+        for (int j = 0; j < 32; j++) w[j] = p[j];
+    }
+}
+
+static inline float min_term_scalar(int fmt, const float *m, int64_t nb, const float *s32, const float *s16) {
+    const int64_t n = fmt == 16 ? 2 * nb : nb;
+    const float *s = fmt == 16 ? s16 : s32;
+    float mt[8] = {0};
+    for (int64_t i = 0; i < n; i++) mt[i % 8] = fmaf(m[i], s[i], mt[i % 8]);
+    return lanes8(mt);
+}
+
+static float dot_q8_scalar(int fmt, const uint8_t *q, const float *d, const float *m, int64_t nb, const int8_t *xq,
+                           const float *dx, const float *s32, const float *s16) {
+    int32_t w[32];
+    if (fmt != 16) { /* blocks in 4 lanes */
+        float acc[4] = {0};
+        for (int64_t b = 0; b < nb; b++) {
+            block_ints(fmt, q, b, w);
+            const int8_t *x = xq + b * QK;
+            int32_t isum = 0;
+            for (int j = 0; j < QK; j++) isum += w[j] * (int32_t)x[j];
+            acc[b % 4] = fmaf((float)isum, d[b] * dx[b], acc[b % 4]);
+            acc[b % 4] = fmaf(m[b], s32[b], acc[b % 4]);
+        }
+        return (acc[0] + acc[2]) + (acc[1] + acc[3]);
+    }
+    float acc[8] = {0};
+    for (int64_t b = 0; b < nb; b++) {
+        block_ints(fmt, q, b, w);
+        const int8_t *x = xq + b * QK;
+        for (int l = 0; l < 8; l++) {
+            int32_t lane = 0;
+            for (int i = 0; i < 4; i++) lane += w[4 * l + i] * (int32_t)x[4 * l + i];
+            acc[l] = fmaf((float)lane, d[2 * b + (l >= 4)] * dx[b], acc[l]);
+        }
+    }
+    return lanes8(acc) + min_term_scalar(fmt, m, nb, s32, s16);
+}
+
+#ifdef QG_X86
+/* block b's 32 weights as bytes in order (format 4: 0..15; 8 and 16: int8) */
+QG_AVX2 static inline __m256i block_bytes_avx2(int fmt, const uint8_t *q, int64_t b) {
+    if (fmt == 4) {
+        __m128i raw = _mm_loadu_si128((const __m128i *)(q + b * 16));
+        __m256i v = _mm256_set_m128i(_mm_srli_epi16(raw, 4), raw);
+        return _mm256_and_si256(v, _mm256_set1_epi8(0x0F));
+    }
+    return _mm256_loadu_si256((const __m256i *)(q + b * 32));
+}
+
+QG_AVX2 static inline float min_term_avx2(int fmt, const float *m, int64_t nb, const float *s32, const float *s16) {
+    const int64_t n = fmt == 16 ? 2 * nb : nb;
+    const float *s = fmt == 16 ? s16 : s32;
+    __m256 acc = _mm256_setzero_ps();
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8) acc = _mm256_fmadd_ps(_mm256_loadu_ps(m + i), _mm256_loadu_ps(s + i), acc);
+    float mt[8];
+    _mm256_storeu_ps(mt, acc);
+    for (; i < n; i++) mt[i % 8] = fmaf(m[i], s[i], mt[i % 8]);
+    return lanes8(mt);
+}
+
+/* up to 8 rows of quantised x against one weight row: each block is unpacked once and
+ * multiplied into every row while it sits in a register */
+QG_AVX2 static inline __attribute__((always_inline)) void dot_q8_tile_avx2(int fmt, const uint8_t *q, const float *d,
+                                                                           const float *m, int64_t nb, const QAct *A,
+                                                                           int64_t r0, const int T, float *res) {
+    const __m256i ones = _mm256_set1_epi16(1);
+    __m256 acc[8];
+    for (int t = 0; t < T; t++) acc[t] = _mm256_setzero_ps();
+    for (int64_t b = 0; b < nb; b++) {
+        const __m256i w = block_bytes_avx2(fmt, q, b);
+        const __m256i uw = fmt == 4 ? w : _mm256_sign_epi8(w, w); /* |w| as unsigned bytes */
+        const __m256 dv = fmt == 16 ? _mm256_setr_ps(d[2 * b], d[2 * b], d[2 * b], d[2 * b], d[2 * b + 1],
+                                                     d[2 * b + 1], d[2 * b + 1], d[2 * b + 1])
+                                    : _mm256_set1_ps(d[b]);
+        for (int t = 0; t < T; t++) {
+            const int64_t r = r0 + t;
+            __m256i x = _mm256_loadu_si256((const __m256i *)(A->q + r * A->K + b * QK));
+            if (fmt != 4) x = _mm256_sign_epi8(x, w); /* the sign of w moved onto x */
+            const __m256i lanes = _mm256_madd_epi16(_mm256_maddubs_epi16(uw, x), ones);
+            const __m256 scale = _mm256_mul_ps(dv, _mm256_set1_ps(A->d[r * nb + b]));
+            acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(lanes), scale, acc[t]);
+        }
+    }
+    for (int t = 0; t < T; t++) {
+        const int64_t r = r0 + t;
+        float lanes[8];
+        _mm256_storeu_ps(lanes, acc[t]);
+        res[t] = lanes8(lanes) + min_term_avx2(fmt, m, nb, A->s32 + r * nb, A->s16 + r * 2 * nb);
+    }
+}
+
+/* the int32 lanes of one block against one row of xq (weights w, |w| in uw for signed formats) */
+QG_AVX2 static inline __m256i block_lanes_avx2(const int fmt, __m256i w, __m256i uw, const int8_t *xq) {
+    __m256i x = _mm256_loadu_si256((const __m256i *)xq);
+    if (fmt != 4) x = _mm256_sign_epi8(x, w); /* the sign of w moved onto x */
+    return _mm256_madd_epi16(_mm256_maddubs_epi16(uw, x), _mm256_set1_epi16(1));
+}
+
+/* formats 4 and 8: up to 4 rows of quantised x against one weight row, 4 blocks at a time (their
+ * weights stay in registers for every row); the 4 blocks' exact int sums go into one vector */
+#define DEFINE_Q8G_TILE(NAME, ATTR, LANES) \
+ATTR static inline __attribute__((always_inline)) void NAME(const int fmt, const uint8_t *q, \
+                                                                            const float *d, const float *m, \
+                                                                            int64_t nb, const QAct *A, int64_t r0, \
+                                                                            const int T, float *res) { \
+    __m128 acc[4]; \
+    for (int t = 0; t < T; t++) acc[t] = _mm_setzero_ps(); \
+    const int64_t nb4 = nb & ~(int64_t)3; \
+    for (int64_t b = 0; b < nb4; b += 4) { \
+        __m256i w[4], uw[4]; \
+        for (int i = 0; i < 4; i++) { \
+            w[i] = block_bytes_avx2(fmt, q, b + i); \
+            uw[i] = fmt == 4 ? w[i] : _mm256_sign_epi8(w[i], w[i]); \
+        } \
+        const __m128 dv = _mm_loadu_ps(d + b), mv = _mm_loadu_ps(m + b); \
+        for (int t = 0; t < T; t++) { \
+            const int64_t r = r0 + t; \
+            const int8_t *x = A->q + r * A->K + b * QK; \
+            __m256i v0 = LANES(fmt, w[0], uw[0], x), v1 = LANES(fmt, w[1], uw[1], x + QK); \
+            __m256i v2 = LANES(fmt, w[2], uw[2], x + 2 * QK), v3 = LANES(fmt, w[3], uw[3], x + 3 * QK); \
+            __m256i h = _mm256_hadd_epi32(_mm256_hadd_epi32(v0, v1), _mm256_hadd_epi32(v2, v3)); \
+            __m128i isum = _mm_add_epi32(_mm256_castsi256_si128(h), _mm256_extracti128_si256(h, 1)); \
+            __m128 scale = _mm_mul_ps(dv, _mm_loadu_ps(A->d + r * nb + b)); \
+            acc[t] = _mm_fmadd_ps(_mm_cvtepi32_ps(isum), scale, acc[t]); \
+            acc[t] = _mm_fmadd_ps(mv, _mm_loadu_ps(A->s32 + r * nb + b), acc[t]); \
+        } \
+    } \
+    for (int t = 0; t < T; t++) { \
+        const int64_t r = r0 + t; \
+        float lanes[4]; \
+        _mm_storeu_ps(lanes, acc[t]); \
+        for (int64_t b = nb4; b < nb; b++) { /* the last nb mod 4 blocks, as the scalar path */ \
+            const __m256i w = block_bytes_avx2(fmt, q, b); \
+            const __m256i v = LANES(fmt, w, fmt == 4 ? w : _mm256_sign_epi8(w, w), A->q + r * A->K + b * QK); \
+            int32_t l8[8], isum = 0; \
+            _mm256_storeu_si256((__m256i *)l8, v); \
+            for (int l = 0; l < 8; l++) isum += l8[l]; \
+            lanes[b % 4] = fmaf((float)isum, d[b] * A->d[r * nb + b], lanes[b % 4]); \
+            lanes[b % 4] = fmaf(m[b], A->s32[r * nb + b], lanes[b % 4]); \
+        } \
+        res[t] = (lanes[0] + lanes[2]) + (lanes[1] + lanes[3]); \
+    } \
+}
+
+DEFINE_Q8G_TILE(dot_q8g_tile_avx2, QG_AVX2, block_lanes_avx2)
+
+/* AVX-512 VNNI (on 256-bit registers, so no wider than the AVX2 path's): vpdpbusd forms the same
+ * int32 lanes in one instruction (sums of four u8 x s8 products, no int16 step); the float part
+ * is the shared tile's, so results equal the AVX2 and scalar paths bit for bit */
+#define QG_VNNI __attribute__((target("avx2,fma,avx512f,avx512vl,avx512bw,avx512vnni")))
+QG_VNNI static inline __m256i block_lanes_vnni(const int fmt, __m256i w, __m256i uw, const int8_t *xq) {
+    __m256i x = _mm256_loadu_si256((const __m256i *)xq);
+    if (fmt != 4) x = _mm256_sign_epi8(x, w);
+    return _mm256_dpbusd_epi32(_mm256_setzero_si256(), uw, x);
+}
+
+DEFINE_Q8G_TILE(dot_q8g_tile_vnni, QG_VNNI, block_lanes_vnni)
+
+QG_VNNI static void dots_q8g_vnni(int fmt, const uint8_t *q, const float *d, const float *m, int64_t nb,
+                                  const QAct *A, int64_t r0, int64_t R, float *res) {
+    if (fmt == 4) {
+        for (; R >= 4; R -= 4, r0 += 4, res += 4) dot_q8g_tile_vnni(4, q, d, m, nb, A, r0, 4, res);
+        switch (R) {
+            case 3: dot_q8g_tile_vnni(4, q, d, m, nb, A, r0, 3, res); break;
+            case 2: dot_q8g_tile_vnni(4, q, d, m, nb, A, r0, 2, res); break;
+            case 1: dot_q8g_tile_vnni(4, q, d, m, nb, A, r0, 1, res); break;
+        }
+        return;
+    }
+    for (; R >= 2; R -= 2, r0 += 2, res += 2) dot_q8g_tile_vnni(8, q, d, m, nb, A, r0, 2, res);
+    if (R == 1) dot_q8g_tile_vnni(8, q, d, m, nb, A, r0, 1, res);
+}
+
+static int have_vnni(void) {
+    static int cached = -1;
+    if (cached < 0) {
+        __builtin_cpu_init();
+        cached = __builtin_cpu_supports("avx512vnni") && __builtin_cpu_supports("avx512vl") &&
+                 __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+    }
+    return cached;
+}
+
+QG_AVX2 static void dots_q8_avx2(int fmt, const uint8_t *q, const float *d, const float *m, int64_t nb, const QAct *A,
+                                 int64_t r0, int64_t R, float *res) {
+    if ((fmt == 4 || fmt == 8) && use_vnni && have_vnni()) {
+        dots_q8g_vnni(fmt, q, d, m, nb, A, r0, R, res);
+        return;
+    }
+    if (fmt == 4) {
+        for (; R >= 4; R -= 4, r0 += 4, res += 4) dot_q8g_tile_avx2(4, q, d, m, nb, A, r0, 4, res);
+        switch (R) {
+            case 3: dot_q8g_tile_avx2(4, q, d, m, nb, A, r0, 3, res); break;
+            case 2: dot_q8g_tile_avx2(4, q, d, m, nb, A, r0, 2, res); break;
+            case 1: dot_q8g_tile_avx2(4, q, d, m, nb, A, r0, 1, res); break;
+        }
+        return;
+    }
+    if (fmt == 8) { /* signed: w and |w| both held, so 2 rows a tile */
+        for (; R >= 2; R -= 2, r0 += 2, res += 2) dot_q8g_tile_avx2(8, q, d, m, nb, A, r0, 2, res);
+        if (R == 1) dot_q8g_tile_avx2(8, q, d, m, nb, A, r0, 1, res);
+        return;
+    }
+    switch (R) {
+        case 8: dot_q8_tile_avx2(fmt, q, d, m, nb, A, r0, 8, res); break;
+        case 7: dot_q8_tile_avx2(fmt, q, d, m, nb, A, r0, 7, res); break;
+        case 6: dot_q8_tile_avx2(fmt, q, d, m, nb, A, r0, 6, res); break;
+        case 5: dot_q8_tile_avx2(fmt, q, d, m, nb, A, r0, 5, res); break;
+        case 4: dot_q8_tile_avx2(fmt, q, d, m, nb, A, r0, 4, res); break;
+        case 3: dot_q8_tile_avx2(fmt, q, d, m, nb, A, r0, 3, res); break;
+        case 2: dot_q8_tile_avx2(fmt, q, d, m, nb, A, r0, 2, res); break;
+        default: dot_q8_tile_avx2(fmt, q, d, m, nb, A, r0, 1, res); break;
+    }
+}
+#endif
 
 /* ---- thread pool ------------------------------------------------------------------------ */
 
@@ -384,19 +663,52 @@ typedef struct {
     int64_t xs, R, os, rows_per_chunk;
     float *out;
     const float *base;
+    const QAct *A; /* the rows quantised (precision int8); NULL: float32 math */
 } GemmJob;
+
+#define Q8_TILE 8    /* rows of x a block is multiplied into while it sits in a register */
+#define Q8_GROUP 64  /* rows of x kept in cache while a chunk's weight rows pass over them */
+
+static void gemm_chunk_q8(const GemmJob *J, int64_t n0, int64_t n1, float *res) {
+    const QWeight *W = J->W;
+    const QAct *A = J->A;
+    const int64_t nb = W->K / QK, bb = block_bytes(W->fmt), ns = nb * block_scales(W->fmt);
+    const int simd = simd_on();
+    for (int64_t g0 = 0; g0 < J->R; g0 += Q8_GROUP) {
+        const int64_t g1 = g0 + Q8_GROUP < J->R ? g0 + Q8_GROUP : J->R;
+        for (int64_t n = n0; n < n1; n++) {
+            const uint8_t *q = W->q + n * nb * bb;
+            const float *d = W->d + n * ns, *m = W->m + n * ns;
+#ifdef QG_X86
+            if (simd) {
+                for (int64_t r = g0; r < g1; r += Q8_TILE)
+                    dots_q8_avx2(W->fmt, q, d, m, nb, A, r, g1 - r < Q8_TILE ? g1 - r : Q8_TILE, res + (r - g0));
+            } else
+#endif
+                for (int64_t r = g0; r < g1; r++)
+                    res[r - g0] = dot_q8_scalar(W->fmt, q, d, m, nb, A->q + r * A->K, A->d + r * nb, A->s32 + r * nb,
+                                                A->s16 + r * 2 * nb);
+            for (int64_t r = g0; r < g1; r++)
+                J->out[r * J->os + n] = J->base != NULL ? J->base[r * J->os + n] + res[r - g0] : res[r - g0];
+        }
+    }
+}
 
 static void gemm_chunk(void *arg, int64_t c) {
     const GemmJob *J = (const GemmJob *)arg;
     const QWeight *W = J->W;
     const int64_t nb = W->K / QK, bb = block_bytes(W->fmt), ns = nb * block_scales(W->fmt), R = J->R;
-    float *w = scratch((size_t)(W->K + R));
+    float *w = scratch((size_t)(W->K + (R > Q8_GROUP ? R : Q8_GROUP)));
     if (w == NULL) {
         atomic_store(&scratch_failed, 1);
         return;
     }
     float *res = w + W->K;
     const int64_t n0 = c * J->rows_per_chunk, n1 = n0 + J->rows_per_chunk < W->N ? n0 + J->rows_per_chunk : W->N;
+    if (J->A != NULL) {
+        gemm_chunk_q8(J, n0, n1, res);
+        return;
+    }
     const int simd = simd_on();
     for (int64_t n = n0; n < n1; n++) {
         const uint8_t *q = W->q + n * nb * bb;
@@ -422,8 +734,24 @@ static void gemm_chunk(void *arg, int64_t c) {
 }
 
 static int gemm(const QWeight *W, const float *x, int64_t xs, int64_t R, float *out, int64_t os, const float *base,
-                int threads) {
-    GemmJob J = {W, x, xs, R, os, ROW_CHUNK, out, base};
+                int threads, int int8) {
+    GemmJob J = {W, x, xs, R, os, ROW_CHUNK, out, base, NULL};
+    QAct A;
+    void *held = NULL;
+    if (int8 && W->fmt != 32 && R > 0) { /* quantise every row once, before the threads start */
+        const int64_t nb = W->K / QK;
+        held = malloc((size_t)(R * W->K) + sizeof(float) * (size_t)(R * nb * 4));
+        if (held == NULL) return -1;
+        A.d = (float *)held;
+        A.s32 = A.d + R * nb;
+        A.s16 = A.s32 + R * nb;
+        A.q = (int8_t *)(A.s16 + R * 2 * nb);
+        A.K = W->K;
+        A.nb = nb;
+        for (int64_t r = 0; r < R; r++)
+            quantize_row(x + r * xs, nb, A.q + r * W->K, A.d + r * nb, A.s32 + r * nb, A.s16 + r * 2 * nb);
+        J.A = &A;
+    }
     if (W->N * W->K * (R > 0 ? R : 1) < 65536) threads = 1;
     /* a few chunks per thread: enough for a late worker to join, few enough that taking them
      * costs little (each take is an atomic on a shared cache line) */
@@ -433,6 +761,7 @@ static int gemm(const QWeight *W, const float *x, int64_t xs, int64_t R, float *
     }
     atomic_store(&scratch_failed, 0);
     run_chunks(gemm_chunk, &J, (W->N + J.rows_per_chunk - 1) / J.rows_per_chunk, threads);
+    free(held);
     return atomic_load(&scratch_failed) ? -1 : 0;
 }
 
@@ -471,7 +800,7 @@ static void dequant(const QWeight *W, float *out, int threads) {
  * v accumulated per element in key order, divided by the sum at the end. A row depends only on
  * its own query and the keys it sees. */
 
-static inline float lanes8(const float *s) {
+static inline float lanes8(const float *s) { /* ((0+4)+(2+6))+((1+5)+(3+7)) */
     float t0 = s[0] + s[4], t1 = s[1] + s[5], t2 = s[2] + s[6], t3 = s[3] + s[7];
     return (t0 + t2) + (t1 + t3);
 }
@@ -760,21 +1089,24 @@ static int check_weight(QWeight *W, int fmt, unsigned long long q, unsigned long
     return 1;
 }
 
-/* gemm(fmt, q, d, m, N, K, x, R, out, base, threads): out[R, N] = (base[R, N] +) x[R, K] @ W^T;
- * x, out and base are contiguous float32; base 0 means none */
+/* gemm(fmt, q, d, m, N, K, x, R, out, base, threads[, int8]): out[R, N] = (base[R, N] +) x[R, K] @ W^T;
+ * x, out and base are contiguous float32; base 0 means none; int8 true: x quantised per row
+ * (the int8 arithmetic above; format 32 keeps float32) */
 static PyObject *py_gemm(PyObject *self, PyObject *args) {
     QWeight W;
-    int fmt, threads, rc;
+    int fmt, threads, rc, int8 = 0;
     unsigned long long q, d, m, x, out, base;
     long long N, K, R;
-    if (!PyArg_ParseTuple(args, "iKKKLLKLKKi", &fmt, &q, &d, &m, &N, &K, &x, &R, &out, &base, &threads)) return NULL;
+    if (!PyArg_ParseTuple(args, "iKKKLLKLKKi|p", &fmt, &q, &d, &m, &N, &K, &x, &R, &out, &base, &threads, &int8))
+        return NULL;
     if (!check_weight(&W, fmt, q, d, m, N, K)) return NULL;
     if (!x || !out || R < 0) {
         PyErr_SetString(PyExc_ValueError, "bad gemm operands");
         return NULL;
     }
     Py_BEGIN_ALLOW_THREADS
-    rc = gemm(&W, (const float *)(uintptr_t)x, K, R, (float *)(uintptr_t)out, N, (const float *)(uintptr_t)base, threads);
+    rc = gemm(&W, (const float *)(uintptr_t)x, K, R, (float *)(uintptr_t)out, N, (const float *)(uintptr_t)base, threads,
+              int8);
     Py_END_ALLOW_THREADS
     if (rc != 0) return PyErr_NoMemory();
     Py_RETURN_NONE;
@@ -868,8 +1200,20 @@ static PyObject *py_set_simd(PyObject *self, PyObject *args) {
     Py_RETURN_NONE;
 }
 
+static PyObject *py_set_vnni(PyObject *self, PyObject *args) {
+    int on;
+    if (!PyArg_ParseTuple(args, "p", &on)) return NULL;
+    use_vnni = on;
+    Py_RETURN_NONE;
+}
+
 static PyObject *py_info(PyObject *self, PyObject *noargs) {
-    return Py_BuildValue("{s:s,s:i}", "simd", simd_on() ? "avx2+fma" : "scalar", "pool_workers", pool.started);
+    const char *int8 = "scalar";
+#ifdef QG_X86
+    if (simd_on()) int8 = use_vnni && have_vnni() ? "avx512-vnni" : "avx2";
+#endif
+    return Py_BuildValue("{s:s,s:s,s:i}", "simd", simd_on() ? "avx2+fma" : "scalar", "int8", int8, "pool_workers",
+                         pool.started);
 }
 
 static PyMethodDef methods[] = {
@@ -880,6 +1224,7 @@ static PyMethodDef methods[] = {
     {"rope", py_rope, METH_VARARGS, "rotary embedding of rows, in place (adjacent pairs)"},
     {"silu_mul", py_silu_mul, METH_VARARGS, "silu(gate) * up of rows"},
     {"set_simd", py_set_simd, METH_VARARGS, "False forces the scalar path (tests)"},
+    {"set_vnni", py_set_vnni, METH_VARARGS, "False keeps the int8 path on AVX2 where VNNI exists (tests)"},
     {"info", py_info, METH_NOARGS, "which paths this build has"},
     {NULL, NULL, 0, NULL},
 };

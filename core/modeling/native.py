@@ -30,6 +30,8 @@ def available() -> bool:
 
 
 def info() -> dict[str, object]:
-    """What the build offers: ``{"simd": "avx2+fma" | "scalar" | None, "pool_workers": int}``."""
+    """What the build offers on this CPU: ``{"simd": "avx2+fma" | "scalar" | None, "int8":
+    "avx512-vnni" | "avx2" | "scalar" | None, "pool_workers": int}`` (the vector paths are
+    chosen at run time by CPU feature; the build itself targets no particular CPU)."""
     module = kernels()
-    return {"simd": None, "pool_workers": 0} if module is None else dict(module.info())
+    return {"simd": None, "int8": None, "pool_workers": 0} if module is None else dict(module.info())

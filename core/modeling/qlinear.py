@@ -1,4 +1,4 @@
-"""Linear layers that keep a GGUF's quantised blocks and multiply on them (CPU, float32 math).
+"""Linear layers that keep a GGUF's quantised blocks and multiply on them (CPU; float32 or int8 math).
 
 A decode step of a small model on the CPU is bound by the bytes of weights it reads: float32
 weights are 4 bytes a weight, Q4_1 blocks 0.625. ``BlockMatrix`` keeps a weight [N, K] as
@@ -18,8 +18,14 @@ Q2_K, Q3_K and the rest are not packed (``pack_tensors`` returns None); a caller
 every matrix on the kernel wraps such a matrix's float32 weights as format ``32``
 (``BlockMatrix.dense``: d = 1, m = 0, the weights as they are).
 
-Calls with more than ``GEMM_ROWS`` (72) rows (long prefills) dequantise the matrix in slices and use
-torch's blocked GEMM, which wins there; that path sums in torch's order.
+Calls with more than ``GEMM_ROWS`` (72) rows (long prefills) take the faster of the kernel and
+dequantise + torch's blocked GEMM (measured once per matrix shape and precision in the running
+process); the torch path sums in torch's order. Every call of up to 72 rows (every verify) runs
+on the kernel, so verify rows reproduce decode rows bit for bit.
+
+Precision: ``linear(..., precision="int8")`` quantises each row of x per 32 values to int8 and
+multiplies exactly in integers (llama.cpp's CPU arithmetic), still batch-invariant; the default
+``"float32"`` unpacks weights to their exact float32 values.
 
 The compiled part is optional: ``tsspec.modeling.native.available()`` is False when the build
 had no C compiler, and loaders then keep float32 weights (``linear`` and ``dequantize`` still
@@ -39,10 +45,17 @@ from . import native
 from .dequant import _f16, _k_nibbles, _k_scales, _nibbles, q5_k_values, q6_k_parts
 
 QK = 32
-# up to this many rows the block kernel runs; above, dequantise + torch GEMM. Measured on the
-# embedded model (2 threads): prefill of 32 rows 85 vs 125 ms, 84 rows 228 vs 203 ms; set just
-# above the longest verify (a 64-token draft + 1) so every verify row stays batch-invariant
+# Calls of up to this many rows always run on the block kernel: a bound for correctness, not a
+# measured speed. It lies above the longest verify (a 64-token draft + 1), so every verify row is
+# computed exactly like a one-row decode (batch-invariant). Longer calls (prefills) take whichever
+# of the kernel and dequantise + torch GEMM ``choose_long_path`` measured faster on this machine
+# for that matrix and precision, once per process.
 GEMM_ROWS = 72
+# the arithmetic of the block kernel: "float32" (weights unpacked to their exact float32 values,
+# float32 sums) or "int8" (rows quantised per 32 values to int8, exact integer dot products with
+# the weights' q: llama.cpp's CPU arithmetic; ~1% relative error in a matmul, measured in
+# docs/figures.md). Format-32 matrices (plain float weights) always use float32.
+PRECISIONS = ("float32", "int8")
 DEQUANT_SLICE = 1 << 22  # weights dequantised at a time on the GEMM path (16 MiB of float32)
 PACKABLE = {T.Q4_0, T.Q4_1, T.Q8_0, T.Q4_K, T.Q5_K, T.Q6_K}
 K_BLOCK_BYTES = {T.Q4_K: 144, T.Q5_K: 176, T.Q6_K: 210}  # 256-weight super-blocks
@@ -144,17 +157,25 @@ class BlockMatrix:
         ids = ids.reshape(-1).to(torch.long)
         return _dequantize_torch(self.fmt, self.q[ids], self.d[ids], self.m[ids])
 
-    def linear(self, x: torch.Tensor, base: torch.Tensor | None = None) -> torch.Tensor:
-        """``base + x @ W^T`` (base optional), x [R, K] float32 -> [R, N] float32."""
+    def linear(self, x: torch.Tensor, base: torch.Tensor | None = None, *, precision: str = "float32") -> torch.Tensor:
+        """``base + x @ W^T`` (base optional), x [R, K] float32 -> [R, N] float32; ``precision``
+        is the kernel's arithmetic (PRECISIONS)."""
         rows, k = x.shape
         n = self.shape[0]
         if k != self.shape[1]:
             raise ValueError(f"x has {k} columns, the matrix {self.shape[1]}")
         if x.dtype != torch.float32 or x.device.type != "cpu":
             raise ValueError("block matrices multiply float32 CPU rows")
+        if precision not in PRECISIONS:
+            raise ValueError(f"precision must be one of {PRECISIONS}, got {precision!r}")
         kernels = native.kernels()
-        if rows > GEMM_ROWS or kernels is None:
+        if kernels is None or (rows > GEMM_ROWS and _long_path(self, x, base, precision) == "torch"):
             return self._linear_torch(x, base)
+        return self._linear_kernel(kernels, x, base, precision)
+
+    def _linear_kernel(self, kernels, x: torch.Tensor, base: torch.Tensor | None, precision: str) -> torch.Tensor:
+        rows, k = x.shape
+        n = self.shape[0]
         x = x.contiguous()
         out = torch.empty((rows, n), dtype=torch.float32)
         base_ptr = 0
@@ -165,7 +186,7 @@ class BlockMatrix:
             base_ptr = base.data_ptr()
         kernels.gemm(
             self.fmt, self.q.data_ptr(), self.d.data_ptr(), self.m.data_ptr(), n, k,
-            x.data_ptr(), rows, out.data_ptr(), base_ptr, torch.get_num_threads(),
+            x.data_ptr(), rows, out.data_ptr(), base_ptr, torch.get_num_threads(), precision == "int8",
         )
         return out
 
@@ -186,6 +207,42 @@ class BlockMatrix:
 
     def __repr__(self) -> str:
         return f"BlockMatrix(q{self.fmt}, {list(self.shape)}, {self.nbytes / 2**20:.1f} MiB)"
+
+
+# (N, K, format, precision) -> "kernel" | "torch" for calls of more than GEMM_ROWS rows
+_LONG_PATH: dict[tuple[int, int, int, str], str] = {}
+
+
+def _long_path(matrix: BlockMatrix, x: torch.Tensor, base, precision: str) -> str:
+    """The faster way to multiply a long call (more than GEMM_ROWS rows) by this matrix, measured
+    here once per shape and precision (the first such call times both on its own rows; the
+    answer is kept for the process): no speed constant from another machine decides it."""
+    key = (matrix.shape[0], matrix.shape[1], matrix.fmt, precision)
+    choice = _LONG_PATH.get(key)
+    if choice is None:
+        choice = choose_long_path(matrix, x, base, precision)
+        _LONG_PATH[key] = choice
+    return choice
+
+
+def choose_long_path(matrix: BlockMatrix, x: torch.Tensor, base, precision: str, reps: int = 2) -> str:
+    """Time the block kernel and dequantise + torch GEMM on ``x`` (alternating, best of
+    ``reps``) and name the faster: "kernel" or "torch"."""
+    import time
+
+    kernels = native.kernels()
+    if kernels is None:
+        return "torch"
+    best = {"kernel": float("inf"), "torch": float("inf")}
+    for _ in range(reps):
+        for name in best:
+            start = time.perf_counter()
+            if name == "kernel":
+                matrix._linear_kernel(kernels, x, base, precision)
+            else:
+                matrix._linear_torch(x, base)
+            best[name] = min(best[name], time.perf_counter() - start)
+    return min(best, key=best.get)
 
 
 def _widen(q4: torch.Tensor) -> torch.Tensor:

@@ -56,8 +56,13 @@ class BatchedSpecTrunk:
         return self.scheduler.target.spec_feature_size
 
     @property
+    def _recurrent(self):
+        """The paged KV's ``keep`` when it holds per-sequence recurrent state, else None."""
+        return getattr(self.scheduler.kv, "keep", None)
+
+    @property
     def can_rewind(self) -> bool:
-        return True  # KV only: a rewind is the whole rollback
+        return self._recurrent is None  # KV only: a rewind is the whole rollback
 
     def ensure_capacity(self, required_seq_len: int) -> None:
         if required_seq_len > self._max_ctx:
@@ -94,13 +99,23 @@ class BatchedSpecTrunk:
         start, tokens = self._last_verify
         if not 1 <= rows_kept <= len(tokens):
             raise ValueError(f"cannot keep {rows_kept} rows of a verify of {len(tokens)}")
+        mode = None
+        keep = self._recurrent
+        if keep is not None:  # a hybrid: its recurrent state commits the kept row's slot
+            mode = keep(self.handle.id, rows_kept)
         self._len = start + rows_kept
         self.table.commit(tokens[:rows_kept], start)
+        if mode is not None:
+            return mode
         return ALL if rows_kept == len(tokens) else REWOUND
 
     def rewind(self, length: int) -> None:
         if not 0 <= length <= self._len:
             raise ValueError(f"cannot rewind {self._len} positions to {length}")
+        if self._recurrent is not None and length not in (0, self._len):
+            raise ValueError(f"cannot rewind a recurrent trunk from {self._len} to {length}")
+        if self._recurrent is not None and length == 0 and self._len:
+            self.scheduler.kv.release(self.handle.id)  # a fresh state at the next forward
         self._len = length
         if length < self.table.length:
             self.table.truncate(length)

@@ -55,6 +55,8 @@ class Catalog:
     drafters: dict[str, LoaderEntry] = attrs.field(factory=dict)  # architecture -> attach
     converters: dict[str, ConverterEntry] = attrs.field(factory=dict)  # checkpoint type -> converter
     kernels: dict[str, list[KernelEntry]] = attrs.field(factory=dict)
+    trainers: dict[str, Any] = attrs.field(factory=dict)  # drafter kind -> TrainerEntry
+    bundled_drafters: list[Any] = attrs.field(factory=list)  # BundledDrafter records
     host: PluginHost | None = None
 
     def kernel(self, op: str, device: str):
@@ -69,18 +71,28 @@ class Catalog:
         return {op: impl for op in sorted(self.kernels) if (impl := self.kernel(op, device)) is not None}
 
 
-def _add_loaders(table: dict[str, LoaderEntry], record, kind: str, pending: list):
-    def register(architectures, function, *, file_less=False):
+def _add_loaders(table: dict[str, LoaderEntry], record, kind: str, pending: list, bundled: list | None = None):
+    def register(architectures, function=None, *, file_less=False, files=()):
         if isinstance(architectures, str):
             architectures = [architectures]
-        if not callable(function):
+        architectures = list(architectures or ())
+        if architectures and not callable(function):
             raise TypeError(f"{kind} for {architectures} is not callable")
-        entry = LoaderEntry(list(architectures), function, record.name, record.package, record.version,
-                            bool(file_less))
+        if files and bundled is None:
+            raise TypeError(f"{kind} registrations take no files")
+        records = []
+        if files:
+            from .bundled import bundled_record
+
+            records = [bundled_record(spec, record.name) for spec in files]  # raises when malformed
+        entry = (LoaderEntry(architectures, function, record.name, record.package, record.version, bool(file_less))
+                 if architectures else None)
 
         def apply():
             for arch in architectures:
                 table.setdefault(arch, entry)  # first registration wins; load order is by name
+            if records:
+                bundled.extend(records)
 
         pending.append((record.name, apply))
 
@@ -131,7 +143,8 @@ def build_catalog(host: PluginHost, *, discover: bool = True) -> Catalog:
     )
     host.call_each(
         "tsspec_register_drafters",
-        lambda name: {"register": _add_loaders(catalog.drafters, host.plugin_info(name), "drafter attach", pending)},
+        lambda name: {"register": _add_loaders(catalog.drafters, host.plugin_info(name), "drafter attach", pending,
+                                               catalog.bundled_drafters)},
     )
     def converters_for(name):
         record = host.plugin_info(name)
@@ -157,6 +170,19 @@ def build_catalog(host: PluginHost, *, discover: bool = True) -> Catalog:
 
     host.call_each("tsspec_register_converters", converters_for)
     host.call_each("tsspec_register_kernels", kernels_for)
+
+    def trainers_for(name):
+        def register(kind, trainer, *, description=""):
+            from ..training.request import TrainerEntry
+
+            if not callable(trainer):
+                raise TypeError(f"trainer for kind {kind!r} is not callable")
+            entry = TrainerEntry(str(kind), trainer, description, name)
+            pending.append((name, lambda: catalog.trainers.setdefault(entry.kind, entry)))
+
+        return {"register": register}
+
+    host.call_each("tsspec_register_trainers", trainers_for)
     for plugin, apply in pending:
         if host.plugin_info(plugin).status == LOADED:
             apply()

@@ -92,6 +92,12 @@ def load_model(
             path, f"plugin {entry.plugin} failed to load it: {type(exc).__name__}: {exc}"
         ) from exc
     drafter = draft_model or spec.drafter_path
+    if not drafter and spec.enabled and Path(str(path)).is_file():
+        from .bundled import pick
+
+        record = pick(catalog.bundled_drafters, path, spec.spec_type)
+        if record is not None:
+            drafter = record.path  # a drafter a plugin ships for exactly this file
     if drafter:
         attach_drafter(target, drafter, load_options, catalog)
     return target

@@ -166,6 +166,15 @@ class Scheduler:
         if self.max_batch_rows < MAX_WINDOW + 1:
             raise ValueError(f"max_batch_rows must be >= {MAX_WINDOW + 1} (a full verify), got {self.max_batch_rows}")
         self.chunk_rows = max(1, min(chunk_rows, self.max_batch_rows))
+        # a paged KV that is not row-invariant (a hybrid running each sequence's own trunk
+        # call) prefills a prompt in one piece, as the sequence's solo run does
+        if self.kv is not None and not getattr(self.kv, "row_invariant", True):
+            self.chunk_rows = self.target.max_context_length
+        # a paged KV whose state cannot resume at a cached prefix refuses prefix reuse
+        self.prefix_refusal: str | None = None
+        if self.kv is not None and not getattr(self.kv, "resumes_prefix", True):
+            self.prefix_refusal = str(getattr(self.kv, "prefix_refusal", "") or "the paged KV cannot resume a prefix")
+            log.info("prefix reuse refused: %s", self.prefix_refusal)
         self.batch_wait_s = batch_wait_ms / 1000.0
         self.registry = registry
         self._cond = threading.Condition()
@@ -303,6 +312,9 @@ class Scheduler:
         with self._cond:
             if handle.trunk is not None:
                 handle.trunk.table.free()
+                release = getattr(self.kv, "release", None)
+                if release is not None:
+                    release(handle.id)
             self._running.discard(handle)
             handle.state = state
             self.finished[state] += 1
@@ -338,7 +350,8 @@ class Scheduler:
                 continue
             table = BlockTable(self.pool, self.kv.copy_block)
             counters = (self.pool.queried_tokens, self.pool.hit_tokens)
-            table.adopt(request.prompt)
+            if self.prefix_refusal is None:
+                table.adopt(request.prompt)
             need = max(0, self.blocks_needed(len(request.prompt), request.max_tokens) - len(table.blocks))
             if not self.pool.reserve(need):
                 table.free()
@@ -416,7 +429,10 @@ class Scheduler:
                     except Exception as exc:
                         work.error, work.finished = exc, True
                         continue
-                    rows.append(PagedRows(list(trunk.table.blocks), trunk.seq_len, work.tokens, work.all_logits, work.want_hidden))
+                    rows.append(PagedRows(
+                        list(trunk.table.blocks), trunk.seq_len, work.tokens, work.all_logits, work.want_hidden,
+                        seq=work.handle.id,
+                    ))
                     runnable.append(work)
                 self._cond.notify_all()  # cancelled or failed work wakes its worker
                 if not runnable:
@@ -472,6 +488,7 @@ class Scheduler:
                 "prefix_queried_tokens": pool.queried_tokens if pool else 0,
                 "prefix_hit_tokens": pool.hit_tokens if pool else 0,
                 "prefix_hit_rate": pool.hit_rate if pool else 0.0,
+                "prefix_refusal": self.prefix_refusal,
                 "steps": self.steps,
                 "batch_rows": self.batch_rows,
                 "arming": dict(self.arming),

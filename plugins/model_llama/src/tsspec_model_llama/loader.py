@@ -9,7 +9,10 @@ Weights: with no ``--dtype`` on the CPU (the default), Q4_0 / Q4_1 / Q8_0 matric
 quantised blocks and the compiled block kernel multiplies on them in float32 math
 (``tsspec.modeling.qlinear``): 4-6x fewer bytes per decode step, the same values as the
 dequantised matrix, and batch-invariant rows. ``--dtype float32`` asks for dense float32 weights
-(the previous path, torch GEMMs); so does a build without the compiled kernel. ``float64`` runs everything in double
+(torch GEMMs); so does a build without the compiled kernel. ``--dtype int8`` keeps the blocks
+and quantises activations to int8 per 32 values (llama.cpp's arithmetic, exact integer dots);
+``--dtype float32-blocks`` keeps the blocks with float32 math. The default arithmetic is
+``DEFAULT_PRECISION``, chosen from measured fidelity (docs/figures.md). ``float64`` runs everything in double
 precision: slow, but multi-row and one-row forwards then agree to ~1e-15 (exact-output tests).
 """
 
@@ -39,6 +42,12 @@ DTYPES = {
     "float64": torch.float64, "fp64": torch.float64,  # the exact reference mode for tests
 }
 DEFAULT_DTYPE = torch.float32
+# --dtype values that keep the file's quantised blocks on the compiled CPU kernel, and the
+# kernel's arithmetic each asks for (tsspec.modeling.qlinear.PRECISIONS)
+BLOCK_DTYPES = {"int8": "int8", "q8": "int8", "float32-blocks": "float32", "blocks": "float32"}
+# the arithmetic of the default (no --dtype) CPU path, chosen from the measured fidelity of int8
+# activations against the float32 path (docs/figures.md: logit error, greedy agreement)
+DEFAULT_PRECISION = "float32"
 
 
 def _setting(options: Any, name: str) -> Any:
@@ -67,7 +76,7 @@ def resolve_dtype(path: str, value: Any) -> torch.dtype:
         return value
     dtype = DTYPES.get(str(value).lower())
     if dtype is None:
-        raise ModelLoadError(path, f"--dtype {value!r} is not supported (use {', '.join(sorted(set(DTYPES)))})")
+        raise ModelLoadError(path, f"--dtype {value!r} is not supported (use {', '.join(sorted(set(DTYPES) | set(BLOCK_DTYPES)))})")
     return dtype
 
 
@@ -88,8 +97,16 @@ def load_llama(gguf_path: str | os.PathLike[str], options: Any = None, *, cache:
     path = os.fspath(gguf_path)
     device = resolve_device(path, _setting(options, "device"))
     requested = _setting(options, "dtype")
-    dtype = resolve_dtype(path, requested)
-    blocks = requested in (None, "auto") and device.type == "cpu" and native.available()
+    precision = BLOCK_DTYPES.get(str(requested).lower()) if requested is not None else None
+    if precision is not None:
+        if device.type != "cpu" or not native.available():
+            raise ModelLoadError(path, f"--dtype {requested} runs on the compiled CPU kernels: "
+                                       "use --device cpu with a build that has them")
+        dtype, blocks = DEFAULT_DTYPE, True
+    else:
+        dtype = resolve_dtype(path, requested)
+        blocks = requested in (None, "auto") and device.type == "cpu" and native.available()
+        precision = DEFAULT_PRECISION
     with GGUFFile(path) as gguf_file:
         if gguf_file.architecture not in ARCHITECTURES:
             raise ModelLoadError(
@@ -108,4 +125,5 @@ def load_llama(gguf_path: str | os.PathLike[str], options: Any = None, *, cache:
         path=path,
         load_seconds=time.perf_counter() - started,
         cache_hit=weight_cache.last_hit,
+        precision=precision,
     )

@@ -53,14 +53,12 @@ SMALL_OP_ROWS = 16  # calls of up to this many rows (decode, verify) run small o
 OUTPUT_DEVICE = torch.device("cpu")
 
 
-# CPU GEMMs with 2-3 rows take a slower path than 4 rows; shorter verifies are padded to this
-MIN_FAST_GEMM_ROWS = 4
 
-
-def _linear(h: torch.Tensor, weight, bias: torch.Tensor | None = None) -> torch.Tensor:
-    """h [rows, in] @ weight^T (+ bias) for a dense weight or a BlockMatrix."""
+def _linear(h: torch.Tensor, weight, bias: torch.Tensor | None = None, precision: str = "float32") -> torch.Tensor:
+    """h [rows, in] @ weight^T (+ bias) for a dense weight or a BlockMatrix (``precision``: the
+    block kernel's arithmetic, see tsspec.modeling.qlinear)."""
     if isinstance(weight, BlockMatrix):
-        out = weight.linear(h)
+        out = weight.linear(h, precision=precision)
         return out if bias is None else out.add_(bias)
     return F.linear(h, weight, bias)
 
@@ -114,6 +112,7 @@ class LlamaTarget:
         path: str | None = None,
         load_seconds: float | None = None,
         cache_hit: bool | None = None,
+        precision: str = "float32",
     ):
         self.hparams = hp = hparams
         self.path = path
@@ -127,6 +126,9 @@ class LlamaTarget:
         # weights kept in quantised blocks (CPU): every matmul row is summed in the same order
         # whatever the row count, and short verifies need no padding (see qlinear.py)
         self.block_weights = any(isinstance(t, BlockMatrix) for t in weights.values())
+        # the block kernel's arithmetic: float32 (exact weights, float32 sums) or int8 (rows
+        # quantised per 32 values, exact integer dots: llama.cpp's); both batch-invariant
+        self.precision = precision if self.block_weights else str(dtype).removeprefix("torch.")
         self.config = ModelConfig(
             architecture=hp.architecture,
             vocab_size=hp.vocab_size,
@@ -138,6 +140,7 @@ class LlamaTarget:
                 "tied_embeddings": tied,
                 "dtype": str(dtype).removeprefix("torch."),
                 "weights": "blocks" if self.block_weights else "dense",
+                "arithmetic": self.precision,
             },
         )
         # the residual stream, norms, RoPE and attention (KV cache included) run in float32;
@@ -187,7 +190,7 @@ class LlamaTarget:
 
             if self._seq_len + max(ROWS) > self.max_context_length:
                 return None  # no room after the cached tokens to measure in
-            self._row_ms = cached(self.path, f"block|{self.dtype}", self._calibration_forward)
+            self._row_ms = cached(self.path, f"block|{self.dtype}|{self.precision}", self._calibration_forward)
         return self._row_ms
 
     def _calibration_forward(self, rows: int) -> None:
@@ -234,17 +237,6 @@ class LlamaTarget:
             k[:, :, : self._seq_len] = self._k[:, :, : self._seq_len]
             v[:, :, : self._seq_len] = self._v[:, :, : self._seq_len]
         self._k, self._v, self._capacity = k, v, capacity
-
-    def _gemm_padding(self, rows: int) -> int:
-        """Rows to add so a short multi-row forward runs at the faster GEMM shape (CPU only;
-        measured on the embedded model: 2 rows 100 ms, 3 rows 123 ms, 4 rows 82 ms)."""
-        if self.device.type != "cpu" or self.block_weights or not 1 < rows < MIN_FAST_GEMM_ROWS:
-            return 0
-        pad = MIN_FAST_GEMM_ROWS - rows
-        if self._seq_len + rows + pad > self.max_context_length:
-            return 0
-        self.spec_ensure_capacity(self._seq_len + rows + pad)
-        return pad
 
     def spec_rewind_cache(self, length: int) -> None:
         if not 0 <= length <= self._seq_len:
@@ -301,7 +293,7 @@ class LlamaTarget:
         end = past + rows
         h = torch.empty_like(x)
         k.rms_norm(x.data_ptr(), layer.attn_norm.data_ptr(), h.data_ptr(), rows, H, self._eps)
-        qkv = _linear(h, layer.wqkv, layer.bqkv)  # [rows, (nh + 2 nkv) hd]; Q pre-scaled
+        qkv = _linear(h, layer.wqkv, layer.bqkv, self.precision)  # [rows, (nh + 2 nkv) hd]; Q pre-scaled
         k.rope(qkv.data_ptr(), qkv.stride(0), rows, self._qk_heads, hd, hp.rope_dim, self._rope_table, past)
         k_cache, v_cache = self._k[i], self._v[i]  # [nkv, capacity, hd]
         k_cache[:, past:end] = qkv[:, hp.q_size : self._qk_size].view(rows, hp.n_kv_heads, hd).transpose(0, 1)
@@ -310,7 +302,7 @@ class LlamaTarget:
         x = self._residual_add(x, attn, layer.wo, layer.bo)
         h = torch.empty_like(x)
         k.rms_norm(x.data_ptr(), layer.ffn_norm.data_ptr(), h.data_ptr(), rows, H, self._eps)
-        gate_up = _linear(h, layer.w_gate_up)  # [rows, 2 F]
+        gate_up = _linear(h, layer.w_gate_up, None, self.precision)  # [rows, 2 F]
         act = torch.empty((rows, hp.ffn_size), dtype=torch.float32)
         k.silu_mul(gate_up.data_ptr(), act.data_ptr(), rows, hp.ffn_size)
         return self._residual_add(x, act, layer.w_down, None)
@@ -370,7 +362,7 @@ class LlamaTarget:
     def _residual_add(self, x: torch.Tensor, h: torch.Tensor, weight: torch.Tensor, bias) -> torch.Tensor:
         """x + h @ weight^T (+ bias), in one GEMM when the dtypes allow."""
         if isinstance(weight, BlockMatrix):
-            return weight.linear(h, x if bias is None else x + bias)
+            return weight.linear(h, x if bias is None else x + bias, precision=self.precision)
         if self._cast:
             return x + F.linear(h, weight, bias).to(self._residual_dtype)
         if bias is not None:
@@ -421,22 +413,12 @@ class LlamaTarget:
         self, tokens: Sequence[int], *, all_logits_rows: bool, want_hidden: bool
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """logits [rows or 1, vocab] float32; hidden [rows, spec_feature_size] float32 or None."""
-        rows = len(tokens)
-        self._last_forward = (self._seq_len, rows)
-        pad = self._gemm_padding(rows) if all_logits_rows else 0
-        if pad:
-            # 2-3 row GEMMs are slower than 4-row ones on CPU: run the rows (LM head included)
-            # with copies of the last token behind them (causal: the real rows never see them),
-            # then drop those rows and their KV entries
-            x, tapped = self.forward_residual([*tokens, *([tokens[-1]] * pad)])
-            self._seq_len -= pad
-        else:
-            x, tapped = self.forward_residual(tokens)
+        self._last_forward = (self._seq_len, len(tokens))
+        # (no padding of short verifies to a "faster" GEMM shape: what a row count costs is the
+        # cost governor's to measure on the machine at hand, not a constant from another one)
+        x, tapped = self.forward_residual(tokens)
         normed = F.rms_norm(x if all_logits_rows else x[-1:], self._norm_shape, self._output_norm, self._eps)
-        logits = _linear(normed.to(self.dtype), self._lm_head).to(OUTPUT_DEVICE, torch.float32)
-        if pad:
-            x, normed, logits = x[:rows], normed[:rows], logits[:rows]
-            tapped = [t[:rows] for t in tapped]
+        logits = _linear(normed.to(self.dtype), self._lm_head, None, self.precision).to(OUTPUT_DEVICE, torch.float32)
         hidden = None
         if want_hidden:
             if self._taps is not None:
@@ -462,7 +444,7 @@ class LlamaTarget:
     @torch.inference_mode()
     def lm_head(self, hidden: torch.Tensor) -> torch.Tensor:
         """Logits [n, vocab] of already-normed rows [n, H] (no final norm applied here)."""
-        return _linear(hidden.to(self.device, self.dtype), self._lm_head).to(OUTPUT_DEVICE, torch.float32)
+        return _linear(hidden.to(self.device, self.dtype), self._lm_head, None, self.precision).to(OUTPUT_DEVICE, torch.float32)
 
     def __repr__(self) -> str:
         hp = self.hparams

@@ -151,6 +151,17 @@ class Qwen35Target:
     def spec_set_feature_taps(self, layers: Sequence[int] | None) -> None:
         self._taps = resolve_feature_taps(layers, self.hp.num_layers)
 
+    # -- the batched paged path (serving; see paged.py) -------------------------------------
+    def spec_kv_bytes_per_block(self, block_size: int) -> int:
+        from .paged import PagedQwen35KV
+
+        return PagedQwen35KV.bytes_per_block(self, block_size)
+
+    def spec_open_paged(self, num_blocks: int, block_size: int):
+        from .paged import open_paged
+
+        return open_paged(self, num_blocks, block_size)
+
     # -- the protocol ------------------------------------------------------------------------
     def spec_ensure_capacity(self, required_seq_len: int) -> None:
         if required_seq_len > self._max_context:

@@ -9,7 +9,7 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-from .plugin import tsspec_register_speculators
+from .plugin import tsspec_register_drafters, tsspec_register_speculators, tsspec_register_trainers
 
 _LAZY = {
     "GATE_TOP_K": ".confidence",
@@ -22,7 +22,7 @@ _LAZY = {
     "fold_enabled": ".speculator",
 }
 
-__all__ = [*_LAZY, "tsspec_register_speculators"]
+__all__ = [*_LAZY, "tsspec_register_speculators", "tsspec_register_drafters", "tsspec_register_trainers"]
 
 
 def __getattr__(name: str) -> Any:

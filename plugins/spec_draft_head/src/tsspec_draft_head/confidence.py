@@ -24,7 +24,10 @@ def top1_over_topk(logits: torch.Tensor, top_k: int = GATE_TOP_K) -> tuple[int, 
     """
     if logits.dim() != 1 or logits.shape[0] == 0:
         raise ValueError(f"logits must be a non-empty [vocab] vector, got shape {tuple(logits.shape)}")
-    values = torch.topk(logits.to(torch.float64), min(top_k, logits.shape[0])).values  # [k], descending
+    # top-k in the logits' own float type (the cast to float64 is exact and keeps the order, so
+    # this is the same set as on float64 logits without copying a vocabulary-sized vector)
+    source = logits if logits.dtype in (torch.float32, torch.float64) else logits.to(torch.float64)
+    values = torch.topk(source, min(top_k, logits.shape[0])).values.to(torch.float64)  # [k], descending
     probs = torch.softmax(values, dim=0)  # [k]
     return int(torch.argmax(logits).item()), float(probs[0].item())
 

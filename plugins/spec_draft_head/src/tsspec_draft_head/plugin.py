@@ -55,3 +55,25 @@ def tsspec_register_speculators(register):
 
     register(ALGORITHM, make_draft_head, requires_draft_head=True, serves_kind=DraftHeadKind.PER_TOKEN,
              weight_free=False, default_pmin=DEFAULT_MIN_DRAFT_PROB, description=DESCRIPTION)
+
+
+@hookimpl
+def tsspec_register_drafters(register):
+    """Separate NextN drafter files (``tsspec train-drafter --kind mtp`` writes them)."""
+
+    def attach(target, gguf_path, options=None):
+        from .nextn_file import attach_nextn
+
+        return attach_nextn(target, gguf_path, options)
+
+    register(["nextn"], attach)
+
+
+@hookimpl
+def tsspec_register_trainers(register):
+    def train(request, target, log=print, progress=None):
+        from .trainer import train_mtp
+
+        return train_mtp(request, target, log, progress)
+
+    register("mtp", train, description="NextN / MTP per-token head (file architecture 'nextn')")

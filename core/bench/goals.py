@@ -1,0 +1,193 @@
+"""The CPU speed goals (issue 16), measured in one bench run beside llama.cpp and transformers.
+
+1. Verify cost by rows: a 9-row forward at most 1.5x a 1-row forward at 500 tokens of context
+   (in process: 1 and 9 rows alternate on the same cache, rewound after each).
+2. Plain decode at least 1.2x llama.cpp's best plain variant (paired runs of the main schedule).
+3. ngram on input-grounded prompts (code-edit, summary, qa, rewrite) at least 1.8x tsspec plain
+   and at least 2x llama.cpp's best prompt-lookup variant, with identical output.
+4. Prefill of a 1,000-token prompt at least llama.cpp's prompt-processing tok/s (tsspec's prefill
+   alternates with each peer's, which runs in its own process).
+
+``measure_goals`` takes the in-process figures (1 and 4); ``goal_rows`` reads 2 and 3 from the
+report's paired records, so every ratio is a median of ratios of neighbouring runs.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from typing import Callable, Sequence
+
+import attrs
+
+VERIFY_CONTEXT, VERIFY_ROWS, VERIFY_REPS = 500, 9, 9
+PREFILL_TOKENS, PREFILL_REPS = 1000, 3
+PROBE_TOKENS = 256  # llama.cpp's batch size and flash attention are chosen on this many tokens
+GROUNDED = ("code-edit", "summary", "qa", "rewrite")
+GOAL_VERIFY, GOAL_PLAIN, GOAL_NGRAM_PLAIN, GOAL_NGRAM_PEER, GOAL_PREFILL = 1.5, 1.2, 1.8, 2.0, 1.0
+
+
+def token_stream(cases, length: int) -> list[int]:
+    """``length`` real token ids: the cases' prompts one after another, repeated as needed."""
+    ids = [int(t) for c in cases for t in c.prompt_ids]
+    if not ids:
+        raise ValueError("the goals need at least one prompt")
+    while len(ids) < length:
+        ids += ids
+    return ids[:length]
+
+
+def _forward(target, tokens, all_rows: bool) -> None:
+    target.spec_forward(tokens, all_logits_rows=all_rows, want_hidden=False)
+
+
+def verify_cost(target, stream: Sequence[int], *, context: int = VERIFY_CONTEXT, rows: int = VERIFY_ROWS,
+                reps: int = VERIFY_REPS) -> dict:
+    """Milliseconds of a 1-row and a ``rows``-row forward (all rows' logits, as a verify) after
+    ``context`` tokens, alternating; the ratio is the median of per-round ratios."""
+    target.spec_rewind_cache(0)
+    _forward(target, list(stream[:context]), False)
+    new = list(stream[context:context + rows])
+    times: dict[int, list[float]] = {1: [], rows: []}
+    for rep in range(-1, reps):
+        for r in (1, rows):
+            start = time.perf_counter()
+            _forward(target, new[:r], True)
+            elapsed = time.perf_counter() - start
+            target.spec_rewind_cache(context)
+            if rep >= 0:
+                times[r].append(elapsed * 1e3)
+    ratios = [b / a for a, b in zip(times[1], times[rows])]
+    target.spec_rewind_cache(0)
+    return {"context": context, "rows": rows, "reps": reps, "one_row_ms": statistics.median(times[1]),
+            "rows_ms": statistics.median(times[rows]), "ratio": statistics.median(ratios)}
+
+
+def prefill_pairs(target, peers: dict, stream: Sequence[int], *, reps: int = PREFILL_REPS,
+                  progress: Callable[[str], None] | None = None) -> dict:
+    """Prompt-processing tok/s of tsspec and each peer on the same ids, alternating; llama.cpp's
+    batch size and flash attention are probed first (on the first PROBE_TOKENS ids) and its
+    fastest setting kept."""
+    ids = list(stream)
+    out: dict = {"tokens": len(ids), "reps": reps, "tsspec_tps": [], "peers": {}}
+
+    def tsspec_once() -> float:
+        target.spec_rewind_cache(0)
+        start = time.perf_counter()
+        _forward(target, ids, False)
+        seconds = time.perf_counter() - start
+        target.spec_rewind_cache(0)
+        return seconds
+
+    settings: dict[str, dict] = {}
+    short = ids[:PROBE_TOKENS]  # the probe of each setting runs on the first tokens only
+    for name, peer in peers.items():
+        best, best_s = {}, float("inf")
+        candidates = [{"n_batch": b, "fa": fa} for b in (512, 2048) for fa in (0, 1)] if name == "llama.cpp" else [{}]
+        probe = []
+        for setting in candidates:
+            peer.prefill(short[:32], **setting)  # creates (warms) that context
+            s = peer.prefill(short, **setting)
+            probe.append({**setting, "tokens_per_second": round(len(short) / s, 1)})
+            if s < best_s:
+                best, best_s = setting, s
+        settings[name] = best
+        peer.prefill(ids, **best)  # warm-up at full length
+        out["peers"][name] = {"setting": best, "probe": probe, "tps": []}
+    tsspec_once()  # warm-up
+    for rep in range(reps):
+        out["tsspec_tps"].append(len(ids) / tsspec_once())
+        for name, peer in peers.items():
+            out["peers"][name]["tps"].append(len(ids) / peer.prefill(ids, **settings[name]))
+        if progress is not None:
+            progress(f"prefill round {rep + 1}/{reps}")
+    for name, cell in out["peers"].items():
+        cell["ratio"] = statistics.median(t / p for t, p in zip(out["tsspec_tps"], cell["tps"]))
+        cell["median_tps"] = statistics.median(cell["tps"])
+    out["tsspec_median_tps"] = statistics.median(out["tsspec_tps"])
+    return out
+
+
+def measure_goals(target, cases, peers: dict, *, progress=None) -> dict:
+    """Goals 1 and 4 (the in-process parts); 2 and 3 come from the run's paired records."""
+    report = progress or (lambda phase, done, total, text: None)
+    stream = token_stream(cases, max(PREFILL_TOKENS, VERIFY_CONTEXT + VERIFY_ROWS))
+    report("goals", 0, 2, "verify cost by rows")
+    verify = verify_cost(target, stream)
+    report("goals", 1, 2, f"9 rows / 1 row: {verify['ratio']:.2f}x")
+    prefill = prefill_pairs(target, peers, stream[:PREFILL_TOKENS], progress=lambda t: report("goals", 1, 2, t))
+    report("goals", 2, 2, f"prefill {prefill['tsspec_median_tps']:.0f} tok/s")
+    return {"verify": verify, "prefill": prefill}
+
+
+@attrs.frozen
+class GoalRow:
+    number: int
+    name: str
+    figure: str  # what was measured, in words
+    ratio: float | None
+    goal: str
+    met: bool | None  # None: not measured
+
+    def to_json(self) -> dict:
+        return {"goal": self.number, "name": self.name, "figure": self.figure,
+                "ratio": None if self.ratio is None else round(self.ratio, 3), "target": self.goal, "met": self.met}
+
+
+def _median(values):
+    values = [v for v in values if v is not None]
+    return statistics.median(values) if values else None
+
+
+def goal_rows(report) -> list[GoalRow]:
+    """The four goals from one report (its ``goals`` measurements and paired records)."""
+    rows = []
+    goals = report.goals or {}
+    v = goals.get("verify")
+    if v:
+        rows.append(GoalRow(1, "verify cost by rows",
+                            f"{v['rows']} rows {v['rows_ms']:.1f} ms vs 1 row {v['one_row_ms']:.1f} ms at {v['context']} tokens of context",
+                            v["ratio"], f"<= {GOAL_VERIFY}x", v["ratio"] <= GOAL_VERIFY))
+    else:
+        rows.append(GoalRow(1, "verify cost by rows", "not measured (--goals)", None, f"<= {GOAL_VERIFY}x", None))
+    llama = [r for r in report.peer_records if r.engine == "llama.cpp" and r.rep >= 0]
+    plain = [r.tsspec_tps / r.tokens_per_second for r in llama
+             if r.config == "plain" and r.tsspec_tps and r.tokens_per_second]
+    ts_plain = _median(r.tsspec_tps for r in llama if r.config == "plain")
+    ll_plain = _median(r.tokens_per_second for r in llama if r.config == "plain")
+    variant = next((r.variant for r in llama if r.config == "plain"), None)
+    rows.append(GoalRow(2, "plain decode vs llama.cpp",
+                        f"tsspec {ts_plain:.1f} vs llama.cpp ({variant}) {ll_plain:.1f} tok/s, {len(plain)} pairs"
+                        if plain else "not measured (--compare llama.cpp)",
+                        _median(plain), f">= {GOAL_PLAIN}x", None if not plain else _median(plain) >= GOAL_PLAIN))
+    algo = "ngram"
+    mine = [r for r in report.records if r.rep >= 0 and r.cls in GROUNDED]
+    plain_tps = {(r.case_id, r.rep): r.tokens_per_second for r in mine if r.kind == "plain"}
+    ngram = [r for r in mine if r.config == algo]
+    speedups = [r.tokens_per_second / plain_tps[(r.case_id, r.rep)] for r in ngram
+                if plain_tps.get((r.case_id, r.rep))]
+    identical = sum(r.verdict is not None and r.verdict.status == "identical" for r in ngram)
+    rows.append(GoalRow(3, "ngram vs tsspec plain (code-edit, summary, qa, rewrite)",
+                        f"{len(speedups)} pairs, {identical}/{len(ngram)} identical to plain" if speedups
+                        else "not measured (no ngram runs on those classes)",
+                        _median(speedups), f">= {GOAL_NGRAM_PLAIN}x",
+                        None if not speedups else _median(speedups) >= GOAL_NGRAM_PLAIN and identical == len(ngram)))
+    lookup = [r.tsspec_tps / r.tokens_per_second for r in llama
+              if r.config == "prompt-lookup" and r.cls in GROUNDED and r.tsspec_config == algo and r.tsspec_tps
+              and r.tokens_per_second]
+    lvariant = next((r.variant for r in llama if r.config == "prompt-lookup"), None)
+    rows.append(GoalRow(3, "ngram vs llama.cpp prompt lookup (same classes)",
+                        f"llama.cpp variant {lvariant}, {len(lookup)} pairs" if lookup
+                        else "not measured (--compare llama.cpp)",
+                        _median(lookup), f">= {GOAL_NGRAM_PEER}x", None if not lookup else _median(lookup) >= GOAL_NGRAM_PEER))
+    p = goals.get("prefill")
+    cell = (p or {}).get("peers", {}).get("llama.cpp")
+    if p and cell:
+        rows.append(GoalRow(4, f"prefill of {p['tokens']} tokens vs llama.cpp",
+                            f"tsspec {p['tsspec_median_tps']:.0f} vs llama.cpp {cell['median_tps']:.0f} tok/s "
+                            f"(n_batch {cell['setting'].get('n_batch')}, flash attention {cell['setting'].get('fa')})",
+                            cell["ratio"], f">= {GOAL_PREFILL}x", cell["ratio"] >= GOAL_PREFILL))
+    else:
+        rows.append(GoalRow(4, "prefill vs llama.cpp", "not measured (--goals --compare llama.cpp)", None,
+                            f">= {GOAL_PREFILL}x", None))
+    return rows

@@ -1,0 +1,104 @@
+"""``tsspec train-drafter``: train a learned drafter for a model by self-distillation.
+
+The command is the core's; the training itself is the trainer a plugin registered for
+``--kind`` (``tsspec_register_trainers``). An unknown kind is one line naming the installed ones
+(exit 2).
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Optional
+
+import typer
+
+from ..errors import OptionsError
+from .state import STATE
+
+PANEL_DATA = "Data"
+PANEL_TRAIN = "Training"
+
+
+def _taps(text: str | None) -> tuple[int, ...] | None:
+    if not text:
+        return None
+    try:
+        return tuple(int(t) for t in text.split(",") if t.strip())
+    except ValueError:
+        raise OptionsError(f"--taps must be comma-separated layer ids, got {text!r}") from None
+
+
+def train_drafter(
+    kind: Annotated[str, typer.Option("--kind", help="Drafter kind (mtp, dflash...: see the error for installed ones).")],
+    out: Annotated[str, typer.Option("--out", help="Drafter GGUF to write.")],
+    model: Annotated[Optional[str], typer.Option("--model", "-m", help="Target GGUF, the teacher (default: the embedded SmolLM2-135M-Instruct).")] = None,
+    layers: Annotated[int, typer.Option("--layers", help="Drafter decoder layers.", rich_help_panel=PANEL_TRAIN)] = 1,
+    block_size: Annotated[int, typer.Option("--block-size", help="Block drafters: tokens per block.", rich_help_panel=PANEL_TRAIN)] = 8,
+    taps: Annotated[Optional[str], typer.Option("--taps", help="Block drafters: target layers to tap, e.g. 1,15,29.", rich_help_panel=PANEL_TRAIN)] = None,
+    draft_vocab: Annotated[int, typer.Option("--draft-vocab", help="Draft vocabulary size K (FR-Spec).", rich_help_panel=PANEL_TRAIN)] = 4096,
+    steps: Annotated[int, typer.Option("--steps", help="Optimiser steps.", rich_help_panel=PANEL_TRAIN)] = 200,
+    batch: Annotated[int, typer.Option("--batch", help="Sequences per step.", rich_help_panel=PANEL_TRAIN)] = 8,
+    lr: Annotated[float, typer.Option("--lr", help="Peak learning rate.", rich_help_panel=PANEL_TRAIN)] = 1e-3,
+    unroll: Annotated[int, typer.Option("--unroll", help="Per-token heads: chained steps trained (EAGLE-style).", rich_help_panel=PANEL_TRAIN)] = 3,
+    freeze_layer: Annotated[bool, typer.Option("--freeze-layer/--train-layer", help="Per-token heads: keep the decoder layer copied from the target; train the input projection and norms only.", rich_help_panel=PANEL_TRAIN)] = False,
+    kl_weight: Annotated[float, typer.Option("--kl-weight", help="Weight of the soft (top-k KL) loss; 0: argmax labels only.", rich_help_panel=PANEL_TRAIN)] = 0.0,
+    seed: Annotated[int, typer.Option("--seed", help="Seed of data sampling and initialisation.", rich_help_panel=PANEL_TRAIN)] = 0,
+    threads: Annotated[Optional[int], typer.Option("--threads", help="torch intra-op threads (default: torch's).", rich_help_panel=PANEL_TRAIN)] = None,
+    device: Annotated[str, typer.Option("--device", help="auto (cuda when present), cpu or cuda.", rich_help_panel=PANEL_TRAIN)] = "auto",
+    outtype: Annotated[str, typer.Option("--outtype", help="f32, f16 or q8_0.", rich_help_panel=PANEL_TRAIN)] = "f16",
+    checkpoint: Annotated[Optional[str], typer.Option("--checkpoint", help="Resumable checkpoint file (default: OUT.ckpt).", rich_help_panel=PANEL_TRAIN)] = None,
+    seq_len: Annotated[int, typer.Option("--seq-len", help="Tokens per teacher-forcing sequence.", rich_help_panel=PANEL_DATA)] = 256,
+    corpus_chars: Annotated[int, typer.Option("--corpus-chars", help="Characters per standard-library source.", rich_help_panel=PANEL_DATA)] = 6_000,
+    package_chars: Annotated[int, typer.Option("--package-chars", help="Characters of installed packages docs.", rich_help_panel=PANEL_DATA)] = 4_000,
+    prompts: Annotated[int, typer.Option("--prompts", help="Generated instruction prompts the target answers.", rich_help_panel=PANEL_DATA)] = 72,
+    answer_tokens: Annotated[int, typer.Option("--answer-tokens", help="Longest cached answer.", rich_help_panel=PANEL_DATA)] = 96,
+    soft_k: Annotated[int, typer.Option("--soft-k", help="Teacher top-k logits kept per row (for --kl-weight).", rich_help_panel=PANEL_DATA)] = 8,
+    cache_dir: Annotated[Optional[str], typer.Option("--cache-dir", help="Teacher-data cache (default $TSSPEC_TRAIN_CACHE or ~/.cache/tsspec/training).", rich_help_panel=PANEL_DATA)] = None,
+) -> None:
+    """Train a drafter for MODEL by self-distillation (labels: the model's own predictions)."""
+    from ..modeling.identity import identify
+    from ..runtime.loading import load_model
+    from ..runtime.options import SpeculationOptions
+    from ..training.dataset import DataSpec
+    from ..training.loop import LoopSpec
+    from ..training.request import TrainRequest
+
+    catalog = STATE.catalog
+    if threads is not None:
+        if threads < 1:
+            raise OptionsError(f"--threads must be at least 1, got {threads}")
+        import torch
+
+        torch.set_num_threads(threads)
+    trainers = getattr(catalog, "trainers", {}) or {}
+    if kind not in trainers:
+        installed = ", ".join(sorted(trainers)) or "none"
+        raise OptionsError(f"--kind {kind!r}: no installed plugin trains it (installed kinds: {installed})")
+    if outtype not in ("f32", "f16", "q8_0"):
+        raise OptionsError(f"--outtype must be f32, f16 or q8_0, got {outtype!r}")
+    for name, value in (("--steps", steps), ("--batch", batch), ("--unroll", unroll), ("--draft-vocab", draft_vocab),
+                        ("--seq-len", seq_len), ("--layers", layers), ("--block-size", block_size)):
+        if value < 1:
+            raise OptionsError(f"{name} must be at least 1, got {value}")
+    if model is None:
+        from ..modeling.embedded import embedded_model_path
+
+        model = str(embedded_model_path())
+    target = load_model(model, catalog=catalog, options=SpeculationOptions(enabled=False))
+    identity = identify(model).to_json() if not str(model).startswith("toy") else {
+        "architecture": target.config.architecture, "shape_digest": "toy", "sha256": str(model)}
+    request = TrainRequest(
+        model_path=str(model), out_path=out, kind=kind,
+        data=DataSpec(seq_len=seq_len, stdlib_chars=corpus_chars, package_chars=package_chars, prompts=prompts,
+                      answer_tokens=answer_tokens, soft_k=soft_k, taps=_taps(taps), seed=seed,
+                      cache_dir=cache_dir or ""),
+        loop=LoopSpec(steps=steps, lr=lr, seed=seed, device=device, checkpoint=checkpoint or out + ".ckpt"),
+        identity=identity, layers=layers, block_size=block_size, taps=_taps(taps), draft_vocab=draft_vocab,
+        unroll=unroll, batch=batch, kl_weight=kl_weight, outtype=outtype, freeze_layer=freeze_layer,
+    )
+    from tqdm.auto import tqdm
+
+    def progress(it, **kw):
+        return tqdm(it, mininterval=5, **kw)
+
+    summary = trainers[kind].trainer(request, target, typer.echo, progress)
+    typer.echo(f"drafter written: {summary.get('path', out)}")

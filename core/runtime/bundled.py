@@ -1,0 +1,75 @@
+"""Drafter files shipped by plugins for particular target files (bundled drafters).
+
+A drafter distribution registers its files through the drafters hook::
+
+    register([], None, files=[{"path": ".../smollm2-mtp.gguf", "algorithm": "draft-head",
+                               "target": {"architecture": "llama", "shape_digest": "...",
+                                          "sha256": "..."},
+                               "description": "..."}])
+
+A record is keyed by the TARGET file's identity (``tsspec.modeling.identity``), never its name.
+When a model is loaded without ``--draft-model`` and the requested algorithm is the record's own
+algorithm, or ``auto`` for a record registered with ``auto`` (the default: True; a distribution
+sets it False for a drafter its figures show losing to the weight-free choice), the first
+matching record's file is attached. Set
+``TS_SPEC_BUNDLED=0`` to load models bare (no bundled drafter).
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any, Mapping
+
+import attrs
+
+from ..modeling.identity import TargetIdentity
+
+__all__ = ["BundledDrafter", "bundled_record", "pick", "BUNDLED_ENV"]
+
+BUNDLED_ENV = "TS_SPEC_BUNDLED"
+AUTO = "auto"
+
+
+@attrs.frozen
+class BundledDrafter:
+    path: str
+    algorithm: str  # the speculation algorithm the file serves (draft-head, block...)
+    target: TargetIdentity
+    description: str = ""
+    plugin: str | None = None
+    auto: bool = True  # attached under --spec-type auto (False: only for its own algorithm)
+
+
+def bundled_record(spec: Mapping[str, Any], plugin: str | None) -> BundledDrafter:
+    """A record from a registration's ``files`` entry (TypeError / ValueError when malformed)."""
+    target = spec.get("target")
+    if not isinstance(target, Mapping) or not target.get("architecture") or not target.get("shape_digest"):
+        raise ValueError("a bundled drafter needs target = {architecture, shape_digest[, sha256]}")
+    path = spec.get("path")
+    if not path:
+        raise ValueError("a bundled drafter needs a path")
+    return BundledDrafter(
+        path=str(path),
+        algorithm=str(spec.get("algorithm") or ""),
+        target=TargetIdentity(str(target["architecture"]), str(target["shape_digest"]), target.get("sha256") or None),
+        description=str(spec.get("description") or ""),
+        plugin=plugin,
+        auto=bool(spec.get("auto", True)),
+    )
+
+
+def enabled(environ: Mapping[str, str] | None = None) -> bool:
+    value = (environ if environ is not None else os.environ).get(BUNDLED_ENV, "1")
+    return value.strip().lower() not in ("0", "false", "no", "off")
+
+
+def pick(records, model_path: object, spec_type: str = AUTO) -> BundledDrafter | None:
+    """The bundled drafter for ``model_path`` under ``spec_type``, or None."""
+    if not records or not enabled():
+        return None
+    wanted = [r for r in records if (spec_type == AUTO and r.auto) or r.algorithm == spec_type]
+    for record in wanted:
+        if Path(record.path).is_file() and record.target.matches(str(model_path)):
+            return record
+    return None

@@ -1,0 +1,146 @@
+"""Assembling a drafter's training set: corpus -> token sequences -> teacher data, cached.
+
+``build(target, target_path, spec)`` returns ``(sequences, manifest)``. The teacher data is
+cached under ``spec.cache_dir`` keyed by the target's identity and every setting that changes
+it, and the chat answers have their own cache (they cost the most to make), so a second run, or
+one for another drafter kind with the same taps, starts training at once.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from pathlib import Path
+from typing import Sequence
+
+import attrs
+import torch
+
+from . import corpus, prompts, teacher
+
+__all__ = ["DataSpec", "build", "default_cache_dir"]
+
+
+def default_cache_dir() -> Path:
+    base = os.environ.get("TSSPEC_TRAIN_CACHE") or os.path.join(
+        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "tsspec", "training"
+    )
+    return Path(base)
+
+
+@attrs.frozen
+class DataSpec:
+    seq_len: int = 256
+    stdlib_chars: int = 150_000  # per stdlib source (docstrings, source)
+    package_chars: int = 100_000
+    prompts: int = 300  # generated prompts (held-out ones are dropped)
+    answer_tokens: int = 128
+    soft_k: int = 0
+    taps: tuple[int, ...] | None = None
+    seed: int = 0
+    cache_dir: str = ""
+    # token sequences to use INSTEAD of the corpus (tests; users who bring their own token data)
+    sequences: tuple[tuple[int, ...], ...] | None = None
+
+    def key(self, identity: str) -> str:
+        fields = attrs.asdict(self)
+        fields.pop("cache_dir")
+        if fields["sequences"] is None:
+            fields.pop("sequences")  # keys of corpus-built data stay as they were
+        text = json.dumps({"target": identity, **fields}, sort_keys=True, default=list)
+        return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def _cache_dir(spec: DataSpec) -> Path:
+    return Path(spec.cache_dir) if spec.cache_dir else default_cache_dir()
+
+
+def build(target, identity: str, spec: DataSpec, *, progress=None, log=print):
+    """(teacher sequences, manifest dict). ``identity`` names the target (its sha256 or digest)."""
+    progress = progress or (lambda it, **_: it)
+    cache = _cache_dir(spec)
+    cache.mkdir(parents=True, exist_ok=True)
+    data_path = cache / f"teacher-{spec.key(identity)}.pt"
+    if data_path.exists():
+        saved = torch.load(data_path, weights_only=False)
+        log(f"teacher data: cached {data_path} ({len(saved['sequences'])} sequences)")
+        return [teacher.TeacherSequence(**s) for s in saved["sequences"]], saved["manifest"]
+
+    if spec.sequences is not None:
+        sequences = [("given", list(s)[: spec.seq_len]) for s in spec.sequences]
+        infos = {"given": corpus.SourceInfo("given", "token sequences given by the caller", "the caller's")}
+    else:
+        sequences, infos = _corpus_sequences(target, identity, spec, cache, progress, log)
+    return _teacher(target, spec, sequences, infos, data_path, progress, log)
+
+
+def _corpus_sequences(target, identity: str, spec: DataSpec, cache: Path, progress, log):
+    """(source, ids) sequences of the default corpus and its manifest entries."""
+    tok = target.tokenizer
+    if tok is None:
+        raise ValueError("the target has no tokenizer: the corpus cannot be tokenised (give token sequences)")
+    infos: dict[str, corpus.SourceInfo] = {}
+    sequences: list[tuple[str, list[int]]] = []
+    bos = [tok.bos_token_id] if getattr(tok, "bos_token_id", None) is not None else []
+
+    docs, code, stdlib_info = corpus.stdlib_sources(spec.stdlib_chars, spec.seed)
+    pkg_docs, pkg_info = corpus.package_docs(spec.package_chars, spec.seed)
+    for info in [*stdlib_info, pkg_info]:
+        infos[info.name] = info
+    for doc in [*docs, *code, *pkg_docs]:
+        ids = tok.encode(doc.text, add_special_tokens=False)
+        for chunk in teacher.chunk_ids(ids, spec.seq_len, prefix=bos):
+            sequences.append((doc.source, chunk))
+
+    chosen = prompts.training_prompts(spec.prompts, spec.seed)
+    answers_path = cache / f"answers-{identity[:16]}-{spec.answer_tokens}.jsonl"
+    log(f"chat answers: {len(chosen)} prompts -> {answers_path}")
+    records = teacher.answer_prompts(
+        target, chosen, answers_path, max_new_tokens=spec.answer_tokens,
+        progress=lambda it: progress(it, desc="answers"),
+    )
+    infos["chat-answers"] = corpus.SourceInfo(
+        "chat-answers",
+        f"the target's greedy answers to {len(records)} generated instruction prompts (tsspec.training.prompts, "
+        f"seed {spec.seed}; held-out prompts excluded)",
+        "model output of the target (its license)",
+        len(records),
+        sum(len(tok.decode(r["answer_ids"])) for r in records),
+    )
+    for ids in teacher.chat_sequences(records):
+        sequences.append(("chat-answers", ids[: spec.seq_len]))
+    return sequences, infos
+
+
+def _teacher(target, spec: DataSpec, sequences, infos, data_path: Path, progress, log):
+    for source, ids in sequences:
+        infos[source].tokens += len(ids)
+    log(f"teacher forcing: {len(sequences)} sequences, {sum(len(s) for _, s in sequences)} tokens")
+    data = teacher.collect(
+        target, sequences, taps=spec.taps, soft_k=spec.soft_k,
+        progress=lambda it: progress(it, desc="teacher"),
+    )
+    manifest = {
+        "sources": [infos[k].to_json() for k in sorted(infos)],
+        "tokens": sum(len(s) for _, s in sequences),
+        "sequences": len(sequences),
+        "seq_len": spec.seq_len,
+        "seed": spec.seed,
+        "held_out": "prompts whose sha256 ends in a byte below "
+        f"{int(prompts.HELD_OUT_SHARE * 256)} (tsspec.training.prompts.is_held_out) and every benchmark prompt",
+    }
+    tmp = data_path.with_suffix(".tmp")
+    torch.save({"sequences": [attrs.asdict(s) for s in data], "manifest": manifest}, tmp)
+    tmp.replace(data_path)
+    return data, manifest
+
+
+def split(data: Sequence[teacher.TeacherSequence], valid_share: float, seed: int):
+    """(train, valid) by a seeded permutation."""
+    g = torch.Generator().manual_seed(seed)
+    order = torch.randperm(len(data), generator=g).tolist()
+    n_valid = max(1, int(len(data) * valid_share)) if len(data) > 1 else 0
+    valid = [data[i] for i in order[:n_valid]]
+    train = [data[i] for i in order[n_valid:]]
+    return train, valid

@@ -1,0 +1,47 @@
+"""What a drafter trainer receives, and how trainers are registered.
+
+A plugin that owns a drafter kind implements ``tsspec_register_trainers(register)`` and calls
+``register(kind, trainer, *, description="")`` with ``trainer(request, target, log) -> dict``
+(a summary: file written, figures). ``tsspec train-drafter --kind KIND`` loads the target,
+builds a ``TrainRequest`` from its flags and calls the trainer registered for KIND.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import attrs
+
+from .dataset import DataSpec
+from .loop import LoopSpec
+
+__all__ = ["TrainRequest", "TrainerEntry"]
+
+
+@attrs.frozen
+class TrainRequest:
+    model_path: str
+    out_path: str
+    kind: str
+    data: DataSpec = attrs.field(factory=DataSpec)
+    loop: LoopSpec = attrs.field(factory=LoopSpec)
+    identity: dict[str, Any] = attrs.field(factory=dict)  # architecture, shape_digest, sha256
+    layers: int = 1
+    block_size: int = 8
+    taps: tuple[int, ...] | None = None
+    draft_vocab: int = 4096
+    unroll: int = 3
+    batch: int = 8
+    kl_weight: float = 0.0
+    outtype: str = "f16"
+    valid_share: float = 0.05
+    init_from_target: bool = True
+    freeze_layer: bool = False  # per-token heads: train only the input projection and norms
+
+
+@attrs.define
+class TrainerEntry:
+    kind: str
+    trainer: Callable[..., dict]
+    description: str = ""
+    plugin: str | None = None

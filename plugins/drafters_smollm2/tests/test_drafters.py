@@ -1,0 +1,80 @@
+"""The shipped SmolLM2 drafters: registered for the embedded model's file identity, attached by
+`auto`, named by list-speculators, lossless (greedy and seeded sampling), absent on other files."""
+
+from __future__ import annotations
+
+import pytest
+
+from tsspec.modeling.embedded import embedded_model_path
+from tsspec.modeling.identity import identify
+from tsspec.plugins import PluginHost
+from tsspec.runtime.catalog import build_catalog
+from tsspec.runtime.generation import generate
+from tsspec.runtime.loading import load_model
+from tsspec.runtime.options import SpeculationOptions
+from tsspec.runtime.sampling import SamplingParams
+
+import tsspec_draft_head
+import tsspec_drafters_smollm2
+from tsspec_drafters_smollm2 import drafter_files
+
+
+@pytest.fixture(scope="module")
+def catalog():
+    host = PluginHost()
+    host.register(tsspec_draft_head, "draft-head")
+    host.register(tsspec_drafters_smollm2, "drafters-smollm2")
+    import tsspec_model_llama
+
+    host.register(tsspec_model_llama, "llama")
+    return build_catalog(host, discover=False)
+
+
+def test_each_shipped_drafter_is_keyed_by_the_embedded_files_identity():
+    files = drafter_files()
+    assert files, "no drafter file shipped (run make drafters)"
+    ident = identify(embedded_model_path())
+    for f in files:
+        assert f["target"] == {"architecture": ident.architecture, "shape_digest": ident.shape_digest,
+                               "sha256": ident.sha256}
+
+
+@pytest.fixture(scope="module")
+def targets(catalog):
+    path = embedded_model_path()
+    return (load_model(path, catalog=catalog, options=SpeculationOptions(spec_type="draft-head")),
+            load_model(path, catalog=catalog, options=SpeculationOptions(enabled=False)))
+
+
+def test_draft_head_attaches_the_mtp_drafter(catalog, targets):
+    with_drafter, bare = targets
+    from tsspec_draft_head.nextn_file import NextNFileHead
+
+    assert isinstance(with_drafter.draft_head, NextNFileHead)
+    assert with_drafter.draft_head.source.endswith("smollm2-135m-instruct-mtp.gguf")
+    assert bare.draft_head is None
+    assert catalog.speculators.resolve_name(with_drafter, "auto") == "draft-head"
+
+
+def test_auto_follows_the_registration(catalog):
+    from tsspec_drafters_smollm2 import DRAFTERS
+
+    target = load_model(embedded_model_path(), catalog=catalog)  # --spec-type auto
+    auto = DRAFTERS["smollm2-135m-instruct-mtp.gguf"][2]
+    assert (getattr(target, "draft_head", None) is not None) == auto
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("sampling", [SamplingParams(), SamplingParams(temperature=0.7, top_k=40, seed=5)],
+                         ids=["greedy", "sampled"])
+def test_generation_with_the_shipped_drafter_is_lossless_and_accepts(catalog, targets, sampling):
+    with_drafter, bare = targets
+    tok = bare.tokenizer
+    ids = tok.encode(tok.apply_chat_template([{"role": "user", "content": "What is the capital of France?"}]),
+                     add_special_tokens=False)
+    plain = generate(bare, list(ids), SpeculationOptions(enabled=False), max_tokens=24, sampling=sampling)
+    spec = generate(with_drafter, list(ids), SpeculationOptions(spec_type="draft-head", adaptive=False, pmin=0.0), max_tokens=24,
+                    sampling=sampling, registry=catalog.speculators)
+    assert spec.speculator == "draft-head"
+    assert spec.tokens == plain.tokens
+    assert spec.stats.draft_tokens > 0

@@ -1,0 +1,300 @@
+"""Separate NextN drafter files (GGUF architecture ``nextn``): layout, writing, attaching.
+
+A trained per-token head for a target that carries none (``tsspec train-drafter --kind mtp``).
+Tensor names follow the NextN block of llama.cpp's MTP models, at block 0 of the file::
+
+    blk.0.nextn.eh_proj.weight            [H, 2H]
+    blk.0.nextn.enorm.weight / hnorm      [H]
+    blk.0.nextn.shared_head_norm.weight   [H]
+    blk.0.nextn.shared_head_head.weight   [K, H]   the draft-vocabulary LM head
+    blk.0.attn_norm / attn_q / attn_k / attn_v / attn_output / ffn_norm / ffn_gate / ffn_up /
+    ffn_down (.weight)                              one llama decoder layer
+
+Metadata (prefix ``nextn.``): ``embedding_length``, ``feed_forward_length``,
+``attention.head_count``, ``attention.head_count_kv``, ``attention.key_length``,
+``attention.layer_norm_rms_epsilon``, ``rope.freq_base``, ``draft_vocab`` (int array: the
+target ids of the K head rows), ``target.architecture`` / ``target.shape_digest`` /
+``target.sha256`` / ``target.vocab_size`` (the target it was trained on), and
+``tsspec.training.manifest`` (JSON: corpus sources, token counts, licenses, recipe).
+
+The embedding is the target's (``target.embed``), so the file stays small.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any, Sequence
+
+import numpy as np
+import torch
+
+from tsspec.errors import ModelLoadError
+from tsspec.protocols import DraftHeadKind
+
+from .nextn_model import NextNConfig, NextNModule, rope_tables
+
+__all__ = ["ARCHITECTURE", "write_nextn", "read_nextn", "NextNFileHead", "attach_nextn"]
+
+ARCHITECTURE = "nextn"
+TENSORS = {  # module parameter -> GGUF tensor name
+    "eh_proj": "blk.0.nextn.eh_proj.weight",
+    "enorm": "blk.0.nextn.enorm.weight",
+    "hnorm": "blk.0.nextn.hnorm.weight",
+    "head_norm": "blk.0.nextn.shared_head_norm.weight",
+    "head": "blk.0.nextn.shared_head_head.weight",
+    "attn_norm": "blk.0.attn_norm.weight",
+    "wq": "blk.0.attn_q.weight",
+    "wk": "blk.0.attn_k.weight",
+    "wv": "blk.0.attn_v.weight",
+    "wo": "blk.0.attn_output.weight",
+    "ffn_norm": "blk.0.ffn_norm.weight",
+    "w_gate": "blk.0.ffn_gate.weight",
+    "w_up": "blk.0.ffn_up.weight",
+    "w_down": "blk.0.ffn_down.weight",
+}
+MATRICES = {"eh_proj", "head", "wq", "wk", "wv", "wo", "w_gate", "w_up", "w_down"}
+OUTTYPES = ("f32", "f16", "q8_0")
+
+
+def write_nextn(path, module: NextNModule, *, target: dict[str, Any], manifest: dict | None = None,
+                outtype: str = "f16") -> str:
+    """Write ``module`` as a ``nextn`` GGUF. ``target``: architecture, shape_digest, sha256,
+    vocab_size of the model it was trained on."""
+    from gguf import GGMLQuantizationType, GGUFValueType
+
+    from tsspec.modeling.gguf_writer_util import write_gguf
+
+    if outtype not in OUTTYPES:
+        raise ValueError(f"outtype must be one of {', '.join(OUTTYPES)}, got {outtype!r}")
+    cfg = module.cfg
+    a = ARCHITECTURE
+    meta: dict[str, Any] = {
+        f"{a}.embedding_length": cfg.hidden_size,
+        f"{a}.feed_forward_length": cfg.intermediate_size,
+        f"{a}.attention.head_count": cfg.num_heads,
+        f"{a}.attention.head_count_kv": cfg.num_kv_heads,
+        f"{a}.attention.key_length": cfg.head_dim,
+        f"{a}.attention.layer_norm_rms_epsilon": float(cfg.rms_eps),
+        f"{a}.rope.freq_base": float(cfg.rope_theta),
+        f"{a}.target.architecture": str(target["architecture"]),
+        f"{a}.target.shape_digest": str(target.get("shape_digest", "")),
+        f"{a}.target.sha256": str(target.get("sha256", "") or ""),
+        f"{a}.target.vocab_size": int(target["vocab_size"]),
+        f"{a}.draft_vocab": ([int(i) for i in module.draft_ids.tolist()], (GGUFValueType.ARRAY, GGUFValueType.INT32)),
+        "general.name": f"NextN drafter for {target.get('name', target['architecture'])}",
+        "tsspec.training.manifest": json.dumps(manifest or {}, sort_keys=True),
+    }
+    tensors = {}
+    for param, name in TENSORS.items():
+        value = getattr(module, param).detach().float().cpu().numpy()
+        if param in MATRICES and outtype == "q8_0" and value.shape[-1] % 32 == 0:
+            tensors[name] = (value, GGMLQuantizationType.Q8_0)
+        elif param in MATRICES and outtype in ("f16", "q8_0"):
+            tensors[name] = value.astype(np.float16)
+        else:
+            tensors[name] = value.astype(np.float32)  # norms stay float32
+    return write_gguf(path, a, meta, tensors)
+
+
+def read_nextn(path) -> tuple[NextNModule, dict[str, Any], dict]:
+    """(module, target facts, manifest) from a ``nextn`` GGUF; ModelLoadError on any problem."""
+    from tsspec.modeling.gguf_file import GGUFFile
+
+    with GGUFFile(path) as f:
+        if f.architecture != ARCHITECTURE:
+            raise ModelLoadError(path, f"is a {f.architecture!r} file, not a NextN drafter ({ARCHITECTURE!r})")
+        a = ARCHITECTURE
+        draft = f.get(f"{a}.draft_vocab", None)
+        draft_ids = [int(x) for x in draft] if draft is not None else []
+        cfg = NextNConfig(
+            hidden_size=f.require(f"{a}.embedding_length", int),
+            intermediate_size=f.require(f"{a}.feed_forward_length", int),
+            num_heads=f.require(f"{a}.attention.head_count", int),
+            num_kv_heads=f.require(f"{a}.attention.head_count_kv", int),
+            head_dim=f.require(f"{a}.attention.key_length", int),
+            rms_eps=float(f.require(f"{a}.attention.layer_norm_rms_epsilon")),
+            rope_theta=float(f.require(f"{a}.rope.freq_base")),
+            draft_vocab=len(draft_ids),
+        )
+        target = {
+            "architecture": f.require(f"{a}.target.architecture", str),
+            "shape_digest": f.get(f"{a}.target.shape_digest", ""),
+            "sha256": f.get(f"{a}.target.sha256", ""),
+            "vocab_size": f.require(f"{a}.target.vocab_size", int),
+        }
+        if not draft_ids:
+            raise ModelLoadError(path, f"{a}.draft_vocab is missing or empty")
+        module = NextNModule(cfg, target["vocab_size"])
+        with torch.no_grad():
+            for param, name in TENSORS.items():
+                want = tuple(getattr(module, param).shape)
+                getattr(module, param).copy_(f.require_tensor(name, want))
+            module.draft_ids.copy_(torch.tensor(draft_ids, dtype=torch.long))
+        try:
+            manifest = json.loads(f.get("tsspec.training.manifest", "{}") or "{}")
+        except json.JSONDecodeError:
+            manifest = {}
+    if int(module.draft_ids.max()) >= target["vocab_size"] or int(module.draft_ids.min()) < 0:
+        raise ModelLoadError(path, "draft vocabulary ids fall outside the target vocabulary")
+    module.requires_grad_(False)
+    return module, target, manifest
+
+
+class _single_thread:
+    """One intra-op thread inside a head call: a head step is many small ops, and on a shared
+    CPU two OpenMP threads waiting on each other at every barrier (even a fill of the
+    vocabulary-sized logits) cost more than the work. The trunk does the same for small ops."""
+
+    def __enter__(self):
+        self.threads = torch.get_num_threads()
+        if self.threads > 1:
+            torch.set_num_threads(1)
+
+    def __exit__(self, *exc):
+        if self.threads > 1:
+            torch.set_num_threads(self.threads)
+
+
+class NextNFileHead:
+    """A per-token DraftHead over a ``NextNModule`` bound to a target (its embedding).
+
+    KV cache: positions ``base .. end-1``; position 0 has no predecessor row and is never fed
+    (as in the in-checkpoint MTP heads). A catch-up from ``start`` drops everything at or after
+    ``start``; a start past ``end`` is a gap the head never saw and it restarts there.
+    """
+
+    kind = DraftHeadKind.PER_TOKEN
+    block_size = 1
+    resumes_after_gap = False
+
+    def __init__(self, module: NextNModule, target, *, source: str = "", max_context: int = 1 << 16):
+        self.m = module.eval()
+        self.target = target
+        self.source = source
+        cfg = module.cfg
+        self.hidden_size = cfg.hidden_size
+        self.vocab_size = module.vocab_size
+        self.max_context = max_context
+        self._k = torch.zeros(0, cfg.num_kv_heads, cfg.head_dim)  # [cap, nkv, hd]
+        self._v = torch.zeros(0, cfg.num_kv_heads, cfg.head_dim)
+        self.base: int | None = None
+        self.end = 0
+        self._rope_size = 0
+        self._cos = self._sin = None
+        self.calls = 0
+        self.rows_run = 0
+
+    def reset(self) -> None:
+        self.base, self.end = None, 0
+
+    def draft_step(self, token: int, h_prev: torch.Tensor, pos: int):
+        return self.draft_catch_up_and_step([int(token)], h_prev.reshape(1, -1), pos)
+
+    def draft_catch_up(self, tokens: Sequence[int], h_rows: torch.Tensor, start_pos: int) -> None:
+        self._advance([int(t) for t in tokens], h_rows, int(start_pos), want_last=False)
+
+    def draft_catch_up_and_step(self, tokens: Sequence[int], h_rows: torch.Tensor, start_pos: int):
+        with _single_thread():
+            out = self._advance([int(t) for t in tokens], h_rows, int(start_pos), want_last=True)
+            last = out[-1]  # [H]
+            with torch.inference_mode():
+                small = self.m.logits(last)  # [K]
+                logits = torch.full((self.vocab_size,), float("-inf"))
+                logits.index_copy_(0, self.m.draft_ids, small)
+        return logits, last
+
+    def draft_block(self, last_token, h_prev, position, max_tokens):
+        raise NotImplementedError("a NextN head is a per-token head: use draft_step")
+
+    def _place(self, start: int) -> None:
+        if self.base is None or start < self.base or start > self.end:
+            self.base, self.end = start, start
+        else:
+            self.end = start
+
+    def _ensure(self, rows: int) -> None:
+        if rows <= self._k.shape[0]:
+            return
+        cap = min(max(rows, 2 * self._k.shape[0], 256), max(rows, self.max_context))
+        k = torch.zeros(cap, *self._k.shape[1:])
+        v = torch.zeros(cap, *self._v.shape[1:])
+        k[: self._k.shape[0]] = self._k
+        v[: self._v.shape[0]] = self._v
+        self._k, self._v = k, v
+
+    @torch.inference_mode()
+    def _advance(self, tokens: list[int], h_rows: torch.Tensor, start: int, *, want_last: bool) -> torch.Tensor:
+        if h_rows.dim() != 2 or h_rows.shape[0] != len(tokens) or h_rows.shape[1] != self.hidden_size:
+            raise ValueError(
+                f"the NextN head needs one trunk hidden row of width {self.hidden_size} per token "
+                f"(got {tuple(h_rows.shape)} for {len(tokens)} tokens; are feature taps set?)"
+            )
+        if not tokens:
+            raise ValueError("no tokens to feed the NextN head")
+        h_rows = h_rows.float()
+        if start == 0 and (len(tokens) > 1 or not want_last):
+            tokens, h_rows, start = tokens[1:], h_rows[1:], 1  # position 0 has no predecessor row
+            if not tokens:
+                self._place(1)
+                return h_rows
+        self._place(start)
+        n = len(tokens)
+        at = start - self.base
+        self._ensure(at + n)
+        self.calls += 1
+        self.rows_run += n
+        with _single_thread():
+            m = self.m
+            emb = self.target.embed(tokens).float()  # [n, H]
+            u = m.inputs(emb, h_rows)  # [n, H]
+            q, k, v = m.qkv(u, None, self._rope(start, n))  # [n, heads, hd]
+            self._k[at : at + n] = k
+            self._v[at : at + n] = v
+            keys, values = self._k[: at + n], self._v[: at + n]  # [at+n, nkv, hd]
+            mask = None
+            if n > 1:
+                mask = torch.arange(at + n)[None, :] <= (at + torch.arange(n))[:, None]  # [n, at+n]
+            attn = m.attend(q.unsqueeze(0), keys.unsqueeze(0), values.unsqueeze(0), mask)[0]  # [n, nh*hd]
+            self.end = start + n
+            return m.finish(u, attn)  # [n, H]
+
+    def _rope(self, start: int, n: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """(cos, sin) [n, 1, hd/2] for positions start.., from a table grown on demand."""
+        if start + n > self._rope_size:
+            size = max(start + n, 2 * self._rope_size, 512)
+            cfg = self.m.cfg
+            self._cos, self._sin = rope_tables(torch.arange(size), cfg.head_dim, cfg.rope_theta)
+            self._rope_size = size
+        return self._cos[start : start + n], self._sin[start : start + n]
+
+
+def check_fit(target_facts: dict, module: NextNModule, target, path: str) -> None:
+    """ModelLoadError when the drafter cannot serve ``target``."""
+    cfg = target.config
+    if not callable(getattr(target, "embed", None)):
+        raise ModelLoadError(path, f"the target ({cfg.architecture}) does not expose embed, which a NextN drafter borrows")
+    if int(cfg.hidden_size) != module.cfg.hidden_size:
+        raise ModelLoadError(
+            path, f"drafter width {module.cfg.hidden_size} differs from the target's hidden size {cfg.hidden_size}: "
+            "this drafter was trained for another model"
+        )
+    if int(cfg.vocab_size) != int(target_facts["vocab_size"]):
+        raise ModelLoadError(
+            path, f"drafter vocabulary ({target_facts['vocab_size']} tokens) does not match the target's ({cfg.vocab_size})"
+        )
+    if target_facts["architecture"] != cfg.architecture:
+        raise ModelLoadError(
+            path, f"drafter was trained for a {target_facts['architecture']!r} model, not {cfg.architecture!r}"
+        )
+
+
+def attach_nextn(target, gguf_path, options=None) -> NextNFileHead:
+    """Read a ``nextn`` file, check it against ``target``, and make it ``target.draft_head``."""
+    path = str(gguf_path)
+    module, facts, _ = read_nextn(path)
+    check_fit(facts, module, target, path)
+    if getattr(target, "feature_taps", None):
+        target.spec_set_feature_taps(None)  # a NextN head reads the post-norm rows
+    head = NextNFileHead(module, target, source=path, max_context=int(getattr(target, "max_context_length", 1 << 16)))
+    target.draft_head = head
+    return head

@@ -1,0 +1,218 @@
+"""``tsspec train-drafter --kind mtp``: a NextN head trained by self-distillation.
+
+Data comes from the shared core (``tsspec.training``): teacher-forcing rows and the target's
+own argmax labels. The head is initialised from the target (its last decoder layer, final norm
+and the LM-head rows of the draft vocabulary, when the file has llama.cpp's tensor names) and
+trained with multi-step unrolling: step 1 reads the trunk's true rows, steps 2..k read the
+head's own chained output (``NextNModule.unrolled``), with the attention mask the chain sees at
+drafting time, so acceptance holds up past the first token. The loss at step j is weighted
+``0.8 ** (j - 1)``; ``kl_weight`` > 0 adds a soft cross-entropy on the target's top-k logits.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Callable, Sequence
+
+import torch
+import torch.nn.functional as F
+
+from tsspec.training import dataset as datasets
+from tsspec.training import loop, vocab
+from tsspec.training.request import TrainRequest
+from tsspec.training.teacher import TeacherSequence
+
+from .nextn_file import write_nextn
+from .nextn_model import NextNConfig, NextNModule
+
+KIND = "mtp"
+DESCRIPTION = "NextN / MTP per-token head (EAGLE-style unrolled training), file architecture 'nextn'"
+STEP_DECAY = 0.8
+IGNORE = -100
+
+
+def _config(target, draft_vocab: int) -> NextNConfig:
+    cfg, extra = target.config, target.config.extra
+    heads = int(extra.get("num_heads") or max(1, cfg.hidden_size // 64))
+    return NextNConfig(
+        hidden_size=int(cfg.hidden_size),
+        intermediate_size=int(extra.get("ffn_size") or 4 * cfg.hidden_size),
+        num_heads=heads,
+        num_kv_heads=int(extra.get("num_kv_heads") or heads),
+        head_dim=int(extra.get("head_dim") or cfg.hidden_size // heads),
+        rope_theta=float(extra.get("rope_theta") or 10000.0),
+        rms_eps=float(extra.get("rms_norm_eps") or 1e-5),
+        draft_vocab=int(draft_vocab),
+    )
+
+
+def _initialise(module: NextNModule, model_path: str, num_layers: int, seed: int, *, from_target: bool) -> str:
+    """Random init, then the target's last layer / final norm / head rows when readable."""
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name in ("eh_proj", "wq", "wk", "wv", "wo", "w_gate", "w_up", "w_down", "head"):
+            p = getattr(module, name)
+            p.copy_(torch.randn(p.shape, generator=g) * (1.0 / math.sqrt(p.shape[1])))
+        H = module.cfg.hidden_size
+        # start as "mostly the trunk row": u = hnorm(h) + a little of the token
+        module.eh_proj[:, H:] += torch.eye(H)
+        if not from_target:
+            return "random"
+        from tsspec.modeling.gguf_file import GGUFFile
+
+        last = f"blk.{num_layers - 1}."
+        names = {"attn_norm": "attn_norm", "wq": "attn_q", "wk": "attn_k", "wv": "attn_v", "wo": "attn_output",
+                 "ffn_norm": "ffn_norm", "w_gate": "ffn_gate", "w_up": "ffn_up", "w_down": "ffn_down"}
+        with GGUFFile(model_path) as f:
+            copied = []
+            for param, tname in names.items():
+                full = last + tname + ".weight"
+                p = getattr(module, param)
+                if f.has_tensor(full) and tuple(f.tensor_shape(full)) == tuple(p.shape):
+                    p.copy_(f.tensor(full))
+                    copied.append(param)
+            if f.has_tensor("output_norm.weight"):
+                module.head_norm.copy_(f.tensor("output_norm.weight"))
+            head_name = "output.weight" if f.has_tensor("output.weight") else "token_embd.weight"
+            if f.has_tensor(head_name):
+                module.head.copy_(f.tensor(head_name)[module.draft_ids])
+                copied.append("head")
+    return f"target ({', '.join(copied) or 'nothing matched'})"
+
+
+class _Batches:
+    """Padded batches of teacher sequences, drawn with the loop's seeded generator."""
+
+    def __init__(self, data: Sequence[TeacherSequence], embed: torch.Tensor, draft_ids: torch.Tensor,
+                 vocab_size: int, batch: int, device: torch.device):
+        self.data = list(data)
+        self.embed = embed  # [V, H] float32 on device
+        self.table = vocab.to_draft_labels(torch.arange(vocab_size), draft_ids, vocab_size, IGNORE)  # [V]
+        self.batch = batch
+        self.device = device
+
+    def make(self, items: Sequence[TeacherSequence]):
+        L = max(len(s.tokens) for s in items)
+        B, H = len(items), items[0].hidden.shape[1]
+        tokens = torch.zeros(B, L, dtype=torch.long)
+        hidden = torch.zeros(B, L, H)
+        labels = torch.full((B, L), IGNORE, dtype=torch.long)
+        soft_ids = soft_logits = None
+        if items[0].topk_ids is not None:
+            k = items[0].topk_ids.shape[1]
+            soft_ids = torch.full((B, L, k), IGNORE, dtype=torch.long)
+            soft_logits = torch.full((B, L, k), float("-inf"))
+        for b, s in enumerate(items):
+            n = len(s.tokens)
+            tokens[b, :n] = s.tokens
+            hidden[b, :n] = s.hidden.float()
+            labels[b, :n] = self.table[s.labels]
+            if soft_ids is not None and s.topk_ids is not None:
+                soft_ids[b, :n] = self.table[s.topk_ids]
+                soft_logits[b, :n] = s.topk_logits.float()
+        dev = self.device
+        out = {"emb": self.embed[tokens.to(dev)], "hidden": hidden.to(dev), "labels": labels.to(dev)}
+        if soft_ids is not None:
+            out["soft_ids"], out["soft_logits"] = soft_ids.to(dev), soft_logits.to(dev)
+        return out
+
+    def sample(self, step: int, generator: torch.Generator):
+        picks = torch.randint(len(self.data), (self.batch,), generator=generator).tolist()
+        return self.make([self.data[i] for i in picks])
+
+
+def _losses(module: NextNModule, batch, unroll: int, kl_weight: float):
+    outs = module.unrolled(batch["emb"], batch["hidden"], unroll)
+    labels = batch["labels"]  # [B, L] draft rows or IGNORE
+    L = labels.shape[1]
+    total = 0.0
+    metrics: dict[str, float] = {}
+    weight_sum = 0.0
+    for j, out in enumerate(outs, start=1):
+        logits = module.logits(out)  # [B, L, K]
+        valid = torch.arange(L, device=labels.device)[None, :] >= max(1, j)  # the head never reads position 0
+        target = torch.where(valid, labels, torch.full_like(labels, IGNORE))
+        ce = F.cross_entropy(logits.flatten(0, 1), target.flatten(), ignore_index=IGNORE)
+        loss = ce
+        if kl_weight > 0 and "soft_ids" in batch:
+            ids = batch["soft_ids"]  # [B, L, k]
+            known = (ids != IGNORE) & valid[..., None]
+            teacher = torch.softmax(batch["soft_logits"].masked_fill(~known, float("-inf")), dim=-1)
+            teacher = torch.nan_to_num(teacher)  # rows with no known id
+            logp = torch.log_softmax(logits, dim=-1).gather(-1, ids.clamp(min=0))  # [B, L, k]
+            soft = -(teacher * logp.masked_fill(~known, 0.0)).sum(-1)
+            rows = known.any(-1)
+            loss = ce + kl_weight * (soft[rows].mean() if rows.any() else 0.0)
+        w = STEP_DECAY ** (j - 1)
+        total = total + w * loss
+        weight_sum += w
+        with torch.no_grad():
+            counted = target != IGNORE
+            hits = (logits.argmax(-1) == target) & counted
+            # accuracy over every valid position (out-of-vocabulary labels count as misses)
+            denom = (valid & (batch["hidden"].abs().sum(-1) > 0)).sum().clamp(min=1)
+            metrics[f"acc{j}"] = float(hits.sum() / denom)
+    return total / weight_sum, metrics
+
+
+@torch.no_grad()
+def evaluate(module: NextNModule, batches: _Batches, data: Sequence[TeacherSequence], unroll: int) -> dict[str, float]:
+    """Per-step accuracy on ``data`` (teacher-forced chains; an estimate of acceptance)."""
+    module.eval()
+    sums: dict[str, float] = {}
+    for i in range(0, len(data), batches.batch):
+        batch = batches.make(data[i : i + batches.batch])
+        _, metrics = _losses(module, batch, unroll, 0.0)
+        for k, v in metrics.items():
+            sums[k] = sums.get(k, 0.0) + v * len(data[i : i + batches.batch])
+    return {k: v / max(1, len(data)) for k, v in sums.items()}
+
+
+def train_mtp(request: TrainRequest, target, log: Callable[[str], None] = print, progress=None) -> dict:
+    """Train and write a ``nextn`` drafter for ``target``; returns a summary."""
+    device = loop.resolve_device(request.loop.device)
+    data, manifest = datasets.build(target, request.identity.get("sha256") or request.identity.get("shape_digest", ""),
+                                    request.data, progress=progress, log=log)
+    train, valid = datasets.split(data, request.valid_share, request.data.seed)
+    V = int(target.config.vocab_size)
+    eos = sorted(getattr(getattr(target, "tokenizer", None), "eos_token_ids", ()) or ())
+    draft_ids = vocab.draft_vocabulary((s.labels for s in train), V, request.draft_vocab, always=eos)
+    cover = vocab.coverage((s.labels for s in valid or train), draft_ids)
+    log(f"draft vocabulary: {draft_ids.numel()} tokens, covering {cover:.1%} of held-back teacher labels")
+    cfg = _config(target, draft_ids.numel())
+    module = NextNModule(cfg, V)
+    module.draft_ids.copy_(draft_ids)
+    init = _initialise(module, request.model_path, int(target.config.num_layers), request.loop.seed,
+                       from_target=request.init_from_target)
+    log(f"initialised from {init}")
+    module.head.requires_grad_(False)  # the target's own rows: frozen (fewer weights to overfit)
+    if request.freeze_layer:
+        # keep the target's last layer as copied: only eh_proj and the norms learn (a small
+        # corpus cannot overfit 0.7M weights the way it overfits 4M)
+        for name in ("wq", "wk", "wv", "wo", "w_gate", "w_up", "w_down"):
+            getattr(module, name).requires_grad_(False)
+    module.to(device)
+    with torch.inference_mode():
+        embed = target.embed(list(range(V))).float()  # [V, H]
+    embed = embed.clone().to(device)
+    batches = _Batches(train, embed, draft_ids, V, request.batch, device)
+    before = evaluate(module, batches, valid, request.unroll) if valid else {}
+    history = loop.run(
+        module, request.loop, batches.sample,
+        lambda batch: _losses(module, batch, request.unroll, request.kl_weight),
+        log=log, progress=progress,
+    )
+    after = evaluate(module, batches, valid, request.unroll) if valid else {}
+    log("validation accuracy per step: before " + " ".join(f"{k}={v:.3f}" for k, v in before.items())
+        + " | after " + " ".join(f"{k}={v:.3f}" for k, v in after.items()))
+    module.cpu()
+    recipe = {
+        "kind": KIND, "steps": request.loop.steps, "lr": request.loop.lr, "batch": request.batch,
+        "unroll": request.unroll, "draft_vocab": int(draft_ids.numel()), "kl_weight": request.kl_weight,
+        "seed": request.loop.seed, "init": init, "freeze_layer": request.freeze_layer, "draft_vocab_coverage": round(cover, 4),
+        "valid_accuracy": {k: round(v, 4) for k, v in after.items()},
+    }
+    facts = {**request.identity, "vocab_size": V, "architecture": target.config.architecture}
+    write_nextn(request.out_path, module, target=facts, manifest={**manifest, "recipe": recipe}, outtype=request.outtype)
+    log(f"wrote {request.out_path}")
+    return {"path": request.out_path, "history": history, "before": before, "after": after, "recipe": recipe}

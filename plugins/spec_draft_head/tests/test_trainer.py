@@ -1,0 +1,105 @@
+"""train-drafter --kind mtp end to end on a tiny random llama: a few steps, the loss goes down,
+the written ``nextn`` GGUF loads, attaches through the drafters hook, drafts, and generation
+with it is lossless (greedy and seeded sampling)."""
+
+from __future__ import annotations
+
+import random
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from tsspec.modeling.identity import identify
+from tsspec.runtime.loading import load_model
+from tsspec.runtime.options import SpeculationOptions
+from tsspec.runtime.sampling import SamplingParams
+from tsspec.testing import assert_lossless
+from tsspec.training.dataset import DataSpec
+from tsspec.training.loop import LoopSpec
+from tsspec.training.request import TrainRequest
+from tsspec.training.teacher import greedy_answer
+
+sys.path.insert(0, str(Path(__file__).parent))
+from tiny_llama import VOCAB, write_tiny_llama  # noqa: E402
+
+from tsspec_draft_head import make_draft_head  # noqa: E402
+from tsspec_draft_head.nextn_file import NextNFileHead, read_nextn  # noqa: E402
+from tsspec_draft_head.trainer import train_mtp  # noqa: E402
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _one_torch_thread():
+    """One intra-op thread: tiny ops on two contended OpenMP threads run 10x slower."""
+    previous = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(previous)
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory, _one_torch_thread):
+    tmp = tmp_path_factory.mktemp("train")
+    model = write_tiny_llama(tmp / "tiny.gguf")
+    target = load_model(model, options=SpeculationOptions(enabled=False))
+    rng = random.Random(0)
+    sequences = []
+    for _ in range(24):  # the target's own greedy continuations: what a drafter must learn
+        prompt = [rng.randrange(VOCAB) for _ in range(4)]
+        sequences.append(tuple(prompt + greedy_answer(target, prompt, 44)))
+    request = TrainRequest(
+        model_path=model, out_path=str(tmp / "tiny-mtp.gguf"), kind="mtp",
+        data=DataSpec(seq_len=64, soft_k=4, cache_dir=str(tmp / "cache"), sequences=tuple(sequences)),
+        loop=LoopSpec(steps=40, lr=3e-3, warmup=4, seed=0, device="cpu", checkpoint=str(tmp / "ckpt.pt"),
+                      checkpoint_every=20, log_every=0),
+        identity=identify(model).to_json(), draft_vocab=64, unroll=2, batch=4, kl_weight=0.5, valid_share=0.2,
+    )
+    summary = train_mtp(request, target, log=lambda _: None)
+    return model, summary, request
+
+
+def test_loss_goes_down(trained):
+    _, summary, _ = trained
+    losses = [h["loss"] for h in summary["history"]]
+    assert len(losses) == 40
+    assert sum(losses[-5:]) / 5 < 0.8 * sum(losses[:5]) / 5
+    assert set(summary["after"]) == {"acc1", "acc2"}  # one accuracy per unrolled step
+
+
+def test_written_file_reads_back_with_its_manifest(trained):
+    model, summary, request = trained
+    module, facts, manifest = read_nextn(summary["path"])
+    assert facts["architecture"] == "llama" and facts["vocab_size"] == VOCAB
+    assert facts["sha256"] == identify(model).sha256
+    assert module.draft_ids.numel() == 64
+    assert manifest["sources"][0]["name"] == "given" and manifest["recipe"]["kind"] == "mtp"
+
+
+def test_attached_head_drafts_inside_its_draft_vocabulary(trained):
+    model, summary, _ = trained
+    target = load_model(model, draft_model=summary["path"])
+    head = target.draft_head
+    assert isinstance(head, NextNFileHead)
+    h = torch.zeros(target.spec_feature_size)
+    logits, out = head.draft_step(5, h, 3)
+    assert logits.shape == (VOCAB,) and out.shape == (target.spec_feature_size,)
+    allowed = set(head.m.draft_ids.tolist())
+    finite = torch.isfinite(logits).nonzero().flatten().tolist()
+    assert set(finite) == allowed
+
+
+@pytest.mark.parametrize("sampling", [SamplingParams(), SamplingParams(temperature=0.8, top_k=20, seed=3)],
+                         ids=["greedy", "sampled"])
+def test_generation_with_the_trained_head_is_lossless(trained, sampling):
+    model, summary, _ = trained
+    opts = SpeculationOptions(spec_type="draft-head", pmin=0.0, draft=4, adaptive=False)
+    _, spec = assert_lossless(
+        lambda: load_model(model, draft_model=summary["path"]),
+        lambda t: make_draft_head(t, opts),
+        [7, 3, 11, 40, 2],
+        max_tokens=40,
+        sampling=sampling,
+        options=opts,
+    )
+    assert spec.stats.draft_tokens > 0

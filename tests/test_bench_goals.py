@@ -1,0 +1,57 @@
+"""tsspec.bench.goals: the CPU speed goals measured in one bench run, peers interleaved.
+
+The toy target stands in for the model and a stand-in llama_cpp package (test_bench_peers) for
+the engine, with the goals' sizes shrunk: this checks the plumbing (pairing, goal rows, report),
+never a speed."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from tsspec.bench import goals
+from tsspec.bench.prompts import load_prompt_set
+from tsspec.bench.suite import BenchPlan, run_plan
+from tsspec.runtime.loading import load_model
+
+
+@pytest.fixture
+def cases(tmp_path):
+    path = tmp_path / "p.jsonl"
+    path.write_text("\n".join(json.dumps(r) for r in [
+        {"id": "q1", "class": "qa", "prompt": "the cat sat on the mat. the cat sat on the", "max_tokens": 8},
+        {"id": "w1", "class": "chat", "prompt": "hello there, how are you today my friend", "max_tokens": 8},
+    ]) + "\n")
+    return load_prompt_set(path)
+
+
+def test_goals_and_paired_peers_in_one_run(monkeypatch, cases, fake_llama_env):
+    env, model = fake_llama_env
+    monkeypatch.setenv("PYTHONPATH", env["PYTHONPATH"])
+    monkeypatch.setenv("OMP_WAIT_POLICY", "PASSIVE")  # tsspec's own environment: must not reach the peer
+    monkeypatch.setattr(goals, "PREFILL_TOKENS", 40)
+    monkeypatch.setattr(goals, "VERIFY_CONTEXT", 20)
+    monkeypatch.setattr(goals.verify_cost, "__kwdefaults__", {"context": 20, "rows": 9, "reps": 2})
+    monkeypatch.setattr(goals.prefill_pairs, "__kwdefaults__", {"reps": 1, "progress": None})
+    target = load_model("toy")
+    plan = BenchPlan(model_name="toy", model_path=str(model), cases=cases, prompts_label="test",
+                     algorithms=["ngram"], reps=1, compare=["llama.cpp"], compare_reps=1, goals=True)
+    report = run_plan(plan, target)
+    assert not report.peer_errors
+    peer_info = report.meta["settings"]["peers"]["llama.cpp"]
+    assert peer_info["environment"] == {} and len(peer_info["probe"]) == 8
+    timed = [r for r in report.peer_records if r.rep >= 0]
+    # each case: llama.cpp plain right after tsspec plain, prompt lookup right after ngram
+    assert [(r.case_id, r.config, r.tsspec_config) for r in timed] == [
+        ("q1", "plain", "plain"), ("q1", "prompt-lookup", "ngram"),
+        ("w1", "plain", "plain"), ("w1", "prompt-lookup", "ngram")]
+    assert all(r.tsspec_tps and r.variant for r in timed)
+    rows = report.goal_rows()
+    assert [g.number for g in rows] == [1, 2, 3, 3, 4]
+    assert rows[0].ratio is not None and rows[0].met in (True, False)  # measured on the toy
+    assert rows[1].ratio is not None and rows[4].ratio is not None
+    markdown = report.to_markdown()
+    assert "## The CPU speed goals (issue 16)" in markdown and "verify cost by rows" in markdown
+    data = report.to_json()
+    assert len(data["goals"]["rows"]) == 5 and data["goals"]["measured"]["prefill"]["tokens"] == 40

@@ -1,0 +1,23 @@
+"""Prompt generation with its held-out split, and the FR-Spec draft vocabulary."""
+
+from __future__ import annotations
+
+import torch
+
+from tsspec.training import prompts, vocab
+
+
+def test_prompts_are_seeded_and_the_split_is_disjoint():
+    assert prompts.all_prompts(120, seed=3) == prompts.all_prompts(120, seed=3)
+    train = set(prompts.training_prompts(300))
+    held = set(prompts.held_out_prompts(300))
+    assert train and held and not train & held
+    assert all(prompts.is_held_out(p) for p in held)
+
+
+def test_draft_vocabulary_keeps_the_most_frequent_labels_and_forced_ids():
+    labels = [torch.tensor([5, 5, 5, 2, 2, 9, 1]), torch.tensor([2, 7])]
+    ids = vocab.draft_vocabulary(labels, 10, 3, always=[0])
+    assert ids.tolist() == [0, 2, 5]  # 0 forced; then 5 (3x), 2 (3x: ties to the lower id first)
+    assert abs(vocab.coverage(labels, ids) - 6 / 9) < 1e-9
+    assert vocab.to_draft_labels(torch.tensor([5, 9, 0]), ids, 10).tolist() == [2, -100, 0]
