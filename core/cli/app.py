@@ -9,6 +9,7 @@ traceback instead.
 from __future__ import annotations
 
 import logging
+import os
 import sys
 from typing import Annotated, List, Optional
 
@@ -104,10 +105,13 @@ def _add_plugin_commands(app: typer.Typer, catalog) -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
-    # No process-wide OpenMP settings here: tsspec's CPU kernels run on their own thread pool
-    # (cpu_kernels.c: a caller never waits for a sleeping worker), and an OMP_WAIT_POLICY set
-    # in this process would leak into everything it starts (a peer engine under PASSIVE
-    # decodes at a third of its speed). An operator's own setting is theirs to make.
+    # tsspec's CPU kernels run on their own thread pool (cpu_kernels.c), but torch's small ops
+    # between them (sampling, softmax over the vocabulary) use OpenMP, whose workers spin after
+    # each region by default and can take the cores from that pool on a small or shared machine.
+    # So this process - and only this process - asks OpenMP to sleep; an operator's own setting
+    # wins (set OMP_WAIT_POLICY=ACTIVE to undo it), and every peer
+    # engine the bench starts gets its environment without it (bench.peers.PEER_ENV_DROP).
+    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
     argv = list(sys.argv[1:] if argv is None else argv)
     debug = "--debug" in argv
     logging.basicConfig(level=logging.DEBUG if debug else logging.WARNING, format="tsspec: %(message)s")
