@@ -20,11 +20,11 @@ converted. Run: ``python plugins/model_deepseek_v4/scripts/bench_mechanics.py [-
 from __future__ import annotations
 
 import argparse
-import math
 import statistics
 import time
 
 import torch
+from random_weights import randomize  # the sibling module (scripts run from this folder's path)
 
 CONFIG = dict(
     vocab_size=2048, hidden_size=256, moe_intermediate_size=256, num_hidden_layers=6, num_attention_heads=8,
@@ -49,22 +49,7 @@ def build(dtype: str = "float32"):
     config = t.DeepseekV4Config(**CONFIG)
     torch.manual_seed(0)
     model = t.DeepseekV4ForCausalLM(config)
-    g = torch.Generator().manual_seed(1)
-    with torch.no_grad():
-        for name, p in list(model.named_parameters()) + list(model.named_buffers()):
-            if "inv_freq" in name:
-                continue
-            noise = torch.randn(p.shape, generator=g)
-            if name.endswith("tid2eid"):
-                p.copy_(torch.randint(0, 8, p.shape, generator=g))
-            elif "norm" in name and p.dim() == 1:
-                p.copy_(1.0 + 0.3 * noise)
-            elif name.endswith(".scale"):
-                p.copy_(1.0 + 0.2 * noise)
-            elif p.dim() >= 2 and "embed" not in name:
-                p.copy_(noise / math.sqrt(p.shape[-1]))
-            else:
-                p.copy_(noise if "embed" in name else 0.3 * noise)
+    randomize(model, torch.Generator().manual_seed(1), experts=8)
     arch, meta, tensors = convert_state_dict(config, model.state_dict())
     return lambda: load_from_source(MemorySource(arch, meta, tensors), dtype=dtype)
 

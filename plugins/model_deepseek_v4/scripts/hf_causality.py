@@ -14,9 +14,9 @@ Run: ``python plugins/model_deepseek_v4/scripts/hf_causality.py`` (about 20 s on
 
 from __future__ import annotations
 
-import math
 
 import torch
+from random_weights import randomize  # the sibling module (scripts run from this folder's path)
 
 CONFIG = dict(
     vocab_size=64, hidden_size=32, moe_intermediate_size=16, num_hidden_layers=5, num_attention_heads=4,
@@ -37,22 +37,8 @@ def build(seed: int = 3):
     config._attn_implementation = "eager"
     torch.manual_seed(seed)
     model = t.DeepseekV4ForCausalLM(config).eval()
-    g = torch.Generator().manual_seed(seed + 1)
-    with torch.no_grad():  # transformers' init zeroes sinks, biases, the hash table: draw them all
-        for name, p in list(model.named_parameters()) + list(model.named_buffers()):
-            if "inv_freq" in name:
-                continue
-            noise = torch.randn(p.shape, generator=g)
-            if name.endswith("tid2eid"):
-                p.copy_(torch.randint(0, 4, p.shape, generator=g))
-            elif "norm" in name and p.dim() == 1:
-                p.copy_(1.0 + 0.3 * noise)
-            elif name.endswith(".scale"):
-                p.copy_(1.0 + 0.2 * noise)
-            elif p.dim() >= 2 and "embed" not in name:
-                p.copy_(noise / math.sqrt(p.shape[-1]))
-            else:
-                p.copy_(noise if ("embed" in name or name.endswith("sinks")) else 0.3 * noise)
+    # transformers' init zeroes sinks, biases, the hash table: draw them all
+    randomize(model, torch.Generator().manual_seed(seed + 1), experts=4, full_noise=("embed", "sinks"))
     return config, model
 
 
