@@ -98,7 +98,7 @@ def _corpus_sequences(target, identity: str, spec: DataSpec, cache: Path, progre
     log(f"chat answers: {len(chosen)} prompts -> {answers_path}")
     records = teacher.answer_prompts(
         target, chosen, answers_path, max_new_tokens=spec.answer_tokens,
-        progress=lambda it: progress(it, desc="answers"),
+        progress=lambda it: progress(it, desc="answers"), log=log,
     )
     infos["chat-answers"] = corpus.SourceInfo(
         "chat-answers",
@@ -119,7 +119,7 @@ def _teacher(target, spec: DataSpec, sequences, infos, data_path: Path, progress
     log(f"teacher forcing: {len(sequences)} sequences, {sum(len(s) for _, s in sequences)} tokens")
     data = teacher.collect(
         target, sequences, taps=spec.taps, soft_k=spec.soft_k,
-        progress=lambda it: progress(it, desc="teacher"),
+        progress=lambda it: progress(it, desc="teacher"), log=log,
     )
     manifest = {
         "sources": [infos[k].to_json() for k in sorted(infos)],

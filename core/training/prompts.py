@@ -62,6 +62,67 @@ CODE_TASKS = [
 ]
 
 
+PROSE_TASKS = [
+    "Write the opening paragraph of a short story about {t}.",
+    "Write a friendly letter to a friend who is curious about {t}.",
+    "Write a diary entry of someone spending a whole day thinking about {t}.",
+    "Describe a quiet morning in a small town, and mention {t} somewhere in it.",
+    "Write a short speech for a school assembly about {t}.",
+    "Write a product description for a children's book about {t}.",
+]
+
+LIST_TASKS = [
+    "List five questions a student might ask about {t}, with a one-line answer to each.",
+    "Make a bulleted checklist for someone who wants to learn about {t}.",
+    "Give a numbered list of the key terms related to {t} and define each one.",
+    "Compare {t} and {u} in a short table or list.",
+]
+
+CHAT_TASKS = [
+    "Hi! I just got interested in {t}. Where should I start?",
+    "Thanks for your help earlier. Can you tell me a bit more about {t}?",
+    "My friend says {t} is boring. How can I convince them otherwise?",
+    "I have an exam about {t} tomorrow and I'm nervous. Any tips?",
+    "Can you explain {t} again, but shorter this time?",
+]
+
+MORE_CODE_TASKS = [
+    "Write a Python function that returns the largest element of a list without using max().",
+    "Write a Python script that counts how often each word appears in a text file.",
+    "Show how to turn a list of (name, age) tuples into a dictionary in Python, then sort it by age.",
+    "Write a Python function that checks whether a string is a palindrome, and explain it.",
+    "How do I handle a missing file with try and except in Python? Show an example.",
+    "Write a Python generator that yields the squares of the numbers from 1 to n.",
+    "Explain the difference between a list and a tuple in Python, with examples.",
+    "Write a Python function that removes blank lines from a text file and writes the result back.",
+    "How do I use enumerate in a for loop in Python?",
+    "Write a Python function that flattens a list of lists.",
+    "Write a Python dataclass for a book with a title, an author and a year.",
+    "Show how to read a JSON file into a dictionary in Python and print one key.",
+    "Write a Python function that converts a temperature from Celsius to Fahrenheit.",
+    "Explain what `*args` and `**kwargs` mean in Python, with a short example.",
+    "Write a Python function that groups words by their first letter.",
+    "How do I get the current date and time in Python and format it as text?",
+]
+
+# instructions that carry a piece of text found on this machine (a standard-library docstring
+# or function): the rewrite / summary / qa / code-edit shapes of real use
+DOC_TASKS = [
+    "Summarise the following documentation in three short bullet points.\n\n{doc}",
+    "Rewrite the following documentation in plain, simple English for a beginner.\n\n{doc}",
+    "Read the passage and explain in two sentences what it describes.\n\nPassage:\n{doc}",
+    "Here is some documentation.\n\n{doc}\n\nWrite one paragraph that explains when someone would use this.",
+    "Turn the following text into a Markdown list of its main points.\n\n{doc}",
+]
+
+CODE_EDIT_TASKS = [
+    "Add type hints to this function and return the whole function.\n\n```python\n{code}```",
+    "Add a docstring to this function and return the whole function, otherwise unchanged.\n\n```python\n{code}```",
+    "Explain what this Python function does, step by step.\n\n```python\n{code}```",
+    "Rename the first argument of this function to `value` and return the whole function.\n\n```python\n{code}```",
+]
+
+
 def _math_prompts(rng: random.Random, count: int) -> list[str]:
     forms = [
         "What is {a} times {b}? Show your working.",
@@ -72,12 +133,50 @@ def _math_prompts(rng: random.Random, count: int) -> list[str]:
         "A class has {a} students and {b} of them are absent. How many are present?",
         "Solve for x: x + {a} = {b}.",
         "What is {a} percent of {b}?",
+        "A rectangle is {a} metres long and {b} metres wide. What are its area and its perimeter?",
+        "A farmer packs {a} eggs into boxes of {c}. How many full boxes are there, and how many eggs are left?",
+        "Tom has {a} marbles and gives {c} to each of his {d} friends. How many marbles does he have left?",
+        "A recipe needs {c} cups of flour for {d} people. How much flour is needed for {b} people?",
+        "A bus leaves at {d}:00 and the trip takes {a} minutes. When does it arrive? Explain.",
+        "What is the average of {a}, {b} and {c}? Show each step.",
+        "A shirt costs {a} dollars and is on sale for {c} percent off. What is the sale price?",
+        "Write {a}/{b} as a decimal, rounded to two places, and explain how.",
     ]
     out = []
     for _ in range(count):
         a, b = rng.randint(2, 99), rng.randint(2, 99)
-        out.append(rng.choice(forms).format(a=a, b=b))
+        c, d = rng.randint(2, 12), rng.randint(2, 9)
+        out.append(rng.choice(forms).format(a=a, b=b, c=c, d=d))
     return out
+
+
+def _local_texts(rng: random.Random, count: int) -> tuple[list[str], list[str]]:
+    """(docstrings, short function sources) of the standard library on this machine, seeded."""
+    import ast
+
+    from .corpus import _stdlib_files
+
+    files = _stdlib_files()
+    rng.shuffle(files)
+    docs: list[str] = []
+    code: list[str] = []
+    for path in files:
+        if len(docs) >= count and len(code) >= count:
+            break
+        try:
+            text = path.read_text("utf-8")
+            tree = ast.parse(text)
+        except (UnicodeDecodeError, OSError, SyntaxError, ValueError):
+            continue
+        for node in tree.body:
+            if isinstance(node, ast.FunctionDef):
+                doc = ast.get_docstring(node)
+                if doc and 120 <= len(doc) <= 900 and len(docs) < count:
+                    docs.append(doc)
+                source = ast.get_source_segment(text, node) or ""
+                if 150 <= len(source) <= 700 and len(code) < count:
+                    code.append(source.rstrip() + "\n")
+    return docs, code
 
 
 def is_held_out(prompt: str) -> bool:
@@ -87,11 +186,23 @@ def is_held_out(prompt: str) -> bool:
 
 
 def all_prompts(count: int, seed: int = 0) -> list[str]:
-    """``count`` distinct prompts (topics x templates, code tasks, arithmetic), in a seeded order."""
+    """``count`` distinct prompts in a seeded order: topics x templates (explanations, prose,
+    lists, chat turns), code tasks, arithmetic word problems, and instructions over standard-
+    library docstrings and functions (summaries, rewrites, code edits)."""
     rng = random.Random(seed)
     pool = [tpl.format(t=topic) for tpl in TEMPLATES for topic in TOPICS]
     pool += CODE_TASKS
     pool += _math_prompts(rng, max(16, count // 6))
+    if count > len(pool) // 2:  # the larger corpora: more shapes (small counts keep the old pool)
+        topics = list(TOPICS)
+        for tpl in PROSE_TASKS + LIST_TASKS + CHAT_TASKS:
+            for topic in rng.sample(topics, 12):
+                pool.append(tpl.format(t=topic, u=rng.choice([x for x in topics if x != topic])))
+        pool += MORE_CODE_TASKS
+        pool += _math_prompts(rng, max(16, count // 6))
+        docs, code = _local_texts(rng, max(8, count // 10))
+        pool += [rng.choice(DOC_TASKS).format(doc=d) for d in docs]
+        pool += [rng.choice(CODE_EDIT_TASKS).format(code=c) for c in code]
     pool = list(dict.fromkeys(pool))  # distinct, first occurrence order
     rng.shuffle(pool)
     return pool[:count]

@@ -18,13 +18,14 @@ verification accepts.
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 from typing import Callable, Iterable, Sequence
 
 import attrs
 import torch
 
-__all__ = ["TeacherSequence", "answer_prompts", "collect", "chat_sequences"]
+__all__ = ["TeacherSequence", "answer_prompts", "collect", "chat_sequences", "output_matrix"]
 
 
 @attrs.define
@@ -67,9 +68,16 @@ def answer_prompts(
     *,
     max_new_tokens: int,
     progress: Callable[[Iterable], Iterable] = lambda it: it,
+    batch: int = 8,
+    log: Callable[[str], None] | None = None,
 ) -> list[dict]:
     """Each prompt's chat-formatted ids and the target's greedy answer, cached in ``cache_path``
-    (JSONL, appended as answers are written; prompts already there are not answered again)."""
+    (JSONL, appended as answers are written; prompts already there are not answered again).
+
+    Up to ``batch`` prompts are answered together on the target's paged path
+    (``tsspec.training.answers``); a target without one answers them one at a time."""
+    from .answers import batched_greedy
+
     tok = target.tokenizer
     done: dict[str, dict] = {}
     if cache_path.exists():
@@ -79,15 +87,29 @@ def answer_prompts(
                 done[rec["prompt"]] = rec
     cache_path.parent.mkdir(parents=True, exist_ok=True)
     todo = [p for p in prompts if p not in done]
+    ids_of = []
+    for prompt in todo:
+        text = tok.apply_chat_template([{"role": "user", "content": prompt}], add_generation_prompt=True)
+        ids_of.append(tok.encode(text, add_special_tokens=False))
     with open(cache_path, "a", encoding="utf-8") as handle:
-        for prompt in progress(todo):
-            text = tok.apply_chat_template([{"role": "user", "content": prompt}], add_generation_prompt=True)
-            ids = tok.encode(text, add_special_tokens=False)
-            answer = greedy_answer(target, ids, max_new_tokens)
-            rec = {"prompt": prompt, "prompt_ids": ids, "answer_ids": answer}
+
+        def write(i: int, answer: list[int]) -> None:
+            rec = {"prompt": todo[i], "prompt_ids": ids_of[i], "answer_ids": list(answer)}
             handle.write(json.dumps(rec) + "\n")
             handle.flush()
-            done[prompt] = rec
+            done[todo[i]] = rec
+
+        began, written = time.perf_counter(), len(done)
+        answered = batched_greedy(target, ids_of, max_new_tokens, eos=_eos_ids(target), batch=batch,
+                                  on_done=write) if todo and batch > 1 else None
+        if answered is None:
+            for i in progress(range(len(todo))):
+                write(i, greedy_answer(target, ids_of[i], max_new_tokens))
+        if todo and log is not None:
+            made = sum(len(done[p]["answer_ids"]) for p in todo)
+            seconds = time.perf_counter() - began
+            log(f"chat answers: {len(done) - written} written, {made} tokens in {seconds:.0f}s "
+                f"({made / max(seconds, 1e-9):.1f} tokens/s, {'batched' if answered is not None else 'one at a time'})")
     return [done[p] for p in prompts if p in done]
 
 
@@ -108,12 +130,31 @@ def chunk_ids(ids: Sequence[int], length: int, *, prefix: Sequence[int] = (), mi
 
 
 @torch.inference_mode()
-def teacher_pass(target, tokens: Sequence[int], *, soft_k: int = 0) -> TeacherSequence:
-    """One multi-row forward over ``tokens`` from position 0."""
+def output_matrix(target) -> torch.Tensor | None:
+    """The target's output projection as a dense [vocab, H] float32 matrix, read through its
+    ``lm_head`` on the identity rows (None when the target offers no ``lm_head``).
+
+    A teacher forward then asks the trunk for its hidden rows only and scores them with one
+    dense matmul: a quantised LM head run row by row over every position of a long chunk costs
+    several times the rest of the forward."""
+    head = getattr(target, "lm_head", None)
+    width = int(getattr(target, "spec_feature_size", 0) or 0)
+    if head is None or width < 1:
+        return None
+    return head(torch.eye(width)).t().contiguous()  # [vocab, H]
+
+
+@torch.inference_mode()
+def teacher_pass(target, tokens: Sequence[int], *, soft_k: int = 0, head: torch.Tensor | None = None) -> TeacherSequence:
+    """One multi-row forward over ``tokens`` from position 0. ``head`` [vocab, H] (see
+    ``output_matrix``; untapped targets only): logits from the hidden rows with it, instead of
+    the target's own LM head on every row."""
     target.spec_rewind_cache(0)
     target.spec_ensure_capacity(len(tokens))
-    logits, hidden = target.spec_forward(list(tokens), all_logits_rows=True, want_hidden=True)
+    logits, hidden = target.spec_forward(list(tokens), all_logits_rows=head is None, want_hidden=True)
     target.spec_rewind_cache(0)
+    if head is not None:
+        logits = torch.nn.functional.linear(hidden.float(), head)  # [L, vocab]
     logits = logits.float()  # [L, vocab]
     seq = TeacherSequence(
         source="",
@@ -134,16 +175,23 @@ def collect(
     taps: Sequence[int] | None = None,
     soft_k: int = 0,
     progress: Callable[[Iterable], Iterable] = lambda it: it,
+    log: Callable[[str], None] | None = None,
 ) -> list[TeacherSequence]:
     """Teacher-forcing data for (source, tokens) pairs; taps (if any) are unset afterwards."""
+    head = None if taps else output_matrix(target)  # tapped rows are not the head's input
     if taps:
         target.spec_set_feature_taps(list(taps))
     try:
         out = []
+        began, count = time.perf_counter(), 0
         for source, tokens in progress(sequences):
-            seq = teacher_pass(target, tokens, soft_k=soft_k)
+            seq = teacher_pass(target, tokens, soft_k=soft_k, head=head)
             seq.source = source
             out.append(seq)
+            count += len(tokens)
+        if log is not None and count:
+            seconds = time.perf_counter() - began
+            log(f"teacher forcing: {count} tokens in {seconds:.0f}s ({count / max(seconds, 1e-9):.1f} tokens/s)")
         return out
     finally:
         if taps:
