@@ -52,6 +52,10 @@ def train_drafter(
     prompts: Annotated[int, typer.Option("--prompts", help="Generated instruction prompts the target answers.", rich_help_panel=PANEL_DATA)] = 72,
     answer_tokens: Annotated[int, typer.Option("--answer-tokens", help="Longest cached answer.", rich_help_panel=PANEL_DATA)] = 96,
     soft_k: Annotated[int, typer.Option("--soft-k", help="Teacher top-k logits kept per row (for --kl-weight).", rich_help_panel=PANEL_DATA)] = 8,
+    held_out: Annotated[int, typer.Option("--held-out-prompts", help="Held-out prompts answered and scored before and after training (acceptance check; never trained on).", rich_help_panel=PANEL_DATA)] = 0,
+    recommend_pmin: Annotated[Optional[float], typer.Option("--recommend-pmin", help="Confidence gate written into the drafter for its algorithm (its figures' best).", rich_help_panel=PANEL_TRAIN)] = None,
+    recommend_draft: Annotated[Optional[int], typer.Option("--recommend-draft", help="Longest chain written into the drafter for its algorithm.", rich_help_panel=PANEL_TRAIN)] = None,
+    warmup: Annotated[int, typer.Option("--warmup", help="Linear warm-up steps before the cosine decay.", rich_help_panel=PANEL_TRAIN)] = 10,
     cache_dir: Annotated[Optional[str], typer.Option("--cache-dir", help="Teacher-data cache (default $TSSPEC_TRAIN_CACHE or ~/.cache/tsspec/training).", rich_help_panel=PANEL_DATA)] = None,
 ) -> None:
     """Train a drafter for MODEL by self-distillation (labels: the model's own predictions)."""
@@ -75,6 +79,12 @@ def train_drafter(
         raise OptionsError(f"--kind {kind!r}: no installed plugin trains it (installed kinds: {installed})")
     if outtype not in ("f32", "f16", "q8_0"):
         raise OptionsError(f"--outtype must be f32, f16 or q8_0, got {outtype!r}")
+    if recommend_pmin is not None and not 0.0 <= recommend_pmin <= 1.0:
+        raise OptionsError(f"--recommend-pmin must be between 0 and 1, got {recommend_pmin}")
+    if recommend_draft is not None and recommend_draft < 1:
+        raise OptionsError(f"--recommend-draft must be at least 1, got {recommend_draft}")
+    if held_out < 0 or warmup < 0:
+        raise OptionsError(f"--held-out-prompts and --warmup must be at least 0, got {held_out} and {warmup}")
     for name, value in (("--steps", steps), ("--batch", batch), ("--unroll", unroll), ("--draft-vocab", draft_vocab),
                         ("--seq-len", seq_len), ("--layers", layers), ("--block-size", block_size)):
         if value < 1:
@@ -91,9 +101,11 @@ def train_drafter(
         data=DataSpec(seq_len=seq_len, stdlib_chars=corpus_chars, package_chars=package_chars, prompts=prompts,
                       answer_tokens=answer_tokens, soft_k=soft_k, taps=_taps(taps), seed=seed,
                       cache_dir=cache_dir or ""),
-        loop=LoopSpec(steps=steps, lr=lr, seed=seed, device=device, checkpoint=checkpoint or out + ".ckpt"),
+        loop=LoopSpec(steps=steps, lr=lr, warmup=warmup, seed=seed, device=device, checkpoint=checkpoint or out + ".ckpt"),
         identity=identity, layers=layers, block_size=block_size, taps=_taps(taps), draft_vocab=draft_vocab,
         unroll=unroll, batch=batch, kl_weight=kl_weight, outtype=outtype, freeze_layer=freeze_layer,
+        held_out_prompts=held_out,
+        recommended={k: v for k, v in (("pmin", recommend_pmin), ("draft_max", recommend_draft)) if v is not None},
     )
     from tqdm.auto import tqdm
 

@@ -18,6 +18,7 @@ same interpreter and packages.
 from __future__ import annotations
 
 import ast
+import functools
 import importlib.metadata as metadata
 import random
 import sysconfig
@@ -49,6 +50,12 @@ class SourceInfo:
 
 
 def _stdlib_files() -> list[Path]:
+    """The standard library's modules (sorted; a fresh list each call, callers shuffle it)."""
+    return list(_stdlib_paths())
+
+
+@functools.lru_cache(maxsize=1)
+def _stdlib_paths() -> tuple[Path, ...]:
     root = Path(sysconfig.get_paths()["stdlib"])
     files = []
     for path in sorted(root.rglob("*.py")):
@@ -56,7 +63,7 @@ def _stdlib_files() -> list[Path]:
         if parts & SKIP_DIRS or path.name.startswith("test_"):
             continue
         files.append(path)
-    return files
+    return tuple(files)
 
 
 def _docstrings(text: str) -> list[str]:

@@ -19,7 +19,7 @@ import torch
 
 from . import corpus, prompts, teacher
 
-__all__ = ["DataSpec", "build", "default_cache_dir"]
+__all__ = ["DataSpec", "build", "build_held_out", "default_cache_dir"]
 
 
 def default_cache_dir() -> Path:
@@ -73,6 +73,33 @@ def build(target, identity: str, spec: DataSpec, *, progress=None, log=print):
     else:
         sequences, infos = _corpus_sequences(target, identity, spec, cache, progress, log)
     return _teacher(target, spec, sequences, infos, data_path, progress, log)
+
+
+def build_held_out(target, identity: str, spec: DataSpec, count: int, *, progress=None, log=print):
+    """Teacher data of the target's answers to ``count`` held-out prompts
+    (``prompts.held_out_prompts``: never in a training corpus), for the acceptance check.
+    Cached beside the training data; [] when ``count`` is 0 or the target has no tokenizer."""
+    progress = progress or (lambda it, **_: it)
+    if count < 1 or target.tokenizer is None:
+        return []
+    cache = _cache_dir(spec)
+    cache.mkdir(parents=True, exist_ok=True)
+    key = hashlib.sha256(json.dumps([spec.key(identity), count]).encode()).hexdigest()[:16]
+    data_path = cache / f"held-out-{key}.pt"
+    if data_path.exists():
+        saved = torch.load(data_path, weights_only=False)
+        return [teacher.TeacherSequence(**s) for s in saved["sequences"]]
+    chosen = prompts.held_out_prompts(count * 12, spec.seed)[:count]
+    records = teacher.answer_prompts(
+        target, chosen, cache / f"held-out-answers-{identity[:16]}-{spec.answer_tokens}.jsonl",
+        max_new_tokens=spec.answer_tokens, progress=lambda it: progress(it, desc="held-out answers"), log=log,
+    )
+    sequences = [("held-out", ids[: spec.seq_len]) for ids in teacher.chat_sequences(records)]
+    data = teacher.collect(target, sequences, taps=spec.taps, soft_k=spec.soft_k, log=log)
+    tmp = data_path.with_suffix(".tmp")
+    torch.save({"sequences": [attrs.asdict(s) for s in data]}, tmp)
+    tmp.replace(data_path)
+    return data
 
 
 def _corpus_sequences(target, identity: str, spec: DataSpec, cache: Path, progress, log):

@@ -37,6 +37,11 @@ class TrainRequest:
     valid_share: float = 0.05
     init_from_target: bool = True
     freeze_layer: bool = False  # per-token heads: train only the input projection and norms
+    # acceptance check: the target's answers to held-out generated prompts (never trained on),
+    # teacher-forced and scored before and after training (0: none)
+    held_out_prompts: int = 0
+    # settings written into the drafter for the algorithm that serves it (pmin, draft_max)
+    recommended: dict[str, Any] = attrs.field(factory=dict)
 
 
 @attrs.define

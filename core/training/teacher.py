@@ -141,7 +141,7 @@ def output_matrix(target) -> torch.Tensor | None:
     width = int(getattr(target, "spec_feature_size", 0) or 0)
     if head is None or width < 1:
         return None
-    return head(torch.eye(width)).t().contiguous()  # [vocab, H]
+    return head(torch.eye(width)).t().float().contiguous()  # [vocab, H]
 
 
 @torch.inference_mode()

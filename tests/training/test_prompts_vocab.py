@@ -21,3 +21,14 @@ def test_draft_vocabulary_keeps_the_most_frequent_labels_and_forced_ids():
     assert ids.tolist() == [0, 2, 5]  # 0 forced; then 5 (3x), 2 (3x: ties to the lower id first)
     assert abs(vocab.coverage(labels, ids) - 6 / 9) < 1e-9
     assert vocab.to_draft_labels(torch.tensor([5, 9, 0]), ids, 10).tolist() == [2, -100, 0]
+
+
+def test_a_large_prompt_set_mixes_shapes_and_keeps_the_split():
+    many = prompts.all_prompts(400, seed=0)  # large enough for every shape
+    assert len(many) == len(set(many)) == 400
+    assert any("```python" in p for p in many)  # code edits over standard-library functions
+    assert any("\n\n" in p and "```" not in p for p in many)  # instructions over stdlib docstrings
+    assert any(p.startswith(("Hi!", "Thanks for", "My friend", "I have an exam", "Can you explain")) for p in many)
+    assert any("boxes" in p or "rectangle" in p or "average of" in p for p in many)  # word problems
+    held = [p for p in many if prompts.is_held_out(p)]
+    assert 0 < len(held) < 80  # about HELD_OUT_SHARE of them

@@ -54,6 +54,7 @@ def trained(tmp_path_factory, _one_torch_thread):
         loop=LoopSpec(steps=40, lr=3e-3, warmup=4, seed=0, device="cpu", checkpoint=str(tmp / "ckpt.pt"),
                       checkpoint_every=20, log_every=0),
         identity=identify(model).to_json(), draft_vocab=64, unroll=2, batch=4, kl_weight=0.5, valid_share=0.2,
+        recommended={"pmin": 0.4, "draft_max": 3},
     )
     summary = train_mtp(request, target, log=lambda _: None)
     return model, summary, request
@@ -103,3 +104,14 @@ def test_generation_with_the_trained_head_is_lossless(trained, sampling):
         options=opts,
     )
     assert spec.stats.draft_tokens > 0
+
+
+def test_the_files_recommended_settings_apply_unless_the_operator_sets_them(trained):
+    model, summary, _ = trained
+    _, facts, _ = read_nextn(summary["path"])
+    assert facts["recommended"] == {"pmin": 0.4, "draft_max": 3}
+    target = load_model(model, draft_model=summary["path"])
+    spec = make_draft_head(target, SpeculationOptions(spec_type="draft-head"))
+    assert spec.min_draft_prob == pytest.approx(0.4) and spec.max_draft_tokens == 3
+    spec = make_draft_head(target, SpeculationOptions(spec_type="draft-head", pmin=0.1, draft=5))
+    assert spec.min_draft_prob == pytest.approx(0.1) and spec.max_draft_tokens > 3

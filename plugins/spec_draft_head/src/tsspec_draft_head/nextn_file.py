@@ -14,8 +14,11 @@ Metadata (prefix ``nextn.``): ``embedding_length``, ``feed_forward_length``,
 ``attention.head_count``, ``attention.head_count_kv``, ``attention.key_length``,
 ``attention.layer_norm_rms_epsilon``, ``rope.freq_base``, ``draft_vocab`` (int array: the
 target ids of the K head rows), ``target.architecture`` / ``target.shape_digest`` /
-``target.sha256`` / ``target.vocab_size`` (the target it was trained on), and
-``tsspec.training.manifest`` (JSON: corpus sources, token counts, licenses, recipe).
+``target.sha256`` / ``target.vocab_size`` (the target it was trained on),
+``tsspec.training.manifest`` (JSON: corpus sources, token counts, licenses, recipe), and
+optionally the settings its figures recommend: ``recommended.pmin`` (the confidence gate) and
+``recommended.draft_max`` (the longest chain worth drafting). The draft-head algorithm uses
+them where the operator set neither ``--spec-pmin`` nor ``--spec-draft``.
 
 The embedding is the target's (``target.embed``), so the file stays small.
 """
@@ -57,7 +60,7 @@ OUTTYPES = ("f32", "f16", "q8_0")
 
 
 def write_nextn(path, module: NextNModule, *, target: dict[str, Any], manifest: dict | None = None,
-                outtype: str = "f16") -> str:
+                outtype: str = "f16", recommended: dict[str, float] | None = None) -> str:
     """Write ``module`` as a ``nextn`` GGUF. ``target``: architecture, shape_digest, sha256,
     vocab_size of the model it was trained on."""
     from gguf import GGMLQuantizationType, GGUFValueType
@@ -84,6 +87,11 @@ def write_nextn(path, module: NextNModule, *, target: dict[str, Any], manifest: 
         "general.name": f"NextN drafter for {target.get('name', target['architecture'])}",
         "tsspec.training.manifest": json.dumps(manifest or {}, sort_keys=True),
     }
+    rec = recommended or {}
+    if rec.get("pmin") is not None:
+        meta[f"{a}.recommended.pmin"] = float(rec["pmin"])
+    if rec.get("draft_max") is not None:
+        meta[f"{a}.recommended.draft_max"] = int(rec["draft_max"])
     tensors = {}
     for param, name in TENSORS.items():
         value = getattr(module, param).detach().float().cpu().numpy()
@@ -122,6 +130,14 @@ def read_nextn(path) -> tuple[NextNModule, dict[str, Any], dict]:
             "sha256": f.get(f"{a}.target.sha256", ""),
             "vocab_size": f.require(f"{a}.target.vocab_size", int),
         }
+        pmin = f.get(f"{a}.recommended.pmin", None)
+        draft_max = f.get(f"{a}.recommended.draft_max", None)
+        if pmin is not None and not 0.0 <= float(pmin) <= 1.0:
+            raise ModelLoadError(path, f"{a}.recommended.pmin must lie in [0, 1], got {pmin}")
+        if draft_max is not None and int(draft_max) < 1:
+            raise ModelLoadError(path, f"{a}.recommended.draft_max must be at least 1, got {draft_max}")
+        target["recommended"] = {"pmin": None if pmin is None else round(float(pmin), 6),  # stored as float32
+                                 "draft_max": None if draft_max is None else int(draft_max)}
         if not draft_ids:
             raise ModelLoadError(path, f"{a}.draft_vocab is missing or empty")
         module = NextNModule(cfg, target["vocab_size"])
@@ -167,8 +183,13 @@ class NextNFileHead:
     block_size = 1
     resumes_after_gap = False
 
-    def __init__(self, module: NextNModule, target, *, source: str = "", max_context: int = 1 << 16):
+    def __init__(self, module: NextNModule, target, *, source: str = "", max_context: int = 1 << 16,
+                 recommended: dict | None = None):
         self.m = module.eval()
+        # the settings the file's figures recommend (None: the algorithm's own defaults)
+        rec = recommended or {}
+        self.recommended_pmin: float | None = rec.get("pmin")
+        self.recommended_draft_max: int | None = rec.get("draft_max")
         self.target = target
         self.source = source
         cfg = module.cfg
@@ -295,6 +316,7 @@ def attach_nextn(target, gguf_path, options=None) -> NextNFileHead:
     check_fit(facts, module, target, path)
     if getattr(target, "feature_taps", None):
         target.spec_set_feature_taps(None)  # a NextN head reads the post-norm rows
-    head = NextNFileHead(module, target, source=path, max_context=int(getattr(target, "max_context_length", 1 << 16)))
+    head = NextNFileHead(module, target, source=path, max_context=int(getattr(target, "max_context_length", 1 << 16)),
+                         recommended=facts.get("recommended"))
     target.draft_head = head
     return head

@@ -41,12 +41,29 @@ def make_draft_head(target, options: SpeculationOptions | None = None) -> "Draft
         raise SpeculatorDeclined(
             f"its draft head is of kind {getattr(kind, 'value', kind)!s}, not per_token{hint}"
         )
+    # a drafter file may recommend its own gate and chain length (read from its metadata, for
+    # any head that offers them); the operator's --spec-pmin / --spec-draft always win
+    pmin = _recommended(head, "recommended_pmin", float, DEFAULT_MIN_DRAFT_PROB)
+    longest = MAX_DRAFT_WINDOW  # a chain has no limit of its own: the loop's window is it
+    if options.draft is None:
+        longest = max(1, min(MAX_DRAFT_WINDOW, _recommended(head, "recommended_draft_max", int, MAX_DRAFT_WINDOW)))
     return DraftHeadSpeculator(
         head,
-        max_draft_tokens=MAX_DRAFT_WINDOW,  # a chain has no limit of its own: the loop's window is it
+        max_draft_tokens=longest,
         feature_size=target.spec_feature_size,
-        min_draft_prob=options.min_prob(DEFAULT_MIN_DRAFT_PROB),
+        min_draft_prob=options.min_prob(pmin),
     )
+
+
+def _recommended(head, name: str, kind, default):
+    """A head's recommended setting ``name``, or ``default`` when it offers none."""
+    value = getattr(head, name, None)
+    if value is None:
+        return default
+    try:
+        return kind(value)
+    except (TypeError, ValueError):
+        return default
 
 
 @hookimpl

@@ -171,8 +171,8 @@ def evaluate(module: NextNModule, batches: _Batches, data: Sequence[TeacherSeque
 def train_mtp(request: TrainRequest, target, log: Callable[[str], None] = print, progress=None) -> dict:
     """Train and write a ``nextn`` drafter for ``target``; returns a summary."""
     device = loop.resolve_device(request.loop.device)
-    data, manifest = datasets.build(target, request.identity.get("sha256") or request.identity.get("shape_digest", ""),
-                                    request.data, progress=progress, log=log)
+    identity = request.identity.get("sha256") or request.identity.get("shape_digest", "")
+    data, manifest = datasets.build(target, identity, request.data, progress=progress, log=log)
     train, valid = datasets.split(data, request.valid_share, request.data.seed)
     V = int(target.config.vocab_size)
     eos = sorted(getattr(getattr(target, "tokenizer", None), "eos_token_ids", ()) or ())
@@ -196,23 +196,35 @@ def train_mtp(request: TrainRequest, target, log: Callable[[str], None] = print,
         embed = target.embed(list(range(V))).float()  # [V, H]
     embed = embed.clone().to(device)
     batches = _Batches(train, embed, draft_ids, V, request.batch, device)
+    held_out = datasets.build_held_out(target, identity, request.data, request.held_out_prompts,
+                                       progress=progress, log=log)
     before = evaluate(module, batches, valid, request.unroll) if valid else {}
+    held_before = evaluate(module, batches, held_out, request.unroll) if held_out else {}
     history = loop.run(
         module, request.loop, batches.sample,
         lambda batch: _losses(module, batch, request.unroll, request.kl_weight),
         log=log, progress=progress,
     )
     after = evaluate(module, batches, valid, request.unroll) if valid else {}
+    held_after = evaluate(module, batches, held_out, request.unroll) if held_out else {}
     log("validation accuracy per step: before " + " ".join(f"{k}={v:.3f}" for k, v in before.items())
         + " | after " + " ".join(f"{k}={v:.3f}" for k, v in after.items()))
+    if held_out:
+        log(f"held-out answers ({len(held_out)} prompts, {sum(len(s.tokens) for s in held_out)} tokens) accuracy per "
+            "step: before " + " ".join(f"{k}={v:.3f}" for k, v in held_before.items())
+            + " | after " + " ".join(f"{k}={v:.3f}" for k, v in held_after.items()))
     module.cpu()
     recipe = {
         "kind": KIND, "steps": request.loop.steps, "lr": request.loop.lr, "batch": request.batch,
         "unroll": request.unroll, "draft_vocab": int(draft_ids.numel()), "kl_weight": request.kl_weight,
         "seed": request.loop.seed, "init": init, "freeze_layer": request.freeze_layer, "draft_vocab_coverage": round(cover, 4),
         "valid_accuracy": {k: round(v, 4) for k, v in after.items()},
+        "held_out_accuracy": {k: round(v, 4) for k, v in held_after.items()},
+        "held_out_prompts": len(held_out),
     }
     facts = {**request.identity, "vocab_size": V, "architecture": target.config.architecture}
-    write_nextn(request.out_path, module, target=facts, manifest={**manifest, "recipe": recipe}, outtype=request.outtype)
+    write_nextn(request.out_path, module, target=facts, manifest={**manifest, "recipe": recipe}, outtype=request.outtype,
+                recommended=request.recommended or None)
     log(f"wrote {request.out_path}")
-    return {"path": request.out_path, "history": history, "before": before, "after": after, "recipe": recipe}
+    return {"path": request.out_path, "history": history, "before": before, "after": after, "recipe": recipe,
+            "held_out_before": held_before, "held_out_after": held_after}
