@@ -99,3 +99,20 @@ def test_train_drafter_names_installed_kinds_on_an_unknown_kind(monkeypatch):
     result = CliRunner().invoke(build_app(), ["train-drafter", "--kind", "nope", "--out", "x.gguf"])
     assert result.exit_code != 0
     assert "installed kinds: toykind" in str(result.exception) or "installed kinds: toykind" in result.output
+
+
+@pytest.mark.parametrize("flags, named", [
+    (["--recommend-pmin", "1.5"], "--recommend-pmin"),
+    (["--recommend-draft", "0"], "--recommend-draft"),
+    (["--held-out-prompts", "-1"], "--held-out-prompts"),
+])
+def test_train_drafter_refuses_bad_recommendations_in_one_line(monkeypatch, flags, named):
+    from typer.testing import CliRunner
+
+    from tsspec.cli.app import build_app
+    from tsspec.cli.state import STATE
+
+    monkeypatch.setattr(STATE, "catalog", _catalog([]))
+    result = CliRunner().invoke(build_app(), ["train-drafter", "--kind", "toykind", "--out", "x.gguf", *flags])
+    assert result.exit_code != 0
+    assert named in str(result.exception) or named in result.output

@@ -51,6 +51,8 @@ def main(argv=None) -> int:
     ap.add_argument("--algorithms", default="draft-head,ngram,auto")
     ap.add_argument("--reps", type=int, default=2)
     ap.add_argument("--max-tokens", type=int, default=0, help="cap per prompt (0: the prompt's own)")
+    ap.add_argument("--pmin", type=float, default=None, help="draft-head: --spec-pmin (default: the file's recommendation)")
+    ap.add_argument("--draft", type=int, default=None, help="draft-head: --spec-draft (default: the file's recommendation)")
     ap.add_argument("--json")
     ap.add_argument("--markdown")
     args = ap.parse_args(argv)
@@ -71,6 +73,8 @@ def main(argv=None) -> int:
         for algo in algorithms:
             target = {"draft-head": with_drafter, "auto": auto_target}.get(algo, bare)
             opts = SpeculationOptions(spec_type=algo)
+            if algo == "draft-head" and (args.pmin is not None or args.draft is not None):
+                opts = SpeculationOptions(spec_type=algo, pmin=args.pmin, draft=args.draft)
             ratios, tpv, per_pos, accepted, drafts = [], [], None, 0, 0
             for rep in range(args.reps):
                 order = ["plain", algo] if rep % 2 == 0 else [algo, "plain"]
@@ -97,6 +101,7 @@ def main(argv=None) -> int:
             results.append(row)
             print(json.dumps(row), flush=True)
     out = {"model": path, "drafter": getattr(head, "source", None), "reps": args.reps,
+           "pmin": args.pmin, "draft": args.draft, "argv": sys.argv[1:],
            "time": time.strftime("%Y-%m-%d %H:%M"), "results": results}
     if args.json:
         with open(args.json, "w") as f:
