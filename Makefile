@@ -31,7 +31,7 @@ run: setup
 # draft-head attaches it; --spec-pmin 0.3 lets the weakly trained head draft), then `auto`.
 run-drafter: setup
 	$(VENV)/bin/tsspec list-speculators --model "$$($(PY) -c 'from tsspec.modeling.embedded import embedded_model_path as p; print(p())')"
-	$(VENV)/bin/tsspec generate --chat --stats --max-tokens 96 --spec-type draft-head --spec-pmin 0.3 --prompt "Explain photosynthesis to a child in a few sentences."
+	$(VENV)/bin/tsspec generate --chat --stats --max-tokens 96 --spec-type draft-head --prompt "Explain photosynthesis to a child in a few sentences."
 	$(VENV)/bin/tsspec generate --chat --stats --max-tokens 96 --prompt "Explain photosynthesis to a child in a few sentences."
 
 # The shipped learned drafters, from scratch, seeded (teacher data and the resumable checkpoint
@@ -43,11 +43,12 @@ DRAFTERS_CACHE ?= $(HOME)/.cache/tsspec/training-v2
 drafters: SHELL := /bin/bash
 drafters: setup
 	set -o pipefail; $(VENV)/bin/tsspec train-drafter --kind mtp --out $(DRAFTERS_DIR)/smollm2-135m-instruct-mtp.gguf \
-		--prompts 440 --answer-tokens 160 --corpus-chars 260000 --package-chars 160000 --held-out-prompts 40 \
-		--draft-vocab 4096 --steps 800 --batch 4 --unroll 3 --lr 1e-3 --warmup 30 --kl-weight 0.5 \
-		--seed 0 --threads 1 --outtype f16 --recommend-pmin 0.5 --recommend-draft 3 \
+		--prompts 440 --answer-tokens 160 --corpus-chars 260000 --package-chars 160000 --held-out-prompts 24 \
+		--draft-vocab 4096 --steps 340 --batch 4 --unroll 2 --lr 1e-3 --warmup 30 --kl-weight 0.5 \
+		--seed 0 --threads 1 --outtype f16 --recommend-pmin 0.3 --recommend-draft 2 \
 		--cache-dir $(DRAFTERS_CACHE) --checkpoint $(DRAFTERS_CACHE)/smollm2-mtp.ckpt \
-		2>&1 | tr '\r' '\n' | grep -Ev '^ *$$|(it/s|s/it)\]' | tee plugins/drafters_smollm2/training-mtp.log
+		2>&1 | tr '\r' '\n' | sed -uE 's/[A-Za-z -]*: +[0-9]+%\|[^]]*\]//g' | grep --line-buffered -v '^ *$$' \
+		| tee plugins/drafters_smollm2/training-mtp.log
 
 test: setup
 	$(PY) -m pytest -q
