@@ -6,6 +6,7 @@ through ``tsspec_register_trainers`` and builds on these modules:
 * ``prompts``  the instruction prompts whose answers the target writes (with a held-out split);
 * ``corpus``   text that ships on this machine (the standard library, installed packages'
   documentation) plus the target's own chat answers, with a manifest (source, tokens, license);
+* ``answers``  the target's greedy answers to many prompts at once (its batched paged path);
 * ``teacher``  the target in teacher-forcing mode: one multi-row ``spec_forward`` per chunk gives
   every position's hidden rows (or tapped residuals) and the target's own argmax labels;
 * ``vocab``    the FR-Spec draft vocabulary (the K most frequent target predictions);

@@ -1,10 +1,12 @@
 """The target as teacher: its own chat answers, and teacher-forcing passes over token sequences.
 
-``answer_prompts`` lets the target answer instruction prompts greedily (one row per step) and
-appends each answer to a JSONL cache, so an interrupted run resumes where it stopped.
+``answer_prompts`` lets the target answer instruction prompts greedily (several at a time on its
+paged path, see ``answers``; else one row per step) and appends each answer to a JSONL cache,
+so an interrupted run resumes where it stopped.
 
 ``collect`` runs the target over each sequence from position 0 in ONE multi-row ``spec_forward``
-(the KV cache is rewound between sequences) and keeps, per position i:
+(the KV cache is rewound between sequences; an untapped target returns hidden rows only and
+``output_matrix`` scores them in one dense matmul) and keeps, per position i:
 
 * ``hidden[i]``  the row that predicts token i+1 (the trunk's post-norm row, or the tapped
   residuals when ``taps`` are set): what the drafter conditions on;
