@@ -144,3 +144,63 @@ def test_generation_with_the_trained_drafter_is_lossless(trained, sampling):
     assert spec.stats.draft_tokens > 0
     if sampling is None:  # trained on these greedy continuations: it must draft some of them right
         assert spec.stats.accepted_tokens > 0
+
+
+def _request(tmp_path, model, **changes):
+    base = dict(model_path=model, out_path=str(tmp_path / "d.gguf"), kind="dflash",
+                data=DataSpec(seq_len=16, cache_dir=str(tmp_path / "cache"), sequences=((1, 2, 3, 4) * 4,)),
+                loop=LoopSpec(steps=1, device="cpu", checkpoint=None, log_every=0), identity={"sha256": "x"})
+    return TrainRequest(**{**base, **changes})
+
+
+@pytest.mark.parametrize("changes, words", [({"taps": (1, 9)}, "--taps [1, 9]: layer 9 is outside 0..3"),
+                                            ({"block_size": 1}, "--block-size must be at least 2")])
+def test_bad_settings_are_one_line_option_errors(tmp_path, changes, words):
+    from tsspec.errors import OptionsError
+
+    model = write_tiny_target(tmp_path / "tiny.gguf")
+    target = load_model(model, options=SpeculationOptions(enabled=False))
+    with pytest.raises(OptionsError, match=words.replace("[", r"\[").replace("]", r"\]")):
+        train_dflash(_request(tmp_path, model, **changes), target, log=lambda _: None)
+    assert not (tmp_path / "d.gguf").exists()
+
+
+def test_a_draft_vocabulary_is_checked_against_the_selector_and_the_target(trained, tmp_path):
+    import attrs
+
+    from tsspec.errors import ModelLoadError
+    from tsspec_block.attach import check_fit
+    from tsspec_block.config import check_config
+
+    model, summary, _ = trained
+    cfg = summary["config"]
+
+    def fail(problem):
+        return ModelLoadError("d.gguf", problem)
+
+    with pytest.raises(ModelLoadError, match="selector cannot be combined"):
+        check_config(attrs.evolve(cfg, selector_rank=4, selector_top_k=2), fail)
+    with pytest.raises(ModelLoadError, match="distinct"):
+        check_config(attrs.evolve(cfg, draft_vocab=(1, 1, 2)), fail)
+    target = load_model(model, options=SpeculationOptions(enabled=False))
+    with pytest.raises(ModelLoadError, match="outside the target's vocabulary of 128"):
+        check_fit(attrs.evolve(cfg, draft_vocab=(1, 500)), target, "d.gguf")
+
+
+@pytest.mark.parametrize("outtype", ["f16", "q8_0"])
+def test_smaller_outtypes_load_and_stay_close(trained, tmp_path, outtype):
+    from tsspec_block.trainable import write_trained_dflash
+
+    model, summary, sequences = trained
+    path = write_trained_dflash(tmp_path / f"d-{outtype}.gguf", summary["module"], target={"architecture": "llama"},
+                                outtype=outtype)
+    target = load_model(model, draft_model=str(path))
+    exact = load_model(model, draft_model=summary["path"])
+    tokens = list(sequences[2][:20])
+    rows = []
+    for t in (target, exact):
+        _, feats = t.spec_forward(tokens, all_logits_rows=True, want_hidden=True)
+        t.draft_head.inject_rows(torch.arange(19), feats[:19])
+        rows.append(t.draft_head.block_hidden(tokens[19], 19))
+    assert Path(path).stat().st_size < Path(summary["path"]).stat().st_size
+    assert torch.allclose(rows[0], rows[1], atol=0.1, rtol=0.05)

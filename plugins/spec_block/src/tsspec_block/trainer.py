@@ -27,6 +27,7 @@ import attrs
 import torch
 import torch.nn.functional as F
 
+from tsspec.errors import OptionsError
 from tsspec.training import blocks, loop, vocab
 from tsspec.training import dataset as datasets
 from tsspec.training.request import TrainRequest
@@ -180,13 +181,13 @@ def evaluate(module: BlockDrafterModule, batches: _Batches, embed: torch.Tensor,
 def train_dflash(request: TrainRequest, target, log: Callable[[str], None] = print, progress=None) -> dict:
     """Train and write a ``dflash`` drafter for ``target``; returns a summary."""
     if request.block_size < 2:
-        raise ValueError(f"--block-size must be at least 2 (anchor + one draft), got {request.block_size}")
+        raise OptionsError(f"--block-size must be at least 2 (anchor + one draft), got {request.block_size}")
     device = loop.resolve_device(request.loop.device)
     num_layers = int(target.config.num_layers)
     taps = tuple(request.taps or request.data.taps or blocks.default_taps(num_layers))
     bad = [t for t in taps if not 0 <= t <= num_layers]
     if bad:
-        raise ValueError(f"--taps {list(taps)}: layer {bad[0]} is outside 0..{num_layers} (the residual entering "
+        raise OptionsError(f"--taps {list(taps)}: layer {bad[0]} is outside 0..{num_layers} (the residual entering "
                          "a layer; the last is the final residual)")
     log(f"taps: {list(taps)} (the residual entering those target layers)")
     spec = attrs.evolve(request.data, taps=taps)
