@@ -259,6 +259,47 @@ static void quantize_row(const float *x, int64_t nb, int8_t *q, float *d, float 
     }
 }
 
+#ifdef QG_X86
+/* quantize_row with AVX2: the same values (max |x| is exact in any order, x * id rounds to the
+ * nearest even like nearbyintf, integer sums are exact), so both paths agree bit for bit */
+QG_AVX2 static void quantize_row_avx2(const float *x, int64_t nb, int8_t *q, float *d, float *s32, float *s16) {
+    const __m256 sign = _mm256_set1_ps(-0.0f), hi = _mm256_set1_ps(127.0f), lo = _mm256_set1_ps(-127.0f);
+    for (int64_t b = 0; b < nb; b++) {
+        const float *xb = x + b * QK;
+        __m256 v[4];
+        for (int k = 0; k < 4; k++) v[k] = _mm256_loadu_ps(xb + 8 * k);
+        __m256 a = _mm256_max_ps(_mm256_max_ps(_mm256_andnot_ps(sign, v[0]), _mm256_andnot_ps(sign, v[1])),
+                                 _mm256_max_ps(_mm256_andnot_ps(sign, v[2]), _mm256_andnot_ps(sign, v[3])));
+        __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1));
+        m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
+        m4 = _mm_max_ss(m4, _mm_shuffle_ps(m4, m4, 0x55));
+        const float amax = _mm_cvtss_f32(m4);
+        const float dd = amax / 127.0f, id = dd != 0.0f ? 1.0f / dd : 0.0f;
+        const __m256 vid = _mm256_set1_ps(id);
+        __m256i i[4];
+        for (int k = 0; k < 4; k++) {
+            __m256 r = _mm256_round_ps(_mm256_mul_ps(v[k], vid), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+            i[k] = _mm256_cvtps_epi32(_mm256_min_ps(_mm256_max_ps(r, lo), hi));
+        }
+        /* int32 -> int8 in order: packs work per 128-bit lane, so restore the order after */
+        __m256i w16a = _mm256_packs_epi32(i[0], i[1]), w16b = _mm256_packs_epi32(i[2], i[3]);
+        __m256i w8 = _mm256_packs_epi16(w16a, w16b);
+        w8 = _mm256_permutevar8x32_epi32(w8, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+        _mm256_storeu_si256((__m256i *)(q + b * QK), w8);
+        __m256i h0 = _mm256_add_epi32(i[0], i[1]), h1 = _mm256_add_epi32(i[2], i[3]); /* values 0-15, 16-31 */
+        __m128i t0 = _mm_add_epi32(_mm256_castsi256_si128(h0), _mm256_extracti128_si256(h0, 1));
+        __m128i t1 = _mm_add_epi32(_mm256_castsi256_si128(h1), _mm256_extracti128_si256(h1, 1));
+        __m128i t = _mm_hadd_epi32(t0, t1);
+        t = _mm_hadd_epi32(t, t); /* sum0, sum1, sum0, sum1 */
+        const int32_t sum0 = _mm_cvtsi128_si32(t), sum1 = _mm_extract_epi32(t, 1);
+        d[b] = dd;
+        s32[b] = dd * (float)(sum0 + sum1);
+        s16[2 * b] = dd * (float)sum0;
+        s16[2 * b + 1] = dd * (float)sum1;
+    }
+}
+#endif
+
 /* the 32 weights of block b as integers, in order */
 static inline void block_ints(int fmt, const uint8_t *q, int64_t b, int32_t *w) {
     if (fmt == 4) {
@@ -399,19 +440,32 @@ ATTR static inline __attribute__((always_inline)) void NAME(const int fmt, const
             acc[t] = _mm_fmadd_ps(mv, _mm_loadu_ps(A->s32 + r * nb + b), acc[t]); \
         } \
     } \
+    if (nb4 < nb) { /* the last nb mod 4 blocks in lanes 0 .. nt-1 (b mod 4), as the scalar path */ \
+        const int nt = (int)(nb - nb4); \
+        const __m128i keep = _mm_cmpgt_epi32(_mm_set1_epi32(nt), _mm_setr_epi32(0, 1, 2, 3)); \
+        __m256i w[3] = {_mm256_setzero_si256(), _mm256_setzero_si256(), _mm256_setzero_si256()}, uw[3] = {w[0], w[1], w[2]}; \
+        for (int i = 0; i < nt; i++) { \
+            w[i] = block_bytes_avx2(fmt, q, nb4 + i); \
+            uw[i] = fmt == 4 ? w[i] : _mm256_sign_epi8(w[i], w[i]); \
+        } \
+        const __m128 dv = _mm_maskload_ps(d + nb4, keep), mv = _mm_maskload_ps(m + nb4, keep); \
+        for (int t = 0; t < T; t++) { \
+            const int64_t r = r0 + t; \
+            const int8_t *x = A->q + r * A->K + nb4 * QK; \
+            const __m256i z = _mm256_setzero_si256(); \
+            __m256i v0 = LANES(fmt, w[0], uw[0], x); \
+            __m256i v1 = nt > 1 ? LANES(fmt, w[1], uw[1], x + QK) : z, v2 = nt > 2 ? LANES(fmt, w[2], uw[2], x + 2 * QK) : z; \
+            __m256i h = _mm256_hadd_epi32(_mm256_hadd_epi32(v0, v1), _mm256_hadd_epi32(v2, z)); \
+            __m128i isum = _mm_add_epi32(_mm256_castsi256_si128(h), _mm256_extracti128_si256(h, 1)); \
+            __m128 scale = _mm_mul_ps(dv, _mm_maskload_ps(A->d + r * nb + nb4, keep)); \
+            __m128 upd = _mm_fmadd_ps(_mm_cvtepi32_ps(isum), scale, acc[t]); \
+            upd = _mm_fmadd_ps(mv, _mm_maskload_ps(A->s32 + r * nb + nb4, keep), upd); \
+            acc[t] = _mm_blendv_ps(acc[t], upd, _mm_castsi128_ps(keep)); \
+        } \
+    } \
     for (int t = 0; t < T; t++) { \
-        const int64_t r = r0 + t; \
         float lanes[4]; \
         _mm_storeu_ps(lanes, acc[t]); \
-        for (int64_t b = nb4; b < nb; b++) { /* the last nb mod 4 blocks, as the scalar path */ \
-            const __m256i w = block_bytes_avx2(fmt, q, b); \
-            const __m256i v = LANES(fmt, w, fmt == 4 ? w : _mm256_sign_epi8(w, w), A->q + r * A->K + b * QK); \
-            int32_t l8[8], isum = 0; \
-            _mm256_storeu_si256((__m256i *)l8, v); \
-            for (int l = 0; l < 8; l++) isum += l8[l]; \
-            lanes[b % 4] = fmaf((float)isum, d[b] * A->d[r * nb + b], lanes[b % 4]); \
-            lanes[b % 4] = fmaf(m[b], A->s32[r * nb + b], lanes[b % 4]); \
-        } \
         res[t] = (lanes[0] + lanes[2]) + (lanes[1] + lanes[3]); \
     } \
 }
@@ -748,8 +802,15 @@ static int gemm(const QWeight *W, const float *x, int64_t xs, int64_t R, float *
         A.q = (int8_t *)(A.s16 + R * 2 * nb);
         A.K = W->K;
         A.nb = nb;
-        for (int64_t r = 0; r < R; r++)
+        for (int64_t r = 0; r < R; r++) {
+#ifdef QG_X86
+            if (simd_on()) {
+                quantize_row_avx2(x + r * xs, nb, A.q + r * W->K, A.d + r * nb, A.s32 + r * nb, A.s16 + r * 2 * nb);
+                continue;
+            }
+#endif
             quantize_row(x + r * xs, nb, A.q + r * W->K, A.d + r * nb, A.s32 + r * nb, A.s16 + r * 2 * nb);
+        }
         J.A = &A;
     }
     if (W->N * W->K * (R > 0 ? R : 1) < 65536) threads = 1;
