@@ -182,13 +182,29 @@ QG_AVX2 static inline __attribute__((always_inline)) void dot_fused_avx2(int fmt
     for (int t = 0; t < T; t++) res[t] = hsum_avx2(a[t], b[t]);
 }
 
+/* the tile for one format, the format a constant: its unpack is inlined without branches */
+#define DEFINE_FUSED_TILES(NAME, FMT) \
+QG_AVX2 static void NAME(const uint8_t *q, const float *d, const float *m, int64_t nb, const float *x, int64_t xs, \
+                         int64_t R, float *res) { \
+    switch (R) { \
+        case 4: dot_fused_avx2(FMT, q, d, m, nb, x, xs, 4, res); break; \
+        case 3: dot_fused_avx2(FMT, q, d, m, nb, x, xs, 3, res); break; \
+        case 2: dot_fused_avx2(FMT, q, d, m, nb, x, xs, 2, res); break; \
+        default: dot_fused_avx2(FMT, q, d, m, nb, x, xs, 1, res); break; \
+    } \
+}
+DEFINE_FUSED_TILES(dots_fused_q4_avx2, 4)
+DEFINE_FUSED_TILES(dots_fused_q8_avx2, 8)
+DEFINE_FUSED_TILES(dots_fused_q16_avx2, 16)
+DEFINE_FUSED_TILES(dots_fused_f32_avx2, 32)
+
 QG_AVX2 static void dots_fused_avx2(int fmt, const uint8_t *q, const float *d, const float *m, int64_t nb,
                                     const float *x, int64_t xs, int64_t R, float *res) {
-    switch (R) {
-        case 4: dot_fused_avx2(fmt, q, d, m, nb, x, xs, 4, res); break;
-        case 3: dot_fused_avx2(fmt, q, d, m, nb, x, xs, 3, res); break;
-        case 2: dot_fused_avx2(fmt, q, d, m, nb, x, xs, 2, res); break;
-        default: dot_fused_avx2(fmt, q, d, m, nb, x, xs, 1, res); break;
+    switch (fmt) {
+        case 4: dots_fused_q4_avx2(q, d, m, nb, x, xs, R, res); break;
+        case 8: dots_fused_q8_avx2(q, d, m, nb, x, xs, R, res); break;
+        case 16: dots_fused_q16_avx2(q, d, m, nb, x, xs, R, res); break;
+        default: dots_fused_f32_avx2(q, d, m, nb, x, xs, R, res); break;
     }
 }
 
