@@ -1061,11 +1061,13 @@ typedef struct {
     const float *q, *kc, *vc;
     float *out;
     int64_t q_row, cap, rows, heads, kv_heads, hd, past;
+    int64_t split; /* chunks per KV head (each 1 / split of its query heads) */
 } AttentionJob;
 
-static void attention_chunk(void *arg, int64_t g) { /* one KV head: all its queries */
+static void attention_chunk(void *arg, int64_t c) { /* KV head g: its query heads h0..h1-1, all rows */
     const AttentionJob *J = (const AttentionJob *)arg;
-    const int64_t group = J->heads / J->kv_heads, n = group * J->rows, stride = J->past + J->rows;
+    const int64_t group = J->heads / J->kv_heads, per = group / J->split, stride = J->past + J->rows;
+    const int64_t g = c / J->split, h0 = g * group + (c % J->split) * per, h1 = h0 + per, n = per * J->rows;
     /* scores [n, stride], inverse sums [n], then (8-byte aligned) query and output pointers and
      * key counts [n] each */
     const size_t pointer_floats = (2 * sizeof(void *) + sizeof(int64_t)) / sizeof(float);
@@ -1081,7 +1083,7 @@ static void attention_chunk(void *arg, int64_t g) { /* one KV head: all its quer
     int64_t *keys = (int64_t *)(os + n);
     const float *kg = J->kc + g * J->cap * J->hd, *vg = J->vc + g * J->cap * J->hd;
     for (int64_t t = 0, u = 0; t < J->rows; t++)
-        for (int64_t h = g * group; h < (g + 1) * group; h++, u++) {
+        for (int64_t h = h0; h < h1; h++, u++) {
             qs[u] = J->q + t * J->q_row + h * J->hd;
             os[u] = J->out + (t * J->heads + h) * J->hd;
             keys[u] = J->past + t + 1;
@@ -1094,12 +1096,16 @@ static void attention_chunk(void *arg, int64_t g) { /* one KV head: all its quer
         for (int64_t u = 0; u < n; u++) attend_scalar(qs[u], kg, vg, keys[u], J->hd, scores, os[u]);
 }
 
+/* chunks are KV heads (their queries share every K and V row while it is in cache), or single
+ * query heads when the KV heads do not split evenly over the threads (SmolLM2's 3 KV heads on 2
+ * threads: 9 chunks instead of 2 + 1); every query is computed the same way either way */
 static int attention(const float *q, int64_t q_row, const float *kc, const float *vc, int64_t cap, float *out,
                      int64_t rows, int64_t heads, int64_t kv_heads, int64_t hd, int64_t past, int threads) {
-    AttentionJob J = {q, kc, vc, out, q_row, cap, rows, heads, kv_heads, hd, past};
+    AttentionJob J = {q, kc, vc, out, q_row, cap, rows, heads, kv_heads, hd, past, 1};
     if (heads * rows * (past + rows) * hd < 262144) threads = 1;
+    if (threads > 1 && kv_heads % threads != 0) J.split = heads / kv_heads;
     atomic_store(&scratch_failed, 0);
-    run_chunks(attention_chunk, &J, kv_heads, threads);
+    run_chunks(attention_chunk, &J, kv_heads * J.split, threads);
     return atomic_load(&scratch_failed) ? -1 : 0;
 }
 
