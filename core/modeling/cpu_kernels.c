@@ -1147,11 +1147,39 @@ static void rope_rows(float *x, int64_t row_stride, int64_t rows, int64_t heads,
     }
 }
 
+/* silu(g) u = g sigmoid(g) u with e = exp(-|g|) (at most 1: the softmax exp above serves):
+ * (g >= 0 ? g : g e) / (1 + e) * u. The AVX2 lanes do the same operations as the scalar loop,
+ * so both agree bit for bit. */
+static inline float silu_mul_scalar(float g, float u) {
+    const float e = exp_scalar(-fabsf(g));
+    return (g >= 0.0f ? g : g * e) / (1.0f + e) * u;
+}
+
+#ifdef QG_X86
+QG_AVX2 static void silu_mul_avx2(const float *g, const float *u, float *o, int64_t f) {
+    const __m256 sign = _mm256_set1_ps(-0.0f), one = _mm256_set1_ps(1.0f), zero = _mm256_setzero_ps();
+    int64_t j = 0;
+    for (; j + 8 <= f; j += 8) {
+        const __m256 gv = _mm256_loadu_ps(g + j);
+        const __m256 e = exp_avx2(_mm256_or_ps(gv, sign)); /* exp(-|g|) */
+        const __m256 num = _mm256_blendv_ps(_mm256_mul_ps(gv, e), gv, _mm256_cmp_ps(gv, zero, _CMP_GE_OQ));
+        _mm256_storeu_ps(o + j, _mm256_mul_ps(_mm256_div_ps(num, _mm256_add_ps(one, e)), _mm256_loadu_ps(u + j)));
+    }
+    for (; j < f; j++) o[j] = silu_mul_scalar(g[j], u[j]);
+}
+#endif
+
 static void silu_mul_rows(const float *gu, float *out, int64_t rows, int64_t f) {
     for (int64_t r = 0; r < rows; r++) {
         const float *g = gu + r * 2 * f, *u = g + f;
         float *o = out + r * f;
-        for (int64_t j = 0; j < f; j++) o[j] = g[j] / (1.0f + expf(-g[j])) * u[j];
+#ifdef QG_X86
+        if (simd_on()) {
+            silu_mul_avx2(g, u, o, f);
+            continue;
+        }
+#endif
+        for (int64_t j = 0; j < f; j++) o[j] = silu_mul_scalar(g[j], u[j]);
     }
 }
 
