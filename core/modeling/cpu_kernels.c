@@ -222,6 +222,7 @@ static int have_avx2(void) { return 0; }
 
 static int use_simd = -1; /* -1: auto, 0: scalar forced (tests) */
 static int use_vnni = 1;  /* 0: the int8 path stays on AVX2 even where VNNI exists (tests) */
+static int use_pairs = 1; /* 0: an int8 decode row meets one weight row at a time (A/B runs, tests) */
 
 static inline int simd_on(void) { return use_simd != 0 && have_avx2(); }
 
@@ -486,6 +487,75 @@ ATTR static inline __attribute__((always_inline)) void NAME(const int fmt, const
     } \
 }
 
+/* the last nb mod 4 blocks of one row into its group accumulator (lanes 0 .. nt-1, b mod 4, as
+ * the scalar path), then the tile's final sum (l0 + l2) + (l1 + l3) */
+#define DEFINE_Q8G_TAIL(NAME, ATTR, LANES) \
+ATTR static inline void NAME(const int fmt, const uint8_t *q, const float *d, const float *m, int64_t nb, \
+                             const QAct *A, int64_t r, __m128 acc, float *res) { \
+    const int64_t nb4 = nb & ~(int64_t)3; \
+    const int nt = (int)(nb - nb4); \
+    const __m128i keep = _mm_cmpgt_epi32(_mm_set1_epi32(nt), _mm_setr_epi32(0, 1, 2, 3)); \
+    const __m256i z = _mm256_setzero_si256(); \
+    __m256i v[3] = {z, z, z}; \
+    const int8_t *x = A->q + r * A->K + nb4 * QK; \
+    for (int i = 0; i < nt; i++) { \
+        const __m256i w = block_bytes_avx2(fmt, q, nb4 + i); \
+        v[i] = LANES(fmt, w, fmt == 4 ? w : _mm256_sign_epi8(w, w), x + i * QK); \
+    } \
+    __m256i h = _mm256_hadd_epi32(_mm256_hadd_epi32(v[0], v[1]), _mm256_hadd_epi32(v[2], z)); \
+    __m128i isum = _mm_add_epi32(_mm256_castsi256_si128(h), _mm256_extracti128_si256(h, 1)); \
+    __m128 scale = _mm_mul_ps(_mm_maskload_ps(d + nb4, keep), _mm_maskload_ps(A->d + r * nb + nb4, keep)); \
+    __m128 upd = _mm_fmadd_ps(_mm_cvtepi32_ps(isum), scale, acc); \
+    upd = _mm_fmadd_ps(_mm_maskload_ps(m + nb4, keep), _mm_maskload_ps(A->s32 + r * nb + nb4, keep), upd); \
+    acc = _mm_blendv_ps(acc, upd, _mm_castsi128_ps(keep)); \
+    float lanes[4]; \
+    _mm_storeu_ps(lanes, acc); \
+    *res = (lanes[0] + lanes[2]) + (lanes[1] + lanes[3]); \
+}
+
+DEFINE_Q8G_TAIL(dot_q8g_pair_avx2_tail, QG_AVX2, block_lanes_avx2)
+/* formats 4 and 8, a lone row of x (a decode) against two weight rows: each weight row's lanes,
+ * sums and order exactly the tile's with T = 1, but two independent chains of the per-group
+ * fused multiply-adds instead of one, so the row does not wait on their latency */
+#define DEFINE_Q8G_PAIR(NAME, ATTR, LANES) \
+ATTR static void NAME(const int fmt, const uint8_t *q, int64_t q_row, const float *d, const float *m, int64_t s_row, \
+                      int64_t nb, const QAct *A, int64_t r, float *res, int64_t res_stride) { \
+    __m128 acc[2] = {_mm_setzero_ps(), _mm_setzero_ps()}; \
+    const int64_t nb4 = nb & ~(int64_t)3; \
+    const int8_t *xr = A->q + r * A->K; \
+    const float *dx = A->d + r * nb, *sx = A->s32 + r * nb; \
+    for (int64_t b = 0; b < nb4; b += 4) { \
+        const __m128 xd = _mm_loadu_ps(dx + b), xsum = _mm_loadu_ps(sx + b); \
+        for (int c = 0; c < 2; c++) { \
+            const uint8_t *qc = q + c * q_row; \
+            __m256i v[4]; \
+            for (int i = 0; i < 4; i++) { \
+                const __m256i w = block_bytes_avx2(fmt, qc, b + i); \
+                v[i] = LANES(fmt, w, fmt == 4 ? w : _mm256_sign_epi8(w, w), xr + (b + i) * QK); \
+            } \
+            __m256i h = _mm256_hadd_epi32(_mm256_hadd_epi32(v[0], v[1]), _mm256_hadd_epi32(v[2], v[3])); \
+            __m128i isum = _mm_add_epi32(_mm256_castsi256_si128(h), _mm256_extracti128_si256(h, 1)); \
+            __m128 scale = _mm_mul_ps(_mm_loadu_ps(d + c * s_row + b), xd); \
+            acc[c] = _mm_fmadd_ps(_mm_cvtepi32_ps(isum), scale, acc[c]); \
+            acc[c] = _mm_fmadd_ps(_mm_loadu_ps(m + c * s_row + b), xsum, acc[c]); \
+        } \
+    } \
+    for (int c = 0; c < 2; c++) { \
+        float one; \
+        if (nb4 < nb) { /* the tail as the tile does it, then the tile's final sum */ \
+            const uint8_t *qc = q + c * q_row; \
+            const float *dc = d + c * s_row, *mc = m + c * s_row; \
+            NAME##_tail(fmt, qc, dc, mc, nb, A, r, acc[c], &one); \
+        } else { \
+            float lanes[4]; \
+            _mm_storeu_ps(lanes, acc[c]); \
+            one = (lanes[0] + lanes[2]) + (lanes[1] + lanes[3]); \
+        } \
+        res[c * res_stride] = one; \
+    } \
+}
+
+DEFINE_Q8G_PAIR(dot_q8g_pair_avx2, QG_AVX2, block_lanes_avx2)
 DEFINE_Q8G_TILE(dot_q8g_tile_avx2, QG_AVX2, block_lanes_avx2)
 
 /* AVX-512 VNNI (on 256-bit registers, so no wider than the AVX2 path's): vpdpbusd forms the same
@@ -499,6 +569,8 @@ QG_VNNI static inline __m256i block_lanes_vnni(const int fmt, __m256i w, __m256i
 }
 
 DEFINE_Q8G_TILE(dot_q8g_tile_vnni, QG_VNNI, block_lanes_vnni)
+DEFINE_Q8G_TAIL(dot_q8g_pair_vnni_tail, QG_VNNI, block_lanes_vnni)
+DEFINE_Q8G_PAIR(dot_q8g_pair_vnni, QG_VNNI, block_lanes_vnni)
 
 QG_VNNI static void dots_q8g_vnni(int fmt, const uint8_t *q, const float *d, const float *m, int64_t nb,
                                   const QAct *A, int64_t r0, int64_t R, float *res) {
@@ -523,6 +595,19 @@ static int have_vnni(void) {
                  __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
     }
     return cached;
+}
+
+/* a lone row of x against weight rows n and n + 1 (formats 4 and 8; the driver pairs format 4) */
+QG_AVX2 static void dots_q8_pair_avx2(int fmt, const uint8_t *q, int64_t q_row, const float *d, const float *m,
+                                      int64_t s_row, int64_t nb, const QAct *A, int64_t r, float *res,
+                                      int64_t res_stride) {
+    if (use_vnni && have_vnni()) {
+        if (fmt == 4) dot_q8g_pair_vnni(4, q, q_row, d, m, s_row, nb, A, r, res, res_stride);
+        else dot_q8g_pair_vnni(8, q, q_row, d, m, s_row, nb, A, r, res, res_stride);
+        return;
+    }
+    if (fmt == 4) dot_q8g_pair_avx2(4, q, q_row, d, m, s_row, nb, A, r, res, res_stride);
+    else dot_q8g_pair_avx2(8, q, q_row, d, m, s_row, nb, A, r, res, res_stride);
 }
 
 QG_AVX2 static void dots_q8_avx2(int fmt, const uint8_t *q, const float *d, const float *m, int64_t nb, const QAct *A,
@@ -750,6 +835,14 @@ static void gemm_chunk_q8(const GemmJob *J, int64_t n0, int64_t n1, float *res) 
             const uint8_t *q = W->q + n * nb * bb;
             const float *d = W->d + n * ns, *m = W->m + n * ns;
 #ifdef QG_X86
+            if (simd && use_pairs && g1 - g0 == 1 && n + 1 < n1 && W->fmt == 4) { /* (format 8's lm_head
+                                                                              measured 1.5x slower in pairs) */
+                dots_q8_pair_avx2(W->fmt, q, nb * bb, d, m, ns, nb, A, g0, res, 1);
+                for (int c = 0; c < 2; c++, n++)
+                    J->out[g0 * J->os + n] = J->base != NULL ? J->base[g0 * J->os + n] + res[c] : res[c];
+                n--;
+                continue;
+            }
             if (simd) {
                 for (int64_t r = g0; r < g1; r += Q8_TILE)
                     dots_q8_avx2(W->fmt, q, d, m, nb, A, r, g1 - r < Q8_TILE ? g1 - r : Q8_TILE, res + (r - g0));
@@ -1486,6 +1579,13 @@ static PyObject *py_set_vnni(PyObject *self, PyObject *args) {
     Py_RETURN_NONE;
 }
 
+static PyObject *py_set_pairs(PyObject *self, PyObject *args) {
+    int on;
+    if (!PyArg_ParseTuple(args, "p", &on)) return NULL;
+    use_pairs = on;
+    Py_RETURN_NONE;
+}
+
 static PyObject *py_info(PyObject *self, PyObject *noargs) {
     const char *int8 = "scalar";
 #ifdef QG_X86
@@ -1506,6 +1606,7 @@ static PyMethodDef methods[] = {
     {"set_vnni", py_set_vnni, METH_VARARGS, "False keeps the int8 path on AVX2 where VNNI exists (tests)"},
     {"layers_new", py_layers_new, METH_VARARGS, "describe a stack of llama blocks once (a capsule)"},
     {"layers_forward", py_layers_forward, METH_VARARGS, "run blocks of a layer stack on residual rows, in place"},
+    {"set_pairs", py_set_pairs, METH_VARARGS, "False: an int8 decode row meets one weight row at a time (A/B runs, tests)"},
     {"info", py_info, METH_NOARGS, "which paths this build has"},
     {NULL, NULL, 0, NULL},
 };
