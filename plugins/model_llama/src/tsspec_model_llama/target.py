@@ -244,7 +244,8 @@ class LlamaTarget:
 
             if self._seq_len + max(ROWS) > self.max_context_length:
                 return None  # no room after the cached tokens to measure in
-            self._row_ms = cached(self.path, f"block|{self.dtype}|{self.precision}", self._calibration_forward)
+            path_kind = "fused" if self._stack is not None and self.fused_blocks else "per-op"
+            self._row_ms = cached(self.path, f"block|{self.dtype}|{self.precision}|{path_kind}", self._calibration_forward)
         return self._row_ms
 
     def _calibration_forward(self, rows: int) -> None:
