@@ -45,6 +45,9 @@
 #endif
 
 #define QK 32
+/* weight bytes ahead of the one being unpacked that a lone-row kernel asks the cache for (the
+ * stream of quantised weights is the decode step's memory traffic) */
+#define PREFETCH_BYTES 2048
 
 static inline int64_t block_bytes(int fmt) { return fmt == 4 ? 16 : fmt == 32 ? 128 : 32; }
 /* scales (d, m) per 32-weight block: format 16 is format 8 with a scale per 16 weights (Q6_K) */
@@ -169,6 +172,7 @@ QG_AVX2 static inline __attribute__((always_inline)) void dot_fused_avx2(int fmt
     for (int64_t blk = 0; blk < nb; blk++) {
         const float *xb = x + blk * QK;
         __m256 w[4];
+        _mm_prefetch((const char *)(q + blk * block_bytes(fmt)) + PREFETCH_BYTES, _MM_HINT_T0);
         block_avx2(fmt, q, blk, d, m, w);
         __m256 w0 = w[0], w1 = w[1], w2 = w[2], w3 = w[3];
         for (int t = 0; t < T; t++) {
@@ -440,6 +444,7 @@ ATTR static inline __attribute__((always_inline)) void NAME(const int fmt, const
     const int64_t nb4 = nb & ~(int64_t)3; \
     for (int64_t b = 0; b < nb4; b += 4) { \
         __m256i w[4], uw[4]; \
+        _mm_prefetch((const char *)(q + b * (fmt == 4 ? 16 : 32)) + PREFETCH_BYTES, _MM_HINT_T0); \
         for (int i = 0; i < 4; i++) { \
             w[i] = block_bytes_avx2(fmt, q, b + i); \
             uw[i] = fmt == 4 ? w[i] : _mm256_sign_epi8(w[i], w[i]); \
@@ -528,6 +533,7 @@ ATTR static void NAME(const int fmt, const uint8_t *q, int64_t q_row, const floa
         const __m128 xd = _mm_loadu_ps(dx + b), xsum = _mm_loadu_ps(sx + b); \
         for (int c = 0; c < 2; c++) { \
             const uint8_t *qc = q + c * q_row; \
+            _mm_prefetch((const char *)(qc + b * (fmt == 4 ? 16 : 32)) + PREFETCH_BYTES, _MM_HINT_T0); \
             __m256i v[4]; \
             for (int i = 0; i < 4; i++) { \
                 const __m256i w = block_bytes_avx2(fmt, qc, b + i); \
