@@ -136,13 +136,8 @@ QG_AVX2 static inline __attribute__((always_inline)) void block_avx2(int fmt, co
         i[1] = _mm256_cvtepu8_epi32(_mm_srli_si128(q0, 8));
         i[2] = _mm256_cvtepu8_epi32(q1);
         i[3] = _mm256_cvtepu8_epi32(_mm_srli_si128(q1, 8));
-    } else {
-        q0 = _mm_loadu_si128((const __m128i *)(q + blk * 32));
-        q1 = _mm_loadu_si128((const __m128i *)(q + blk * 32 + 16));
-        i[0] = _mm256_cvtepi8_epi32(q0);
-        i[1] = _mm256_cvtepi8_epi32(_mm_srli_si128(q0, 8));
-        i[2] = _mm256_cvtepi8_epi32(q1);
-        i[3] = _mm256_cvtepi8_epi32(_mm_srli_si128(q1, 8));
+    } else { /* each 8 bytes sign-extended straight from memory (no shuffles to split them) */
+        for (int k = 0; k < 4; k++) i[k] = _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(q + blk * 32 + 8 * k)));
     }
     const int64_t s0 = fmt == 16 ? 2 * blk : blk, s1 = fmt == 16 ? 2 * blk + 1 : blk; /* weights 0-15, 16-31 */
     const __m256 d0 = _mm256_set1_ps(d[s0]), m0 = _mm256_set1_ps(m[s0]);
