@@ -121,21 +121,20 @@ QG_AVX2 static void rms_sumsq_avx2(const float *x, int64_t n, float *lanes) {
  * 16-23, 24-31); exactly unpack_row_scalar's values */
 QG_AVX2 static inline __attribute__((always_inline)) void block_avx2(int fmt, const uint8_t *q, int64_t blk,
                                                                      const float *d, const float *m, __m256 w[4]) {
-    __m128i q0, q1;
     __m256i i[4];
     if (fmt == 32) {
         for (int k = 0; k < 4; k++) w[k] = _mm256_loadu_ps((const float *)(q + blk * 128) + 8 * k);
         return;
     }
-    if (fmt == 4) {
-        const __m128i low4 = _mm_set1_epi8(0x0F);
-        __m128i raw = _mm_loadu_si128((const __m128i *)(q + blk * 16));
-        q0 = _mm_and_si128(raw, low4);                    /* weights 0..15 */
-        q1 = _mm_and_si128(_mm_srli_epi16(raw, 4), low4); /* weights 16..31 */
-        i[0] = _mm256_cvtepu8_epi32(q0);
-        i[1] = _mm256_cvtepu8_epi32(_mm_srli_si128(q0, 8));
-        i[2] = _mm256_cvtepu8_epi32(q1);
-        i[3] = _mm256_cvtepu8_epi32(_mm_srli_si128(q1, 8));
+    if (fmt == 4) { /* bytes 0-7 and 8-15 zero-extended from memory: low nibbles are weights
+                     * 0..15, high nibbles 16..31 */
+        const __m256i low4 = _mm256_set1_epi32(0x0F);
+        const __m256i z0 = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(q + blk * 16)));
+        const __m256i z1 = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(q + blk * 16 + 8)));
+        i[0] = _mm256_and_si256(z0, low4);
+        i[1] = _mm256_and_si256(z1, low4);
+        i[2] = _mm256_srli_epi32(z0, 4);
+        i[3] = _mm256_srli_epi32(z1, 4);
     } else { /* each 8 bytes sign-extended straight from memory (no shuffles to split them) */
         for (int k = 0; k < 4; k++) i[k] = _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(q + blk * 32 + 8 * k)));
     }
