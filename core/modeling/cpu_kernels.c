@@ -182,13 +182,29 @@ QG_AVX2 static inline __attribute__((always_inline)) void dot_fused_avx2(int fmt
     for (int t = 0; t < T; t++) res[t] = hsum_avx2(a[t], b[t]);
 }
 
+/* the tile for one format, the format a constant: its unpack is inlined without branches */
+#define DEFINE_FUSED_TILES(NAME, FMT) \
+QG_AVX2 static void NAME(const uint8_t *q, const float *d, const float *m, int64_t nb, const float *x, int64_t xs, \
+                         int64_t R, float *res) { \
+    switch (R) { \
+        case 4: dot_fused_avx2(FMT, q, d, m, nb, x, xs, 4, res); break; \
+        case 3: dot_fused_avx2(FMT, q, d, m, nb, x, xs, 3, res); break; \
+        case 2: dot_fused_avx2(FMT, q, d, m, nb, x, xs, 2, res); break; \
+        default: dot_fused_avx2(FMT, q, d, m, nb, x, xs, 1, res); break; \
+    } \
+}
+DEFINE_FUSED_TILES(dots_fused_q4_avx2, 4)
+DEFINE_FUSED_TILES(dots_fused_q8_avx2, 8)
+DEFINE_FUSED_TILES(dots_fused_q16_avx2, 16)
+DEFINE_FUSED_TILES(dots_fused_f32_avx2, 32)
+
 QG_AVX2 static void dots_fused_avx2(int fmt, const uint8_t *q, const float *d, const float *m, int64_t nb,
                                     const float *x, int64_t xs, int64_t R, float *res) {
-    switch (R) {
-        case 4: dot_fused_avx2(fmt, q, d, m, nb, x, xs, 4, res); break;
-        case 3: dot_fused_avx2(fmt, q, d, m, nb, x, xs, 3, res); break;
-        case 2: dot_fused_avx2(fmt, q, d, m, nb, x, xs, 2, res); break;
-        default: dot_fused_avx2(fmt, q, d, m, nb, x, xs, 1, res); break;
+    switch (fmt) {
+        case 4: dots_fused_q4_avx2(q, d, m, nb, x, xs, R, res); break;
+        case 8: dots_fused_q8_avx2(q, d, m, nb, x, xs, R, res); break;
+        case 16: dots_fused_q16_avx2(q, d, m, nb, x, xs, R, res); break;
+        default: dots_fused_f32_avx2(q, d, m, nb, x, xs, R, res); break;
     }
 }
 
@@ -258,6 +274,47 @@ static void quantize_row(const float *x, int64_t nb, int8_t *q, float *d, float 
         s16[2 * b + 1] = dd * (float)sum[1];
     }
 }
+
+#ifdef QG_X86
+/* quantize_row with AVX2: the same values (max |x| is exact in any order, x * id rounds to the
+ * nearest even like nearbyintf, integer sums are exact), so both paths agree bit for bit */
+QG_AVX2 static void quantize_row_avx2(const float *x, int64_t nb, int8_t *q, float *d, float *s32, float *s16) {
+    const __m256 sign = _mm256_set1_ps(-0.0f), hi = _mm256_set1_ps(127.0f), lo = _mm256_set1_ps(-127.0f);
+    for (int64_t b = 0; b < nb; b++) {
+        const float *xb = x + b * QK;
+        __m256 v[4];
+        for (int k = 0; k < 4; k++) v[k] = _mm256_loadu_ps(xb + 8 * k);
+        __m256 a = _mm256_max_ps(_mm256_max_ps(_mm256_andnot_ps(sign, v[0]), _mm256_andnot_ps(sign, v[1])),
+                                 _mm256_max_ps(_mm256_andnot_ps(sign, v[2]), _mm256_andnot_ps(sign, v[3])));
+        __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1));
+        m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
+        m4 = _mm_max_ss(m4, _mm_shuffle_ps(m4, m4, 0x55));
+        const float amax = _mm_cvtss_f32(m4);
+        const float dd = amax / 127.0f, id = dd != 0.0f ? 1.0f / dd : 0.0f;
+        const __m256 vid = _mm256_set1_ps(id);
+        __m256i i[4];
+        for (int k = 0; k < 4; k++) {
+            __m256 r = _mm256_round_ps(_mm256_mul_ps(v[k], vid), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+            i[k] = _mm256_cvtps_epi32(_mm256_min_ps(_mm256_max_ps(r, lo), hi));
+        }
+        /* int32 -> int8 in order: packs work per 128-bit lane, so restore the order after */
+        __m256i w16a = _mm256_packs_epi32(i[0], i[1]), w16b = _mm256_packs_epi32(i[2], i[3]);
+        __m256i w8 = _mm256_packs_epi16(w16a, w16b);
+        w8 = _mm256_permutevar8x32_epi32(w8, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+        _mm256_storeu_si256((__m256i *)(q + b * QK), w8);
+        __m256i h0 = _mm256_add_epi32(i[0], i[1]), h1 = _mm256_add_epi32(i[2], i[3]); /* values 0-15, 16-31 */
+        __m128i t0 = _mm_add_epi32(_mm256_castsi256_si128(h0), _mm256_extracti128_si256(h0, 1));
+        __m128i t1 = _mm_add_epi32(_mm256_castsi256_si128(h1), _mm256_extracti128_si256(h1, 1));
+        __m128i t = _mm_hadd_epi32(t0, t1);
+        t = _mm_hadd_epi32(t, t); /* sum0, sum1, sum0, sum1 */
+        const int32_t sum0 = _mm_cvtsi128_si32(t), sum1 = _mm_extract_epi32(t, 1);
+        d[b] = dd;
+        s32[b] = dd * (float)(sum0 + sum1);
+        s16[2 * b] = dd * (float)sum0;
+        s16[2 * b + 1] = dd * (float)sum1;
+    }
+}
+#endif
 
 /* the 32 weights of block b as integers, in order */
 static inline void block_ints(int fmt, const uint8_t *q, int64_t b, int32_t *w) {
@@ -399,19 +456,32 @@ ATTR static inline __attribute__((always_inline)) void NAME(const int fmt, const
             acc[t] = _mm_fmadd_ps(mv, _mm_loadu_ps(A->s32 + r * nb + b), acc[t]); \
         } \
     } \
+    if (nb4 < nb) { /* the last nb mod 4 blocks in lanes 0 .. nt-1 (b mod 4), as the scalar path */ \
+        const int nt = (int)(nb - nb4); \
+        const __m128i keep = _mm_cmpgt_epi32(_mm_set1_epi32(nt), _mm_setr_epi32(0, 1, 2, 3)); \
+        __m256i w[3] = {_mm256_setzero_si256(), _mm256_setzero_si256(), _mm256_setzero_si256()}, uw[3] = {w[0], w[1], w[2]}; \
+        for (int i = 0; i < nt; i++) { \
+            w[i] = block_bytes_avx2(fmt, q, nb4 + i); \
+            uw[i] = fmt == 4 ? w[i] : _mm256_sign_epi8(w[i], w[i]); \
+        } \
+        const __m128 dv = _mm_maskload_ps(d + nb4, keep), mv = _mm_maskload_ps(m + nb4, keep); \
+        for (int t = 0; t < T; t++) { \
+            const int64_t r = r0 + t; \
+            const int8_t *x = A->q + r * A->K + nb4 * QK; \
+            const __m256i z = _mm256_setzero_si256(); \
+            __m256i v0 = LANES(fmt, w[0], uw[0], x); \
+            __m256i v1 = nt > 1 ? LANES(fmt, w[1], uw[1], x + QK) : z, v2 = nt > 2 ? LANES(fmt, w[2], uw[2], x + 2 * QK) : z; \
+            __m256i h = _mm256_hadd_epi32(_mm256_hadd_epi32(v0, v1), _mm256_hadd_epi32(v2, z)); \
+            __m128i isum = _mm_add_epi32(_mm256_castsi256_si128(h), _mm256_extracti128_si256(h, 1)); \
+            __m128 scale = _mm_mul_ps(dv, _mm_maskload_ps(A->d + r * nb + nb4, keep)); \
+            __m128 upd = _mm_fmadd_ps(_mm_cvtepi32_ps(isum), scale, acc[t]); \
+            upd = _mm_fmadd_ps(mv, _mm_maskload_ps(A->s32 + r * nb + nb4, keep), upd); \
+            acc[t] = _mm_blendv_ps(acc[t], upd, _mm_castsi128_ps(keep)); \
+        } \
+    } \
     for (int t = 0; t < T; t++) { \
-        const int64_t r = r0 + t; \
         float lanes[4]; \
         _mm_storeu_ps(lanes, acc[t]); \
-        for (int64_t b = nb4; b < nb; b++) { /* the last nb mod 4 blocks, as the scalar path */ \
-            const __m256i w = block_bytes_avx2(fmt, q, b); \
-            const __m256i v = LANES(fmt, w, fmt == 4 ? w : _mm256_sign_epi8(w, w), A->q + r * A->K + b * QK); \
-            int32_t l8[8], isum = 0; \
-            _mm256_storeu_si256((__m256i *)l8, v); \
-            for (int l = 0; l < 8; l++) isum += l8[l]; \
-            lanes[b % 4] = fmaf((float)isum, d[b] * A->d[r * nb + b], lanes[b % 4]); \
-            lanes[b % 4] = fmaf(m[b], A->s32[r * nb + b], lanes[b % 4]); \
-        } \
         res[t] = (lanes[0] + lanes[2]) + (lanes[1] + lanes[3]); \
     } \
 }
@@ -748,8 +818,15 @@ static int gemm(const QWeight *W, const float *x, int64_t xs, int64_t R, float *
         A.q = (int8_t *)(A.s16 + R * 2 * nb);
         A.K = W->K;
         A.nb = nb;
-        for (int64_t r = 0; r < R; r++)
+        for (int64_t r = 0; r < R; r++) {
+#ifdef QG_X86
+            if (simd_on()) {
+                quantize_row_avx2(x + r * xs, nb, A.q + r * W->K, A.d + r * nb, A.s32 + r * nb, A.s16 + r * 2 * nb);
+                continue;
+            }
+#endif
             quantize_row(x + r * xs, nb, A.q + r * W->K, A.d + r * nb, A.s32 + r * nb, A.s16 + r * 2 * nb);
+        }
         J.A = &A;
     }
     if (W->N * W->K * (R > 0 ? R : 1) < 65536) threads = 1;
@@ -1089,6 +1166,174 @@ static int check_weight(QWeight *W, int fmt, unsigned long long q, unsigned long
     return 1;
 }
 
+/* ---- a stack of llama blocks in one call -------------------------------------------------
+ * 4. layers_forward runs whole transformer blocks on rows of the residual stream x [rows, H]
+ *    (in place), each block exactly as the per-op path runs it (target.py's _kernel_block):
+ *      h = rms_norm(x, attn_norm); qkv = h @ Wqkv^T (+ bqkv); rope(Q and K heads of qkv);
+ *      K, V rows -> the cache at past..; a = attention(qkv, cache); x = (x (+ bo)) + a @ Wo^T;
+ *      h = rms_norm(x, ffn_norm); gu = h @ Wgu^T; s = silu(g) * u; x = x + s @ Wdown^T
+ *    with the same static kernels, arguments and thread counts, so every value is bit for bit
+ *    the per-op path's (and, like it, independent of the row count). The weights are described
+ *    once (layers_new -> a capsule of raw addresses; the caller keeps the tensors alive), so a
+ *    decode step crosses from Python into C once for all its blocks instead of ~12 times each. */
+
+typedef struct {
+    const float *attn_norm, *bqkv, *bo, *ffn_norm; /* bqkv, bo: NULL when the file has none */
+    QWeight wqkv, wo, gate_up, down;
+} StackLayer;
+
+typedef struct {
+    int64_t H, heads, kv_heads, hd, rope_dim, ffn, n_layers;
+    float eps;
+    StackLayer *layers;
+} LayerStack;
+
+#define ATTN_ROW_SLICE 64 /* query rows per attention call (attention.py's ROW_SLICE) */
+
+/* the block's scratch: h [rows, H], qkv [rows, (nh + 2 nkv) hd], attn [rows, nh hd],
+ * gate_up [rows, 2 F], act [rows, F] */
+static int stack_forward(const LayerStack *S, int64_t l0, int64_t l1, float *x, int64_t rows, int64_t past, float *kc,
+                         float *vc, int64_t cap, const float *rope_table, int threads, int int8) {
+    const int64_t H = S->H, hd = S->hd, nh = S->heads, nkv = S->kv_heads, F = S->ffn;
+    const int64_t q_size = nh * hd, qk_size = (nh + nkv) * hd, qkv_n = (nh + 2 * nkv) * hd;
+    float *buf = (float *)malloc(sizeof(float) * (size_t)(rows * (H + qkv_n + q_size + 3 * F)));
+    if (buf == NULL) return -1;
+    float *h = buf, *qkv = h + rows * H, *attn = qkv + rows * qkv_n, *gu = attn + rows * q_size, *act = gu + rows * 2 * F;
+    int rc = 0;
+    for (int64_t i = l0; i < l1 && rc == 0; i++) {
+        const StackLayer *L = &S->layers[i];
+        float *kl = kc + i * nkv * cap * hd, *vl = vc + i * nkv * cap * hd; /* [nkv, cap, hd] */
+        rms_norm_rows(x, L->attn_norm, h, rows, H, S->eps);
+        if ((rc = gemm(&L->wqkv, h, H, rows, qkv, qkv_n, NULL, threads, int8)) != 0) break;
+        if (L->bqkv != NULL)
+            for (int64_t r = 0; r < rows; r++)
+                for (int64_t n = 0; n < qkv_n; n++) qkv[r * qkv_n + n] += L->bqkv[n];
+        rope_rows(qkv, qkv_n, rows, nh + nkv, hd, S->rope_dim, rope_table, past);
+        for (int64_t r = 0; r < rows; r++)
+            for (int64_t g = 0; g < nkv; g++) {
+                memcpy(kl + (g * cap + past + r) * hd, qkv + r * qkv_n + q_size + g * hd, sizeof(float) * (size_t)hd);
+                memcpy(vl + (g * cap + past + r) * hd, qkv + r * qkv_n + qk_size + g * hd, sizeof(float) * (size_t)hd);
+            }
+        for (int64_t s = 0; s < rows && rc == 0; s += ATTN_ROW_SLICE) {
+            const int64_t e = s + ATTN_ROW_SLICE < rows ? s + ATTN_ROW_SLICE : rows;
+            rc = attention(qkv + s * qkv_n, qkv_n, kl, vl, cap, attn + s * q_size, e - s, nh, nkv, hd, past + s, threads);
+        }
+        if (rc != 0) break;
+        if (L->bo != NULL) /* base = x + bo, then x = base + a @ Wo^T (the per-op path's order) */
+            for (int64_t r = 0; r < rows; r++)
+                for (int64_t n = 0; n < H; n++) x[r * H + n] += L->bo[n];
+        if ((rc = gemm(&L->wo, attn, q_size, rows, x, H, x, threads, int8)) != 0) break;
+        rms_norm_rows(x, L->ffn_norm, h, rows, H, S->eps);
+        if ((rc = gemm(&L->gate_up, h, H, rows, gu, 2 * F, NULL, threads, int8)) != 0) break;
+        silu_mul_rows(gu, act, rows, F);
+        rc = gemm(&L->down, act, F, rows, x, H, x, threads, int8);
+    }
+    free(buf);
+    return rc;
+}
+
+static void stack_free(PyObject *capsule) {
+    LayerStack *S = (LayerStack *)PyCapsule_GetPointer(capsule, "tsspec.LayerStack");
+    if (S != NULL) {
+        free(S->layers);
+        free(S);
+    }
+}
+
+static int parse_matrix(PyObject *t, QWeight *W, long long N, long long K, const char *name) {
+    int fmt;
+    unsigned long long q, d, m;
+    long long n, k;
+    if (!PyArg_ParseTuple(t, "iKKKLL", &fmt, &q, &d, &m, &n, &k)) return 0;
+    if (!check_weight(W, fmt, q, d, m, n, k)) return 0;
+    if (n != N || k != K) {
+        PyErr_Format(PyExc_ValueError, "%s is [%lld, %lld], the block needs [%lld, %lld]", name, n, k, N, K);
+        return 0;
+    }
+    return 1;
+}
+
+/* layers_new((H, heads, kv_heads, hd, rope_dim, ffn, eps), layers): each layer a tuple
+ * (attn_norm, bqkv, bo, ffn_norm, wqkv, wo, gate_up, down): addresses (0: no bias) and four
+ * matrices (fmt, q, d, m, N, K); returns a capsule the caller keeps with the tensors */
+static PyObject *py_layers_new(PyObject *self, PyObject *args) {
+    long long H, heads, kv_heads, hd, rope_dim, ffn;
+    float eps;
+    PyObject *list;
+    if (!PyArg_ParseTuple(args, "(LLLLLLf)O", &H, &heads, &kv_heads, &hd, &rope_dim, &ffn, &eps, &list)) return NULL;
+    if (H < 1 || heads < 1 || kv_heads < 1 || heads % kv_heads || hd < 1 || rope_dim < 0 || rope_dim > hd ||
+        rope_dim % 2 || ffn < 1 || !PySequence_Check(list)) {
+        PyErr_SetString(PyExc_ValueError, "bad layer stack dimensions");
+        return NULL;
+    }
+    Py_ssize_t n = PySequence_Size(list);
+    if (n < 0) return NULL;
+    LayerStack *S = (LayerStack *)calloc(1, sizeof(LayerStack));
+    StackLayer *layers = (StackLayer *)calloc(n > 0 ? (size_t)n : 1, sizeof(StackLayer));
+    if (S == NULL || layers == NULL) {
+        free(S);
+        free(layers);
+        return PyErr_NoMemory();
+    }
+    *S = (LayerStack){H, heads, kv_heads, hd, rope_dim, ffn, n, eps, layers};
+    const long long qkv_n = (heads + 2 * kv_heads) * hd;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *item = PySequence_GetItem(list, i);
+        unsigned long long an, bq, bo, fn;
+        PyObject *mw[4];
+        int ok = item != NULL && PyArg_ParseTuple(item, "KKKKOOOO", &an, &bq, &bo, &fn, &mw[0], &mw[1], &mw[2], &mw[3]);
+        StackLayer *L = &layers[i];
+        ok = ok && parse_matrix(mw[0], &L->wqkv, qkv_n, H, "wqkv") && parse_matrix(mw[1], &L->wo, H, heads * hd, "wo") &&
+             parse_matrix(mw[2], &L->gate_up, 2 * ffn, H, "w_gate_up") && parse_matrix(mw[3], &L->down, H, ffn, "w_down");
+        Py_XDECREF(item);
+        if (ok && (!an || !fn)) {
+            PyErr_SetString(PyExc_ValueError, "a layer needs both norm weights");
+            ok = 0;
+        }
+        if (!ok) {
+            free(layers);
+            free(S);
+            return NULL;
+        }
+        L->attn_norm = (const float *)(uintptr_t)an;
+        L->ffn_norm = (const float *)(uintptr_t)fn;
+        L->bqkv = (const float *)(uintptr_t)bq;
+        L->bo = (const float *)(uintptr_t)bo;
+    }
+    PyObject *capsule = PyCapsule_New(S, "tsspec.LayerStack", stack_free);
+    if (capsule == NULL) {
+        free(layers);
+        free(S);
+    }
+    return capsule;
+}
+
+/* layers_forward(stack, l0, l1, x, rows, past, k, v, cap, rope_table, threads, int8): blocks
+ * l0..l1-1 on x [rows, H] in place; k, v [layers, kv_heads, cap, hd]; rope_table [positions,
+ * rope_dim / 2, 2] covering past + rows */
+static PyObject *py_layers_forward(PyObject *self, PyObject *args) {
+    PyObject *capsule;
+    long long l0, l1, rows, past, cap;
+    unsigned long long x, k, v, table;
+    int threads, int8, rc;
+    if (!PyArg_ParseTuple(args, "OLLKLLKKLKip", &capsule, &l0, &l1, &x, &rows, &past, &k, &v, &cap, &table, &threads,
+                          &int8))
+        return NULL;
+    const LayerStack *S = (const LayerStack *)PyCapsule_GetPointer(capsule, "tsspec.LayerStack");
+    if (S == NULL) return NULL;
+    if (l0 < 0 || l1 < l0 || l1 > S->n_layers || !x || !k || !v || !table || rows < 1 || past < 0 ||
+        past + rows > cap) {
+        PyErr_SetString(PyExc_ValueError, "bad layers_forward operands");
+        return NULL;
+    }
+    Py_BEGIN_ALLOW_THREADS
+    rc = stack_forward(S, l0, l1, (float *)(uintptr_t)x, rows, past, (float *)(uintptr_t)k, (float *)(uintptr_t)v, cap,
+                       (const float *)(uintptr_t)table, threads, int8);
+    Py_END_ALLOW_THREADS
+    if (rc != 0) return PyErr_NoMemory();
+    Py_RETURN_NONE;
+}
+
 /* gemm(fmt, q, d, m, N, K, x, R, out, base, threads[, int8]): out[R, N] = (base[R, N] +) x[R, K] @ W^T;
  * x, out and base are contiguous float32; base 0 means none; int8 true: x quantised per row
  * (the int8 arithmetic above; format 32 keeps float32) */
@@ -1225,6 +1470,8 @@ static PyMethodDef methods[] = {
     {"silu_mul", py_silu_mul, METH_VARARGS, "silu(gate) * up of rows"},
     {"set_simd", py_set_simd, METH_VARARGS, "False forces the scalar path (tests)"},
     {"set_vnni", py_set_vnni, METH_VARARGS, "False keeps the int8 path on AVX2 where VNNI exists (tests)"},
+    {"layers_new", py_layers_new, METH_VARARGS, "describe a stack of llama blocks once (a capsule)"},
+    {"layers_forward", py_layers_forward, METH_VARARGS, "run blocks of a layer stack on residual rows, in place"},
     {"info", py_info, METH_NOARGS, "which paths this build has"},
     {NULL, NULL, 0, NULL},
 };
