@@ -144,6 +144,8 @@ def bench(
         goals=goals,
         governor_reps=governor_reps,
         command=_command_line(),
+        device=device,
+        dtype=dtype,
     )
 
     def on_mismatch(record) -> None:
