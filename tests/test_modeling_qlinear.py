@@ -302,6 +302,27 @@ def test_int8_scalar_and_simd_agree_and_rows_are_batch_invariant(fmt, k, scalar_
 
 
 @needs_native
+@pytest.mark.parametrize("k", [128, 160, 224])  # no tail, tails of 1 and 3 blocks
+def test_int8_decode_row_in_weight_row_pairs_equals_one_at_a_time(k, scalar_path):
+    """A lone row of x meets format-4 weight rows two at a time (two independent chains); each
+    output is the one-at-a-time kernel's and the scalar path's, bit for bit (odd N: a last row
+    alone)."""
+    kernels = native.kernels()
+    bm = random_blocks(4, 23, k, seed=k)
+    x = torch.randn(1, k, generator=torch.Generator().manual_seed(k))
+    base = torch.randn(1, 23)
+    paired = bm.linear(x, base, precision="int8")
+    kernels.set_pairs(False)
+    try:
+        single = bm.linear(x, base, precision="int8")
+    finally:
+        kernels.set_pairs(True)
+    with scalar_path():
+        slow = bm.linear(x, base, precision="int8")
+    assert torch.equal(paired, single) and torch.equal(paired, slow)
+
+
+@needs_native
 @pytest.mark.parametrize("fmt", [4, 8])
 def test_int8_row_quantiser_rounds_ties_to_even_on_both_paths(fmt, scalar_path):
     """The SIMD quantiser gives the scalar one's int8 values: ties (x / dx exactly k + 0.5) go to
@@ -359,9 +380,12 @@ def test_int8_vnni_path_equals_the_avx2_path():
         bm = random_blocks(fmt, 29, 224, seed=fmt)
         x = torch.randn(11, 224, generator=torch.Generator().manual_seed(7))
         vnni = bm.linear(x, precision="int8")
+        vnni_row = bm.linear(x[:1], precision="int8")  # a decode row: format 4 in weight-row pairs
         kernels.set_vnni(False)
         try:
             assert native.info()["int8"] == "avx2"
             assert torch.equal(bm.linear(x, precision="int8"), vnni)
+            assert torch.equal(bm.linear(x[:1], precision="int8"), vnni_row)
+            assert torch.equal(vnni_row[0], vnni[0])
         finally:
             kernels.set_vnni(True)

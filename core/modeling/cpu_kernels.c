@@ -1,6 +1,8 @@
-/* CPU kernels of tsspec (module tsspec.modeling._cpu_kernels): the quantised-weight matmul and
- * causal attention over a KV cache. Both compute every row the same way whatever the number of
- * rows in the call, so a 1-row decode and a k-row verify agree bit for bit.
+/* CPU kernels of tsspec (module tsspec.modeling._cpu_kernels): the quantised-weight matmul (1),
+ * causal attention over a KV cache (2), the small per-row ops of a block (3), and a stack of
+ * pre-norm GQA + SwiGLU blocks run from those in one call (4). All compute every row the same
+ * way whatever the number of rows in the call, so a 1-row decode and a k-row verify agree bit
+ * for bit.
  *
  * 1. Matmul: out[r, n] = (base[r, n] +) sum_k x[r, k] * W[n, k].
  *
@@ -45,6 +47,9 @@
 #endif
 
 #define QK 32
+/* weight bytes ahead of the one being unpacked that a lone-row kernel asks the cache for (the
+ * stream of quantised weights is the decode step's memory traffic) */
+#define PREFETCH_BYTES 2048
 
 static inline int64_t block_bytes(int fmt) { return fmt == 4 ? 16 : fmt == 32 ? 128 : 32; }
 /* scales (d, m) per 32-weight block: format 16 is format 8 with a scale per 16 weights (Q6_K) */
@@ -118,28 +123,22 @@ QG_AVX2 static void rms_sumsq_avx2(const float *x, int64_t n, float *lanes) {
  * 16-23, 24-31); exactly unpack_row_scalar's values */
 QG_AVX2 static inline __attribute__((always_inline)) void block_avx2(int fmt, const uint8_t *q, int64_t blk,
                                                                      const float *d, const float *m, __m256 w[4]) {
-    __m128i q0, q1;
     __m256i i[4];
     if (fmt == 32) {
         for (int k = 0; k < 4; k++) w[k] = _mm256_loadu_ps((const float *)(q + blk * 128) + 8 * k);
         return;
     }
-    if (fmt == 4) {
-        const __m128i low4 = _mm_set1_epi8(0x0F);
-        __m128i raw = _mm_loadu_si128((const __m128i *)(q + blk * 16));
-        q0 = _mm_and_si128(raw, low4);                    /* weights 0..15 */
-        q1 = _mm_and_si128(_mm_srli_epi16(raw, 4), low4); /* weights 16..31 */
-        i[0] = _mm256_cvtepu8_epi32(q0);
-        i[1] = _mm256_cvtepu8_epi32(_mm_srli_si128(q0, 8));
-        i[2] = _mm256_cvtepu8_epi32(q1);
-        i[3] = _mm256_cvtepu8_epi32(_mm_srli_si128(q1, 8));
-    } else {
-        q0 = _mm_loadu_si128((const __m128i *)(q + blk * 32));
-        q1 = _mm_loadu_si128((const __m128i *)(q + blk * 32 + 16));
-        i[0] = _mm256_cvtepi8_epi32(q0);
-        i[1] = _mm256_cvtepi8_epi32(_mm_srli_si128(q0, 8));
-        i[2] = _mm256_cvtepi8_epi32(q1);
-        i[3] = _mm256_cvtepi8_epi32(_mm_srli_si128(q1, 8));
+    if (fmt == 4) { /* bytes 0-7 and 8-15 zero-extended from memory: low nibbles are weights
+                     * 0..15, high nibbles 16..31 */
+        const __m256i low4 = _mm256_set1_epi32(0x0F);
+        const __m256i z0 = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(q + blk * 16)));
+        const __m256i z1 = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(q + blk * 16 + 8)));
+        i[0] = _mm256_and_si256(z0, low4);
+        i[1] = _mm256_and_si256(z1, low4);
+        i[2] = _mm256_srli_epi32(z0, 4);
+        i[3] = _mm256_srli_epi32(z1, 4);
+    } else { /* each 8 bytes sign-extended straight from memory (no shuffles to split them) */
+        for (int k = 0; k < 4; k++) i[k] = _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(q + blk * 32 + 8 * k)));
     }
     const int64_t s0 = fmt == 16 ? 2 * blk : blk, s1 = fmt == 16 ? 2 * blk + 1 : blk; /* weights 0-15, 16-31 */
     const __m256 d0 = _mm256_set1_ps(d[s0]), m0 = _mm256_set1_ps(m[s0]);
@@ -169,6 +168,7 @@ QG_AVX2 static inline __attribute__((always_inline)) void dot_fused_avx2(int fmt
     for (int64_t blk = 0; blk < nb; blk++) {
         const float *xb = x + blk * QK;
         __m256 w[4];
+        _mm_prefetch((const char *)(q + blk * block_bytes(fmt)) + PREFETCH_BYTES, _MM_HINT_T0);
         block_avx2(fmt, q, blk, d, m, w);
         __m256 w0 = w[0], w1 = w[1], w2 = w[2], w3 = w[3];
         for (int t = 0; t < T; t++) {
@@ -222,6 +222,7 @@ static int have_avx2(void) { return 0; }
 
 static int use_simd = -1; /* -1: auto, 0: scalar forced (tests) */
 static int use_vnni = 1;  /* 0: the int8 path stays on AVX2 even where VNNI exists (tests) */
+static int use_pairs = 1; /* 0: an int8 decode row meets one weight row at a time (A/B runs, tests) */
 
 static inline int simd_on(void) { return use_simd != 0 && have_avx2(); }
 
@@ -439,6 +440,7 @@ ATTR static inline __attribute__((always_inline)) void NAME(const int fmt, const
     const int64_t nb4 = nb & ~(int64_t)3; \
     for (int64_t b = 0; b < nb4; b += 4) { \
         __m256i w[4], uw[4]; \
+        _mm_prefetch((const char *)(q + b * (fmt == 4 ? 16 : 32)) + PREFETCH_BYTES, _MM_HINT_T0); \
         for (int i = 0; i < 4; i++) { \
             w[i] = block_bytes_avx2(fmt, q, b + i); \
             uw[i] = fmt == 4 ? w[i] : _mm256_sign_epi8(w[i], w[i]); \
@@ -486,6 +488,76 @@ ATTR static inline __attribute__((always_inline)) void NAME(const int fmt, const
     } \
 }
 
+/* the last nb mod 4 blocks of one row into its group accumulator (lanes 0 .. nt-1, b mod 4, as
+ * the scalar path), then the tile's final sum (l0 + l2) + (l1 + l3) */
+#define DEFINE_Q8G_TAIL(NAME, ATTR, LANES) \
+ATTR static inline void NAME(const int fmt, const uint8_t *q, const float *d, const float *m, int64_t nb, \
+                             const QAct *A, int64_t r, __m128 acc, float *res) { \
+    const int64_t nb4 = nb & ~(int64_t)3; \
+    const int nt = (int)(nb - nb4); \
+    const __m128i keep = _mm_cmpgt_epi32(_mm_set1_epi32(nt), _mm_setr_epi32(0, 1, 2, 3)); \
+    const __m256i z = _mm256_setzero_si256(); \
+    __m256i v[3] = {z, z, z}; \
+    const int8_t *x = A->q + r * A->K + nb4 * QK; \
+    for (int i = 0; i < nt; i++) { \
+        const __m256i w = block_bytes_avx2(fmt, q, nb4 + i); \
+        v[i] = LANES(fmt, w, fmt == 4 ? w : _mm256_sign_epi8(w, w), x + i * QK); \
+    } \
+    __m256i h = _mm256_hadd_epi32(_mm256_hadd_epi32(v[0], v[1]), _mm256_hadd_epi32(v[2], z)); \
+    __m128i isum = _mm_add_epi32(_mm256_castsi256_si128(h), _mm256_extracti128_si256(h, 1)); \
+    __m128 scale = _mm_mul_ps(_mm_maskload_ps(d + nb4, keep), _mm_maskload_ps(A->d + r * nb + nb4, keep)); \
+    __m128 upd = _mm_fmadd_ps(_mm_cvtepi32_ps(isum), scale, acc); \
+    upd = _mm_fmadd_ps(_mm_maskload_ps(m + nb4, keep), _mm_maskload_ps(A->s32 + r * nb + nb4, keep), upd); \
+    acc = _mm_blendv_ps(acc, upd, _mm_castsi128_ps(keep)); \
+    float lanes[4]; \
+    _mm_storeu_ps(lanes, acc); \
+    *res = (lanes[0] + lanes[2]) + (lanes[1] + lanes[3]); \
+}
+
+DEFINE_Q8G_TAIL(dot_q8g_pair_avx2_tail, QG_AVX2, block_lanes_avx2)
+/* formats 4 and 8, a lone row of x (a decode) against two weight rows: each weight row's lanes,
+ * sums and order exactly the tile's with T = 1, but two independent chains of the per-group
+ * fused multiply-adds instead of one, so the row does not wait on their latency */
+#define DEFINE_Q8G_PAIR(NAME, ATTR, LANES) \
+ATTR static void NAME(const int fmt, const uint8_t *q, int64_t q_row, const float *d, const float *m, int64_t s_row, \
+                      int64_t nb, const QAct *A, int64_t r, float *res, int64_t res_stride) { \
+    __m128 acc[2] = {_mm_setzero_ps(), _mm_setzero_ps()}; \
+    const int64_t nb4 = nb & ~(int64_t)3; \
+    const int8_t *xr = A->q + r * A->K; \
+    const float *dx = A->d + r * nb, *sx = A->s32 + r * nb; \
+    for (int64_t b = 0; b < nb4; b += 4) { \
+        const __m128 xd = _mm_loadu_ps(dx + b), xsum = _mm_loadu_ps(sx + b); \
+        for (int c = 0; c < 2; c++) { \
+            const uint8_t *qc = q + c * q_row; \
+            _mm_prefetch((const char *)(qc + b * (fmt == 4 ? 16 : 32)) + PREFETCH_BYTES, _MM_HINT_T0); \
+            __m256i v[4]; \
+            for (int i = 0; i < 4; i++) { \
+                const __m256i w = block_bytes_avx2(fmt, qc, b + i); \
+                v[i] = LANES(fmt, w, fmt == 4 ? w : _mm256_sign_epi8(w, w), xr + (b + i) * QK); \
+            } \
+            __m256i h = _mm256_hadd_epi32(_mm256_hadd_epi32(v[0], v[1]), _mm256_hadd_epi32(v[2], v[3])); \
+            __m128i isum = _mm_add_epi32(_mm256_castsi256_si128(h), _mm256_extracti128_si256(h, 1)); \
+            __m128 scale = _mm_mul_ps(_mm_loadu_ps(d + c * s_row + b), xd); \
+            acc[c] = _mm_fmadd_ps(_mm_cvtepi32_ps(isum), scale, acc[c]); \
+            acc[c] = _mm_fmadd_ps(_mm_loadu_ps(m + c * s_row + b), xsum, acc[c]); \
+        } \
+    } \
+    for (int c = 0; c < 2; c++) { \
+        float one; \
+        if (nb4 < nb) { /* the tail as the tile does it, then the tile's final sum */ \
+            const uint8_t *qc = q + c * q_row; \
+            const float *dc = d + c * s_row, *mc = m + c * s_row; \
+            NAME##_tail(fmt, qc, dc, mc, nb, A, r, acc[c], &one); \
+        } else { \
+            float lanes[4]; \
+            _mm_storeu_ps(lanes, acc[c]); \
+            one = (lanes[0] + lanes[2]) + (lanes[1] + lanes[3]); \
+        } \
+        res[c * res_stride] = one; \
+    } \
+}
+
+DEFINE_Q8G_PAIR(dot_q8g_pair_avx2, QG_AVX2, block_lanes_avx2)
 DEFINE_Q8G_TILE(dot_q8g_tile_avx2, QG_AVX2, block_lanes_avx2)
 
 /* AVX-512 VNNI (on 256-bit registers, so no wider than the AVX2 path's): vpdpbusd forms the same
@@ -499,6 +571,8 @@ QG_VNNI static inline __m256i block_lanes_vnni(const int fmt, __m256i w, __m256i
 }
 
 DEFINE_Q8G_TILE(dot_q8g_tile_vnni, QG_VNNI, block_lanes_vnni)
+DEFINE_Q8G_TAIL(dot_q8g_pair_vnni_tail, QG_VNNI, block_lanes_vnni)
+DEFINE_Q8G_PAIR(dot_q8g_pair_vnni, QG_VNNI, block_lanes_vnni)
 
 QG_VNNI static void dots_q8g_vnni(int fmt, const uint8_t *q, const float *d, const float *m, int64_t nb,
                                   const QAct *A, int64_t r0, int64_t R, float *res) {
@@ -523,6 +597,19 @@ static int have_vnni(void) {
                  __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
     }
     return cached;
+}
+
+/* a lone row of x against weight rows n and n + 1 (formats 4 and 8; the driver pairs format 4) */
+QG_AVX2 static void dots_q8_pair_avx2(int fmt, const uint8_t *q, int64_t q_row, const float *d, const float *m,
+                                      int64_t s_row, int64_t nb, const QAct *A, int64_t r, float *res,
+                                      int64_t res_stride) {
+    if (use_vnni && have_vnni()) {
+        if (fmt == 4) dot_q8g_pair_vnni(4, q, q_row, d, m, s_row, nb, A, r, res, res_stride);
+        else dot_q8g_pair_vnni(8, q, q_row, d, m, s_row, nb, A, r, res, res_stride);
+        return;
+    }
+    if (fmt == 4) dot_q8g_pair_avx2(4, q, q_row, d, m, s_row, nb, A, r, res, res_stride);
+    else dot_q8g_pair_avx2(8, q, q_row, d, m, s_row, nb, A, r, res, res_stride);
 }
 
 QG_AVX2 static void dots_q8_avx2(int fmt, const uint8_t *q, const float *d, const float *m, int64_t nb, const QAct *A,
@@ -750,6 +837,14 @@ static void gemm_chunk_q8(const GemmJob *J, int64_t n0, int64_t n1, float *res) 
             const uint8_t *q = W->q + n * nb * bb;
             const float *d = W->d + n * ns, *m = W->m + n * ns;
 #ifdef QG_X86
+            if (simd && use_pairs && g1 - g0 == 1 && n + 1 < n1 && W->fmt == 4) { /* (format 8's lm_head
+                                                                              measured 1.5x slower in pairs) */
+                dots_q8_pair_avx2(W->fmt, q, nb * bb, d, m, ns, nb, A, g0, res, 1);
+                for (int c = 0; c < 2; c++, n++)
+                    J->out[g0 * J->os + n] = J->base != NULL ? J->base[g0 * J->os + n] + res[c] : res[c];
+                n--;
+                continue;
+            }
             if (simd) {
                 for (int64_t r = g0; r < g1; r += Q8_TILE)
                     dots_q8_avx2(W->fmt, q, d, m, nb, A, r, g1 - r < Q8_TILE ? g1 - r : Q8_TILE, res + (r - g0));
@@ -1061,11 +1156,13 @@ typedef struct {
     const float *q, *kc, *vc;
     float *out;
     int64_t q_row, cap, rows, heads, kv_heads, hd, past;
+    int64_t split; /* chunks per KV head (each 1 / split of its query heads) */
 } AttentionJob;
 
-static void attention_chunk(void *arg, int64_t g) { /* one KV head: all its queries */
+static void attention_chunk(void *arg, int64_t c) { /* KV head g: its query heads h0..h1-1, all rows */
     const AttentionJob *J = (const AttentionJob *)arg;
-    const int64_t group = J->heads / J->kv_heads, n = group * J->rows, stride = J->past + J->rows;
+    const int64_t group = J->heads / J->kv_heads, per = group / J->split, stride = J->past + J->rows;
+    const int64_t g = c / J->split, h0 = g * group + (c % J->split) * per, h1 = h0 + per, n = per * J->rows;
     /* scores [n, stride], inverse sums [n], then (8-byte aligned) query and output pointers and
      * key counts [n] each */
     const size_t pointer_floats = (2 * sizeof(void *) + sizeof(int64_t)) / sizeof(float);
@@ -1081,7 +1178,7 @@ static void attention_chunk(void *arg, int64_t g) { /* one KV head: all its quer
     int64_t *keys = (int64_t *)(os + n);
     const float *kg = J->kc + g * J->cap * J->hd, *vg = J->vc + g * J->cap * J->hd;
     for (int64_t t = 0, u = 0; t < J->rows; t++)
-        for (int64_t h = g * group; h < (g + 1) * group; h++, u++) {
+        for (int64_t h = h0; h < h1; h++, u++) {
             qs[u] = J->q + t * J->q_row + h * J->hd;
             os[u] = J->out + (t * J->heads + h) * J->hd;
             keys[u] = J->past + t + 1;
@@ -1094,12 +1191,16 @@ static void attention_chunk(void *arg, int64_t g) { /* one KV head: all its quer
         for (int64_t u = 0; u < n; u++) attend_scalar(qs[u], kg, vg, keys[u], J->hd, scores, os[u]);
 }
 
+/* chunks are KV heads (their queries share every K and V row while it is in cache), or single
+ * query heads when the KV heads do not split evenly over the threads (SmolLM2's 3 KV heads on 2
+ * threads: 9 chunks instead of 2 + 1); every query is computed the same way either way */
 static int attention(const float *q, int64_t q_row, const float *kc, const float *vc, int64_t cap, float *out,
                      int64_t rows, int64_t heads, int64_t kv_heads, int64_t hd, int64_t past, int threads) {
-    AttentionJob J = {q, kc, vc, out, q_row, cap, rows, heads, kv_heads, hd, past};
+    AttentionJob J = {q, kc, vc, out, q_row, cap, rows, heads, kv_heads, hd, past, 1};
     if (heads * rows * (past + rows) * hd < 262144) threads = 1;
+    if (threads > 1 && kv_heads % threads != 0) J.split = heads / kv_heads;
     atomic_store(&scratch_failed, 0);
-    run_chunks(attention_chunk, &J, kv_heads, threads);
+    run_chunks(attention_chunk, &J, kv_heads * J.split, threads);
     return atomic_load(&scratch_failed) ? -1 : 0;
 }
 
@@ -1141,11 +1242,39 @@ static void rope_rows(float *x, int64_t row_stride, int64_t rows, int64_t heads,
     }
 }
 
+/* silu(g) u = g sigmoid(g) u with e = exp(-|g|) (at most 1: the softmax exp above serves):
+ * (g >= 0 ? g : g e) / (1 + e) * u. The AVX2 lanes do the same operations as the scalar loop,
+ * so both agree bit for bit. */
+static inline float silu_mul_scalar(float g, float u) {
+    const float e = exp_scalar(-fabsf(g));
+    return (g >= 0.0f ? g : g * e) / (1.0f + e) * u;
+}
+
+#ifdef QG_X86
+QG_AVX2 static void silu_mul_avx2(const float *g, const float *u, float *o, int64_t f) {
+    const __m256 sign = _mm256_set1_ps(-0.0f), one = _mm256_set1_ps(1.0f), zero = _mm256_setzero_ps();
+    int64_t j = 0;
+    for (; j + 8 <= f; j += 8) {
+        const __m256 gv = _mm256_loadu_ps(g + j);
+        const __m256 e = exp_avx2(_mm256_or_ps(gv, sign)); /* exp(-|g|) */
+        const __m256 num = _mm256_blendv_ps(_mm256_mul_ps(gv, e), gv, _mm256_cmp_ps(gv, zero, _CMP_GE_OQ));
+        _mm256_storeu_ps(o + j, _mm256_mul_ps(_mm256_div_ps(num, _mm256_add_ps(one, e)), _mm256_loadu_ps(u + j)));
+    }
+    for (; j < f; j++) o[j] = silu_mul_scalar(g[j], u[j]);
+}
+#endif
+
 static void silu_mul_rows(const float *gu, float *out, int64_t rows, int64_t f) {
     for (int64_t r = 0; r < rows; r++) {
         const float *g = gu + r * 2 * f, *u = g + f;
         float *o = out + r * f;
-        for (int64_t j = 0; j < f; j++) o[j] = g[j] / (1.0f + expf(-g[j])) * u[j];
+#ifdef QG_X86
+        if (simd_on()) {
+            silu_mul_avx2(g, u, o, f);
+            continue;
+        }
+#endif
+        for (int64_t j = 0; j < f; j++) o[j] = silu_mul_scalar(g[j], u[j]);
     }
 }
 
@@ -1452,6 +1581,13 @@ static PyObject *py_set_vnni(PyObject *self, PyObject *args) {
     Py_RETURN_NONE;
 }
 
+static PyObject *py_set_pairs(PyObject *self, PyObject *args) {
+    int on;
+    if (!PyArg_ParseTuple(args, "p", &on)) return NULL;
+    use_pairs = on;
+    Py_RETURN_NONE;
+}
+
 static PyObject *py_info(PyObject *self, PyObject *noargs) {
     const char *int8 = "scalar";
 #ifdef QG_X86
@@ -1472,6 +1608,7 @@ static PyMethodDef methods[] = {
     {"set_vnni", py_set_vnni, METH_VARARGS, "False keeps the int8 path on AVX2 where VNNI exists (tests)"},
     {"layers_new", py_layers_new, METH_VARARGS, "describe a stack of llama blocks once (a capsule)"},
     {"layers_forward", py_layers_forward, METH_VARARGS, "run blocks of a layer stack on residual rows, in place"},
+    {"set_pairs", py_set_pairs, METH_VARARGS, "False: an int8 decode row meets one weight row at a time (A/B runs, tests)"},
     {"info", py_info, METH_NOARGS, "which paths this build has"},
     {NULL, NULL, 0, NULL},
 };

@@ -1,6 +1,7 @@
 """The block kernel's matmul on the embedded model's own matrices, by rows: time per call and
 the weight bytes streamed per second, for both arithmetics, paired (the arithmetics alternate
-within each round; medians over rounds).
+within each round; medians over rounds). With one thread the time is the thread's CPU time (less
+disturbed by other processes on a shared machine), else wall time.
 
     python plugins/model_llama/scripts/gemm_bench.py [--threads 2] [--rows 1,2,4,9] [--rounds 7]
 """
@@ -41,13 +42,14 @@ def main() -> int:
             x = torch.randn(r, k)
             out = torch.empty(r, n)
             times = {False: [], True: []}
+            clock = time.thread_time if args.threads == 1 else time.perf_counter
             for rnd in range(args.rounds):
                 for int8 in ((False, True) if rnd % 2 == 0 else (True, False)):
-                    start = time.perf_counter()
+                    start = clock()
                     for _ in range(args.calls):
                         kernels.gemm(w.fmt, w.q.data_ptr(), w.d.data_ptr(), w.m.data_ptr(), n, k, x.data_ptr(), r,
                                      out.data_ptr(), 0, args.threads, int8)
-                    times[int8].append((time.perf_counter() - start) / args.calls * 1000)
+                    times[int8].append((clock() - start) / args.calls * 1000)
             f, i = statistics.median(times[False]), statistics.median(times[True])
             gbs = lambda ms: w.nbytes / ms / 1e6  # noqa: E731
             print(f"{name} (q{w.fmt}, {n}x{k}, {mib:.1f}) | {r} | {f:.3f} ({gbs(f):.1f}) | {i:.3f} ({gbs(i):.1f}) | {f / i:.2f}x")

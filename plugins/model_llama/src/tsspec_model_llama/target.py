@@ -244,7 +244,8 @@ class LlamaTarget:
 
             if self._seq_len + max(ROWS) > self.max_context_length:
                 return None  # no room after the cached tokens to measure in
-            self._row_ms = cached(self.path, f"block|{self.dtype}|{self.precision}", self._calibration_forward)
+            path_kind = "fused" if self._stack is not None and self.fused_blocks else "per-op"
+            self._row_ms = cached(self.path, f"block|{self.dtype}|{self.precision}|{path_kind}", self._calibration_forward)
         return self._row_ms
 
     def _calibration_forward(self, rows: int) -> None:
@@ -452,13 +453,13 @@ class LlamaTarget:
                 self._rope.ensure(past + rows)
                 self._rope_table = torch.view_as_real(self._rope._rot).data_ptr()  # [pos, half, 2]
             bias = None if kernel_path else self._causal_bias(past, rows)
-            fused = kernel_path and self.fused_blocks and self._stack is not None and rows <= GEMM_ROWS
-            if fused:
+            if kernel_path and self.fused_blocks and self._stack is not None and rows <= GEMM_ROWS:
                 x = self._fused_blocks(x.contiguous(), past, taps, tapped)
-            for i in range(0 if not fused else self.hparams.n_layers, self.hparams.n_layers):
-                if taps is not None and i in taps:
-                    tapped[i] = x
-                x = self._kernel_block(i, x, past) if kernel_path else self._block(i, x, past, bias)
+            else:
+                for i in range(self.hparams.n_layers):
+                    if taps is not None and i in taps:
+                        tapped[i] = x
+                    x = self._kernel_block(i, x, past) if kernel_path else self._block(i, x, past, bias)
         finally:
             self._threads(self._gemm_threads)
         tapped[self.hparams.n_layers] = x
