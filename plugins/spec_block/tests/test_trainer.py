@@ -39,18 +39,18 @@ STEPS, BLOCK, DRAFT_VOCAB, TAPS = 40, 4, 64, (1, 3)
 OPTIONS = SpeculationOptions(spec_type="block", pmin=0.0, adaptive=False)
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_torch_thread():
-    """One intra-op thread: tiny ops on two contended OpenMP threads run many times slower."""
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    """Trained once per module, on one torch thread (conftest's autouse fixture is per test)."""
     previous = torch.get_num_threads()
     torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(previous)
+    try:
+        yield _train(tmp_path_factory.mktemp("train-dflash"))
+    finally:
+        torch.set_num_threads(previous)
 
 
-@pytest.fixture(scope="module")
-def trained(tmp_path_factory, _one_torch_thread):
-    tmp = tmp_path_factory.mktemp("train-dflash")
+def _train(tmp):
     model = write_tiny_target(tmp / "tiny.gguf")
     target = load_model(model, options=SpeculationOptions(enabled=False))
     rng = random.Random(0)

@@ -21,7 +21,6 @@ import json
 import math
 from typing import Any
 
-import attrs
 import numpy as np
 import torch
 import torch.nn.functional as F
@@ -31,7 +30,7 @@ from .config import MASK_TOKEN_KEY, DFlashConfig
 from .ops import rms_norm, rope_neox, swiglu
 from .weights import DRAFT_HEAD_TENSOR, DFlashWeights, LayerWeights
 
-__all__ = ["BlockDrafterModule", "write_trained_dflash", "LAYER_PARAMS"]
+__all__ = ["BlockDrafterModule", "write_trained_dflash", "read_manifest", "init_uniform", "LAYER_PARAMS"]
 
 # per-layer parameter -> (GGUF name under blk.N., kind): "matrix" or "norm"
 LAYER_PARAMS = {
@@ -246,7 +245,3 @@ def init_uniform(p: torch.Tensor, generator: torch.Generator, gain: float = 1.0)
     """Normal(0, gain^2 / fan_in) in place (fan_in = the last dim)."""
     with torch.no_grad():
         p.copy_(torch.randn(p.shape, generator=generator) * (gain / math.sqrt(p.shape[-1])))
-
-
-def config_with(cfg: DFlashConfig, **changes) -> DFlashConfig:
-    return attrs.evolve(cfg, **changes)
