@@ -204,3 +204,15 @@ def test_smaller_outtypes_load_and_stay_close(trained, tmp_path, outtype):
         rows.append(t.draft_head.block_hidden(tokens[19], 19))
     assert Path(path).stat().st_size < Path(summary["path"]).stat().st_size
     assert torch.allclose(rows[0], rows[1], atol=0.1, rtol=0.05)
+
+
+def test_the_dflash_kind_is_registered_through_the_trainers_hook():
+    from tsspec.plugins import PluginHost
+    from tsspec.runtime.catalog import build_catalog
+
+    import tsspec_block
+
+    host = PluginHost()
+    host.register(tsspec_block, "block")
+    entry = build_catalog(host, discover=False).trainers["dflash"]
+    assert entry.plugin == "block" and "block-diffusion" in entry.description
