@@ -145,3 +145,16 @@ def test_generate_stats_name_the_weights_path(capsys):
         assert code == 0 and f"weights blocks, arithmetic int8 ({native.info()['int8']}), kernels " in err
     code, _, err = run(capsys, "generate", "-p", "The capital of France is", "-n", "4", "--stats", "--dtype", "float32")
     assert code == 0 and "[model] llama, cpu, float32, weights dense" in err
+
+
+def test_inspect_unserved_architecture_names_no_plugin(capsys, tmp_path):
+    import numpy as np
+
+    from tsspec.modeling.gguf_writer import write_gguf
+
+    path = tmp_path / "mystery.gguf"
+    write_gguf(path, "mystery", {"mystery.block_count": 1}, {"w": np.zeros((2, 2), dtype=np.float32)})
+    code, out, _ = run(capsys, "inspect", str(path), "--json")
+    info = json.loads(out)
+    assert code == 0 and info["kind"] == "unserved" and info["served_by"] is None
+    assert "'mystery' is served by no" not in info["reason"] and "no loaded plugin serves" in info["reason"]

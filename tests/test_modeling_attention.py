@@ -55,6 +55,26 @@ def test_rows_are_batch_invariant():
         torch.set_num_threads(threads)
 
 
+@pytest.mark.parametrize("heads,kv_heads", [(9, 3), (8, 2)])
+def test_query_heads_split_over_threads_give_the_same_rows(heads, kv_heads, scalar_path):
+    """Where the KV heads do not split evenly over the threads (3 over 2), each query head is its
+    own chunk; every row is still the one-thread call's, bit for bit, and the reference's."""
+    q, k, v = case(rows=3, past=500, heads=heads, kv_heads=kv_heads, hd=64, capacity=520)
+    q *= 0.125  # the 1/sqrt(hd) scale a model folds into Q
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        one = attention.causal_attention(q, k, v, 500, heads=heads)
+        torch.set_num_threads(2)
+        two = attention.causal_attention(q, k, v, 500, heads=heads)
+        with scalar_path():
+            slow = attention.causal_attention(q, k, v, 500, heads=heads)
+    finally:
+        torch.set_num_threads(threads)
+    assert torch.equal(one, two) and torch.equal(one, slow)
+    assert torch.allclose(two.double(), reference(q, k, v, 500, heads), rtol=1e-5, atol=1e-6)
+
+
 def test_scalar_path_agrees_bit_for_bit(scalar_path):
     q, k, v = case(rows=3, past=50, hd=32, capacity=60)
     fast = attention.causal_attention(q, k, v, 50, heads=6)

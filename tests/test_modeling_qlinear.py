@@ -280,7 +280,7 @@ def random_blocks(fmt: int, n: int, k: int, seed: int = 0) -> BlockMatrix:
 
 @needs_native
 @pytest.mark.parametrize("fmt", [4, 8, 16])
-@pytest.mark.parametrize("k", [96, 192, 224])  # 3, 6, 7 blocks: groups of four and tails
+@pytest.mark.parametrize("k", [96, 160, 192, 224])  # 3, 5, 6, 7 blocks: groups of four and tails of 1-3
 def test_int8_scalar_and_simd_agree_and_rows_are_batch_invariant(fmt, k, scalar_path):
     bm = random_blocks(fmt, 37, k, seed=k)
     x = torch.randn(13, k, generator=torch.Generator().manual_seed(fmt))
@@ -299,6 +299,49 @@ def test_int8_scalar_and_simd_agree_and_rows_are_batch_invariant(fmt, k, scalar_
     finally:
         torch.set_num_threads(threads)
     assert torch.equal(fast[4], base[4])
+
+
+@needs_native
+@pytest.mark.parametrize("precision", ["float32", "int8"])
+@pytest.mark.parametrize("k", [128, 160, 224])  # int8: no tail, tails of 1 and 3 blocks
+def test_decode_row_in_weight_row_pairs_equals_one_at_a_time(k, precision, scalar_path):
+    """A lone row of x meets format-4 weight rows two at a time (two independent chains); each
+    output is the one-at-a-time kernel's, the scalar path's and a multi-row call's, bit for bit
+    (odd N: a last row alone)."""
+    kernels = native.kernels()
+    bm = random_blocks(4, 23, k, seed=k)
+    x = torch.randn(3, k, generator=torch.Generator().manual_seed(k))
+    base = torch.randn(3, 23)
+    paired = bm.linear(x[:1], base[:1], precision=precision)
+    kernels.set_pairs(False)
+    try:
+        single = bm.linear(x[:1], base[:1], precision=precision)
+    finally:
+        kernels.set_pairs(True)
+    with scalar_path():
+        slow = bm.linear(x[:1], base[:1], precision=precision)
+    assert torch.equal(paired, single) and torch.equal(paired, slow)
+    assert torch.equal(bm.linear(x, base, precision=precision)[:1], paired)
+
+
+@needs_native
+@pytest.mark.parametrize("fmt", [4, 8])
+def test_int8_row_quantiser_rounds_ties_to_even_on_both_paths(fmt, scalar_path):
+    """The SIMD quantiser gives the scalar one's int8 values: ties (x / dx exactly k + 0.5) go to
+    the even neighbour on both, and the block's largest value maps to +-127."""
+    bm = random_blocks(fmt, 8, 64, seed=5)
+    ties = torch.arange(-15.5, 16.5, 1.0)  # [32]: -15.5 .. 15.5
+    x = torch.stack([
+        torch.cat([torch.tensor([127.0]), ties[1:], torch.tensor([-127.0]), ties[1:]]),  # dx = 1 exactly
+        torch.cat([ties * 3.0, -ties]),
+    ])  # [2, 64]
+    fast = bm.linear(x, precision="int8")
+    with scalar_path():
+        assert torch.equal(bm.linear(x, precision="int8"), fast)
+    w = bm.dequantize().double()
+    rounded = torch.cat([torch.tensor([127.0]), torch.round(ties[1:]), torch.tensor([-127.0]), torch.round(ties[1:])])
+    expected = rounded.double() @ w.t()  # torch.round: half to even, like nearbyintf
+    assert torch.allclose(fast[0].double(), expected, rtol=1e-5, atol=1e-3)
 
 
 @needs_native
@@ -339,9 +382,12 @@ def test_int8_vnni_path_equals_the_avx2_path():
         bm = random_blocks(fmt, 29, 224, seed=fmt)
         x = torch.randn(11, 224, generator=torch.Generator().manual_seed(7))
         vnni = bm.linear(x, precision="int8")
+        vnni_row = bm.linear(x[:1], precision="int8")  # a decode row: format 4 in weight-row pairs
         kernels.set_vnni(False)
         try:
             assert native.info()["int8"] == "avx2"
             assert torch.equal(bm.linear(x, precision="int8"), vnni)
+            assert torch.equal(bm.linear(x[:1], precision="int8"), vnni_row)
+            assert torch.equal(vnni_row[0], vnni[0])
         finally:
             kernels.set_vnni(True)

@@ -213,6 +213,30 @@ def break_even_acceptance(rows: Sequence[SummaryRow]) -> float | None:
     return None
 
 
+def sweep_ratio_at(rows: Sequence[SummaryRow], p: float) -> float | None:
+    """The sweep's median speed-up at acceptance ``p`` (linear between its points; None
+    outside them)."""
+    points = sorted((r.acceptance_target, r.ratio_median) for r in rows if r.ratio_median is not None)
+    for (p0, r0), (p1, r1) in zip(points, points[1:]):
+        if p0 <= p <= p1:
+            return r0 if p1 == p0 else r0 + (p - p0) * (r1 - r0) / (p1 - p0)
+    return None
+
+
+def placements(report: "BenchReport") -> list[tuple[str, float, float | None, float | None]]:
+    """Each measured algorithm on the sweep's P axis: (name, P, the sweep's speed-up at that P,
+    the algorithm's own median speed-up), P being the share of its drafts whose first token
+    landed (all classes)."""
+    sweep = report.sweep_rows()
+    out = []
+    for row in report.rows_of(ALGORITHM, ALL_CLASSES):
+        if not row.accepted_per_position:
+            continue
+        p = float(row.accepted_per_position[0])
+        out.append((row.config, p, sweep_ratio_at(sweep, p), row.ratio_median))
+    return out
+
+
 def _table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> list[str]:
     out = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
     out += ["| " + " | ".join(str(c) for c in row) + " |" for row in rows]
@@ -316,7 +340,21 @@ def _speed_section(report: BenchReport) -> list[str]:
     lines += _table(header, rows)
     lines += ["", "tok/s are medians over runs; speed-up is the median of per-pair ratios (min-max over pairs); "
               "accept = accepted / drafted tokens; tok/verify = tokens emitted per verify step.", ""]
+    ran = auto_choices(report)
+    if ran:
+        lines += ["`auto` is what the runtime picks by itself for this model: it ran "
+                  + ", ".join(f"{name} ({n} runs)" for name, n in ran.items()) + ".", ""]
     return lines
+
+
+def auto_choices(report: "BenchReport") -> dict[str, int]:
+    """{algorithm: runs} that the ``auto`` configuration resolved to."""
+    counts: dict[str, int] = {}
+    for r in report.records:
+        if r.config == "auto" and r.kind == ALGORITHM:
+            name = r.speculator or "none (declined)"
+            counts[name] = counts.get(name, 0) + 1
+    return counts
 
 
 def _mechanics_section(report: BenchReport) -> list[str]:
@@ -375,6 +413,16 @@ def _oracle_section(report: BenchReport) -> list[str]:
               "The median speed-up does not cross 1.0 inside the sweep.",
               "With the governor on, measured acceptance is biased low: it parks after drafts that get nothing "
               "accepted, so fewer of the lucky verifies happen.", ""]
+    placed = placements(report)
+    if placed:
+        lines += ["The measured algorithms placed on the P axis (P = the share of their drafts whose first token "
+                  "landed, all classes; the sweep's speed-up read off at that P, against what the algorithm itself "
+                  "measured; a learned drafter's later tokens land less often than an oracle's, so it sits below "
+                  "its point):", ""]
+        lines += _table(["algorithm", "P", "sweep at P", "measured"], [
+            [name, f"{p:.2f}", "-" if at is None else f"{at:.2f}x", "-" if own is None else f"{own:.2f}x"]
+            for name, p, at, own in placed])
+        lines.append("")
     return lines
 
 

@@ -159,6 +159,7 @@ class BenchRunner:
     on_run: Callable[[Slot, RunRecord], None] | None = None  # progress callback
     on_mismatch: Callable[[RunRecord], None] | None = None
     clock: Callable[[], float] | None = None  # the loop's clock (None: perf_counter)
+    heads: object = None  # a drafters.HeadSwitch: each configuration's drafter (None: the loaded one)
     records: list[RunRecord] = attrs.field(factory=list)
     references: dict[str, list[int]] = attrs.field(factory=dict)  # case id -> plain tokens
 
@@ -207,6 +208,8 @@ class BenchRunner:
 
     def run_one(self, config: BenchConfig, case: EncodedCase):
         """One generation: returns the runtime's ``Generation``."""
+        if self.heads is not None:
+            self.heads.use(config.name)
         result = generate(
             self.target,
             list(case.prompt_ids),

@@ -19,12 +19,15 @@ import attrs
 from .. import __version__
 from ..errors import OptionsError
 from ..runtime.generation import draft_window
+from ..runtime.loading import LoadOptions
+from ..runtime.registry import AUTO
 from ..runtime.options import SpeculationOptions
 from ..runtime.sampling import SamplingParams
 from .machine import describe_machine, load_average
 from .prompts import EncodedCase, PromptCase, encode_case
 from .report import BenchReport
 from .runner import BenchConfig, BenchRunner
+from .drafters import HeadSwitch, bundled_heads
 from .summary import summarise
 
 RUN_BY_MAKE = "make bench"  # the Makefile target that regenerates BENCHMARKS.md
@@ -51,6 +54,8 @@ class BenchPlan:
     goals: bool = False  # the CPU speed goals (issue 16): verify cost by rows, prefill, ratios to llama.cpp
     governor_reps: int = 3
     command: str = "tsspec bench"
+    device: str = "cpu"  # what the target was loaded with (bundled drafters attach alike)
+    dtype: str | None = None
 
 
 def serving_algorithms(catalog, target, options: SpeculationOptions) -> tuple[list[str], dict[str, str]]:
@@ -65,12 +70,14 @@ def serving_algorithms(catalog, target, options: SpeculationOptions) -> tuple[li
 
 
 def choose_algorithms(requested: Sequence[str] | None, serving: Sequence[str], declined: dict[str, str]) -> list[str]:
-    """The algorithms to benchmark; an explicitly requested one that cannot serve is an error."""
+    """The algorithms to benchmark; an explicitly requested one that cannot serve is an error.
+    By default every serving algorithm, then ``auto`` (what the runtime picks by itself) when
+    any serves."""
     if requested is None:
-        return list(serving)
+        return [*serving, AUTO] if serving else []
     out = []
     for name in requested:
-        if name in serving:
+        if name == AUTO or name in serving:
             out.append(name)
         elif name in declined:
             raise OptionsError(f"--spec-type {name} cannot serve this model: {declined[name]}")
@@ -118,6 +125,7 @@ def run_plan(
 
         return tick
     declined = {}
+    heads = None
     if plan.algorithms == []:
         algorithms = []
     else:
@@ -125,7 +133,19 @@ def run_plan(
             from ..runtime.defaults import default_catalog
 
             catalog = default_catalog()
+        heads = HeadSwitch(target, bundled_heads(
+            catalog, target, plan.model_path, LoadOptions(device=plan.device, dtype=plan.dtype, speculation=plan.options),
+            operator_drafter=bool(plan.options.drafter_path),
+        ))
         serving, declined = serving_algorithms(catalog, target, plan.options)
+        for name in heads.heads:  # an algorithm that serves with the drafter shipped for it
+            if name != AUTO and name not in serving:
+                heads.use(name)
+                with_head, _ = serving_algorithms(catalog, target, plan.options)
+                if name in with_head:
+                    serving.append(name)
+                    declined.pop(name, None)
+        heads.restore()
         algorithms = choose_algorithms(plan.algorithms, serving, declined)
     cases: list[EncodedCase] = [encode_case(target, c) for c in plan.cases]
     classes = list(dict.fromkeys(c.cls for c in cases))
@@ -136,7 +156,7 @@ def run_plan(
     configs = build_configs(algorithms, plan.oracle_acceptance, plan.oracle_classes, plan.oracle_governor)
     runner = BenchRunner(
         target, cases, configs, reps=plan.reps, options=plan.options, sampling=plan.sampling,
-        registry=None if catalog is None else catalog.speculators, on_mismatch=on_mismatch,
+        registry=None if catalog is None else catalog.speculators, on_mismatch=on_mismatch, heads=heads,
     )
     references = runner.references
     peers, peer_errors = _start_peers(plan, target, cases, report_progress, on_peer_error)
@@ -180,6 +200,8 @@ def run_plan(
 
             runner.on_run = on_run
             records = runner.run()
+            if heads is not None:
+                heads.restore()
         rows = summarise(records, [c.name for c in configs], classes)
         peer_rows = []
         if plan.compare:
@@ -196,6 +218,8 @@ def run_plan(
 
             goals = measure_goals(target, cases, peers, progress=report_progress)
     finally:
+        if heads is not None:
+            heads.restore()
         peer_info = {name: peer.describe() for name, peer in peers.items()}
         for peer in peers.values():
             peer.close()

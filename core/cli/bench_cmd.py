@@ -118,7 +118,9 @@ def bench(
         from ..modeling.embedded import embedded_model_path
 
         model_path = str(embedded_model_path())
-    is_toy = model_path == "toy" or model_path.startswith("toy:")
+    from ..runtime.loading import file_less_entry
+
+    file_less = file_less_entry(model_path, STATE.catalog) is not None
     with console.status(f"loading {model_label(model_path)}"):
         target = load_target(model_path, device, dtype, options)
     if getattr(target, "tokenizer", None) is None:
@@ -126,7 +128,7 @@ def bench(
 
     plan = BenchPlan(
         model_name=model_label(model_path),
-        model_path=None if is_toy else str(Path(model_path).resolve()),
+        model_path=None if file_less else str(Path(model_path).resolve()),
         cases=cases,
         prompts_label=prompts or f"the shipped set ({shipped_prompts_path().name})",
         algorithms=algorithms,
@@ -142,6 +144,8 @@ def bench(
         goals=goals,
         governor_reps=governor_reps,
         command=_command_line(),
+        device=device,
+        dtype=dtype,
     )
 
     def on_mismatch(record) -> None:

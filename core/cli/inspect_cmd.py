@@ -10,7 +10,6 @@ import typer
 
 from .state import STATE
 
-DRAFTER_ARCHS_HINT = ("dflash", "dflash-draft", "medusa")
 SHOWN_KEYS = ("block_count", "embedding_length", "context_length", "attention.head_count",
               "attention.head_count_kv", "feed_forward_length", "vocab_size", "rope.freq_base",
               "nextn_predict_layers", "expert_count", "block_size", "target_layers")
@@ -50,7 +49,7 @@ def describe(path: str, catalog) -> dict:
         info["served_by"] = entry.plugin
         info["reason"] = None
     else:
-        info["kind"] = "drafter" if arch in DRAFTER_ARCHS_HINT else "model"
+        info["kind"] = "unserved"  # neither a model nor a drafter any installed plugin knows
         info["carries_drafter"] = nextn > 0
         info["served_by"] = None
         served = ", ".join(sorted(catalog.models)) or "none"

@@ -1,6 +1,8 @@
-/* CPU kernels of tsspec (module tsspec.modeling._cpu_kernels): the quantised-weight matmul and
- * causal attention over a KV cache. Both compute every row the same way whatever the number of
- * rows in the call, so a 1-row decode and a k-row verify agree bit for bit.
+/* CPU kernels of tsspec (module tsspec.modeling._cpu_kernels): the quantised-weight matmul (1),
+ * causal attention over a KV cache (2), the small per-row ops of a block (3), and a stack of
+ * pre-norm GQA + SwiGLU blocks run from those in one call (4). All compute every row the same
+ * way whatever the number of rows in the call, so a 1-row decode and a k-row verify agree bit
+ * for bit.
  *
  * 1. Matmul: out[r, n] = (base[r, n] +) sum_k x[r, k] * W[n, k].
  *
@@ -45,6 +47,9 @@
 #endif
 
 #define QK 32
+/* weight bytes ahead of the one being unpacked that a lone-row kernel asks the cache for (the
+ * stream of quantised weights is the decode step's memory traffic) */
+#define PREFETCH_BYTES 2048
 
 static inline int64_t block_bytes(int fmt) { return fmt == 4 ? 16 : fmt == 32 ? 128 : 32; }
 /* scales (d, m) per 32-weight block: format 16 is format 8 with a scale per 16 weights (Q6_K) */
@@ -118,28 +123,22 @@ QG_AVX2 static void rms_sumsq_avx2(const float *x, int64_t n, float *lanes) {
  * 16-23, 24-31); exactly unpack_row_scalar's values */
 QG_AVX2 static inline __attribute__((always_inline)) void block_avx2(int fmt, const uint8_t *q, int64_t blk,
                                                                      const float *d, const float *m, __m256 w[4]) {
-    __m128i q0, q1;
     __m256i i[4];
     if (fmt == 32) {
         for (int k = 0; k < 4; k++) w[k] = _mm256_loadu_ps((const float *)(q + blk * 128) + 8 * k);
         return;
     }
-    if (fmt == 4) {
-        const __m128i low4 = _mm_set1_epi8(0x0F);
-        __m128i raw = _mm_loadu_si128((const __m128i *)(q + blk * 16));
-        q0 = _mm_and_si128(raw, low4);                    /* weights 0..15 */
-        q1 = _mm_and_si128(_mm_srli_epi16(raw, 4), low4); /* weights 16..31 */
-        i[0] = _mm256_cvtepu8_epi32(q0);
-        i[1] = _mm256_cvtepu8_epi32(_mm_srli_si128(q0, 8));
-        i[2] = _mm256_cvtepu8_epi32(q1);
-        i[3] = _mm256_cvtepu8_epi32(_mm_srli_si128(q1, 8));
-    } else {
-        q0 = _mm_loadu_si128((const __m128i *)(q + blk * 32));
-        q1 = _mm_loadu_si128((const __m128i *)(q + blk * 32 + 16));
-        i[0] = _mm256_cvtepi8_epi32(q0);
-        i[1] = _mm256_cvtepi8_epi32(_mm_srli_si128(q0, 8));
-        i[2] = _mm256_cvtepi8_epi32(q1);
-        i[3] = _mm256_cvtepi8_epi32(_mm_srli_si128(q1, 8));
+    if (fmt == 4) { /* bytes 0-7 and 8-15 zero-extended from memory: low nibbles are weights
+                     * 0..15, high nibbles 16..31 */
+        const __m256i low4 = _mm256_set1_epi32(0x0F);
+        const __m256i z0 = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(q + blk * 16)));
+        const __m256i z1 = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(q + blk * 16 + 8)));
+        i[0] = _mm256_and_si256(z0, low4);
+        i[1] = _mm256_and_si256(z1, low4);
+        i[2] = _mm256_srli_epi32(z0, 4);
+        i[3] = _mm256_srli_epi32(z1, 4);
+    } else { /* each 8 bytes sign-extended straight from memory (no shuffles to split them) */
+        for (int k = 0; k < 4; k++) i[k] = _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(q + blk * 32 + 8 * k)));
     }
     const int64_t s0 = fmt == 16 ? 2 * blk : blk, s1 = fmt == 16 ? 2 * blk + 1 : blk; /* weights 0-15, 16-31 */
     const __m256 d0 = _mm256_set1_ps(d[s0]), m0 = _mm256_set1_ps(m[s0]);
@@ -169,6 +168,7 @@ QG_AVX2 static inline __attribute__((always_inline)) void dot_fused_avx2(int fmt
     for (int64_t blk = 0; blk < nb; blk++) {
         const float *xb = x + blk * QK;
         __m256 w[4];
+        _mm_prefetch((const char *)(q + blk * block_bytes(fmt)) + PREFETCH_BYTES, _MM_HINT_T0);
         block_avx2(fmt, q, blk, d, m, w);
         __m256 w0 = w[0], w1 = w[1], w2 = w[2], w3 = w[3];
         for (int t = 0; t < T; t++) {
@@ -182,13 +182,53 @@ QG_AVX2 static inline __attribute__((always_inline)) void dot_fused_avx2(int fmt
     for (int t = 0; t < T; t++) res[t] = hsum_avx2(a[t], b[t]);
 }
 
+/* the tile for one format, the format a constant: its unpack is inlined without branches */
+#define DEFINE_FUSED_TILES(NAME, FMT) \
+QG_AVX2 static void NAME(const uint8_t *q, const float *d, const float *m, int64_t nb, const float *x, int64_t xs, \
+                         int64_t R, float *res) { \
+    switch (R) { \
+        case 4: dot_fused_avx2(FMT, q, d, m, nb, x, xs, 4, res); break; \
+        case 3: dot_fused_avx2(FMT, q, d, m, nb, x, xs, 3, res); break; \
+        case 2: dot_fused_avx2(FMT, q, d, m, nb, x, xs, 2, res); break; \
+        default: dot_fused_avx2(FMT, q, d, m, nb, x, xs, 1, res); break; \
+    } \
+}
+DEFINE_FUSED_TILES(dots_fused_q4_avx2, 4)
+DEFINE_FUSED_TILES(dots_fused_q8_avx2, 8)
+DEFINE_FUSED_TILES(dots_fused_q16_avx2, 16)
+DEFINE_FUSED_TILES(dots_fused_f32_avx2, 32)
+
+/* a lone row of x (a decode) against 4-bit weight rows n and n + 1: each output's accumulators
+ * and order exactly the tile's with T = 1, but two rows' chains of fused multiply-adds in flight
+ * and x loaded once per block for both */
+QG_AVX2 static void dot_pair_q4_avx2(const uint8_t *q, int64_t q_row, const float *d, const float *m, int64_t s_row,
+                                     int64_t nb, const float *x, float *res) {
+    __m256 a[2] = {_mm256_setzero_ps(), _mm256_setzero_ps()}, b[2] = {a[0], a[1]};
+    for (int64_t blk = 0; blk < nb; blk++) {
+        const float *xb = x + blk * QK;
+        const __m256 x0 = _mm256_loadu_ps(xb), x1 = _mm256_loadu_ps(xb + 8);
+        const __m256 x2 = _mm256_loadu_ps(xb + 16), x3 = _mm256_loadu_ps(xb + 24);
+        for (int c = 0; c < 2; c++) {
+            __m256 w[4];
+            _mm_prefetch((const char *)(q + c * q_row + blk * 16) + PREFETCH_BYTES, _MM_HINT_T0);
+            block_avx2(4, q + c * q_row, blk, d + c * s_row, m + c * s_row, w);
+            a[c] = _mm256_fmadd_ps(w[0], x0, a[c]);
+            b[c] = _mm256_fmadd_ps(w[1], x1, b[c]);
+            a[c] = _mm256_fmadd_ps(w[2], x2, a[c]);
+            b[c] = _mm256_fmadd_ps(w[3], x3, b[c]);
+        }
+    }
+    res[0] = hsum_avx2(a[0], b[0]);
+    res[1] = hsum_avx2(a[1], b[1]);
+}
+
 QG_AVX2 static void dots_fused_avx2(int fmt, const uint8_t *q, const float *d, const float *m, int64_t nb,
                                     const float *x, int64_t xs, int64_t R, float *res) {
-    switch (R) {
-        case 4: dot_fused_avx2(fmt, q, d, m, nb, x, xs, 4, res); break;
-        case 3: dot_fused_avx2(fmt, q, d, m, nb, x, xs, 3, res); break;
-        case 2: dot_fused_avx2(fmt, q, d, m, nb, x, xs, 2, res); break;
-        default: dot_fused_avx2(fmt, q, d, m, nb, x, xs, 1, res); break;
+    switch (fmt) {
+        case 4: dots_fused_q4_avx2(q, d, m, nb, x, xs, R, res); break;
+        case 8: dots_fused_q8_avx2(q, d, m, nb, x, xs, R, res); break;
+        case 16: dots_fused_q16_avx2(q, d, m, nb, x, xs, R, res); break;
+        default: dots_fused_f32_avx2(q, d, m, nb, x, xs, R, res); break;
     }
 }
 
@@ -206,6 +246,7 @@ static int have_avx2(void) { return 0; }
 
 static int use_simd = -1; /* -1: auto, 0: scalar forced (tests) */
 static int use_vnni = 1;  /* 0: the int8 path stays on AVX2 even where VNNI exists (tests) */
+static int use_pairs = 1; /* 0: a decode row meets one 4-bit weight row at a time (A/B runs, tests) */
 
 static inline int simd_on(void) { return use_simd != 0 && have_avx2(); }
 
@@ -258,6 +299,47 @@ static void quantize_row(const float *x, int64_t nb, int8_t *q, float *d, float 
         s16[2 * b + 1] = dd * (float)sum[1];
     }
 }
+
+#ifdef QG_X86
+/* quantize_row with AVX2: the same values (max |x| is exact in any order, x * id rounds to the
+ * nearest even like nearbyintf, integer sums are exact), so both paths agree bit for bit */
+QG_AVX2 static void quantize_row_avx2(const float *x, int64_t nb, int8_t *q, float *d, float *s32, float *s16) {
+    const __m256 sign = _mm256_set1_ps(-0.0f), hi = _mm256_set1_ps(127.0f), lo = _mm256_set1_ps(-127.0f);
+    for (int64_t b = 0; b < nb; b++) {
+        const float *xb = x + b * QK;
+        __m256 v[4];
+        for (int k = 0; k < 4; k++) v[k] = _mm256_loadu_ps(xb + 8 * k);
+        __m256 a = _mm256_max_ps(_mm256_max_ps(_mm256_andnot_ps(sign, v[0]), _mm256_andnot_ps(sign, v[1])),
+                                 _mm256_max_ps(_mm256_andnot_ps(sign, v[2]), _mm256_andnot_ps(sign, v[3])));
+        __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1));
+        m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
+        m4 = _mm_max_ss(m4, _mm_shuffle_ps(m4, m4, 0x55));
+        const float amax = _mm_cvtss_f32(m4);
+        const float dd = amax / 127.0f, id = dd != 0.0f ? 1.0f / dd : 0.0f;
+        const __m256 vid = _mm256_set1_ps(id);
+        __m256i i[4];
+        for (int k = 0; k < 4; k++) {
+            __m256 r = _mm256_round_ps(_mm256_mul_ps(v[k], vid), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+            i[k] = _mm256_cvtps_epi32(_mm256_min_ps(_mm256_max_ps(r, lo), hi));
+        }
+        /* int32 -> int8 in order: packs work per 128-bit lane, so restore the order after */
+        __m256i w16a = _mm256_packs_epi32(i[0], i[1]), w16b = _mm256_packs_epi32(i[2], i[3]);
+        __m256i w8 = _mm256_packs_epi16(w16a, w16b);
+        w8 = _mm256_permutevar8x32_epi32(w8, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+        _mm256_storeu_si256((__m256i *)(q + b * QK), w8);
+        __m256i h0 = _mm256_add_epi32(i[0], i[1]), h1 = _mm256_add_epi32(i[2], i[3]); /* values 0-15, 16-31 */
+        __m128i t0 = _mm_add_epi32(_mm256_castsi256_si128(h0), _mm256_extracti128_si256(h0, 1));
+        __m128i t1 = _mm_add_epi32(_mm256_castsi256_si128(h1), _mm256_extracti128_si256(h1, 1));
+        __m128i t = _mm_hadd_epi32(t0, t1);
+        t = _mm_hadd_epi32(t, t); /* sum0, sum1, sum0, sum1 */
+        const int32_t sum0 = _mm_cvtsi128_si32(t), sum1 = _mm_extract_epi32(t, 1);
+        d[b] = dd;
+        s32[b] = dd * (float)(sum0 + sum1);
+        s16[2 * b] = dd * (float)sum0;
+        s16[2 * b + 1] = dd * (float)sum1;
+    }
+}
+#endif
 
 /* the 32 weights of block b as integers, in order */
 static inline void block_ints(int fmt, const uint8_t *q, int64_t b, int32_t *w) {
@@ -382,6 +464,7 @@ ATTR static inline __attribute__((always_inline)) void NAME(const int fmt, const
     const int64_t nb4 = nb & ~(int64_t)3; \
     for (int64_t b = 0; b < nb4; b += 4) { \
         __m256i w[4], uw[4]; \
+        _mm_prefetch((const char *)(q + b * (fmt == 4 ? 16 : 32)) + PREFETCH_BYTES, _MM_HINT_T0); \
         for (int i = 0; i < 4; i++) { \
             w[i] = block_bytes_avx2(fmt, q, b + i); \
             uw[i] = fmt == 4 ? w[i] : _mm256_sign_epi8(w[i], w[i]); \
@@ -399,23 +482,106 @@ ATTR static inline __attribute__((always_inline)) void NAME(const int fmt, const
             acc[t] = _mm_fmadd_ps(mv, _mm_loadu_ps(A->s32 + r * nb + b), acc[t]); \
         } \
     } \
+    if (nb4 < nb) { /* the last nb mod 4 blocks in lanes 0 .. nt-1 (b mod 4), as the scalar path */ \
+        const int nt = (int)(nb - nb4); \
+        const __m128i keep = _mm_cmpgt_epi32(_mm_set1_epi32(nt), _mm_setr_epi32(0, 1, 2, 3)); \
+        __m256i w[3] = {_mm256_setzero_si256(), _mm256_setzero_si256(), _mm256_setzero_si256()}, uw[3] = {w[0], w[1], w[2]}; \
+        for (int i = 0; i < nt; i++) { \
+            w[i] = block_bytes_avx2(fmt, q, nb4 + i); \
+            uw[i] = fmt == 4 ? w[i] : _mm256_sign_epi8(w[i], w[i]); \
+        } \
+        const __m128 dv = _mm_maskload_ps(d + nb4, keep), mv = _mm_maskload_ps(m + nb4, keep); \
+        for (int t = 0; t < T; t++) { \
+            const int64_t r = r0 + t; \
+            const int8_t *x = A->q + r * A->K + nb4 * QK; \
+            const __m256i z = _mm256_setzero_si256(); \
+            __m256i v0 = LANES(fmt, w[0], uw[0], x); \
+            __m256i v1 = nt > 1 ? LANES(fmt, w[1], uw[1], x + QK) : z, v2 = nt > 2 ? LANES(fmt, w[2], uw[2], x + 2 * QK) : z; \
+            __m256i h = _mm256_hadd_epi32(_mm256_hadd_epi32(v0, v1), _mm256_hadd_epi32(v2, z)); \
+            __m128i isum = _mm_add_epi32(_mm256_castsi256_si128(h), _mm256_extracti128_si256(h, 1)); \
+            __m128 scale = _mm_mul_ps(dv, _mm_maskload_ps(A->d + r * nb + nb4, keep)); \
+            __m128 upd = _mm_fmadd_ps(_mm_cvtepi32_ps(isum), scale, acc[t]); \
+            upd = _mm_fmadd_ps(mv, _mm_maskload_ps(A->s32 + r * nb + nb4, keep), upd); \
+            acc[t] = _mm_blendv_ps(acc[t], upd, _mm_castsi128_ps(keep)); \
+        } \
+    } \
     for (int t = 0; t < T; t++) { \
-        const int64_t r = r0 + t; \
         float lanes[4]; \
         _mm_storeu_ps(lanes, acc[t]); \
-        for (int64_t b = nb4; b < nb; b++) { /* the last nb mod 4 blocks, as the scalar path */ \
-            const __m256i w = block_bytes_avx2(fmt, q, b); \
-            const __m256i v = LANES(fmt, w, fmt == 4 ? w : _mm256_sign_epi8(w, w), A->q + r * A->K + b * QK); \
-            int32_t l8[8], isum = 0; \
-            _mm256_storeu_si256((__m256i *)l8, v); \
-            for (int l = 0; l < 8; l++) isum += l8[l]; \
-            lanes[b % 4] = fmaf((float)isum, d[b] * A->d[r * nb + b], lanes[b % 4]); \
-            lanes[b % 4] = fmaf(m[b], A->s32[r * nb + b], lanes[b % 4]); \
-        } \
         res[t] = (lanes[0] + lanes[2]) + (lanes[1] + lanes[3]); \
     } \
 }
 
+/* the last nb mod 4 blocks of one row into its group accumulator (lanes 0 .. nt-1, b mod 4, as
+ * the scalar path), then the tile's final sum (l0 + l2) + (l1 + l3) */
+#define DEFINE_Q8G_TAIL(NAME, ATTR, LANES) \
+ATTR static inline void NAME(const int fmt, const uint8_t *q, const float *d, const float *m, int64_t nb, \
+                             const QAct *A, int64_t r, __m128 acc, float *res) { \
+    const int64_t nb4 = nb & ~(int64_t)3; \
+    const int nt = (int)(nb - nb4); \
+    const __m128i keep = _mm_cmpgt_epi32(_mm_set1_epi32(nt), _mm_setr_epi32(0, 1, 2, 3)); \
+    const __m256i z = _mm256_setzero_si256(); \
+    __m256i v[3] = {z, z, z}; \
+    const int8_t *x = A->q + r * A->K + nb4 * QK; \
+    for (int i = 0; i < nt; i++) { \
+        const __m256i w = block_bytes_avx2(fmt, q, nb4 + i); \
+        v[i] = LANES(fmt, w, fmt == 4 ? w : _mm256_sign_epi8(w, w), x + i * QK); \
+    } \
+    __m256i h = _mm256_hadd_epi32(_mm256_hadd_epi32(v[0], v[1]), _mm256_hadd_epi32(v[2], z)); \
+    __m128i isum = _mm_add_epi32(_mm256_castsi256_si128(h), _mm256_extracti128_si256(h, 1)); \
+    __m128 scale = _mm_mul_ps(_mm_maskload_ps(d + nb4, keep), _mm_maskload_ps(A->d + r * nb + nb4, keep)); \
+    __m128 upd = _mm_fmadd_ps(_mm_cvtepi32_ps(isum), scale, acc); \
+    upd = _mm_fmadd_ps(_mm_maskload_ps(m + nb4, keep), _mm_maskload_ps(A->s32 + r * nb + nb4, keep), upd); \
+    acc = _mm_blendv_ps(acc, upd, _mm_castsi128_ps(keep)); \
+    float lanes[4]; \
+    _mm_storeu_ps(lanes, acc); \
+    *res = (lanes[0] + lanes[2]) + (lanes[1] + lanes[3]); \
+}
+
+DEFINE_Q8G_TAIL(dot_q8g_pair_avx2_tail, QG_AVX2, block_lanes_avx2)
+/* formats 4 and 8, a lone row of x (a decode) against two weight rows: each weight row's lanes,
+ * sums and order exactly the tile's with T = 1, but two independent chains of the per-group
+ * fused multiply-adds instead of one, so the row does not wait on their latency */
+#define DEFINE_Q8G_PAIR(NAME, ATTR, LANES) \
+ATTR static void NAME(const int fmt, const uint8_t *q, int64_t q_row, const float *d, const float *m, int64_t s_row, \
+                      int64_t nb, const QAct *A, int64_t r, float *res, int64_t res_stride) { \
+    __m128 acc[2] = {_mm_setzero_ps(), _mm_setzero_ps()}; \
+    const int64_t nb4 = nb & ~(int64_t)3; \
+    const int8_t *xr = A->q + r * A->K; \
+    const float *dx = A->d + r * nb, *sx = A->s32 + r * nb; \
+    for (int64_t b = 0; b < nb4; b += 4) { \
+        const __m128 xd = _mm_loadu_ps(dx + b), xsum = _mm_loadu_ps(sx + b); \
+        for (int c = 0; c < 2; c++) { \
+            const uint8_t *qc = q + c * q_row; \
+            _mm_prefetch((const char *)(qc + b * (fmt == 4 ? 16 : 32)) + PREFETCH_BYTES, _MM_HINT_T0); \
+            __m256i v[4]; \
+            for (int i = 0; i < 4; i++) { \
+                const __m256i w = block_bytes_avx2(fmt, qc, b + i); \
+                v[i] = LANES(fmt, w, fmt == 4 ? w : _mm256_sign_epi8(w, w), xr + (b + i) * QK); \
+            } \
+            __m256i h = _mm256_hadd_epi32(_mm256_hadd_epi32(v[0], v[1]), _mm256_hadd_epi32(v[2], v[3])); \
+            __m128i isum = _mm_add_epi32(_mm256_castsi256_si128(h), _mm256_extracti128_si256(h, 1)); \
+            __m128 scale = _mm_mul_ps(_mm_loadu_ps(d + c * s_row + b), xd); \
+            acc[c] = _mm_fmadd_ps(_mm_cvtepi32_ps(isum), scale, acc[c]); \
+            acc[c] = _mm_fmadd_ps(_mm_loadu_ps(m + c * s_row + b), xsum, acc[c]); \
+        } \
+    } \
+    for (int c = 0; c < 2; c++) { \
+        float one; \
+        if (nb4 < nb) { /* the tail as the tile does it, then the tile's final sum */ \
+            const uint8_t *qc = q + c * q_row; \
+            const float *dc = d + c * s_row, *mc = m + c * s_row; \
+            NAME##_tail(fmt, qc, dc, mc, nb, A, r, acc[c], &one); \
+        } else { \
+            float lanes[4]; \
+            _mm_storeu_ps(lanes, acc[c]); \
+            one = (lanes[0] + lanes[2]) + (lanes[1] + lanes[3]); \
+        } \
+        res[c * res_stride] = one; \
+    } \
+}
+
+DEFINE_Q8G_PAIR(dot_q8g_pair_avx2, QG_AVX2, block_lanes_avx2)
 DEFINE_Q8G_TILE(dot_q8g_tile_avx2, QG_AVX2, block_lanes_avx2)
 
 /* AVX-512 VNNI (on 256-bit registers, so no wider than the AVX2 path's): vpdpbusd forms the same
@@ -429,6 +595,8 @@ QG_VNNI static inline __m256i block_lanes_vnni(const int fmt, __m256i w, __m256i
 }
 
 DEFINE_Q8G_TILE(dot_q8g_tile_vnni, QG_VNNI, block_lanes_vnni)
+DEFINE_Q8G_TAIL(dot_q8g_pair_vnni_tail, QG_VNNI, block_lanes_vnni)
+DEFINE_Q8G_PAIR(dot_q8g_pair_vnni, QG_VNNI, block_lanes_vnni)
 
 QG_VNNI static void dots_q8g_vnni(int fmt, const uint8_t *q, const float *d, const float *m, int64_t nb,
                                   const QAct *A, int64_t r0, int64_t R, float *res) {
@@ -453,6 +621,19 @@ static int have_vnni(void) {
                  __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
     }
     return cached;
+}
+
+/* a lone row of x against weight rows n and n + 1 (formats 4 and 8; the driver pairs format 4) */
+QG_AVX2 static void dots_q8_pair_avx2(int fmt, const uint8_t *q, int64_t q_row, const float *d, const float *m,
+                                      int64_t s_row, int64_t nb, const QAct *A, int64_t r, float *res,
+                                      int64_t res_stride) {
+    if (use_vnni && have_vnni()) {
+        if (fmt == 4) dot_q8g_pair_vnni(4, q, q_row, d, m, s_row, nb, A, r, res, res_stride);
+        else dot_q8g_pair_vnni(8, q, q_row, d, m, s_row, nb, A, r, res, res_stride);
+        return;
+    }
+    if (fmt == 4) dot_q8g_pair_avx2(4, q, q_row, d, m, s_row, nb, A, r, res, res_stride);
+    else dot_q8g_pair_avx2(8, q, q_row, d, m, s_row, nb, A, r, res, res_stride);
 }
 
 QG_AVX2 static void dots_q8_avx2(int fmt, const uint8_t *q, const float *d, const float *m, int64_t nb, const QAct *A,
@@ -680,6 +861,14 @@ static void gemm_chunk_q8(const GemmJob *J, int64_t n0, int64_t n1, float *res) 
             const uint8_t *q = W->q + n * nb * bb;
             const float *d = W->d + n * ns, *m = W->m + n * ns;
 #ifdef QG_X86
+            if (simd && use_pairs && g1 - g0 == 1 && n + 1 < n1 && W->fmt == 4) { /* (format 8's lm_head
+                                                                              measured 1.5x slower in pairs) */
+                dots_q8_pair_avx2(W->fmt, q, nb * bb, d, m, ns, nb, A, g0, res, 1);
+                for (int c = 0; c < 2; c++, n++)
+                    J->out[g0 * J->os + n] = J->base != NULL ? J->base[g0 * J->os + n] + res[c] : res[c];
+                n--;
+                continue;
+            }
             if (simd) {
                 for (int64_t r = g0; r < g1; r += Q8_TILE)
                     dots_q8_avx2(W->fmt, q, d, m, nb, A, r, g1 - r < Q8_TILE ? g1 - r : Q8_TILE, res + (r - g0));
@@ -714,6 +903,12 @@ static void gemm_chunk(void *arg, int64_t c) {
         const uint8_t *q = W->q + n * nb * bb;
         const float *d = W->d + n * ns, *m = W->m + n * ns;
 #ifdef QG_X86
+        if (simd && use_pairs && R == 1 && W->fmt == 4 && n + 1 < n1) { /* a decode row, two weight rows */
+            dot_pair_q4_avx2(q, nb * bb, d, m, ns, nb, J->x, res);
+            for (int c = 0; c < 2; c++, n++) J->out[n] = J->base != NULL ? J->base[n] + res[c] : res[c];
+            n--;
+            continue;
+        }
         if (simd) {
             /* re-unpacking the row per tile of 4 beats one unpack into a buffer shared by all
              * rows (measured: 8 rows 21.6 vs 23.2 ms a token) */
@@ -748,8 +943,15 @@ static int gemm(const QWeight *W, const float *x, int64_t xs, int64_t R, float *
         A.q = (int8_t *)(A.s16 + R * 2 * nb);
         A.K = W->K;
         A.nb = nb;
-        for (int64_t r = 0; r < R; r++)
+        for (int64_t r = 0; r < R; r++) {
+#ifdef QG_X86
+            if (simd_on()) {
+                quantize_row_avx2(x + r * xs, nb, A.q + r * W->K, A.d + r * nb, A.s32 + r * nb, A.s16 + r * 2 * nb);
+                continue;
+            }
+#endif
             quantize_row(x + r * xs, nb, A.q + r * W->K, A.d + r * nb, A.s32 + r * nb, A.s16 + r * 2 * nb);
+        }
         J.A = &A;
     }
     if (W->N * W->K * (R > 0 ? R : 1) < 65536) threads = 1;
@@ -984,11 +1186,13 @@ typedef struct {
     const float *q, *kc, *vc;
     float *out;
     int64_t q_row, cap, rows, heads, kv_heads, hd, past;
+    int64_t split; /* chunks per KV head (each 1 / split of its query heads) */
 } AttentionJob;
 
-static void attention_chunk(void *arg, int64_t g) { /* one KV head: all its queries */
+static void attention_chunk(void *arg, int64_t c) { /* KV head g: its query heads h0..h1-1, all rows */
     const AttentionJob *J = (const AttentionJob *)arg;
-    const int64_t group = J->heads / J->kv_heads, n = group * J->rows, stride = J->past + J->rows;
+    const int64_t group = J->heads / J->kv_heads, per = group / J->split, stride = J->past + J->rows;
+    const int64_t g = c / J->split, h0 = g * group + (c % J->split) * per, h1 = h0 + per, n = per * J->rows;
     /* scores [n, stride], inverse sums [n], then (8-byte aligned) query and output pointers and
      * key counts [n] each */
     const size_t pointer_floats = (2 * sizeof(void *) + sizeof(int64_t)) / sizeof(float);
@@ -1004,7 +1208,7 @@ static void attention_chunk(void *arg, int64_t g) { /* one KV head: all its quer
     int64_t *keys = (int64_t *)(os + n);
     const float *kg = J->kc + g * J->cap * J->hd, *vg = J->vc + g * J->cap * J->hd;
     for (int64_t t = 0, u = 0; t < J->rows; t++)
-        for (int64_t h = g * group; h < (g + 1) * group; h++, u++) {
+        for (int64_t h = h0; h < h1; h++, u++) {
             qs[u] = J->q + t * J->q_row + h * J->hd;
             os[u] = J->out + (t * J->heads + h) * J->hd;
             keys[u] = J->past + t + 1;
@@ -1017,12 +1221,16 @@ static void attention_chunk(void *arg, int64_t g) { /* one KV head: all its quer
         for (int64_t u = 0; u < n; u++) attend_scalar(qs[u], kg, vg, keys[u], J->hd, scores, os[u]);
 }
 
+/* chunks are KV heads (their queries share every K and V row while it is in cache), or single
+ * query heads when the KV heads do not split evenly over the threads (SmolLM2's 3 KV heads on 2
+ * threads: 9 chunks instead of 2 + 1); every query is computed the same way either way */
 static int attention(const float *q, int64_t q_row, const float *kc, const float *vc, int64_t cap, float *out,
                      int64_t rows, int64_t heads, int64_t kv_heads, int64_t hd, int64_t past, int threads) {
-    AttentionJob J = {q, kc, vc, out, q_row, cap, rows, heads, kv_heads, hd, past};
+    AttentionJob J = {q, kc, vc, out, q_row, cap, rows, heads, kv_heads, hd, past, 1};
     if (heads * rows * (past + rows) * hd < 262144) threads = 1;
+    if (threads > 1 && kv_heads % threads != 0) J.split = heads / kv_heads;
     atomic_store(&scratch_failed, 0);
-    run_chunks(attention_chunk, &J, kv_heads, threads);
+    run_chunks(attention_chunk, &J, kv_heads * J.split, threads);
     return atomic_load(&scratch_failed) ? -1 : 0;
 }
 
@@ -1064,11 +1272,39 @@ static void rope_rows(float *x, int64_t row_stride, int64_t rows, int64_t heads,
     }
 }
 
+/* silu(g) u = g sigmoid(g) u with e = exp(-|g|) (at most 1: the softmax exp above serves):
+ * (g >= 0 ? g : g e) / (1 + e) * u. The AVX2 lanes do the same operations as the scalar loop,
+ * so both agree bit for bit. */
+static inline float silu_mul_scalar(float g, float u) {
+    const float e = exp_scalar(-fabsf(g));
+    return (g >= 0.0f ? g : g * e) / (1.0f + e) * u;
+}
+
+#ifdef QG_X86
+QG_AVX2 static void silu_mul_avx2(const float *g, const float *u, float *o, int64_t f) {
+    const __m256 sign = _mm256_set1_ps(-0.0f), one = _mm256_set1_ps(1.0f), zero = _mm256_setzero_ps();
+    int64_t j = 0;
+    for (; j + 8 <= f; j += 8) {
+        const __m256 gv = _mm256_loadu_ps(g + j);
+        const __m256 e = exp_avx2(_mm256_or_ps(gv, sign)); /* exp(-|g|) */
+        const __m256 num = _mm256_blendv_ps(_mm256_mul_ps(gv, e), gv, _mm256_cmp_ps(gv, zero, _CMP_GE_OQ));
+        _mm256_storeu_ps(o + j, _mm256_mul_ps(_mm256_div_ps(num, _mm256_add_ps(one, e)), _mm256_loadu_ps(u + j)));
+    }
+    for (; j < f; j++) o[j] = silu_mul_scalar(g[j], u[j]);
+}
+#endif
+
 static void silu_mul_rows(const float *gu, float *out, int64_t rows, int64_t f) {
     for (int64_t r = 0; r < rows; r++) {
         const float *g = gu + r * 2 * f, *u = g + f;
         float *o = out + r * f;
-        for (int64_t j = 0; j < f; j++) o[j] = g[j] / (1.0f + expf(-g[j])) * u[j];
+#ifdef QG_X86
+        if (simd_on()) {
+            silu_mul_avx2(g, u, o, f);
+            continue;
+        }
+#endif
+        for (int64_t j = 0; j < f; j++) o[j] = silu_mul_scalar(g[j], u[j]);
     }
 }
 
@@ -1087,6 +1323,174 @@ static int check_weight(QWeight *W, int fmt, unsigned long long q, unsigned long
     W->N = N;
     W->K = K;
     return 1;
+}
+
+/* ---- a stack of llama blocks in one call -------------------------------------------------
+ * 4. layers_forward runs whole transformer blocks on rows of the residual stream x [rows, H]
+ *    (in place), each block exactly as the per-op path runs it (target.py's _kernel_block):
+ *      h = rms_norm(x, attn_norm); qkv = h @ Wqkv^T (+ bqkv); rope(Q and K heads of qkv);
+ *      K, V rows -> the cache at past..; a = attention(qkv, cache); x = (x (+ bo)) + a @ Wo^T;
+ *      h = rms_norm(x, ffn_norm); gu = h @ Wgu^T; s = silu(g) * u; x = x + s @ Wdown^T
+ *    with the same static kernels, arguments and thread counts, so every value is bit for bit
+ *    the per-op path's (and, like it, independent of the row count). The weights are described
+ *    once (layers_new -> a capsule of raw addresses; the caller keeps the tensors alive), so a
+ *    decode step crosses from Python into C once for all its blocks instead of ~12 times each. */
+
+typedef struct {
+    const float *attn_norm, *bqkv, *bo, *ffn_norm; /* bqkv, bo: NULL when the file has none */
+    QWeight wqkv, wo, gate_up, down;
+} StackLayer;
+
+typedef struct {
+    int64_t H, heads, kv_heads, hd, rope_dim, ffn, n_layers;
+    float eps;
+    StackLayer *layers;
+} LayerStack;
+
+#define ATTN_ROW_SLICE 64 /* query rows per attention call (attention.py's ROW_SLICE) */
+
+/* the block's scratch: h [rows, H], qkv [rows, (nh + 2 nkv) hd], attn [rows, nh hd],
+ * gate_up [rows, 2 F], act [rows, F] */
+static int stack_forward(const LayerStack *S, int64_t l0, int64_t l1, float *x, int64_t rows, int64_t past, float *kc,
+                         float *vc, int64_t cap, const float *rope_table, int threads, int int8) {
+    const int64_t H = S->H, hd = S->hd, nh = S->heads, nkv = S->kv_heads, F = S->ffn;
+    const int64_t q_size = nh * hd, qk_size = (nh + nkv) * hd, qkv_n = (nh + 2 * nkv) * hd;
+    float *buf = (float *)malloc(sizeof(float) * (size_t)(rows * (H + qkv_n + q_size + 3 * F)));
+    if (buf == NULL) return -1;
+    float *h = buf, *qkv = h + rows * H, *attn = qkv + rows * qkv_n, *gu = attn + rows * q_size, *act = gu + rows * 2 * F;
+    int rc = 0;
+    for (int64_t i = l0; i < l1 && rc == 0; i++) {
+        const StackLayer *L = &S->layers[i];
+        float *kl = kc + i * nkv * cap * hd, *vl = vc + i * nkv * cap * hd; /* [nkv, cap, hd] */
+        rms_norm_rows(x, L->attn_norm, h, rows, H, S->eps);
+        if ((rc = gemm(&L->wqkv, h, H, rows, qkv, qkv_n, NULL, threads, int8)) != 0) break;
+        if (L->bqkv != NULL)
+            for (int64_t r = 0; r < rows; r++)
+                for (int64_t n = 0; n < qkv_n; n++) qkv[r * qkv_n + n] += L->bqkv[n];
+        rope_rows(qkv, qkv_n, rows, nh + nkv, hd, S->rope_dim, rope_table, past);
+        for (int64_t r = 0; r < rows; r++)
+            for (int64_t g = 0; g < nkv; g++) {
+                memcpy(kl + (g * cap + past + r) * hd, qkv + r * qkv_n + q_size + g * hd, sizeof(float) * (size_t)hd);
+                memcpy(vl + (g * cap + past + r) * hd, qkv + r * qkv_n + qk_size + g * hd, sizeof(float) * (size_t)hd);
+            }
+        for (int64_t s = 0; s < rows && rc == 0; s += ATTN_ROW_SLICE) {
+            const int64_t e = s + ATTN_ROW_SLICE < rows ? s + ATTN_ROW_SLICE : rows;
+            rc = attention(qkv + s * qkv_n, qkv_n, kl, vl, cap, attn + s * q_size, e - s, nh, nkv, hd, past + s, threads);
+        }
+        if (rc != 0) break;
+        if (L->bo != NULL) /* base = x + bo, then x = base + a @ Wo^T (the per-op path's order) */
+            for (int64_t r = 0; r < rows; r++)
+                for (int64_t n = 0; n < H; n++) x[r * H + n] += L->bo[n];
+        if ((rc = gemm(&L->wo, attn, q_size, rows, x, H, x, threads, int8)) != 0) break;
+        rms_norm_rows(x, L->ffn_norm, h, rows, H, S->eps);
+        if ((rc = gemm(&L->gate_up, h, H, rows, gu, 2 * F, NULL, threads, int8)) != 0) break;
+        silu_mul_rows(gu, act, rows, F);
+        rc = gemm(&L->down, act, F, rows, x, H, x, threads, int8);
+    }
+    free(buf);
+    return rc;
+}
+
+static void stack_free(PyObject *capsule) {
+    LayerStack *S = (LayerStack *)PyCapsule_GetPointer(capsule, "tsspec.LayerStack");
+    if (S != NULL) {
+        free(S->layers);
+        free(S);
+    }
+}
+
+static int parse_matrix(PyObject *t, QWeight *W, long long N, long long K, const char *name) {
+    int fmt;
+    unsigned long long q, d, m;
+    long long n, k;
+    if (!PyArg_ParseTuple(t, "iKKKLL", &fmt, &q, &d, &m, &n, &k)) return 0;
+    if (!check_weight(W, fmt, q, d, m, n, k)) return 0;
+    if (n != N || k != K) {
+        PyErr_Format(PyExc_ValueError, "%s is [%lld, %lld], the block needs [%lld, %lld]", name, n, k, N, K);
+        return 0;
+    }
+    return 1;
+}
+
+/* layers_new((H, heads, kv_heads, hd, rope_dim, ffn, eps), layers): each layer a tuple
+ * (attn_norm, bqkv, bo, ffn_norm, wqkv, wo, gate_up, down): addresses (0: no bias) and four
+ * matrices (fmt, q, d, m, N, K); returns a capsule the caller keeps with the tensors */
+static PyObject *py_layers_new(PyObject *self, PyObject *args) {
+    long long H, heads, kv_heads, hd, rope_dim, ffn;
+    float eps;
+    PyObject *list;
+    if (!PyArg_ParseTuple(args, "(LLLLLLf)O", &H, &heads, &kv_heads, &hd, &rope_dim, &ffn, &eps, &list)) return NULL;
+    if (H < 1 || heads < 1 || kv_heads < 1 || heads % kv_heads || hd < 1 || rope_dim < 0 || rope_dim > hd ||
+        rope_dim % 2 || ffn < 1 || !PySequence_Check(list)) {
+        PyErr_SetString(PyExc_ValueError, "bad layer stack dimensions");
+        return NULL;
+    }
+    Py_ssize_t n = PySequence_Size(list);
+    if (n < 0) return NULL;
+    LayerStack *S = (LayerStack *)calloc(1, sizeof(LayerStack));
+    StackLayer *layers = (StackLayer *)calloc(n > 0 ? (size_t)n : 1, sizeof(StackLayer));
+    if (S == NULL || layers == NULL) {
+        free(S);
+        free(layers);
+        return PyErr_NoMemory();
+    }
+    *S = (LayerStack){H, heads, kv_heads, hd, rope_dim, ffn, n, eps, layers};
+    const long long qkv_n = (heads + 2 * kv_heads) * hd;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *item = PySequence_GetItem(list, i);
+        unsigned long long an, bq, bo, fn;
+        PyObject *mw[4];
+        int ok = item != NULL && PyArg_ParseTuple(item, "KKKKOOOO", &an, &bq, &bo, &fn, &mw[0], &mw[1], &mw[2], &mw[3]);
+        StackLayer *L = &layers[i];
+        ok = ok && parse_matrix(mw[0], &L->wqkv, qkv_n, H, "wqkv") && parse_matrix(mw[1], &L->wo, H, heads * hd, "wo") &&
+             parse_matrix(mw[2], &L->gate_up, 2 * ffn, H, "w_gate_up") && parse_matrix(mw[3], &L->down, H, ffn, "w_down");
+        Py_XDECREF(item);
+        if (ok && (!an || !fn)) {
+            PyErr_SetString(PyExc_ValueError, "a layer needs both norm weights");
+            ok = 0;
+        }
+        if (!ok) {
+            free(layers);
+            free(S);
+            return NULL;
+        }
+        L->attn_norm = (const float *)(uintptr_t)an;
+        L->ffn_norm = (const float *)(uintptr_t)fn;
+        L->bqkv = (const float *)(uintptr_t)bq;
+        L->bo = (const float *)(uintptr_t)bo;
+    }
+    PyObject *capsule = PyCapsule_New(S, "tsspec.LayerStack", stack_free);
+    if (capsule == NULL) {
+        free(layers);
+        free(S);
+    }
+    return capsule;
+}
+
+/* layers_forward(stack, l0, l1, x, rows, past, k, v, cap, rope_table, threads, int8): blocks
+ * l0..l1-1 on x [rows, H] in place; k, v [layers, kv_heads, cap, hd]; rope_table [positions,
+ * rope_dim / 2, 2] covering past + rows */
+static PyObject *py_layers_forward(PyObject *self, PyObject *args) {
+    PyObject *capsule;
+    long long l0, l1, rows, past, cap;
+    unsigned long long x, k, v, table;
+    int threads, int8, rc;
+    if (!PyArg_ParseTuple(args, "OLLKLLKKLKip", &capsule, &l0, &l1, &x, &rows, &past, &k, &v, &cap, &table, &threads,
+                          &int8))
+        return NULL;
+    const LayerStack *S = (const LayerStack *)PyCapsule_GetPointer(capsule, "tsspec.LayerStack");
+    if (S == NULL) return NULL;
+    if (l0 < 0 || l1 < l0 || l1 > S->n_layers || !x || !k || !v || !table || rows < 1 || past < 0 ||
+        past + rows > cap) {
+        PyErr_SetString(PyExc_ValueError, "bad layers_forward operands");
+        return NULL;
+    }
+    Py_BEGIN_ALLOW_THREADS
+    rc = stack_forward(S, l0, l1, (float *)(uintptr_t)x, rows, past, (float *)(uintptr_t)k, (float *)(uintptr_t)v, cap,
+                       (const float *)(uintptr_t)table, threads, int8);
+    Py_END_ALLOW_THREADS
+    if (rc != 0) return PyErr_NoMemory();
+    Py_RETURN_NONE;
 }
 
 /* gemm(fmt, q, d, m, N, K, x, R, out, base, threads[, int8]): out[R, N] = (base[R, N] +) x[R, K] @ W^T;
@@ -1207,6 +1611,13 @@ static PyObject *py_set_vnni(PyObject *self, PyObject *args) {
     Py_RETURN_NONE;
 }
 
+static PyObject *py_set_pairs(PyObject *self, PyObject *args) {
+    int on;
+    if (!PyArg_ParseTuple(args, "p", &on)) return NULL;
+    use_pairs = on;
+    Py_RETURN_NONE;
+}
+
 static PyObject *py_info(PyObject *self, PyObject *noargs) {
     const char *int8 = "scalar";
 #ifdef QG_X86
@@ -1225,6 +1636,9 @@ static PyMethodDef methods[] = {
     {"silu_mul", py_silu_mul, METH_VARARGS, "silu(gate) * up of rows"},
     {"set_simd", py_set_simd, METH_VARARGS, "False forces the scalar path (tests)"},
     {"set_vnni", py_set_vnni, METH_VARARGS, "False keeps the int8 path on AVX2 where VNNI exists (tests)"},
+    {"layers_new", py_layers_new, METH_VARARGS, "describe a stack of llama blocks once (a capsule)"},
+    {"layers_forward", py_layers_forward, METH_VARARGS, "run blocks of a layer stack on residual rows, in place"},
+    {"set_pairs", py_set_pairs, METH_VARARGS, "False: a decode row meets one 4-bit weight row at a time (A/B runs, tests)"},
     {"info", py_info, METH_NOARGS, "which paths this build has"},
     {NULL, NULL, 0, NULL},
 };

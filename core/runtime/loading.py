@@ -51,6 +51,15 @@ def file_architecture(path: object) -> str:
     return read_architecture(p)
 
 
+def file_less_entry(path: object, catalog):
+    """The loader entry when ``path`` names a file-less model (``NAME`` or ``NAME:ARGS`` of an
+    architecture registered with ``file_less=True``, and no such file exists), else None."""
+    entry = catalog.models.get(str(path).partition(":")[0])
+    if entry is None or not entry.file_less or Path(str(path)).exists():
+        return None
+    return entry
+
+
 def load_model(
     path: object,
     *,
@@ -68,8 +77,8 @@ def load_model(
 
         catalog = default_catalog()
     load_options = attrs.evolve(load_options, kernels=catalog.kernel_table(_device_type(device)))
-    entry = catalog.models.get(str(path).partition(":")[0])
-    if entry is None or not entry.file_less or Path(str(path)).exists():
+    entry = file_less_entry(path, catalog)
+    if entry is None:
         arch = file_architecture(path)
         entry = catalog.models.get(arch)
         if entry is None:

@@ -45,3 +45,16 @@ def test_embedded_target_measures_its_own_block_path(embedded_target):
     assert [r for r, _ in profile] == list(row_cost.ROWS) and all(ms > 0 for _, ms in profile)
     assert target.cache_seq_len == before  # the calibration rows were dropped again
     assert target.spec_verify_row_ms is profile  # measured once
+
+
+def test_profile_is_measured_again_for_another_kernel_build(tmp_path, monkeypatch):
+    """A rebuilt kernel costs differently: its profile is not read from an older build's."""
+    monkeypatch.setenv("TSSPEC_CACHE_DIR", str(tmp_path / "cache"))
+    model = tmp_path / "m.gguf"
+    model.write_bytes(b"x")
+    calls = []
+    row_cost.cached(str(model), "tag", lambda n: calls.append(n))
+    calls.clear()
+    monkeypatch.setattr(row_cost, "kernel_build", lambda: "a rebuilt kernel")
+    row_cost.cached(str(model), "tag", lambda n: calls.append(n))
+    assert calls

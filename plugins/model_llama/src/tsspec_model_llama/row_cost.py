@@ -54,6 +54,21 @@ def machine_key() -> str:
                      str(torch.get_num_threads()), platform.node()])
 
 
+def kernel_build() -> str:
+    """Which build of the compiled kernels measured (a rebuilt kernel costs differently)."""
+    from tsspec.modeling import native
+
+    module = native.kernels()
+    where = getattr(module, "__file__", None) if module is not None else None
+    if where is None:
+        return "no-kernels"
+    try:
+        st = os.stat(where)
+    except OSError:
+        return "unknown-kernels"
+    return f"{os.path.realpath(where)}|{st.st_size}|{st.st_mtime_ns}"
+
+
 def _entry(path: str, tag: str) -> Path | None:
     root = cache_dir()
     if root is None:
@@ -62,7 +77,7 @@ def _entry(path: str, tag: str) -> Path | None:
         st = os.stat(path)
     except OSError:
         return None
-    ident = f"{FORMAT}|{os.path.realpath(path)}|{st.st_size}|{st.st_mtime_ns}|{tag}|{machine_key()}"
+    ident = f"{FORMAT}|{os.path.realpath(path)}|{st.st_size}|{st.st_mtime_ns}|{tag}|{machine_key()}|{kernel_build()}"
     return root / "row-cost" / (hashlib.sha256(ident.encode()).hexdigest()[:32] + ".json")
 
 

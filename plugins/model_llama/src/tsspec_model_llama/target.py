@@ -7,7 +7,11 @@ embedding when the file has no ``output.weight``).
 Two paths run a block. On the CPU in float32 (the default) ``_kernel_block`` runs it on the
 compiled kernels (``tsspec.modeling``: block matmuls on the file's quantised weights, causal
 attention, RMSNorm, RoPE, SiLU product), each computing a row the same way whatever the row
-count, so a k-row verify reproduces the 1-row decode's logits bit for bit. Elsewhere (CUDA,
+count, so a k-row verify reproduces the 1-row decode's logits bit for bit. Calls of up to
+``GEMM_ROWS`` rows (decode, verify) run all blocks in one native call (``layers_forward`` on
+a layer stack described once at load; bit for bit ``_kernel_block``, which stays for long
+prefills, dense matrices and ``fused_blocks = False``; the paged serving path keeps the per-op
+calls). Elsewhere (CUDA,
 bf16/f16, the float64 reference mode, a build without the kernels) ``_block`` uses torch ops.
 
 Torch attention is GQA without copying the cache per step: the KV cache is [n_kv, capacity, hd]
@@ -41,7 +45,7 @@ import torch.nn.functional as F
 from tsspec.errors import GenerationError
 from tsspec.modeling import native
 from tsspec.modeling.attention import causal_attention
-from tsspec.modeling.qlinear import BlockMatrix
+from tsspec.modeling.qlinear import GEMM_ROWS, BlockMatrix
 from tsspec.protocols import ModelConfig, resolve_feature_taps
 
 from .hparams import LlamaHParams
@@ -100,6 +104,9 @@ class LlamaTarget:
     # and two OpenMP threads that wait on each other at every such barrier are 10-1000x slower
     # than one thread whenever another process holds a core (measured on shared 2-core boxes).
     small_ops_single_thread = True
+    # On the kernel path, calls of up to GEMM_ROWS rows run every block in one native call
+    # (``layers_forward``: bit for bit the per-op ``_kernel_block``); False keeps the per-op path.
+    fused_blocks = True
 
     def __init__(
         self,
@@ -166,6 +173,7 @@ class LlamaTarget:
             dtype=self._residual_dtype,
         )
         self._eps = hp.rms_eps
+        self._stack = self._layer_stack()
         self._norm_shape = (hp.hidden_size,)
         self._qk_heads = hp.n_heads + hp.n_kv_heads
         self._qk_size = self._qk_heads * hp.head_dim
@@ -177,6 +185,52 @@ class LlamaTarget:
         self._taps: tuple[int, ...] | None = None
         self._row_ms = None  # the forward's cost by rows, measured on first use
         self._gemm_threads = self._small_threads = self._active_threads = torch.get_num_threads()
+
+    def _layer_stack(self):
+        """The blocks described once to the compiled kernels (a capsule of the weights'
+        addresses: ``self._layers`` keeps the tensors alive), or None when a matrix is dense or
+        the kernels are off."""
+        k, hp = self._kernels, self.hparams
+        if k is None or not self.block_weights or not hasattr(k, "layers_new"):
+            return None
+        matrices = [(layer.wqkv, layer.wo, layer.w_gate_up, layer.w_down) for layer in self._layers]
+        if not all(isinstance(w, BlockMatrix) for ws in matrices for w in ws):
+            return None
+
+        def describe(w: BlockMatrix):
+            return (w.fmt, w.q.data_ptr(), w.d.data_ptr(), w.m.data_ptr(), w.shape[0], w.shape[1])
+
+        def address(t):
+            return 0 if t is None else t.contiguous().data_ptr()
+
+        for layer in self._layers:  # the capsule holds addresses: keep contiguous float32 copies
+            for name in ("attn_norm", "ffn_norm", "bqkv", "bo"):
+                t = getattr(layer, name)
+                if t is not None:
+                    setattr(layer, name, t.to(torch.float32).contiguous())
+        dims = (hp.hidden_size, hp.n_heads, hp.n_kv_heads, hp.head_dim, hp.rope_dim, hp.ffn_size, self._eps)
+        layers = [
+            (address(layer.attn_norm), address(layer.bqkv), address(layer.bo), address(layer.ffn_norm), *map(describe, ws))
+            for layer, ws in zip(self._layers, matrices)
+        ]
+        return k.layers_new(dims, layers)
+
+    def _fused_blocks(self, x: torch.Tensor, past: int, taps, tapped: dict) -> torch.Tensor:
+        """Every block on the compiled kernels in one call per stretch between feature taps
+        (x [rows, H] float32 is updated in place; a tapped residual is kept as a copy)."""
+        stops = sorted({t for t in taps or () if 0 < t < self.hparams.n_layers} | {self.hparams.n_layers})
+        start = 0
+        if taps is not None and 0 in taps:
+            tapped[0] = x.clone()
+        for stop in stops:
+            self._kernels.layers_forward(
+                self._stack, start, stop, x.data_ptr(), x.shape[0], past, self._k.data_ptr(), self._v.data_ptr(),
+                self._capacity, self._rope_table, self._gemm_threads, self.precision == "int8",
+            )
+            if stop < self.hparams.n_layers:
+                tapped[stop] = x.clone()
+            start = stop
+        return x
 
     @property
     def spec_verify_row_ms(self):
@@ -190,7 +244,8 @@ class LlamaTarget:
 
             if self._seq_len + max(ROWS) > self.max_context_length:
                 return None  # no room after the cached tokens to measure in
-            self._row_ms = cached(self.path, f"block|{self.dtype}|{self.precision}", self._calibration_forward)
+            path_kind = "fused" if self._stack is not None and self.fused_blocks else "per-op"
+            self._row_ms = cached(self.path, f"block|{self.dtype}|{self.precision}|{path_kind}", self._calibration_forward)
         return self._row_ms
 
     def _calibration_forward(self, rows: int) -> None:
@@ -398,10 +453,13 @@ class LlamaTarget:
                 self._rope.ensure(past + rows)
                 self._rope_table = torch.view_as_real(self._rope._rot).data_ptr()  # [pos, half, 2]
             bias = None if kernel_path else self._causal_bias(past, rows)
-            for i in range(self.hparams.n_layers):
-                if taps is not None and i in taps:
-                    tapped[i] = x
-                x = self._kernel_block(i, x, past) if kernel_path else self._block(i, x, past, bias)
+            if kernel_path and self.fused_blocks and self._stack is not None and rows <= GEMM_ROWS:
+                x = self._fused_blocks(x.contiguous(), past, taps, tapped)
+            else:
+                for i in range(self.hparams.n_layers):
+                    if taps is not None and i in taps:
+                        tapped[i] = x
+                    x = self._kernel_block(i, x, past) if kernel_path else self._block(i, x, past, bias)
         finally:
             self._threads(self._gemm_threads)
         tapped[self.hparams.n_layers] = x

@@ -6,6 +6,8 @@ Registered through the ``tsspec`` entry point ``block``:
   draft head, gated on the cumulative prefix probability;
 * drafter architectures ``dflash`` and ``dflash-draft``: ``attach_dflash(target, path, options)``
   binds a DFlash / DFlash2 GGUF to a target (``--draft-model PATH``);
+* trainer ``tsspec train-drafter --kind dflash`` (``trainer.train_dflash``): a DFlash drafter
+  trained by self-distillation on the shared training core, written in the ``dflash`` layout;
 * converter for z-lab DFlash checkpoints (``DFlashDraftModel`` / ``DFlash2DraftModel``) to GGUF
   ``dflash``: ``tsspec convert SRC OUT``, or the alias command (which reads transformers'
   ``muse_glimmer_assistant`` layout too) ``tsspec convert-dflash SRC OUT`` (which also takes the target's
@@ -23,6 +25,7 @@ __all__ = [
     "tsspec_register_drafters",
     "tsspec_register_converters",
     "tsspec_register_commands",
+    "tsspec_register_trainers",
     "attach_file",
     "make_speculator",
 ]
@@ -83,3 +86,13 @@ def tsspec_register_commands(app):
     from .cli import register
 
     register(app)
+
+
+@hookimpl
+def tsspec_register_trainers(register):
+    def train(request, target, log=print, progress=None):
+        from .trainer import train_dflash
+
+        return train_dflash(request, target, log, progress)
+
+    register("dflash", train, description="DFlash block drafter, block-diffusion objective (file architecture 'dflash')")

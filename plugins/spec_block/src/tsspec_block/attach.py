@@ -73,6 +73,11 @@ def check_fit(cfg: DFlashConfig, target: Any, path: str) -> None:
         raise ModelLoadError(
             path, f"drafter vocabulary ({cfg.vocab_size} tokens) does not match the target's ({vocab})"
         )
+    if cfg.draft_vocab is not None and max(cfg.draft_vocab) >= vocab:
+        raise ModelLoadError(
+            path, f"dflash.draft_vocab names token {max(cfg.draft_vocab)}, outside the target's vocabulary of "
+            f"{vocab} tokens"
+        )
     if cfg.mask_token_id >= vocab:
         raise ModelLoadError(
             path, f"mask token id {cfg.mask_token_id} is outside the target's vocabulary of {vocab} tokens"

@@ -56,6 +56,7 @@ KEY = {
     "final_logit_softcapping": "final_logit_softcapping",
     "vocab_size": "vocab_size",
     "mask_token_id": "mask_token_id",  # the older spelling; newer files use MASK_TOKEN_KEY
+    "draft_vocab": "draft_vocab",  # optional: target ids of the file's own LM-head rows (FR-Spec)
 }
 MASK_TOKEN_KEY = "tokenizer.ggml.mask_token_id"
 LEGACY_MASK_TOKEN_KEY = "dflash.mask_token_id"
@@ -104,6 +105,14 @@ class DFlashConfig:
     logit_softcap: float | None = None
     vocab_size: int | None = None  # when the file states one
     architecture: str = MAIN_ARCH
+    # a draft vocabulary (trained drafters): the target ids of the rows of the file's own
+    # ``output.weight`` [K, H]; the drafter then scores only those K tokens, never the target's
+    # full LM head. None: the target's LM head, as in converted checkpoints.
+    draft_vocab: tuple[int, ...] | None = None
+
+    @property
+    def draft_vocab_size(self) -> int | None:
+        return len(self.draft_vocab) if self.draft_vocab else None
 
     @property
     def feature_size(self) -> int:
@@ -229,9 +238,14 @@ def config_from_gguf(gguf_file: Any) -> DFlashConfig:
         logit_softcap=float(get("final_logit_softcapping", float, 0.0)) or None,
         vocab_size=get("vocab_size", int, None),
         architecture=arch,
+        draft_vocab=_draft_vocab(get("draft_vocab", list, None)),
     )
     check_config(cfg, fail)
     return cfg
+
+
+def _draft_vocab(value: Any) -> tuple[int, ...] | None:
+    return tuple(int(v) for v in value) if value else None
 
 
 def check_config(cfg: DFlashConfig, fail: Callable[[str], Exception]) -> None:
@@ -269,6 +283,12 @@ def check_config(cfg: DFlashConfig, fail: Callable[[str], Exception]) -> None:
         )
     if bool(cfg.selector_rank) != bool(cfg.selector_top_k):
         raise fail("dflash.selector_rank and dflash.selector_top_k must be given together")
+    if cfg.draft_vocab is not None:
+        if cfg.has_selector:
+            raise fail("dflash.draft_vocab and the DFlash2 selector cannot be combined (the selector scores the "
+                       "whole vocabulary)")
+        if min(cfg.draft_vocab) < 0 or len(set(cfg.draft_vocab)) != len(cfg.draft_vocab):
+            raise fail("dflash.draft_vocab must list distinct non-negative token ids")
     if cfg.logit_softcap is not None and cfg.logit_softcap < 0:
         raise fail(f"dflash.final_logit_softcapping must be positive, got {cfg.logit_softcap}")
 

@@ -13,6 +13,11 @@ Three passes (the specification's "DFlash and DFlash2")::
 DFlash2 adds a grouped dynamic conv around each sublayer (``ops.grouped_dynamic_conv``) and the
 candidate selector (``selector``); both are keyed off the file and are no-ops when absent.
 
+A file with a draft vocabulary (``dflash.draft_vocab``, written by ``tsspec train-drafter --kind
+dflash``) carries its own LM-head rows for those K tokens: pass C then scores K tokens instead of
+the target's whole vocabulary, and tokens outside it are never proposed (verification is
+unchanged). Full-vocabulary views (``draft_step``, ``block_logits``) hold -inf outside it.
+
 Device: the drafter runs where its target runs (``target.device``, CPU by default). Registered
 kernels for that device (``kernels``: {op: callable}) replace, where present and the drafter
 computes in float32: pass B (``dflash_inject``, one launch for every layer), pass C's attention
@@ -89,6 +94,9 @@ class DFlashDraftHead:
         self._last_row: tuple[int, torch.Tensor] | None = None  # (position, feature row) injected last
         self._target_dtype: torch.dtype | None = None  # dtype of the target's embedding rows
         self.ops = dict(kernels or {}) if dtype == torch.float32 else {}  # the fused ops need float32
+        self._draft_ids = (  # [K] target ids of the draft-vocabulary rows, or None
+            torch.tensor(config.draft_vocab, dtype=torch.long, device=self.device) if config.draft_vocab else None
+        )
         self.kernels_used: set[str] = set()
 
     # -- DraftHead protocol ----------------------------------------------------------------
@@ -139,7 +147,7 @@ class DFlashDraftHead:
             self._inject(position - 1, h_prev.reshape(1, -1))
         hidden = self.block_hidden(last_token, position)  # [B, H]
         rows = hidden[1 : 1 + count]  # [n, H]: row i predicts the token at position + i
-        logits = self._lm_head(rows)  # [n, vocab]
+        logits = self._scores(rows)  # [n, vocab] or [n, K] over the draft vocabulary
         transformed = logit_transform(logits, self.config.logit_scale, self.config.logit_softcap)
         if self.use_selector:
             transformed = transformed.to(self.device)  # a target may hand logits back on the host
@@ -152,6 +160,8 @@ class DFlashDraftHead:
             return walk_lattice(*(t.cpu() for t in compact))  # the compact readback
         top, tokens = transformed.max(dim=-1)  # [n] each
         conf = torch.exp(top - torch.logsumexp(transformed, dim=-1))  # softmax at the argmax
+        if self._draft_ids is not None:
+            tokens = self._draft_ids[tokens]  # draft rows -> target ids
         return [int(t) for t in tokens], [float(c) for c in conf]
 
     def draft_step(self, token: int, h_prev: "torch.Tensor", pos: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -159,12 +169,13 @@ class DFlashDraftHead:
         if h_prev is not None and pos >= 1:
             self._inject(pos - 1, h_prev.reshape(1, -1))
         hidden = self.block_hidden(token, pos)
-        return self._lm_head(hidden[1:2])[0], hidden[1]
+        return self._vocab_logits(hidden[1:2])[0], hidden[1]
 
     # -- passes ----------------------------------------------------------------------------
     def block_logits(self, last_token: int, position: int) -> torch.Tensor:
-        """The target LM head's raw logits [B-1, vocab] for the drafted rows (oracle tests)."""
-        return self._lm_head(self.block_hidden(last_token, position)[1:])
+        """Raw logits [B-1, vocab] for the drafted rows (oracle tests): the target LM head's, or
+        the draft vocabulary's with -inf elsewhere."""
+        return self._vocab_logits(self.block_hidden(last_token, position)[1:])
 
     def _forget_from(self, position: int) -> None:
         for store in self._stores:
@@ -307,3 +318,18 @@ class DFlashDraftHead:
 
     def _lm_head(self, rows: torch.Tensor) -> torch.Tensor:
         return self.target.lm_head(rows.to(self._target_dtype or rows.dtype))
+
+    def _scores(self, rows: torch.Tensor) -> torch.Tensor:
+        """[n, K] over the draft vocabulary when the file has one, else the target's [n, vocab]."""
+        if self.weights.draft_head is None:
+            return self._lm_head(rows)
+        return F.linear(rows.to(self.dtype), self.weights.draft_head)
+
+    def _vocab_logits(self, rows: torch.Tensor) -> torch.Tensor:
+        """[n, vocab]: the scores scattered over the target vocabulary (-inf outside the draft one)."""
+        scores = self._scores(rows)
+        if self._draft_ids is None:
+            return scores
+        full = scores.new_full((scores.shape[0], int(self.target.config.vocab_size)), float("-inf"))
+        full[:, self._draft_ids] = scores
+        return full

@@ -10,6 +10,8 @@ GGUF tensor names (model-specs.md, DFlash section); shapes here are numpy order 
     DFlash2:  blk.N.{attn,ffn}_conv_base   [2, K, H]      static taps (side 0 input, side 1 output)
               blk.N.{attn,ffn}_conv_proj   [2*K*G, H]     dynamic taps from the sublayer input
               selector_hidden [r, H], selector_predecessor / selector_successor [vocab, r]
+    Draft vocabulary (trained drafters, ``dflash.draft_vocab`` set):
+              output.weight          [K, H]         the LM-head rows of the K draft-vocabulary ids
 
 The DFlash2 tensors are read with or without a ``.weight`` suffix (writers differ).
 """
@@ -65,6 +67,7 @@ class DFlashWeights:
     out_norm: torch.Tensor  # [H]
     layers: tuple[LayerWeights, ...]
     selector: SelectorWeights | None = None
+    draft_head: torch.Tensor | None = None  # [K, H] rows of cfg.draft_vocab (None: the target's head)
 
 
 # GGUF name of each LayerWeights field, under blk.N.
@@ -85,6 +88,7 @@ LAYER_BIASES = {"bq": "attn_q.bias", "bk": "attn_k.bias", "bv": "attn_v.bias", "
 CONV_TENSORS = {"attn_conv": "attn_conv", "ffn_conv": "ffn_conv"}  # + _base / _proj
 SELECTOR_TENSORS = {"hidden": "selector_hidden", "predecessor": "selector_predecessor", "successor": "selector_successor"}
 GLOBAL_TENSORS = {"fc": "fc.weight", "enc_norm": "enc.output_norm.weight", "out_norm": "output_norm.weight"}
+DRAFT_HEAD_TENSOR = "output.weight"
 
 
 def expected_shapes(cfg: DFlashConfig) -> dict[str, tuple[int, ...]]:
@@ -121,6 +125,8 @@ def expected_shapes(cfg: DFlashConfig) -> dict[str, tuple[int, ...]]:
         r = int(cfg.selector_rank)
         shapes["selector_hidden.weight"] = (r, H)
         # the vocabulary is the target's: checked against it at attach time
+    if cfg.draft_vocab is not None:
+        shapes[DRAFT_HEAD_TENSOR] = (len(cfg.draft_vocab), H)
     return shapes
 
 
@@ -185,6 +191,7 @@ def weights_from_gguf(gguf_file: Any, cfg: DFlashConfig, dtype: torch.dtype = to
         out_norm=loaded["output_norm.weight"],
         layers=tuple(layers),
         selector=selector,
+        draft_head=loaded.get(DRAFT_HEAD_TENSOR),
     )
 
 
@@ -214,5 +221,5 @@ def map_weights(weights: DFlashWeights, fn: Callable[[torch.Tensor], torch.Tenso
         )
     return DFlashWeights(
         fc=fn(weights.fc), enc_norm=fn(weights.enc_norm), out_norm=fn(weights.out_norm),
-        layers=tuple(layers), selector=sel,
+        layers=tuple(layers), selector=sel, draft_head=opt(weights.draft_head),
     )

@@ -1,0 +1,96 @@
+"""Paired A/B of the embedded model's forward by rows x context: the fused block path (one native
+call for every block) against the per-op path, or the installed kernels against another build.
+
+Each round alternates the two sides (and their order) on the same target and KV cache: after a
+prefill of ``context`` tokens, ``--steps`` forwards of ``rows`` rows (every row's logits, as a
+verify), each rewound to one new token. Prints median milliseconds per forward, the B/A ratio
+(of medians, and the median of the paired round ratios) and each side's cost relative to one row.
+
+    python plugins/model_llama/scripts/forward_ab.py [--dtype int8] [--contexts 100,500]
+        [--rows 1,2,4,9] [--reps 7] [--threads 2] [--baseline per-op | PATH/_cpu_kernels.so]
+
+``--baseline PATH`` loads another build of ``core/modeling/cpu_kernels.c`` (e.g. an older
+commit's, compiled with ``gcc -O3 -std=c11 -pthread -shared -fPIC -I<python include>``) as side
+A; a build without ``layers_new`` runs the per-op path.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import statistics
+import time
+
+import torch
+
+from tsspec.modeling import native
+from tsspec.modeling.embedded import embedded_model_path
+
+
+def load_build(path: str):
+    spec = importlib.util.spec_from_file_location("_cpu_kernels", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def main() -> int:
+    from tsspec_model_llama import load_llama
+
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--dtype", default="float32-blocks", help="float32-blocks or int8")
+    ap.add_argument("--contexts", default="100,500")
+    ap.add_argument("--rows", default="1,2,4,9")
+    ap.add_argument("--reps", type=int, default=7)
+    ap.add_argument("--steps", type=int, default=10)
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--baseline", default="per-op")
+    args = ap.parse_args()
+    torch.set_num_threads(args.threads)
+    rows_set = [int(r) for r in args.rows.split(",")]
+    target = load_llama(embedded_model_path(), {"dtype": args.dtype})
+    sides = {"B": (native.kernels(), target._stack, True)}
+    if args.baseline == "per-op":
+        sides["A"] = (native.kernels(), target._stack, False)
+    else:
+        build = load_build(args.baseline)
+        native._module, target._kernels = build, build
+        sides["A"] = (build, target._layer_stack(), True)
+
+    def use(side: str) -> None:
+        kernels, stack, fused = sides[side]
+        native._module = target._kernels = kernels
+        target._stack, target.fused_blocks = stack, fused
+
+    def forward_ms(rows: int) -> float:
+        start = time.perf_counter()
+        for _ in range(args.steps):
+            at = target.cache_seq_len
+            target.spec_forward([5] * rows, all_logits_rows=True, want_hidden=False)
+            target.spec_rewind_cache(at + 1)
+        return (time.perf_counter() - start) / args.steps * 1000
+
+    print(f"kernels: {native.info()}; arithmetic {target.precision}; threads {args.threads}; "
+          f"A = {args.baseline}, B = installed fused")
+    for context in [int(c) for c in args.contexts.split(",")]:
+        use("B")
+        target.reset()
+        target.spec_forward([100 + (i * 7) % 5000 for i in range(context)], all_logits_rows=False, want_hidden=False)
+        times = {(s, r): [] for s in sides for r in rows_set}
+        for rep in range(args.reps):
+            for r in rows_set:
+                for side in ("A", "B") if rep % 2 == 0 else ("B", "A"):
+                    use(side)
+                    times[(side, r)].append(forward_ms(r))
+        med = {key: statistics.median(v) for key, v in times.items()}
+        for r in rows_set:
+            paired = statistics.median(b / a for a, b in zip(times[("A", r)], times[("B", r)]))
+            print(f"context {context}, rows {r}: A {med[('A', r)]:.2f} ms ({med[('A', r)] / med[('A', 1)]:.2f}x one row), "
+                  f"B {med[('B', r)]:.2f} ms ({med[('B', r)] / med[('B', 1)]:.2f}x); B/A {med[('B', r)] / med[('A', r)]:.3f} "
+                  f"(paired {paired:.3f})")
+    use("B")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
