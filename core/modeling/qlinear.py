@@ -105,6 +105,21 @@ class BlockMatrix:
         ones = torch.ones((n, k // QK), dtype=torch.float32)
         return cls(32, w.view(torch.uint8).reshape(n, -1), ones, torch.zeros_like(ones))
 
+    @classmethod
+    def quantize_int8(cls, weight: torch.Tensor) -> "BlockMatrix":
+        """Format 8 (Q8_0's layout): float weights [N, K] rounded to int8 per 32-weight block
+        with one float32 scale (max |w| / 127; m = 0). Lossy, for drafters: a drafter's matmuls
+        then stream a quarter of the float32 bytes through the same kernel."""
+        w = weight.detach().to(torch.float32).contiguous()
+        n, k = w.shape
+        if k % QK:
+            raise ValueError(f"int8 block matrices need K divisible by {QK}, got {k}")
+        blocks = w.view(n, k // QK, QK)  # [N, nb, 32]
+        d = blocks.abs().amax(dim=-1) / 127.0  # [N, nb]
+        inv = torch.where(d > 0, 1.0 / d, torch.zeros_like(d))
+        q = torch.round(blocks * inv[..., None]).clamp_(-127, 127).to(torch.int8)  # [N, nb, 32]
+        return cls(8, q.view(torch.uint8).reshape(n, -1), d.contiguous(), torch.zeros_like(d))
+
     def _as(self, fmt: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """(q, d, m) of the same weights in a format at least as wide."""
         if fmt == 32 and self.fmt != 32:

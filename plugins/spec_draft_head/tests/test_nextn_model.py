@@ -45,3 +45,36 @@ def test_unrolled_training_equals_row_by_row_drafting():
     for j in (2, 3):  # chained steps feed the corpus token with the head's own output
         logits, out = head.draft_step(int(tokens[p + j - 1]), out, p + j - 1)
         assert torch.allclose(out, outs[j - 1][0, p + j - 1], atol=1e-5)
+
+
+def test_int8_packed_drafting_stays_close_and_training_is_untouched():
+    from tsspec.modeling import native
+    from tsspec.modeling.qlinear import BlockMatrix
+
+    if native.kernels() is None:
+        import pytest
+
+        pytest.skip("the compiled kernels were not built")
+    torch.manual_seed(1)
+    V, H = 64, 32
+    cfg = NextNConfig(hidden_size=H, intermediate_size=64, num_heads=4, num_kv_heads=2, head_dim=8, draft_vocab=V)
+    module = NextNModule(cfg, V)
+    with torch.no_grad():
+        for p in module.parameters():
+            p.copy_(torch.randn_like(p) * 0.2 + (1.0 if p.dim() == 1 else 0.0))
+    w = module.head.detach()
+    q = BlockMatrix.quantize_int8(w)
+    assert q.fmt == 8 and q.shape == tuple(w.shape)
+    # per block, rounding moves a weight by at most half a step (max |w| / 254)
+    step = w.view(V, H // 32, 32).abs().amax(-1, keepdim=True) / 127.0
+    err = (q.dequantize().view(V, H // 32, 32) - w.view(V, H // 32, 32)).abs()
+    assert bool((err <= step / 2 + 1e-7).all())
+    x = torch.randn(3, H)
+    dense = module.logits(x)
+    assert module.pack_int8()
+    packed = module.logits(x)
+    assert not torch.equal(dense, packed)  # the packed path really ran
+    assert torch.allclose(dense, packed, atol=0.05 * float(dense.abs().max()))
+    # training (grad-tracking inputs) keeps the float weights
+    y = torch.randn(3, H, requires_grad=True)
+    assert torch.equal(module.logits(y), torch.nn.functional.linear(y, module.head))

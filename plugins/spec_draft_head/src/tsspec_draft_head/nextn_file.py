@@ -316,6 +316,9 @@ def attach_nextn(target, gguf_path, options=None) -> NextNFileHead:
     check_fit(facts, module, target, path)
     if getattr(target, "feature_taps", None):
         target.spec_set_feature_taps(None)  # a NextN head reads the post-norm rows
+    # drafting on the CPU: the head's matrices as int8 blocks on the compiled kernel (a quarter
+    # of the float32 bytes per draft step; the drafts may differ slightly, the output never)
+    module.pack_int8()
     head = NextNFileHead(module, target, source=path, max_context=int(getattr(target, "max_context_length", 1 << 16)),
                          recommended=facts.get("recommended"))
     target.draft_head = head

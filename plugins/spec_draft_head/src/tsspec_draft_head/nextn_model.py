@@ -105,6 +105,33 @@ class NextNModule(nn.Module):
         self.register_buffer("draft_ids", torch.arange(rows, dtype=torch.long))  # [K] target ids
         self.vocab_size = int(vocab_size)
 
+    # -- drafting on the CPU block kernel --------------------------------------------------------
+    PACKED = ("eh_proj", "wq", "wk", "wv", "wo", "w_gate", "w_up", "w_down", "head")
+
+    def pack_int8(self) -> bool:
+        """Drafting only: keep int8 block copies of the matrices (``BlockMatrix.quantize_int8``)
+        and multiply on them with the compiled kernel (a quarter of the float32 bytes a step;
+        drafts change slightly, never the output). False, and nothing changes, without the
+        compiled kernels, off the CPU, or when a matrix's rows are not whole 32-weight blocks."""
+        from tsspec.modeling import native
+        from tsspec.modeling.qlinear import BlockMatrix
+
+        if native.kernels() is None or self.head.device.type != "cpu":
+            return False
+        if any(getattr(self, name).shape[1] % 32 for name in self.PACKED):
+            return False  # the blocks hold 32 weights of a row
+        self._packed = {name: BlockMatrix.quantize_int8(getattr(self, name)) for name in self.PACKED}
+        return True
+
+    def _linear(self, x: torch.Tensor, name: str) -> torch.Tensor:
+        """x [..., in] @ W^T for the parameter ``name`` (its int8 blocks when packed)."""
+        packed = self.__dict__.get("_packed")
+        if packed is None or x.requires_grad or x.dtype != torch.float32:
+            return F.linear(x, getattr(self, name))
+        matrix = packed[name]
+        rows = x.reshape(-1, x.shape[-1]).contiguous()  # [R, in]
+        return matrix.linear(rows).reshape(*x.shape[:-1], matrix.shape[0])
+
     def _norm(self, x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
         return F.rms_norm(x, (x.shape[-1],), w, self.cfg.rms_eps)
 
@@ -112,16 +139,16 @@ class NextNModule(nn.Module):
     def inputs(self, emb: torch.Tensor, h: torch.Tensor) -> torch.Tensor:
         """u [..., H] from raw embeddings [..., H] and predecessor rows [..., H]."""
         both = torch.cat([self._norm(emb, self.enorm), self._norm(h, self.hnorm)], dim=-1)  # [..., 2H]
-        return F.linear(both, self.eh_proj)
+        return self._linear(both, "eh_proj")
 
     def qkv(self, u: torch.Tensor, positions: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor] | None = None):
         """q [..., n, nh, hd], k/v [..., n, nkv, hd] (RoPE applied) of u [..., n, H];
         ``rope`` = precomputed (cos, sin) for ``positions``."""
         cfg = self.cfg
         x = self._norm(u, self.attn_norm)
-        q = F.linear(x, self.wq).unflatten(-1, (cfg.num_heads, cfg.head_dim))
-        k = F.linear(x, self.wk).unflatten(-1, (cfg.num_kv_heads, cfg.head_dim))
-        v = F.linear(x, self.wv).unflatten(-1, (cfg.num_kv_heads, cfg.head_dim))
+        q = self._linear(x, "wq").unflatten(-1, (cfg.num_heads, cfg.head_dim))
+        k = self._linear(x, "wk").unflatten(-1, (cfg.num_kv_heads, cfg.head_dim))
+        v = self._linear(x, "wv").unflatten(-1, (cfg.num_kv_heads, cfg.head_dim))
         cos, sin = rope if rope is not None else rope_tables(positions, cfg.head_dim, cfg.rope_theta)
         return apply_rope(q, cos, sin), apply_rope(k, cos, sin), v
 
@@ -135,14 +162,14 @@ class NextNModule(nn.Module):
 
     def finish(self, u: torch.Tensor, attn: torch.Tensor) -> torch.Tensor:
         """The rest of the layer and the output norm: out [..., H]."""
-        u = u + F.linear(attn, self.wo)
+        u = u + self._linear(attn, "wo")
         x = self._norm(u, self.ffn_norm)
-        u = u + F.linear(F.silu(F.linear(x, self.w_gate)) * F.linear(x, self.w_up), self.w_down)
+        u = u + self._linear(F.silu(self._linear(x, "w_gate")) * self._linear(x, "w_up"), "w_down")
         return self._norm(u, self.head_norm)
 
     def logits(self, out: torch.Tensor) -> torch.Tensor:
         """Draft-vocabulary logits [..., K]."""
-        return F.linear(out, self.head)
+        return self._linear(out, "head")
 
     # -- training ----------------------------------------------------------------------------
     def unrolled(self, emb: torch.Tensor, h_true: torch.Tensor, steps: int) -> list[torch.Tensor]:
