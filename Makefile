@@ -49,6 +49,12 @@ drafters: setup
 		--cache-dir $(DRAFTERS_CACHE) --checkpoint $(DRAFTERS_CACHE)/smollm2-mtp.ckpt \
 		2>&1 | tr '\r' '\n' | sed -uE 's/[A-Za-z -]*: +[0-9]+%\|[^]]*\]//g' | grep --line-buffered -v '^ *$$' \
 		| tee plugins/drafters_smollm2/training-mtp.log
+	set -o pipefail; $(VENV)/bin/tsspec train-drafter --kind dflash --out $(DRAFTERS_DIR)/smollm2-135m-instruct-dflash.gguf \
+		--cache-dir $(HOME)/.cache/tsspec/training-dflash --prompts 120 --answer-tokens 128 \
+		--corpus-chars 40000 --package-chars 40000 --seq-len 256 --layers 1 --block-size 8 \
+		--draft-vocab 4096 --steps 600 --batch 8 --lr 2e-3 --seed 0 --threads 1 --outtype f16 \
+		2>&1 | tr '\r' '\n' | sed -uE 's/[A-Za-z -]*: +[0-9]+%\|[^]]*\]//g' | grep --line-buffered -v '^ *$$' \
+		| tee plugins/spec_block/trained/training-dflash.log
 
 test: setup
 	$(PY) -m pytest -q

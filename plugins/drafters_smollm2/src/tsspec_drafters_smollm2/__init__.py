@@ -24,6 +24,9 @@ HERE = Path(__file__).parent
 DRAFTERS = {
     # held-out first-token acceptance ~0.4: plain speed, below ngram on chat/prose/qa (FIGURES.md)
     "smollm2-135m-instruct-mtp.gguf": ("draft-head", "nextn", False),
+    # DFlash block drafter (tsspec train-drafter --kind dflash; recipe and figures in
+    # plugins/spec_block/trained/README.md): row-1 landing ~0.2 on chat, 0.81-0.96x of plain
+    "smollm2-135m-instruct-dflash.gguf": ("block", "dflash", False),
 }
 
 
