@@ -77,13 +77,29 @@ def test_commit_and_reset_reach_the_head_and_wrong_width_rows_are_dropped():
     spec = BlockDraftSpeculator(head, feature_size=4)
     rows = torch.zeros(2, 4)
     spec.commit([5, 6], rows, 7)
-    assert head.calls[-1] == ("catch_up", [5, 6], rows, 7)
+    assert not head.calls  # injected when a proposal needs it, not per commit
     spec.commit([5, 6], torch.zeros(2, 9), 7)  # wrong width: the head forgets, never misreads
-    assert head.calls[-1][2] is None
+    assert head.calls[-1] == ("catch_up", [5, 6], rows, 7)  # not contiguous: the first run flushed
     spec.propose(_ctx(4, torch.zeros(9)))
-    assert head.calls[-1][2] is None
+    catch_ups = [c for c in head.calls if c[0] == "catch_up"]
+    assert catch_ups[-1][1] == [5, 6] and catch_ups[-1][2] is None
     spec.reset()
     assert head.calls[-1] == ("reset",)
+
+
+def test_parked_commits_reach_the_head_in_one_call_before_the_next_proposal():
+    head = RecordingHead()
+    spec = BlockDraftSpeculator(head, feature_size=4)
+    for k in range(5):  # five one-token plain steps while the governor parks drafting
+        spec.commit([10 + k], torch.full((1, 4), float(k)), 20 + k)
+    assert not head.calls
+    spec.propose(_ctx(4, torch.zeros(4)))
+    first = head.calls[0]
+    assert first[0] == "catch_up" and first[1] == [10, 11, 12, 13, 14] and first[3] == 20
+    assert torch.equal(first[2], torch.arange(5.0)[:, None].expand(5, 4))
+    spec.commit([1, 2], torch.zeros(2, 4), 40)
+    spec.reset()  # a new sequence: what was pending is dropped, never injected
+    assert all(c[1] != [1, 2] for c in head.calls if c[0] == "catch_up")
 
 
 def test_protocol_fields():

@@ -67,11 +67,17 @@ class BlockDraftSpeculator:
         self.min_draft_prob = float(min_draft_prob)
         self.feature_size = feature_size  # expected width of the hidden rows, when known
         self._warned = False
+        # commits not yet injected: (tokens, rows [n, F] or None, start_pos), contiguous. They are
+        # injected in one call when the next proposal needs them, so while the cost governor
+        # parks drafting the per-token commit costs nothing, and a probe after N parked steps
+        # injects N rows at once instead of N one-row calls.
+        self._pending: list[tuple[list[int], Any, int]] = []
 
     def propose(self, ctx: DraftContext) -> list[int]:
         count = min(self.max_draft_tokens, int(ctx.max_tokens))
         if count <= 0:
             return []
+        self._flush()
         carry = ctx.carry_hidden if self._row_ok(ctx.carry_hidden) else None
         tokens, confidences = self.head.draft_block(ctx.last_token, carry, ctx.position, count)
         return gate_cumulative(list(tokens)[:count], list(confidences)[:count], self.min_draft_prob)
@@ -79,12 +85,33 @@ class BlockDraftSpeculator:
     def commit(self, tokens: Sequence[int], hidden_rows: Any, start_pos: int) -> None:
         if hidden_rows is not None and not self._row_ok(hidden_rows):
             hidden_rows = None  # the drafter forgets those positions rather than read wrong rows
-        self.head.draft_catch_up(list(tokens), hidden_rows, int(start_pos))
+        tokens, start = list(tokens), int(start_pos)
+        if not tokens:
+            return
+        if self._pending:
+            last_tokens, last_rows, last_start = self._pending[-1]
+            joins = last_start + len(last_tokens) == start and (last_rows is None) == (hidden_rows is None)
+            if not joins:
+                self._flush()
+        self._pending.append((tokens, hidden_rows, start))
+
+    def _flush(self) -> None:
+        """Inject the pending commits (one catch-up call per run of rows, or of None)."""
+        pending, self._pending = self._pending, []
+        if not pending:
+            return
+        import torch
+        tokens = [t for part in pending for t in part[0]]
+        rows = None if pending[0][1] is None else (
+            pending[0][1] if len(pending) == 1 else torch.cat([part[1] for part in pending], dim=0))
+        self.head.draft_catch_up(tokens, rows, pending[0][2])
 
     def reset(self) -> None:
+        self._pending = []
         self.head.reset()
 
     def close(self) -> None:
+        self._pending = []
         self.head.reset()
 
     def _row_ok(self, rows: Any) -> bool:
