@@ -16,9 +16,6 @@ from ..runtime import bundled
 from ..runtime.loading import LoadOptions, attach_drafter
 from ..runtime.registry import AUTO
 
-_NOT_SET = object()
-
-
 def _state(target) -> tuple[Any, Any]:
     """(draft head, feature taps): what a drafter's attach function sets on the target."""
     return getattr(target, "draft_head", None), getattr(target, "feature_taps", None)
