@@ -72,7 +72,12 @@ class Llama:
     def __init__(self, model_path, n_ctx, n_threads, n_threads_batch, n_batch, flash_attn, verbose, seed,
                  logits_all=False, draft_model=None):
         self.fa, self.lookup = flash_attn, draft_model is not None
+        self.draft = 0 if draft_model is None else draft_model.num_pred_tokens
         self.n_tokens = 0
+        self.closed = False
+
+    def close(self):
+        self.closed = True
 
     def token_eos(self):
         return 2
@@ -88,8 +93,9 @@ class Llama:
         self.eval(ids)
         t = 10
         while True:
-            # flash attention "off" is slower here, so the probe must choose fa1
-            time.sleep(0.004 if not self.fa else 0.001)
+            # flash attention "off" is slower here, so the probe must choose fa1; prompt lookup
+            # is fastest with 3 tokens a draft
+            time.sleep((0.004 if not self.fa else 0.001) + 0.001 * abs(self.draft - 3) * self.lookup)
             t += 1
             yield t
 

@@ -40,7 +40,7 @@ def test_goals_and_paired_peers_in_one_run(monkeypatch, cases, fake_llama_env):
     report = run_plan(plan, target)
     assert not report.peer_errors
     peer_info = report.meta["settings"]["peers"]["llama.cpp"]
-    assert peer_info["environment"] == {} and len(peer_info["probe"]) == 8
+    assert peer_info["environment"] == {} and len(peer_info["probe"]) == 13
     timed = [r for r in report.peer_records if r.rep >= 0]
     # each case: llama.cpp plain right after tsspec plain, prompt lookup right after ngram
     assert [(r.case_id, r.config, r.tsspec_config) for r in timed] == [
@@ -53,5 +53,8 @@ def test_goals_and_paired_peers_in_one_run(monkeypatch, cases, fake_llama_env):
     assert rows[1].ratio is not None and rows[4].ratio is not None
     markdown = report.to_markdown()
     assert "## The CPU speed goals (issue 16)" in markdown and "verify cost by rows" in markdown
+    # the probe table names every probed variant and marks the ones used
+    assert "| llama.cpp | draft length | `prompt-lookup/generate/fa0/n3` |" in markdown
+    assert f"| `{peer_info['chosen']['prompt-lookup']}` |" in markdown and "| used |" in markdown
     data = report.to_json()
     assert len(data["goals"]["rows"]) == 5 and data["goals"]["measured"]["prefill"]["tokens"] == 40

@@ -30,11 +30,18 @@ def test_a_peer_runs_in_its_own_process_with_its_own_environment(fake_llama_env)
         assert peer.environment == {}  # neither OMP_WAIT_POLICY nor GOMP_SPINCOUNT reached it
         assert "OMP_WAIT_POLICY = unset" in peer.info["system"]
         assert peer.info["threads"] == peer.info["n_threads_batch"] == 2
-        assert peer.configs[0] == "plain/generate/fa0" and len(peer.configs) == 8
+        # 4 plain variants; 5 draft lengths x 2 APIs x flash attention off / on
+        assert peer.configs[0] == "plain/generate/fa0" and len(peer.configs) == 4 + 20
+        assert peer.chosen[LOOKUP] == "prompt-lookup/generate/fa0/n10"  # untuned: the engine's default
         probe = peer.tune(list(range(5)), max_tokens=6, reps=1)
-        assert len(probe) == 8
+        # in stages: the 4 plain variants, the 5 draft lengths, then API x flash attention at the best
+        assert [p["stage"] for p in probe] == ["plain"] * 4 + ["draft length"] * 5 + ["api and flash attention"] * 4
+        assert [p["variant"] for p in probe[4:9]] == [f"prompt-lookup/generate/fa0/n{n}" for n in (2, 3, 4, 6, 10)]
+        assert all(p["variant"].endswith("/n3") for p in probe[9:])
         assert peer.chosen[PLAIN].startswith("plain/") and peer.chosen[PLAIN].endswith("fa1")
-        assert peer.chosen[LOOKUP].startswith("prompt-lookup/")
+        assert peer.chosen[LOOKUP].startswith("prompt-lookup/") and peer.chosen[LOOKUP].endswith("/fa1/n3")
+        tokens, _, _ = peer.generate(LOOKUP, [1, 2, 3], 3)  # the kept context answers
+        assert tokens == [11, 12, 13]
         tokens, tps, seconds = peer.generate(PLAIN, [1, 2, 3], 5)
         assert tokens == [11, 12, 13, 14, 15] and tps > 0 and seconds > 0
         tokens, _, _ = peer.generate("plain/create_completion/fa0", [1, 2, 3], 4)
@@ -71,3 +78,28 @@ def test_peer_rows_carry_the_paired_tsspec_ratio():
     assert plain.runs == 2 and plain.tsspec_over_this == pytest.approx((1.2 + 1.3) / 2)
     assert lookup.tsspec_over_this == pytest.approx((2.0 + 1.5) / 2) and lookup.tsspec_config == "ngram"
     assert lookup.same_as_own_plain == 1 and lookup.same_as_tsspec_plain == 1
+
+
+def test_draft_length_is_read_from_the_variant_name():
+    from tsspec.bench.peer_worker import draft_tokens
+    from tsspec.bench.peers import _other_fields
+
+    assert draft_tokens("prompt-lookup/n5") == 5 and draft_tokens("prompt-lookup") is None
+    assert draft_tokens("plain/generate/fa1") is None
+    assert _other_fields("prompt-lookup/create_completion/fa1/n10") == ("prompt-lookup", "create_completion", "fa1")
+
+
+def test_only_the_chosen_contexts_stay_after_the_probe(tmp_path, fake_llama_env, monkeypatch):
+    env, model = fake_llama_env
+    monkeypatch.syspath_prepend(env["PYTHONPATH"])
+    monkeypatch.delitem(__import__("sys").modules, "llama_cpp", raising=False)
+    monkeypatch.delitem(__import__("sys").modules, "llama_cpp.llama_speculative", raising=False)
+    from tsspec.bench.peer_worker import LlamaCppEngine
+
+    engine = LlamaCppEngine(str(model), 1)
+    for config in ("prompt-lookup/generate/fa0/n3", "prompt-lookup/generate/fa1/n3", "prompt-lookup/generate/fa0/n6"):
+        engine.generate(config, [1, 2], 2, [2])
+    dropped = [c for k, c in engine.contexts.items() if k[0] in (6,) or k[:2] == (3, 0)]
+    engine.keep(["plain/generate/fa0", "prompt-lookup/generate/fa1/n3"])
+    assert sorted(engine.contexts) == [(0, 0, 512), (3, 1, 512)]  # the plain (prefill) one stays
+    assert all(c.closed for c in dropped)

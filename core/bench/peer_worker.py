@@ -13,10 +13,21 @@ worker writes is ``{"ready": {...}}`` (what it loaded, its environment) or ``{"e
 * ``{"op": "prefill", "prompt_ids": [...]}`` -> ``{"seconds": prompt processing}``
 * ``{"op": "quit"}``
 
-Configurations: ``plain`` and ``prompt-lookup`` (10 tokens a draft) for both engines. llama.cpp
-offers several documented variants of each (the ``generate`` and ``create_completion`` APIs,
-flash attention off / on); ``configs`` lists them as ``plain/generate/fa0`` etc., and the parent
-picks the fastest of each kind after a short probe.
+* ``{"op": "keep", "configs": [...]}`` -> ``{"kept": [...]}``: frees every llama.cpp context the
+  named variants do not use (after the probe; a prompt-lookup context holds n_ctx x vocab logits)
+
+Configurations: ``plain`` and ``prompt-lookup`` for both engines, each in variants named by
+``/``-separated fields. Prompt lookup comes with several draft lengths (field ``nN``: N tokens a
+draft; both engines' default is 10, which drafts long runs of mostly wrong tokens and makes every
+verify a 11-row forward). llama.cpp also offers two documented APIs (``generate``,
+``create_completion``) and flash attention off / on (``fa0``, ``fa1``): ``plain/generate/fa0``,
+``prompt-lookup/generate/fa0/n3`` ... ``configs`` lists them, and the parent probes them on one
+prompt and keeps the fastest of each kind (``peers.PeerProcess.tune``).
+
+llama-cpp-python's prompt lookup (``LlamaPromptLookupDecoding``, max n-gram 2) needs every row's
+logits: ``Llama(draft_model=...)`` turns ``logits_all`` on by itself (llama.py: ``_logits_all =
+logits_all if draft_model is None else True``), so each verify also computes the output head on
+all its rows and copies them into a numpy array; the worker passes nothing else.
 """
 
 from __future__ import annotations
@@ -28,7 +39,22 @@ import time
 from typing import Sequence
 
 PLAIN, LOOKUP = "plain", "prompt-lookup"
-PROMPT_LOOKUP_TOKENS = 10  # tokens per prompt-lookup draft, both peers (their usual setting)
+PROMPT_LOOKUP_TOKENS = 10  # tokens per prompt-lookup draft: both peers' default
+# the draft lengths probed (field "nN" of a prompt-lookup variant), each engine's default among them
+LLAMA_CPP_DRAFT_TOKENS = (2, 3, 4, 6, 10)
+TRANSFORMERS_DRAFT_TOKENS = (3, 5, 10)
+
+
+def draft_tokens(variant: str) -> int | None:
+    """The draft length a prompt-lookup variant names (its ``nN`` field), else None.
+
+    >>> draft_tokens("prompt-lookup/generate/fa0/n3"), draft_tokens("plain/generate/fa0")
+    (3, None)
+    """
+    for part in variant.split("/")[1:]:
+        if part[:1] == "n" and part[1:].isdigit():
+            return int(part[1:])
+    return None
 
 
 def decode_rate(times: Sequence[float], counts: Sequence[int]) -> float:
@@ -54,7 +80,7 @@ class TransformersEngine:
         self.model = AutoModelForCausalLM.from_pretrained(directory or ".", gguf_file=name, dtype=torch.float32)
         self.model.eval()
         self.torch = torch
-        self.configs = [PLAIN, LOOKUP]
+        self.configs = [PLAIN, *(f"{LOOKUP}/n{n}" for n in TRANSFORMERS_DRAFT_TOKENS)]
         self.info = {"transformers": __import__("transformers").__version__, "torch": torch.__version__,
                      "threads": torch.get_num_threads()}
 
@@ -82,7 +108,7 @@ class TransformersEngine:
 
         torch = self.torch
         ids = torch.tensor([list(prompt_ids)], dtype=torch.long)
-        extra = {"prompt_lookup_num_tokens": PROMPT_LOOKUP_TOKENS} if config.startswith(LOOKUP) else {}
+        extra = {"prompt_lookup_num_tokens": draft_tokens(config) or PROMPT_LOOKUP_TOKENS} if config.startswith(LOOKUP) else {}
         start = time.perf_counter()
         with torch.inference_mode():
             out = self.model.generate(
@@ -104,7 +130,7 @@ class TransformersEngine:
 
 class LlamaCppEngine:
     """llama.cpp through llama-cpp-python, threads = cores for decoding and for batches. One
-    context per (prompt lookup, flash attention) pair, created on first use."""
+    context per (draft length or plain, flash attention, batch size), created on first use."""
 
     def __init__(self, gguf_path: str, threads: int, n_ctx: int = 4096):
         import llama_cpp
@@ -112,20 +138,33 @@ class LlamaCppEngine:
         self.llama_cpp = llama_cpp
         self.path, self.threads, self.n_ctx = gguf_path, threads, n_ctx
         self.contexts: dict[tuple, object] = {}
-        self.configs = [f"{kind}/{api}/fa{fa}" for kind in (PLAIN, LOOKUP) for api in ("generate", "create_completion")
-                        for fa in (0, 1)]
+        apis = ("generate", "create_completion")
+        self.configs = [f"{PLAIN}/{api}/fa{fa}" for api in apis for fa in (0, 1)]
+        self.configs += [f"{LOOKUP}/{api}/fa{fa}/n{n}" for n in LLAMA_CPP_DRAFT_TOKENS for api in apis for fa in (0, 1)]
         system = llama_cpp.llama_print_system_info()
         self.info = {"llama_cpp_python": llama_cpp.__version__, "threads": threads, "n_threads_batch": threads,
                      "system": system.decode() if isinstance(system, bytes) else str(system)}
-        self._context(False, 0, 512)  # load once now: a file the engine cannot read fails here
+        self._context(0, 0, 512)  # load once now: a file the engine cannot read fails here
 
-    def _context(self, lookup: bool, fa: int, n_batch: int):
+    @staticmethod
+    def _parse(config: str) -> tuple[str, str, int, int]:
+        """(kind, api, flash attention, draft tokens: 0 for plain) of a variant name."""
+        fields = config.split("/")
+        kind = fields[0]
+        api = next((f for f in fields[1:] if f in ("generate", "create_completion")), "generate")
+        fa = next((int(f[2:]) for f in fields[1:] if f[:2] == "fa" and f[2:].isdigit()), 0)
+        lookup = (draft_tokens(config) or PROMPT_LOOKUP_TOKENS) if kind == LOOKUP else 0
+        return kind, api, fa, lookup
+
+    def _context(self, lookup: int, fa: int, n_batch: int):
+        """The context for ``lookup`` tokens a draft (0: plain decoding)."""
         key = (lookup, fa, n_batch)
         if key not in self.contexts:
             from llama_cpp import Llama
             from llama_cpp.llama_speculative import LlamaPromptLookupDecoding
 
-            extra = {"logits_all": True, "draft_model": LlamaPromptLookupDecoding(num_pred_tokens=PROMPT_LOOKUP_TOKENS)} if lookup else {}
+            # a draft model turns logits_all on by itself (see the module docstring)
+            extra = {"draft_model": LlamaPromptLookupDecoding(num_pred_tokens=lookup)} if lookup else {}
             self.contexts[key] = Llama(
                 model_path=self.path, n_ctx=self.n_ctx, n_threads=self.threads, n_threads_batch=self.threads,
                 n_batch=n_batch, flash_attn=bool(fa), verbose=False, seed=0, **extra,
@@ -133,8 +172,8 @@ class LlamaCppEngine:
         return self.contexts[key]
 
     def generate(self, config: str, prompt_ids: Sequence[int], max_tokens: int, stop: Sequence[int]):
-        kind, api, fa = (config.split("/") + ["generate", "fa0"])[:3]
-        llm = self._context(kind == LOOKUP, int(fa[-1]), 512)
+        _, api, fa, lookup = self._parse(config)
+        llm = self._context(lookup, fa, 512)
         llm.reset()  # no prefix reuse between runs: every run prefills, like tsspec's
         stops = set(int(t) for t in stop) | {int(llm.token_eos())}
         tokens: list[int] = []
@@ -160,8 +199,17 @@ class LlamaCppEngine:
         seconds = time.perf_counter() - start
         return tokens, decode_rate(times, [1] * len(times)), seconds
 
+    def keep(self, configs: Sequence[str]) -> list[str]:
+        """Free the contexts no variant in ``configs`` (nor the prefill's) uses."""
+        used = {(self._parse(c)[3], self._parse(c)[2], 512) for c in configs}
+        for key in [k for k in self.contexts if k[0] and k not in used]:
+            context = self.contexts.pop(key)
+            if hasattr(context, "close"):
+                context.close()
+        return sorted(configs)
+
     def prefill(self, prompt_ids: Sequence[int], n_batch: int = 512, fa: int = 0) -> float:
-        llm = self._context(False, fa, n_batch)
+        llm = self._context(0, fa, n_batch)
         llm.reset()
         start = time.perf_counter()
         llm.eval(list(prompt_ids))
@@ -208,6 +256,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                 tokens, tps, seconds = engine.generate(request["config"], request["prompt_ids"],
                                                        int(request["max_tokens"]), request.get("stop", []))
                 _answer({"tokens": tokens, "tps": tps, "seconds": seconds})
+            elif op == "keep":
+                keep = getattr(engine, "keep", None)
+                _answer({"kept": keep(request["configs"]) if keep else list(request["configs"])})
             elif op == "prefill":
                 extra = {k: request[k] for k in ("n_batch", "fa") if k in request}
                 _answer({"seconds": engine.prefill(request["prompt_ids"], **extra)})

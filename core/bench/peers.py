@@ -3,7 +3,7 @@
 * ``transformers``: ``generate()`` greedy, plain and with ``prompt_lookup_num_tokens`` (its
   prompt-lookup decoding), on the model dequantised from the same GGUF.
 * ``llama.cpp`` through ``llama-cpp-python``: plain, and with its prompt-lookup draft model
-  (``LlamaPromptLookupDecoding``, which needs ``logits_all=True``).
+  (``LlamaPromptLookupDecoding``; a draft model turns ``logits_all`` on by itself).
 
 Every peer runs in its own process (``peer_worker.py``, started by ``PeerProcess``) with the
 environment tsspec was started with minus the OpenMP wait/thread settings (``PEER_ENV_DROP``):
@@ -12,9 +12,10 @@ cuts llama.cpp's decode speed to a third (measured: 104 -> 35 tok/s). Threads = 
 process may use, for decoding and for batches.
 
 llama.cpp offers several documented ways to run the same request (the ``generate`` and
-``create_completion`` APIs, flash attention off / on): ``tune`` probes them on one prompt and
-the bench then uses the fastest plain and the fastest prompt-lookup variant (its figures are the
-peer's best, not its defaults). Each peer run is paired with the tsspec run of the same prompt and
+``create_completion`` APIs, flash attention off / on), and both peers' prompt lookup takes a
+draft length (default 10): ``tune`` probes them on one prompt and the bench then uses the
+fastest plain and the fastest prompt-lookup variant (its figures are the peer's best, not its
+defaults). Each peer run is paired with the tsspec run of the same prompt and
 round (the bench calls the peer right after it), so "tsspec / peer" is a median of paired ratios.
 
 Neither peer is a tsspec dependency: a missing package is a one-line error naming the command
@@ -35,7 +36,7 @@ from typing import Sequence
 import attrs
 
 from ..errors import TsspecError
-from .peer_worker import LOOKUP, MISSING_HINT, PLAIN, PROMPT_LOOKUP_TOKENS, decode_rate  # noqa: F401
+from .peer_worker import LOOKUP, MISSING_HINT, PLAIN, PROMPT_LOOKUP_TOKENS, decode_rate, draft_tokens  # noqa: F401
 
 LLAMA_CPP_BUILD_HINT = MISSING_HINT["llama.cpp"]
 PEER_NAMES = ("transformers", "llama.cpp")
@@ -45,6 +46,15 @@ PEER_ENV_DROP = ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT", "KMP_BLOCKTIME", "OMP_NUM_
                  "OMP_PROC_BIND", "OMP_PLACES")
 TUNE_TOKENS = 48  # new tokens per probe run
 TUNE_REPS = 2
+# (tokens, reps) of the probe per engine where it differs: transformers decodes at ~1/6 of the
+# others' speed, so its probe is shorter (its figures are context, not a goal's partner)
+TUNE_SETTINGS = {"transformers": (32, 1)}
+
+
+def _other_fields(variant: str) -> tuple[str, ...]:
+    """A variant's fields other than its draft length: ``prompt-lookup/generate/fa0/n3`` ->
+    ('prompt-lookup', 'generate', 'fa0')."""
+    return tuple(f for f in variant.split("/") if not (f[:1] == "n" and f[1:].isdigit()))
 
 
 class PeerUnavailable(TsspecError):
@@ -95,7 +105,9 @@ class PeerProcess:
         self.info: dict = dict(ready["info"])
         self.environment: dict = dict(ready["environment"])
         # the variant used for each kind; tune() replaces these with the fastest
-        self.chosen = {PLAIN: self._variants(PLAIN)[0], LOOKUP: self._variants(LOOKUP)[0]}
+        lookup = self._variants(LOOKUP)
+        default = [v for v in lookup if draft_tokens(v) in (None, PROMPT_LOOKUP_TOKENS)]  # the engine's own default
+        self.chosen = {PLAIN: self._variants(PLAIN)[0], LOOKUP: (default or lookup)[0]}
         self.probe: list[dict] = []
 
     def _variants(self, kind: str) -> list[str]:
@@ -131,22 +143,44 @@ class PeerProcess:
         """Seconds to process the prompt (no generation)."""
         return float(self._ask({"op": "prefill", "prompt_ids": [int(t) for t in prompt_ids], **settings})["seconds"])
 
-    def tune(self, prompt_ids: Sequence[int], *, max_tokens: int = TUNE_TOKENS, reps: int = TUNE_REPS) -> list[dict]:
-        """Probe every variant of each kind on one prompt (alternating, ``reps`` rounds after a
-        warm-up) and choose the fastest by median decode tok/s."""
-        variants = self._variants(PLAIN) + self._variants(LOOKUP)
-        if len(variants) <= 2:
-            return []
+    def tune(self, prompt_ids: Sequence[int], *, max_tokens: int | None = None, reps: int | None = None) -> list[dict]:
+        """Probe the variants on one prompt and keep the fastest of each kind by median decode
+        tok/s. Each stage alternates its variants (a warm-up round, then ``reps`` rounds):
+        the plain variants; the prompt-lookup draft lengths (the other fields as the first
+        variant's); then the other fields (API, flash attention) at the best draft length. The
+        stages keep the probe short as the list of variants grows (20 prompt-lookup variants
+        for llama.cpp, 8 of them probed)."""
+        max_tokens = max_tokens or TUNE_SETTINGS.get(self.engine, (TUNE_TOKENS, TUNE_REPS))[0]
+        reps = reps or TUNE_SETTINGS.get(self.engine, (TUNE_TOKENS, TUNE_REPS))[1]
+        self.probe = []
+        plain = self._variants(PLAIN)
+        if len(plain) > 1:
+            self.chosen[PLAIN] = self._probe_stage("plain", plain, prompt_ids, max_tokens, reps)
+        lookup = self._variants(LOOKUP)
+        if len(lookup) > 1:
+            first = _other_fields(lookup[0])
+            lengths = [v for v in lookup if _other_fields(v) == first]
+            best = self._probe_stage("draft length", lengths, prompt_ids, max_tokens, reps) if len(lengths) > 1 else lookup[0]
+            rest = [v for v in lookup if draft_tokens(v) == draft_tokens(best)]
+            if len(rest) > 1:
+                best = self._probe_stage("api and flash attention", rest, prompt_ids, max_tokens, reps)
+            self.chosen[LOOKUP] = best
+        if self.probe:
+            self._ask({"op": "keep", "configs": sorted(set(self.chosen.values()))})
+        return self.probe
+
+    def _probe_stage(self, stage: str, variants: Sequence[str], prompt_ids, max_tokens: int, reps: int) -> str:
+        """Alternate ``variants`` (one warm-up round, then ``reps``); record and return the
+        fastest by median decode tok/s."""
         seen: dict[str, list[float]] = {v: [] for v in variants}
         for rep in range(-1, reps):
             for v in variants:
                 _, tps, _ = self.generate(v, prompt_ids, max_tokens)
                 if rep >= 0:
                     seen[v].append(tps)
-        self.probe = [{"variant": v, "tokens_per_second": round(statistics.median(t), 2)} for v, t in seen.items()]
-        for kind in (PLAIN, LOOKUP):
-            self.chosen[kind] = max(self._variants(kind), key=lambda v: statistics.median(seen[v]))
-        return self.probe
+        medians = {v: statistics.median(t) for v, t in seen.items()}
+        self.probe += [{"stage": stage, "variant": v, "tokens_per_second": round(m, 2)} for v, m in medians.items()]
+        return max(variants, key=lambda v: medians[v])
 
     def close(self) -> None:
         proc = getattr(self, "_proc", None)

@@ -435,17 +435,25 @@ def _peer_section(report: BenchReport) -> list[str]:
              "chat template, prompts, budget, greedy). Each peer run follows the tsspec run of the same prompt and "
              "round (plain after tsspec plain, prompt lookup after tsspec's first algorithm), so 'tsspec / this' is "
              "a median of paired ratios. Timed over decoding only. transformers runs `generate()` on the model "
-             "dequantised from the GGUF, with `prompt_lookup_num_tokens=10` for prompt lookup; llama.cpp runs through "
+             "dequantised from the GGUF, with `prompt_lookup_num_tokens=N` for prompt lookup; llama.cpp runs through "
              "llama-cpp-python (built with `-DGGML_NATIVE=OFF -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON`), with "
-             "`LlamaPromptLookupDecoding(num_pred_tokens=10)` and `logits_all=True` for prompt lookup; its variants "
-             "(API `generate` / `create_completion`, flash attention off / on) are probed on the first prompt and the "
-             "fastest of each kind is used.",
+             "`LlamaPromptLookupDecoding(num_pred_tokens=N)` for prompt lookup (a draft model turns `logits_all` on "
+             "by itself: every verify computes the output head on all its rows). The variants (draft length N, "
+             "both engines' default 10; for llama.cpp also the API `generate` / `create_completion` and flash "
+             "attention off / on) are probed on the first prompt, in stages (plain variants; draft lengths; then "
+             "API and flash attention at the best length), and the fastest of each kind is used.",
              "", f"Command: `{report.meta['command']}`", ""]
+    probe_rows = []
     for name, info in (report.meta.get("settings", {}).get("peers") or {}).items():
-        probe = ", ".join(f"{p['variant']} {p['tokens_per_second']:.1f}" for p in info.get("probe", []))
         env = ", ".join(f"{k}={v}" for k, v in info.get("environment", {}).items()) or "no OpenMP settings"
-        lines.append(f"- {name}: {info.get('threads')} threads; used {info.get('chosen')}; environment: {env}"
-                     + (f"; probe tok/s: {probe}" if probe else ""))
+        lines.append(f"- {name}: {info.get('threads')} threads; used {info.get('chosen')}; environment: {env}")
+        chosen = set((info.get("chosen") or {}).values())
+        for p in info.get("probe", []):
+            probe_rows.append([name, p.get("stage", "-"), f"`{p['variant']}`", f"{p['tokens_per_second']:.1f}",
+                               "used" if p["variant"] in chosen else ""])
+    if probe_rows:
+        lines += ["", "The probe (first prompt, decode tok/s, medians of the rounds of each stage):", ""]
+        lines += _table(["engine", "stage", "variant", "tok/s", ""], probe_rows)
     lines.append("")
     header = ["engine", "config", "class", "tok/s", "speed-up vs own plain (min-max)", "tsspec / this (paired)",
               "output = own plain", "output = tsspec plain"]
