@@ -34,6 +34,10 @@ def test_goals_and_paired_peers_in_one_run(monkeypatch, cases, fake_llama_env):
     monkeypatch.setattr(goals, "VERIFY_CONTEXT", 20)
     monkeypatch.setattr(goals.verify_cost, "__kwdefaults__", {"context": 20, "rows": 9, "reps": 2})
     monkeypatch.setattr(goals.prefill_pairs, "__kwdefaults__", {"reps": 1, "progress": None})
+    from tsspec.bench import physics
+
+    monkeypatch.setattr(physics, "BANDWIDTH_MIB", 4)
+    monkeypatch.setattr(physics, "MATMUL_SIZE", 64)
     target = load_model("toy")
     plan = BenchPlan(model_name="toy", model_path=str(model), cases=cases, prompts_label="test",
                      algorithms=["ngram"], reps=1, compare=["llama.cpp"], compare_reps=1, goals=True)
@@ -56,5 +60,11 @@ def test_goals_and_paired_peers_in_one_run(monkeypatch, cases, fake_llama_env):
     # the probe table names every probed variant and marks the ones used
     assert "| llama.cpp | draft length | `prompt-lookup/generate/fa0/n3` |" in markdown
     assert f"| `{peer_info['chosen']['prompt-lookup']}` |" in markdown and "| used |" in markdown
+    # the physical picture: the machine's figures and the floors, measured in this run
+    physics = report.goals["physics"]
+    assert physics["weight_bytes"] > 0 and physics["stream_ms"] > 0 and physics["ratio_floor"] >= 1.0
+    assert physics["one_row_ms"] == report.goals["verify"]["one_row_ms"]
+    assert "### The physical picture (measured in this run)" in markdown
+    assert "Lower bound of the 9-row / 1-row ratio" in markdown
     data = report.to_json()
     assert len(data["goals"]["rows"]) == 5 and data["goals"]["measured"]["prefill"]["tokens"] == 40

@@ -20,6 +20,8 @@ from typing import Callable, Sequence
 
 import attrs
 
+from ..errors import TsspecError
+
 VERIFY_CONTEXT, VERIFY_ROWS, VERIFY_REPS = 500, 9, 9
 PREFILL_TOKENS, PREFILL_REPS = 1000, 3
 PROBE_TOKENS = 256  # llama.cpp's batch size and flash attention are chosen on this many tokens
@@ -108,16 +110,44 @@ def prefill_pairs(target, peers: dict, stream: Sequence[int], *, reps: int = PRE
     return out
 
 
-def measure_goals(target, cases, peers: dict, *, progress=None) -> dict:
-    """Goals 1 and 4 (the in-process parts); 2 and 3 come from the run's paired records."""
+def file_tensor_bytes(path: str | None) -> int | None:
+    """Bytes of every tensor in a GGUF file (what an engine that streams the file's blocks
+    reads per step), or None without a readable file."""
+    if not path:
+        return None
+    from ..modeling.gguf_file import GGUFFile
+
+    try:
+        with GGUFFile(path) as gguf:
+            return sum(int(gguf.tensor_info(name).n_bytes) for name in gguf.tensor_names)
+    except (OSError, ValueError, TsspecError):  # not a readable GGUF: no file figure
+        return None
+
+
+def measure_goals(target, cases, peers: dict, *, progress=None, model_path: str | None = None,
+                  footprint: dict | None = None) -> dict:
+    """Goals 1 and 4 (the in-process parts) and the physical picture beside goal 1; 2 and 3
+    come from the run's paired records. ``footprint``: physics.weight_footprint of the target
+    (measured now when not given)."""
+    from . import physics
+
     report = progress or (lambda phase, done, total, text: None)
     stream = token_stream(cases, max(PREFILL_TOKENS, VERIFY_CONTEXT + VERIFY_ROWS))
-    report("goals", 0, 2, "verify cost by rows")
+    report("goals", 0, 3, "verify cost by rows")
     verify = verify_cost(target, stream)
-    report("goals", 1, 2, f"9 rows / 1 row: {verify['ratio']:.2f}x")
-    prefill = prefill_pairs(target, peers, stream[:PREFILL_TOKENS], progress=lambda t: report("goals", 1, 2, t))
-    report("goals", 2, 2, f"prefill {prefill['tsspec_median_tps']:.0f} tok/s")
-    return {"verify": verify, "prefill": prefill}
+    report("goals", 1, 3, f"9 rows / 1 row: {verify['ratio']:.2f}x")
+    import torch
+
+    machine = physics.measure_machine(torch.get_num_threads())
+    footprint = footprint or physics.weight_footprint(target)
+    picture = physics.picture(machine, footprint, one_row_ms=verify["one_row_ms"], rows=verify["rows"],
+                              rows_ms=verify["rows_ms"])
+    picture["file_bytes"] = file_tensor_bytes(model_path)
+    report("goals", 2, 3, f"read {machine['read_bytes_per_s'] / 1e9:.1f} GB/s, "
+                          f"float32 {machine['float32_flops_n'] / 1e9:.0f} GFLOP/s")
+    prefill = prefill_pairs(target, peers, stream[:PREFILL_TOKENS], progress=lambda t: report("goals", 2, 3, t))
+    report("goals", 3, 3, f"prefill {prefill['tsspec_median_tps']:.0f} tok/s")
+    return {"verify": verify, "prefill": prefill, "machine": machine, "physics": picture}
 
 
 @attrs.frozen

@@ -478,6 +478,7 @@ def _goal_section(report: BenchReport) -> list[str]:
     body = [[str(g.number), g.name, g.figure, "-" if g.ratio is None else f"{g.ratio:.2f}x", g.goal,
              "-" if g.met is None else ("met" if g.met else "NOT met")] for g in rows]
     lines += _table(["#", "goal", "measured", "ratio", "target", "verdict"], body)
+    lines += _physics_lines(report)
     p = (report.goals or {}).get("prefill")
     if p:
         for name, cell in p.get("peers", {}).items():
@@ -485,6 +486,48 @@ def _goal_section(report: BenchReport) -> list[str]:
             lines += ["", f"Prefill, {name}: {cell['median_tps']:.0f} tok/s with {cell['setting'] or 'its defaults'}"
                       + (f" (probe: {probe})" if probe else "") + f"; tsspec {p['tsspec_median_tps']:.0f} tok/s."]
     return lines + [""]
+
+
+def _physics_lines(report: BenchReport) -> list[str]:
+    """The physical picture of a step on this machine (goals.measure_goals, physics.picture),
+    in words, every figure from this run."""
+    goals = report.goals or {}
+    ph, m = goals.get("physics"), goals.get("machine")
+    if not ph or not m:
+        return []
+    from .goals import GOAL_VERIFY
+
+    gb, k = 1e9, ph["rows"]
+    file_text = f"; the GGUF file's tensors: {ph['file_bytes'] / 1e6:.1f} MB" if ph.get("file_bytes") else ""
+    lines = ["", "### The physical picture (measured in this run)", "",
+             f"- Weights a step streams: {ph['weight_bytes'] / 1e6:.1f} MB as tsspec holds them in memory "
+             f"({ph['weights'] / 1e6:.1f} M multiply-add weights{file_text}).",
+             f"- Memory read bandwidth, {m['threads']} threads (a sum over {m['bandwidth_buffer_mib']} MiB, best of "
+             f"a few): {m['read_bytes_per_s'] / gb:.1f} GB/s, so streaming the weights once takes at "
+             f"least {ph['stream_ms']:.2f} ms a step: at most {ph['stream_tps']:.0f} tok/s"
+             + (f" ({ph['file_bytes'] / m['read_bytes_per_s'] * 1e3:.2f} ms, {m['read_bytes_per_s'] / ph['file_bytes']:.0f}"
+                " tok/s for the file's bytes)." if ph.get("file_bytes") else "."),
+             f"- float32 multiply-add rate ({m['matmul_size']}x{m['matmul_size']} torch matmul, best of a few): "
+             f"{m['float32_flops_1'] / gb:.0f} GFLOP/s on 1 thread, {m['float32_flops_n'] / gb:.0f} GFLOP/s on "
+             f"{m['threads']}.",
+             f"- A 1-row forward does {ph['flops_1'] / gb:.2f} GFLOP ({ph['compute_ms_1']:.2f} ms at the "
+             f"{m['threads']}-thread rate); a {k}-row verify does {ph['flops_k'] / gb:.2f} GFLOP "
+             f"({ph['compute_ms_k']:.2f} ms). Floors: 1 row {ph['floor_1_ms']:.2f} ms, {k} rows "
+             f"{ph['floor_k_ms']:.2f} ms ({'arithmetic' if ph['compute_ms_k'] > ph['stream_ms'] else 'streaming'}-bound).",
+             ]
+    if ph.get("one_row_ms"):
+        lines.append(f"- Measured at {goals['verify']['context']} tokens of context: 1 row {ph['one_row_ms']:.1f} ms "
+                     f"({ph['one_row_over_floor']:.2f}x its floor), {k} rows {ph.get('rows_ms', 0):.1f} ms "
+                     f"({ph.get('rows_over_floor', 0):.2f}x its floor).")
+    lines.append(f"- Lower bound of the {k}-row / 1-row ratio with float32 arithmetic on this machine: "
+                 f"{ph['ratio_floor']:.2f}x when both forwards run at their floors"
+                 + (f"; {ph['ratio_floor_vs_measured']:.2f}x against today's 1-row forward" if ph.get("one_row_ms") else "")
+                 + f". Goal 1 asks for <= {GOAL_VERIFY}x: "
+                 + ("float32 arithmetic can reach it in principle." if ph["ratio_floor"] <= GOAL_VERIFY else
+                    f"float32 multiply-adds alone cannot reach it once the 1-row step is at its floor ({k} rows of "
+                    "arithmetic outweigh one pass over the weights); only a faster arithmetic (int8 or bf16 dot "
+                    "products) lowers that floor."))
+    return lines
 
 
 def _governor_section(report: BenchReport) -> list[str]:

@@ -216,7 +216,7 @@ def run_plan(
         if plan.goals:
             from .goals import measure_goals
 
-            goals = measure_goals(target, cases, peers, progress=report_progress)
+            goals = measure_goals(target, cases, peers, progress=report_progress, model_path=plan.model_path)
     finally:
         if heads is not None:
             heads.restore()

@@ -1,0 +1,70 @@
+"""tsspec.bench.physics: the machine's figures and a target's weights, measured at run time.
+
+Speeds are never asserted (the machine is shared); the tests check what is counted and the
+arithmetic of the floors."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from tsspec.bench import physics
+from tsspec.modeling.qlinear import BlockMatrix
+
+
+class _Layer:
+    def __init__(self, w, norm):
+        self.w, self.norm = w, norm
+
+
+class _Target:
+    """Two block matrices, a dense tied embedding/head, a norm, a 4-D cache and a drafter."""
+
+    def __init__(self):
+        dense = torch.zeros(64, 32)  # [vocab, hidden]
+        self._embed = dense
+        self._lm_head = dense  # tied: one storage
+        self._layers = [_Layer(BlockMatrix.quantize_int8(torch.ones(16, 32)), torch.ones(32)) for _ in range(2)]
+        self._k = torch.zeros(2, 1, 128, 8)  # [layers, kv heads, capacity, head dim]: not a weight
+        self.draft_head = _Layer(torch.zeros(1000, 32), None)  # not the target's weights
+        self.config = object()
+
+
+def test_weight_footprint_counts_each_storage_once_and_no_cache():
+    fp = physics.weight_footprint(_Target())
+    block = BlockMatrix.quantize_int8(torch.ones(16, 32))
+    block_bytes = sum(t.untyped_storage().nbytes() for t in (block.q, block.d, block.m))
+    assert fp["bytes"] == 64 * 32 * 4 + 2 * (block_bytes + 32 * 4)
+    assert fp["weights"] == 64 * 32 + 2 * 16 * 32  # the head once, each block matrix by its shape
+
+
+def test_weight_footprint_of_the_embedded_model_is_its_weights_not_its_cache():
+    from tsspec.modeling.embedded import embedded_model_path
+    from tsspec.runtime.loading import load_model
+
+    target = load_model(str(embedded_model_path()))
+    fp = physics.weight_footprint(target)
+    cfg = target.config
+    # every matrix once (the tied embedding as the head): within the norms of hidden * vocab + layers
+    assert fp["weights"] > cfg.vocab_size * cfg.hidden_size
+    assert fp["bytes"] < fp["weights"] * 4  # quantised blocks: well under float32
+    target.spec_forward([1, 2, 3], all_logits_rows=False, want_hidden=False)
+    assert physics.weight_footprint(target) == fp  # the KV cache a forward allocates is not counted
+
+
+def test_machine_figures_are_positive_and_restore_the_thread_count():
+    before = torch.get_num_threads()
+    assert physics.read_bandwidth(1, mib=4, reps=1) > 0
+    assert physics.float32_rate(1, size=64, reps=1) > 0
+    assert torch.get_num_threads() == before
+
+
+def test_picture_floors():
+    machine = {"threads": 2, "read_bytes_per_s": 20e9, "float32_flops_1": 50e9, "float32_flops_n": 100e9}
+    p = physics.picture(machine, {"bytes": 100e6, "weights": 100e6}, one_row_ms=10.0, rows=9, rows_ms=30.0)
+    assert p["stream_ms"] == pytest.approx(5.0) and p["stream_tps"] == pytest.approx(200.0)
+    assert p["compute_ms_1"] == pytest.approx(2.0) and p["compute_ms_k"] == pytest.approx(18.0)
+    assert p["ratio_floor"] == pytest.approx(18.0 / 5.0)  # 9 rows arithmetic-bound, 1 row streaming-bound
+    assert p["ratio_floor_vs_measured"] == pytest.approx(1.8) and p["one_row_over_floor"] == pytest.approx(2.0)
+    fast = dict(machine, float32_flops_n=1e12)  # enough arithmetic: both steps stream-bound
+    assert physics.picture(fast, {"bytes": 100e6, "weights": 100e6})["ratio_floor"] == pytest.approx(1.0)
