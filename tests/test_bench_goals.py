@@ -39,6 +39,15 @@ def test_goals_and_paired_peers_in_one_run(monkeypatch, cases, fake_llama_env):
     monkeypatch.setattr(physics, "BANDWIDTH_MIB", 4)
     monkeypatch.setattr(physics, "MATMUL_SIZE", 64)
     target = load_model("toy")
+    from tsspec.runtime import loading
+
+    second_loads = []
+
+    def load_second(path, **kwargs):  # the fake GGUF has no model: the second target is a toy too
+        second_loads.append(kwargs["dtype"])
+        return load_model("toy")
+
+    monkeypatch.setattr(loading, "load_model", load_second)
     plan = BenchPlan(model_name="toy", model_path=str(model), cases=cases, prompts_label="test",
                      algorithms=["ngram"], reps=1, compare=["llama.cpp"], compare_reps=1, goals=True)
     report = run_plan(plan, target)
@@ -52,9 +61,17 @@ def test_goals_and_paired_peers_in_one_run(monkeypatch, cases, fake_llama_env):
         ("w1", "plain", "plain"), ("w1", "prompt-lookup", "ngram")]
     assert all(r.tsspec_tps and r.variant for r in timed)
     rows = report.goal_rows()
-    assert [g.number for g in rows] == [1, 2, 3, 3, 4]
+    assert [g.number for g in rows] == [1, 2, 2, 3, 3, 4]
     assert rows[0].ratio is not None and rows[0].met in (True, False)  # measured on the toy
-    assert rows[1].ratio is not None and rows[4].ratio is not None
+    assert rows[1].ratio is not None and rows[5].ratio is not None
+    # the int8 row: a second target's plain run after each llama.cpp plain run (warm-up included)
+    assert second_loads == ["int8"]
+    second = report.goals["second_precision"]
+    assert second["dtype"] == "int8" and second["pairs"] == 2 and len(second["runs"]) == 3
+    assert [r["case"] for r in second["runs"]] == ["q1", "q1", "w1"]
+    assert second["same_as_reference"] == 2  # the toy's output is its own plain output
+    assert second["same_as_peer"] == 0  # the stand-in engine emits 11, 12, ...
+    assert rows[2].name == "plain decode with --dtype int8 vs llama.cpp" and "output = llama.cpp's in 0/2" in rows[2].figure
     markdown = report.to_markdown()
     assert "## The CPU speed goals (issue 16)" in markdown and "verify cost by rows" in markdown
     # the probe table names every probed variant and marks the ones used
@@ -67,4 +84,4 @@ def test_goals_and_paired_peers_in_one_run(monkeypatch, cases, fake_llama_env):
     assert "### The physical picture (measured in this run)" in markdown
     assert "Lower bound of the 9-row / 1-row ratio" in markdown
     data = report.to_json()
-    assert len(data["goals"]["rows"]) == 5 and data["goals"]["measured"]["prefill"]["tokens"] == 40
+    assert len(data["goals"]["rows"]) == 6 and data["goals"]["measured"]["prefill"]["tokens"] == 40

@@ -190,6 +190,15 @@ def goal_rows(report) -> list[GoalRow]:
                         f"tsspec {ts_plain:.1f} vs llama.cpp ({variant}) {ll_plain:.1f} tok/s, {len(plain)} pairs"
                         if plain else "not measured (--compare llama.cpp)",
                         _median(plain), f">= {GOAL_PLAIN}x", None if not plain else _median(plain) >= GOAL_PLAIN))
+    second = goals.get("second_precision")
+    if second and second.get("pairs"):
+        n = second["pairs"]
+        rows.append(GoalRow(2, f"plain decode with --dtype {second['dtype']} vs llama.cpp",
+                            f"tsspec ({second['arithmetic'] or second['dtype']} arithmetic) "
+                            f"{second['tokens_per_second']:.1f} vs llama.cpp ({second['peer_variant']}) "
+                            f"{second['peer_tokens_per_second']:.1f} tok/s, {n} pairs; output = llama.cpp's in "
+                            f"{second['same_as_peer']}/{n}, = tsspec's default plain in {second['same_as_reference']}/{n}",
+                            second["ratio"], f">= {GOAL_PLAIN}x", second["ratio"] >= GOAL_PLAIN))
     algo = "ngram"
     mine = [r for r in report.records if r.rep >= 0 and r.cls in GROUNDED]
     plain_tps = {(r.case_id, r.rep): r.tokens_per_second for r in mine if r.kind == "plain"}

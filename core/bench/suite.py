@@ -17,7 +17,7 @@ from typing import Callable, Sequence
 import attrs
 
 from .. import __version__
-from ..errors import OptionsError
+from ..errors import OptionsError, TsspecError
 from ..runtime.generation import draft_window
 from ..runtime.loading import LoadOptions
 from ..runtime.registry import AUTO
@@ -52,6 +52,7 @@ class BenchPlan:
     compare_reps: int | None = None  # None: reps
     governor_check: bool = False
     goals: bool = False  # the CPU speed goals (issue 16): verify cost by rows, prefill, ratios to llama.cpp
+    goals_dtype: str | None = None  # --dtype of the plain row beside goal 2 (None: precision.SECOND_DTYPE)
     governor_reps: int = 3
     command: str = "tsspec bench"
     device: str = "cpu"  # what the target was loaded with (bundled drafters attach alike)
@@ -159,7 +160,13 @@ def run_plan(
         registry=None if catalog is None else catalog.speculators, on_mismatch=on_mismatch, heads=heads,
     )
     references = runner.references
+    footprint = None
+    if plan.goals:  # the weights' bytes before the drafters' runs (see physics.weight_footprint)
+        from .physics import weight_footprint
+
+        footprint = weight_footprint(target)
     peers, peer_errors = _start_peers(plan, target, cases, report_progress, on_peer_error)
+    second, second_runs = _second_target(plan, target, catalog, peers, report_progress), []
     peer_records: list = []
     # prompt lookup pairs with tsspec's first algorithm (ngram when installed): the peer's run
     # follows tsspec's run of the same prompt and round, so the two see the same machine state
@@ -167,11 +174,12 @@ def run_plan(
     compare_reps = plan.compare_reps or plan.reps
     peer_tick = counter("peers", 2 * len(peers) * (1 + len(cases) * min(compare_reps, plan.reps))) if peers else None
 
-    def run_peers(kinds, case, rep, tsspec_record=None) -> None:
+    def run_peers(kinds, case, rep, tsspec_record=None) -> list:
         from .peers import PeerUnavailable, run_peer_once
 
         if rep >= compare_reps:
-            return
+            return []
+        start = len(peer_records)
         for name, peer in list(peers.items()):
             for kind in kinds:
                 try:
@@ -184,6 +192,21 @@ def run_plan(
                     break
                 peer_records.append(rec)
                 peer_tick(f"{name} {rec.case_id} {rec.config}: {rec.tokens_per_second:.1f} tok/s")
+        return peer_records[start:]
+
+    def run_second(case, rep, after: list) -> None:
+        """The second-arithmetic target's plain run, right after llama.cpp's plain run."""
+        from .precision import PrecisionRun
+
+        partner = next((r for r in after if r.engine == "llama.cpp" and r.config == "plain"), None)
+        if second is None or partner is None:
+            return
+        result = second.runner.run_one(BenchConfig.plain(), case)
+        second_runs.append(PrecisionRun(case.id, case.cls, rep, list(result.tokens), result.stats.tokens_per_second,
+                                        partner.tokens, partner.tokens_per_second, partner.variant,
+                                        references.get(case.id)))
+        report_progress(f"{second.dtype} plain", len(second_runs), 0,
+                        f"{case.id}: {result.stats.tokens_per_second:.1f} tok/s")
 
     records = []
     try:
@@ -194,7 +217,8 @@ def run_plan(
                 tick(f"{rec.case_id} {rec.config}: {rec.tokens_per_second:.1f} tok/s")
                 case = cases[slot.case]
                 if rec.kind == "plain":
-                    run_peers(("plain",) if partner else ("plain", "prompt-lookup"), case, slot.rep, rec)
+                    after = run_peers(("plain",) if partner else ("plain", "prompt-lookup"), case, slot.rep, rec)
+                    run_second(case, slot.rep, after)
                 elif rec.config == partner:
                     run_peers(("prompt-lookup",), case, slot.rep, rec)
 
@@ -216,7 +240,12 @@ def run_plan(
         if plan.goals:
             from .goals import measure_goals
 
-            goals = measure_goals(target, cases, peers, progress=report_progress, model_path=plan.model_path)
+            goals = measure_goals(target, cases, peers, progress=report_progress, model_path=plan.model_path,
+                                  footprint=footprint)
+            if second is not None:
+                from .precision import summarise as summarise_precision
+
+                goals["second_precision"] = summarise_precision(second_runs, second.dtype, second.arithmetic)
     finally:
         if heads is not None:
             heads.restore()
@@ -275,6 +304,39 @@ def run_plan(
         for c in cases
     ]
     return BenchReport(meta, case_info, records, rows, classes, peer_records, peer_rows, peer_errors, governor, goals)
+
+
+@attrs.frozen
+class SecondTarget:
+    """The model loaded again in a second arithmetic, for the plain row beside goal 2."""
+
+    runner: BenchRunner  # plain runs on the second target
+    dtype: str  # its --dtype
+    arithmetic: str | None  # what its loader reports (config.extra["arithmetic"])
+
+
+def _second_target(plan: BenchPlan, target, catalog, peers: dict, report_progress) -> SecondTarget | None:
+    """The model in ``plan.goals_dtype`` (default precision.SECOND_DTYPE) for the plain row beside goal 2, or None
+    (no --goals, no llama.cpp peer, no model file, or the bench's target already runs that
+    arithmetic)."""
+    from .precision import SECOND_DTYPE
+
+    dtype = plan.goals_dtype or SECOND_DTYPE
+    if not plan.goals or "llama.cpp" not in peers or plan.model_path is None or dtype == plan.dtype:
+        return None
+    from ..runtime.loading import load_model
+
+    report_progress(f"{dtype} plain", 0, 0, f"loading {Path(plan.model_path).name} with --dtype {dtype}")
+    try:
+        other = load_model(plan.model_path, device=plan.device, dtype=dtype, options=plan.options, catalog=catalog)
+    except TsspecError as exc:  # the extra row is not measured; the bench goes on
+        report_progress(f"{dtype} plain", 0, 0, f"not measured: {exc}")
+        return None
+    arithmetic = (getattr(other.config, "extra", None) or {}).get("arithmetic")
+    if arithmetic is not None and arithmetic == (getattr(target.config, "extra", None) or {}).get("arithmetic"):
+        return None
+    runner = BenchRunner(other, [], [BenchConfig.plain()], reps=1, options=plan.options, sampling=plan.sampling)
+    return SecondTarget(runner, dtype, arithmetic)
 
 
 def _start_peers(plan: BenchPlan, target, cases, report_progress, on_peer_error) -> tuple[dict, dict]:
