@@ -19,7 +19,8 @@ from tsspec.bench.peers import (
 )
 
 def test_peer_environment_drops_openmp_wait_and_thread_settings():
-    env = peer_environment({"OMP_WAIT_POLICY": "PASSIVE", "OMP_NUM_THREADS": "1", "PATH": "/bin", "HOME": "/h"})
+    env = peer_environment({"OMP_WAIT_POLICY": "PASSIVE", "OMP_NUM_THREADS": "1", "PATH": "/bin", "HOME": "/h",
+                            "TS_SPEC_DRAFT": "8", "TS_MTP_DRAFT": "8"})  # tsspec's own settings stay home too
     assert env == {"PATH": "/bin", "HOME": "/h"}
 
 
@@ -103,3 +104,13 @@ def test_only_the_chosen_contexts_stay_after_the_probe(tmp_path, fake_llama_env,
     engine.keep(["plain/generate/fa0", "prompt-lookup/generate/fa1/n3"])
     assert sorted(engine.contexts) == [(0, 0, 512), (3, 1, 512)]  # the plain (prefill) one stays
     assert all(c.closed for c in dropped)
+
+
+def test_a_probe_run_ends_at_its_time_limit(fake_llama_env):
+    env, model = fake_llama_env
+    peer = PeerProcess("llama.cpp", model, [2], threads=1, env=peer_environment(env))
+    try:
+        tokens, tps, seconds = peer.generate("plain/generate/fa0", [1, 2], 10_000, max_seconds=0.2)
+        assert 0 < len(tokens) < 10_000 and seconds < 5 and tps > 0
+    finally:
+        peer.close()

@@ -9,7 +9,8 @@ Protocol: one JSON object per line on stdin, one answer per line on stdout. The 
 worker writes is ``{"ready": {...}}`` (what it loaded, its environment) or ``{"error": "..."}``.
 
 * ``{"op": "generate", "config": NAME, "prompt_ids": [...], "max_tokens": N}`` ->
-  ``{"tokens": [...], "tps": decode tok/s, "seconds": whole call}``
+  ``{"tokens": [...], "tps": decode tok/s, "seconds": whole call}``; with ``"max_seconds": S``
+  the run also stops after S seconds (the probe's runs: a slow variant costs little)
 * ``{"op": "prefill", "prompt_ids": [...]}`` -> ``{"seconds": prompt processing}``
 * ``{"op": "quit"}``
 
@@ -84,7 +85,8 @@ class TransformersEngine:
         self.info = {"transformers": __import__("transformers").__version__, "torch": torch.__version__,
                      "threads": torch.get_num_threads()}
 
-    def generate(self, config: str, prompt_ids: Sequence[int], max_tokens: int, stop: Sequence[int]):
+    def generate(self, config: str, prompt_ids: Sequence[int], max_tokens: int, stop: Sequence[int],
+                 max_seconds: float | None = None):
         from transformers.generation.streamers import BaseStreamer
 
         times: list[float] = []
@@ -109,6 +111,8 @@ class TransformersEngine:
         torch = self.torch
         ids = torch.tensor([list(prompt_ids)], dtype=torch.long)
         extra = {"prompt_lookup_num_tokens": draft_tokens(config) or PROMPT_LOOKUP_TOKENS} if config.startswith(LOOKUP) else {}
+        if max_seconds:
+            extra["max_time"] = float(max_seconds)
         start = time.perf_counter()
         with torch.inference_mode():
             out = self.model.generate(
@@ -171,7 +175,8 @@ class LlamaCppEngine:
             )
         return self.contexts[key]
 
-    def generate(self, config: str, prompt_ids: Sequence[int], max_tokens: int, stop: Sequence[int]):
+    def generate(self, config: str, prompt_ids: Sequence[int], max_tokens: int, stop: Sequence[int],
+                 max_seconds: float | None = None):
         _, api, fa, lookup = self._parse(config)
         llm = self._context(lookup, fa, 512)
         llm.reset()  # no prefix reuse between runs: every run prefills, like tsspec's
@@ -179,6 +184,7 @@ class LlamaCppEngine:
         tokens: list[int] = []
         times: list[float] = []
         start = time.perf_counter()
+        deadline = start + max_seconds if max_seconds else float("inf")
         if api == "create_completion":
             # the text API: one chunk per token (timed as it arrives); the API returns text, so
             # the token ids for the output comparison are the text tokenised again
@@ -187,6 +193,8 @@ class LlamaCppEngine:
                                                top_p=1.0, min_p=0.0, repeat_penalty=1.0, stream=True, seed=0):
                 times.append(time.perf_counter())
                 text.append(chunk["choices"][0]["text"])
+                if times[-1] > deadline:
+                    break
             seconds = time.perf_counter() - start
             tokens = [int(t) for t in llm.tokenize("".join(text).encode("utf-8"), add_bos=False, special=True)]
             return tokens, decode_rate(times, [1] * len(times)), seconds
@@ -194,7 +202,7 @@ class LlamaCppEngine:
                                 reset=True):
             times.append(time.perf_counter())
             tokens.append(int(tok))
-            if int(tok) in stops or len(tokens) >= max_tokens:
+            if int(tok) in stops or len(tokens) >= max_tokens or times[-1] > deadline:
                 break
         seconds = time.perf_counter() - start
         return tokens, decode_rate(times, [1] * len(times)), seconds
@@ -254,7 +262,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                 break
             if op == "generate":
                 tokens, tps, seconds = engine.generate(request["config"], request["prompt_ids"],
-                                                       int(request["max_tokens"]), request.get("stop", []))
+                                                       int(request["max_tokens"]), request.get("stop", []),
+                                                       request.get("max_seconds"))
                 _answer({"tokens": tokens, "tps": tps, "seconds": seconds})
             elif op == "keep":
                 keep = getattr(engine, "keep", None)

@@ -46,6 +46,7 @@ PEER_ENV_DROP = ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT", "KMP_BLOCKTIME", "OMP_NUM_
                  "OMP_PROC_BIND", "OMP_PLACES")
 TUNE_TOKENS = 48  # new tokens per probe run
 TUNE_REPS = 2
+TUNE_SECONDS = 3.0  # a probe run also ends after this long: a variant that slow has lost anyway
 # (tokens, reps) of the probe per engine where it differs: transformers decodes at ~1/6 of the
 # others' speed, so its probe is shorter (its figures are context, not a goal's partner)
 TUNE_SETTINGS = {"transformers": (32, 1)}
@@ -68,11 +69,15 @@ def usable_cores() -> int:
         return os.cpu_count() or 1
 
 
+# tsspec's own settings, which its CLI publishes into its environment (SpeculationOptions.publish)
+PEER_ENV_DROP_PREFIXES = ("TS_SPEC_", "TS_MTP_", "TSSPEC_")
+
+
 def peer_environment(base: dict[str, str] | None = None) -> dict[str, str]:
     """The environment a peer process starts with: ``base`` (default: this process's) without
-    the OpenMP settings in PEER_ENV_DROP."""
+    the OpenMP settings in PEER_ENV_DROP and without tsspec's own settings."""
     env = dict(os.environ if base is None else base)
-    for key in PEER_ENV_DROP:
+    for key in [*PEER_ENV_DROP, *(k for k in env if k.startswith(PEER_ENV_DROP_PREFIXES))]:
         env.pop(key, None)
     return env
 
@@ -131,12 +136,16 @@ class PeerProcess:
             raise PeerUnavailable(answer["error"])
         return answer
 
-    def generate(self, config: str, prompt_ids: Sequence[int], max_tokens: int) -> tuple[list[int], float, float]:
+    def generate(self, config: str, prompt_ids: Sequence[int], max_tokens: int,
+                 max_seconds: float | None = None) -> tuple[list[int], float, float]:
         """(tokens, decode tok/s, seconds) of one greedy run; ``config`` is a kind (plain,
-        prompt-lookup: the chosen variant) or a variant name."""
+        prompt-lookup: the chosen variant) or a variant name; ``max_seconds`` also ends it."""
         variant = self.chosen.get(config, config)
-        a = self._ask({"op": "generate", "config": variant, "prompt_ids": [int(t) for t in prompt_ids],
-                       "max_tokens": int(max_tokens), "stop": self.stop_tokens})
+        request = {"op": "generate", "config": variant, "prompt_ids": [int(t) for t in prompt_ids],
+                   "max_tokens": int(max_tokens), "stop": self.stop_tokens}
+        if max_seconds:
+            request["max_seconds"] = float(max_seconds)
+        a = self._ask(request)
         return [int(t) for t in a["tokens"]], float(a["tps"]), float(a["seconds"])
 
     def prefill(self, prompt_ids: Sequence[int], **settings) -> float:
@@ -175,7 +184,7 @@ class PeerProcess:
         seen: dict[str, list[float]] = {v: [] for v in variants}
         for rep in range(-1, reps):
             for v in variants:
-                _, tps, _ = self.generate(v, prompt_ids, max_tokens)
+                _, tps, _ = self.generate(v, prompt_ids, max_tokens, TUNE_SECONDS)
                 if rep >= 0:
                     seen[v].append(tps)
         medians = {v: statistics.median(t) for v, t in seen.items()}
