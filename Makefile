@@ -63,12 +63,15 @@ test: setup
 # on a quiet machine: every figure is a paired ratio, but a busy machine still blurs them).
 # The peers are optional extras, installed here only: llama-cpp-python is built from source with
 # portable SIMD flags (a native build dies with "Illegal instruction" on these CPUs; ~10 min once).
-# Each peer runs in its own process with its own default environment, llama.cpp in the fastest
-# of its documented variants (probed first), and its runs alternate with tsspec's (paired);
-# --goals adds the CPU speed goals: verify cost by rows, prefill of 1,000 tokens beside the peers.
+# Each peer runs in its own process with its own default environment, in the fastest of its
+# documented variants (probed first: prompt-lookup draft lengths, llama.cpp's APIs and flash
+# attention), and its runs alternate with tsspec's (paired); transformers, ~6x slower than the
+# others and no goal's partner, pairs one round per prompt to keep the run near 13 minutes.
+# --goals adds the CPU speed goals (verify cost by rows, prefill of 1,000 tokens beside the
+# peers, a plain row with --dtype int8 beside goal 2) and the physical picture of a step.
 BENCH_STAMP := $(VENV)/.tsspec-bench-extras
 BENCH_ARGS := --per-class 1 --reps 2 --oracle-acceptance 0,0.5,1 --oracle-classes qa \
-	--oracle-governor both --compare transformers,llama.cpp --compare-reps 2 --goals \
+	--oracle-governor both --compare transformers,llama.cpp --compare-reps 2,transformers=1 --goals \
 	--governor-check --governor-reps 2
 
 $(BENCH_STAMP): $(STAMP)

@@ -49,11 +49,13 @@ def test_goals_and_paired_peers_in_one_run(monkeypatch, cases, fake_llama_env):
 
     monkeypatch.setattr(loading, "load_model", load_second)
     plan = BenchPlan(model_name="toy", model_path=str(model), cases=cases, prompts_label="test",
-                     algorithms=["ngram"], reps=1, compare=["llama.cpp"], compare_reps=1, goals=True)
+                     algorithms=["ngram"], reps=1, compare=["llama.cpp"], compare_reps=1, peer_reps={"llama.cpp": 1},
+                     goals=True)
     report = run_plan(plan, target)
     assert not report.peer_errors
     peer_info = report.meta["settings"]["peers"]["llama.cpp"]
     assert peer_info["environment"] == {} and len(peer_info["probe"]) == 13
+    assert report.meta["settings"]["peer_reps"] == {"llama.cpp": 1}
     timed = [r for r in report.peer_records if r.rep >= 0]
     # each case: llama.cpp plain right after tsspec plain, prompt lookup right after ngram
     assert [(r.case_id, r.config, r.tsspec_config) for r in timed] == [
@@ -75,6 +77,7 @@ def test_goals_and_paired_peers_in_one_run(monkeypatch, cases, fake_llama_env):
     markdown = report.to_markdown()
     assert "## The CPU speed goals (issue 16)" in markdown and "verify cost by rows" in markdown
     # the probe table names every probed variant and marks the ones used
+    assert "1 paired round per prompt" in markdown
     assert "| llama.cpp | draft length | `prompt-lookup/generate/fa0/n3` |" in markdown
     assert f"| `{peer_info['chosen']['prompt-lookup']}` |" in markdown and "| used |" in markdown
     # the physical picture: the machine's figures and the floors, measured in this run

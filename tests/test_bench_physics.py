@@ -66,5 +66,7 @@ def test_picture_floors():
     assert p["compute_ms_1"] == pytest.approx(2.0) and p["compute_ms_k"] == pytest.approx(18.0)
     assert p["ratio_floor"] == pytest.approx(18.0 / 5.0)  # 9 rows arithmetic-bound, 1 row streaming-bound
     assert p["ratio_floor_vs_measured"] == pytest.approx(1.8) and p["one_row_over_floor"] == pytest.approx(2.0)
+    busy = dict(machine, float32_flops_n=40e9)  # the second core was taken: the 1-thread rate is the best
+    assert physics.picture(busy, {"bytes": 100e6, "weights": 100e6})["compute_ms_k"] == pytest.approx(36.0)
     fast = dict(machine, float32_flops_n=1e12)  # enough arithmetic: both steps stream-bound
     assert physics.picture(fast, {"bytes": 100e6, "weights": 100e6})["ratio_floor"] == pytest.approx(1.0)

@@ -122,3 +122,16 @@ def _row(p, ratio):
 def test_break_even_acceptance_interpolates_where_the_speed_up_crosses_one():
     assert break_even_acceptance([_row(0.0, 0.6), _row(0.5, 0.8), _row(1.0, 1.2)]) == pytest.approx(0.75)
     assert break_even_acceptance([_row(0.0, 0.6), _row(1.0, 0.9)]) is None
+
+
+def test_compare_reps_takes_a_count_and_per_engine_counts(capsys):
+    from tsspec.cli.bench_cmd import _peer_reps
+
+    names = ("transformers", "llama.cpp")
+    assert _peer_reps(None, names) == (None, {})
+    assert _peer_reps("2,transformers=1", names) == (2, {"transformers": 1})
+    assert _peer_reps("llama.cpp=3", names) == (None, {"llama.cpp": 3})
+    for bad, reason in (("transformers=0", "N >= 1"), ("two", "N >= 1"), ("vllm=2", "no peer 'vllm'")):
+        assert _bench(["--model", "toy", "--compare-reps", bad]) == 2
+        err = capsys.readouterr().err
+        assert reason in err and len(err.strip().splitlines()) == 1

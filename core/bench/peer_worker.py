@@ -10,7 +10,8 @@ worker writes is ``{"ready": {...}}`` (what it loaded, its environment) or ``{"e
 
 * ``{"op": "generate", "config": NAME, "prompt_ids": [...], "max_tokens": N}`` ->
   ``{"tokens": [...], "tps": decode tok/s, "seconds": whole call}``; with ``"max_seconds": S``
-  the run also stops after S seconds (the probe's runs: a slow variant costs little)
+  the run also stops S seconds after its first token (the probe's runs: a slow variant costs
+  little, and its decode rate is still measured over the tokens it made)
 * ``{"op": "prefill", "prompt_ids": [...]}`` -> ``{"seconds": prompt processing}``
 * ``{"op": "quit"}``
 
@@ -184,7 +185,6 @@ class LlamaCppEngine:
         tokens: list[int] = []
         times: list[float] = []
         start = time.perf_counter()
-        deadline = start + max_seconds if max_seconds else float("inf")
         if api == "create_completion":
             # the text API: one chunk per token (timed as it arrives); the API returns text, so
             # the token ids for the output comparison are the text tokenised again
@@ -193,7 +193,7 @@ class LlamaCppEngine:
                                                top_p=1.0, min_p=0.0, repeat_penalty=1.0, stream=True, seed=0):
                 times.append(time.perf_counter())
                 text.append(chunk["choices"][0]["text"])
-                if times[-1] > deadline:
+                if max_seconds and times[-1] - times[0] > max_seconds:
                     break
             seconds = time.perf_counter() - start
             tokens = [int(t) for t in llm.tokenize("".join(text).encode("utf-8"), add_bos=False, special=True)]
@@ -202,7 +202,7 @@ class LlamaCppEngine:
                                 reset=True):
             times.append(time.perf_counter())
             tokens.append(int(tok))
-            if int(tok) in stops or len(tokens) >= max_tokens or times[-1] > deadline:
+            if int(tok) in stops or len(tokens) >= max_tokens or (max_seconds and times[-1] - times[0] > max_seconds):
                 break
         seconds = time.perf_counter() - start
         return tokens, decode_rate(times, [1] * len(times)), seconds

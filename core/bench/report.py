@@ -446,7 +446,9 @@ def _peer_section(report: BenchReport) -> list[str]:
     probe_rows = []
     for name, info in (report.meta.get("settings", {}).get("peers") or {}).items():
         env = ", ".join(f"{k}={v}" for k, v in info.get("environment", {}).items()) or "no OpenMP settings"
-        lines.append(f"- {name}: {info.get('threads')} threads; used {info.get('chosen')}; environment: {env}")
+        reps = (report.meta.get("settings", {}).get("peer_reps") or {}).get(name)
+        lines.append(f"- {name}: {info.get('threads')} threads; used {info.get('chosen')}; environment: {env}"
+                     + (f"; {reps} paired round{'s' if reps != 1 else ''} per prompt" if reps else ""))
         chosen = set((info.get("chosen") or {}).values())
         for p in info.get("probe", []):
             probe_rows.append([name, p.get("stage", "-"), f"`{p['variant']}`", f"{p['tokens_per_second']:.1f}",
@@ -511,7 +513,7 @@ def _physics_lines(report: BenchReport) -> list[str]:
              f"{m['float32_flops_1'] / gb:.0f} GFLOP/s on 1 thread, {m['float32_flops_n'] / gb:.0f} GFLOP/s on "
              f"{m['threads']}.",
              f"- A 1-row forward does {ph['flops_1'] / gb:.2f} GFLOP ({ph['compute_ms_1']:.2f} ms at the "
-             f"{m['threads']}-thread rate); a {k}-row verify does {ph['flops_k'] / gb:.2f} GFLOP "
+             "best rate); a {k}-row verify does {ph['flops_k'] / gb:.2f} GFLOP "
              f"({ph['compute_ms_k']:.2f} ms). Floors: 1 row {ph['floor_1_ms']:.2f} ms, {k} rows "
              f"{ph['floor_k_ms']:.2f} ms ({'arithmetic' if ph['compute_ms_k'] > ph['stream_ms'] else 'streaming'}-bound).",
              ]

@@ -50,6 +50,7 @@ class BenchPlan:
     sampling: SamplingParams = attrs.field(factory=SamplingParams)
     compare: list[str] = attrs.field(factory=list)
     compare_reps: int | None = None  # None: reps
+    peer_reps: dict[str, int] = attrs.field(factory=dict)  # per-engine paired reps (over compare_reps)
     governor_check: bool = False
     goals: bool = False  # the CPU speed goals (issue 16): verify cost by rows, prefill, ratios to llama.cpp
     goals_dtype: str | None = None  # --dtype of the plain row beside goal 2 (None: precision.SECOND_DTYPE)
@@ -172,15 +173,16 @@ def run_plan(
     # follows tsspec's run of the same prompt and round, so the two see the same machine state
     partner = next((c.name for c in configs if c.kind == "algorithm"), None)
     compare_reps = plan.compare_reps or plan.reps
-    peer_tick = counter("peers", 2 * len(peers) * (1 + len(cases) * min(compare_reps, plan.reps))) if peers else None
+    reps_of = {name: min(plan.peer_reps.get(name, compare_reps), plan.reps) for name in peers}
+    peer_tick = counter("peers", sum(2 * (1 + len(cases) * n) for n in reps_of.values())) if peers else None
 
     def run_peers(kinds, case, rep, tsspec_record=None) -> list:
         from .peers import PeerUnavailable, run_peer_once
 
-        if rep >= compare_reps:
-            return []
         start = len(peer_records)
         for name, peer in list(peers.items()):
+            if rep >= reps_of[name]:
+                continue
             for kind in kinds:
                 try:
                     rec = run_peer_once(peer, kind, case, rep,
@@ -285,6 +287,8 @@ def run_plan(
         "settings": {
             "reps": plan.reps,
             "compare_reps": plan.compare_reps or plan.reps,
+            "peer_reps": {name: min(plan.peer_reps.get(name, plan.compare_reps or plan.reps), plan.reps)
+                          for name in plan.compare},
             "prompts": plan.prompts_label,
             "sampling": _sampling_text(plan.sampling),
             "window": draft_window(plan.options, target),

@@ -61,7 +61,7 @@ def bench(
     oracle_classes: Annotated[Optional[str], typer.Option("--oracle-classes", help="Run the oracle sweep on these classes only.", rich_help_panel=BENCH_PANEL)] = None,
     oracle_governor: Annotated[str, typer.Option("--oracle-governor", help="The sweep's cost governor: on, off, both, or 'options' (follow --spec-adaptive).", rich_help_panel=BENCH_PANEL)] = "options",
     compare: Annotated[Optional[List[str]], typer.Option("--compare", help="Peer on the same GGUF: transformers, llama.cpp (repeatable or comma separated).", rich_help_panel=BENCH_PANEL)] = None,
-    compare_reps: Annotated[Optional[int], typer.Option("--compare-reps", min=1, help="Paired reps for the peers (default: --reps).", rich_help_panel=BENCH_PANEL)] = None,
+    compare_reps: Annotated[Optional[str], typer.Option("--compare-reps", help="Paired reps for the peers (default: --reps): N, and/or ENGINE=N for one engine (e.g. 2,transformers=1).", rich_help_panel=BENCH_PANEL)] = None,
     governor_check: Annotated[bool, typer.Option("--governor-check", help="Also measure the cost governor's goals on a toy with the embedded model's cost profile.", rich_help_panel=BENCH_PANEL)] = False,
     goals: Annotated[bool, typer.Option("--goals", help="Also measure the CPU speed goals: verify cost by rows, prefill of 1,000 tokens (beside the --compare peers).", rich_help_panel=BENCH_PANEL)] = False,
     goals_dtype: Annotated[Optional[str], typer.Option("--goals-dtype", help="With --goals and --compare llama.cpp: the --dtype of a second plain-decode row beside goal 2, paired with llama.cpp's plain runs (default int8: llama.cpp's arithmetic on a Q4_1 file).", rich_help_panel=BENCH_PANEL)] = None,
@@ -113,6 +113,7 @@ def bench(
     for name in peers:
         if name not in PEER_NAMES:
             raise OptionsError(f"--compare {name}: choose from {', '.join(PEER_NAMES)}")
+    default_peer_reps, peer_reps = _peer_reps(compare_reps, PEER_NAMES)
 
     model_path = model
     if model is None:
@@ -140,7 +141,8 @@ def bench(
         options=options,
         sampling=sampling,
         compare=peers,
-        compare_reps=compare_reps,
+        compare_reps=default_peer_reps,
+        peer_reps=peer_reps,
         governor_check=governor_check,
         goals=goals,
         goals_dtype=goals_dtype,
@@ -202,6 +204,30 @@ def _run_with_progress(console, plan, target, on_mismatch, on_peer_error):
 
         return run_plan(plan, target, catalog=STATE.catalog, progress=progress,
                         on_mismatch=on_mismatch, on_peer_error=on_peer_error)
+
+
+def _peer_reps(text: str | None, names) -> tuple[int | None, dict[str, int]]:
+    """``--compare-reps``: 'N' and/or 'ENGINE=N' items -> (N or None, {engine: N}).
+
+    >>> _peer_reps("2,transformers=1", ("transformers", "llama.cpp"))
+    (2, {'transformers': 1})
+    """
+    default, per_engine = None, {}
+    for item in _split(text):
+        name, _, value = item.rpartition("=")
+        try:
+            reps = int(value)
+        except ValueError:
+            reps = 0
+        if reps < 1:
+            raise OptionsError(f"--compare-reps takes N or ENGINE=N with N >= 1, got {item!r}")
+        if not name:
+            default = reps
+        elif name in names:
+            per_engine[name] = reps
+        else:
+            raise OptionsError(f"--compare-reps {item}: no peer {name!r} (choose from {', '.join(names)})")
+    return default, per_engine
 
 
 ORACLE_GOVERNOR_CHOICES = {"options": (None,), "on": (True,), "off": (False,), "both": (False, True)}
