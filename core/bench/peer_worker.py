@@ -113,7 +113,16 @@ class TransformersEngine:
         ids = torch.tensor([list(prompt_ids)], dtype=torch.long)
         extra = {"prompt_lookup_num_tokens": draft_tokens(config) or PROMPT_LOOKUP_TOKENS} if config.startswith(LOOKUP) else {}
         if max_seconds:
-            extra["max_time"] = float(max_seconds)
+            from transformers import StoppingCriteria, StoppingCriteriaList
+
+            class _DecodeTime(StoppingCriteria):
+                """Stops ``max_seconds`` after the first emitted token (prefill not counted)."""
+
+                def __call__(self, input_ids, scores, **kwargs):
+                    done = bool(times) and time.perf_counter() - times[0] > max_seconds
+                    return torch.full((input_ids.shape[0],), done, dtype=torch.bool)
+
+            extra["stopping_criteria"] = StoppingCriteriaList([_DecodeTime()])
         start = time.perf_counter()
         with torch.inference_mode():
             out = self.model.generate(
