@@ -431,7 +431,7 @@ def _peer_section(report: BenchReport) -> list[str]:
         return []
     lines = ["## Peers on the same GGUF", "",
              "Each peer runs in its own process with its own default environment (tsspec's environment without "
-             "the OpenMP wait and thread settings), threads = cores, and gets the token ids tsspec encoded (same "
+             "the OpenMP wait and thread settings and without tsspec's own TS_* settings), threads = cores, and gets the token ids tsspec encoded (same "
              "chat template, prompts, budget, greedy). Each peer run follows the tsspec run of the same prompt and "
              "round (plain after tsspec plain, prompt lookup after tsspec's first algorithm), so 'tsspec / this' is "
              "a median of paired ratios. Timed over decoding only. transformers runs `generate()` on the model "
