@@ -200,12 +200,12 @@ def run_plan(
         """The second-arithmetic target's plain run, right after llama.cpp's plain run."""
         from .precision import PrecisionRun
 
-        partner = next((r for r in after if r.engine == "llama.cpp" and r.config == "plain"), None)
-        if second is None or partner is None:
+        llama = next((r for r in after if r.engine == "llama.cpp" and r.config == "plain"), None)
+        if second is None or llama is None:
             return
         result = second.runner.run_one(BenchConfig.plain(), case)
         second_runs.append(PrecisionRun(case.id, case.cls, rep, list(result.tokens), result.stats.tokens_per_second,
-                                        partner.tokens, partner.tokens_per_second, partner.variant,
+                                        llama.tokens, llama.tokens_per_second, llama.variant,
                                         references.get(case.id)))
         report_progress(f"{second.dtype} plain", len(second_runs), 0,
                         f"{case.id}: {result.stats.tokens_per_second:.1f} tok/s")
@@ -320,9 +320,9 @@ class SecondTarget:
 
 
 def _second_target(plan: BenchPlan, target, catalog, peers: dict, report_progress) -> SecondTarget | None:
-    """The model in ``plan.goals_dtype`` (default precision.SECOND_DTYPE) for the plain row beside goal 2, or None
-    (no --goals, no llama.cpp peer, no model file, or the bench's target already runs that
-    arithmetic)."""
+    """The model in ``plan.goals_dtype`` (default precision.SECOND_DTYPE) for the plain row
+    beside goal 2, or None (no --goals, no llama.cpp peer, no model file, a load error, or the
+    bench's target already runs that arithmetic)."""
     from .precision import SECOND_DTYPE
 
     dtype = plan.goals_dtype or SECOND_DTYPE
