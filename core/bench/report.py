@@ -513,7 +513,7 @@ def _physics_lines(report: BenchReport) -> list[str]:
              f"{m['float32_flops_1'] / gb:.0f} GFLOP/s on 1 thread, {m['float32_flops_n'] / gb:.0f} GFLOP/s on "
              f"{m['threads']}.",
              f"- A 1-row forward does {ph['flops_1'] / gb:.2f} GFLOP ({ph['compute_ms_1']:.2f} ms at the "
-             "best rate); a {k}-row verify does {ph['flops_k'] / gb:.2f} GFLOP "
+             f"best rate); a {k}-row verify does {ph['flops_k'] / gb:.2f} GFLOP "
              f"({ph['compute_ms_k']:.2f} ms). Floors: 1 row {ph['floor_1_ms']:.2f} ms, {k} rows "
              f"{ph['floor_k_ms']:.2f} ms ({'arithmetic' if ph['compute_ms_k'] > ph['stream_ms'] else 'streaming'}-bound).",
              ]
