@@ -74,6 +74,7 @@ class Llama:
         self.fa, self.lookup = flash_attn, draft_model is not None
         self.draft = 0 if draft_model is None else draft_model.num_pred_tokens
         self.n_tokens = 0
+        self.resets = 0
         self.closed = False
 
     def close(self):
@@ -84,6 +85,7 @@ class Llama:
 
     def reset(self):
         self.n_tokens = 0
+        self.resets += 1
 
     def eval(self, ids):
         time.sleep(0.001 * len(ids))

@@ -90,7 +90,7 @@ def test_draft_length_is_read_from_the_variant_name():
     assert _other_fields("prompt-lookup/create_completion/fa1/n10") == ("prompt-lookup", "create_completion", "fa1")
 
 
-def test_only_the_chosen_contexts_stay_after_the_probe(tmp_path, fake_llama_env, monkeypatch):
+def test_probe_runs_keep_the_prompt_and_only_the_chosen_contexts_stay(tmp_path, fake_llama_env, monkeypatch):
     env, model = fake_llama_env
     monkeypatch.syspath_prepend(env["PYTHONPATH"])
     monkeypatch.delitem(__import__("sys").modules, "llama_cpp", raising=False)
@@ -100,6 +100,12 @@ def test_only_the_chosen_contexts_stay_after_the_probe(tmp_path, fake_llama_env,
     engine = LlamaCppEngine(str(model), 1)
     for config in ("prompt-lookup/generate/fa0/n3", "prompt-lookup/generate/fa1/n3", "prompt-lookup/generate/fa0/n6"):
         engine.generate(config, [1, 2], 2, [2])
+    context = engine.contexts[(3, 0, 512)]
+    resets = context.resets
+    engine.generate("prompt-lookup/generate/fa0/n3", [1, 2], 2, [2], reuse_prompt=True)  # a probe run
+    assert context.resets == resets
+    engine.generate("prompt-lookup/generate/fa0/n3", [1, 2], 2, [2])  # a measured run prefills again
+    assert context.resets == resets + 1
     dropped = [c for k, c in engine.contexts.items() if k[0] in (6,) or k[:2] == (3, 0)]
     engine.keep(["plain/generate/fa0", "prompt-lookup/generate/fa1/n3"])
     assert sorted(engine.contexts) == [(0, 0, 512), (3, 1, 512)]  # the plain (prefill) one stays

@@ -10,8 +10,9 @@ worker writes is ``{"ready": {...}}`` (what it loaded, its environment) or ``{"e
 
 * ``{"op": "generate", "config": NAME, "prompt_ids": [...], "max_tokens": N}`` ->
   ``{"tokens": [...], "tps": decode tok/s, "seconds": whole call}``; with ``"max_seconds": S``
-  the run also stops S seconds after its first token (the probe's runs: a slow variant costs
-  little, and its decode rate is still measured over the tokens it made)
+  the run also stops S seconds after its first token, and with ``"reuse_prompt": true`` llama.cpp
+  keeps the prompt's KV from the previous run (the probe's runs, timed over decoding only: a
+  slow variant costs little, and no run prefills the same prompt again)
 * ``{"op": "prefill", "prompt_ids": [...]}`` -> ``{"seconds": prompt processing}``
 * ``{"op": "quit"}``
 
@@ -87,7 +88,7 @@ class TransformersEngine:
                      "threads": torch.get_num_threads()}
 
     def generate(self, config: str, prompt_ids: Sequence[int], max_tokens: int, stop: Sequence[int],
-                 max_seconds: float | None = None):
+                 max_seconds: float | None = None, reuse_prompt: bool = False):
         from transformers.generation.streamers import BaseStreamer
 
         times: list[float] = []
@@ -186,10 +187,11 @@ class LlamaCppEngine:
         return self.contexts[key]
 
     def generate(self, config: str, prompt_ids: Sequence[int], max_tokens: int, stop: Sequence[int],
-                 max_seconds: float | None = None):
+                 max_seconds: float | None = None, reuse_prompt: bool = False):
         _, api, fa, lookup = self._parse(config)
         llm = self._context(lookup, fa, 512)
-        llm.reset()  # no prefix reuse between runs: every run prefills, like tsspec's
+        if not reuse_prompt:
+            llm.reset()  # no prefix reuse between runs: every run prefills, like tsspec's
         stops = set(int(t) for t in stop) | {int(llm.token_eos())}
         tokens: list[int] = []
         times: list[float] = []
@@ -272,7 +274,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             if op == "generate":
                 tokens, tps, seconds = engine.generate(request["config"], request["prompt_ids"],
                                                        int(request["max_tokens"]), request.get("stop", []),
-                                                       request.get("max_seconds"))
+                                                       request.get("max_seconds"), bool(request.get("reuse_prompt")))
                 _answer({"tokens": tokens, "tps": tps, "seconds": seconds})
             elif op == "keep":
                 keep = getattr(engine, "keep", None)

@@ -137,14 +137,17 @@ class PeerProcess:
         return answer
 
     def generate(self, config: str, prompt_ids: Sequence[int], max_tokens: int,
-                 max_seconds: float | None = None) -> tuple[list[int], float, float]:
+                 max_seconds: float | None = None, reuse_prompt: bool = False) -> tuple[list[int], float, float]:
         """(tokens, decode tok/s, seconds) of one greedy run; ``config`` is a kind (plain,
-        prompt-lookup: the chosen variant) or a variant name; ``max_seconds`` also ends it."""
+        prompt-lookup: the chosen variant) or a variant name; ``max_seconds`` also ends it;
+        ``reuse_prompt`` lets the engine keep the previous run's prompt (probe runs only)."""
         variant = self.chosen.get(config, config)
         request = {"op": "generate", "config": variant, "prompt_ids": [int(t) for t in prompt_ids],
                    "max_tokens": int(max_tokens), "stop": self.stop_tokens}
         if max_seconds:
             request["max_seconds"] = float(max_seconds)
+        if reuse_prompt:
+            request["reuse_prompt"] = True
         a = self._ask(request)
         return [int(t) for t in a["tokens"]], float(a["tps"]), float(a["seconds"])
 
@@ -184,7 +187,7 @@ class PeerProcess:
         seen: dict[str, list[float]] = {v: [] for v in variants}
         for rep in range(-1, reps):
             for v in variants:
-                _, tps, _ = self.generate(v, prompt_ids, max_tokens, TUNE_SECONDS)
+                _, tps, _ = self.generate(v, prompt_ids, max_tokens, TUNE_SECONDS, reuse_prompt=True)
                 if rep >= 0:
                     seen[v].append(tps)
         medians = {v: statistics.median(t) for v, t in seen.items()}
