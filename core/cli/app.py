@@ -111,8 +111,9 @@ def main(argv: list[str] | None = None) -> None:
     # So this process - and only this process - asks OpenMP to sleep; an operator's own setting
     # wins (set OMP_WAIT_POLICY=ACTIVE to undo it), and every peer engine the bench starts gets
     # its environment without it (bench.peers.PEER_ENV_DROP). Still measured to help with the
-    # pool in place: `tsspec generate --no-spec`, 160 tokens, 5 alternating pairs with and
-    # without it on a shared 2-core machine: median 43.7 vs 40.7 tok/s, per-pair 1.11x (0.73-1.19).
+    # pool in place (`tsspec generate --no-spec`, 160 tokens, alternating pairs with and without
+    # it, a shared 2-core machine under load ~3): per-pair medians 1.11x (5 pairs, 0.73-1.19) and
+    # 1.03x (6 pairs, 0.67-1.32); a small gain inside a wide spread, never measured as a loss.
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
     argv = list(sys.argv[1:] if argv is None else argv)
     debug = "--debug" in argv
