@@ -113,7 +113,7 @@ def main(argv: list[str] | None = None) -> None:
     # its environment without it (bench.peers.PEER_ENV_DROP). Still measured to help with the
     # pool in place (`tsspec generate --no-spec`, 160 tokens, alternating pairs with and without
     # it, a shared 2-core machine under load ~3): per-pair medians 1.11x (5 pairs, 0.73-1.19) and
-    # 1.03x (6 pairs, 0.67-1.32); a small gain inside a wide spread, never measured as a loss.
+    # 1.03x (6 pairs, 0.67-1.32): a small gain in the median, inside a wide spread.
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
     argv = list(sys.argv[1:] if argv is None else argv)
     debug = "--debug" in argv
