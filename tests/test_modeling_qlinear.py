@@ -391,3 +391,22 @@ def test_int8_vnni_path_equals_the_avx2_path():
             assert torch.equal(vnni_row[0], vnni[0])
         finally:
             kernels.set_vnni(True)
+
+
+@needs_native
+def test_roofline_probes_do_their_work_and_refuse_bad_operands():
+    """The roofline probes (plugins/model_llama/scripts/roofline.py times them): probe_read sums
+    the buffer it is given whatever the chunking and threads; probe_fma runs its chains."""
+    kernels = native.kernels()
+    if native.info()["simd"] != "avx2+fma":
+        pytest.skip("the probes need AVX2 + FMA")
+    buf = torch.arange(1000, dtype=torch.float32) % 7  # small integers: every order sums exactly
+    expected = float(buf.sum())
+    for chunks, threads in ((1, 1), (5, 2), (256, 2)):
+        assert kernels.probe_read(buf.data_ptr(), buf.numel(), chunks, threads) == expected
+    assert kernels.probe_fma(10, 3, 2) > 0
+    for bad in ((0, 3, 1), (10, 0, 1)):
+        with pytest.raises(ValueError, match="probe_fma"):
+            kernels.probe_fma(*bad)
+    with pytest.raises(ValueError, match="probe_read"):
+        kernels.probe_read(buf.data_ptr(), buf.numel(), 257, 1)

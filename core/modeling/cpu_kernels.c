@@ -1308,6 +1308,51 @@ static void silu_mul_rows(const float *gu, float *out, int64_t rows, int64_t f) 
     }
 }
 
+/* ---- roofline probes ---------------------------------------------------------------------
+ * 5. What this CPU can do at most, for the verify-cost bound (scripts time them): probe_fma runs
+ *    chunks of independent 8-lane fused multiply-add chains (enough chains to cover the FMA
+ *    latency on every port), probe_read sums a buffer with 8-lane loads; both on the pool. */
+
+#define PROBE_CHAINS 12
+
+typedef struct {
+    int64_t iters;
+    const float *buf;
+    int64_t per_chunk; /* floats per chunk (probe_read) */
+    int64_t n;
+    float sums[256];
+} ProbeJob;
+
+#ifdef QG_X86
+QG_AVX2 static void probe_fma_chunk(void *arg, int64_t c) {
+    ProbeJob *J = (ProbeJob *)arg;
+    __m256 acc[PROBE_CHAINS];
+    const __m256 mul = _mm256_set1_ps(0.999999f), add = _mm256_set1_ps(1e-7f);
+    for (int i = 0; i < PROBE_CHAINS; i++) acc[i] = _mm256_set1_ps((float)(i + c));
+    for (int64_t it = 0; it < J->iters; it++)
+        for (int i = 0; i < PROBE_CHAINS; i++) acc[i] = _mm256_fmadd_ps(acc[i], mul, add);
+    __m256 t = acc[0];
+    for (int i = 1; i < PROBE_CHAINS; i++) t = _mm256_add_ps(t, acc[i]);
+    J->sums[c % 256] = hsum_avx2(t, _mm256_setzero_ps());
+}
+
+QG_AVX2 static void probe_read_chunk(void *arg, int64_t c) {
+    ProbeJob *J = (ProbeJob *)arg;
+    const int64_t i0 = c * J->per_chunk, i1 = i0 + J->per_chunk < J->n ? i0 + J->per_chunk : J->n;
+    __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+    int64_t i = i0;
+    for (; i + 32 <= i1; i += 32) {
+        a0 = _mm256_add_ps(a0, _mm256_loadu_ps(J->buf + i));
+        a1 = _mm256_add_ps(a1, _mm256_loadu_ps(J->buf + i + 8));
+        a2 = _mm256_add_ps(a2, _mm256_loadu_ps(J->buf + i + 16));
+        a3 = _mm256_add_ps(a3, _mm256_loadu_ps(J->buf + i + 24));
+    }
+    float s = hsum_avx2(_mm256_add_ps(a0, a1), _mm256_add_ps(a2, a3));
+    for (; i < i1; i++) s += J->buf[i];
+    J->sums[c % 256] = s;
+}
+#endif
+
 /* ---- python surface: raw addresses of torch tensors (qlinear.py checks every shape) ------- */
 
 static int check_weight(QWeight *W, int fmt, unsigned long long q, unsigned long long d, unsigned long long m,
@@ -1627,6 +1672,69 @@ static PyObject *py_info(PyObject *self, PyObject *noargs) {
                          pool.started);
 }
 
+/* probe_fma(iters, chunks, threads): chunks x iters x 12 eight-lane FMAs (AVX2 builds only) */
+static PyObject *py_probe_fma(PyObject *self, PyObject *args) {
+    long long iters, chunks;
+    int threads;
+    if (!PyArg_ParseTuple(args, "LLi", &iters, &chunks, &threads)) return NULL;
+    if (iters < 1 || chunks < 1) {
+        PyErr_SetString(PyExc_ValueError, "bad probe_fma operands");
+        return NULL;
+    }
+#ifdef QG_X86
+    if (!have_avx2()) {
+        PyErr_SetString(PyExc_RuntimeError, "probe_fma needs AVX2 + FMA");
+        return NULL;
+    }
+    ProbeJob *J = (ProbeJob *)calloc(1, sizeof(ProbeJob));
+    if (J == NULL) return PyErr_NoMemory();
+    J->iters = iters;
+    Py_BEGIN_ALLOW_THREADS
+    run_chunks(probe_fma_chunk, J, chunks, threads);
+    Py_END_ALLOW_THREADS
+    double total = 0;
+    for (int i = 0; i < 256; i++) total += J->sums[i];
+    free(J);
+    return PyFloat_FromDouble(total);
+#else
+    PyErr_SetString(PyExc_RuntimeError, "probe_fma needs AVX2 + FMA");
+    return NULL;
+#endif
+}
+
+/* probe_read(addr, n, chunks, threads): the sum of n float32 at addr, read in up to 256 chunks */
+static PyObject *py_probe_read(PyObject *self, PyObject *args) {
+    unsigned long long addr;
+    long long n, chunks;
+    int threads;
+    if (!PyArg_ParseTuple(args, "KLLi", &addr, &n, &chunks, &threads)) return NULL;
+    if (!addr || n < 1 || chunks < 1 || chunks > 256) {
+        PyErr_SetString(PyExc_ValueError, "bad probe_read operands");
+        return NULL;
+    }
+#ifdef QG_X86
+    if (!have_avx2()) {
+        PyErr_SetString(PyExc_RuntimeError, "probe_read needs AVX2 + FMA");
+        return NULL;
+    }
+    ProbeJob *J = (ProbeJob *)calloc(1, sizeof(ProbeJob));
+    if (J == NULL) return PyErr_NoMemory();
+    J->buf = (const float *)(uintptr_t)addr;
+    J->n = n;
+    J->per_chunk = ((n + chunks - 1) / chunks + 31) & ~(int64_t)31;
+    Py_BEGIN_ALLOW_THREADS
+    run_chunks(probe_read_chunk, J, (n + J->per_chunk - 1) / J->per_chunk, threads);
+    Py_END_ALLOW_THREADS
+    double total = 0;
+    for (int i = 0; i < 256; i++) total += J->sums[i];
+    free(J);
+    return PyFloat_FromDouble(total);
+#else
+    PyErr_SetString(PyExc_RuntimeError, "probe_read needs AVX2 + FMA");
+    return NULL;
+#endif
+}
+
 static PyMethodDef methods[] = {
     {"gemm", py_gemm, METH_VARARGS, "out[R, N] (+)= x[R, K] @ W[N, K]^T on quantised blocks"},
     {"dequant", py_dequant, METH_VARARGS, "W[N, K] -> float32"},
@@ -1640,6 +1748,8 @@ static PyMethodDef methods[] = {
     {"layers_forward", py_layers_forward, METH_VARARGS, "run blocks of a layer stack on residual rows, in place"},
     {"set_pairs", py_set_pairs, METH_VARARGS, "False: a decode row meets one 4-bit weight row at a time (A/B runs, tests)"},
     {"info", py_info, METH_NOARGS, "which paths this build has"},
+    {"probe_fma", py_probe_fma, METH_VARARGS, "roofline probe: chunks of independent FMA chains"},
+    {"probe_read", py_probe_read, METH_VARARGS, "roofline probe: sum a float32 buffer (read bandwidth)"},
     {NULL, NULL, 0, NULL},
 };
 
