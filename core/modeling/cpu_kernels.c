@@ -911,10 +911,15 @@ static void gemm_chunk(void *arg, int64_t c) {
         }
         if (simd) {
             /* re-unpacking the row per tile of 4 beats one unpack into a buffer shared by all
-             * rows (measured: 8 rows 21.6 vs 23.2 ms a token) */
-            for (int64_t r = 0; r < R; r += FUSED_ROWS)
-                dots_fused_avx2(W->fmt, q, d, m, nb, J->x + r * J->xs, J->xs, R - r < FUSED_ROWS ? R - r : FUSED_ROWS,
-                                res + r);
+             * rows (measured: 8 rows 21.6 vs 23.2 ms a token); the rows go in tiles of
+             * near-equal size (9 = 3 + 3 + 3, not 4 + 4 + 1: a lone row's tile waits on its
+             * two accumulators' latency; measured 1.01-1.08x faster) */
+            const int64_t tiles = (R + FUSED_ROWS - 1) / FUSED_ROWS;
+            for (int64_t i = 0, r = 0; i < tiles; i++) {
+                const int64_t rows = R / tiles + (i < R % tiles);
+                dots_fused_avx2(W->fmt, q, d, m, nb, J->x + r * J->xs, J->xs, rows, res + r);
+                r += rows;
+            }
         } else
 #endif
         {
