@@ -302,14 +302,15 @@ def test_int8_scalar_and_simd_agree_and_rows_are_batch_invariant(fmt, k, scalar_
 
 
 @needs_native
+@pytest.mark.parametrize("fmt", [4, 8])
 @pytest.mark.parametrize("precision", ["float32", "int8"])
 @pytest.mark.parametrize("k", [128, 160, 224])  # int8: no tail, tails of 1 and 3 blocks
-def test_decode_row_in_weight_row_pairs_equals_one_at_a_time(k, precision, scalar_path):
-    """A lone row of x meets format-4 weight rows two at a time (two independent chains); each
-    output is the one-at-a-time kernel's, the scalar path's and a multi-row call's, bit for bit
-    (odd N: a last row alone)."""
+def test_decode_row_in_weight_row_pairs_equals_one_at_a_time(k, precision, fmt, scalar_path):
+    """A lone row of x meets weight rows two at a time (two independent chains: format 4 in both
+    arithmetics, format 8 in float32); each output is the one-at-a-time kernel's, the scalar
+    path's and a multi-row call's, bit for bit (odd N: a last row alone)."""
     kernels = native.kernels()
-    bm = random_blocks(4, 23, k, seed=k)
+    bm = random_blocks(fmt, 23, k, seed=k)
     x = torch.randn(3, k, generator=torch.Generator().manual_seed(k))
     base = torch.randn(3, 23)
     paired = bm.linear(x[:1], base[:1], precision=precision)

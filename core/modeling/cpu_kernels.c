@@ -198,11 +198,12 @@ DEFINE_FUSED_TILES(dots_fused_q8_avx2, 8)
 DEFINE_FUSED_TILES(dots_fused_q16_avx2, 16)
 DEFINE_FUSED_TILES(dots_fused_f32_avx2, 32)
 
-/* a lone row of x (a decode) against 4-bit weight rows n and n + 1: each output's accumulators
+/* a lone row of x (a decode) against weight rows n and n + 1 (formats 4 and 8): each output's accumulators
  * and order exactly the tile's with T = 1, but two rows' chains of fused multiply-adds in flight
  * and x loaded once per block for both */
-QG_AVX2 static void dot_pair_q4_avx2(const uint8_t *q, int64_t q_row, const float *d, const float *m, int64_t s_row,
-                                     int64_t nb, const float *x, float *res) {
+QG_AVX2 static inline __attribute__((always_inline)) void dot_pair_avx2(const int fmt, const uint8_t *q, int64_t q_row,
+                                                                         const float *d, const float *m, int64_t s_row,
+                                                                         int64_t nb, const float *x, float *res) {
     __m256 a[2] = {_mm256_setzero_ps(), _mm256_setzero_ps()}, b[2] = {a[0], a[1]};
     for (int64_t blk = 0; blk < nb; blk++) {
         const float *xb = x + blk * QK;
@@ -210,8 +211,8 @@ QG_AVX2 static void dot_pair_q4_avx2(const uint8_t *q, int64_t q_row, const floa
         const __m256 x2 = _mm256_loadu_ps(xb + 16), x3 = _mm256_loadu_ps(xb + 24);
         for (int c = 0; c < 2; c++) {
             __m256 w[4];
-            _mm_prefetch((const char *)(q + c * q_row + blk * 16) + PREFETCH_BYTES, _MM_HINT_T0);
-            block_avx2(4, q + c * q_row, blk, d + c * s_row, m + c * s_row, w);
+            _mm_prefetch((const char *)(q + c * q_row + blk * block_bytes(fmt)) + PREFETCH_BYTES, _MM_HINT_T0);
+            block_avx2(fmt, q + c * q_row, blk, d + c * s_row, m + c * s_row, w);
             a[c] = _mm256_fmadd_ps(w[0], x0, a[c]);
             b[c] = _mm256_fmadd_ps(w[1], x1, b[c]);
             a[c] = _mm256_fmadd_ps(w[2], x2, a[c]);
@@ -220,6 +221,16 @@ QG_AVX2 static void dot_pair_q4_avx2(const uint8_t *q, int64_t q_row, const floa
     }
     res[0] = hsum_avx2(a[0], b[0]);
     res[1] = hsum_avx2(a[1], b[1]);
+}
+
+QG_AVX2 static void dot_pair_q4_avx2(const uint8_t *q, int64_t q_row, const float *d, const float *m, int64_t s_row,
+                                     int64_t nb, const float *x, float *res) {
+    dot_pair_avx2(4, q, q_row, d, m, s_row, nb, x, res);
+}
+
+QG_AVX2 static void dot_pair_q8_avx2(const uint8_t *q, int64_t q_row, const float *d, const float *m, int64_t s_row,
+                                     int64_t nb, const float *x, float *res) {
+    dot_pair_avx2(8, q, q_row, d, m, s_row, nb, x, res);
 }
 
 QG_AVX2 static void dots_fused_avx2(int fmt, const uint8_t *q, const float *d, const float *m, int64_t nb,
@@ -903,8 +914,9 @@ static void gemm_chunk(void *arg, int64_t c) {
         const uint8_t *q = W->q + n * nb * bb;
         const float *d = W->d + n * ns, *m = W->m + n * ns;
 #ifdef QG_X86
-        if (simd && use_pairs && R == 1 && W->fmt == 4 && n + 1 < n1) { /* a decode row, two weight rows */
-            dot_pair_q4_avx2(q, nb * bb, d, m, ns, nb, J->x, res);
+        if (simd && use_pairs && R == 1 && (W->fmt == 4 || W->fmt == 8) && n + 1 < n1) { /* a decode row, two weight rows */
+            if (W->fmt == 4) dot_pair_q4_avx2(q, nb * bb, d, m, ns, nb, J->x, res);
+            else dot_pair_q8_avx2(q, nb * bb, d, m, ns, nb, J->x, res);
             for (int c = 0; c < 2; c++, n++) J->out[n] = J->base != NULL ? J->base[n] + res[c] : res[c];
             n--;
             continue;
