@@ -108,3 +108,30 @@ def test_long_calls_go_in_slices_with_the_same_rows(monkeypatch):
     whole = attention.causal_attention(q, k, v, 5, heads=6)
     monkeypatch.setattr(attention, "ROW_SLICE", 4)
     assert torch.equal(attention.causal_attention(q, k, v, 5, heads=6), whole)
+
+
+@pytest.mark.parametrize("hd,rows,past", [(64, 9, 500), (64, 2, 0), (32, 5, 63), (16, 4, 70)])
+def test_query_pairs_equal_one_query_at_a_time(hd, rows, past, scalar_path):
+    """A KV head's queries go two at a time (their common keys together, the longer one's last
+    keys alone; hd not a multiple of 32: the V sums one at a time): every row is the one-query
+    path's and the scalar path's, bit for bit, on one thread and two."""
+    kernels = native.kernels()
+    q, k, v = case(rows=rows, past=past, heads=9, kv_heads=3, hd=hd, capacity=past + rows + 3, seed=hd)
+    q *= hd**-0.5
+    threads = torch.get_num_threads()
+    try:
+        results = []
+        for n in (1, 2):
+            torch.set_num_threads(n)
+            results.append(attention.causal_attention(q, k, v, past, heads=9))
+            kernels.set_query_pairs(False)
+            try:
+                results.append(attention.causal_attention(q, k, v, past, heads=9))
+            finally:
+                kernels.set_query_pairs(True)
+        with scalar_path():
+            results.append(attention.causal_attention(q, k, v, past, heads=9))
+    finally:
+        torch.set_num_threads(threads)
+    assert all(torch.equal(r, results[0]) for r in results[1:])
+    assert torch.allclose(results[0].double(), reference(q, k, v, past, 9), rtol=1e-5, atol=1e-6)
