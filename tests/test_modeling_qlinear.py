@@ -306,9 +306,10 @@ def test_int8_scalar_and_simd_agree_and_rows_are_batch_invariant(fmt, k, scalar_
 @pytest.mark.parametrize("precision", ["float32", "int8"])
 @pytest.mark.parametrize("k", [128, 160, 224])  # int8: no tail, tails of 1 and 3 blocks
 def test_decode_row_in_weight_row_pairs_equals_one_at_a_time(k, precision, fmt, scalar_path):
-    """A lone row of x meets weight rows two at a time (two independent chains: format 4 in both
-    arithmetics, format 8 in float32); each output is the one-at-a-time kernel's, the scalar
-    path's and a multi-row call's, bit for bit (odd N: a last row alone)."""
+    """A lone row of x meets weight rows several at a time (independent chains: format 4 four
+    then two at a time in float32, two in int8; format 8 two in float32); each output is the
+    one-at-a-time kernel's, the scalar path's and a multi-row call's, bit for bit (N = 23 in
+    chunks of 8: quads, a pair and a last row alone)."""
     kernels = native.kernels()
     bm = random_blocks(fmt, 23, k, seed=k)
     x = torch.randn(3, k, generator=torch.Generator().manual_seed(k))

@@ -228,6 +228,34 @@ QG_AVX2 static void dot_pair_q4_avx2(const uint8_t *q, int64_t q_row, const floa
     dot_pair_avx2(4, q, q_row, d, m, s_row, nb, x, res);
 }
 
+/* a lone row of x against 4-bit weight rows n .. n + 3: eight chains in flight; each output's
+ * accumulators and order are the tile's with T = 1 */
+QG_AVX2 static void dot_quad_q4_avx2(const uint8_t *q, int64_t q_row, const float *d, const float *m, int64_t s_row,
+                                     int64_t nb, const float *x, float *res) {
+    __m256 a[4], b[4];
+    for (int c = 0; c < 4; c++) a[c] = b[c] = _mm256_setzero_ps();
+    const __m256i low4 = _mm256_set1_epi32(0x0F);
+    for (int64_t blk = 0; blk < nb; blk++) {
+        const float *xb = x + blk * QK;
+        for (int c = 0; c < 4; c++) {
+            const uint8_t *qc = q + c * q_row + blk * 16;
+            _mm_prefetch((const char *)qc + PREFETCH_BYTES, _MM_HINT_T0);
+            const __m256 dv = _mm256_set1_ps(d[c * s_row + blk]), mv = _mm256_set1_ps(m[c * s_row + blk]);
+            const __m256i z0 = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)qc));
+            const __m256i z1 = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(qc + 8)));
+            a[c] = _mm256_fmadd_ps(_mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_and_si256(z0, low4)), dv, mv),
+                                   _mm256_loadu_ps(xb), a[c]);
+            b[c] = _mm256_fmadd_ps(_mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_and_si256(z1, low4)), dv, mv),
+                                   _mm256_loadu_ps(xb + 8), b[c]);
+            a[c] = _mm256_fmadd_ps(_mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_srli_epi32(z0, 4)), dv, mv),
+                                   _mm256_loadu_ps(xb + 16), a[c]);
+            b[c] = _mm256_fmadd_ps(_mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_srli_epi32(z1, 4)), dv, mv),
+                                   _mm256_loadu_ps(xb + 24), b[c]);
+        }
+    }
+    for (int c = 0; c < 4; c++) res[c] = hsum_avx2(a[c], b[c]);
+}
+
 QG_AVX2 static void dot_pair_q8_avx2(const uint8_t *q, int64_t q_row, const float *d, const float *m, int64_t s_row,
                                      int64_t nb, const float *x, float *res) {
     dot_pair_avx2(8, q, q_row, d, m, s_row, nb, x, res);
@@ -257,7 +285,7 @@ static int have_avx2(void) { return 0; }
 
 static int use_simd = -1; /* -1: auto, 0: scalar forced (tests) */
 static int use_vnni = 1;  /* 0: the int8 path stays on AVX2 even where VNNI exists (tests) */
-static int use_pairs = 1; /* 0: a decode row meets one 4-bit weight row at a time (A/B runs, tests) */
+static int use_pairs = 1; /* 0: a decode row meets one weight row at a time (A/B runs, tests) */
 static int use_qpairs = 1; /* 0: attention takes a KV head's queries one at a time (A/B runs, tests) */
 
 static inline int simd_on(void) { return use_simd != 0 && have_avx2(); }
@@ -915,6 +943,12 @@ static void gemm_chunk(void *arg, int64_t c) {
         const uint8_t *q = W->q + n * nb * bb;
         const float *d = W->d + n * ns, *m = W->m + n * ns;
 #ifdef QG_X86
+        if (simd && use_pairs && R == 1 && W->fmt == 4 && n + 3 < n1) { /* a decode row, four weight rows */
+            dot_quad_q4_avx2(q, nb * bb, d, m, ns, nb, J->x, res);
+            for (int c = 0; c < 4; c++, n++) J->out[n] = J->base != NULL ? J->base[n] + res[c] : res[c];
+            n--;
+            continue;
+        }
         if (simd && use_pairs && R == 1 && (W->fmt == 4 || W->fmt == 8) && n + 1 < n1) { /* a decode row, two weight rows */
             if (W->fmt == 4) dot_pair_q4_avx2(q, nb * bb, d, m, ns, nb, J->x, res);
             else dot_pair_q8_avx2(q, nb * bb, d, m, ns, nb, J->x, res);
@@ -1869,7 +1903,7 @@ static PyMethodDef methods[] = {
     {"layers_new", py_layers_new, METH_VARARGS, "describe a stack of llama blocks once (a capsule)"},
     {"layers_forward", py_layers_forward, METH_VARARGS, "run blocks of a layer stack on residual rows, in place"},
     {"set_query_pairs", py_set_query_pairs, METH_VARARGS, "False: attention takes queries one at a time (A/B runs, tests)"},
-    {"set_pairs", py_set_pairs, METH_VARARGS, "False: a decode row meets one 4-bit weight row at a time (A/B runs, tests)"},
+    {"set_pairs", py_set_pairs, METH_VARARGS, "False: a decode row meets one weight row at a time, not 4 (4-bit) or 2 (A/B runs, tests)"},
     {"info", py_info, METH_NOARGS, "which paths this build has"},
     {"probe_fma", py_probe_fma, METH_VARARGS, "roofline probe: chunks of independent FMA chains"},
     {"probe_read", py_probe_read, METH_VARARGS, "roofline probe: sum a float32 buffer (read bandwidth)"},
