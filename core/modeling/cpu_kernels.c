@@ -1,6 +1,7 @@
 /* CPU kernels of tsspec (module tsspec.modeling._cpu_kernels): the quantised-weight matmul (1),
- * causal attention over a KV cache (2), the small per-row ops of a block (3), and a stack of
- * pre-norm GQA + SwiGLU blocks run from those in one call (4). All compute every row the same
+ * causal attention over a KV cache (2), the small per-row ops of a block (3), a stack of
+ * pre-norm GQA + SwiGLU blocks run from those in one call (4), and two roofline probes (5:
+ * measurement only, nothing else calls them). All compute every row the same
  * way whatever the number of rows in the call, so a 1-row decode and a k-row verify agree bit
  * for bit.
  *
