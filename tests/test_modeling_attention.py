@@ -110,11 +110,12 @@ def test_long_calls_go_in_slices_with_the_same_rows(monkeypatch):
     assert torch.equal(attention.causal_attention(q, k, v, 5, heads=6), whole)
 
 
-@pytest.mark.parametrize("hd,rows,past", [(64, 9, 500), (64, 2, 0), (32, 5, 63), (16, 4, 70)])
-def test_query_pairs_equal_one_query_at_a_time(hd, rows, past, scalar_path):
+@pytest.mark.parametrize("hd,rows,past", [(64, 9, 500), (64, 2, 0), (32, 5, 63), (16, 4, 70), (128, 3, 45)])
+def test_query_pairs_and_wide_loops_equal_the_narrow_one_query_path(hd, rows, past, scalar_path):
     """A KV head's queries go two at a time (their common keys together, the longer one's last
-    keys alone; hd not a multiple of 32: the V sums one at a time): every row is the one-query
-    path's and the scalar path's, bit for bit, on one thread and two."""
+    keys alone; hd not a multiple of 32: the V sums one at a time), and one query's scores eight
+    keys and its V sums 64 elements at a time: with either switched off, on one thread and two,
+    every row is the same, and the scalar path's, bit for bit."""
     kernels = native.kernels()
     q, k, v = case(rows=rows, past=past, heads=9, kv_heads=3, hd=hd, capacity=past + rows + 3, seed=hd)
     q *= hd**-0.5
@@ -123,12 +124,15 @@ def test_query_pairs_equal_one_query_at_a_time(hd, rows, past, scalar_path):
         results = []
         for n in (1, 2):
             torch.set_num_threads(n)
-            results.append(attention.causal_attention(q, k, v, past, heads=9))
-            kernels.set_query_pairs(False)
-            try:
-                results.append(attention.causal_attention(q, k, v, past, heads=9))
-            finally:
-                kernels.set_query_pairs(True)
+            for pairs in (True, False):
+                for wide in (True, False):
+                    kernels.set_query_pairs(pairs)
+                    kernels.set_wide_attention(wide)
+                    try:
+                        results.append(attention.causal_attention(q, k, v, past, heads=9))
+                    finally:
+                        kernels.set_query_pairs(True)
+                        kernels.set_wide_attention(True)
         with scalar_path():
             results.append(attention.causal_attention(q, k, v, past, heads=9))
     finally:

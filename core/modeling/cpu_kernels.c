@@ -288,6 +288,7 @@ static int use_simd = -1; /* -1: auto, 0: scalar forced (tests) */
 static int use_vnni = 1;  /* 0: the int8 path stays on AVX2 even where VNNI exists (tests) */
 static int use_pairs = 1; /* 0: a decode row meets one weight row at a time (A/B runs, tests) */
 static int use_qpairs = 1; /* 0: attention takes a KV head's queries one at a time (A/B runs, tests) */
+static int use_wide_attn = 1; /* 0: one query's scores 4 keys and its V sums 32 elements at a time (A/B runs, tests) */
 
 static inline int simd_on(void) { return use_simd != 0 && have_avx2(); }
 
@@ -1137,12 +1138,22 @@ QG_AVX2 static inline __m256 exp_avx2(__m256 x) {
     return _mm256_and_ps(_mm256_castsi256_ps(bits), keep);
 }
 
-/* scores of one query against keys [j0, j1) of a KV head, four keys at a time; each score is
- * the same 8-lane dot as attend_scalar's */
+/* scores of one query against keys [j0, j1) of a KV head, eight keys at a time (eight chains in
+ * flight), then four, then one; each score is the same 8-lane dot as attend_scalar's */
 QG_AVX2 static inline void scores_avx2(const float *qv, const float *kg, int64_t j0, int64_t j1, int64_t hd,
                                        float *scores) {
     int64_t j = j0;
     __m256 z = _mm256_setzero_ps();
+    for (; use_wide_attn && j + 8 <= j1; j += 8) {
+        const float *k0 = kg + j * hd;
+        __m256 a[8];
+        for (int t = 0; t < 8; t++) a[t] = z;
+        for (int64_t i = 0; i < hd; i += 8) {
+            const __m256 q = _mm256_loadu_ps(qv + i);
+            for (int t = 0; t < 8; t++) a[t] = _mm256_fmadd_ps(q, _mm256_loadu_ps(k0 + t * hd + i), a[t]);
+        }
+        for (int t = 0; t < 8; t++) scores[j + t] = hsum_avx2(a[t], z);
+    }
     for (; j + 4 <= j1; j += 4) {
         const float *k0 = kg + j * hd;
         __m256 a0 = z, a1 = z, a2 = z, a3 = z;
@@ -1251,10 +1262,22 @@ QG_AVX2 static inline void weighted_v2_avx2(const float *pa, const float *pb, co
     }
 }
 
-/* o += p_j v_j over keys [j0, j1) for one query, up to 4 chunks of 8 elements in registers */
+/* o += p_j v_j over keys [j0, j1) for one query: 8 chunks of 8 elements in registers (eight
+ * chains) while 64 are left, then up to 4; each element takes its products in key order */
 QG_AVX2 static inline void weighted_v_avx2(const float *p, const float *vg, int64_t j0, int64_t j1, int64_t hd,
                                            float *o) {
-    for (int64_t i = 0; i < hd; i += 32) {
+    int64_t i0 = 0;
+    for (; use_wide_attn && i0 + 64 <= hd; i0 += 64) {
+        __m256 c[8];
+        for (int t = 0; t < 8; t++) c[t] = _mm256_loadu_ps(o + i0 + 8 * t);
+        for (int64_t j = j0; j < j1; j++) {
+            const __m256 pj = _mm256_set1_ps(p[j]);
+            const float *vj = vg + j * hd + i0;
+            for (int t = 0; t < 8; t++) c[t] = _mm256_fmadd_ps(pj, _mm256_loadu_ps(vj + 8 * t), c[t]);
+        }
+        for (int t = 0; t < 8; t++) _mm256_storeu_ps(o + i0 + 8 * t, c[t]);
+    }
+    for (int64_t i = i0; i < hd; i += 32) {
         int64_t w = hd - i < 32 ? hd - i : 32;
         __m256 c0 = _mm256_loadu_ps(o + i), c1 = c0, c2 = c0, c3 = c0;
         if (w > 8) c1 = _mm256_loadu_ps(o + i + 8);
@@ -1813,6 +1836,13 @@ static PyObject *py_set_query_pairs(PyObject *self, PyObject *args) {
     Py_RETURN_NONE;
 }
 
+static PyObject *py_set_wide_attention(PyObject *self, PyObject *args) {
+    int on;
+    if (!PyArg_ParseTuple(args, "p", &on)) return NULL;
+    use_wide_attn = on;
+    Py_RETURN_NONE;
+}
+
 static PyObject *py_set_pairs(PyObject *self, PyObject *args) {
     int on;
     if (!PyArg_ParseTuple(args, "p", &on)) return NULL;
@@ -1904,6 +1934,7 @@ static PyMethodDef methods[] = {
     {"layers_new", py_layers_new, METH_VARARGS, "describe a stack of llama blocks once (a capsule)"},
     {"layers_forward", py_layers_forward, METH_VARARGS, "run blocks of a layer stack on residual rows, in place"},
     {"set_query_pairs", py_set_query_pairs, METH_VARARGS, "False: attention takes queries one at a time (A/B runs, tests)"},
+    {"set_wide_attention", py_set_wide_attention, METH_VARARGS, "False: one query's scores 4 keys, V sums 32 elements at a time (A/B runs, tests)"},
     {"set_pairs", py_set_pairs, METH_VARARGS, "False: a decode row meets one weight row at a time, not 4 (4-bit) or 2 (A/B runs, tests)"},
     {"info", py_info, METH_NOARGS, "which paths this build has"},
     {"probe_fma", py_probe_fma, METH_VARARGS, "roofline probe: chunks of independent FMA chains"},

@@ -1,10 +1,14 @@
 """The compiled attention at the embedded model's shapes (9 query heads, 3 KV heads, head size 64)
-by rows x context: a KV head's queries two at a time (the default) against one at a time, paired
-(the two alternate within each round, their order swapped every round; medians over rounds). With
-one thread the time is the thread's CPU time, else wall time.
+by rows x context, one of its switches off against on (the default), paired (the two alternate
+within each round, their order swapped every round; medians over rounds): ``pairs``, a KV head's
+queries two at a time; ``wide``, one query's scores eight keys and its V sums 64 elements at a
+time. With one thread the time is the thread's CPU time, else wall time.
 
-    python plugins/model_llama/scripts/attention_bench.py [--threads 1] [--rows 1,3,9]
-        [--contexts 100,500] [--rounds 9] [--calls 200]
+    python plugins/model_llama/scripts/attention_bench.py [--switch pairs|wide] [--threads 1]
+        [--rows 1,3,9] [--contexts 100,500] [--rounds 9] [--calls 200] [--single-queries]
+
+``--single-queries`` keeps query pairs off on both sides (the one-query path, which a decode row
+takes on two threads: SmolLM2's 3 KV heads split into single query heads there).
 """
 
 from __future__ import annotations
@@ -22,15 +26,21 @@ HEADS, KV_HEADS, HEAD_DIM = 9, 3, 64
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--switch", choices=("pairs", "wide"), default="pairs")
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--rows", default="1,3,9")
     ap.add_argument("--contexts", default="100,500")
     ap.add_argument("--rounds", type=int, default=9)
     ap.add_argument("--calls", type=int, default=200, help="calls timed together per measurement")
+    ap.add_argument("--single-queries", action="store_true", help="query pairs off on both sides")
     args = ap.parse_args()
     kernels = native.kernels()
-    if kernels is None or not hasattr(kernels, "set_query_pairs"):
-        raise SystemExit("attention_bench: the compiled kernels (with query pairs) are not built")
+    setter_name = {"pairs": "set_query_pairs", "wide": "set_wide_attention"}[args.switch]
+    if kernels is None or not hasattr(kernels, setter_name):
+        raise SystemExit(f"attention_bench: the compiled kernels (with {setter_name}) are not built")
+    switch = getattr(kernels, setter_name)
+    if args.single_queries:
+        kernels.set_query_pairs(False)
     clock = time.thread_time if args.threads == 1 else time.perf_counter
     print(f"kernels: {native.info()}; threads {args.threads}; {HEADS} heads, {KV_HEADS} KV heads, head size {HEAD_DIM}")
     for context in [int(c) for c in args.contexts.split(",")]:
@@ -43,17 +53,18 @@ def main() -> int:
             times = {False: [], True: []}
             for rnd in range(args.rounds):
                 for pairs in (False, True) if rnd % 2 == 0 else (True, False):
-                    kernels.set_query_pairs(pairs)
+                    switch(pairs)
                     start = clock()
                     for _ in range(args.calls):
                         kernels.attention(q.data_ptr(), HEADS * HEAD_DIM, k.data_ptr(), v.data_ptr(), cap, out.data_ptr(),
                                           rows, HEADS, KV_HEADS, HEAD_DIM, context, args.threads)
                     times[pairs].append((clock() - start) / args.calls * 1000)
-            kernels.set_query_pairs(True)
+            switch(True)
             one, two = statistics.median(times[False]), statistics.median(times[True])
             paired = statistics.median(b / a for a, b in zip(times[False], times[True]))
-            print(f"context {context}, rows {rows}: one at a time {one:.4f} ms, pairs {two:.4f} ms; "
-                  f"pairs / one {two / one:.3f} (paired {paired:.3f})")
+            print(f"context {context}, rows {rows}: {args.switch} off {one:.4f} ms, on {two:.4f} ms; "
+                  f"on / off {two / one:.3f} (paired {paired:.3f})")
+    kernels.set_query_pairs(True)
     return 0
 
 
