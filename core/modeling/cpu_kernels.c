@@ -1178,9 +1178,16 @@ QG_AVX2 static inline void scores_avx2(const float *qv, const float *kg, int64_t
 
 /* softmax weights in place (unnormalised) and their sum, as attend_scalar computes them */
 QG_AVX2 static inline float softmax_avx2(float *scores, int64_t keys) {
-    float top = -INFINITY;
+    /* the largest score in 8 lanes, then across them: a maximum is the same in any order (a NaN
+     * score is passed over, as the scalar loop's comparison passes it over) */
+    __m256 m8 = _mm256_set1_ps(-INFINITY);
     int64_t j;
-    for (j = 0; j < keys; j++)
+    for (j = 0; j + 8 <= keys; j += 8) m8 = _mm256_max_ps(_mm256_loadu_ps(scores + j), m8);
+    float lanes[8], top = -INFINITY;
+    _mm256_storeu_ps(lanes, m8);
+    for (int l = 0; l < 8; l++)
+        if (lanes[l] > top) top = lanes[l];
+    for (; j < keys; j++)
         if (scores[j] > top) top = scores[j];
     __m256 vtop = _mm256_set1_ps(top), lane = _mm256_setzero_ps();
     for (j = 0; j + 8 <= keys; j += 8) {
