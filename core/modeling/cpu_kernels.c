@@ -199,9 +199,9 @@ DEFINE_FUSED_TILES(dots_fused_q8_avx2, 8)
 DEFINE_FUSED_TILES(dots_fused_q16_avx2, 16)
 DEFINE_FUSED_TILES(dots_fused_f32_avx2, 32)
 
-/* a lone row of x (a decode) against weight rows n and n + 1 (formats 4 and 8): each output's accumulators
- * and order exactly the tile's with T = 1, but two rows' chains of fused multiply-adds in flight
- * and x loaded once per block for both */
+/* a lone row of x (a decode) against weight rows n and n + 1 (formats 4 and 8): each output's
+ * accumulators and order exactly the tile's with T = 1, but two rows' chains of fused
+ * multiply-adds in flight and x loaded once per block for both */
 QG_AVX2 static inline __attribute__((always_inline)) void dot_pair_avx2(const int fmt, const uint8_t *q, int64_t q_row,
                                                                          const float *d, const float *m, int64_t s_row,
                                                                          int64_t nb, const float *x, float *res) {
@@ -288,7 +288,7 @@ static int use_simd = -1; /* -1: auto, 0: scalar forced (tests) */
 static int use_vnni = 1;  /* 0: the int8 path stays on AVX2 even where VNNI exists (tests) */
 static int use_pairs = 1; /* 0: a decode row meets one weight row at a time (A/B runs, tests) */
 static int use_qpairs = 1; /* 0: attention takes a KV head's queries one at a time (A/B runs, tests) */
-static int use_wide_attn = 1; /* 0: one query's scores 4 keys and its V sums 32 elements at a time (A/B runs, tests) */
+static int use_wide_attn = 1; /* 0: a query's scores 4 keys, its V sums 32 values at a time (A/B, tests) */
 
 static inline int simd_on(void) { return use_simd != 0 && have_avx2(); }
 
@@ -951,7 +951,7 @@ static void gemm_chunk(void *arg, int64_t c) {
             n--;
             continue;
         }
-        if (simd && use_pairs && R == 1 && (W->fmt == 4 || W->fmt == 8) && n + 1 < n1) { /* a decode row, two weight rows */
+        if (simd && use_pairs && R == 1 && (W->fmt == 4 || W->fmt == 8) && n + 1 < n1) { /* two weight rows */
             if (W->fmt == 4) dot_pair_q4_avx2(q, nb * bb, d, m, ns, nb, J->x, res);
             else dot_pair_q8_avx2(q, nb * bb, d, m, ns, nb, J->x, res);
             for (int c = 0; c < 2; c++, n++) J->out[n] = J->base != NULL ? J->base[n] + res[c] : res[c];
@@ -1227,8 +1227,10 @@ QG_AVX2 static inline void scores2_avx2(const float *qa, const float *qb, const 
             a3 = _mm256_fmadd_ps(x, k, a3);
             b3 = _mm256_fmadd_ps(y, k, b3);
         }
-        sa[j] = hsum_avx2(a0, z), sa[j + 1] = hsum_avx2(a1, z), sa[j + 2] = hsum_avx2(a2, z), sa[j + 3] = hsum_avx2(a3, z);
-        sb[j] = hsum_avx2(b0, z), sb[j + 1] = hsum_avx2(b1, z), sb[j + 2] = hsum_avx2(b2, z), sb[j + 3] = hsum_avx2(b3, z);
+        sa[j] = hsum_avx2(a0, z), sa[j + 1] = hsum_avx2(a1, z);
+        sa[j + 2] = hsum_avx2(a2, z), sa[j + 3] = hsum_avx2(a3, z);
+        sb[j] = hsum_avx2(b0, z), sb[j + 1] = hsum_avx2(b1, z);
+        sb[j + 2] = hsum_avx2(b2, z), sb[j + 3] = hsum_avx2(b3, z);
     }
     if (j < j1) {
         scores_avx2(qa, kg, j, j1, hd, sa);
@@ -1940,9 +1942,12 @@ static PyMethodDef methods[] = {
     {"set_vnni", py_set_vnni, METH_VARARGS, "False keeps the int8 path on AVX2 where VNNI exists (tests)"},
     {"layers_new", py_layers_new, METH_VARARGS, "describe a stack of llama blocks once (a capsule)"},
     {"layers_forward", py_layers_forward, METH_VARARGS, "run blocks of a layer stack on residual rows, in place"},
-    {"set_query_pairs", py_set_query_pairs, METH_VARARGS, "False: attention takes queries one at a time (A/B runs, tests)"},
-    {"set_wide_attention", py_set_wide_attention, METH_VARARGS, "False: one query's scores 4 keys, V sums 32 elements at a time (A/B runs, tests)"},
-    {"set_pairs", py_set_pairs, METH_VARARGS, "False: a decode row meets one weight row at a time, not 4 (4-bit) or 2 (A/B runs, tests)"},
+    {"set_query_pairs", py_set_query_pairs, METH_VARARGS,
+     "False: attention takes a KV head's queries one at a time (A/B runs, tests)"},
+    {"set_wide_attention", py_set_wide_attention, METH_VARARGS,
+     "False: a query's scores 4 keys, its V sums 32 values at a time (A/B runs, tests)"},
+    {"set_pairs", py_set_pairs, METH_VARARGS,
+     "False: a decode row meets one weight row at a time, not 4 (4-bit) or 2 (A/B runs, tests)"},
     {"info", py_info, METH_NOARGS, "which paths this build has"},
     {"probe_fma", py_probe_fma, METH_VARARGS, "roofline probe: chunks of independent FMA chains"},
     {"probe_read", py_probe_read, METH_VARARGS, "roofline probe: sum a float32 buffer (read bandwidth)"},
