@@ -88,5 +88,6 @@ def test_goals_and_paired_peers_in_one_run(monkeypatch, cases, fake_llama_env):
     assert "Lower bound of the 9-row / 1-row ratio" in markdown
     section = markdown[markdown.index("### The physical picture"):markdown.index("Prefill, llama.cpp")]
     assert "{" not in section and "a 9-row verify does" in section  # every figure formatted
+    assert "- Plain decoding in this run: a one-row step takes" in section
     data = report.to_json()
     assert len(data["goals"]["rows"]) == 6 and data["goals"]["measured"]["prefill"]["tokens"] == 40

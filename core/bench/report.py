@@ -8,6 +8,7 @@ ratios), so regenerating the document can never leave stale prose behind.
 from __future__ import annotations
 
 import json
+import statistics
 from pathlib import Path
 from typing import Sequence
 
@@ -521,6 +522,17 @@ def _physics_lines(report: BenchReport) -> list[str]:
         lines.append(f"- Measured at {goals['verify']['context']} tokens of context: 1 row {ph['one_row_ms']:.1f} ms "
                      f"({ph['one_row_over_floor']:.2f}x its floor), {k} rows {ph.get('rows_ms', 0):.1f} ms "
                      f"({ph.get('rows_over_floor', 0):.2f}x its floor).")
+    step = plain_step_ms(report)
+    if step:
+        lines.append(f"- Plain decoding in this run: a one-row step takes {step:.2f} ms on average (plain runs, all "
+                     f"classes), {step / ph['floor_1_ms']:.2f}x the floor.")
+    llama = [r.tokens_per_second for r in report.peer_records
+             if r.engine == "llama.cpp" and r.config == PLAIN and r.rep >= 0 and r.tokens_per_second]
+    if llama and ph.get("file_bytes"):
+        ll_ms = 1e3 / statistics.median(llama)
+        ll_floor = ph["file_bytes"] / m["read_bytes_per_s"] * 1e3
+        lines.append(f"- llama.cpp's plain decoding in this run: {ll_ms:.2f} ms a token (median), "
+                     f"{ll_ms / ll_floor:.2f}x the streaming floor of the file's bytes ({ll_floor:.2f} ms).")
     lines.append(f"- Lower bound of the {k}-row / 1-row ratio with float32 arithmetic on this machine: "
                  f"{ph['ratio_floor']:.2f}x when both forwards run at their floors"
                  + (f"; {ph['ratio_floor_vs_measured']:.2f}x against today's 1-row forward" if ph.get("one_row_ms") else "")
