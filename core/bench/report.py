@@ -504,7 +504,8 @@ def _physics_lines(report: BenchReport) -> list[str]:
     file_text = f"; the GGUF file's tensors: {ph['file_bytes'] / 1e6:.1f} MB" if ph.get("file_bytes") else ""
     lines = ["", "### The physical picture (measured in this run)", "",
              f"- Weights a step streams: {ph['weight_bytes'] / 1e6:.1f} MB as tsspec holds them in memory "
-             f"({ph['weights'] / 1e6:.1f} M multiply-add weights{file_text}).",
+             f"({ph['weights'] / 1e6:.1f} M multiply-add weights{file_text}). The floors below count these "
+             "matrices only: attention's KV reads and multiply-adds, which grow with the context, come on top.",
              f"- Memory read bandwidth, {m['threads']} threads (a sum over {m['bandwidth_buffer_mib']} MiB, best of "
              f"a few): {m['read_bytes_per_s'] / gb:.1f} GB/s, so streaming the weights once takes at "
              f"least {ph['stream_ms']:.2f} ms a step: at most {ph['stream_tps']:.0f} tok/s"
