@@ -120,3 +120,22 @@ def test_a_probe_run_ends_at_its_time_limit(fake_llama_env):
         assert 0 < len(tokens) < 10_000 and seconds < 5 and tps > 0
     finally:
         peer.close()
+
+
+def test_prompt_lookup_is_probed_on_its_own_prompt(fake_llama_env):
+    env, model = fake_llama_env
+    peer = PeerProcess("llama.cpp", model, [2], threads=1, env=peer_environment(env))
+    seen = []
+    generate = peer.generate
+
+    def recording(config, prompt_ids, *args, **kwargs):
+        seen.append((config.split("/")[0], tuple(prompt_ids)))
+        return generate(config, prompt_ids, *args, **kwargs)
+
+    peer.generate = recording
+    try:
+        peer.tune([1, 2, 3], lookup_prompt_ids=[7, 8, 9], max_tokens=3, reps=1)
+    finally:
+        peer.close()
+    assert {ids for kind, ids in seen if kind == PLAIN} == {(1, 2, 3)}
+    assert {ids for kind, ids in seen if kind == LOOKUP} == {(7, 8, 9)}

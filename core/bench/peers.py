@@ -155,13 +155,15 @@ class PeerProcess:
         """Seconds to process the prompt (no generation)."""
         return float(self._ask({"op": "prefill", "prompt_ids": [int(t) for t in prompt_ids], **settings})["seconds"])
 
-    def tune(self, prompt_ids: Sequence[int], *, max_tokens: int | None = None, reps: int | None = None) -> list[dict]:
+    def tune(self, prompt_ids: Sequence[int], *, lookup_prompt_ids: Sequence[int] | None = None,
+             max_tokens: int | None = None, reps: int | None = None) -> list[dict]:
         """Probe the variants on one prompt and keep the fastest of each kind by median decode
         tok/s. Each stage alternates its variants (a warm-up round, then ``reps`` rounds):
         the plain variants; the prompt-lookup draft lengths (the other fields as the first
         variant's); then the other fields (API, flash attention) at the best draft length. The
         stages keep the probe short as the list of variants grows (20 prompt-lookup variants
-        for llama.cpp, 8 of them probed)."""
+        for llama.cpp, 8 of them probed). The prompt-lookup stages run on ``lookup_prompt_ids``
+        when given (a prompt of the kind prompt lookup is compared on), else on ``prompt_ids``."""
         max_tokens = max_tokens or TUNE_SETTINGS.get(self.engine, (TUNE_TOKENS, TUNE_REPS))[0]
         reps = reps or TUNE_SETTINGS.get(self.engine, (TUNE_TOKENS, TUNE_REPS))[1]
         self.probe = []
@@ -172,10 +174,11 @@ class PeerProcess:
         if len(lookup) > 1:
             first = _other_fields(lookup[0])
             lengths = [v for v in lookup if _other_fields(v) == first]
-            best = self._probe_stage("draft length", lengths, prompt_ids, max_tokens, reps) if len(lengths) > 1 else lookup[0]
+            ids = prompt_ids if lookup_prompt_ids is None else lookup_prompt_ids
+            best = self._probe_stage("draft length", lengths, ids, max_tokens, reps) if len(lengths) > 1 else lookup[0]
             rest = [v for v in lookup if draft_tokens(v) == draft_tokens(best)]
             if len(rest) > 1:
-                best = self._probe_stage("api and flash attention", rest, prompt_ids, max_tokens, reps)
+                best = self._probe_stage("api and flash attention", rest, ids, max_tokens, reps)
             self.chosen[LOOKUP] = best
         if self.probe:
             self._ask({"op": "keep", "configs": sorted(set(self.chosen.values()))})

@@ -441,8 +441,10 @@ def _peer_section(report: BenchReport) -> list[str]:
              "`LlamaPromptLookupDecoding(num_pred_tokens=N)` for prompt lookup (a draft model turns `logits_all` on "
              "by itself: every verify computes the output head on all its rows). The variants (draft length N, "
              "both engines' default 10; for llama.cpp also the API `generate` / `create_completion` and flash "
-             "attention off / on) are probed on the first prompt, in stages (plain variants; draft lengths; then "
-             "API and flash attention at the best length), and the fastest of each kind is used.",
+             "attention off / on) are probed in stages (plain variants on the first prompt; draft lengths, then "
+             "API and flash attention at the best length, on the first prompt of an input-grounded class: "
+             "code-edit, summary, qa or rewrite, where goal 3 compares prompt lookup), and the fastest of each "
+             "kind is used.",
              "", f"Command: `{report.meta['command']}`", ""]
     probe_rows = []
     for name, info in (report.meta.get("settings", {}).get("peers") or {}).items():
@@ -455,7 +457,7 @@ def _peer_section(report: BenchReport) -> list[str]:
             probe_rows.append([name, p.get("stage", "-"), f"`{p['variant']}`", f"{p['tokens_per_second']:.1f}",
                                "used" if p["variant"] in chosen else ""])
     if probe_rows:
-        lines += ["", "The probe (first prompt, decode tok/s, medians of the rounds of each stage):", ""]
+        lines += ["", "The probe (decode tok/s, medians of the rounds of each stage):", ""]
         lines += _table(["engine", "stage", "variant", "tok/s", ""], probe_rows)
     lines.append("")
     header = ["engine", "config", "class", "tok/s", "speed-up vs own plain (min-max)", "tsspec / this (paired)",

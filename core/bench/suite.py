@@ -359,7 +359,11 @@ def _start_peers(plan: BenchPlan, target, cases, report_progress, on_peer_error)
             try:
                 if cases:
                     report_progress(name, 0, 0, "probing its variants")
-                    peer.tune(cases[0].prompt_ids)
+                    # prompt lookup is probed where goal 3 compares it: an input-grounded prompt
+                    from .goals import GROUNDED
+
+                    grounded = next((c for c in cases if c.cls in GROUNDED), cases[0])
+                    peer.tune(cases[0].prompt_ids, lookup_prompt_ids=grounded.prompt_ids)
             except PeerUnavailable:
                 peer.close()
                 raise
