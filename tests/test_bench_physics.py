@@ -68,6 +68,8 @@ def test_picture_floors():
     assert p["ratio_floor_vs_measured"] == pytest.approx(1.8) and p["one_row_over_floor"] == pytest.approx(2.0)
     busy = dict(machine, float32_flops_n=40e9)  # the second core was taken: the 1-thread rate is the best
     assert physics.picture(busy, {"bytes": 100e6, "weights": 100e6})["compute_ms_k"] == pytest.approx(36.0)
+    shared = dict(machine, read_bytes_per_s_1=40e9)  # one thread read faster: the floor streams at that
+    assert physics.picture(shared, {"bytes": 100e6, "weights": 100e6})["stream_ms"] == pytest.approx(2.5)
     fast = dict(machine, float32_flops_n=1e12)  # enough arithmetic: both steps stream-bound
     assert physics.picture(fast, {"bytes": 100e6, "weights": 100e6})["ratio_floor"] == pytest.approx(1.0)
 
@@ -76,8 +78,8 @@ def test_the_report_reads_the_picture_and_llama_cpp_against_the_file_floor():
     from tsspec.bench.peers import PLAIN, PeerRecord
     from tsspec.bench.report import BenchReport, _physics_lines
 
-    machine = {"threads": 2, "read_bytes_per_s": 20e9, "float32_flops_1": 50e9, "float32_flops_n": 100e9,
-               "bandwidth_buffer_mib": 256, "matmul_size": 1024}
+    machine = {"threads": 2, "read_bytes_per_s": 20e9, "read_bytes_per_s_1": 15e9, "float32_flops_1": 50e9,
+               "float32_flops_n": 100e9, "bandwidth_buffer_mib": 256, "matmul_size": 1024}
     picture = physics.picture(machine, {"bytes": 120e6, "weights": 100e6}, one_row_ms=10.0, rows=9, rows_ms=30.0)
     picture["file_bytes"] = 100e6  # 5 ms at 20 GB/s
     llama = [PeerRecord("llama.cpp", PLAIN, "c", "qa", rep, [1], tps, 1.0) for rep, tps in ((-1, 1.0), (0, 100.0), (1, 100.0))]
@@ -85,6 +87,6 @@ def test_the_report_reads_the_picture_and_llama_cpp_against_the_file_floor():
                          goals={"machine": machine, "physics": picture, "verify": {"context": 500}})
     text = "\n".join(_physics_lines(report))
     assert "- Weights a step streams: 120.0 MB" in text and "the GGUF file's tensors: 100.0 MB" in text
-    assert "20.0 GB/s" in text and "at least 6.00 ms a step: at most 167 tok/s" in text
+    assert "15.0 GB/s on 1 thread, 20.0 GB/s on 2" in text and "at least 6.00 ms a step: at most 167 tok/s" in text
     assert "llama.cpp's plain decoding in this run: 10.00 ms a token (median), 2.00x" in text  # warm-up left out
     assert "3.00x when both forwards run at their floors" in text and "cannot reach it" in text

@@ -128,11 +128,12 @@ def weight_footprint(target) -> dict:
 
 
 def measure_machine(threads: int) -> dict:
-    """The machine's two figures: read bandwidth at ``threads`` threads, float32 rate at 1 and
-    at ``threads`` threads."""
+    """The machine's two figures, each at 1 and at ``threads`` threads: read bandwidth and
+    float32 rate."""
     return {
         "threads": threads,
         "read_bytes_per_s": read_bandwidth(threads, mib=BANDWIDTH_MIB),
+        "read_bytes_per_s_1": read_bandwidth(1, mib=BANDWIDTH_MIB),
         "float32_flops_1": float32_rate(1, size=MATMUL_SIZE),
         "float32_flops_n": float32_rate(threads, size=MATMUL_SIZE),
         "bandwidth_buffer_mib": BANDWIDTH_MIB,
@@ -152,15 +153,17 @@ def picture(machine: dict, footprint: dict, *, one_row_ms: float | None = None, 
     >>> round(p["ratio_floor"], 2)
     1.8
     """
-    stream_ms = footprint["bytes"] / machine["read_bytes_per_s"] * 1e3
+    # the best rates measured: on a shared machine the all-thread figures can come out below the
+    # one-thread ones (another process held a core), and a floor must not be raised by that
+    bandwidth = max(machine["read_bytes_per_s"], machine.get("read_bytes_per_s_1", 0.0))
+    stream_ms = footprint["bytes"] / bandwidth * 1e3
     flops_1 = 2.0 * footprint["weights"]  # one row: a multiply-add per weight
-    # the best rate measured: on a shared machine the all-thread figure can come out below the
-    # one-thread one (another process held a core), and a floor must not be raised by that
     rate = max(machine["float32_flops_1"], machine["float32_flops_n"])
     compute_1 = flops_1 / rate * 1e3
     compute_k = rows * flops_1 / rate * 1e3
     floor_1, floor_k = max(stream_ms, compute_1), max(stream_ms, compute_k)
     out = {
+        "read_bytes_per_s": bandwidth, "float32_flops": rate,
         "weight_bytes": footprint["bytes"], "weights": footprint["weights"], "rows": rows,
         "stream_ms": stream_ms, "stream_tps": 1e3 / stream_ms,
         "flops_1": flops_1, "flops_k": rows * flops_1, "compute_ms_1": compute_1, "compute_ms_k": compute_k,
