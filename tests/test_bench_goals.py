@@ -77,7 +77,7 @@ def test_goals_and_paired_peers_in_one_run(monkeypatch, cases, fake_llama_env):
     markdown = report.to_markdown()
     assert "## The CPU speed goals (issue 16)" in markdown and "verify cost by rows" in markdown
     # the probe table names every probed variant and marks the ones used
-    assert "1 paired round per prompt" in markdown
+    assert "1 paired round per prompt; the probe took" in markdown and peer_info["probe_seconds"] > 0
     assert "| llama.cpp | draft length | `prompt-lookup/generate/fa0/n3` |" in markdown
     assert f"| `{peer_info['chosen']['prompt-lookup']}` |" in markdown and "| used |" in markdown
     # the physical picture: the machine's figures and the floors, measured in this run

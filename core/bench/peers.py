@@ -30,6 +30,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 from typing import Sequence
 
@@ -114,6 +115,7 @@ class PeerProcess:
         default = [v for v in lookup if draft_tokens(v) in (None, PROMPT_LOOKUP_TOKENS)]  # the engine's own default
         self.chosen = {PLAIN: self._variants(PLAIN)[0], LOOKUP: (default or lookup)[0]}
         self.probe: list[dict] = []
+        self.probe_seconds: float | None = None  # how long tune() took
 
     def _variants(self, kind: str) -> list[str]:
         return [c for c in self.configs if c == kind or c.startswith(kind + "/")]
@@ -167,6 +169,7 @@ class PeerProcess:
         max_tokens = max_tokens or TUNE_SETTINGS.get(self.engine, (TUNE_TOKENS, TUNE_REPS))[0]
         reps = reps or TUNE_SETTINGS.get(self.engine, (TUNE_TOKENS, TUNE_REPS))[1]
         self.probe = []
+        started = time.perf_counter()
         plain = self._variants(PLAIN)
         if len(plain) > 1:
             self.chosen[PLAIN] = self._probe_stage("plain", plain, prompt_ids, max_tokens, reps)
@@ -182,6 +185,7 @@ class PeerProcess:
             self.chosen[LOOKUP] = best
         if self.probe:
             self._ask({"op": "keep", "configs": sorted(set(self.chosen.values()))})
+        self.probe_seconds = time.perf_counter() - started
         return self.probe
 
     def _probe_stage(self, stage: str, variants: Sequence[str], prompt_ids, max_tokens: int, reps: int) -> str:
@@ -211,6 +215,7 @@ class PeerProcess:
 
     def describe(self) -> dict:
         return {"engine": self.engine, "threads": self.threads, "chosen": dict(self.chosen), "probe": self.probe,
+                "probe_seconds": None if self.probe_seconds is None else round(self.probe_seconds, 1),
                 "info": self.info, "environment": self.environment}
 
 

@@ -451,7 +451,8 @@ def _peer_section(report: BenchReport) -> list[str]:
         env = ", ".join(f"{k}={v}" for k, v in info.get("environment", {}).items()) or "no OpenMP settings"
         reps = (report.meta.get("settings", {}).get("peer_reps") or {}).get(name)
         lines.append(f"- {name}: {info.get('threads')} threads; used {info.get('chosen')}; environment: {env}"
-                     + (f"; {reps} paired round{'s' if reps != 1 else ''} per prompt" if reps else ""))
+                     + (f"; {reps} paired round{'s' if reps != 1 else ''} per prompt" if reps else "")
+                     + (f"; the probe took {info['probe_seconds']:.0f} s" if info.get("probe_seconds") else ""))
         chosen = set((info.get("chosen") or {}).values())
         for p in info.get("probe", []):
             probe_rows.append([name, p.get("stage", "-"), f"`{p['variant']}`", f"{p['tokens_per_second']:.1f}",
