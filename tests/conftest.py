@@ -73,6 +73,7 @@ class Llama:
                  logits_all=False, draft_model=None):
         self.fa, self.lookup = flash_attn, draft_model is not None
         self.draft = 0 if draft_model is None else draft_model.num_pred_tokens
+        self.logits_all = logits_all
         self.n_tokens = 0
         self.resets = 0
         self.closed = False

@@ -101,6 +101,8 @@ def test_probe_runs_keep_the_prompt_and_only_the_chosen_contexts_stay(tmp_path, 
     for config in ("prompt-lookup/generate/fa0/n3", "prompt-lookup/generate/fa1/n3", "prompt-lookup/generate/fa0/n6"):
         engine.generate(config, [1, 2], 2, [2])
     context = engine.contexts[(3, 0, 512)]
+    # llama-cpp-python sizes its logits array from the argument: a draft model needs it True
+    assert context.logits_all is True and engine.contexts[(0, 0, 512)].logits_all is False
     resets = context.resets
     engine.generate("prompt-lookup/generate/fa0/n3", [1, 2], 2, [2], reuse_prompt=True)  # a probe run
     assert context.resets == resets

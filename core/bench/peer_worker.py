@@ -28,9 +28,12 @@ verify a 11-row forward). llama.cpp also offers two documented APIs (``generate`
 prompt and keeps the fastest of each kind (``peers.PeerProcess.tune``).
 
 llama-cpp-python's prompt lookup (``LlamaPromptLookupDecoding``, max n-gram 2) needs every row's
-logits: ``Llama(draft_model=...)`` turns ``logits_all`` on by itself (llama.py: ``_logits_all =
-logits_all if draft_model is None else True``), so each verify also computes the output head on
-all its rows and copies them into a numpy array; the worker passes nothing else.
+logits (``generate`` samples each drafted position from its own row): ``Llama(draft_model=...)``
+turns ``logits_all`` on by itself (llama.py: ``_logits_all = logits_all if draft_model is None
+else True``), so each verify also computes the output head on all its rows and copies them into
+a numpy array. The worker still passes ``logits_all=True``: the library sizes that array from
+the argument (``n_ctx`` rows with it, ``n_batch`` without), and without it a context longer than
+``n_batch`` tokens fails ("could not broadcast input array", checked on 0.3.36).
 """
 
 from __future__ import annotations
@@ -178,8 +181,8 @@ class LlamaCppEngine:
             from llama_cpp import Llama
             from llama_cpp.llama_speculative import LlamaPromptLookupDecoding
 
-            # a draft model turns logits_all on by itself (see the module docstring)
-            extra = {"draft_model": LlamaPromptLookupDecoding(num_pred_tokens=lookup)} if lookup else {}
+            # logits_all: every row's logits, in an array of n_ctx rows (see the module docstring)
+            extra = {"logits_all": True, "draft_model": LlamaPromptLookupDecoding(num_pred_tokens=lookup)} if lookup else {}
             self.contexts[key] = Llama(
                 model_path=self.path, n_ctx=self.n_ctx, n_threads=self.threads, n_threads_batch=self.threads,
                 n_batch=n_batch, flash_attn=bool(fa), verbose=False, seed=0, **extra,

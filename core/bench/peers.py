@@ -3,7 +3,7 @@
 * ``transformers``: ``generate()`` greedy, plain and with ``prompt_lookup_num_tokens`` (its
   prompt-lookup decoding), on the model dequantised from the same GGUF.
 * ``llama.cpp`` through ``llama-cpp-python``: plain, and with its prompt-lookup draft model
-  (``LlamaPromptLookupDecoding``; a draft model turns ``logits_all`` on by itself).
+  (``LlamaPromptLookupDecoding``, with ``logits_all=True``: see peer_worker.py).
 
 Every peer runs in its own process (``peer_worker.py``, started by ``PeerProcess``) with the
 environment tsspec was started with minus the OpenMP wait/thread settings (``PEER_ENV_DROP``):
