@@ -59,6 +59,23 @@ def test_machine_figures_are_positive_and_restore_the_thread_count():
     assert torch.get_num_threads() == before
 
 
+def test_fma_peak_is_the_kernels_probe_and_the_floor_uses_the_best_rate():
+    from tsspec.modeling import native
+
+    kernels = native.kernels()
+    peak = physics.fma_peak(2, reps=1)
+    if kernels is None or not native.kernels().info().get("simd", "").startswith("avx2"):
+        assert peak is None  # no compiled AVX2 kernels: no probe, the torch figure stands alone
+        return
+    one = physics.fma_peak(1, reps=1)
+    assert peak > 0 and one > 0 and peak == pytest.approx(2 * one, rel=0.5)  # per core, times the threads
+    machine = {"threads": 2, "read_bytes_per_s": 20e9, "float32_flops_1": 1e9, "float32_flops_n": 2e9,
+               "fma_peak_flops_n": 100e9}
+    assert physics.picture(machine, {"bytes": 100e6, "weights": 100e6})["float32_flops"] == 100e9
+    without = dict(machine, fma_peak_flops_n=None)  # the probe is absent: the matmul rate is the best
+    assert physics.picture(without, {"bytes": 100e6, "weights": 100e6})["float32_flops"] == 2e9
+
+
 def test_picture_floors():
     machine = {"threads": 2, "read_bytes_per_s": 20e9, "float32_flops_1": 50e9, "float32_flops_n": 100e9}
     p = physics.picture(machine, {"bytes": 100e6, "weights": 100e6}, one_row_ms=10.0, rows=9, rows_ms=30.0)
@@ -86,6 +103,10 @@ def test_the_report_reads_the_picture_and_llama_cpp_against_the_file_floor():
     report = BenchReport({}, [], [], [], [], peer_records=llama,
                          goals={"machine": machine, "physics": picture, "verify": {"context": 500}})
     text = "\n".join(_physics_lines(report))
+    assert "fused multiply-add peak" not in text  # no probe figure in this machine record
+    machine["fma_peak_flops_n"] = 200e9
+    assert "multiply-add peak (the compiled kernels' probe" in "\n".join(_physics_lines(report))
+    assert "200 GFLOP/s" in "\n".join(_physics_lines(report))
     assert "- Weights a step streams: 120.0 MB" in text and "the GGUF file's tensors: 100.0 MB" in text
     assert "15.0 GB/s on 1 thread, 20.0 GB/s on 2" in text and "at least 6.00 ms a step: at most 167 tok/s" in text
     assert "llama.cpp's plain decoding in this run: 10.00 ms a token (median), 2.00x" in text  # warm-up left out

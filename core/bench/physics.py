@@ -4,7 +4,10 @@ A decode step streams every weight matrix once (plain decode is bound by memory 
 k-row verify streams the same bytes once but does k times the multiply-adds (2 flops per weight
 per row). Two figures of this machine bound both: the memory read bandwidth at the thread count
 the bench runs with (a torch sum over a buffer far larger than the caches, best of a few) and
-the float32 multiply-add rate (a large torch float32 matmul, best of a few, 1 thread and all).
+the float32 multiply-add rate: the hardware's fused multiply-add peak where tsspec's compiled
+kernels can probe it (independent FMA chains timed in CPU seconds of one core, times the
+threads), else a large torch float32 matmul (best of a few, 1 thread and all), which runs below
+the peak and so gives a floor that is too high.
 From them and the target's weight bytes come the streaming floor of a step and the lowest
 9-row / 1-row cost ratio a float32 kernel can reach here: nothing is assumed about the CPU.
 
@@ -23,6 +26,10 @@ BANDWIDTH_MIB = 256  # the summed buffer: far above any last-level cache of thes
 BANDWIDTH_REPS = 5
 MATMUL_SIZE = 1024  # a square float32 matmul: 2 * 1024^3 flops, compute-bound on any CPU
 MATMUL_REPS = 5
+FMA_ITERS = 200_000  # probe iterations per chunk: ~0.1 s of one core
+FMA_CHUNKS = 4
+FMA_LANES = 8  # float32 lanes of one AVX2 register
+FMA_CHAINS = 12  # independent FMA chains per probe iteration (PROBE_CHAINS in cpu_kernels.c)
 SKIPPED_ATTRIBUTES = ("draft_head", "tokenizer")  # reachable from a target, but not its weights
 
 
@@ -68,6 +75,29 @@ def float32_rate(threads: int, *, size: int = MATMUL_SIZE, reps: int = MATMUL_RE
     with _Threads(threads):
         seconds = _best_seconds(lambda: torch.mm(a, b, out=out), reps)
     return 2.0 * size ** 3 / seconds
+
+
+def fma_peak(threads: int, *, reps: int = BANDWIDTH_REPS) -> float | None:
+    """float32 flops per second at the CPU's fused multiply-add peak on ``threads`` cores: the
+    compiled kernels' ``probe_fma`` on one core, per CPU second (another job holding the core
+    does not lower it), times ``threads``; None where the kernels or their AVX2 path are absent."""
+    from tsspec.modeling import native
+
+    kernels = native.kernels()
+    if kernels is None or not hasattr(kernels, "probe_fma"):
+        return None
+    try:
+        kernels.probe_fma(1000, FMA_CHUNKS, 1)
+    except RuntimeError:  # a build without AVX2 + FMA
+        return None
+    best = 0.0
+    for _ in range(reps):
+        cpu = time.process_time()
+        kernels.probe_fma(FMA_ITERS, FMA_CHUNKS, 1)
+        seconds = time.process_time() - cpu
+        if seconds > 0:
+            best = max(best, FMA_CHUNKS * FMA_ITERS * FMA_CHAINS * FMA_LANES / seconds)
+    return 2.0 * best * threads if best else None
 
 
 def weight_footprint(target) -> dict:
@@ -136,6 +166,7 @@ def measure_machine(threads: int) -> dict:
         "read_bytes_per_s_1": read_bandwidth(1, mib=BANDWIDTH_MIB),
         "float32_flops_1": float32_rate(1, size=MATMUL_SIZE),
         "float32_flops_n": float32_rate(threads, size=MATMUL_SIZE),
+        "fma_peak_flops_n": fma_peak(threads),
         "bandwidth_buffer_mib": BANDWIDTH_MIB,
         "matmul_size": MATMUL_SIZE,
     }
@@ -158,7 +189,7 @@ def picture(machine: dict, footprint: dict, *, one_row_ms: float | None = None, 
     bandwidth = max(machine["read_bytes_per_s"], machine.get("read_bytes_per_s_1", 0.0))
     stream_ms = footprint["bytes"] / bandwidth * 1e3
     flops_1 = 2.0 * footprint["weights"]  # one row: a multiply-add per weight
-    rate = max(machine["float32_flops_1"], machine["float32_flops_n"])
+    rate = max(machine["float32_flops_1"], machine["float32_flops_n"], machine.get("fma_peak_flops_n") or 0.0)
     compute_1 = flops_1 / rate * 1e3
     compute_k = rows * flops_1 / rate * 1e3
     floor_1, floor_k = max(stream_ms, compute_1), max(stream_ms, compute_k)

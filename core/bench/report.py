@@ -518,8 +518,11 @@ def _physics_lines(report: BenchReport) -> list[str]:
                 f"{ph['read_bytes_per_s'] / ph['file_bytes']:.0f} tok/s for the file's bytes)." if ph.get("file_bytes") else "."),
              f"- float32 multiply-add rate ({m['matmul_size']}x{m['matmul_size']} torch matmul, best of a few): "
              f"{m['float32_flops_1'] / gb:.0f} GFLOP/s on 1 thread, {m['float32_flops_n'] / gb:.0f} GFLOP/s on "
-             f"{m['threads']} (the floors use the best of each figure: on a shared machine another job can hold "
-             "a core).",
+             f"{m['threads']}"
+             + (f"; the CPU's fused multiply-add peak (the compiled kernels' probe: independent FMA chains, "
+                f"per CPU second of a core, times {m['threads']}): {m['fma_peak_flops_n'] / gb:.0f} GFLOP/s"
+                if m.get("fma_peak_flops_n") else "")
+             + " (the floors use the best of these figures: on a shared machine another job can hold a core).",
              f"- A 1-row forward does {ph['flops_1'] / gb:.2f} GFLOP ({ph['compute_ms_1']:.2f} ms at the "
              f"best rate); a {k}-row verify does {ph['flops_k'] / gb:.2f} GFLOP "
              f"({ph['compute_ms_k']:.2f} ms). Floors: 1 row {ph['floor_1_ms']:.2f} ms, {k} rows "
