@@ -115,3 +115,44 @@ def test_probes_draft_short_until_a_draft_lands():
     held = SpeculationCostGovernor()
     held.state = "hold"
     assert held.draft_limit(8) == 8
+
+
+def test_draft_limit_follows_the_measured_economics():
+    """After a landing, the limit is the length with the most tokens per ms: one token for a
+    drafter whose second token rarely lands on rows that cost, the window without sizing."""
+    g = SpeculationCostGovernor(min_samples=50)  # keep it probing: only the length is tested
+    for i in range(30):
+        g.record(False, PLAIN_MS, 1)
+        g.record(True, 13.0, 2 if i % 5 < 2 else 1, drafted=1)  # one draft, 40% land
+        g.record(True, 17.0, 2 if i % 5 < 2 else 1, drafted=2)  # two drafts, the second never lands
+    assert g.probe_landed and g.draft_limit(8) == 1
+    g.size_drafts = False
+    assert g.draft_limit(8) == 8
+
+
+def test_generation_lets_a_speculator_size_its_own_drafts(monkeypatch):
+    from tsspec.runtime import generation
+    from tsspec.testing import ToyTarget
+
+    seen = []
+
+    class Sizer:
+        name, needs_hidden_state, sizes_own_drafts = "sizer", False, True
+
+        def propose(self, ctx):
+            return []
+
+        def commit(self, *args):
+            pass
+
+    real = generation.SpeculativeExecution
+
+    def spy(*args, **kwargs):
+        seen.append(kwargs["governor"].size_drafts)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(generation, "SpeculativeExecution", spy)
+    generation.generate(ToyTarget(), [1, 2, 3], max_tokens=2, speculator=Sizer())
+    Sizer.sizes_own_drafts = "yes"  # not a plain True: the governor sizes the drafts
+    generation.generate(ToyTarget(), [1, 2, 3], max_tokens=2, speculator=Sizer())
+    assert seen == [False, True]

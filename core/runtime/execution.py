@@ -279,7 +279,8 @@ class SpeculativeExecution:
             seq.carry = hidden[kept - 1]
         self._commit(rows_in[:kept], rows, p)
         # a batched trunk also charges what the verify's extra rows cost the rest of its batch
-        self.governor.record(True, self._ms(step_start) + float(getattr(self.trunk, "extra_cost_ms", 0.0)), kept)
+        self.governor.record(True, self._ms(step_start) + float(getattr(self.trunk, "extra_cost_ms", 0.0)), kept,
+                             drafted=len(drafts))
 
     # -- helpers -----------------------------------------------------------------------------
     def _reusable_prefix(self, prompt: list[int]) -> int:

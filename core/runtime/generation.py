@@ -90,6 +90,15 @@ def draft_window(options: SpeculationOptions, target, speculator=None, name: str
     return window
 
 
+def _sizes_own_drafts(speculator) -> bool:
+    """The optional speculator capability ``sizes_own_drafts`` (a plugin's attribute: anything
+    that raises or is not a plain truth value counts as False)."""
+    try:
+        return getattr(speculator, "sizes_own_drafts", False) is True
+    except Exception:
+        return False
+
+
 def resolve_speculator(target, options: SpeculationOptions, registry=None):
     """(speculator | None, name | None, decline | None) for a request."""
     if not options.enabled:
@@ -228,7 +237,9 @@ def generate(
         vocab_size=target.config.vocab_size,
         speculator=speculator,
         window=window,
-        governor=governor or SpeculationCostGovernor(enabled=options.adaptive),
+        # a speculator that sizes its own drafts (sizes_own_drafts) gets the whole window
+        governor=governor or SpeculationCostGovernor(
+            enabled=options.adaptive, size_drafts=not _sizes_own_drafts(speculator)),
         stop_tokens=frozenset(stop_tokens),
         speculator_label=label or name,
         arm_after_reuse=arm_after_reuse,

@@ -25,7 +25,14 @@ Three rules keep the governor's own cost under 3% at both extremes (measured by
 * Probes are cheap: until a step of the current probe has landed a drafted token, drafts are
   capped at ``probe_draft`` tokens (``draft_limit``). Where a verify row costs real time (the
   CPU block kernels: 9 rows 2.6x one row, 3 rows 1.2x) a probe that lands nothing then costs a
-  fifth of a full-window one; a drafter that lands opens the full window one step later.
+  fraction of a full-window one.
+
+The draft length comes from measurements (``economics.DraftEconomics``): every step reports
+what it drafted, what landed and what it cost, and ``draft_limit`` returns the length with the
+most tokens per millisecond under this run's own acceptance by position and cost by length
+(``size_drafts``; a speculator that sizes its drafts itself says ``sizes_own_drafts`` and the
+loop turns this off for it). A weak drafter thus drafts one token where one pays, a strong one
+opens the window, and the park decision above judges what the chosen length achieves.
 """
 
 from __future__ import annotations
@@ -33,6 +40,8 @@ from __future__ import annotations
 import collections
 import math
 from typing import Deque
+
+from .economics import DraftEconomics
 
 PROBE, HOLD, PARKED = "probe", "hold", "parked"
 DECISIVE_SAMPLES = 2  # samples per side behind an early (decisive) decision
@@ -81,7 +90,8 @@ class SpeculationCostGovernor:
         zero_accept_limit: int = 2,
         plain_spacing: float = 2.0,
         decisive_ratio: float = 2.0,
-        probe_draft: int = 2,
+        probe_draft: int = 1,
+        size_drafts: bool = True,
     ):
         self.enabled = enabled
         self.min_samples = min_samples
@@ -93,6 +103,8 @@ class SpeculationCostGovernor:
         self.plain_spacing = plain_spacing
         self.decisive_ratio = decisive_ratio
         self.probe_draft = probe_draft
+        self.size_drafts = size_drafts  # draft length from measured economics (else: the window)
+        self.economics = DraftEconomics()
         self.probe_landed = False  # has a step of this probe accepted a drafted token?
         self.zero_run = 0  # consecutive speculative steps (in PROBE) that accepted nothing
         self.reprobing = False  # the current probe follows a park
@@ -131,11 +143,15 @@ class SpeculationCostGovernor:
         return True
 
     def draft_limit(self, window: int) -> int:
-        """The most tokens this step may draft: ``window``, or ``probe_draft`` while a probe has
-        not yet landed a drafted token."""
-        if self.enabled and self.state == PROBE and not self.probe_landed:
-            return min(window, self.probe_draft)
-        return window
+        """The most tokens this step may draft: the measured best length within ``window``
+        (``window`` itself with ``size_drafts`` off), capped at ``probe_draft`` while a probe
+        has not yet landed a drafted token."""
+        if not self.enabled:
+            return window
+        limit = self.economics.best(window) if self.size_drafts else window
+        if self.state == PROBE and not self.probe_landed:
+            return min(limit, self.probe_draft)
+        return limit
 
     def _plain_gap(self) -> int:
         """Speculative steps between baseline samples while the baseline is short."""
@@ -151,8 +167,13 @@ class SpeculationCostGovernor:
         self.probe_steps = 0
         self.probe_tokens = 0
 
-    def record(self, speculative: bool, ms: float, tokens: int) -> None:
-        """Report a step: speculative (drafted, verified) or plain, its ms and emitted tokens."""
+    def record(self, speculative: bool, ms: float, tokens: int, drafted: int | None = None) -> None:
+        """Report a step: speculative (drafted, verified) or plain, its ms and emitted tokens;
+        ``drafted``: how many tokens the speculative step verified (for the draft length)."""
+        if speculative and drafted:
+            self.economics.record_draft(drafted, tokens - 1, ms)
+        elif not speculative:
+            self.economics.record_plain(ms)
         if speculative:
             self.spec.add(ms, tokens)
             self.since_plain += 1
@@ -186,6 +207,7 @@ class SpeculationCostGovernor:
         self.backoff = self.initial_backoff
         self.parked_left = 0
         self.spec_since_check = 0
+        self.economics.forget_acceptance()
         self._start_probe(reprobe=False)
 
     # -- policy ----------------------------------------------------------------------------
