@@ -220,7 +220,26 @@ class SpeculatorRegistry:
         return None
 
     def create(self, target: Any, options: Any) -> Any:
-        """A ready speculator for ``target``, or a Decline saying why not."""
+        """A ready speculator for ``target``, or a Decline saying why not.
+
+        Under ``auto``, a drafter that asks to back up the weight-free choice (its head says
+        ``auto_fallback``) is paired with it (``pairing.SpeculatorPair``): the weight-free
+        algorithm proposes first, the drafter's algorithm where it finds nothing."""
+        made = self._create_one(target, options)
+        if isinstance(made, Decline) or getattr(options, "spec_type", AUTO) != AUTO:
+            return made
+        head = getattr(target, "draft_head", None)
+        free = self.weight_free()
+        if head is None or getattr(head, "auto_fallback", False) is not True or not free or free[0] == getattr(made, "name", None):
+            return made
+        primary = self._create_one(target, attrs.evolve(options, spec_type=free[0]))
+        if isinstance(primary, Decline):
+            return made  # the weight-free algorithm cannot serve: the drafter alone
+        from .pairing import SpeculatorPair
+
+        return SpeculatorPair(primary, made)
+
+    def _create_one(self, target: Any, options: Any) -> Any:
         name = self.resolve_name(target, getattr(options, "spec_type", AUTO))
         if isinstance(name, Decline):
             refusal = getattr(target, "speculation_refusal", None)
