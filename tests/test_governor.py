@@ -130,7 +130,7 @@ def test_draft_limit_follows_the_measured_economics():
     assert g.draft_limit(8) == 8
 
 
-def test_generation_lets_a_speculator_size_its_own_drafts(monkeypatch):
+def test_generation_lets_a_speculator_size_its_drafts_and_govern_itself(monkeypatch):
     from tsspec.runtime import generation
     from tsspec.testing import ToyTarget
 
@@ -148,11 +148,13 @@ def test_generation_lets_a_speculator_size_its_own_drafts(monkeypatch):
     real = generation.SpeculativeExecution
 
     def spy(*args, **kwargs):
-        seen.append(kwargs["governor"].size_drafts)
+        seen.append((kwargs["governor"].size_drafts, kwargs["governor"].enabled))
         return real(*args, **kwargs)
 
     monkeypatch.setattr(generation, "SpeculativeExecution", spy)
     generation.generate(ToyTarget(), [1, 2, 3], max_tokens=2, speculator=Sizer())
     Sizer.sizes_own_drafts = "yes"  # not a plain True: the governor sizes the drafts
     generation.generate(ToyTarget(), [1, 2, 3], max_tokens=2, speculator=Sizer())
-    assert seen == [False, True]
+    Sizer.governs_itself = True  # the loop's governor stands aside
+    generation.generate(ToyTarget(), [1, 2, 3], max_tokens=2, speculator=Sizer())
+    assert seen == [(False, True), (True, True), (True, False)]

@@ -5,7 +5,6 @@ import pytest
 
 from tsspec.protocols import DraftContext, DraftHeadKind
 from tsspec.runtime.generation import generate
-from tsspec.runtime.governor import SpeculationCostGovernor
 from tsspec.runtime.options import SpeculationOptions
 from tsspec.runtime.pairing import BACKUP, PRIMARY, SpeculatorPair
 from tsspec.runtime.registry import SpeculatorRegistry
@@ -46,36 +45,43 @@ def _ctx(max_tokens=8):
 def test_the_backup_proposes_only_where_the_primary_finds_nothing():
     primary = Every("p", None, [0])
     backup = Every("b", None, [0])
-    pair = SpeculatorPair(primary, backup, governor=SpeculationCostGovernor(enabled=False))
+    pair = SpeculatorPair(primary, backup, adaptive=False)
     primary.propose = lambda ctx: [7, 8]
     assert pair.propose(_ctx()) == [7, 8] and pair.source == PRIMARY and backup.calls == 0
     primary.propose = lambda ctx: []
     backup.propose = lambda ctx: [5][: ctx.max_tokens]
     assert pair.propose(_ctx()) == [5] and pair.source == BACKUP
-    assert pair.name == "p+b" and pair.sizes_own_drafts
+    assert pair.name == "p+b" and pair.sizes_own_drafts and pair.governs_itself
 
 
-def test_a_parked_backup_is_not_asked_and_both_members_see_every_commit():
+def test_a_parked_member_is_not_asked_and_both_members_see_every_commit():
     primary, backup = Every("p", None, [0]), Every("b", None, [1])
-    gov = SpeculationCostGovernor()
-    pair = SpeculatorPair(primary, backup, governor=gov)
-    gov._park()
-    assert pair.propose(_ctx()) == [] and backup.calls == 0
+    pair = SpeculatorPair(primary, backup)
+    pair.governors[BACKUP]._park()
+    assert pair.propose(_ctx()) == [] and primary.calls == 1 and backup.calls == 0
+    pair.governors[PRIMARY]._park()
+    pair.propose(_ctx())
+    assert primary.calls == 1  # parked: not asked either
     pair.commit([1, 2], None, 0)
     assert primary.commits == backup.commits == 1
+    assert pair.governor_counts() == (0, 2, 3)  # the backup was asked on two steps, the primary on one
 
 
-def test_the_backups_governor_learns_only_from_its_own_steps():
-    primary, backup = Every("p", None, [0]), Every("b", None, [0])
-    gov = SpeculationCostGovernor(min_samples=2)
-    pair = SpeculatorPair(primary, backup, governor=gov)
+def test_each_members_governor_learns_only_from_its_own_steps():
+    pair = SpeculatorPair(Every("p", None, [0]), Every("b", None, [0]))
+    gp, gb = pair.governors[PRIMARY], pair.governors[BACKUP]
     pair.source = PRIMARY
-    pair.observe_step(True, 5.0, 4, 3)  # a primary step: the backup's governor hears nothing
-    assert gov.spec.seen == 0 and gov.plain.seen == 0
+    pair.observe_step(True, 5.0, 4, 3)
+    assert (gp.spec.seen, gb.spec.seen) == (1, 0)
     pair.source = BACKUP
     pair.observe_step(True, 30.0, 1, 1)
-    pair.observe_step(False, 10.0, 1, 0)
-    assert gov.spec.seen == 1 and gov.plain.seen == 1 and pair.proposed == {PRIMARY: 1, BACKUP: 1}
+    assert (gp.spec.seen, gb.spec.seen) == (1, 1)
+    pair.observe_step(False, 10.0, 1, 0)  # a plain step: both baselines
+    assert gp.plain.seen == gb.plain.seen == 1 and pair.proposed == {PRIMARY: 1, BACKUP: 1}
+    # a member that sizes its own drafts is not sized by its governor
+    sizer = Every("s", None, [0])
+    sizer.sizes_own_drafts = True
+    assert SpeculatorPair(sizer, Every("b", None, [0])).governors[PRIMARY].size_drafts is False
 
 
 @pytest.mark.parametrize("sampling", [SamplingParams(), SamplingParams(temperature=0.9, top_k=8, seed=11)],
@@ -86,7 +92,7 @@ def test_a_pair_never_changes_the_output(sampling):
     oracle = OracleSpeculator.from_plain_run(target, PROMPT, 40, sampling=sampling, corrupt=0.3)
     primary = Every("p", oracle, [0, 0, 3, 0, 1])
     backup = RandomSpeculator(target.config.vocab_size, max_draft_tokens=2, seed=4)
-    pair = SpeculatorPair(primary, backup, governor=SpeculationCostGovernor(enabled=False))
+    pair = SpeculatorPair(primary, backup, adaptive=False)
     gen = generate(target, PROMPT, SpeculationOptions(spec_type="pair", adaptive=False), max_tokens=40,
                    sampling=sampling, speculator=pair)
     assert gen.tokens == want

@@ -194,6 +194,15 @@ class SpeculativeExecution:
         stats.governor_wins = self.governor.wins
         stats.governor_losses = self.governor.losses
         stats.governor_parked_steps = self.governor.parked_steps
+        counts = getattr(self.speculator, "governor_counts", None)  # a self-governing speculator's
+        if callable(counts):
+            try:
+                wins, losses, parked = counts()
+                stats.governor_wins += int(wins)
+                stats.governor_losses += int(losses)
+                stats.governor_parked_steps += int(parked)
+            except Exception as exc:
+                log.warning("speculator %s: governor_counts raised %r", self.label, exc)
         n = self.trunk.seq_len
         self._cached = seq.history[:n] if n <= len(seq.history) else []
 

@@ -90,11 +90,11 @@ def draft_window(options: SpeculationOptions, target, speculator=None, name: str
     return window
 
 
-def _sizes_own_drafts(speculator) -> bool:
-    """The optional speculator capability ``sizes_own_drafts`` (a plugin's attribute: anything
-    that raises or is not a plain truth value counts as False)."""
+def _capability(speculator, name: str) -> bool:
+    """An optional speculator capability (``sizes_own_drafts``, ``governs_itself``): a plugin's
+    attribute, so anything that raises or is not a plain True counts as False."""
     try:
-        return getattr(speculator, "sizes_own_drafts", False) is True
+        return getattr(speculator, name, False) is True
     except Exception:
         return False
 
@@ -237,9 +237,11 @@ def generate(
         vocab_size=target.config.vocab_size,
         speculator=speculator,
         window=window,
-        # a speculator that sizes its own drafts (sizes_own_drafts) gets the whole window
+        # a speculator that sizes its own drafts (sizes_own_drafts) gets the whole window; one
+        # that governs itself (governs_itself) gets no governor of the loop's
         governor=governor or SpeculationCostGovernor(
-            enabled=options.adaptive, size_drafts=not _sizes_own_drafts(speculator)),
+            enabled=options.adaptive and not _capability(speculator, "governs_itself"),
+            size_drafts=not _capability(speculator, "sizes_own_drafts")),
         stop_tokens=frozenset(stop_tokens),
         speculator_label=label or name,
         arm_after_reuse=arm_after_reuse,

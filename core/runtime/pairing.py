@@ -3,18 +3,17 @@
 The primary (the preferred weight-free algorithm, e.g. prompt lookup) proposes first: it costs
 next to nothing and, where it finds a match, usually lands more than a small drafter. Only where
 it finds nothing does the backup (the algorithm that serves the drafter the target carries)
-propose, and only while the backup's OWN cost governor measures it paying: the pair keeps a
-``SpeculationCostGovernor`` for the backup, fed with the steps the backup drafted and the plain
-steps (its baseline), so a drafter that loses on this machine and this prompt is parked while
-the primary keeps drafting. Steps the primary drafted teach the backup's governor nothing.
-
-The loop's own governor still judges the pair as a whole. The primary sizes its own drafts
-(the pair says ``sizes_own_drafts``); the backup's length is its governor's ``draft_limit``.
-Both members see every commit, so either can propose at the next step. Neither can change the
-output: the loop verifies whatever is proposed.
+propose. Each member has its OWN ``SpeculationCostGovernor``, fed with the steps that member
+drafted and the plain steps (the baseline both share), so a drafter that loses on this machine
+and this prompt is parked while the primary keeps drafting, and the other way round. Judging
+the pair as a whole would let a losing backup park a winning primary. The pair therefore
+governs itself (``governs_itself``: the loop's governor stands aside) and sizes the drafts
+(``sizes_own_drafts``): each member gets its governor's ``draft_limit`` (a member that sizes
+its own drafts gets the whole window). Both members see every commit, so either can propose at
+the next step. Neither can change the output: the loop verifies whatever is proposed.
 
 The loop reports each step to a speculator that has ``observe_step(speculative, ms, tokens,
-drafted)`` (optional in the protocol); the pair uses it to feed the backup's governor.
+drafted)`` (optional in the protocol); the pair uses it to feed its members' governors.
 """
 
 from __future__ import annotations
@@ -33,9 +32,11 @@ class SpeculatorPair:
     """A primary speculator with a governed backup (see the module docstring)."""
 
     handles_own_prefill = False
-    sizes_own_drafts = True  # the primary sizes its drafts; the backup's governor sizes the backup's
+    sizes_own_drafts = True  # each member's governor sizes that member's drafts
+    governs_itself = True  # the loop's governor stands aside: the members' own govern
 
-    def __init__(self, primary: Any, backup: Any, *, governor: SpeculationCostGovernor | None = None,
+    def __init__(self, primary: Any, backup: Any, *, adaptive: bool = True,
+                 governors: tuple[SpeculationCostGovernor, SpeculationCostGovernor] | None = None,
                  clock: Callable[[], float] = time.perf_counter):
         self.primary, self.backup = primary, backup
         self.name = f"{getattr(primary, 'name', 'primary')}+{getattr(backup, 'name', 'backup')}"
@@ -44,28 +45,38 @@ class SpeculatorPair:
             getattr(primary, "can_arm_after_prefix_reuse", False) and getattr(backup, "can_arm_after_prefix_reuse", False)
         )
         self.max_draft_tokens = max(_limit(primary), _limit(backup))
-        self.governor = governor or SpeculationCostGovernor()
+        if governors is None:
+            governors = tuple(
+                SpeculationCostGovernor(enabled=adaptive, size_drafts=getattr(m, "sizes_own_drafts", False) is not True)
+                for m in (primary, backup)
+            )
+        self.governors = {PRIMARY: governors[0], BACKUP: governors[1]}
         self.clock = clock
         self.source: str | None = None  # who proposed this step's drafts (None: nobody)
         self.proposed = {PRIMARY: 0, BACKUP: 0}  # proposals that reached verification, by member
 
     def propose(self, ctx) -> Sequence[int]:
         self.source = None
-        drafts = _as_list(self.primary.propose(ctx))
-        if drafts:
-            self.source = PRIMARY
-            return drafts
-        if not self.governor.want_speculation():
+        for role, member in ((PRIMARY, self.primary), (BACKUP, self.backup)):
+            drafts = self._ask(role, member, ctx)
+            if drafts:
+                self.source = role
+                return drafts
+        return []
+
+    def _ask(self, role: str, member: Any, ctx) -> list:
+        """``member``'s drafts, when its governor lets it draft (its cost is recorded)."""
+        governor = self.governors[role]
+        if not governor.want_speculation():
             return []
-        limit = min(_limit(self.backup), int(ctx.max_tokens), self.governor.draft_limit(int(ctx.max_tokens)))
+        window = int(ctx.max_tokens)
+        limit = min(_limit(member), window, governor.draft_limit(window))
         if limit < 1:
             return []
         start = self.clock()
-        drafts = _as_list(self.backup.propose(attrs.evolve(ctx, max_tokens=limit)))
-        if drafts:
-            self.source = BACKUP
-        else:  # an attempt that found nothing: its cost is the backup's
-            self.governor.record_empty_proposal((self.clock() - start) * 1000.0)
+        drafts = _as_list(member.propose(ctx if limit == window else attrs.evolve(ctx, max_tokens=limit)))
+        if not drafts:  # an attempt that found nothing: its cost is this member's
+            governor.record_empty_proposal((self.clock() - start) * 1000.0)
         return drafts
 
     def commit(self, tokens: Sequence[int], hidden_rows: Any, start_pos: int) -> None:
@@ -74,18 +85,23 @@ class SpeculatorPair:
 
     def observe_step(self, speculative: bool, ms: float, tokens: int, drafted: int) -> None:
         """The loop's report of the step just taken (after ``propose`` and the commit)."""
-        if speculative:
-            if self.source is not None:
-                self.proposed[self.source] += 1
-            if self.source == BACKUP:
-                self.governor.record(True, ms, tokens, drafted=drafted)
-        else:
-            self.governor.record(False, ms, tokens)
+        if speculative and self.source is not None:
+            self.proposed[self.source] += 1
+            self.governors[self.source].record(True, ms, tokens, drafted=drafted)
+        elif not speculative:
+            for governor in self.governors.values():
+                governor.record(False, ms, tokens)
         self.source = None
+
+    def governor_counts(self) -> tuple[int, int, int]:
+        """(wins, losses, parked steps) of both members' governors together."""
+        gs = self.governors.values()
+        return sum(g.wins for g in gs), sum(g.losses for g in gs), sum(g.parked_steps for g in gs)
 
     def reset(self) -> None:
         self.source = None
-        self.governor.reset()
+        for governor in self.governors.values():
+            governor.reset()
         self.primary.reset()
         self.backup.reset()
 

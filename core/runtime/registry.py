@@ -237,7 +237,7 @@ class SpeculatorRegistry:
             return made  # the weight-free algorithm cannot serve: the drafter alone
         from .pairing import SpeculatorPair
 
-        return SpeculatorPair(primary, made)
+        return SpeculatorPair(primary, made, adaptive=bool(getattr(options, "adaptive", True)))
 
     def _create_one(self, target: Any, options: Any) -> Any:
         name = self.resolve_name(target, getattr(options, "spec_type", AUTO))

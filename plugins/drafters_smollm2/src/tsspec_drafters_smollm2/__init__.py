@@ -23,7 +23,7 @@ HERE = Path(__file__).parent
 # served classes is attached only when its algorithm is asked for by name.
 DRAFTERS = {
     # held-out first-token acceptance ~0.4: plain speed, below ngram on chat/prose/qa (FIGURES.md)
-    "smollm2-135m-instruct-mtp.gguf": ("draft-head", "nextn", False),
+    "smollm2-135m-instruct-mtp.gguf": ("draft-head", "nextn", True),
     # DFlash block drafter (tsspec train-drafter --kind dflash; recipe and figures in
     # plugins/spec_block/trained/README.md): row-1 landing ~0.2 on chat, 0.81-0.96x of plain
     "smollm2-135m-instruct-dflash.gguf": ("block", "dflash", False),
