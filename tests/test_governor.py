@@ -158,3 +158,25 @@ def test_generation_lets_a_speculator_size_its_drafts_and_govern_itself(monkeypa
     Sizer.governs_itself = True  # the loop's governor stands aside
     generation.generate(ToyTarget(), [1, 2, 3], max_tokens=2, speculator=Sizer())
     assert seen == [(False, True), (True, True), (True, False)]
+
+
+def test_costly_empty_attempts_park_a_probe_and_cheap_ones_do_not():
+    """Empty attempts count as zero-accept steps by their cost: each plain step's worth of
+    draft milliseconds is one. A head gated shut (4 ms an attempt, plain 10 ms) parks after
+    five attempts at the first probe's limit of two; a lookup that finds nothing (0.01 ms)
+    never does."""
+    def probe(attempt_ms, attempts):
+        g = SpeculationCostGovernor(zero_accept_limit=2)
+        for _ in range(3):
+            g.record(False, PLAIN_MS, 1)  # a baseline (the first sample is warm-up)
+        for _ in range(attempts):
+            if not g.want_speculation():
+                break
+            g.record_empty_proposal(attempt_ms)
+            g.record(False, PLAIN_MS, 1)
+        return g
+
+    costly = probe(4.0, 40)
+    assert costly.state == PARKED and costly.losses == 1
+    cheap = probe(0.01, 40)
+    assert cheap.state == PROBE and cheap.losses == 0

@@ -16,7 +16,12 @@ Three rules keep the governor's own cost under 3% at both extremes (measured by
 
 * No acceptance, no timing needed: a verify step that keeps only its bonus token did a plain
   step's work plus drafting plus extra rows, so it cannot have won. ``zero_accept_limit``
-  such steps in a row park drafting at once (one, on a re-probe after a park).
+  such steps in a row park drafting at once (one, on a re-probe after a park). Draft attempts
+  that proposed nothing count too, by what they cost: each plain step's worth of their
+  milliseconds (the measured plain baseline) since the probe last landed a token counts as one
+  such step, so a drafter whose every attempt costs a real forward (a learned head gated shut)
+  parks as fast as one whose drafts fail, and one whose attempts cost microseconds (a lookup
+  that finds no match) is never parked for them.
 * The baseline costs what speculation would have emitted: a plain sample taken while
   speculation emits T tokens per step gives up (T - 1) / T of a step, so baseline samples are
   spaced ``plain_spacing * (T - 1)`` speculative steps apart (every step when T is ~1).
@@ -107,6 +112,7 @@ class SpeculationCostGovernor:
         self.economics = DraftEconomics()
         self.probe_landed = False  # has a step of this probe accepted a drafted token?
         self.zero_run = 0  # consecutive speculative steps (in PROBE) that accepted nothing
+        self.wasted_ms = 0.0  # empty draft attempts' ms (in PROBE) not yet counted in zero_run
         self.reprobing = False  # the current probe follows a park
         self.probe_steps = 0  # speculative steps and their tokens in this probe (warm-up
         self.probe_tokens = 0  # included: token counts are not skewed by it)
@@ -162,6 +168,7 @@ class SpeculationCostGovernor:
 
     def _start_probe(self, *, reprobe: bool) -> None:
         self.zero_run = 0
+        self.wasted_ms = 0.0
         self.probe_landed = False
         self.reprobing = reprobe
         self.probe_steps = 0
@@ -181,6 +188,8 @@ class SpeculationCostGovernor:
             self.probe_steps += 1
             self.probe_tokens += tokens
             self.zero_run = self.zero_run + 1 if tokens <= 1 else 0
+            if tokens > 1:
+                self.wasted_ms = 0.0
             self.probe_landed = self.probe_landed or tokens > 1
         else:
             self.plain.add(ms, tokens)
@@ -196,8 +205,19 @@ class SpeculationCostGovernor:
 
     def record_empty_proposal(self, ms: float) -> None:
         """A draft attempt that proposed nothing: its cost is speculation's, with no tokens."""
-        if self.enabled and self.state != PARKED:
-            self.spec.add(ms, 0)
+        if not (self.enabled and self.state != PARKED):
+            return
+        self.spec.add(ms, 0)
+        plain = self.plain.ms_per_token
+        if self.state != PROBE or plain is None or plain <= 0:
+            return
+        self.wasted_ms += max(0.0, float(ms))
+        if self.wasted_ms >= plain:  # a plain step's worth of attempts that found nothing
+            steps = int(self.wasted_ms // plain)
+            self.wasted_ms -= steps * plain
+            self.zero_run += steps
+            if self.zero_run >= self._zero_limit():
+                self._park()
 
     def reset(self) -> None:
         """A new sequence: acceptance depends on the prompt, so re-probe; keep the plain
