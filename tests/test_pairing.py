@@ -6,6 +6,7 @@ import pytest
 from tsspec.protocols import DraftContext, DraftHeadKind
 from tsspec.runtime.generation import generate
 from tsspec.runtime.options import SpeculationOptions
+from tsspec.runtime.governor import PARKED
 from tsspec.runtime.pairing import BACKUP, PRIMARY, SpeculatorPair
 from tsspec.runtime.registry import SpeculatorRegistry
 from tsspec.runtime.sampling import SamplingParams
@@ -146,3 +147,34 @@ def test_auto_pairs_a_fallback_drafter_with_the_weight_free_choice(monkeypatch):
     assert _registry(free_declines=True).create(target, SpeculationOptions(spec_type="auto")).name == "draft-head"
     monkeypatch.setattr(FallbackHead, "auto_fallback", "yes")  # only a plain True pairs
     assert _registry().create(target, SpeculationOptions(spec_type="auto")).name == "draft-head"
+
+
+def test_a_backup_that_lost_starts_the_next_sequence_parked():
+    memory = {}
+    first = SpeculatorPair(Every("p", None, [0]), Every("b", None, [0]), memory=memory)
+    first.reset()
+    first.governors[BACKUP]._park()  # lost: parked for the initial backoff, which then doubles
+    left, backoff = first.governors[BACKUP].parked_left, first.governors[BACKUP].backoff
+    first.close()
+    assert memory[BACKUP] == (left, backoff)
+    second = SpeculatorPair(Every("p", None, [0]), Every("b", None, [1]), memory=memory)
+    second.reset()
+    g = second.governors[BACKUP]
+    assert g.state == PARKED and g.parked_left == left and g.backoff == backoff and not memory
+    assert second.governors[PRIMARY].state != PARKED  # the primary starts fresh
+    assert second.propose(_ctx()) == [] and second.backup.calls == 0
+    # a sequence that ends unparked leaves no memory: the next one probes the backup afresh
+    g.state = "probe"
+    second.close()
+    assert not memory
+
+
+def test_the_registry_keeps_one_memory_per_target():
+    reg, target = _registry(), ToyTarget()
+    target.draft_head = FallbackHead()
+    a = reg.create(target, SpeculationOptions(spec_type="auto"))
+    b = reg.create(target, SpeculationOptions(spec_type="auto"))
+    other = ToyTarget()
+    other.draft_head = FallbackHead()
+    c = reg.create(other, SpeculationOptions(spec_type="auto"))
+    assert a.memory is b.memory and a.memory is not c.memory

@@ -230,6 +230,23 @@ class SpeculationCostGovernor:
         self.economics.forget_acceptance()
         self._start_probe(reprobe=False)
 
+    def carry_over(self) -> tuple[int, int] | None:
+        """(steps still to park, backoff) when drafting lost and is parked now, else None: what a
+        later sequence on the same drafter may start from (``start_parked``)."""
+        if self.state != PARKED:
+            return None
+        return self.parked_left, self.backoff
+
+    def start_parked(self, steps: int, backoff: int) -> None:
+        """Begin a sequence parked for ``steps`` steps with ``backoff`` as the next park's
+        length (call after ``reset``): the drafter lost on an earlier sequence of this target."""
+        if not self.enabled or steps < 1:
+            return
+        self.state = PARKED
+        self.parked_left = int(steps)
+        self.backoff = max(self.initial_backoff, min(self.max_backoff, int(backoff)))
+        self.spec.clear()
+
     # -- policy ----------------------------------------------------------------------------
     def _decide(self) -> None:
         if self.state == PARKED:

@@ -12,6 +12,14 @@ governs itself (``governs_itself``: the loop's governor stands aside) and sizes 
 its own drafts gets the whole window). Both members see every commit, so either can propose at
 the next step. Neither can change the output: the loop verifies whatever is proposed.
 
+A backup that lost is remembered across sequences: the pair writes its governor's park (steps
+left, next backoff) into ``memory`` (a dict the registry keeps per target) when a sequence ends
+parked, and the next sequence on that target starts the backup parked for the rest of it, with
+the backoff still growing. Otherwise every request would pay a fresh probe of a drafter that
+keeps losing on this machine; a backup that won, or that ends a sequence unparked, leaves no
+memory and the next sequence probes it afresh. The primary always starts fresh (the weight-free
+algorithm's gain depends on the prompt, and its probes cost next to nothing).
+
 The loop reports each step to a speculator that has ``observe_step(speculative, ms, tokens,
 drafted)`` (optional in the protocol); the pair uses it to feed its members' governors.
 """
@@ -37,7 +45,7 @@ class SpeculatorPair:
 
     def __init__(self, primary: Any, backup: Any, *, adaptive: bool = True,
                  governors: tuple[SpeculationCostGovernor, SpeculationCostGovernor] | None = None,
-                 clock: Callable[[], float] = time.perf_counter):
+                 memory: dict | None = None, clock: Callable[[], float] = time.perf_counter):
         self.primary, self.backup = primary, backup
         self.name = f"{getattr(primary, 'name', 'primary')}+{getattr(backup, 'name', 'backup')}"
         self.needs_hidden_state = bool(primary.needs_hidden_state or backup.needs_hidden_state)
@@ -51,6 +59,7 @@ class SpeculatorPair:
                 for m in (primary, backup)
             )
         self.governors = {PRIMARY: governors[0], BACKUP: governors[1]}
+        self.memory = memory  # the backup's park carried between sequences (see the module docstring)
         self.clock = clock
         self.source: str | None = None  # who proposed this step's drafts (None: nobody)
         self.proposed = {PRIMARY: 0, BACKUP: 0}  # proposals that reached verification, by member
@@ -99,13 +108,24 @@ class SpeculatorPair:
         return sum(g.wins for g in gs), sum(g.losses for g in gs), sum(g.parked_steps for g in gs)
 
     def reset(self) -> None:
+        self._remember()  # a sequence that ended without close (the loop reuses the pair)
         self.source = None
         for governor in self.governors.values():
             governor.reset()
+        carried = self.memory.pop(BACKUP, None) if self.memory is not None else None
+        if carried is not None:
+            self.governors[BACKUP].start_parked(*carried)
         self.primary.reset()
         self.backup.reset()
 
+    def _remember(self) -> None:
+        if self.memory is not None:
+            carried = self.governors[BACKUP].carry_over()
+            if carried is not None:
+                self.memory[BACKUP] = carried
+
     def close(self) -> None:
+        self._remember()
         for member in (self.primary, self.backup):
             close = getattr(member, "close", None)
             if callable(close):

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import logging
 import math
+import weakref
 from typing import Any, Callable
 
 import attrs
@@ -109,6 +110,7 @@ class SpeculatorRegistry:
 
     def __init__(self) -> None:
         self._entries: dict[str, SpeculatorEntry] = {}
+        self._pair_memory: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # target -> pairing memory
         self.conflicts: list[str] = []  # duplicate names, kept for the CLI to print
 
     def register(
@@ -237,7 +239,11 @@ class SpeculatorRegistry:
             return made  # the weight-free algorithm cannot serve: the drafter alone
         from .pairing import SpeculatorPair
 
-        return SpeculatorPair(primary, made, adaptive=bool(getattr(options, "adaptive", True)))
+        try:  # the backup's park carries between this target's sequences
+            memory = self._pair_memory.setdefault(target, {})
+        except TypeError:  # a target that cannot be weakly referenced: no memory
+            memory = None
+        return SpeculatorPair(primary, made, adaptive=bool(getattr(options, "adaptive", True)), memory=memory)
 
     def _create_one(self, target: Any, options: Any) -> Any:
         name = self.resolve_name(target, getattr(options, "spec_type", AUTO))
