@@ -180,3 +180,27 @@ def test_costly_empty_attempts_park_a_probe_and_cheap_ones_do_not():
     assert costly.state == PARKED and costly.losses == 1
     cheap = probe(0.01, 40)
     assert cheap.state == PROBE and cheap.losses == 0
+
+
+def test_a_lost_park_carries_to_the_next_sequence_for_drafters_with_weights_only():
+    from tsspec.runtime.generation import generate
+    from tsspec.runtime.options import SpeculationOptions
+    from tsspec.runtime.registry import SpeculatorRegistry
+    from tsspec.testing import RandomSpeculator, ToyTarget
+
+    reg = SpeculatorRegistry()
+    make = lambda t, o: RandomSpeculator(t.config.vocab_size, max_draft_tokens=3, seed=1)
+    reg.register("learned", make, requires_draft_head=False, weight_free=False)
+    reg.register("lookup", make, requires_draft_head=False, weight_free=True)
+    target, prompt = ToyTarget(), [3, 1, 4, 1, 5]
+    first = generate(target, prompt, SpeculationOptions(spec_type="learned"), max_tokens=40, registry=reg)
+    carried = reg.memory(target, "loop:learned").get("park")
+    assert first.stats.governor_losses >= 1 and carried is not None  # random drafts never win
+    second = generate(target, prompt, SpeculationOptions(spec_type="learned"), max_tokens=40, registry=reg)
+    assert second.tokens == first.tokens
+    assert second.stats.drafts < first.stats.drafts  # it started parked
+    generate(target, prompt, SpeculationOptions(spec_type="lookup"), max_tokens=40, registry=reg)
+    assert reg.memory(target, "loop:lookup") == {}  # weight-free: every prompt probes afresh
+    # a disabled governor neither reads nor writes the memory
+    off = generate(target, prompt, SpeculationOptions(spec_type="learned", adaptive=False), max_tokens=40, registry=reg)
+    assert off.stats.governor_parked_steps == 0

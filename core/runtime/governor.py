@@ -110,6 +110,7 @@ class SpeculationCostGovernor:
         self.probe_draft = probe_draft
         self.size_drafts = size_drafts  # draft length from measured economics (else: the window)
         self.economics = DraftEconomics()
+        self.carried: tuple[int, int] | None = None  # a park to start the next sequence with (reset)
         self.probe_landed = False  # has a step of this probe accepted a drafted token?
         self.zero_run = 0  # consecutive speculative steps (in PROBE) that accepted nothing
         self.wasted_ms = 0.0  # empty draft attempts' ms (in PROBE) not yet counted in zero_run
@@ -229,6 +230,9 @@ class SpeculationCostGovernor:
         self.spec_since_check = 0
         self.economics.forget_acceptance()
         self._start_probe(reprobe=False)
+        carried, self.carried = self.carried, None
+        if carried is not None:
+            self.start_parked(*carried)
 
     def carry_over(self) -> tuple[int, int] | None:
         """(steps still to park, backoff) when drafting lost and is parked now, else None: what a

@@ -110,7 +110,7 @@ class SpeculatorRegistry:
 
     def __init__(self) -> None:
         self._entries: dict[str, SpeculatorEntry] = {}
-        self._pair_memory: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # target -> pairing memory
+        self._memory: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # target -> {key: dict}
         self.conflicts: list[str] = []  # duplicate names, kept for the CLI to print
 
     def register(
@@ -142,6 +142,23 @@ class SpeculatorRegistry:
             (not requires_draft_head) if weight_free is None else bool(weight_free),
             float(default_pmin), int(auto_priority),
         )
+
+    def memory(self, target: Any, key: str) -> dict | None:
+        """A dict kept per (target, key) for as long as the target lives: what the cost
+        governors of one algorithm carry from one sequence to the next on that target (None for
+        a target that cannot be weakly referenced)."""
+        try:
+            return self._memory.setdefault(target, {}).setdefault(key, {})
+        except TypeError:
+            return None
+
+    def carries_parks(self, name: str | None) -> bool:
+        """Whether a lost park of ``name`` carries to the next sequence: for algorithms with
+        drafter weights, whose gain is the drafter's on this machine; not for weight-free ones,
+        whose gain is the prompt's (a lookup that lost on chat may win on the next, grounded
+        request)."""
+        entry = self._entries.get(name) if name else None
+        return entry is not None and not entry.weight_free
 
     def names(self) -> list[str]:
         return sorted(self._entries)
@@ -239,10 +256,7 @@ class SpeculatorRegistry:
             return made  # the weight-free algorithm cannot serve: the drafter alone
         from .pairing import SpeculatorPair
 
-        try:  # the backup's park carries between this target's sequences
-            memory = self._pair_memory.setdefault(target, {})
-        except TypeError:  # a target that cannot be weakly referenced: no memory
-            memory = None
+        memory = self.memory(target, f"pair:{free[0]}+{getattr(made, 'name', '')}")
         return SpeculatorPair(primary, made, adaptive=bool(getattr(options, "adaptive", True)), memory=memory)
 
     def _create_one(self, target: Any, options: Any) -> Any:
