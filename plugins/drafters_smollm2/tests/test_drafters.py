@@ -94,14 +94,15 @@ def catalog_with_ngram():
 
 @pytest.fixture(scope="module")
 def auto_target(catalog_with_ngram):
-    return load_model(embedded_model_path(), catalog=catalog_with_ngram)  # --spec-type auto
+    # the drafter attached (as --spec-draft-model would); auto itself does not attach it
+    return load_model(embedded_model_path(), catalog=catalog_with_ngram, options=SpeculationOptions(spec_type="draft-head"))
 
 
 @pytest.mark.parametrize("sampling", [SamplingParams(), SamplingParams(temperature=0.7, top_k=40, seed=5)],
                          ids=["greedy", "sampled"])
 def test_auto_pairs_ngram_with_the_mtp_drafter_losslessly(catalog_with_ngram, auto_target, targets, sampling):
-    """Under auto the shipped MTP drafter backs up ngram: ngram proposes where the answer repeats
-    the prompt, the drafter elsewhere; the output is plain decoding's."""
+    """Attached, the shipped MTP drafter backs up ngram under auto: ngram proposes where the
+    answer repeats the prompt, the drafter elsewhere; the output is plain decoding's."""
     from tsspec.runtime.pairing import BACKUP, PRIMARY
 
     catalog, target, (_, bare) = catalog_with_ngram, auto_target, targets
