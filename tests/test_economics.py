@@ -71,3 +71,36 @@ def test_acceptance_is_forgotten_with_a_new_sequence_but_costs_are_kept():
     assert econ.acceptance(1)[0] < 0.1
     econ.forget_acceptance()
     assert econ.acceptance(1) == [FIRST_PRIOR] and econ.cost(1) == 12.0
+
+
+def test_the_loop_drafts_the_length_that_pays_on_a_costed_toy():
+    """A drafter landing 40% per token, each drafted token costing a tenth of a step, on the
+    embedded model's verify-cost profile (virtual clock: deterministic). One token pays
+    (1.4 tokens for ~1.19 steps), two pay less, four lose: the governor settles on one, beats
+    plain and beats the fixed window of four."""
+    from tsspec.bench.governor_check import CostProfileToy, VirtualClock
+    from tsspec.runtime.generation import generate
+    from tsspec.runtime.options import SpeculationOptions
+    from tsspec.testing import OracleSpeculator
+
+    clock = VirtualClock()
+    target = CostProfileToy(base_ms=10.0, seed=3, recurrent=False, clock=clock, max_context=512)
+    prompt = [5, 9, 2, 7, 1, 3, 8, 4]
+
+    class CostlyOracle(OracleSpeculator):
+        def propose(self, ctx):
+            drafts = super().propose(ctx)
+            clock.advance(0.001 * len(drafts))  # a head step per drafted token: 1 ms
+            return drafts
+
+    def run(adaptive):
+        spec = CostlyOracle.from_plain_run(target, prompt, 300, corrupt=0.6, max_draft_tokens=4, seed=2)
+        options = SpeculationOptions(spec_type="oracle", draft=4, adaptive=adaptive)
+        return generate(target, prompt, options, max_tokens=300, speculator=spec, clock=clock).stats
+
+    plain = generate(target, prompt, SpeculationOptions(enabled=False), max_tokens=300, clock=clock).stats
+    sized, fixed = run(True), run(False)
+    assert sized.draft_tokens / sized.drafts < 1.3  # mostly one token a step
+    assert fixed.draft_tokens / fixed.drafts > 3
+    assert sized.decode_ms < 0.95 * plain.decode_ms
+    assert sized.decode_ms < fixed.decode_ms
