@@ -108,3 +108,34 @@ def test_long_calls_go_in_slices_with_the_same_rows(monkeypatch):
     whole = attention.causal_attention(q, k, v, 5, heads=6)
     monkeypatch.setattr(attention, "ROW_SLICE", 4)
     assert torch.equal(attention.causal_attention(q, k, v, 5, heads=6), whole)
+
+
+@pytest.mark.parametrize("hd,rows,past", [(64, 9, 500), (64, 2, 0), (32, 5, 63), (16, 4, 70), (128, 3, 45)])
+def test_query_pairs_and_wide_loops_equal_the_narrow_one_query_path(hd, rows, past, scalar_path):
+    """A KV head's queries go two at a time (their common keys together, the longer one's last
+    keys alone; hd not a multiple of 32: the V sums one at a time), and one query's scores eight
+    keys and its V sums 64 elements at a time: with either switched off, on one thread and two,
+    every row is the same, and the scalar path's, bit for bit."""
+    kernels = native.kernels()
+    q, k, v = case(rows=rows, past=past, heads=9, kv_heads=3, hd=hd, capacity=past + rows + 3, seed=hd)
+    q *= hd**-0.5
+    threads = torch.get_num_threads()
+    try:
+        results = []
+        for n in (1, 2):
+            torch.set_num_threads(n)
+            for pairs in (True, False):
+                for wide in (True, False):
+                    kernels.set_query_pairs(pairs)
+                    kernels.set_wide_attention(wide)
+                    try:
+                        results.append(attention.causal_attention(q, k, v, past, heads=9))
+                    finally:
+                        kernels.set_query_pairs(True)
+                        kernels.set_wide_attention(True)
+        with scalar_path():
+            results.append(attention.causal_attention(q, k, v, past, heads=9))
+    finally:
+        torch.set_num_threads(threads)
+    assert all(torch.equal(r, results[0]) for r in results[1:])
+    assert torch.allclose(results[0].double(), reference(q, k, v, past, 9), rtol=1e-5, atol=1e-6)

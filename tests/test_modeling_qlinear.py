@@ -302,14 +302,16 @@ def test_int8_scalar_and_simd_agree_and_rows_are_batch_invariant(fmt, k, scalar_
 
 
 @needs_native
+@pytest.mark.parametrize("fmt", [4, 8])
 @pytest.mark.parametrize("precision", ["float32", "int8"])
 @pytest.mark.parametrize("k", [128, 160, 224])  # int8: no tail, tails of 1 and 3 blocks
-def test_decode_row_in_weight_row_pairs_equals_one_at_a_time(k, precision, scalar_path):
-    """A lone row of x meets format-4 weight rows two at a time (two independent chains); each
-    output is the one-at-a-time kernel's, the scalar path's and a multi-row call's, bit for bit
-    (odd N: a last row alone)."""
+def test_decode_row_in_weight_row_pairs_equals_one_at_a_time(k, precision, fmt, scalar_path):
+    """A lone row of x meets weight rows several at a time (independent chains: format 4 four
+    then two at a time in float32, two in int8; format 8 two in float32); each output is the
+    one-at-a-time kernel's, the scalar path's and a multi-row call's, bit for bit (N = 23 in
+    chunks of 8: quads, a pair and a last row alone)."""
     kernels = native.kernels()
-    bm = random_blocks(4, 23, k, seed=k)
+    bm = random_blocks(fmt, 23, k, seed=k)
     x = torch.randn(3, k, generator=torch.Generator().manual_seed(k))
     base = torch.randn(3, 23)
     paired = bm.linear(x[:1], base[:1], precision=precision)
@@ -391,3 +393,22 @@ def test_int8_vnni_path_equals_the_avx2_path():
             assert torch.equal(vnni_row[0], vnni[0])
         finally:
             kernels.set_vnni(True)
+
+
+@needs_native
+def test_roofline_probes_do_their_work_and_refuse_bad_operands():
+    """The roofline probes (plugins/model_llama/scripts/roofline.py times them): probe_read sums
+    the buffer it is given whatever the chunking and threads; probe_fma runs its chains."""
+    kernels = native.kernels()
+    if native.info()["simd"] != "avx2+fma":
+        pytest.skip("the probes need AVX2 + FMA")
+    buf = torch.arange(1000, dtype=torch.float32) % 7  # small integers: every order sums exactly
+    expected = float(buf.sum())
+    for chunks, threads in ((1, 1), (5, 2), (256, 2)):
+        assert kernels.probe_read(buf.data_ptr(), buf.numel(), chunks, threads) == expected
+    assert kernels.probe_fma(10, 3, 2) > 0
+    for bad in ((0, 3, 1), (10, 0, 1)):
+        with pytest.raises(ValueError, match="probe_fma"):
+            kernels.probe_fma(*bad)
+    with pytest.raises(ValueError, match="probe_read"):
+        kernels.probe_read(buf.data_ptr(), buf.numel(), 257, 1)

@@ -1,6 +1,7 @@
 /* CPU kernels of tsspec (module tsspec.modeling._cpu_kernels): the quantised-weight matmul (1),
- * causal attention over a KV cache (2), the small per-row ops of a block (3), and a stack of
- * pre-norm GQA + SwiGLU blocks run from those in one call (4). All compute every row the same
+ * causal attention over a KV cache (2), the small per-row ops of a block (3), a stack of
+ * pre-norm GQA + SwiGLU blocks run from those in one call (4), and two roofline probes (5:
+ * measurement only, nothing else calls them). All compute every row the same
  * way whatever the number of rows in the call, so a 1-row decode and a k-row verify agree bit
  * for bit.
  *
@@ -198,11 +199,12 @@ DEFINE_FUSED_TILES(dots_fused_q8_avx2, 8)
 DEFINE_FUSED_TILES(dots_fused_q16_avx2, 16)
 DEFINE_FUSED_TILES(dots_fused_f32_avx2, 32)
 
-/* a lone row of x (a decode) against 4-bit weight rows n and n + 1: each output's accumulators
- * and order exactly the tile's with T = 1, but two rows' chains of fused multiply-adds in flight
- * and x loaded once per block for both */
-QG_AVX2 static void dot_pair_q4_avx2(const uint8_t *q, int64_t q_row, const float *d, const float *m, int64_t s_row,
-                                     int64_t nb, const float *x, float *res) {
+/* a lone row of x (a decode) against weight rows n and n + 1 (formats 4 and 8): each output's
+ * accumulators and order exactly the tile's with T = 1, but two rows' chains of fused
+ * multiply-adds in flight and x loaded once per block for both */
+QG_AVX2 static inline __attribute__((always_inline)) void dot_pair_avx2(const int fmt, const uint8_t *q, int64_t q_row,
+                                                                         const float *d, const float *m, int64_t s_row,
+                                                                         int64_t nb, const float *x, float *res) {
     __m256 a[2] = {_mm256_setzero_ps(), _mm256_setzero_ps()}, b[2] = {a[0], a[1]};
     for (int64_t blk = 0; blk < nb; blk++) {
         const float *xb = x + blk * QK;
@@ -210,8 +212,8 @@ QG_AVX2 static void dot_pair_q4_avx2(const uint8_t *q, int64_t q_row, const floa
         const __m256 x2 = _mm256_loadu_ps(xb + 16), x3 = _mm256_loadu_ps(xb + 24);
         for (int c = 0; c < 2; c++) {
             __m256 w[4];
-            _mm_prefetch((const char *)(q + c * q_row + blk * 16) + PREFETCH_BYTES, _MM_HINT_T0);
-            block_avx2(4, q + c * q_row, blk, d + c * s_row, m + c * s_row, w);
+            _mm_prefetch((const char *)(q + c * q_row + blk * block_bytes(fmt)) + PREFETCH_BYTES, _MM_HINT_T0);
+            block_avx2(fmt, q + c * q_row, blk, d + c * s_row, m + c * s_row, w);
             a[c] = _mm256_fmadd_ps(w[0], x0, a[c]);
             b[c] = _mm256_fmadd_ps(w[1], x1, b[c]);
             a[c] = _mm256_fmadd_ps(w[2], x2, a[c]);
@@ -220,6 +222,44 @@ QG_AVX2 static void dot_pair_q4_avx2(const uint8_t *q, int64_t q_row, const floa
     }
     res[0] = hsum_avx2(a[0], b[0]);
     res[1] = hsum_avx2(a[1], b[1]);
+}
+
+QG_AVX2 static void dot_pair_q4_avx2(const uint8_t *q, int64_t q_row, const float *d, const float *m, int64_t s_row,
+                                     int64_t nb, const float *x, float *res) {
+    dot_pair_avx2(4, q, q_row, d, m, s_row, nb, x, res);
+}
+
+/* a lone row of x against 4-bit weight rows n .. n + 3: eight chains in flight; each output's
+ * accumulators and order are the tile's with T = 1 */
+QG_AVX2 static void dot_quad_q4_avx2(const uint8_t *q, int64_t q_row, const float *d, const float *m, int64_t s_row,
+                                     int64_t nb, const float *x, float *res) {
+    __m256 a[4], b[4];
+    for (int c = 0; c < 4; c++) a[c] = b[c] = _mm256_setzero_ps();
+    const __m256i low4 = _mm256_set1_epi32(0x0F);
+    for (int64_t blk = 0; blk < nb; blk++) {
+        const float *xb = x + blk * QK;
+        for (int c = 0; c < 4; c++) {
+            const uint8_t *qc = q + c * q_row + blk * 16;
+            _mm_prefetch((const char *)qc + PREFETCH_BYTES, _MM_HINT_T0);
+            const __m256 dv = _mm256_set1_ps(d[c * s_row + blk]), mv = _mm256_set1_ps(m[c * s_row + blk]);
+            const __m256i z0 = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)qc));
+            const __m256i z1 = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(qc + 8)));
+            a[c] = _mm256_fmadd_ps(_mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_and_si256(z0, low4)), dv, mv),
+                                   _mm256_loadu_ps(xb), a[c]);
+            b[c] = _mm256_fmadd_ps(_mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_and_si256(z1, low4)), dv, mv),
+                                   _mm256_loadu_ps(xb + 8), b[c]);
+            a[c] = _mm256_fmadd_ps(_mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_srli_epi32(z0, 4)), dv, mv),
+                                   _mm256_loadu_ps(xb + 16), a[c]);
+            b[c] = _mm256_fmadd_ps(_mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_srli_epi32(z1, 4)), dv, mv),
+                                   _mm256_loadu_ps(xb + 24), b[c]);
+        }
+    }
+    for (int c = 0; c < 4; c++) res[c] = hsum_avx2(a[c], b[c]);
+}
+
+QG_AVX2 static void dot_pair_q8_avx2(const uint8_t *q, int64_t q_row, const float *d, const float *m, int64_t s_row,
+                                     int64_t nb, const float *x, float *res) {
+    dot_pair_avx2(8, q, q_row, d, m, s_row, nb, x, res);
 }
 
 QG_AVX2 static void dots_fused_avx2(int fmt, const uint8_t *q, const float *d, const float *m, int64_t nb,
@@ -246,7 +286,9 @@ static int have_avx2(void) { return 0; }
 
 static int use_simd = -1; /* -1: auto, 0: scalar forced (tests) */
 static int use_vnni = 1;  /* 0: the int8 path stays on AVX2 even where VNNI exists (tests) */
-static int use_pairs = 1; /* 0: a decode row meets one 4-bit weight row at a time (A/B runs, tests) */
+static int use_pairs = 1; /* 0: a decode row meets one weight row at a time (A/B runs, tests) */
+static int use_qpairs = 1; /* 0: attention takes a KV head's queries one at a time (A/B runs, tests) */
+static int use_wide_attn = 1; /* 0: a query's scores 4 keys, its V sums 32 values at a time (A/B, tests) */
 
 static inline int simd_on(void) { return use_simd != 0 && have_avx2(); }
 
@@ -903,18 +945,30 @@ static void gemm_chunk(void *arg, int64_t c) {
         const uint8_t *q = W->q + n * nb * bb;
         const float *d = W->d + n * ns, *m = W->m + n * ns;
 #ifdef QG_X86
-        if (simd && use_pairs && R == 1 && W->fmt == 4 && n + 1 < n1) { /* a decode row, two weight rows */
-            dot_pair_q4_avx2(q, nb * bb, d, m, ns, nb, J->x, res);
+        if (simd && use_pairs && R == 1 && W->fmt == 4 && n + 3 < n1) { /* a decode row, four weight rows */
+            dot_quad_q4_avx2(q, nb * bb, d, m, ns, nb, J->x, res);
+            for (int c = 0; c < 4; c++, n++) J->out[n] = J->base != NULL ? J->base[n] + res[c] : res[c];
+            n--;
+            continue;
+        }
+        if (simd && use_pairs && R == 1 && (W->fmt == 4 || W->fmt == 8) && n + 1 < n1) { /* two weight rows */
+            if (W->fmt == 4) dot_pair_q4_avx2(q, nb * bb, d, m, ns, nb, J->x, res);
+            else dot_pair_q8_avx2(q, nb * bb, d, m, ns, nb, J->x, res);
             for (int c = 0; c < 2; c++, n++) J->out[n] = J->base != NULL ? J->base[n] + res[c] : res[c];
             n--;
             continue;
         }
         if (simd) {
             /* re-unpacking the row per tile of 4 beats one unpack into a buffer shared by all
-             * rows (measured: 8 rows 21.6 vs 23.2 ms a token) */
-            for (int64_t r = 0; r < R; r += FUSED_ROWS)
-                dots_fused_avx2(W->fmt, q, d, m, nb, J->x + r * J->xs, J->xs, R - r < FUSED_ROWS ? R - r : FUSED_ROWS,
-                                res + r);
+             * rows (measured: 8 rows 21.6 vs 23.2 ms a token); the rows go in tiles of
+             * near-equal size (9 = 3 + 3 + 3, not 4 + 4 + 1: a lone row's tile waits on its
+             * two accumulators' latency; measured 1.01-1.08x faster) */
+            const int64_t tiles = (R + FUSED_ROWS - 1) / FUSED_ROWS;
+            for (int64_t i = 0, r = 0; i < tiles; i++) {
+                const int64_t rows = R / tiles + (i < R % tiles);
+                dots_fused_avx2(W->fmt, q, d, m, nb, J->x + r * J->xs, J->xs, rows, res + r);
+                r += rows;
+            }
         } else
 #endif
         {
@@ -1084,12 +1138,22 @@ QG_AVX2 static inline __m256 exp_avx2(__m256 x) {
     return _mm256_and_ps(_mm256_castsi256_ps(bits), keep);
 }
 
-/* scores of one query against keys [j0, j1) of a KV head, four keys at a time; each score is
- * the same 8-lane dot as attend_scalar's */
+/* scores of one query against keys [j0, j1) of a KV head, eight keys at a time (eight chains in
+ * flight), then four, then one; each score is the same 8-lane dot as attend_scalar's */
 QG_AVX2 static inline void scores_avx2(const float *qv, const float *kg, int64_t j0, int64_t j1, int64_t hd,
                                        float *scores) {
     int64_t j = j0;
     __m256 z = _mm256_setzero_ps();
+    for (; use_wide_attn && j + 8 <= j1; j += 8) {
+        const float *k0 = kg + j * hd;
+        __m256 a[8];
+        for (int t = 0; t < 8; t++) a[t] = z;
+        for (int64_t i = 0; i < hd; i += 8) {
+            const __m256 q = _mm256_loadu_ps(qv + i);
+            for (int t = 0; t < 8; t++) a[t] = _mm256_fmadd_ps(q, _mm256_loadu_ps(k0 + t * hd + i), a[t]);
+        }
+        for (int t = 0; t < 8; t++) scores[j + t] = hsum_avx2(a[t], z);
+    }
     for (; j + 4 <= j1; j += 4) {
         const float *k0 = kg + j * hd;
         __m256 a0 = z, a1 = z, a2 = z, a3 = z;
@@ -1114,9 +1178,16 @@ QG_AVX2 static inline void scores_avx2(const float *qv, const float *kg, int64_t
 
 /* softmax weights in place (unnormalised) and their sum, as attend_scalar computes them */
 QG_AVX2 static inline float softmax_avx2(float *scores, int64_t keys) {
-    float top = -INFINITY;
+    /* the largest score in 8 lanes, then across them: a maximum is the same in any order (a NaN
+     * score is passed over, as the scalar loop's comparison passes it over) */
+    __m256 m8 = _mm256_set1_ps(-INFINITY);
     int64_t j;
-    for (j = 0; j < keys; j++)
+    for (j = 0; j + 8 <= keys; j += 8) m8 = _mm256_max_ps(_mm256_loadu_ps(scores + j), m8);
+    float lanes[8], top = -INFINITY;
+    _mm256_storeu_ps(lanes, m8);
+    for (int l = 0; l < 8; l++)
+        if (lanes[l] > top) top = lanes[l];
+    for (; j < keys; j++)
         if (scores[j] > top) top = scores[j];
     __m256 vtop = _mm256_set1_ps(top), lane = _mm256_setzero_ps();
     for (j = 0; j + 8 <= keys; j += 8) {
@@ -1132,6 +1203,110 @@ QG_AVX2 static inline float softmax_avx2(float *scores, int64_t keys) {
     return total;
 }
 
+/* scores of two queries against keys [j0, j1) of a KV head, four keys at a time: eight chains in
+ * flight instead of four, each K row loaded once for both; every score is scores_avx2's */
+QG_AVX2 static inline void scores2_avx2(const float *qa, const float *qb, const float *kg, int64_t j0, int64_t j1,
+                                        int64_t hd, float *sa, float *sb) {
+    int64_t j = j0;
+    const __m256 z = _mm256_setzero_ps();
+    for (; j + 4 <= j1; j += 4) {
+        const float *k0 = kg + j * hd;
+        __m256 a0 = z, a1 = z, a2 = z, a3 = z, b0 = z, b1 = z, b2 = z, b3 = z;
+        for (int64_t i = 0; i < hd; i += 8) {
+            const __m256 x = _mm256_loadu_ps(qa + i), y = _mm256_loadu_ps(qb + i);
+            __m256 k = _mm256_loadu_ps(k0 + i);
+            a0 = _mm256_fmadd_ps(x, k, a0);
+            b0 = _mm256_fmadd_ps(y, k, b0);
+            k = _mm256_loadu_ps(k0 + hd + i);
+            a1 = _mm256_fmadd_ps(x, k, a1);
+            b1 = _mm256_fmadd_ps(y, k, b1);
+            k = _mm256_loadu_ps(k0 + 2 * hd + i);
+            a2 = _mm256_fmadd_ps(x, k, a2);
+            b2 = _mm256_fmadd_ps(y, k, b2);
+            k = _mm256_loadu_ps(k0 + 3 * hd + i);
+            a3 = _mm256_fmadd_ps(x, k, a3);
+            b3 = _mm256_fmadd_ps(y, k, b3);
+        }
+        sa[j] = hsum_avx2(a0, z), sa[j + 1] = hsum_avx2(a1, z);
+        sa[j + 2] = hsum_avx2(a2, z), sa[j + 3] = hsum_avx2(a3, z);
+        sb[j] = hsum_avx2(b0, z), sb[j + 1] = hsum_avx2(b1, z);
+        sb[j + 2] = hsum_avx2(b2, z), sb[j + 3] = hsum_avx2(b3, z);
+    }
+    if (j < j1) {
+        scores_avx2(qa, kg, j, j1, hd, sa);
+        scores_avx2(qb, kg, j, j1, hd, sb);
+    }
+}
+
+/* o += p_j v_j over keys [j0, j1) for two queries at once (hd a multiple of 32): each query's
+ * lanes take its products in key order, as in the one-query loop, but eight chains are in flight
+ * instead of four and each V row is loaded once for both */
+QG_AVX2 static inline void weighted_v2_avx2(const float *pa, const float *pb, const float *vg, int64_t j0, int64_t j1,
+                                            int64_t hd, float *oa, float *ob) {
+    for (int64_t i = 0; i < hd; i += 32) {
+        __m256 c0 = _mm256_loadu_ps(oa + i), c1 = _mm256_loadu_ps(oa + i + 8);
+        __m256 c2 = _mm256_loadu_ps(oa + i + 16), c3 = _mm256_loadu_ps(oa + i + 24);
+        __m256 e0 = _mm256_loadu_ps(ob + i), e1 = _mm256_loadu_ps(ob + i + 8);
+        __m256 e2 = _mm256_loadu_ps(ob + i + 16), e3 = _mm256_loadu_ps(ob + i + 24);
+        for (int64_t j = j0; j < j1; j++) {
+            const __m256 a = _mm256_set1_ps(pa[j]), b = _mm256_set1_ps(pb[j]);
+            const float *vj = vg + j * hd + i;
+            __m256 v = _mm256_loadu_ps(vj);
+            c0 = _mm256_fmadd_ps(a, v, c0);
+            e0 = _mm256_fmadd_ps(b, v, e0);
+            v = _mm256_loadu_ps(vj + 8);
+            c1 = _mm256_fmadd_ps(a, v, c1);
+            e1 = _mm256_fmadd_ps(b, v, e1);
+            v = _mm256_loadu_ps(vj + 16);
+            c2 = _mm256_fmadd_ps(a, v, c2);
+            e2 = _mm256_fmadd_ps(b, v, e2);
+            v = _mm256_loadu_ps(vj + 24);
+            c3 = _mm256_fmadd_ps(a, v, c3);
+            e3 = _mm256_fmadd_ps(b, v, e3);
+        }
+        _mm256_storeu_ps(oa + i, c0), _mm256_storeu_ps(oa + i + 8, c1);
+        _mm256_storeu_ps(oa + i + 16, c2), _mm256_storeu_ps(oa + i + 24, c3);
+        _mm256_storeu_ps(ob + i, e0), _mm256_storeu_ps(ob + i + 8, e1);
+        _mm256_storeu_ps(ob + i + 16, e2), _mm256_storeu_ps(ob + i + 24, e3);
+    }
+}
+
+/* o += p_j v_j over keys [j0, j1) for one query: 8 chunks of 8 elements in registers (eight
+ * chains) while 64 are left, then up to 4; each element takes its products in key order */
+QG_AVX2 static inline void weighted_v_avx2(const float *p, const float *vg, int64_t j0, int64_t j1, int64_t hd,
+                                           float *o) {
+    int64_t i0 = 0;
+    for (; use_wide_attn && i0 + 64 <= hd; i0 += 64) {
+        __m256 c[8];
+        for (int t = 0; t < 8; t++) c[t] = _mm256_loadu_ps(o + i0 + 8 * t);
+        for (int64_t j = j0; j < j1; j++) {
+            const __m256 pj = _mm256_set1_ps(p[j]);
+            const float *vj = vg + j * hd + i0;
+            for (int t = 0; t < 8; t++) c[t] = _mm256_fmadd_ps(pj, _mm256_loadu_ps(vj + 8 * t), c[t]);
+        }
+        for (int t = 0; t < 8; t++) _mm256_storeu_ps(o + i0 + 8 * t, c[t]);
+    }
+    for (int64_t i = i0; i < hd; i += 32) {
+        int64_t w = hd - i < 32 ? hd - i : 32;
+        __m256 c0 = _mm256_loadu_ps(o + i), c1 = c0, c2 = c0, c3 = c0;
+        if (w > 8) c1 = _mm256_loadu_ps(o + i + 8);
+        if (w > 16) c2 = _mm256_loadu_ps(o + i + 16);
+        if (w > 24) c3 = _mm256_loadu_ps(o + i + 24);
+        for (int64_t j = j0; j < j1; j++) {
+            __m256 pj = _mm256_set1_ps(p[j]);
+            const float *vj = vg + j * hd + i;
+            c0 = _mm256_fmadd_ps(pj, _mm256_loadu_ps(vj), c0);
+            if (w > 8) c1 = _mm256_fmadd_ps(pj, _mm256_loadu_ps(vj + 8), c1);
+            if (w > 16) c2 = _mm256_fmadd_ps(pj, _mm256_loadu_ps(vj + 16), c2);
+            if (w > 24) c3 = _mm256_fmadd_ps(pj, _mm256_loadu_ps(vj + 24), c3);
+        }
+        _mm256_storeu_ps(o + i, c0);
+        if (w > 8) _mm256_storeu_ps(o + i + 8, c1);
+        if (w > 16) _mm256_storeu_ps(o + i + 16, c2);
+        if (w > 24) _mm256_storeu_ps(o + i + 24, c3);
+    }
+}
+
 #define KEY_BLOCK 64 /* keys of K (and V) reused from L1 by every query of a KV head */
 
 /* all queries of one KV head (n of them: group heads x rows): keys are walked in blocks so a
@@ -1142,39 +1317,46 @@ QG_AVX2 static void attend_group_avx2(const float *const *qs, const int64_t *key
                                       float *inv) {
     int64_t most = 0;
     for (int64_t u = 0; u < n; u++) most = keys[u] > most ? keys[u] : most;
-    for (int64_t j0 = 0; j0 < most; j0 += KEY_BLOCK)
-        for (int64_t u = 0; u < n; u++) {
+    /* queries two at a time where both have keys in the block (their common keys together, the
+     * longer one's last keys alone: each query's scores are the same either way) */
+    for (int64_t j0 = 0; j0 < most; j0 += KEY_BLOCK) {
+        int64_t u = 0;
+        for (; use_qpairs && u + 1 < n; u += 2) {
+            const int64_t ja = j0 + KEY_BLOCK < keys[u] ? j0 + KEY_BLOCK : keys[u];
+            const int64_t jb = j0 + KEY_BLOCK < keys[u + 1] ? j0 + KEY_BLOCK : keys[u + 1];
+            const int64_t jc = ja < jb ? ja : jb;
+            float *sa = scores + u * stride, *sb = sa + stride;
+            if (jc > j0) scores2_avx2(qs[u], qs[u + 1], kg, j0, jc, hd, sa, sb);
+            const int64_t c0 = jc > j0 ? jc : j0;
+            if (ja > c0) scores_avx2(qs[u], kg, c0, ja, hd, sa);
+            if (jb > c0) scores_avx2(qs[u + 1], kg, c0, jb, hd, sb);
+        }
+        for (; u < n; u++) {
             int64_t j1 = j0 + KEY_BLOCK < keys[u] ? j0 + KEY_BLOCK : keys[u];
             if (j1 > j0) scores_avx2(qs[u], kg, j0, j1, hd, scores + u * stride);
         }
+    }
     for (int64_t u = 0; u < n; u++) {
         inv[u] = 1.0f / softmax_avx2(scores + u * stride, keys[u]);
         memset(os[u], 0, sizeof(float) * (size_t)hd);
     }
-    for (int64_t j0 = 0; j0 < most; j0 += KEY_BLOCK)
-        for (int64_t u = 0; u < n; u++) {
-            int64_t j1 = j0 + KEY_BLOCK < keys[u] ? j0 + KEY_BLOCK : keys[u];
-            const float *p = scores + u * stride;
-            for (int64_t i = 0; i < hd; i += 32) { /* up to 4 chunks of 8 in registers */
-                int64_t w = hd - i < 32 ? hd - i : 32;
-                __m256 c0 = _mm256_loadu_ps(os[u] + i), c1 = c0, c2 = c0, c3 = c0;
-                if (w > 8) c1 = _mm256_loadu_ps(os[u] + i + 8);
-                if (w > 16) c2 = _mm256_loadu_ps(os[u] + i + 16);
-                if (w > 24) c3 = _mm256_loadu_ps(os[u] + i + 24);
-                for (int64_t j = j0; j < j1; j++) {
-                    __m256 pj = _mm256_set1_ps(p[j]);
-                    const float *vj = vg + j * hd + i;
-                    c0 = _mm256_fmadd_ps(pj, _mm256_loadu_ps(vj), c0);
-                    if (w > 8) c1 = _mm256_fmadd_ps(pj, _mm256_loadu_ps(vj + 8), c1);
-                    if (w > 16) c2 = _mm256_fmadd_ps(pj, _mm256_loadu_ps(vj + 16), c2);
-                    if (w > 24) c3 = _mm256_fmadd_ps(pj, _mm256_loadu_ps(vj + 24), c3);
-                }
-                _mm256_storeu_ps(os[u] + i, c0);
-                if (w > 8) _mm256_storeu_ps(os[u] + i + 8, c1);
-                if (w > 16) _mm256_storeu_ps(os[u] + i + 16, c2);
-                if (w > 24) _mm256_storeu_ps(os[u] + i + 24, c3);
-            }
+    for (int64_t j0 = 0; j0 < most; j0 += KEY_BLOCK) {
+        int64_t u = 0;
+        for (; use_qpairs && hd % 32 == 0 && u + 1 < n; u += 2) {
+            const int64_t ja = j0 + KEY_BLOCK < keys[u] ? j0 + KEY_BLOCK : keys[u];
+            const int64_t jb = j0 + KEY_BLOCK < keys[u + 1] ? j0 + KEY_BLOCK : keys[u + 1];
+            const int64_t jc = ja < jb ? ja : jb;
+            const float *pa = scores + u * stride, *pb = pa + stride;
+            if (jc > j0) weighted_v2_avx2(pa, pb, vg, j0, jc, hd, os[u], os[u + 1]);
+            const int64_t c0 = jc > j0 ? jc : j0;
+            if (ja > c0) weighted_v_avx2(pa, vg, c0, ja, hd, os[u]);
+            if (jb > c0) weighted_v_avx2(pb, vg, c0, jb, hd, os[u + 1]);
         }
+        for (; u < n; u++) {
+            int64_t j1 = j0 + KEY_BLOCK < keys[u] ? j0 + KEY_BLOCK : keys[u];
+            if (j1 > j0) weighted_v_avx2(scores + u * stride, vg, j0, j1, hd, os[u]);
+        }
+    }
     for (int64_t u = 0; u < n; u++) {
         __m256 vi = _mm256_set1_ps(inv[u]);
         for (int64_t i = 0; i < hd; i += 8) _mm256_storeu_ps(os[u] + i, _mm256_mul_ps(_mm256_loadu_ps(os[u] + i), vi));
@@ -1307,6 +1489,51 @@ static void silu_mul_rows(const float *gu, float *out, int64_t rows, int64_t f) 
         for (int64_t j = 0; j < f; j++) o[j] = silu_mul_scalar(g[j], u[j]);
     }
 }
+
+/* ---- roofline probes ---------------------------------------------------------------------
+ * 5. What this CPU can do at most, for the verify-cost bound (scripts time them): probe_fma runs
+ *    chunks of independent 8-lane fused multiply-add chains (enough chains to cover the FMA
+ *    latency on every port), probe_read sums a buffer with 8-lane loads; both on the pool. */
+
+#define PROBE_CHAINS 12
+
+typedef struct {
+    int64_t iters;
+    const float *buf;
+    int64_t per_chunk; /* floats per chunk (probe_read) */
+    int64_t n;
+    float sums[256];
+} ProbeJob;
+
+#ifdef QG_X86
+QG_AVX2 static void probe_fma_chunk(void *arg, int64_t c) {
+    ProbeJob *J = (ProbeJob *)arg;
+    __m256 acc[PROBE_CHAINS];
+    const __m256 mul = _mm256_set1_ps(0.999999f), add = _mm256_set1_ps(1e-7f);
+    for (int i = 0; i < PROBE_CHAINS; i++) acc[i] = _mm256_set1_ps((float)(i + c));
+    for (int64_t it = 0; it < J->iters; it++)
+        for (int i = 0; i < PROBE_CHAINS; i++) acc[i] = _mm256_fmadd_ps(acc[i], mul, add);
+    __m256 t = acc[0];
+    for (int i = 1; i < PROBE_CHAINS; i++) t = _mm256_add_ps(t, acc[i]);
+    J->sums[c % 256] = hsum_avx2(t, _mm256_setzero_ps());
+}
+
+QG_AVX2 static void probe_read_chunk(void *arg, int64_t c) {
+    ProbeJob *J = (ProbeJob *)arg;
+    const int64_t i0 = c * J->per_chunk, i1 = i0 + J->per_chunk < J->n ? i0 + J->per_chunk : J->n;
+    __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+    int64_t i = i0;
+    for (; i + 32 <= i1; i += 32) {
+        a0 = _mm256_add_ps(a0, _mm256_loadu_ps(J->buf + i));
+        a1 = _mm256_add_ps(a1, _mm256_loadu_ps(J->buf + i + 8));
+        a2 = _mm256_add_ps(a2, _mm256_loadu_ps(J->buf + i + 16));
+        a3 = _mm256_add_ps(a3, _mm256_loadu_ps(J->buf + i + 24));
+    }
+    float s = hsum_avx2(_mm256_add_ps(a0, a1), _mm256_add_ps(a2, a3));
+    for (; i < i1; i++) s += J->buf[i];
+    J->sums[c % 256] = s;
+}
+#endif
 
 /* ---- python surface: raw addresses of torch tensors (qlinear.py checks every shape) ------- */
 
@@ -1611,6 +1838,20 @@ static PyObject *py_set_vnni(PyObject *self, PyObject *args) {
     Py_RETURN_NONE;
 }
 
+static PyObject *py_set_query_pairs(PyObject *self, PyObject *args) {
+    int on;
+    if (!PyArg_ParseTuple(args, "p", &on)) return NULL;
+    use_qpairs = on;
+    Py_RETURN_NONE;
+}
+
+static PyObject *py_set_wide_attention(PyObject *self, PyObject *args) {
+    int on;
+    if (!PyArg_ParseTuple(args, "p", &on)) return NULL;
+    use_wide_attn = on;
+    Py_RETURN_NONE;
+}
+
 static PyObject *py_set_pairs(PyObject *self, PyObject *args) {
     int on;
     if (!PyArg_ParseTuple(args, "p", &on)) return NULL;
@@ -1627,6 +1868,69 @@ static PyObject *py_info(PyObject *self, PyObject *noargs) {
                          pool.started);
 }
 
+/* probe_fma(iters, chunks, threads): chunks x iters x 12 eight-lane FMAs (AVX2 builds only) */
+static PyObject *py_probe_fma(PyObject *self, PyObject *args) {
+    long long iters, chunks;
+    int threads;
+    if (!PyArg_ParseTuple(args, "LLi", &iters, &chunks, &threads)) return NULL;
+    if (iters < 1 || chunks < 1) {
+        PyErr_SetString(PyExc_ValueError, "bad probe_fma operands");
+        return NULL;
+    }
+#ifdef QG_X86
+    if (!have_avx2()) {
+        PyErr_SetString(PyExc_RuntimeError, "probe_fma needs AVX2 + FMA");
+        return NULL;
+    }
+    ProbeJob *J = (ProbeJob *)calloc(1, sizeof(ProbeJob));
+    if (J == NULL) return PyErr_NoMemory();
+    J->iters = iters;
+    Py_BEGIN_ALLOW_THREADS
+    run_chunks(probe_fma_chunk, J, chunks, threads);
+    Py_END_ALLOW_THREADS
+    double total = 0;
+    for (int i = 0; i < 256; i++) total += J->sums[i];
+    free(J);
+    return PyFloat_FromDouble(total);
+#else
+    PyErr_SetString(PyExc_RuntimeError, "probe_fma needs AVX2 + FMA");
+    return NULL;
+#endif
+}
+
+/* probe_read(addr, n, chunks, threads): the sum of n float32 at addr, read in up to 256 chunks */
+static PyObject *py_probe_read(PyObject *self, PyObject *args) {
+    unsigned long long addr;
+    long long n, chunks;
+    int threads;
+    if (!PyArg_ParseTuple(args, "KLLi", &addr, &n, &chunks, &threads)) return NULL;
+    if (!addr || n < 1 || chunks < 1 || chunks > 256) {
+        PyErr_SetString(PyExc_ValueError, "bad probe_read operands");
+        return NULL;
+    }
+#ifdef QG_X86
+    if (!have_avx2()) {
+        PyErr_SetString(PyExc_RuntimeError, "probe_read needs AVX2 + FMA");
+        return NULL;
+    }
+    ProbeJob *J = (ProbeJob *)calloc(1, sizeof(ProbeJob));
+    if (J == NULL) return PyErr_NoMemory();
+    J->buf = (const float *)(uintptr_t)addr;
+    J->n = n;
+    J->per_chunk = ((n + chunks - 1) / chunks + 31) & ~(int64_t)31;
+    Py_BEGIN_ALLOW_THREADS
+    run_chunks(probe_read_chunk, J, (n + J->per_chunk - 1) / J->per_chunk, threads);
+    Py_END_ALLOW_THREADS
+    double total = 0;
+    for (int i = 0; i < 256; i++) total += J->sums[i];
+    free(J);
+    return PyFloat_FromDouble(total);
+#else
+    PyErr_SetString(PyExc_RuntimeError, "probe_read needs AVX2 + FMA");
+    return NULL;
+#endif
+}
+
 static PyMethodDef methods[] = {
     {"gemm", py_gemm, METH_VARARGS, "out[R, N] (+)= x[R, K] @ W[N, K]^T on quantised blocks"},
     {"dequant", py_dequant, METH_VARARGS, "W[N, K] -> float32"},
@@ -1638,8 +1942,15 @@ static PyMethodDef methods[] = {
     {"set_vnni", py_set_vnni, METH_VARARGS, "False keeps the int8 path on AVX2 where VNNI exists (tests)"},
     {"layers_new", py_layers_new, METH_VARARGS, "describe a stack of llama blocks once (a capsule)"},
     {"layers_forward", py_layers_forward, METH_VARARGS, "run blocks of a layer stack on residual rows, in place"},
-    {"set_pairs", py_set_pairs, METH_VARARGS, "False: a decode row meets one 4-bit weight row at a time (A/B runs, tests)"},
+    {"set_query_pairs", py_set_query_pairs, METH_VARARGS,
+     "False: attention takes a KV head's queries one at a time (A/B runs, tests)"},
+    {"set_wide_attention", py_set_wide_attention, METH_VARARGS,
+     "False: a query's scores 4 keys, its V sums 32 values at a time (A/B runs, tests)"},
+    {"set_pairs", py_set_pairs, METH_VARARGS,
+     "False: a decode row meets one weight row at a time, not 4 (4-bit) or 2 (A/B runs, tests)"},
     {"info", py_info, METH_NOARGS, "which paths this build has"},
+    {"probe_fma", py_probe_fma, METH_VARARGS, "roofline probe: chunks of independent FMA chains"},
+    {"probe_read", py_probe_read, METH_VARARGS, "roofline probe: sum a float32 buffer (read bandwidth)"},
     {NULL, NULL, 0, NULL},
 };
 

@@ -1,5 +1,6 @@
 """Paired A/B of the embedded model's forward by rows x context: the fused block path (one native
-call for every block) against the per-op path, or the installed kernels against another build.
+call for every block) against the per-op path, the installed kernels against another build, or
+one arithmetic against another (a second load of the file).
 
 Each round alternates the two sides (and their order) on the same target and KV cache: after a
 prefill of ``context`` tokens, ``--steps`` forwards of ``rows`` rows (every row's logits, as a
@@ -7,11 +8,13 @@ verify), each rewound to one new token. Prints median milliseconds per forward, 
 (of medians, and the median of the paired round ratios) and each side's cost relative to one row.
 
     python plugins/model_llama/scripts/forward_ab.py [--dtype int8] [--contexts 100,500]
-        [--rows 1,2,4,9] [--reps 7] [--threads 2] [--baseline per-op | PATH/_cpu_kernels.so]
+        [--rows 1,2,4,9] [--reps 7] [--threads 2] [--baseline per-op | PATH/_cpu_kernels.so | dtype:NAME]
 
 ``--baseline PATH`` loads another build of ``core/modeling/cpu_kernels.c`` (e.g. an older
 commit's, compiled with ``gcc -O3 -std=c11 -pthread -shared -fPIC -I<python include>``) as side
-A; a build without ``layers_new`` runs the per-op path.
+A; a build without ``layers_new`` runs the per-op path. ``--baseline dtype:float32-blocks`` (with
+``--dtype int8``, say) runs side A on a second load of the file in that arithmetic, each side on
+its own target and KV cache.
 """
 
 from __future__ import annotations
@@ -49,15 +52,21 @@ def main() -> int:
     torch.set_num_threads(args.threads)
     rows_set = [int(r) for r in args.rows.split(",")]
     target = load_llama(embedded_model_path(), {"dtype": args.dtype})
+    targets = {"A": target, "B": target}
     sides = {"B": (native.kernels(), target._stack, True)}
     if args.baseline == "per-op":
         sides["A"] = (native.kernels(), target._stack, False)
+    elif args.baseline.startswith("dtype:"):
+        targets["A"] = load_llama(embedded_model_path(), {"dtype": args.baseline.split(":", 1)[1]})
+        sides["A"] = (native.kernels(), targets["A"]._stack, True)
     else:
         build = load_build(args.baseline)
         native._module, target._kernels = build, build
         sides["A"] = (build, target._layer_stack(), True)
 
     def use(side: str) -> None:
+        nonlocal target
+        target = targets[side]
         kernels, stack, fused = sides[side]
         native._module = target._kernels = kernels
         target._stack, target.fused_blocks = stack, fused
@@ -73,9 +82,11 @@ def main() -> int:
     print(f"kernels: {native.info()}; arithmetic {target.precision}; threads {args.threads}; "
           f"A = {args.baseline}, B = installed fused")
     for context in [int(c) for c in args.contexts.split(",")]:
-        use("B")
-        target.reset()
-        target.spec_forward([100 + (i * 7) % 5000 for i in range(context)], all_logits_rows=False, want_hidden=False)
+        for side in {id(t): s for s, t in targets.items()}.values():
+            use(side)
+            target.reset()
+            target.spec_forward([100 + (i * 7) % 5000 for i in range(context)], all_logits_rows=False,
+                                want_hidden=False)
         times = {(s, r): [] for s in sides for r in rows_set}
         for rep in range(args.reps):
             for r in rows_set:

@@ -1,0 +1,90 @@
+"""The compiled attention at the embedded model's shapes (9 query heads, 3 KV heads, head size 64)
+by rows x context, one of its switches off against on (the default), paired (the two alternate
+within each round, their order swapped every round; medians over rounds): ``pairs``, a KV head's
+queries two at a time; ``wide``, one query's scores eight keys and its V sums 64 elements at a
+time. With one thread the time is the thread's CPU time, else wall time.
+
+    python plugins/model_llama/scripts/attention_bench.py [--switch pairs|wide] [--threads 1]
+        [--rows 1,3,9] [--contexts 100,500] [--rounds 9] [--calls 200] [--single-queries]
+        [--baseline PATH/_cpu_kernels.so]
+
+``--baseline PATH`` compares another build of ``cpu_kernels.c`` (side A) with the installed one
+(side B) instead of a switch. ``--single-queries`` keeps query pairs off on both sides (the one-query path, which a decode row
+takes on two threads: SmolLM2's 3 KV heads split into single query heads there).
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import statistics
+import time
+
+import torch
+
+from tsspec.modeling import native
+
+HEADS, KV_HEADS, HEAD_DIM = 9, 3, 64
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--switch", choices=("pairs", "wide"), default="pairs")
+    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--rows", default="1,3,9")
+    ap.add_argument("--contexts", default="100,500")
+    ap.add_argument("--rounds", type=int, default=9)
+    ap.add_argument("--calls", type=int, default=200, help="calls timed together per measurement")
+    ap.add_argument("--single-queries", action="store_true", help="query pairs off on both sides")
+    ap.add_argument("--baseline", default=None, help="another build of the kernels as side A")
+    args = ap.parse_args()
+    kernels = native.kernels()
+    setter_name = {"pairs": "set_query_pairs", "wide": "set_wide_attention"}[args.switch]
+    if kernels is None or not hasattr(kernels, setter_name):
+        raise SystemExit(f"attention_bench: the compiled kernels (with {setter_name}) are not built")
+    toggle = getattr(kernels, setter_name)
+    modules = {False: kernels, True: kernels}  # side A (off / baseline), side B (on / installed)
+    if args.baseline is not None:
+        spec = importlib.util.spec_from_file_location("_cpu_kernels", args.baseline)
+        modules[False] = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(modules[False])
+
+    def use(side_b: bool) -> None:
+        if args.baseline is None:
+            toggle(side_b)
+    names = ("baseline", "installed") if args.baseline is not None else (f"{args.switch} off", "on")
+    for module in {id(m): m for m in modules.values()}.values():
+        if args.single_queries and hasattr(module, "set_query_pairs"):
+            module.set_query_pairs(False)
+    clock = time.thread_time if args.threads == 1 else time.perf_counter
+    print(f"kernels: {native.info()}; threads {args.threads}; {HEADS} heads, {KV_HEADS} KV heads, head size {HEAD_DIM}")
+    for context in [int(c) for c in args.contexts.split(",")]:
+        for rows in [int(r) for r in args.rows.split(",")]:
+            cap = context + rows
+            g = torch.Generator().manual_seed(rows)
+            k, v = torch.randn(KV_HEADS, cap, HEAD_DIM, generator=g), torch.randn(KV_HEADS, cap, HEAD_DIM, generator=g)
+            q = torch.randn(rows, HEADS * HEAD_DIM, generator=g) * HEAD_DIM**-0.5
+            out = torch.empty(rows, HEADS * HEAD_DIM)
+            times = {False: [], True: []}
+            for rnd in range(args.rounds):
+                for side_b in (False, True) if rnd % 2 == 0 else (True, False):
+                    use(side_b)
+                    module = modules[side_b]
+                    start = clock()
+                    for _ in range(args.calls):
+                        module.attention(q.data_ptr(), HEADS * HEAD_DIM, k.data_ptr(), v.data_ptr(), cap, out.data_ptr(),
+                                          rows, HEADS, KV_HEADS, HEAD_DIM, context, args.threads)
+                    times[side_b].append((clock() - start) / args.calls * 1000)
+            use(True)
+            one, two = statistics.median(times[False]), statistics.median(times[True])
+            paired = statistics.median(b / a for a, b in zip(times[False], times[True]))
+            print(f"context {context}, rows {rows}: {names[0]} {one:.4f} ms, {names[1]} {two:.4f} ms; "
+                  f"{names[1]} / {names[0]} {two / one:.3f} (paired {paired:.3f})")
+    for module in {id(m): m for m in modules.values()}.values():
+        if hasattr(module, "set_query_pairs"):
+            module.set_query_pairs(True)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
