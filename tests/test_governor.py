@@ -115,3 +115,92 @@ def test_probes_draft_short_until_a_draft_lands():
     held = SpeculationCostGovernor()
     held.state = "hold"
     assert held.draft_limit(8) == 8
+
+
+def test_draft_limit_follows_the_measured_economics():
+    """After a landing, the limit is the length with the most tokens per ms: one token for a
+    drafter whose second token rarely lands on rows that cost, the window without sizing."""
+    g = SpeculationCostGovernor(min_samples=50)  # keep it probing: only the length is tested
+    for i in range(30):
+        g.record(False, PLAIN_MS, 1)
+        g.record(True, 13.0, 2 if i % 5 < 2 else 1, drafted=1)  # one draft, 40% land
+        g.record(True, 17.0, 2 if i % 5 < 2 else 1, drafted=2)  # two drafts, the second never lands
+    assert g.probe_landed and g.draft_limit(8) == 1
+    g.size_drafts = False
+    assert g.draft_limit(8) == 8
+
+
+def test_generation_lets_a_speculator_size_its_drafts_and_govern_itself(monkeypatch):
+    from tsspec.runtime import generation
+    from tsspec.testing import ToyTarget
+
+    seen = []
+
+    class Sizer:
+        name, needs_hidden_state, sizes_own_drafts = "sizer", False, True
+
+        def propose(self, ctx):
+            return []
+
+        def commit(self, *args):
+            pass
+
+    real = generation.SpeculativeExecution
+
+    def spy(*args, **kwargs):
+        seen.append((kwargs["governor"].size_drafts, kwargs["governor"].enabled))
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(generation, "SpeculativeExecution", spy)
+    generation.generate(ToyTarget(), [1, 2, 3], max_tokens=2, speculator=Sizer())
+    Sizer.sizes_own_drafts = "yes"  # not a plain True: the governor sizes the drafts
+    generation.generate(ToyTarget(), [1, 2, 3], max_tokens=2, speculator=Sizer())
+    Sizer.governs_itself = True  # the loop's governor stands aside
+    generation.generate(ToyTarget(), [1, 2, 3], max_tokens=2, speculator=Sizer())
+    assert seen == [(False, True), (True, True), (True, False)]
+
+
+def test_costly_empty_attempts_park_a_probe_and_cheap_ones_do_not():
+    """Empty attempts count as zero-accept steps by their cost: each plain step's worth of
+    draft milliseconds is one. A head gated shut (4 ms an attempt, plain 10 ms) parks after
+    five attempts at the first probe's limit of two; a lookup that finds nothing (0.01 ms)
+    never does."""
+    def probe(attempt_ms, attempts):
+        g = SpeculationCostGovernor(zero_accept_limit=2)
+        for _ in range(3):
+            g.record(False, PLAIN_MS, 1)  # a baseline (the first sample is warm-up)
+        for _ in range(attempts):
+            if not g.want_speculation():
+                break
+            g.record_empty_proposal(attempt_ms)
+            g.record(False, PLAIN_MS, 1)
+        return g
+
+    costly = probe(4.0, 40)
+    assert costly.state == PARKED and costly.losses == 1
+    cheap = probe(0.01, 40)
+    assert cheap.state == PROBE and cheap.losses == 0
+
+
+def test_a_lost_park_carries_to_the_next_sequence_for_drafters_with_weights_only():
+    from tsspec.runtime.generation import generate
+    from tsspec.runtime.options import SpeculationOptions
+    from tsspec.runtime.registry import SpeculatorRegistry
+    from tsspec.testing import RandomSpeculator, ToyTarget
+
+    reg = SpeculatorRegistry()
+    make = lambda t, o: RandomSpeculator(t.config.vocab_size, max_draft_tokens=3, seed=1)
+    reg.register("learned", make, requires_draft_head=False, weight_free=False)
+    reg.register("lookup", make, requires_draft_head=False, weight_free=True)
+    target, prompt = ToyTarget(), [3, 1, 4, 1, 5]
+    first = generate(target, prompt, SpeculationOptions(spec_type="learned"), max_tokens=40, registry=reg)
+    carried = reg.memory(target, "loop:learned").get("park")
+    assert first.stats.governor_losses >= 1 and carried is not None  # random drafts never win
+    second = generate(target, prompt, SpeculationOptions(spec_type="learned"), max_tokens=40, registry=reg)
+    assert second.tokens == first.tokens
+    assert second.stats.drafts < first.stats.drafts  # it started parked
+    generate(target, prompt, SpeculationOptions(spec_type="lookup"), max_tokens=40, registry=reg)
+    assert reg.memory(target, "loop:lookup") == {}  # weight-free: every prompt probes afresh
+    # a disabled governor neither reads nor writes the memory
+    off = generate(target, prompt, SpeculationOptions(spec_type="learned", adaptive=False), max_tokens=40, registry=reg)
+    assert off.stats.governor_parked_steps == 0

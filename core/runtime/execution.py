@@ -19,7 +19,9 @@ position ``p``:
 5. Commit: the kept tokens and the exact hidden rows that predicted them go to the speculator.
 
 An empty proposal is a plain one-row step that still commits to the speculator. The cost
-governor beside the loop may park drafting; then steps are plain one-row steps.
+governor beside the loop may park drafting; then steps are plain one-row steps. A speculator
+with ``observe_step(speculative, ms, tokens, drafted)`` hears every step's measured cost after
+its commit (``auto``'s pairing governs its backup with it).
 """
 
 from __future__ import annotations
@@ -192,6 +194,15 @@ class SpeculativeExecution:
         stats.governor_wins = self.governor.wins
         stats.governor_losses = self.governor.losses
         stats.governor_parked_steps = self.governor.parked_steps
+        counts = getattr(self.speculator, "governor_counts", None)  # a self-governing speculator's
+        if callable(counts):
+            try:
+                wins, losses, parked = counts()
+                stats.governor_wins += int(wins)
+                stats.governor_losses += int(losses)
+                stats.governor_parked_steps += int(parked)
+            except Exception as exc:
+                log.warning("speculator %s: governor_counts raised %r", self.label, exc)
         n = self.trunk.seq_len
         self._cached = seq.history[:n] if n <= len(seq.history) else []
 
@@ -245,6 +256,7 @@ class SpeculativeExecution:
         if attempted:
             self.governor.record_empty_proposal(draft_ms)
         self.governor.record(False, forward.ms, 1)
+        self._observe(False, forward.ms, 1, 0)
         self._emit(seq, token)
 
     def _verify_step(self, seq: SequenceState, p: int, drafts: list[int], step_start: float) -> None:
@@ -279,7 +291,9 @@ class SpeculativeExecution:
             seq.carry = hidden[kept - 1]
         self._commit(rows_in[:kept], rows, p)
         # a batched trunk also charges what the verify's extra rows cost the rest of its batch
-        self.governor.record(True, self._ms(step_start) + float(getattr(self.trunk, "extra_cost_ms", 0.0)), kept)
+        ms = self._ms(step_start) + float(getattr(self.trunk, "extra_cost_ms", 0.0))
+        self.governor.record(True, ms, kept, drafted=len(drafts))
+        self._observe(True, ms, kept, len(drafts))
 
     # -- helpers -----------------------------------------------------------------------------
     def _reusable_prefix(self, prompt: list[int]) -> int:
@@ -348,6 +362,18 @@ class SpeculativeExecution:
                 self.speculator.commit(list(tokens), rows, start)
             except Exception as exc:
                 self._fault(COMMIT_RAISED, repr(exc))
+
+    def _observe(self, speculative: bool, ms: float, tokens: int, drafted: int) -> None:
+        """Report the step to a speculator that watches costs (optional ``observe_step``)."""
+        if not self._armed:
+            return
+        observe = getattr(self.speculator, "observe_step", None)
+        if observe is None:
+            return
+        try:
+            observe(speculative, ms, tokens, drafted)
+        except Exception as exc:
+            self._fault(COMMIT_RAISED, repr(exc))
 
     def _propose(self, ctx: DraftContext) -> list[int]:
         drafts, fault = [], None

@@ -90,6 +90,31 @@ def draft_window(options: SpeculationOptions, target, speculator=None, name: str
     return window
 
 
+def _capability(speculator, name: str) -> bool:
+    """An optional speculator capability (``sizes_own_drafts``, ``governs_itself``): a plugin's
+    attribute, so anything that raises or is not a plain True counts as False."""
+    try:
+        return getattr(speculator, name, False) is True
+    except Exception:
+        return False
+
+
+def _park_memory(target, registry, options: SpeculationOptions, speculator, governor):
+    """The registry's memory for the algorithm ``options`` resolved to on ``target`` when a
+    lost park should carry to the next sequence (``SpeculatorRegistry.carries_parks``), else
+    None."""
+    if speculator is None or not governor.enabled:
+        return None
+    if registry is None:
+        from .defaults import default_catalog
+
+        registry = default_catalog().speculators
+    name = registry.resolve_name(target, options.spec_type)
+    if not isinstance(name, str) or not registry.carries_parks(name):
+        return None
+    return registry.memory(target, f"loop:{name}")
+
+
 def resolve_speculator(target, options: SpeculationOptions, registry=None):
     """(speculator | None, name | None, decline | None) for a request."""
     if not options.enabled:
@@ -222,13 +247,23 @@ def generate(
         stop_tokens = sorted(getattr(tokenizer, "eos_token_ids", ()) or ())
     window = draft_window(options, target, speculator, name)
     sampler = Sampler(sampling or SamplingParams())
+    memory = None  # where the loop's governor carries a lost park to this target's next sequence
+    if governor is None:
+        # a sizing speculator (sizes_own_drafts) gets the whole window; one that governs itself
+        # (governs_itself) gets no governor of the loop's
+        governor = SpeculationCostGovernor(
+            enabled=options.adaptive and not _capability(speculator, "governs_itself"),
+            size_drafts=not _capability(speculator, "sizes_own_drafts"))
+        memory = _park_memory(target, registry, options, speculator, governor) if label is not None else None
+        if memory is not None:
+            governor.carried = memory.pop("park", None)
     execution = SpeculativeExecution(
         trunk if trunk is not None else LinearSpecTrunk(target),
         sampler,
         vocab_size=target.config.vocab_size,
         speculator=speculator,
         window=window,
-        governor=governor or SpeculationCostGovernor(enabled=options.adaptive),
+        governor=governor,
         stop_tokens=frozenset(stop_tokens),
         speculator_label=label or name,
         arm_after_reuse=arm_after_reuse,
@@ -249,6 +284,9 @@ def generate(
         # detokenise per token only when someone listens or stop strings need it
         tokens = execution.run(ids, max_tokens, on_token=_on_token if streaming else None)
     finally:
+        carried = governor.carry_over() if memory is not None else None
+        if carried is not None:
+            memory["park"] = carried
         if speculator is not None:
             try:
                 speculator.close()

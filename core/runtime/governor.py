@@ -16,7 +16,12 @@ Three rules keep the governor's own cost under 3% at both extremes (measured by
 
 * No acceptance, no timing needed: a verify step that keeps only its bonus token did a plain
   step's work plus drafting plus extra rows, so it cannot have won. ``zero_accept_limit``
-  such steps in a row park drafting at once (one, on a re-probe after a park).
+  such steps in a row park drafting at once (one, on a re-probe after a park). Draft attempts
+  that proposed nothing count too, by what they cost: each plain step's worth of their
+  milliseconds (the measured plain baseline) since the probe last landed a token counts as one
+  such step, so a drafter whose every attempt costs a real forward (a learned head gated shut)
+  parks as fast as one whose drafts fail, and one whose attempts cost microseconds (a lookup
+  that finds no match) is never parked for them.
 * The baseline costs what speculation would have emitted: a plain sample taken while
   speculation emits T tokens per step gives up (T - 1) / T of a step, so baseline samples are
   spaced ``plain_spacing * (T - 1)`` speculative steps apart (every step when T is ~1).
@@ -25,7 +30,14 @@ Three rules keep the governor's own cost under 3% at both extremes (measured by
 * Probes are cheap: until a step of the current probe has landed a drafted token, drafts are
   capped at ``probe_draft`` tokens (``draft_limit``). Where a verify row costs real time (the
   CPU block kernels: 9 rows 2.6x one row, 3 rows 1.2x) a probe that lands nothing then costs a
-  fifth of a full-window one; a drafter that lands opens the full window one step later.
+  fraction of a full-window one.
+
+The draft length comes from measurements (``economics.DraftEconomics``): every step reports
+what it drafted, what landed and what it cost, and ``draft_limit`` returns the length with the
+most tokens per millisecond under this run's own acceptance by position and cost by length
+(``size_drafts``; a speculator that sizes its drafts itself says ``sizes_own_drafts`` and the
+loop turns this off for it). A weak drafter thus drafts one token where one pays, a strong one
+opens the window, and the park decision above judges what the chosen length achieves.
 """
 
 from __future__ import annotations
@@ -33,6 +45,8 @@ from __future__ import annotations
 import collections
 import math
 from typing import Deque
+
+from .economics import DraftEconomics
 
 PROBE, HOLD, PARKED = "probe", "hold", "parked"
 DECISIVE_SAMPLES = 2  # samples per side behind an early (decisive) decision
@@ -81,7 +95,8 @@ class SpeculationCostGovernor:
         zero_accept_limit: int = 2,
         plain_spacing: float = 2.0,
         decisive_ratio: float = 2.0,
-        probe_draft: int = 2,
+        probe_draft: int = 1,
+        size_drafts: bool = True,
     ):
         self.enabled = enabled
         self.min_samples = min_samples
@@ -93,8 +108,12 @@ class SpeculationCostGovernor:
         self.plain_spacing = plain_spacing
         self.decisive_ratio = decisive_ratio
         self.probe_draft = probe_draft
+        self.size_drafts = size_drafts  # draft length from measured economics (else: the window)
+        self.economics = DraftEconomics()
+        self.carried: tuple[int, int] | None = None  # a park to start the next sequence with (reset)
         self.probe_landed = False  # has a step of this probe accepted a drafted token?
         self.zero_run = 0  # consecutive speculative steps (in PROBE) that accepted nothing
+        self.wasted_ms = 0.0  # empty draft attempts' ms (in PROBE) not yet counted in zero_run
         self.reprobing = False  # the current probe follows a park
         self.probe_steps = 0  # speculative steps and their tokens in this probe (warm-up
         self.probe_tokens = 0  # included: token counts are not skewed by it)
@@ -131,11 +150,15 @@ class SpeculationCostGovernor:
         return True
 
     def draft_limit(self, window: int) -> int:
-        """The most tokens this step may draft: ``window``, or ``probe_draft`` while a probe has
-        not yet landed a drafted token."""
-        if self.enabled and self.state == PROBE and not self.probe_landed:
-            return min(window, self.probe_draft)
-        return window
+        """The most tokens this step may draft: the measured best length within ``window``
+        (``window`` itself with ``size_drafts`` off), capped at ``probe_draft`` while a probe
+        has not yet landed a drafted token."""
+        if not self.enabled:
+            return window
+        limit = self.economics.best(window) if self.size_drafts else window
+        if self.state == PROBE and not self.probe_landed:
+            return min(limit, self.probe_draft)
+        return limit
 
     def _plain_gap(self) -> int:
         """Speculative steps between baseline samples while the baseline is short."""
@@ -146,13 +169,19 @@ class SpeculationCostGovernor:
 
     def _start_probe(self, *, reprobe: bool) -> None:
         self.zero_run = 0
+        self.wasted_ms = 0.0
         self.probe_landed = False
         self.reprobing = reprobe
         self.probe_steps = 0
         self.probe_tokens = 0
 
-    def record(self, speculative: bool, ms: float, tokens: int) -> None:
-        """Report a step: speculative (drafted, verified) or plain, its ms and emitted tokens."""
+    def record(self, speculative: bool, ms: float, tokens: int, drafted: int | None = None) -> None:
+        """Report a step: speculative (drafted, verified) or plain, its ms and emitted tokens;
+        ``drafted``: how many tokens the speculative step verified (for the draft length)."""
+        if speculative and drafted:
+            self.economics.record_draft(drafted, tokens - 1, ms)
+        elif not speculative:
+            self.economics.record_plain(ms)
         if speculative:
             self.spec.add(ms, tokens)
             self.since_plain += 1
@@ -160,6 +189,8 @@ class SpeculationCostGovernor:
             self.probe_steps += 1
             self.probe_tokens += tokens
             self.zero_run = self.zero_run + 1 if tokens <= 1 else 0
+            if tokens > 1:
+                self.wasted_ms = 0.0
             self.probe_landed = self.probe_landed or tokens > 1
         else:
             self.plain.add(ms, tokens)
@@ -175,8 +206,19 @@ class SpeculationCostGovernor:
 
     def record_empty_proposal(self, ms: float) -> None:
         """A draft attempt that proposed nothing: its cost is speculation's, with no tokens."""
-        if self.enabled and self.state != PARKED:
-            self.spec.add(ms, 0)
+        if not (self.enabled and self.state != PARKED):
+            return
+        self.spec.add(ms, 0)
+        plain = self.plain.ms_per_token
+        if self.state != PROBE or plain is None or plain <= 0:
+            return
+        self.wasted_ms += max(0.0, float(ms))
+        if self.wasted_ms >= plain:  # a plain step's worth of attempts that found nothing
+            steps = int(self.wasted_ms // plain)
+            self.wasted_ms -= steps * plain
+            self.zero_run += steps
+            if self.zero_run >= self._zero_limit():
+                self._park()
 
     def reset(self) -> None:
         """A new sequence: acceptance depends on the prompt, so re-probe; keep the plain
@@ -186,7 +228,28 @@ class SpeculationCostGovernor:
         self.backoff = self.initial_backoff
         self.parked_left = 0
         self.spec_since_check = 0
+        self.economics.forget_acceptance()
         self._start_probe(reprobe=False)
+        carried, self.carried = self.carried, None
+        if carried is not None:
+            self.start_parked(*carried)
+
+    def carry_over(self) -> tuple[int, int] | None:
+        """(steps still to park, backoff) when drafting lost and is parked now, else None: what a
+        later sequence on the same drafter may start from (``start_parked``)."""
+        if self.state != PARKED:
+            return None
+        return self.parked_left, self.backoff
+
+    def start_parked(self, steps: int, backoff: int) -> None:
+        """Begin a sequence parked for ``steps`` steps with ``backoff`` as the next park's
+        length (call after ``reset``): the drafter lost on an earlier sequence of this target."""
+        if not self.enabled or steps < 1:
+            return
+        self.state = PARKED
+        self.parked_left = int(steps)
+        self.backoff = max(self.initial_backoff, min(self.max_backoff, int(backoff)))
+        self.spec.clear()
 
     # -- policy ----------------------------------------------------------------------------
     def _decide(self) -> None:

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import logging
 import math
+import weakref
 from typing import Any, Callable
 
 import attrs
@@ -109,6 +110,7 @@ class SpeculatorRegistry:
 
     def __init__(self) -> None:
         self._entries: dict[str, SpeculatorEntry] = {}
+        self._memory: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # target -> {key: dict}
         self.conflicts: list[str] = []  # duplicate names, kept for the CLI to print
 
     def register(
@@ -140,6 +142,23 @@ class SpeculatorRegistry:
             (not requires_draft_head) if weight_free is None else bool(weight_free),
             float(default_pmin), int(auto_priority),
         )
+
+    def memory(self, target: Any, key: str) -> dict | None:
+        """A dict kept per (target, key) for as long as the target lives: what the cost
+        governors of one algorithm carry from one sequence to the next on that target (None for
+        a target that cannot be weakly referenced)."""
+        try:
+            return self._memory.setdefault(target, {}).setdefault(key, {})
+        except TypeError:
+            return None
+
+    def carries_parks(self, name: str | None) -> bool:
+        """Whether a lost park of ``name`` carries to the next sequence: for algorithms with
+        drafter weights, whose gain is the drafter's on this machine; not for weight-free ones,
+        whose gain is the prompt's (a lookup that lost on chat may win on the next, grounded
+        request)."""
+        entry = self._entries.get(name) if name else None
+        return entry is not None and not entry.weight_free
 
     def names(self) -> list[str]:
         return sorted(self._entries)
@@ -220,7 +239,27 @@ class SpeculatorRegistry:
         return None
 
     def create(self, target: Any, options: Any) -> Any:
-        """A ready speculator for ``target``, or a Decline saying why not."""
+        """A ready speculator for ``target``, or a Decline saying why not.
+
+        Under ``auto``, a drafter that asks to back up the weight-free choice (its head says
+        ``auto_fallback``) is paired with it (``pairing.SpeculatorPair``): the weight-free
+        algorithm proposes first, the drafter's algorithm where it finds nothing."""
+        made = self._create_one(target, options)
+        if isinstance(made, Decline) or getattr(options, "spec_type", AUTO) != AUTO:
+            return made
+        head = getattr(target, "draft_head", None)
+        free = self.weight_free()
+        if head is None or getattr(head, "auto_fallback", False) is not True or not free or free[0] == getattr(made, "name", None):
+            return made
+        primary = self._create_one(target, attrs.evolve(options, spec_type=free[0]))
+        if isinstance(primary, Decline):
+            return made  # the weight-free algorithm cannot serve: the drafter alone
+        from .pairing import SpeculatorPair
+
+        memory = self.memory(target, f"pair:{free[0]}+{getattr(made, 'name', '')}")
+        return SpeculatorPair(primary, made, adaptive=bool(getattr(options, "adaptive", True)), memory=memory)
+
+    def _create_one(self, target: Any, options: Any) -> Any:
         name = self.resolve_name(target, getattr(options, "spec_type", AUTO))
         if isinstance(name, Decline):
             refusal = getattr(target, "speculation_refusal", None)

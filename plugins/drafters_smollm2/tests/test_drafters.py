@@ -78,3 +78,41 @@ def test_generation_with_the_shipped_drafter_is_lossless_and_accepts(catalog, ta
     assert spec.speculator == "draft-head"
     assert spec.tokens == plain.tokens
     assert spec.stats.draft_tokens > 0
+
+
+@pytest.fixture(scope="module")
+def catalog_with_ngram():
+    host = PluginHost()
+    import tsspec_model_llama
+    import tsspec_ngram
+
+    for module, name in ((tsspec_draft_head, "draft-head"), (tsspec_drafters_smollm2, "drafters-smollm2"),
+                         (tsspec_model_llama, "llama"), (tsspec_ngram, "ngram")):
+        host.register(module, name)
+    return build_catalog(host, discover=False)
+
+
+@pytest.fixture(scope="module")
+def auto_target(catalog_with_ngram):
+    # the drafter attached (as --spec-draft-model would); auto itself does not attach it
+    return load_model(embedded_model_path(), catalog=catalog_with_ngram, options=SpeculationOptions(spec_type="draft-head"))
+
+
+@pytest.mark.parametrize("sampling", [SamplingParams(), SamplingParams(temperature=0.7, top_k=40, seed=5)],
+                         ids=["greedy", "sampled"])
+def test_auto_pairs_ngram_with_the_mtp_drafter_losslessly(catalog_with_ngram, auto_target, targets, sampling):
+    """Attached, the shipped MTP drafter backs up ngram under auto: ngram proposes where the
+    answer repeats the prompt, the drafter elsewhere; the output is plain decoding's."""
+    from tsspec.runtime.pairing import BACKUP, PRIMARY
+
+    catalog, target, (_, bare) = catalog_with_ngram, auto_target, targets
+    tok = bare.tokenizer
+    text = "List the steps: open the file, read the file, close the file. Repeat them exactly."
+    ids = tok.encode(tok.apply_chat_template([{"role": "user", "content": text}]), add_special_tokens=False)
+    plain = generate(bare, list(ids), SpeculationOptions(enabled=False), max_tokens=32, sampling=sampling)
+    options = SpeculationOptions(spec_type="auto", adaptive=False, pmin=0.0)
+    speculator = catalog.speculators.create(target, options)
+    spec = generate(target, list(ids), options, max_tokens=32, sampling=sampling, speculator=speculator)
+    assert speculator.name == "ngram+draft-head"
+    assert spec.tokens == plain.tokens
+    assert speculator.proposed[PRIMARY] > 0 and speculator.proposed[BACKUP] > 0

@@ -257,3 +257,48 @@ def test_folded_commit_keeps_its_own_copy_of_the_rows():
     ctx = _ctx([1, 2, 3], _rows(1, 1)[0])
     assert spec.propose(ctx) == expected.propose(ctx)
     assert torch.equal(spec.head.draft_step(4, _rows(1, 2)[0], 3)[0], expected.head.draft_step(4, _rows(1, 2)[0], 3)[0])
+
+
+# -- bounded catch-up ------------------------------------------------------------------------
+def _park_then_propose(spec, parked: int):
+    """Prefill 3 tokens, then ``parked`` one-token plain commits (a parked governor), then one
+    proposal; returns the head's rows written by that proposal's call."""
+    gen = torch.Generator().manual_seed(5)
+    history = [int(t) for t in torch.randint(0, VOCAB, (4,), generator=gen)]
+    rows = _rows(parked + 16, 9)
+    rows_for = lambda start, n: torch.cat([torch.zeros(1, HIDDEN, dtype=torch.float64), rows])[start : start + n]
+    spec.reset()
+    spec.commit(history[:-1], rows_for(0, len(history) - 1), 0)
+    spec.propose(_ctx(history, rows[len(history) - 2]))
+    for _ in range(parked):
+        p = len(history) - 1
+        spec.commit([history[-1]], rows_for(p, 1), p)
+        history.append(int(torch.randint(0, VOCAB, (1,), generator=gen)))
+    before = spec.head.rows
+    spec.propose(_ctx(history, rows[len(history) - 2]))
+    return spec.head.rows - before, history
+
+
+@pytest.mark.parametrize("fold", [True, False], ids=["fold", "no-fold"])
+def test_catch_up_after_a_park_is_bounded(fold):
+    spec = DraftHeadSpeculator(ToyPerTokenHead(VOCAB, HIDDEN, seed=3), max_draft_tokens=1, feature_size=HIDDEN,
+                               min_draft_prob=0.0, fold_catch_up=fold, catch_up_rows=3)
+    rows, history = _park_then_propose(spec, parked=40)
+    held, p = spec.head.cache_positions, len(history) - 1
+    if fold:  # one call: the 3 newest pending rows and the step; the rest of the park skipped
+        assert rows == 4 and spec.counters.skipped_rows == 40 - 3
+        assert held[-4:] == [p - 3, p - 2, p - 1, p] and p - 4 not in held
+    else:  # each parked commit was a one-row catch-up of its own: nothing to skip
+        assert rows == 1 and spec.counters.skipped_rows == 0 and p - 4 in held
+
+
+def test_unbounded_catch_up_carries_every_parked_row():
+    spec = DraftHeadSpeculator(ToyPerTokenHead(VOCAB, HIDDEN, seed=3), max_draft_tokens=1, feature_size=HIDDEN,
+                               min_draft_prob=0.0, fold_catch_up=True, catch_up_rows=None)
+    rows, _ = _park_then_propose(spec, parked=40)
+    assert rows == 41 and spec.counters.skipped_rows == 0
+
+
+def test_catch_up_rows_must_be_positive():
+    with pytest.raises(ValueError, match="catch_up_rows"):
+        DraftHeadSpeculator(ToyPerTokenHead(VOCAB, HIDDEN), max_draft_tokens=1, feature_size=HIDDEN, catch_up_rows=0)

@@ -22,7 +22,9 @@ HERE = Path(__file__).parent
 # `auto` follows the figures (FIGURES.md): a drafter that loses to the weight-free ngram on the
 # served classes is attached only when its algorithm is asked for by name.
 DRAFTERS = {
-    # held-out first-token acceptance ~0.4: plain speed, below ngram on chat/prose/qa (FIGURES.md)
+    # held-out first-token acceptance ~0.4: alone about plain speed, below ngram (FIGURES.md).
+    # Attached (--spec-draft-model), `auto` pairs it behind ngram (its head says auto_fallback);
+    # that pair measured no clear gain over ngram on this CPU (README), so auto does not attach it
     "smollm2-135m-instruct-mtp.gguf": ("draft-head", "nextn", False),
     # DFlash block drafter (tsspec train-drafter --kind dflash; recipe and figures in
     # plugins/spec_block/trained/README.md): row-1 landing ~0.2 on chat, 0.81-0.96x of plain

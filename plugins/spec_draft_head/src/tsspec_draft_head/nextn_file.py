@@ -182,6 +182,9 @@ class NextNFileHead:
     kind = DraftHeadKind.PER_TOKEN
     block_size = 1
     resumes_after_gap = False
+    # a small drafter trained apart from its target: under `auto` it backs up the weight-free
+    # algorithm (proposes where prompt lookup finds nothing) instead of replacing it
+    auto_fallback = True
 
     def __init__(self, module: NextNModule, target, *, source: str = "", max_context: int = 1 << 16,
                  recommended: dict | None = None):

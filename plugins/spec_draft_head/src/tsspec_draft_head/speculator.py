@@ -13,6 +13,14 @@ only records the rows, and the next proposal's first step carries them (its own 
 ``ctx.last_token`` and ``ctx.carry_hidden``). A step then costs one head call instead of two.
 ``TS_MTP_FOLD_CATCHUP=0`` keeps the unfolded path (catch-up at commit), for attribution.
 
+The catch-up is bounded: while the cost governor parks drafting, plain steps keep committing and
+the pending rows would grow with the park (a head row costs about a quarter of a millisecond on
+the embedded model's CPU path, so a 500-step park would make the next probe pay ~130 ms). Only
+the newest ``catch_up_rows`` pending rows are kept; the head sees a gap before them and
+restarts its cache there (every per-token head restarts on a catch-up that starts past its end).
+A probe after a park then costs a bounded catch-up whatever the park's length; the drafts after
+it see less context, the output never changes (verification decides).
+
 Worked example (window 3, folding on). Prefill commits tokens [a, b, c] at 0 with rows
 [0, h_a, h_b]; the head is NOT called. propose(last=d, position=3, carry=h_c) makes one fused call
 over [a, b, c, d] with rows [0, h_a, h_b, h_c] from 0 -> logits for position 4 -> draft e; then
@@ -34,6 +42,7 @@ from .confidence import passes_gate, top1_over_topk
 from .plugin import ALGORITHM
 
 DEFAULT_MIN_DRAFT_PROB = 0.75  # --spec-pmin for a per-token head (registered with the algorithm)
+DEFAULT_CATCH_UP_ROWS = 8  # newest pending rows a catch-up carries after a park (None: all)
 FOLD_ENV = "TS_MTP_FOLD_CATCHUP"
 
 
@@ -56,6 +65,7 @@ class HeadCallCounters:
     fused: int = 0  # draft_catch_up_and_step calls
     drafted: int = 0  # tokens proposed
     gate_stops: int = 0  # chains ended by the confidence gate
+    skipped_rows: int = 0  # committed rows never shown to the head (bounded catch-up)
 
     @property
     def head_calls(self) -> int:
@@ -95,6 +105,7 @@ class DraftHeadSpeculator:
         feature_size: int,
         min_draft_prob: float | None = None,
         fold_catch_up: bool | None = None,
+        catch_up_rows: int | None = DEFAULT_CATCH_UP_ROWS,
     ) -> None:
         if max_draft_tokens < 1:
             raise ValueError(f"max_draft_tokens must be >= 1, got {max_draft_tokens}")
@@ -108,6 +119,9 @@ class DraftHeadSpeculator:
         self.can_arm_after_prefix_reuse = bool(getattr(head, "resumes_after_gap", False))
         wants_fold = fold_enabled() if fold_catch_up is None else bool(fold_catch_up)
         self.fold_catch_up = wants_fold and callable(getattr(head, "draft_catch_up_and_step", None))
+        if catch_up_rows is not None and int(catch_up_rows) < 1:
+            raise ValueError(f"catch_up_rows must be >= 1 or None, got {catch_up_rows}")
+        self.catch_up_rows = None if catch_up_rows is None else int(catch_up_rows)
         self.counters = HeadCallCounters()
         self._pending: _Pending | None = None
 
@@ -168,6 +182,11 @@ class DraftHeadSpeculator:
             raise ValueError(f"{len(tokens)} tokens but only {hidden_rows.shape[0]} hidden rows")
         hidden_rows = hidden_rows[: len(tokens)]  # [n, F]
         if not self.fold_catch_up:
+            limit = self.catch_up_rows
+            if limit is not None and len(tokens) > limit:  # the same bound as the folded path
+                drop = len(tokens) - limit
+                tokens, hidden_rows, start_pos = tokens[drop:], hidden_rows[drop:], int(start_pos) + drop
+                self.counters.skipped_rows += drop
             self.counters.catch_ups += 1
             self.head.draft_catch_up(tokens, hidden_rows, int(start_pos))
             return
@@ -183,6 +202,17 @@ class DraftHeadSpeculator:
             if pending is not None:
                 self._flush()  # a gap: catch up on what we had, then start again
             self._pending = _Pending(int(start_pos), tokens, rows)
+        self._bound()
+
+    def _bound(self) -> None:
+        """Keep only the newest ``catch_up_rows`` pending rows (the older ones are skipped)."""
+        pending, limit = self._pending, self.catch_up_rows
+        if pending is None or limit is None or len(pending.tokens) <= limit:
+            return
+        drop = len(pending.tokens) - limit
+        del pending.tokens[:drop], pending.rows[:drop]
+        pending.start += drop
+        self.counters.skipped_rows += drop
 
     def _flush(self) -> None:
         """Catch the head up on the pending rows with a call of its own."""

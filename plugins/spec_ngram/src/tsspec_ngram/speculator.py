@@ -71,6 +71,9 @@ class NGramSpeculator:
     needs_hidden_state = False
     handles_own_prefill = False
     can_arm_after_prefix_reuse = True
+    # its drafts are sized by match length (matching.py's adaptive / value policies): the cost
+    # governor leaves the length to it instead of sizing by average acceptance by position
+    sizes_own_drafts = True
 
     def __init__(
         self,

@@ -1,0 +1,106 @@
+"""DraftEconomics: draft length from measured acceptance by position and cost by length."""
+
+import pytest
+
+from tsspec.runtime.economics import FIRST_PRIOR, DraftEconomics
+
+
+def feed(econ, *, plain_ms, cost_by_length, accept, steps, length):
+    """``steps`` plain samples and ``steps`` speculative steps of ``length`` drafts each, of
+    which the first ``accept(i)`` land on step i."""
+    for i in range(steps):
+        econ.record_plain(plain_ms)
+        econ.record_draft(length, accept(i), cost_by_length(length))
+
+
+def test_no_evidence_gives_the_window_and_the_prior():
+    econ = DraftEconomics()
+    assert econ.best(8) == 8 and econ.best(1) == 1 and econ.best(0) == 0
+    assert econ.acceptance(3) == pytest.approx([FIRST_PRIOR] * 3)
+    assert econ.cost(2) is None and econ.gain(1) is None
+
+
+def test_acceptance_counts_only_positions_that_were_verified():
+    econ = DraftEconomics()
+    econ.record_draft(2, 0, 10.0)  # position 1 rejected: position 2 never verified
+    econ.record_draft(2, 1, 10.0)  # position 1 landed, position 2 rejected
+    econ.record_draft(2, 2, 10.0)  # both landed
+    econ.record_draft(1, 1, 10.0)  # one drafted, landed
+    # position 1: 3 landed of 4 reached, plus one pseudo-sample of 0.5
+    a1 = (3 + FIRST_PRIOR) / (4 + 1)
+    # position 2: 1 landed of 2 reached, plus 2 pseudo-samples of a1
+    a2 = (1 + 2 * a1) / (2 + 2)
+    assert econ.acceptance(3) == pytest.approx([a1, a2, a2])
+    assert econ.expected_tokens(2) == pytest.approx(1 + a1 + a1 * a2)
+
+
+def test_cost_interpolates_and_extrapolates_from_measured_lengths():
+    econ = DraftEconomics()
+    econ.record_plain(10.0)
+    assert econ.cost(3) == 10.0  # one measured point: flat
+    econ.record_draft(1, 0, 12.0)
+    assert econ.cost(3) == pytest.approx(16.0)  # the line through (0, 10) and (1, 12)
+    econ.record_draft(4, 0, 20.0)
+    assert econ.cost(2) == pytest.approx(12.0 + 8.0 / 3)  # between 1 and 4
+    assert econ.cost(6) == pytest.approx(20.0 + 2 * 8.0 / 3)  # beyond 4: the last two points
+
+
+def test_weak_drafter_drafts_one_token():
+    """Acceptance 0.4 at every position; rows cost like the CPU path (2 rows 1.14x, then
+    ~0.3x a row) plus 0.1x a draft step each: one token pays (1.4 / 1.24), two do not."""
+    econ = DraftEconomics()
+    cost = lambda k: 10.0 * (1 + 0.14 + 0.28 * (k - 1) + 0.1 * k)
+    feed(econ, plain_ms=10.0, cost_by_length=lambda k: cost(k), accept=lambda i: int(i % 5 < 2), steps=40, length=2)
+    econ.record_draft(1, 0, cost(1))
+    econ.record_draft(1, 1, cost(1))
+    assert econ.best(8) == 1
+    assert econ.gain(1) > 1.0 > econ.gain(3)
+
+
+def test_strong_drafter_opens_the_window():
+    econ = DraftEconomics()
+    cost = lambda k: 10.0 * (1 + 0.15 * k)
+    feed(econ, plain_ms=10.0, cost_by_length=cost, accept=lambda i: 4 if i % 10 else 2, steps=30, length=4)
+    econ.record_draft(1, 1, cost(1))
+    assert econ.best(8) >= 4
+
+
+def test_acceptance_is_forgotten_with_a_new_sequence_but_costs_are_kept():
+    econ = DraftEconomics()
+    feed(econ, plain_ms=10.0, cost_by_length=lambda k: 12.0, accept=lambda i: 0, steps=10, length=1)
+    assert econ.acceptance(1)[0] < 0.1
+    econ.forget_acceptance()
+    assert econ.acceptance(1) == [FIRST_PRIOR] and econ.cost(1) == 12.0
+
+
+def test_the_loop_drafts_the_length_that_pays_on_a_costed_toy():
+    """A drafter landing 40% per token, each drafted token costing a tenth of a step, on the
+    embedded model's verify-cost profile (virtual clock: deterministic). One token pays
+    (1.4 tokens for ~1.19 steps), two pay less, four lose: the governor settles on one, beats
+    plain and beats the fixed window of four."""
+    from tsspec.bench.governor_check import CostProfileToy, VirtualClock
+    from tsspec.runtime.generation import generate
+    from tsspec.runtime.options import SpeculationOptions
+    from tsspec.testing import OracleSpeculator
+
+    clock = VirtualClock()
+    target = CostProfileToy(base_ms=10.0, seed=3, recurrent=False, clock=clock, max_context=512)
+    prompt = [5, 9, 2, 7, 1, 3, 8, 4]
+
+    class CostlyOracle(OracleSpeculator):
+        def propose(self, ctx):
+            drafts = super().propose(ctx)
+            clock.advance(0.001 * len(drafts))  # a head step per drafted token: 1 ms
+            return drafts
+
+    def run(adaptive):
+        spec = CostlyOracle.from_plain_run(target, prompt, 300, corrupt=0.6, max_draft_tokens=4, seed=2)
+        options = SpeculationOptions(spec_type="oracle", draft=4, adaptive=adaptive)
+        return generate(target, prompt, options, max_tokens=300, speculator=spec, clock=clock).stats
+
+    plain = generate(target, prompt, SpeculationOptions(enabled=False), max_tokens=300, clock=clock).stats
+    sized, fixed = run(True), run(False)
+    assert sized.draft_tokens / sized.drafts < 1.3  # mostly one token a step
+    assert fixed.draft_tokens / fixed.drafts > 3
+    assert sized.decode_ms < 0.95 * plain.decode_ms
+    assert sized.decode_ms < fixed.decode_ms
