@@ -28,11 +28,17 @@ run: setup
 	$(VENV)/bin/tsspec generate --demo --stats
 
 # The learned drafter at work: the embedded model with its shipped MTP drafter (--spec-type
-# draft-head attaches it; --spec-pmin 0.3 lets the weakly trained head draft), then `auto`.
+# draft-head attaches it; the governor sizes each draft from the acceptance and costs it measures
+# and parks the head where it loses), then `auto` (ngram: the MTP head is not attached under auto
+# by default, its gain measured inside the noise), then `auto` with the head attached, which
+# pairs it behind ngram (the head drafts only where ngram finds nothing).
+MTP_DRAFTER := plugins/drafters_smollm2/src/tsspec_drafters_smollm2/smollm2-135m-instruct-mtp.gguf
+DRAFTER_PROMPT := Explain photosynthesis to a child in a few sentences.
 run-drafter: setup
 	$(VENV)/bin/tsspec list-speculators --model "$$($(PY) -c 'from tsspec.modeling.embedded import embedded_model_path as p; print(p())')"
-	$(VENV)/bin/tsspec generate --chat --stats --max-tokens 96 --spec-type draft-head --prompt "Explain photosynthesis to a child in a few sentences."
-	$(VENV)/bin/tsspec generate --chat --stats --max-tokens 96 --prompt "Explain photosynthesis to a child in a few sentences."
+	$(VENV)/bin/tsspec generate --chat --stats --max-tokens 96 --spec-type draft-head --prompt "$(DRAFTER_PROMPT)"
+	$(VENV)/bin/tsspec generate --chat --stats --max-tokens 96 --prompt "$(DRAFTER_PROMPT)"
+	$(VENV)/bin/tsspec generate --chat --stats --max-tokens 96 --spec-draft-model $(MTP_DRAFTER) --prompt "$(DRAFTER_PROMPT)"
 
 # The shipped learned drafters, from scratch, seeded (teacher data and the resumable checkpoint
 # are cached under DRAFTERS_CACHE; ~25 min of data and ~35 min of training on one busy core).
