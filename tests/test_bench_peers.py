@@ -14,6 +14,7 @@ from tsspec.bench.peers import (
     PeerProcess,
     PeerRecord,
     PeerUnavailable,
+    draft_tokens,
     peer_environment,
     summarise_peers,
 )
@@ -141,3 +142,29 @@ def test_prompt_lookup_is_probed_on_its_own_prompt(fake_llama_env):
         peer.close()
     assert {ids for kind, ids in seen if kind == PLAIN} == {(1, 2, 3)}
     assert {ids for kind, ids in seen if kind == LOOKUP} == {(7, 8, 9)}
+
+
+def test_a_variant_that_fails_in_the_probe_is_dropped_not_the_peer(fake_llama_env):
+    """The worker answers an error for one variant and stays up: the probe goes on without that
+    variant (named in probe_errors) and still chooses the fastest of the others."""
+    env, model = fake_llama_env
+    peer = PeerProcess("llama.cpp", model, [2], threads=1, env=peer_environment(env))
+    broken = "prompt-lookup/generate/fa0/n3"  # the fake's fastest length: it must not be chosen
+    generate = peer.generate
+
+    def failing(config, *args, **kwargs):
+        if config == broken:
+            raise PeerUnavailable("ValueError: Failed to create llama_context")
+        return generate(config, *args, **kwargs)
+
+    peer.generate = failing
+    try:
+        peer.tune([1, 2, 3], max_tokens=3, reps=1)
+        assert set(peer.probe_errors) == {broken}
+        assert peer.chosen[LOOKUP] != broken and draft_tokens(peer.chosen[LOOKUP]) is not None
+        assert broken not in {p["variant"] for p in peer.probe}
+        assert peer.describe()["probe_errors"] == {broken: "ValueError: Failed to create llama_context"}
+        tokens, tps, _ = peer.generate(LOOKUP, [1, 2, 3], 3)  # the peer still serves
+        assert tokens and tps > 0
+    finally:
+        peer.close()

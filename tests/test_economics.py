@@ -104,3 +104,11 @@ def test_the_loop_drafts_the_length_that_pays_on_a_costed_toy():
     assert fixed.draft_tokens / fixed.drafts > 3
     assert sized.decode_ms < 0.95 * plain.decode_ms
     assert sized.decode_ms < fixed.decode_ms
+
+
+def test_a_step_measured_at_zero_ms_is_never_a_divisor():
+    econ = DraftEconomics()
+    econ.record_plain(0.0)  # a clock that did not tick between two reads
+    econ.record_draft(1, 1, 0.0)
+    assert econ.cost(1) > 0 and econ.cost(3) > 0
+    assert 1 <= econ.best(4) <= 4

@@ -204,3 +204,37 @@ def test_a_lost_park_carries_to_the_next_sequence_for_drafters_with_weights_only
     # a disabled governor neither reads nor writes the memory
     off = generate(target, prompt, SpeculationOptions(spec_type="learned", adaptive=False), max_tokens=40, registry=reg)
     assert off.stats.governor_parked_steps == 0
+
+
+def test_a_clock_that_never_ticks_changes_nothing():
+    """Every step measured at 0 ms (a frozen or coarse clock): no division by zero, output ==
+    plain, greedy and seeded."""
+    from tsspec.runtime.generation import generate
+    from tsspec.runtime.options import SpeculationOptions
+    from tsspec.runtime.sampling import SamplingParams
+    from tsspec.testing import OracleSpeculator, ToyTarget, plain_tokens
+
+    target, prompt = ToyTarget(), [3, 1, 4, 1, 5, 9, 2, 6]
+    for sampling in (SamplingParams(), SamplingParams(temperature=0.9, top_k=8, seed=11)):
+        want = plain_tokens(target, prompt, 60, sampling)
+        oracle = OracleSpeculator.from_plain_run(target, prompt, 60, sampling=sampling, corrupt=0.5)
+        got = generate(target, prompt, SpeculationOptions(), max_tokens=60, sampling=sampling, speculator=oracle,
+                       clock=lambda: 0.0)
+        assert got.tokens == want
+
+
+def test_a_park_that_ran_out_carries_its_backoff():
+    """A sequence that ends parked with no parked steps left (the next step would re-probe):
+    the next sequence re-probes at once, as a re-probe, with the backoff still grown."""
+    first = SpeculationCostGovernor(min_samples=2, initial_backoff=4)
+    first._park()
+    while first.parked_left:
+        assert not first.want_speculation()
+    carried = first.carry_over()
+    assert carried == (0, 8)
+    second = SpeculationCostGovernor(min_samples=2, initial_backoff=4)
+    second.carried = carried
+    second.reset()
+    assert second.want_speculation() and second.state == PROBE and second.reprobing
+    second.record(True, 30.0, 1)  # a re-probe that lands nothing parks at once, for the grown backoff
+    assert second.state == PARKED and second.parked_left == 8 and second.backoff == 16

@@ -115,6 +115,7 @@ class PeerProcess:
         default = [v for v in lookup if draft_tokens(v) in (None, PROMPT_LOOKUP_TOKENS)]  # the engine's own default
         self.chosen = {PLAIN: self._variants(PLAIN)[0], LOOKUP: (default or lookup)[0]}
         self.probe: list[dict] = []
+        self.probe_errors: dict[str, str] = {}  # variants that failed in the probe: why (not used)
         self.probe_seconds: float | None = None  # how long tune() took
 
     def _variants(self, kind: str) -> list[str]:
@@ -165,10 +166,12 @@ class PeerProcess:
         variant's); then the other fields (API, flash attention) at the best draft length. The
         stages keep the probe short as the list of variants grows (20 prompt-lookup variants
         for llama.cpp, 8 of them probed). The prompt-lookup stages run on ``lookup_prompt_ids``
-        when given (a prompt of the kind prompt lookup is compared on), else on ``prompt_ids``."""
+        when given (a prompt of the kind prompt lookup is compared on), else on ``prompt_ids``.
+        A variant the engine answers with an error is dropped (``probe_errors``); the peer is
+        unavailable only when its worker dies or every variant of a stage fails."""
         max_tokens = max_tokens or TUNE_SETTINGS.get(self.engine, (TUNE_TOKENS, TUNE_REPS))[0]
         reps = reps or TUNE_SETTINGS.get(self.engine, (TUNE_TOKENS, TUNE_REPS))[1]
-        self.probe = []
+        self.probe, self.probe_errors = [], {}
         started = time.perf_counter()
         plain = self._variants(PLAIN)
         if len(plain) > 1:
@@ -194,12 +197,23 @@ class PeerProcess:
         seen: dict[str, list[float]] = {v: [] for v in variants}
         for rep in range(-1, reps):
             for v in variants:
-                _, tps, _ = self.generate(v, prompt_ids, max_tokens, TUNE_SECONDS, reuse_prompt=True)
+                if v in self.probe_errors:
+                    continue
+                try:
+                    _, tps, _ = self.generate(v, prompt_ids, max_tokens, TUNE_SECONDS, reuse_prompt=True)
+                except PeerUnavailable as exc:
+                    if self._proc.poll() is not None:
+                        raise  # the worker died: the peer is gone, not one variant
+                    self.probe_errors[v] = str(exc)  # this variant failed; the others may serve
+                    continue
                 if rep >= 0:
                     seen[v].append(tps)
-        medians = {v: statistics.median(t) for v, t in seen.items()}
+        medians = {v: statistics.median(t) for v, t in seen.items() if t and v not in self.probe_errors}
+        if not medians:
+            raise PeerUnavailable(f"every {stage} variant failed: " + "; ".join(
+                f"{v}: {self.probe_errors.get(v, 'no timed run')}" for v in variants))
         self.probe += [{"stage": stage, "variant": v, "tokens_per_second": round(m, 2)} for v, m in medians.items()]
-        return max(variants, key=lambda v: medians[v])
+        return max(medians, key=lambda v: medians[v])  # the first of equals, in the variants' order
 
     def close(self) -> None:
         proc = getattr(self, "_proc", None)
@@ -215,6 +229,7 @@ class PeerProcess:
 
     def describe(self) -> dict:
         return {"engine": self.engine, "threads": self.threads, "chosen": dict(self.chosen), "probe": self.probe,
+                "probe_errors": dict(self.probe_errors),
                 "probe_seconds": None if self.probe_seconds is None else round(self.probe_seconds, 1),
                 "info": self.info, "environment": self.environment}
 

@@ -32,6 +32,7 @@ FIRST_PRIOR = 0.5  # acceptance at position 1 before any evidence (one pseudo-sa
 PRIOR_WEIGHT = 2.0  # pseudo-samples pulling a position's estimate toward its predecessor's
 COST_SAMPLES = 16  # rolling samples kept per draft length (context growth changes costs)
 ACCEPT_SAMPLES = 64  # rolling speculative steps behind the acceptance estimates
+MIN_COST_MS = 1e-9  # the least a step's estimated cost can be (ratios divide by it)
 
 
 class DraftEconomics:
@@ -83,7 +84,8 @@ class DraftEconomics:
 
     def cost(self, length: int) -> float | None:
         """Estimated ms of a step drafting ``length`` tokens (None: nothing measured at all)."""
-        means = {k: sum(v) / len(v) for k, v in self._costs.items() if v}
+        # a step measured at 0 ms (a coarse or frozen clock) counts as a tiny cost: never a divisor of 0
+        means = {k: max(sum(v) / len(v), MIN_COST_MS) for k, v in self._costs.items() if v}
         if not means:
             return None
         if length in means:
@@ -99,7 +101,7 @@ class DraftEconomics:
         else:  # one measured length: flat (optimistic, so the length gets tried)
             return means[(below or above)[0]]
         slope = (means[hi] - means[lo]) / (hi - lo)
-        return max(means[lo] + slope * (length - lo), 1e-9)
+        return max(means[lo] + slope * (length - lo), MIN_COST_MS)
 
     def expected_tokens(self, length: int, rates: list[float] | None = None) -> float:
         """E(length): tokens a step drafting ``length`` emits on average."""

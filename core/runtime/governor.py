@@ -243,8 +243,10 @@ class SpeculationCostGovernor:
 
     def start_parked(self, steps: int, backoff: int) -> None:
         """Begin a sequence parked for ``steps`` steps with ``backoff`` as the next park's
-        length (call after ``reset``): the drafter lost on an earlier sequence of this target."""
-        if not self.enabled or steps < 1:
+        length (call after ``reset``): the drafter lost on an earlier sequence of this target.
+        ``steps`` 0: the park ran out, and the first step re-probes (as a re-probe, with that
+        backoff)."""
+        if not self.enabled or steps < 0:
             return
         self.state = PARKED
         self.parked_left = int(steps)
@@ -256,8 +258,8 @@ class SpeculationCostGovernor:
         if self.state == PARKED:
             return
         spec_cost, plain_cost = self.spec.ms_per_token, self.plain.ms_per_token
-        if spec_cost is None or plain_cost is None:
-            return
+        if spec_cost is None or plain_cost is None or plain_cost <= 0:
+            return  # no baseline yet, or one a clock could not resolve: nothing to compare
         enough = self.spec.count >= self.min_samples and self.plain.count >= self.min_samples
         decisive = (
             self.state == PROBE

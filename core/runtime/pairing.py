@@ -9,8 +9,9 @@ and this prompt is parked while the primary keeps drafting, and the other way ro
 the pair as a whole would let a losing backup park a winning primary. The pair therefore
 governs itself (``governs_itself``: the loop's governor stands aside) and sizes the drafts
 (``sizes_own_drafts``): each member gets its governor's ``draft_limit`` (a member that sizes
-its own drafts gets the whole window). Both members see every commit, so either can propose at
-the next step. Neither can change the output: the loop verifies whatever is proposed.
+its own drafts gets the whole window, one token while its probe has landed nothing). Both
+members see every commit, so either can propose at the next step. Neither can change the
+output: the loop verifies whatever is proposed.
 
 A backup that lost is remembered across sequences: the pair writes its governor's park (steps
 left, next backoff) into ``memory`` (a dict the registry keeps per target) when a sequence ends

@@ -19,7 +19,9 @@ the embedded model's CPU path, so a 500-step park would make the next probe pay 
 the newest ``catch_up_rows`` pending rows are kept; the head sees a gap before them and
 restarts its cache there (every per-token head restarts on a catch-up that starts past its end).
 A probe after a park then costs a bounded catch-up whatever the park's length; the drafts after
-it see less context, the output never changes (verification decides).
+it see less context, the output never changes (verification decides). The bound applies to any
+commit the head has not yet seen, the prompt's at prefill included: the first proposal of a
+sequence sees the prompt's last ``catch_up_rows`` rows only.
 
 Worked example (window 3, folding on). Prefill commits tokens [a, b, c] at 0 with rows
 [0, h_a, h_b]; the head is NOT called. propose(last=d, position=3, carry=h_c) makes one fused call
