@@ -731,12 +731,37 @@ static struct {
     _Atomic int active; /* workers 0 .. active-1 may take chunks of the current job */
     _Atomic(chunk_fn) fn;
     _Atomic(void *) arg;
+    _Atomic int kind;            /* the current job's region kind (pool statistics) */
+    _Atomic int64_t first_take;  /* when a worker took the job's first chunk (pool statistics) */
     int started;
 } pool = {PTHREAD_MUTEX_INITIALIZER, PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER};
+
+/* Pool statistics (off unless a measuring script turns them on: set_pool_stats): per kind of
+ * region, how long the caller's regions took on the wall, how long the caller and the workers
+ * spent inside chunks, how long the caller waited for chunks a worker still held after it ran
+ * out of chunks to take, and how late the first worker joined. Kinds are set by the region's
+ * caller (a thread-local tag), so they describe what the pool ran, never how. */
+enum { KIND_OTHER, KIND_QKV, KIND_ATTENTION, KIND_O, KIND_GATE_UP, KIND_DOWN, KIND_GEMM, KIND_BLOCKS, KINDS };
+static const char *const kind_names[KINDS] = {"other", "qkv", "attention", "o", "gate_up", "down", "gemm", "blocks"};
+
+typedef struct {
+    _Atomic int64_t regions, inline_regions, chunks, caller_chunks, wall_ns, caller_busy_ns, worker_busy_ns, wait_ns,
+        waits, long_waits, join_ns, joined, caller_cpu_ns;
+} KindStats;
+
+static KindStats pool_stats[KINDS];
+static _Atomic int stats_on = 0;
+static __thread int region_kind = KIND_OTHER; /* the kind of the regions this thread starts next */
 
 static int64_t now_ns(void) {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
+}
+
+static int64_t thread_cpu_ns(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
     return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
 }
 
@@ -766,7 +791,14 @@ static void *worker_main(void *index_ptr) {
             int64_t c = take_chunk(&seen);
             if (c >= 0) { /* the job cannot finish (nor fn/arg change) before this chunk is done */
                 chunk_fn fn = atomic_load(&pool.fn);
-                fn(atomic_load(&pool.arg), c);
+                if (atomic_load_explicit(&stats_on, memory_order_relaxed)) {
+                    const int64_t t0 = now_ns();
+                    int64_t zero = 0;
+                    atomic_compare_exchange_strong(&pool.first_take, &zero, t0);
+                    fn(atomic_load(&pool.arg), c);
+                    atomic_fetch_add(&pool_stats[atomic_load(&pool.kind)].worker_busy_ns, now_ns() - t0);
+                } else
+                    fn(atomic_load(&pool.arg), c);
                 atomic_fetch_add(&pool.done, 1);
                 idle_since = now_ns();
                 continue;
@@ -804,8 +836,21 @@ static void pool_after_fork(void) { /* the child has none of the parent's worker
 /* fn(arg, c) for c in 0..chunks-1 on up to `threads` threads (the caller included) */
 static void run_chunks(chunk_fn fn, void *arg, int64_t chunks, int threads) {
     if (threads > MAX_WORKERS + 1) threads = MAX_WORKERS + 1;
+    const int stats = atomic_load_explicit(&stats_on, memory_order_relaxed);
+    const int kind = region_kind;
+    const int64_t t_start = stats ? now_ns() : 0, cpu_start = stats ? thread_cpu_ns() : 0;
     if (threads <= 1 || chunks <= 1 || chunks > (int64_t)FIELD_MASK || pthread_mutex_trylock(&pool.busy) != 0) {
         for (int64_t c = 0; c < chunks; c++) fn(arg, c);
+        if (stats) {
+            KindStats *K = &pool_stats[kind];
+            const int64_t wall = now_ns() - t_start;
+            atomic_fetch_add(&K->inline_regions, 1);
+            atomic_fetch_add(&K->chunks, chunks);
+            atomic_fetch_add(&K->caller_chunks, chunks);
+            atomic_fetch_add(&K->wall_ns, wall);
+            atomic_fetch_add(&K->caller_busy_ns, wall);
+            atomic_fetch_add(&K->caller_cpu_ns, thread_cpu_ns() - cpu_start);
+        }
         return;
     }
     static int fork_hook = 0;
@@ -826,6 +871,8 @@ static void run_chunks(chunk_fn fn, void *arg, int64_t chunks, int threads) {
     atomic_store(&pool.fn, fn);
     atomic_store(&pool.arg, arg);
     atomic_store(&pool.done, 0);
+    atomic_store(&pool.kind, kind);
+    atomic_store(&pool.first_take, 0);
     atomic_store(&pool.active, threads - 1);
     uint64_t generation = (atomic_load(&pool.ticket) >> (2 * FIELD)) + 1;
     atomic_store(&pool.ticket, (generation << (2 * FIELD)) | ((uint64_t)chunks << FIELD));
@@ -835,18 +882,41 @@ static void run_chunks(chunk_fn fn, void *arg, int64_t chunks, int threads) {
         pthread_mutex_unlock(&pool.sleep_lock);
     }
     uint64_t seen;
-    int64_t c;
+    int64_t c, mine = 0;
     while ((c = take_chunk(&seen)) >= 0) {
         fn(arg, c);
         atomic_fetch_add(&pool.done, 1);
+        mine++;
     }
+    const int64_t t_out = stats ? now_ns() : 0;
+    const int waited = atomic_load(&pool.done) < chunks;
     int64_t waiting_since = 0;
-    int spins = 0;
+    int spins = 0, yielded = 0;
     while (atomic_load(&pool.done) < chunks) { /* chunks a worker took and is still doing */
         relax();
         if (++spins % 64 == 0) {
             if (!waiting_since) waiting_since = now_ns();
-            else if (now_ns() - waiting_since > WAIT_SPIN_NS) sched_yield();
+            else if (now_ns() - waiting_since > WAIT_SPIN_NS) {
+                sched_yield();
+                yielded = 1;
+            }
+        }
+    }
+    if (stats) {
+        KindStats *K = &pool_stats[kind];
+        const int64_t t_end = now_ns(), first = atomic_load(&pool.first_take);
+        atomic_fetch_add(&K->regions, 1);
+        atomic_fetch_add(&K->chunks, chunks);
+        atomic_fetch_add(&K->caller_chunks, mine);
+        atomic_fetch_add(&K->wall_ns, t_end - t_start);
+        atomic_fetch_add(&K->caller_busy_ns, t_out - t_start);
+        atomic_fetch_add(&K->wait_ns, t_end - t_out);
+        atomic_fetch_add(&K->waits, waited);
+        atomic_fetch_add(&K->long_waits, yielded);
+        atomic_fetch_add(&K->caller_cpu_ns, thread_cpu_ns() - cpu_start);
+        if (first) {
+            atomic_fetch_add(&K->join_ns, first - t_start);
+            atomic_fetch_add(&K->joined, 1);
         }
     }
     pthread_mutex_unlock(&pool.busy);
@@ -1586,10 +1656,12 @@ static int stack_forward(const LayerStack *S, int64_t l0, int64_t l1, float *x, 
     if (buf == NULL) return -1;
     float *h = buf, *qkv = h + rows * H, *attn = qkv + rows * qkv_n, *gu = attn + rows * q_size, *act = gu + rows * 2 * F;
     int rc = 0;
+    const int64_t t_start = atomic_load_explicit(&stats_on, memory_order_relaxed) ? now_ns() : 0;
     for (int64_t i = l0; i < l1 && rc == 0; i++) {
         const StackLayer *L = &S->layers[i];
         float *kl = kc + i * nkv * cap * hd, *vl = vc + i * nkv * cap * hd; /* [nkv, cap, hd] */
         rms_norm_rows(x, L->attn_norm, h, rows, H, S->eps);
+        region_kind = KIND_QKV;
         if ((rc = gemm(&L->wqkv, h, H, rows, qkv, qkv_n, NULL, threads, int8)) != 0) break;
         if (L->bqkv != NULL)
             for (int64_t r = 0; r < rows; r++)
@@ -1600,6 +1672,7 @@ static int stack_forward(const LayerStack *S, int64_t l0, int64_t l1, float *x, 
                 memcpy(kl + (g * cap + past + r) * hd, qkv + r * qkv_n + q_size + g * hd, sizeof(float) * (size_t)hd);
                 memcpy(vl + (g * cap + past + r) * hd, qkv + r * qkv_n + qk_size + g * hd, sizeof(float) * (size_t)hd);
             }
+        region_kind = KIND_ATTENTION;
         for (int64_t s = 0; s < rows && rc == 0; s += ATTN_ROW_SLICE) {
             const int64_t e = s + ATTN_ROW_SLICE < rows ? s + ATTN_ROW_SLICE : rows;
             rc = attention(qkv + s * qkv_n, qkv_n, kl, vl, cap, attn + s * q_size, e - s, nh, nkv, hd, past + s, threads);
@@ -1608,11 +1681,19 @@ static int stack_forward(const LayerStack *S, int64_t l0, int64_t l1, float *x, 
         if (L->bo != NULL) /* base = x + bo, then x = base + a @ Wo^T (the per-op path's order) */
             for (int64_t r = 0; r < rows; r++)
                 for (int64_t n = 0; n < H; n++) x[r * H + n] += L->bo[n];
+        region_kind = KIND_O;
         if ((rc = gemm(&L->wo, attn, q_size, rows, x, H, x, threads, int8)) != 0) break;
         rms_norm_rows(x, L->ffn_norm, h, rows, H, S->eps);
+        region_kind = KIND_GATE_UP;
         if ((rc = gemm(&L->gate_up, h, H, rows, gu, 2 * F, NULL, threads, int8)) != 0) break;
         silu_mul_rows(gu, act, rows, F);
+        region_kind = KIND_DOWN;
         rc = gemm(&L->down, act, F, rows, x, H, x, threads, int8);
+    }
+    region_kind = KIND_OTHER;
+    if (t_start) {
+        atomic_fetch_add(&pool_stats[KIND_BLOCKS].regions, 1);
+        atomic_fetch_add(&pool_stats[KIND_BLOCKS].wall_ns, now_ns() - t_start);
     }
     free(buf);
     return rc;
@@ -1736,8 +1817,10 @@ static PyObject *py_gemm(PyObject *self, PyObject *args) {
         return NULL;
     }
     Py_BEGIN_ALLOW_THREADS
+    region_kind = KIND_GEMM;
     rc = gemm(&W, (const float *)(uintptr_t)x, K, R, (float *)(uintptr_t)out, N, (const float *)(uintptr_t)base, threads,
               int8);
+    region_kind = KIND_OTHER;
     Py_END_ALLOW_THREADS
     if (rc != 0) return PyErr_NoMemory();
     Py_RETURN_NONE;
@@ -1931,6 +2014,74 @@ static PyObject *py_probe_read(PyObject *self, PyObject *args) {
 #endif
 }
 
+/* set_pool_stats(on): zero the pool statistics and start (True) or stop (False) counting */
+static PyObject *py_set_pool_stats(PyObject *self, PyObject *args) {
+    int on;
+    if (!PyArg_ParseTuple(args, "p", &on)) return NULL;
+    atomic_store(&stats_on, 0);
+    for (int k = 0; k < KINDS; k++) {
+        _Atomic int64_t *f = &pool_stats[k].regions;
+        for (size_t i = 0; i < sizeof(KindStats) / sizeof(int64_t); i++) atomic_store(&f[i], 0);
+    }
+    atomic_store(&stats_on, on);
+    Py_RETURN_NONE;
+}
+
+/* pool_stats(): {kind: {field: count or nanoseconds}} for the kinds that ran since set_pool_stats */
+static PyObject *py_pool_stats(PyObject *self, PyObject *noargs) {
+    static const char *const fields[] = {"regions",        "inline_regions", "chunks",  "caller_chunks", "wall_ns",
+                                         "caller_busy_ns", "worker_busy_ns", "wait_ns", "waits",         "long_waits",
+                                         "join_ns",        "joined",         "caller_cpu_ns"};
+    _Static_assert(sizeof(fields) / sizeof(fields[0]) == sizeof(KindStats) / sizeof(int64_t), "one name a field");
+    PyObject *all = PyDict_New();
+    if (all == NULL) return NULL;
+    for (int k = 0; k < KINDS; k++) {
+        _Atomic int64_t *f = &pool_stats[k].regions;
+        if (atomic_load(&f[0]) == 0 && atomic_load(&f[1]) == 0) continue;
+        PyObject *one = PyDict_New();
+        if (one == NULL || PyDict_SetItemString(all, kind_names[k], one) != 0) {
+            Py_XDECREF(one);
+            Py_DECREF(all);
+            return NULL;
+        }
+        Py_DECREF(one);
+        for (size_t i = 0; i < sizeof(fields) / sizeof(fields[0]); i++) {
+            PyObject *v = PyLong_FromLongLong((long long)atomic_load(&f[i]));
+            if (v == NULL || PyDict_SetItemString(one, fields[i], v) != 0) {
+                Py_XDECREF(v);
+                Py_DECREF(all);
+                return NULL;
+            }
+            Py_DECREF(v);
+        }
+    }
+    return all;
+}
+
+static void empty_chunk(void *arg, int64_t c) {
+    (void)arg;
+    (void)c;
+}
+
+/* probe_handshake(regions, chunks, threads): wall nanoseconds of `regions` empty pool regions of
+ * `chunks` chunks each (what a region's start and finish cost, with no work in it) */
+static PyObject *py_probe_handshake(PyObject *self, PyObject *args) {
+    long long regions, chunks;
+    int threads;
+    if (!PyArg_ParseTuple(args, "LLi", &regions, &chunks, &threads)) return NULL;
+    if (regions < 1 || chunks < 1) {
+        PyErr_SetString(PyExc_ValueError, "bad probe_handshake operands");
+        return NULL;
+    }
+    int64_t t0;
+    Py_BEGIN_ALLOW_THREADS
+    t0 = now_ns();
+    for (long long i = 0; i < regions; i++) run_chunks(empty_chunk, NULL, chunks, threads);
+    t0 = now_ns() - t0;
+    Py_END_ALLOW_THREADS
+    return PyLong_FromLongLong((long long)t0);
+}
+
 static PyMethodDef methods[] = {
     {"gemm", py_gemm, METH_VARARGS, "out[R, N] (+)= x[R, K] @ W[N, K]^T on quantised blocks"},
     {"dequant", py_dequant, METH_VARARGS, "W[N, K] -> float32"},
@@ -1951,6 +2102,9 @@ static PyMethodDef methods[] = {
     {"info", py_info, METH_NOARGS, "which paths this build has"},
     {"probe_fma", py_probe_fma, METH_VARARGS, "roofline probe: chunks of independent FMA chains"},
     {"probe_read", py_probe_read, METH_VARARGS, "roofline probe: sum a float32 buffer (read bandwidth)"},
+    {"set_pool_stats", py_set_pool_stats, METH_VARARGS, "zero the pool statistics; True counts from now on"},
+    {"pool_stats", py_pool_stats, METH_NOARGS, "the pool statistics by kind of region (counts, nanoseconds)"},
+    {"probe_handshake", py_probe_handshake, METH_VARARGS, "wall nanoseconds of empty pool regions"},
     {NULL, NULL, 0, NULL},
 };
 

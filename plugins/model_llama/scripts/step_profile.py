@@ -1,0 +1,96 @@
+"""Where a decode step's wall time goes on the kernels' thread pool: per kind of pool region (the
+blocks' QKV, attention, O, gate/up and down, the LM head's gemm), the regions a step runs, their
+wall time, the time the caller and the workers spent inside chunks, how long the caller waited
+for chunks a worker still held (and how often it gave up its core while waiting), and how late
+the first worker joined; the blocks' time outside every region (norms, RoPE, KV writes, SiLU,
+run by the caller alone); and what an empty region costs (the handshake).
+
+After a prefill of ``--context`` tokens, ``--steps`` one-row forwards (each rewound to one new
+token) run with the statistics on; all figures are per step, in milliseconds unless a count.
+
+    python plugins/model_llama/scripts/step_profile.py [--context 500] [--steps 50] [--threads 2]
+        [--dtype float32-blocks]
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+
+import torch
+
+from tsspec.modeling import native
+from tsspec.modeling.embedded import embedded_model_path
+
+KINDS = ("qkv", "attention", "o", "gate_up", "down", "gemm")
+
+
+def handshake_us(kernels, threads: int, chunks: int, regions: int = 2000, rounds: int = 5) -> float:
+    """Median wall microseconds of one empty region of ``chunks`` chunks."""
+    kernels.probe_handshake(200, chunks, threads)  # start the workers
+    return statistics.median(kernels.probe_handshake(regions, chunks, threads) / regions / 1e3 for _ in range(rounds))
+
+
+def main() -> int:
+    from tsspec_model_llama import load_llama
+
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--dtype", default="float32-blocks")
+    ap.add_argument("--context", type=int, default=500)
+    ap.add_argument("--steps", type=int, default=50)
+    ap.add_argument("--threads", type=int, default=2)
+    args = ap.parse_args()
+    kernels = native.kernels()
+    if kernels is None or not hasattr(kernels, "pool_stats"):
+        raise SystemExit("step_profile: these kernels keep no pool statistics")
+    torch.set_num_threads(args.threads)
+    target = load_llama(embedded_model_path(), {"dtype": args.dtype})
+    target.spec_forward([5] * args.context, all_logits_rows=False, want_hidden=False)
+    for _ in range(5):  # warm up
+        at = target.cache_seq_len
+        target.spec_forward([5], all_logits_rows=True, want_hidden=False)
+        target.spec_rewind_cache(at + 1)
+    kernels.set_pool_stats(True)
+    cpu0, start = time.process_time(), time.perf_counter()
+    for _ in range(args.steps):
+        at = target.cache_seq_len
+        target.spec_forward([5], all_logits_rows=True, want_hidden=False)
+        target.spec_rewind_cache(at + 1)
+    wall = (time.perf_counter() - start) / args.steps * 1e3
+    cpu = (time.process_time() - cpu0) / args.steps * 1e3
+    stats = kernels.pool_stats()
+    kernels.set_pool_stats(False)
+    n = args.steps
+
+    def ms(kind: str, field: str) -> float:
+        return stats.get(kind, {}).get(field, 0) / n / 1e6
+
+    print(f"kernels: {native.info()}; threads {args.threads}; context {args.context}; {n} steps")
+    print(f"step: wall {wall:.3f} ms, process CPU {cpu:.3f} ms (all threads)")
+    print(
+        "kind       regions  inline  chunks(caller)  wall  caller_cpu  caller_in  worker_in  wait  waits  yielded  join_us"
+    )
+    in_regions = 0.0
+    for kind in KINDS:
+        s = stats.get(kind)
+        if not s:
+            continue
+        regions = (s["regions"] + s["inline_regions"]) / n
+        in_regions += ms(kind, "wall_ns") if kind != "gemm" else 0.0
+        join = s["join_ns"] / s["joined"] / 1e3 if s["joined"] else float("nan")
+        print(
+            f"{kind:<10} {regions:7.1f} {s['inline_regions'] / n:7.1f} {s['chunks'] / n:7.1f}({s['caller_chunks'] / n:5.1f})"
+            f" {ms(kind, 'wall_ns'):6.3f} {ms(kind, 'caller_cpu_ns'):10.3f} {ms(kind, 'caller_busy_ns'):9.3f} {ms(kind, 'worker_busy_ns'):9.3f}"
+            f" {ms(kind, 'wait_ns'):6.3f} {s['waits'] / n:6.1f} {s['long_waits'] / n:8.2f} {join:8.2f}"
+        )
+    blocks = ms("blocks", "wall_ns")
+    print(f"blocks: {blocks:.3f} ms in layers_forward, of which {blocks - in_regions:.3f} ms outside pool regions")
+    print(f"outside layers_forward and the gemm calls (Python, embedding, final norm): {wall - blocks - ms('gemm', 'wall_ns'):.3f} ms")
+    for chunks in (2, 8, 9):
+        print(f"empty region of {chunks} chunks: {handshake_us(kernels, args.threads, chunks):.2f} us (median of 5 x 2000)")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

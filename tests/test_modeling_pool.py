@@ -1,0 +1,60 @@
+"""The compiled kernels' thread pool (cpu_kernels.c): its statistics switch and handshake probe."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from tsspec.modeling import native, qlinear
+
+pytestmark = pytest.mark.skipif(not native.available(), reason="the compiled CPU kernels were not built")
+
+
+@pytest.fixture
+def pool_stats():
+    kernels = native.kernels()
+    kernels.set_pool_stats(False)
+    yield kernels
+    kernels.set_pool_stats(False)
+
+
+def gemm(kernels, n: int, k: int, rows: int, threads: int) -> torch.Tensor:
+    """x [rows, k] @ W^T of a random int8-block matrix [n, k] on the kernels."""
+    g = torch.Generator().manual_seed(1)
+    w = qlinear.BlockMatrix.quantize_int8(torch.randn(n, k, generator=g))
+    x = torch.randn(rows, k, generator=g)
+    out = torch.empty(rows, n)
+    kernels.gemm(w.fmt, w.q.data_ptr(), w.d.data_ptr(), w.m.data_ptr(), n, k, x.data_ptr(), rows, out.data_ptr(), 0,
+                 threads, False)
+    return out
+
+
+def test_statistics_count_the_regions_and_chunks_a_gemm_ran(pool_stats):
+    pool_stats.set_pool_stats(True)
+    gemm(pool_stats, 512, 256, 1, 2)
+    gemm(pool_stats, 512, 256, 1, 1)
+    stats = pool_stats.pool_stats()
+    assert set(stats) == {"gemm"}
+    s = stats["gemm"]
+    assert s["regions"] == 1 and s["inline_regions"] == 1
+    assert s["chunks"] == 8 + 64  # 2 threads: 4 chunks each; 1 thread: 8 output rows a chunk
+    assert 64 <= s["caller_chunks"] <= s["chunks"]
+    assert s["wall_ns"] >= s["caller_busy_ns"] > 0 and s["wait_ns"] >= 0
+    assert s["joined"] <= 1 and s["waits"] <= 1
+
+
+def test_statistics_stay_off_unless_asked_and_do_not_change_results(pool_stats):
+    gemm(pool_stats, 512, 256, 1, 2)
+    assert pool_stats.pool_stats() == {}
+    off = gemm(pool_stats, 512, 256, 3, 2)
+    pool_stats.set_pool_stats(True)
+    on = gemm(pool_stats, 512, 256, 3, 2)
+    assert torch.equal(on, off)
+    pool_stats.set_pool_stats(False)
+    assert pool_stats.pool_stats() == {}
+
+
+def test_handshake_probe_times_empty_regions(pool_stats):
+    assert pool_stats.probe_handshake(50, 8, 2) > 0
+    with pytest.raises(ValueError, match="probe_handshake"):
+        pool_stats.probe_handshake(0, 8, 2)
