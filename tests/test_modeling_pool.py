@@ -31,13 +31,17 @@ def gemm(kernels, n: int, k: int, rows: int, threads: int) -> torch.Tensor:
 
 def test_statistics_count_the_regions_and_chunks_a_gemm_ran(pool_stats):
     pool_stats.set_pool_stats(True)
-    gemm(pool_stats, 512, 256, 1, 2)
+    pool_stats.set_guided(False)
+    try:
+        gemm(pool_stats, 512, 256, 1, 2)
+    finally:
+        pool_stats.set_guided(True)
     gemm(pool_stats, 512, 256, 1, 1)
     stats = pool_stats.pool_stats()
     assert set(stats) == {"gemm"}
     s = stats["gemm"]
     assert s["regions"] == 1 and s["inline_regions"] == 1
-    assert s["chunks"] == 8 + 64  # 2 threads: 4 chunks each; 1 thread: 8 output rows a chunk
+    assert s["chunks"] == 8 + 64  # 2 threads, equal chunks: 4 each; 1 thread: 8 output rows a chunk
     assert 64 <= s["caller_chunks"] <= s["chunks"]
     assert s["wall_ns"] >= s["caller_busy_ns"] > 0 and s["wait_ns"] >= 0
     assert s["joined"] <= 1 and s["waits"] <= 1
@@ -58,3 +62,21 @@ def test_handshake_probe_times_empty_regions(pool_stats):
     assert pool_stats.probe_handshake(50, 8, 2) > 0
     with pytest.raises(ValueError, match="probe_handshake"):
         pool_stats.probe_handshake(0, 8, 2)
+
+
+@pytest.mark.parametrize("n,k,rows", [(3072, 64, 1), (1000, 96, 1), (577, 128, 3), (49152, 32, 1), (24, 4096, 2)])
+def test_guided_chunks_give_every_row_the_equal_chunks_result(pool_stats, n, k, rows):
+    """Chunks that shrink as the rows left do (the default on 2+ threads) change which thread
+    computes a row, never its value: equal to equal chunks and to one thread, bit for bit."""
+    one = gemm(pool_stats, n, k, rows, 1)
+    pool_stats.set_pool_stats(True)
+    try:
+        guided = gemm(pool_stats, n, k, rows, 2)
+        chunks = pool_stats.pool_stats()["gemm"]["chunks"]
+        pool_stats.set_guided(False)
+        equal = gemm(pool_stats, n, k, rows, 2)
+    finally:
+        pool_stats.set_guided(True)
+    assert torch.equal(guided, one) and torch.equal(equal, one)
+    if n * k * rows >= 65536:  # smaller calls run on one thread
+        assert 1 < chunks <= 96

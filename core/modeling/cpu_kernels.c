@@ -288,6 +288,7 @@ static int use_simd = -1; /* -1: auto, 0: scalar forced (tests) */
 static int use_vnni = 1;  /* 0: the int8 path stays on AVX2 even where VNNI exists (tests) */
 static int use_pairs = 1; /* 0: a decode row meets one weight row at a time (A/B runs, tests) */
 static int use_qpairs = 1; /* 0: attention takes a KV head's queries one at a time (A/B runs, tests) */
+static int use_guided = 1; /* 0: a gemm's rows in equal chunks, 4 a thread (A/B runs, tests) */
 static int use_wide_attn = 1; /* 0: a query's scores 4 keys, its V sums 32 values at a time (A/B, tests) */
 
 static inline int simd_on(void) { return use_simd != 0 && have_avx2(); }
@@ -950,6 +951,8 @@ typedef struct {
 #define CHUNKS_PER_THREAD 4
 #define FUSED_ROWS 4  /* rows of x a block is multiplied into while it sits in registers */
 
+#define GUIDED_CHUNKS 96 /* at most this many chunks in a guided schedule */
+
 typedef struct {
     const QWeight *W;
     const float *x;
@@ -957,6 +960,7 @@ typedef struct {
     float *out;
     const float *base;
     const QAct *A; /* the rows quantised (precision int8); NULL: float32 math */
+    const int64_t *bounds; /* chunk c: output rows bounds[c] .. bounds[c + 1] - 1; NULL: rows_per_chunk each */
 } GemmJob;
 
 #define Q8_TILE 8    /* rows of x a block is multiplied into while it sits in a register */
@@ -1005,7 +1009,11 @@ static void gemm_chunk(void *arg, int64_t c) {
         return;
     }
     float *res = w + W->K;
-    const int64_t n0 = c * J->rows_per_chunk, n1 = n0 + J->rows_per_chunk < W->N ? n0 + J->rows_per_chunk : W->N;
+    int64_t n0 = c * J->rows_per_chunk, n1 = n0 + J->rows_per_chunk < W->N ? n0 + J->rows_per_chunk : W->N;
+    if (J->bounds != NULL) {
+        n0 = J->bounds[c];
+        n1 = J->bounds[c + 1];
+    }
     if (J->A != NULL) {
         gemm_chunk_q8(J, n0, n1, res);
         return;
@@ -1052,9 +1060,30 @@ static void gemm_chunk(void *arg, int64_t c) {
     }
 }
 
+/* A guided schedule of n output rows over `threads` threads: each chunk takes 1 / (2 threads) of
+ * the rows left (rounded up to ROW_CHUNK), at least GUIDED_MIN rows, so the first chunks are
+ * large (few takes) and the last ones small (a thread that finds no chunk left waits at most on
+ * a short one). Which thread computes an output row never changes its value. Writes the chunk
+ * bounds (bounds[0] = 0 .. bounds[chunks] = n) and returns the chunk count. */
+#define GUIDED_MIN 16
+static int64_t guided_bounds(int64_t n, int threads, int64_t *bounds) {
+    int64_t chunks = 0, at = 0;
+    bounds[0] = 0;
+    while (at < n) {
+        int64_t size = (n - at + 2 * threads - 1) / (2 * threads);
+        size = (size + ROW_CHUNK - 1) / ROW_CHUNK * ROW_CHUNK;
+        if (size < GUIDED_MIN) size = GUIDED_MIN;
+        if (chunks == GUIDED_CHUNKS - 1 || at + size > n) size = n - at; /* the last chunk takes the rest */
+        at += size;
+        bounds[++chunks] = at;
+    }
+    return chunks;
+}
+
 static int gemm(const QWeight *W, const float *x, int64_t xs, int64_t R, float *out, int64_t os, const float *base,
                 int threads, int int8) {
-    GemmJob J = {W, x, xs, R, os, ROW_CHUNK, out, base, NULL};
+    GemmJob J = {W, x, xs, R, os, ROW_CHUNK, out, base, NULL, NULL};
+    int64_t bounds[GUIDED_CHUNKS + 1];
     QAct A;
     void *held = NULL;
     if (int8 && W->fmt != 32 && R > 0) { /* quantise every row once, before the threads start */
@@ -1079,14 +1108,19 @@ static int gemm(const QWeight *W, const float *x, int64_t xs, int64_t R, float *
         J.A = &A;
     }
     if (W->N * W->K * (R > 0 ? R : 1) < 65536) threads = 1;
-    /* a few chunks per thread: enough for a late worker to join, few enough that taking them
-     * costs little (each take is an atomic on a shared cache line) */
-    if (threads > 1) {
+    int64_t chunks = (W->N + J.rows_per_chunk - 1) / J.rows_per_chunk;
+    if (threads > 1 && use_guided) { /* guided: chunks shrink as the rows left do */
+        chunks = guided_bounds(W->N, threads, bounds);
+        J.bounds = bounds;
+    } else if (threads > 1) {
+        /* a few chunks per thread: enough for a late worker to join, few enough that taking them
+         * costs little (each take is an atomic on a shared cache line) */
         int64_t per = (W->N + threads * CHUNKS_PER_THREAD - 1) / (threads * CHUNKS_PER_THREAD);
         J.rows_per_chunk = per > ROW_CHUNK ? per : ROW_CHUNK;
+        chunks = (W->N + J.rows_per_chunk - 1) / J.rows_per_chunk;
     }
     atomic_store(&scratch_failed, 0);
-    run_chunks(gemm_chunk, &J, (W->N + J.rows_per_chunk - 1) / J.rows_per_chunk, threads);
+    run_chunks(gemm_chunk, &J, chunks, threads);
     free(held);
     return atomic_load(&scratch_failed) ? -1 : 0;
 }
@@ -1935,6 +1969,13 @@ static PyObject *py_set_wide_attention(PyObject *self, PyObject *args) {
     Py_RETURN_NONE;
 }
 
+static PyObject *py_set_guided(PyObject *self, PyObject *args) {
+    int on;
+    if (!PyArg_ParseTuple(args, "p", &on)) return NULL;
+    use_guided = on;
+    Py_RETURN_NONE;
+}
+
 static PyObject *py_set_pairs(PyObject *self, PyObject *args) {
     int on;
     if (!PyArg_ParseTuple(args, "p", &on)) return NULL;
@@ -2099,6 +2140,8 @@ static PyMethodDef methods[] = {
      "False: a query's scores 4 keys, its V sums 32 values at a time (A/B runs, tests)"},
     {"set_pairs", py_set_pairs, METH_VARARGS,
      "False: a decode row meets one weight row at a time, not 4 (4-bit) or 2 (A/B runs, tests)"},
+    {"set_guided", py_set_guided, METH_VARARGS,
+     "False: a gemm's output rows in equal chunks (4 a thread), not shrinking ones (A/B runs, tests)"},
     {"info", py_info, METH_NOARGS, "which paths this build has"},
     {"probe_fma", py_probe_fma, METH_VARARGS, "roofline probe: chunks of independent FMA chains"},
     {"probe_read", py_probe_read, METH_VARARGS, "roofline probe: sum a float32 buffer (read bandwidth)"},

@@ -9,7 +9,11 @@ After a prefill of ``--context`` tokens, ``--steps`` one-row forwards (each rewo
 token) run with the statistics on; all figures are per step, in milliseconds unless a count.
 
     python plugins/model_llama/scripts/step_profile.py [--context 500] [--steps 50] [--threads 2]
-        [--dtype float32-blocks]
+        [--dtype float32-blocks] [--switch guided --rounds 9]
+
+``--switch NAME`` instead pairs the kernels' ``set_NAME(False)`` (side A) against ``set_NAME(True)``
+(side B, the default) over ``--rounds`` rounds (sides alternate, order swapped every round):
+median step wall time, the caller's waits and the workers' share of the chunks, per side.
 """
 
 from __future__ import annotations
@@ -40,6 +44,8 @@ def main() -> int:
     ap.add_argument("--context", type=int, default=500)
     ap.add_argument("--steps", type=int, default=50)
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--switch", default=None, help="pair set_SWITCH(False) against set_SWITCH(True)")
+    ap.add_argument("--rounds", type=int, default=9)
     args = ap.parse_args()
     kernels = native.kernels()
     if kernels is None or not hasattr(kernels, "pool_stats"):
@@ -51,16 +57,23 @@ def main() -> int:
         at = target.cache_seq_len
         target.spec_forward([5], all_logits_rows=True, want_hidden=False)
         target.spec_rewind_cache(at + 1)
-    kernels.set_pool_stats(True)
-    cpu0, start = time.process_time(), time.perf_counter()
-    for _ in range(args.steps):
-        at = target.cache_seq_len
-        target.spec_forward([5], all_logits_rows=True, want_hidden=False)
-        target.spec_rewind_cache(at + 1)
-    wall = (time.perf_counter() - start) / args.steps * 1e3
-    cpu = (time.process_time() - cpu0) / args.steps * 1e3
-    stats = kernels.pool_stats()
-    kernels.set_pool_stats(False)
+
+    def steps() -> tuple[float, float, dict]:
+        kernels.set_pool_stats(True)
+        cpu0, start = time.process_time(), time.perf_counter()
+        for _ in range(args.steps):
+            at = target.cache_seq_len
+            target.spec_forward([5], all_logits_rows=True, want_hidden=False)
+            target.spec_rewind_cache(at + 1)
+        wall = (time.perf_counter() - start) / args.steps * 1e3
+        cpu = (time.process_time() - cpu0) / args.steps * 1e3
+        stats = kernels.pool_stats()
+        kernels.set_pool_stats(False)
+        return wall, cpu, stats
+
+    if args.switch:
+        return paired(kernels, getattr(kernels, f"set_{args.switch}"), steps, args)
+    wall, cpu, stats = steps()
     n = args.steps
 
     def ms(kind: str, field: str) -> float:
@@ -89,6 +102,34 @@ def main() -> int:
     print(f"outside layers_forward and the gemm calls (Python, embedding, final norm): {wall - blocks - ms('gemm', 'wall_ns'):.3f} ms")
     for chunks in (2, 8, 9):
         print(f"empty region of {chunks} chunks: {handshake_us(kernels, args.threads, chunks):.2f} us (median of 5 x 2000)")
+    return 0
+
+
+def paired(kernels, switch, steps, args) -> int:
+    """Side A: switch off, side B: on; per side and round the step wall time (ms), the caller's
+    wait for chunks a worker held (ms a step) and the workers' share of the chunks."""
+    sides = {"A": False, "B": True}
+    got: dict[str, list[tuple[float, float, float]]] = {"A": [], "B": []}
+    try:
+        for r in range(args.rounds):
+            for side in ("A", "B") if r % 2 == 0 else ("B", "A"):
+                switch(sides[side])
+                wall, _, stats = steps()
+                kinds = [stats[k] for k in KINDS if k in stats]
+                wait = sum(s["wait_ns"] for s in kinds) / args.steps / 1e6
+                chunks = sum(s["chunks"] for s in kinds)
+                share = 1 - sum(s["caller_chunks"] for s in kinds) / chunks if chunks else 0.0
+                got[side].append((wall, wait, share))
+    finally:
+        switch(True)
+    print(f"kernels: {native.info()}; threads {args.threads}; context {args.context}; "
+          f"A = set_{args.switch}(False), B = set_{args.switch}(True); {args.rounds} rounds of {args.steps} steps")
+    med = {side: [statistics.median(v[i] for v in got[side]) for i in range(3)] for side in got}
+    for side in ("A", "B"):
+        wall, wait, share = med[side]
+        print(f"{side}: step {wall:.3f} ms, caller waiting {wait:.3f} ms a step, workers' share of chunks {share:.3f}")
+    ratio = statistics.median(b[0] / a[0] for a, b in zip(got["A"], got["B"]))
+    print(f"B/A step wall {med['B'][0] / med['A'][0]:.3f} (paired {ratio:.3f})")
     return 0
 
 
