@@ -58,10 +58,14 @@ def test_statistics_stay_off_unless_asked_and_do_not_change_results(pool_stats):
     assert pool_stats.pool_stats() == {}
 
 
-def test_handshake_probe_times_empty_regions(pool_stats):
-    assert pool_stats.probe_handshake(50, 8, 2) > 0
+def test_handshake_probe_times_each_region(pool_stats):
+    """Each region's chunks wait for each other, so a 2-thread region cannot finish before both
+    threads came (or the 1 ms timeout passed); one thread runs its region alone."""
+    two = pool_stats.probe_handshake(50, 2)
+    one = pool_stats.probe_handshake(50, 1)
+    assert len(two) == len(one) == 50 and min(two) > 0 and min(one) >= 0
     with pytest.raises(ValueError, match="probe_handshake"):
-        pool_stats.probe_handshake(0, 8, 2)
+        pool_stats.probe_handshake(0, 2)
 
 
 @pytest.mark.parametrize("n,k,rows", [(3072, 64, 1), (1000, 96, 1), (577, 128, 3), (49152, 32, 1), (24, 4096, 2)])

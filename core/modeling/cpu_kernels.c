@@ -2099,28 +2099,53 @@ static PyObject *py_pool_stats(PyObject *self, PyObject *noargs) {
     return all;
 }
 
-static void empty_chunk(void *arg, int64_t c) {
-    (void)arg;
+#define PING_TIMEOUT_NS 1000000
+
+typedef struct {
+    _Atomic int64_t arrived;
+    int64_t chunks, deadline;
+} PingJob;
+
+/* a chunk that waits (at most PING_TIMEOUT_NS) until every chunk of its region has started */
+static void ping_chunk(void *arg, int64_t c) {
+    PingJob *J = (PingJob *)arg;
     (void)c;
+    atomic_fetch_add(&J->arrived, 1);
+    while (atomic_load(&J->arrived) < J->chunks && now_ns() < J->deadline) relax();
 }
 
-/* probe_handshake(regions, chunks, threads): wall nanoseconds of `regions` empty pool regions of
- * `chunks` chunks each (what a region's start and finish cost, with no work in it) */
+/* probe_handshake(regions, threads): the wall nanoseconds of each of `regions` pool regions of
+ * `threads` chunks that each wait until all have started: what it costs to bring every thread
+ * into a region and back out (a region whose workers did not come within 1 ms reads >= 1 ms) */
 static PyObject *py_probe_handshake(PyObject *self, PyObject *args) {
-    long long regions, chunks;
+    long long regions;
     int threads;
-    if (!PyArg_ParseTuple(args, "LLi", &regions, &chunks, &threads)) return NULL;
-    if (regions < 1 || chunks < 1) {
+    if (!PyArg_ParseTuple(args, "Li", &regions, &threads)) return NULL;
+    if (regions < 1 || regions > 1000000 || threads < 1) {
         PyErr_SetString(PyExc_ValueError, "bad probe_handshake operands");
         return NULL;
     }
-    int64_t t0;
+    int64_t *ns = (int64_t *)malloc(sizeof(int64_t) * (size_t)regions);
+    if (ns == NULL) return PyErr_NoMemory();
     Py_BEGIN_ALLOW_THREADS
-    t0 = now_ns();
-    for (long long i = 0; i < regions; i++) run_chunks(empty_chunk, NULL, chunks, threads);
-    t0 = now_ns() - t0;
+    for (long long i = 0; i < regions; i++) {
+        const int64_t t0 = now_ns();
+        PingJob J = {0, threads, t0 + PING_TIMEOUT_NS};
+        run_chunks(ping_chunk, &J, threads, threads);
+        ns[i] = now_ns() - t0;
+    }
     Py_END_ALLOW_THREADS
-    return PyLong_FromLongLong((long long)t0);
+    PyObject *list = PyList_New((Py_ssize_t)regions);
+    for (long long i = 0; list != NULL && i < regions; i++) {
+        PyObject *v = PyLong_FromLongLong((long long)ns[i]);
+        if (v == NULL) {
+            Py_CLEAR(list);
+            break;
+        }
+        PyList_SET_ITEM(list, (Py_ssize_t)i, v);
+    }
+    free(ns);
+    return list;
 }
 
 static PyMethodDef methods[] = {
@@ -2147,7 +2172,7 @@ static PyMethodDef methods[] = {
     {"probe_read", py_probe_read, METH_VARARGS, "roofline probe: sum a float32 buffer (read bandwidth)"},
     {"set_pool_stats", py_set_pool_stats, METH_VARARGS, "zero the pool statistics; True counts from now on"},
     {"pool_stats", py_pool_stats, METH_NOARGS, "the pool statistics by kind of region (counts, nanoseconds)"},
-    {"probe_handshake", py_probe_handshake, METH_VARARGS, "wall nanoseconds of empty pool regions"},
+    {"probe_handshake", py_probe_handshake, METH_VARARGS, "wall nanoseconds of each of a number of regions that bring every thread in and out"},
     {NULL, NULL, 0, NULL},
 };
 

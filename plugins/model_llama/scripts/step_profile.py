@@ -3,7 +3,7 @@ blocks' QKV, attention, O, gate/up and down, the LM head's gemm), the regions a 
 wall time, the time the caller and the workers spent inside chunks, how long the caller waited
 for chunks a worker still held (and how often it gave up its core while waiting), and how late
 the first worker joined; the blocks' time outside every region (norms, RoPE, KV writes, SiLU,
-run by the caller alone); and what an empty region costs (the handshake).
+run by the caller alone); and what bringing every thread into a region and back out costs (the handshake).
 
 After a prefill of ``--context`` tokens, ``--steps`` one-row forwards (each rewound to one new
 token) run with the statistics on; all figures are per step, in milliseconds unless a count.
@@ -30,10 +30,14 @@ from tsspec.modeling.embedded import embedded_model_path
 KINDS = ("qkv", "attention", "o", "gate_up", "down", "gemm")
 
 
-def handshake_us(kernels, threads: int, chunks: int, regions: int = 2000, rounds: int = 5) -> float:
-    """Median wall microseconds of one empty region of ``chunks`` chunks."""
-    kernels.probe_handshake(200, chunks, threads)  # start the workers
-    return statistics.median(kernels.probe_handshake(regions, chunks, threads) / regions / 1e3 for _ in range(rounds))
+def handshake(kernels, threads: int, regions: int = 20000) -> str:
+    """Percentiles of the wall time of a region whose chunks wait until every thread came."""
+    kernels.probe_handshake(200, threads)  # start the workers
+    ns = sorted(kernels.probe_handshake(regions, threads))
+    at = {p: ns[min(len(ns) - 1, len(ns) * p // 100)] / 1e3 for p in (10, 50, 90, 99)}
+    late = sum(v >= 1_000_000 for v in ns) / len(ns)
+    return (f"min {ns[0] / 1e3:.2f}, p10 {at[10]:.2f}, median {at[50]:.2f}, p90 {at[90]:.2f}, p99 {at[99]:.2f} us; "
+            f"{late:.1%} of {regions} regions waited >= 1 ms for a worker")
 
 
 def main() -> int:
@@ -100,8 +104,7 @@ def main() -> int:
     blocks = ms("blocks", "wall_ns")
     print(f"blocks: {blocks:.3f} ms in layers_forward, of which {blocks - in_regions:.3f} ms outside pool regions")
     print(f"outside layers_forward and the gemm calls (Python, embedding, final norm): {wall - blocks - ms('gemm', 'wall_ns'):.3f} ms")
-    for chunks in (2, 8, 9):
-        print(f"empty region of {chunks} chunks: {handshake_us(kernels, args.threads, chunks):.2f} us (median of 5 x 2000)")
+    print(f"handshake (a region that brings every thread in and out): {handshake(kernels, args.threads)}")
     return 0
 
 
