@@ -84,3 +84,19 @@ def test_guided_chunks_give_every_row_the_equal_chunks_result(pool_stats, n, k, 
     assert torch.equal(guided, one) and torch.equal(equal, one)
     if n * k * rows >= 65536:  # smaller calls run on one thread
         assert 1 < chunks <= 96
+
+
+def test_idle_workers_sleep_and_wake_with_the_same_results_either_spin_policy(pool_stats):
+    """Regions far apart (the workers sleep between them) and back to back (they spin), with the
+    spin limit adapted to the waits or fixed: the same rows every time."""
+    import time
+
+    want = gemm(pool_stats, 2048, 256, 1, 1)
+    try:
+        for adaptive in (True, False):
+            pool_stats.set_adaptive_spin(adaptive)
+            for gap in (0.0, 0.0, 0.003, 0.0, 0.001):
+                time.sleep(gap)
+                assert torch.equal(gemm(pool_stats, 2048, 256, 1, 2), want)
+    finally:
+        pool_stats.set_adaptive_spin(True)

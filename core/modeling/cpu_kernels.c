@@ -717,7 +717,8 @@ QG_AVX2 static void dots_q8_avx2(int fmt, const uint8_t *q, const float *d, cons
 typedef void (*chunk_fn)(void *arg, int64_t chunk);
 
 #define MAX_WORKERS 63
-#define SPIN_NS 200000    /* a worker spins this long after its last chunk before sleeping */
+#define SPIN_NS 200000    /* a worker spins at most this long after its last chunk before sleeping */
+#define SPIN_GAPS 32      /* ... and at most this many times its typical wait for the next job */
 #define WAIT_SPIN_NS 20000 /* the caller spins this long on chunks in flight, then yields */
 #define FIELD 20           /* ticket = generation << 40 | chunks << 20 | next chunk */
 #define FIELD_MASK ((UINT64_C(1) << FIELD) - 1)
@@ -783,9 +784,28 @@ static int64_t take_chunk(uint64_t *seen) {
     }
 }
 
+/* How long an idle worker spins before it sleeps. A spinning worker holds a core; that is what
+ * makes it join the next region at once on an idle machine, and what costs the caller its core
+ * when other processes want the cores too (then the caller is often off its core between
+ * regions, and a worker that spins through those waits takes the core it would get back). So
+ * each worker tracks its typical wait between jobs at run time (a running median of the waits:
+ * a step of 1/16 up or down per job) and spins at most SPIN_GAPS times that: back-to-back
+ * regions (a model step's) find it spinning, a caller that is off its core finds it asleep. */
+static int use_adaptive_spin = 1; /* 0: every worker spins SPIN_NS (A/B runs, tests) */
+
+static inline int64_t spin_limit(int64_t typical) {
+    if (!use_adaptive_spin) return SPIN_NS;
+    return typical * SPIN_GAPS < SPIN_NS ? typical * SPIN_GAPS : SPIN_NS;
+}
+
+static inline int64_t track_wait(int64_t typical, int64_t wait) {
+    const int64_t step = typical / 16 + 1;
+    return wait > typical ? typical + step : typical > step ? typical - step : 1;
+}
+
 static void *worker_main(void *index_ptr) {
     const int index = (int)(intptr_t)index_ptr;
-    int64_t idle_since = now_ns();
+    int64_t idle_since = now_ns(), typical = SPIN_NS / SPIN_GAPS;
     uint64_t seen = atomic_load(&pool.ticket);
     for (;;) {
         if (index < atomic_load(&pool.active)) {
@@ -807,19 +827,23 @@ static void *worker_main(void *index_ptr) {
         }
         /* nothing to take: spin a while for the next job, then sleep until the ticket moves */
         uint64_t v = atomic_load(&pool.ticket);
-        int spins = 0;
+        int spins = 0, slept = 0;
+        const int64_t limit = spin_limit(typical);
         while (v == seen) {
             relax();
-            if (++spins % 64 == 0 && now_ns() - idle_since > SPIN_NS) {
+            if (++spins % 64 == 0 && now_ns() - idle_since > limit) {
                 pthread_mutex_lock(&pool.sleep_lock);
                 atomic_fetch_add(&pool.sleepers, 1);
                 while (atomic_load(&pool.ticket) == seen) pthread_cond_wait(&pool.wake, &pool.sleep_lock);
                 atomic_fetch_sub(&pool.sleepers, 1);
                 pthread_mutex_unlock(&pool.sleep_lock);
-                idle_since = now_ns();
+                slept = 1;
             }
             v = atomic_load(&pool.ticket);
         }
+        if (v != seen) /* a new job (or a spurious pass): its wait counts as long if the worker slept */
+            typical = track_wait(typical, slept ? INT64_MAX : now_ns() - idle_since);
+        if (slept) idle_since = now_ns();
         seen = v;
     }
     return NULL;
@@ -1976,6 +2000,13 @@ static PyObject *py_set_guided(PyObject *self, PyObject *args) {
     Py_RETURN_NONE;
 }
 
+static PyObject *py_set_adaptive_spin(PyObject *self, PyObject *args) {
+    int on;
+    if (!PyArg_ParseTuple(args, "p", &on)) return NULL;
+    use_adaptive_spin = on;
+    Py_RETURN_NONE;
+}
+
 static PyObject *py_set_pairs(PyObject *self, PyObject *args) {
     int on;
     if (!PyArg_ParseTuple(args, "p", &on)) return NULL;
@@ -2167,6 +2198,8 @@ static PyMethodDef methods[] = {
      "False: a decode row meets one weight row at a time, not 4 (4-bit) or 2 (A/B runs, tests)"},
     {"set_guided", py_set_guided, METH_VARARGS,
      "False: a gemm's output rows in equal chunks (4 a thread), not shrinking ones (A/B runs, tests)"},
+    {"set_adaptive_spin", py_set_adaptive_spin, METH_VARARGS,
+     "False: an idle worker spins 200 us before sleeping, not a multiple of its typical wait (A/B runs, tests)"},
     {"info", py_info, METH_NOARGS, "which paths this build has"},
     {"probe_fma", py_probe_fma, METH_VARARGS, "roofline probe: chunks of independent FMA chains"},
     {"probe_read", py_probe_read, METH_VARARGS, "roofline probe: sum a float32 buffer (read bandwidth)"},
