@@ -18,14 +18,15 @@ def pool_stats():
     kernels.set_pool_stats(False)
 
 
-def gemm(kernels, n: int, k: int, rows: int, threads: int) -> torch.Tensor:
-    """x [rows, k] @ W^T of a random int8-block matrix [n, k] on the kernels."""
+def gemm(kernels, n: int, k: int, rows: int, threads: int, int8: bool = False) -> torch.Tensor:
+    """x [rows, k] @ W^T of a random int8-block matrix [n, k] on the kernels (int8: the int8
+    arithmetic)."""
     g = torch.Generator().manual_seed(1)
     w = qlinear.BlockMatrix.quantize_int8(torch.randn(n, k, generator=g))
     x = torch.randn(rows, k, generator=g)
     out = torch.empty(rows, n)
     kernels.gemm(w.fmt, w.q.data_ptr(), w.d.data_ptr(), w.m.data_ptr(), n, k, x.data_ptr(), rows, out.data_ptr(), 0,
-                 threads, False)
+                 threads, int8)
     return out
 
 
@@ -68,17 +69,18 @@ def test_handshake_probe_times_each_region(pool_stats):
         pool_stats.probe_handshake(0, 2)
 
 
+@pytest.mark.parametrize("int8", [False, True])
 @pytest.mark.parametrize("n,k,rows", [(3072, 64, 1), (1000, 96, 1), (577, 128, 3), (49152, 32, 1), (24, 4096, 2)])
-def test_guided_chunks_give_every_row_the_equal_chunks_result(pool_stats, n, k, rows):
+def test_guided_chunks_give_every_row_the_equal_chunks_result(pool_stats, n, k, rows, int8):
     """Chunks that shrink as the rows left do (the default on 2+ threads) change which thread
     computes a row, never its value: equal to equal chunks and to one thread, bit for bit."""
-    one = gemm(pool_stats, n, k, rows, 1)
+    one = gemm(pool_stats, n, k, rows, 1, int8)
     pool_stats.set_pool_stats(True)
     try:
-        guided = gemm(pool_stats, n, k, rows, 2)
+        guided = gemm(pool_stats, n, k, rows, 2, int8)
         chunks = pool_stats.pool_stats()["gemm"]["chunks"]
         pool_stats.set_guided(False)
-        equal = gemm(pool_stats, n, k, rows, 2)
+        equal = gemm(pool_stats, n, k, rows, 2, int8)
     finally:
         pool_stats.set_guided(True)
     assert torch.equal(guided, one) and torch.equal(equal, one)
