@@ -2205,7 +2205,8 @@ static PyMethodDef methods[] = {
     {"probe_read", py_probe_read, METH_VARARGS, "roofline probe: sum a float32 buffer (read bandwidth)"},
     {"set_pool_stats", py_set_pool_stats, METH_VARARGS, "zero the pool statistics; True counts from now on"},
     {"pool_stats", py_pool_stats, METH_NOARGS, "the pool statistics by kind of region (counts, nanoseconds)"},
-    {"probe_handshake", py_probe_handshake, METH_VARARGS, "wall nanoseconds of each of a number of regions that bring every thread in and out"},
+    {"probe_handshake", py_probe_handshake, METH_VARARGS,
+     "wall nanoseconds of each of a number of regions that bring every thread in and out"},
     {NULL, NULL, 0, NULL},
 };
 

@@ -27,7 +27,7 @@ import torch
 from tsspec.modeling import native
 from tsspec.modeling.embedded import embedded_model_path
 
-KINDS = ("qkv", "attention", "o", "gate_up", "down", "gemm")
+KINDS = ("qkv", "attention", "o", "gate_up", "down", "gemm")  # "gemm": the LM head's call from Python
 
 
 def handshake(kernels, threads: int, regions: int = 20000) -> str:
@@ -85,25 +85,33 @@ def main() -> int:
 
     print(f"kernels: {native.info()}; threads {args.threads}; context {args.context}; {n} steps")
     print(f"step: wall {wall:.3f} ms, process CPU {cpu:.3f} ms (all threads)")
-    print(
-        "kind       regions  inline  chunks(caller)  wall  caller_cpu  caller_in  worker_in  wait  waits  yielded  join_us"
+    columns = (  # (header, value per step)
+        ("regions", lambda s: (s["regions"] + s["inline_regions"]) / n),
+        ("inline", lambda s: s["inline_regions"] / n),
+        ("chunks", lambda s: s["chunks"] / n),
+        ("caller's", lambda s: s["caller_chunks"] / n),
+        ("wall", lambda s: s["wall_ns"] / n / 1e6),
+        ("caller_cpu", lambda s: s["caller_cpu_ns"] / n / 1e6),
+        ("caller_in", lambda s: s["caller_busy_ns"] / n / 1e6),
+        ("worker_in", lambda s: s["worker_busy_ns"] / n / 1e6),
+        ("wait", lambda s: s["wait_ns"] / n / 1e6),
+        ("waits", lambda s: s["waits"] / n),
+        ("yielded", lambda s: s["long_waits"] / n),
+        ("join_us", lambda s: s["join_ns"] / s["joined"] / 1e3 if s["joined"] else float("nan")),
     )
+    print("kind      " + "".join(f"{h:>11}" for h, _ in columns))
     in_regions = 0.0
     for kind in KINDS:
         s = stats.get(kind)
         if not s:
             continue
-        regions = (s["regions"] + s["inline_regions"]) / n
-        in_regions += ms(kind, "wall_ns") if kind != "gemm" else 0.0
-        join = s["join_ns"] / s["joined"] / 1e3 if s["joined"] else float("nan")
-        print(
-            f"{kind:<10} {regions:7.1f} {s['inline_regions'] / n:7.1f} {s['chunks'] / n:7.1f}({s['caller_chunks'] / n:5.1f})"
-            f" {ms(kind, 'wall_ns'):6.3f} {ms(kind, 'caller_cpu_ns'):10.3f} {ms(kind, 'caller_busy_ns'):9.3f} {ms(kind, 'worker_busy_ns'):9.3f}"
-            f" {ms(kind, 'wait_ns'):6.3f} {s['waits'] / n:6.1f} {s['long_waits'] / n:8.2f} {join:8.2f}"
-        )
+        if kind != "gemm":  # the LM head's gemm runs outside layers_forward
+            in_regions += ms(kind, "wall_ns")
+        print(f"{kind:<10}" + "".join(f"{value(s):11.3f}" for _, value in columns))
     blocks = ms("blocks", "wall_ns")
     print(f"blocks: {blocks:.3f} ms in layers_forward, of which {blocks - in_regions:.3f} ms outside pool regions")
-    print(f"outside layers_forward and the gemm calls (Python, embedding, final norm): {wall - blocks - ms('gemm', 'wall_ns'):.3f} ms")
+    outside = wall - blocks - ms("gemm", "wall_ns")
+    print(f"outside layers_forward and the gemm calls (Python, embedding, final norm): {outside:.3f} ms")
     print(f"handshake (a region that brings every thread in and out): {handshake(kernels, args.threads)}")
     return 0
 
