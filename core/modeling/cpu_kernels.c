@@ -792,15 +792,17 @@ static int64_t take_chunk(uint64_t *seen) {
  * a step of 1/16 up or down per job) and spins at most SPIN_GAPS times that: back-to-back
  * regions (a model step's) find it spinning, a caller that is off its core finds it asleep. */
 static int use_adaptive_spin = 1; /* 0: every worker spins SPIN_NS (A/B runs, tests) */
+static _Atomic int64_t first_worker_typical = SPIN_NS / SPIN_GAPS; /* worker 0's typical wait (statistics) */
 
 static inline int64_t spin_limit(int64_t typical) {
     if (!use_adaptive_spin) return SPIN_NS;
     return typical * SPIN_GAPS < SPIN_NS ? typical * SPIN_GAPS : SPIN_NS;
 }
 
-static inline int64_t track_wait(int64_t typical, int64_t wait) {
+static inline int64_t track_wait(int64_t typical, int64_t wait) { /* stays in 1 .. SPIN_NS */
     const int64_t step = typical / 16 + 1;
-    return wait > typical ? typical + step : typical > step ? typical - step : 1;
+    if (wait > typical) return typical + step < SPIN_NS ? typical + step : SPIN_NS;
+    return typical > step ? typical - step : 1;
 }
 
 static void *worker_main(void *index_ptr) {
@@ -843,6 +845,7 @@ static void *worker_main(void *index_ptr) {
         }
         if (v != seen) /* a new job (or a spurious pass): its wait counts as long if the worker slept */
             typical = track_wait(typical, slept ? INT64_MAX : now_ns() - idle_since);
+        if (index == 0) atomic_store_explicit(&first_worker_typical, typical, memory_order_relaxed);
         if (slept) idle_since = now_ns();
         seen = v;
     }
@@ -2099,7 +2102,8 @@ static PyObject *py_set_pool_stats(PyObject *self, PyObject *args) {
     Py_RETURN_NONE;
 }
 
-/* pool_stats(): {kind: {field: count or nanoseconds}} for the kinds that ran since set_pool_stats */
+/* pool_stats(): {kind: {field: count or nanoseconds}} for the kinds that ran since set_pool_stats,
+ * and "spin": {"typical_wait_ns", "limit_ns"} of the first worker now */
 static PyObject *py_pool_stats(PyObject *self, PyObject *noargs) {
     static const char *const fields[] = {"regions",        "inline_regions", "chunks",  "caller_chunks", "wall_ns",
                                          "caller_busy_ns", "worker_busy_ns", "wait_ns", "waits",         "long_waits",
@@ -2127,6 +2131,15 @@ static PyObject *py_pool_stats(PyObject *self, PyObject *noargs) {
             Py_DECREF(v);
         }
     }
+    const int64_t typical = atomic_load(&first_worker_typical);
+    PyObject *spin = Py_BuildValue("{s:L,s:L}", "typical_wait_ns", (long long)typical, "limit_ns",
+                                   (long long)spin_limit(typical));
+    if (spin == NULL || PyDict_SetItemString(all, "spin", spin) != 0) {
+        Py_XDECREF(spin);
+        Py_DECREF(all);
+        return NULL;
+    }
+    Py_DECREF(spin);
     return all;
 }
 
