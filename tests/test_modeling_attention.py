@@ -55,10 +55,11 @@ def test_rows_are_batch_invariant():
         torch.set_num_threads(threads)
 
 
-@pytest.mark.parametrize("heads,kv_heads", [(9, 3), (8, 2)])
+@pytest.mark.parametrize("heads,kv_heads", [(9, 3), (8, 2), (8, 1), (3, 1)])
 def test_query_heads_split_over_threads_give_the_same_rows(heads, kv_heads, scalar_path):
-    """Where the KV heads do not split evenly over the threads (3 over 2), each query head is its
-    own chunk; every row is still the one-thread call's, bit for bit, and the reference's."""
+    """Chunks are KV heads, or parts of a KV head's query heads where there are fewer KV heads
+    than threads (1 over 2: 4 + 4 and 2 + 1 query heads); every row is still the one-thread
+    call's, bit for bit, and the reference's."""
     q, k, v = case(rows=3, past=500, heads=heads, kv_heads=kv_heads, hd=64, capacity=520)
     q *= 0.125  # the 1/sqrt(hd) scale a model folds into Q
     threads = torch.get_num_threads()
