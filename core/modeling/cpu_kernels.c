@@ -717,8 +717,7 @@ QG_AVX2 static void dots_q8_avx2(int fmt, const uint8_t *q, const float *d, cons
 typedef void (*chunk_fn)(void *arg, int64_t chunk);
 
 #define MAX_WORKERS 63
-#define SPIN_NS 200000    /* a worker spins at most this long after its last chunk before sleeping */
-#define SPIN_GAPS 32      /* ... and at most this many times its typical wait for the next job */
+#define SPIN_NS 200000    /* a worker spins this long after its last chunk before sleeping */
 #define WAIT_SPIN_NS 20000 /* the caller spins this long on chunks in flight, then yields */
 #define FIELD 20           /* ticket = generation << 40 | chunks << 20 | next chunk */
 #define FIELD_MASK ((UINT64_C(1) << FIELD) - 1)
@@ -784,30 +783,9 @@ static int64_t take_chunk(uint64_t *seen) {
     }
 }
 
-/* How long an idle worker spins before it sleeps. A spinning worker holds a core; that is what
- * makes it join the next region at once on an idle machine, and what costs the caller its core
- * when other processes want the cores too (then the caller is often off its core between
- * regions, and a worker that spins through those waits takes the core it would get back). So
- * each worker tracks its typical wait between jobs at run time (a running median of the waits:
- * a step of 1/16 up or down per job) and spins at most SPIN_GAPS times that: back-to-back
- * regions (a model step's) find it spinning, a caller that is off its core finds it asleep. */
-static int use_adaptive_spin = 1; /* 0: every worker spins SPIN_NS (A/B runs, tests) */
-static _Atomic int64_t first_worker_typical = SPIN_NS / SPIN_GAPS; /* worker 0's typical wait (statistics) */
-
-static inline int64_t spin_limit(int64_t typical) {
-    if (!use_adaptive_spin) return SPIN_NS;
-    return typical * SPIN_GAPS < SPIN_NS ? typical * SPIN_GAPS : SPIN_NS;
-}
-
-static inline int64_t track_wait(int64_t typical, int64_t wait) { /* stays in 1 .. SPIN_NS */
-    const int64_t step = typical / 16 + 1;
-    if (wait > typical) return typical + step < SPIN_NS ? typical + step : SPIN_NS;
-    return typical > step ? typical - step : 1;
-}
-
 static void *worker_main(void *index_ptr) {
     const int index = (int)(intptr_t)index_ptr;
-    int64_t idle_since = now_ns(), typical = SPIN_NS / SPIN_GAPS;
+    int64_t idle_since = now_ns();
     uint64_t seen = atomic_load(&pool.ticket);
     for (;;) {
         if (index < atomic_load(&pool.active)) {
@@ -829,24 +807,19 @@ static void *worker_main(void *index_ptr) {
         }
         /* nothing to take: spin a while for the next job, then sleep until the ticket moves */
         uint64_t v = atomic_load(&pool.ticket);
-        int spins = 0, slept = 0;
-        const int64_t limit = spin_limit(typical);
+        int spins = 0;
         while (v == seen) {
             relax();
-            if (++spins % 64 == 0 && now_ns() - idle_since > limit) {
+            if (++spins % 64 == 0 && now_ns() - idle_since > SPIN_NS) {
                 pthread_mutex_lock(&pool.sleep_lock);
                 atomic_fetch_add(&pool.sleepers, 1);
                 while (atomic_load(&pool.ticket) == seen) pthread_cond_wait(&pool.wake, &pool.sleep_lock);
                 atomic_fetch_sub(&pool.sleepers, 1);
                 pthread_mutex_unlock(&pool.sleep_lock);
-                slept = 1;
+                idle_since = now_ns();
             }
             v = atomic_load(&pool.ticket);
         }
-        if (v != seen) /* a new job (or a spurious pass): its wait counts as long if the worker slept */
-            typical = track_wait(typical, slept ? INT64_MAX : now_ns() - idle_since);
-        if (index == 0) atomic_store_explicit(&first_worker_typical, typical, memory_order_relaxed);
-        if (slept) idle_since = now_ns();
         seen = v;
     }
     return NULL;
@@ -2016,13 +1989,6 @@ static PyObject *py_set_guided(PyObject *self, PyObject *args) {
     Py_RETURN_NONE;
 }
 
-static PyObject *py_set_adaptive_spin(PyObject *self, PyObject *args) {
-    int on;
-    if (!PyArg_ParseTuple(args, "p", &on)) return NULL;
-    use_adaptive_spin = on;
-    Py_RETURN_NONE;
-}
-
 static PyObject *py_set_pairs(PyObject *self, PyObject *args) {
     int on;
     if (!PyArg_ParseTuple(args, "p", &on)) return NULL;
@@ -2115,8 +2081,7 @@ static PyObject *py_set_pool_stats(PyObject *self, PyObject *args) {
     Py_RETURN_NONE;
 }
 
-/* pool_stats(): {kind: {field: count or nanoseconds}} for the kinds that ran since set_pool_stats,
- * and "spin": {"typical_wait_ns", "limit_ns"} of the first worker now */
+/* pool_stats(): {kind: {field: count or nanoseconds}} for the kinds that ran since set_pool_stats */
 static PyObject *py_pool_stats(PyObject *self, PyObject *noargs) {
     static const char *const fields[] = {"regions",        "inline_regions", "chunks",  "caller_chunks", "wall_ns",
                                          "caller_busy_ns", "worker_busy_ns", "wait_ns", "waits",         "long_waits",
@@ -2144,15 +2109,6 @@ static PyObject *py_pool_stats(PyObject *self, PyObject *noargs) {
             Py_DECREF(v);
         }
     }
-    const int64_t typical = atomic_load(&first_worker_typical);
-    PyObject *spin = Py_BuildValue("{s:L,s:L}", "typical_wait_ns", (long long)typical, "limit_ns",
-                                   (long long)spin_limit(typical));
-    if (spin == NULL || PyDict_SetItemString(all, "spin", spin) != 0) {
-        Py_XDECREF(spin);
-        Py_DECREF(all);
-        return NULL;
-    }
-    Py_DECREF(spin);
     return all;
 }
 
@@ -2224,8 +2180,6 @@ static PyMethodDef methods[] = {
      "False: a decode row meets one weight row at a time, not 4 (4-bit) or 2 (A/B runs, tests)"},
     {"set_guided", py_set_guided, METH_VARARGS,
      "False: a gemm's output rows in equal chunks (4 a thread), not shrinking ones (A/B runs, tests)"},
-    {"set_adaptive_spin", py_set_adaptive_spin, METH_VARARGS,
-     "False: an idle worker spins 200 us before sleeping, not a multiple of its typical wait (A/B runs, tests)"},
     {"info", py_info, METH_NOARGS, "which paths this build has"},
     {"probe_fma", py_probe_fma, METH_VARARGS, "roofline probe: chunks of independent FMA chains"},
     {"probe_read", py_probe_read, METH_VARARGS, "roofline probe: sum a float32 buffer (read bandwidth)"},

@@ -112,9 +112,6 @@ def main() -> int:
     print(f"blocks: {blocks:.3f} ms in layers_forward, of which {blocks - in_regions:.3f} ms outside pool regions")
     outside = wall - blocks - ms("gemm", "wall_ns")
     print(f"outside layers_forward and the gemm calls (Python, embedding, final norm): {outside:.3f} ms")
-    spin = stats["spin"]
-    print(f"first worker's typical wait for a job {spin['typical_wait_ns'] / 1e3:.2f} us, "
-          f"its spin limit {spin['limit_ns'] / 1e3:.2f} us (at the end)")
     print(f"handshake (a region that brings every thread in and out): {handshake(kernels, args.threads)}")
     return 0
 
