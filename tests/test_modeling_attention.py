@@ -55,24 +55,33 @@ def test_rows_are_batch_invariant():
         torch.set_num_threads(threads)
 
 
-@pytest.mark.parametrize("heads,kv_heads", [(9, 3), (8, 2)])
-def test_query_heads_split_over_threads_give_the_same_rows(heads, kv_heads, scalar_path):
-    """Where the KV heads do not split evenly over the threads (3 over 2), each query head is its
-    own chunk; every row is still the one-thread call's, bit for bit, and the reference's."""
-    q, k, v = case(rows=3, past=500, heads=heads, kv_heads=kv_heads, hd=64, capacity=520)
+@pytest.mark.parametrize("rows", [1, 3])
+@pytest.mark.parametrize("heads,kv_heads", [(9, 3), (8, 2), (8, 1), (3, 1)])
+def test_query_heads_split_over_threads_give_the_same_rows(heads, kv_heads, rows, scalar_path):
+    """Chunks are KV heads; several rows go in single query heads where the KV heads do not
+    split evenly over the threads (3 over 2), one row in parts of a KV head's query heads where
+    there are fewer KV heads than threads (1 over 2: 4 + 4 and 2 + 1). Every row is still the
+    one-thread call's, bit for bit, and the reference's."""
+    past = 1400  # enough keys that even 3 heads of one row run on two threads
+    q, k, v = case(rows=rows, past=past, heads=heads, kv_heads=kv_heads, hd=64, capacity=past + 8)
     q *= 0.125  # the 1/sqrt(hd) scale a model folds into Q
     threads = torch.get_num_threads()
     try:
         torch.set_num_threads(1)
-        one = attention.causal_attention(q, k, v, 500, heads=heads)
+        one = attention.causal_attention(q, k, v, past, heads=heads)
         torch.set_num_threads(2)
-        two = attention.causal_attention(q, k, v, 500, heads=heads)
+        native.kernels().set_pool_stats(True)
+        two = attention.causal_attention(q, k, v, past, heads=heads)
+        chunks = native.kernels().pool_stats()["other"]["chunks"]
+        native.kernels().set_pool_stats(False)
         with scalar_path():
-            slow = attention.causal_attention(q, k, v, 500, heads=heads)
+            slow = attention.causal_attention(q, k, v, past, heads=heads)
     finally:
         torch.set_num_threads(threads)
+        native.kernels().set_pool_stats(False)
+    assert chunks >= 2  # the two-thread call was split
     assert torch.equal(one, two) and torch.equal(one, slow)
-    assert torch.allclose(two.double(), reference(q, k, v, 500, heads), rtol=1e-5, atol=1e-6)
+    assert torch.allclose(two.double(), reference(q, k, v, past, heads), rtol=1e-5, atol=1e-6)
 
 
 def test_scalar_path_agrees_bit_for_bit(scalar_path):

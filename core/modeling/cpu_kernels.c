@@ -288,6 +288,7 @@ static int use_simd = -1; /* -1: auto, 0: scalar forced (tests) */
 static int use_vnni = 1;  /* 0: the int8 path stays on AVX2 even where VNNI exists (tests) */
 static int use_pairs = 1; /* 0: a decode row meets one weight row at a time (A/B runs, tests) */
 static int use_qpairs = 1; /* 0: attention takes a KV head's queries one at a time (A/B runs, tests) */
+static int use_guided = 1; /* 0: a gemm's rows in equal chunks, 4 a thread (A/B runs, tests) */
 static int use_wide_attn = 1; /* 0: a query's scores 4 keys, its V sums 32 values at a time (A/B, tests) */
 
 static inline int simd_on(void) { return use_simd != 0 && have_avx2(); }
@@ -731,12 +732,37 @@ static struct {
     _Atomic int active; /* workers 0 .. active-1 may take chunks of the current job */
     _Atomic(chunk_fn) fn;
     _Atomic(void *) arg;
+    _Atomic int kind;            /* the current job's region kind (pool statistics) */
+    _Atomic int64_t first_take;  /* when a worker took the job's first chunk (pool statistics) */
     int started;
 } pool = {PTHREAD_MUTEX_INITIALIZER, PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER};
+
+/* Pool statistics (off unless a measuring script turns them on: set_pool_stats): per kind of
+ * region, how long the caller's regions took on the wall, how long the caller and the workers
+ * spent inside chunks, how long the caller waited for chunks a worker still held after it ran
+ * out of chunks to take, and how late the first worker joined. Kinds are set by the region's
+ * caller (a thread-local tag), so they describe what the pool ran, never how. */
+enum { KIND_OTHER, KIND_QKV, KIND_ATTENTION, KIND_O, KIND_GATE_UP, KIND_DOWN, KIND_GEMM, KIND_BLOCKS, KINDS };
+static const char *const kind_names[KINDS] = {"other", "qkv", "attention", "o", "gate_up", "down", "gemm", "blocks"};
+
+typedef struct {
+    _Atomic int64_t regions, inline_regions, chunks, caller_chunks, wall_ns, caller_busy_ns, worker_busy_ns, wait_ns,
+        waits, long_waits, join_ns, joined, caller_cpu_ns;
+} KindStats;
+
+static KindStats pool_stats[KINDS];
+static _Atomic int stats_on = 0;
+static __thread int region_kind = KIND_OTHER; /* the kind of the regions this thread starts next */
 
 static int64_t now_ns(void) {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
+}
+
+static int64_t thread_cpu_ns(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
     return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
 }
 
@@ -766,7 +792,14 @@ static void *worker_main(void *index_ptr) {
             int64_t c = take_chunk(&seen);
             if (c >= 0) { /* the job cannot finish (nor fn/arg change) before this chunk is done */
                 chunk_fn fn = atomic_load(&pool.fn);
-                fn(atomic_load(&pool.arg), c);
+                if (atomic_load_explicit(&stats_on, memory_order_relaxed)) {
+                    const int64_t t0 = now_ns();
+                    int64_t zero = 0;
+                    atomic_compare_exchange_strong(&pool.first_take, &zero, t0);
+                    fn(atomic_load(&pool.arg), c);
+                    atomic_fetch_add(&pool_stats[atomic_load(&pool.kind)].worker_busy_ns, now_ns() - t0);
+                } else
+                    fn(atomic_load(&pool.arg), c);
                 atomic_fetch_add(&pool.done, 1);
                 idle_since = now_ns();
                 continue;
@@ -804,8 +837,21 @@ static void pool_after_fork(void) { /* the child has none of the parent's worker
 /* fn(arg, c) for c in 0..chunks-1 on up to `threads` threads (the caller included) */
 static void run_chunks(chunk_fn fn, void *arg, int64_t chunks, int threads) {
     if (threads > MAX_WORKERS + 1) threads = MAX_WORKERS + 1;
+    const int stats = atomic_load_explicit(&stats_on, memory_order_relaxed);
+    const int kind = region_kind;
+    const int64_t t_start = stats ? now_ns() : 0, cpu_start = stats ? thread_cpu_ns() : 0;
     if (threads <= 1 || chunks <= 1 || chunks > (int64_t)FIELD_MASK || pthread_mutex_trylock(&pool.busy) != 0) {
         for (int64_t c = 0; c < chunks; c++) fn(arg, c);
+        if (stats) {
+            KindStats *K = &pool_stats[kind];
+            const int64_t wall = now_ns() - t_start;
+            atomic_fetch_add(&K->inline_regions, 1);
+            atomic_fetch_add(&K->chunks, chunks);
+            atomic_fetch_add(&K->caller_chunks, chunks);
+            atomic_fetch_add(&K->wall_ns, wall);
+            atomic_fetch_add(&K->caller_busy_ns, wall);
+            atomic_fetch_add(&K->caller_cpu_ns, thread_cpu_ns() - cpu_start);
+        }
         return;
     }
     static int fork_hook = 0;
@@ -826,6 +872,8 @@ static void run_chunks(chunk_fn fn, void *arg, int64_t chunks, int threads) {
     atomic_store(&pool.fn, fn);
     atomic_store(&pool.arg, arg);
     atomic_store(&pool.done, 0);
+    atomic_store(&pool.kind, kind);
+    atomic_store(&pool.first_take, 0);
     atomic_store(&pool.active, threads - 1);
     uint64_t generation = (atomic_load(&pool.ticket) >> (2 * FIELD)) + 1;
     atomic_store(&pool.ticket, (generation << (2 * FIELD)) | ((uint64_t)chunks << FIELD));
@@ -835,18 +883,41 @@ static void run_chunks(chunk_fn fn, void *arg, int64_t chunks, int threads) {
         pthread_mutex_unlock(&pool.sleep_lock);
     }
     uint64_t seen;
-    int64_t c;
+    int64_t c, mine = 0;
     while ((c = take_chunk(&seen)) >= 0) {
         fn(arg, c);
         atomic_fetch_add(&pool.done, 1);
+        mine++;
     }
+    const int64_t t_out = stats ? now_ns() : 0;
+    const int waited = atomic_load(&pool.done) < chunks;
     int64_t waiting_since = 0;
-    int spins = 0;
+    int spins = 0, yielded = 0;
     while (atomic_load(&pool.done) < chunks) { /* chunks a worker took and is still doing */
         relax();
         if (++spins % 64 == 0) {
             if (!waiting_since) waiting_since = now_ns();
-            else if (now_ns() - waiting_since > WAIT_SPIN_NS) sched_yield();
+            else if (now_ns() - waiting_since > WAIT_SPIN_NS) {
+                sched_yield();
+                yielded = 1;
+            }
+        }
+    }
+    if (stats) {
+        KindStats *K = &pool_stats[kind];
+        const int64_t t_end = now_ns(), first = atomic_load(&pool.first_take);
+        atomic_fetch_add(&K->regions, 1);
+        atomic_fetch_add(&K->chunks, chunks);
+        atomic_fetch_add(&K->caller_chunks, mine);
+        atomic_fetch_add(&K->wall_ns, t_end - t_start);
+        atomic_fetch_add(&K->caller_busy_ns, t_out - t_start);
+        atomic_fetch_add(&K->wait_ns, t_end - t_out);
+        atomic_fetch_add(&K->waits, waited);
+        atomic_fetch_add(&K->long_waits, yielded);
+        atomic_fetch_add(&K->caller_cpu_ns, thread_cpu_ns() - cpu_start);
+        if (first) {
+            atomic_fetch_add(&K->join_ns, first - t_start);
+            atomic_fetch_add(&K->joined, 1);
         }
     }
     pthread_mutex_unlock(&pool.busy);
@@ -880,6 +951,8 @@ typedef struct {
 #define CHUNKS_PER_THREAD 4
 #define FUSED_ROWS 4  /* rows of x a block is multiplied into while it sits in registers */
 
+#define GUIDED_CHUNKS 96 /* at most this many chunks in a guided schedule */
+
 typedef struct {
     const QWeight *W;
     const float *x;
@@ -887,6 +960,7 @@ typedef struct {
     float *out;
     const float *base;
     const QAct *A; /* the rows quantised (precision int8); NULL: float32 math */
+    const int64_t *bounds; /* chunk c: output rows bounds[c] .. bounds[c + 1] - 1; NULL: rows_per_chunk each */
 } GemmJob;
 
 #define Q8_TILE 8    /* rows of x a block is multiplied into while it sits in a register */
@@ -935,7 +1009,11 @@ static void gemm_chunk(void *arg, int64_t c) {
         return;
     }
     float *res = w + W->K;
-    const int64_t n0 = c * J->rows_per_chunk, n1 = n0 + J->rows_per_chunk < W->N ? n0 + J->rows_per_chunk : W->N;
+    int64_t n0 = c * J->rows_per_chunk, n1 = n0 + J->rows_per_chunk < W->N ? n0 + J->rows_per_chunk : W->N;
+    if (J->bounds != NULL) {
+        n0 = J->bounds[c];
+        n1 = J->bounds[c + 1];
+    }
     if (J->A != NULL) {
         gemm_chunk_q8(J, n0, n1, res);
         return;
@@ -982,9 +1060,30 @@ static void gemm_chunk(void *arg, int64_t c) {
     }
 }
 
+/* A guided schedule of n output rows over `threads` threads: each chunk takes 1 / (2 threads) of
+ * the rows left (rounded up to ROW_CHUNK), at least GUIDED_MIN rows, so the first chunks are
+ * large (few takes) and the last ones small (a thread that finds no chunk left waits at most on
+ * a short one). Which thread computes an output row never changes its value. Writes the chunk
+ * bounds (bounds[0] = 0 .. bounds[chunks] = n) and returns the chunk count. */
+#define GUIDED_MIN 16
+static int64_t guided_bounds(int64_t n, int threads, int64_t *bounds) {
+    int64_t chunks = 0, at = 0;
+    bounds[0] = 0;
+    while (at < n) {
+        int64_t size = (n - at + 2 * threads - 1) / (2 * threads);
+        size = (size + ROW_CHUNK - 1) / ROW_CHUNK * ROW_CHUNK;
+        if (size < GUIDED_MIN) size = GUIDED_MIN;
+        if (chunks == GUIDED_CHUNKS - 1 || at + size > n) size = n - at; /* the last chunk takes the rest */
+        at += size;
+        bounds[++chunks] = at;
+    }
+    return chunks;
+}
+
 static int gemm(const QWeight *W, const float *x, int64_t xs, int64_t R, float *out, int64_t os, const float *base,
                 int threads, int int8) {
-    GemmJob J = {W, x, xs, R, os, ROW_CHUNK, out, base, NULL};
+    GemmJob J = {W, x, xs, R, os, ROW_CHUNK, out, base, NULL, NULL};
+    int64_t bounds[GUIDED_CHUNKS + 1];
     QAct A;
     void *held = NULL;
     if (int8 && W->fmt != 32 && R > 0) { /* quantise every row once, before the threads start */
@@ -1009,14 +1108,19 @@ static int gemm(const QWeight *W, const float *x, int64_t xs, int64_t R, float *
         J.A = &A;
     }
     if (W->N * W->K * (R > 0 ? R : 1) < 65536) threads = 1;
-    /* a few chunks per thread: enough for a late worker to join, few enough that taking them
-     * costs little (each take is an atomic on a shared cache line) */
-    if (threads > 1) {
+    int64_t chunks = (W->N + J.rows_per_chunk - 1) / J.rows_per_chunk;
+    if (threads > 1 && use_guided) { /* guided: chunks shrink as the rows left do */
+        chunks = guided_bounds(W->N, threads, bounds);
+        J.bounds = bounds;
+    } else if (threads > 1) {
+        /* a few chunks per thread: enough for a late worker to join, few enough that taking them
+         * costs little (each take is an atomic on a shared cache line) */
         int64_t per = (W->N + threads * CHUNKS_PER_THREAD - 1) / (threads * CHUNKS_PER_THREAD);
         J.rows_per_chunk = per > ROW_CHUNK ? per : ROW_CHUNK;
+        chunks = (W->N + J.rows_per_chunk - 1) / J.rows_per_chunk;
     }
     atomic_store(&scratch_failed, 0);
-    run_chunks(gemm_chunk, &J, (W->N + J.rows_per_chunk - 1) / J.rows_per_chunk, threads);
+    run_chunks(gemm_chunk, &J, chunks, threads);
     free(held);
     return atomic_load(&scratch_failed) ? -1 : 0;
 }
@@ -1368,13 +1472,14 @@ typedef struct {
     const float *q, *kc, *vc;
     float *out;
     int64_t q_row, cap, rows, heads, kv_heads, hd, past;
-    int64_t split; /* chunks per KV head (each 1 / split of its query heads) */
+    int64_t split, per; /* chunks per KV head, each up to `per` of its query heads */
 } AttentionJob;
 
 static void attention_chunk(void *arg, int64_t c) { /* KV head g: its query heads h0..h1-1, all rows */
     const AttentionJob *J = (const AttentionJob *)arg;
-    const int64_t group = J->heads / J->kv_heads, per = group / J->split, stride = J->past + J->rows;
-    const int64_t g = c / J->split, h0 = g * group + (c % J->split) * per, h1 = h0 + per, n = per * J->rows;
+    const int64_t group = J->heads / J->kv_heads, stride = J->past + J->rows;
+    const int64_t g = c / J->split, h0 = g * group + (c % J->split) * J->per;
+    const int64_t h1 = h0 + J->per < (g + 1) * group ? h0 + J->per : (g + 1) * group, n = (h1 - h0) * J->rows;
     /* scores [n, stride], inverse sums [n], then (8-byte aligned) query and output pointers and
      * key counts [n] each */
     const size_t pointer_floats = (2 * sizeof(void *) + sizeof(int64_t)) / sizeof(float);
@@ -1403,14 +1508,26 @@ static void attention_chunk(void *arg, int64_t c) { /* KV head g: its query head
         for (int64_t u = 0; u < n; u++) attend_scalar(qs[u], kg, vg, keys[u], J->hd, scores, os[u]);
 }
 
-/* chunks are KV heads (their queries share every K and V row while it is in cache), or single
- * query heads when the KV heads do not split evenly over the threads (SmolLM2's 3 KV heads on 2
- * threads: 9 chunks instead of 2 + 1); every query is computed the same way either way */
+/* chunks are KV heads (their queries share every K and V row while it is in cache). Where the KV
+ * heads do not split evenly over the threads, several rows' queries go in single query heads
+ * (SmolLM2's 3 KV heads on 2 threads: 9 chunks instead of 2 + 1: that many rows' attention is
+ * arithmetic, and the chunks balance), while one row's stay KV heads unless there are fewer KV
+ * heads than threads (then as few query groups as keep every thread busy): a decode row's
+ * attention is the reading of its KV rows, and 9 single heads read each KV head 3 times without
+ * query pairs (measured 1.05-1.16x slower a step on a calm machine). Every query is computed
+ * the same way either way. */
 static int attention(const float *q, int64_t q_row, const float *kc, const float *vc, int64_t cap, float *out,
                      int64_t rows, int64_t heads, int64_t kv_heads, int64_t hd, int64_t past, int threads) {
-    AttentionJob J = {q, kc, vc, out, q_row, cap, rows, heads, kv_heads, hd, past, 1};
+    AttentionJob J = {q, kc, vc, out, q_row, cap, rows, heads, kv_heads, hd, past, 1, heads / kv_heads};
     if (heads * rows * (past + rows) * hd < 262144) threads = 1;
-    if (threads > 1 && kv_heads % threads != 0) J.split = heads / kv_heads;
+    if (threads > 1 && rows > 1 && kv_heads % threads != 0) {
+        J.per = 1;
+        J.split = heads / kv_heads;
+    } else if (threads > 1 && kv_heads < threads) {
+        const int64_t group = heads / kv_heads, parts = (threads + kv_heads - 1) / kv_heads;
+        J.per = (group + parts - 1) / parts;
+        J.split = (group + J.per - 1) / J.per;
+    }
     atomic_store(&scratch_failed, 0);
     run_chunks(attention_chunk, &J, kv_heads * J.split, threads);
     return atomic_load(&scratch_failed) ? -1 : 0;
@@ -1586,10 +1703,12 @@ static int stack_forward(const LayerStack *S, int64_t l0, int64_t l1, float *x, 
     if (buf == NULL) return -1;
     float *h = buf, *qkv = h + rows * H, *attn = qkv + rows * qkv_n, *gu = attn + rows * q_size, *act = gu + rows * 2 * F;
     int rc = 0;
+    const int64_t t_start = atomic_load_explicit(&stats_on, memory_order_relaxed) ? now_ns() : 0;
     for (int64_t i = l0; i < l1 && rc == 0; i++) {
         const StackLayer *L = &S->layers[i];
         float *kl = kc + i * nkv * cap * hd, *vl = vc + i * nkv * cap * hd; /* [nkv, cap, hd] */
         rms_norm_rows(x, L->attn_norm, h, rows, H, S->eps);
+        region_kind = KIND_QKV;
         if ((rc = gemm(&L->wqkv, h, H, rows, qkv, qkv_n, NULL, threads, int8)) != 0) break;
         if (L->bqkv != NULL)
             for (int64_t r = 0; r < rows; r++)
@@ -1600,6 +1719,7 @@ static int stack_forward(const LayerStack *S, int64_t l0, int64_t l1, float *x, 
                 memcpy(kl + (g * cap + past + r) * hd, qkv + r * qkv_n + q_size + g * hd, sizeof(float) * (size_t)hd);
                 memcpy(vl + (g * cap + past + r) * hd, qkv + r * qkv_n + qk_size + g * hd, sizeof(float) * (size_t)hd);
             }
+        region_kind = KIND_ATTENTION;
         for (int64_t s = 0; s < rows && rc == 0; s += ATTN_ROW_SLICE) {
             const int64_t e = s + ATTN_ROW_SLICE < rows ? s + ATTN_ROW_SLICE : rows;
             rc = attention(qkv + s * qkv_n, qkv_n, kl, vl, cap, attn + s * q_size, e - s, nh, nkv, hd, past + s, threads);
@@ -1608,11 +1728,19 @@ static int stack_forward(const LayerStack *S, int64_t l0, int64_t l1, float *x, 
         if (L->bo != NULL) /* base = x + bo, then x = base + a @ Wo^T (the per-op path's order) */
             for (int64_t r = 0; r < rows; r++)
                 for (int64_t n = 0; n < H; n++) x[r * H + n] += L->bo[n];
+        region_kind = KIND_O;
         if ((rc = gemm(&L->wo, attn, q_size, rows, x, H, x, threads, int8)) != 0) break;
         rms_norm_rows(x, L->ffn_norm, h, rows, H, S->eps);
+        region_kind = KIND_GATE_UP;
         if ((rc = gemm(&L->gate_up, h, H, rows, gu, 2 * F, NULL, threads, int8)) != 0) break;
         silu_mul_rows(gu, act, rows, F);
+        region_kind = KIND_DOWN;
         rc = gemm(&L->down, act, F, rows, x, H, x, threads, int8);
+    }
+    region_kind = KIND_OTHER;
+    if (t_start) {
+        atomic_fetch_add(&pool_stats[KIND_BLOCKS].regions, 1);
+        atomic_fetch_add(&pool_stats[KIND_BLOCKS].wall_ns, now_ns() - t_start);
     }
     free(buf);
     return rc;
@@ -1736,8 +1864,10 @@ static PyObject *py_gemm(PyObject *self, PyObject *args) {
         return NULL;
     }
     Py_BEGIN_ALLOW_THREADS
+    region_kind = KIND_GEMM;
     rc = gemm(&W, (const float *)(uintptr_t)x, K, R, (float *)(uintptr_t)out, N, (const float *)(uintptr_t)base, threads,
               int8);
+    region_kind = KIND_OTHER;
     Py_END_ALLOW_THREADS
     if (rc != 0) return PyErr_NoMemory();
     Py_RETURN_NONE;
@@ -1852,6 +1982,13 @@ static PyObject *py_set_wide_attention(PyObject *self, PyObject *args) {
     Py_RETURN_NONE;
 }
 
+static PyObject *py_set_guided(PyObject *self, PyObject *args) {
+    int on;
+    if (!PyArg_ParseTuple(args, "p", &on)) return NULL;
+    use_guided = on;
+    Py_RETURN_NONE;
+}
+
 static PyObject *py_set_pairs(PyObject *self, PyObject *args) {
     int on;
     if (!PyArg_ParseTuple(args, "p", &on)) return NULL;
@@ -1931,6 +2068,99 @@ static PyObject *py_probe_read(PyObject *self, PyObject *args) {
 #endif
 }
 
+/* set_pool_stats(on): zero the pool statistics and start (True) or stop (False) counting */
+static PyObject *py_set_pool_stats(PyObject *self, PyObject *args) {
+    int on;
+    if (!PyArg_ParseTuple(args, "p", &on)) return NULL;
+    atomic_store(&stats_on, 0);
+    for (int k = 0; k < KINDS; k++) {
+        _Atomic int64_t *f = &pool_stats[k].regions;
+        for (size_t i = 0; i < sizeof(KindStats) / sizeof(int64_t); i++) atomic_store(&f[i], 0);
+    }
+    atomic_store(&stats_on, on);
+    Py_RETURN_NONE;
+}
+
+/* pool_stats(): {kind: {field: count or nanoseconds}} for the kinds that ran since set_pool_stats */
+static PyObject *py_pool_stats(PyObject *self, PyObject *noargs) {
+    static const char *const fields[] = {"regions",        "inline_regions", "chunks",  "caller_chunks", "wall_ns",
+                                         "caller_busy_ns", "worker_busy_ns", "wait_ns", "waits",         "long_waits",
+                                         "join_ns",        "joined",         "caller_cpu_ns"};
+    _Static_assert(sizeof(fields) / sizeof(fields[0]) == sizeof(KindStats) / sizeof(int64_t), "one name a field");
+    PyObject *all = PyDict_New();
+    if (all == NULL) return NULL;
+    for (int k = 0; k < KINDS; k++) {
+        _Atomic int64_t *f = &pool_stats[k].regions;
+        if (atomic_load(&f[0]) == 0 && atomic_load(&f[1]) == 0) continue;
+        PyObject *one = PyDict_New();
+        if (one == NULL || PyDict_SetItemString(all, kind_names[k], one) != 0) {
+            Py_XDECREF(one);
+            Py_DECREF(all);
+            return NULL;
+        }
+        Py_DECREF(one);
+        for (size_t i = 0; i < sizeof(fields) / sizeof(fields[0]); i++) {
+            PyObject *v = PyLong_FromLongLong((long long)atomic_load(&f[i]));
+            if (v == NULL || PyDict_SetItemString(one, fields[i], v) != 0) {
+                Py_XDECREF(v);
+                Py_DECREF(all);
+                return NULL;
+            }
+            Py_DECREF(v);
+        }
+    }
+    return all;
+}
+
+#define PING_TIMEOUT_NS 1000000
+
+typedef struct {
+    _Atomic int64_t arrived;
+    int64_t chunks, deadline;
+} PingJob;
+
+/* a chunk that waits (at most PING_TIMEOUT_NS) until every chunk of its region has started */
+static void ping_chunk(void *arg, int64_t c) {
+    PingJob *J = (PingJob *)arg;
+    (void)c;
+    atomic_fetch_add(&J->arrived, 1);
+    while (atomic_load(&J->arrived) < J->chunks && now_ns() < J->deadline) relax();
+}
+
+/* probe_handshake(regions, threads): the wall nanoseconds of each of `regions` pool regions of
+ * `threads` chunks that each wait until all have started: what it costs to bring every thread
+ * into a region and back out (a region whose workers did not come within 1 ms reads >= 1 ms) */
+static PyObject *py_probe_handshake(PyObject *self, PyObject *args) {
+    long long regions;
+    int threads;
+    if (!PyArg_ParseTuple(args, "Li", &regions, &threads)) return NULL;
+    if (regions < 1 || regions > 1000000 || threads < 1) {
+        PyErr_SetString(PyExc_ValueError, "bad probe_handshake operands");
+        return NULL;
+    }
+    int64_t *ns = (int64_t *)malloc(sizeof(int64_t) * (size_t)regions);
+    if (ns == NULL) return PyErr_NoMemory();
+    Py_BEGIN_ALLOW_THREADS
+    for (long long i = 0; i < regions; i++) {
+        const int64_t t0 = now_ns();
+        PingJob J = {0, threads, t0 + PING_TIMEOUT_NS};
+        run_chunks(ping_chunk, &J, threads, threads);
+        ns[i] = now_ns() - t0;
+    }
+    Py_END_ALLOW_THREADS
+    PyObject *list = PyList_New((Py_ssize_t)regions);
+    for (long long i = 0; list != NULL && i < regions; i++) {
+        PyObject *v = PyLong_FromLongLong((long long)ns[i]);
+        if (v == NULL) {
+            Py_CLEAR(list);
+            break;
+        }
+        PyList_SET_ITEM(list, (Py_ssize_t)i, v);
+    }
+    free(ns);
+    return list;
+}
+
 static PyMethodDef methods[] = {
     {"gemm", py_gemm, METH_VARARGS, "out[R, N] (+)= x[R, K] @ W[N, K]^T on quantised blocks"},
     {"dequant", py_dequant, METH_VARARGS, "W[N, K] -> float32"},
@@ -1948,9 +2178,15 @@ static PyMethodDef methods[] = {
      "False: a query's scores 4 keys, its V sums 32 values at a time (A/B runs, tests)"},
     {"set_pairs", py_set_pairs, METH_VARARGS,
      "False: a decode row meets one weight row at a time, not 4 (4-bit) or 2 (A/B runs, tests)"},
+    {"set_guided", py_set_guided, METH_VARARGS,
+     "False: a gemm's output rows in equal chunks (4 a thread), not shrinking ones (A/B runs, tests)"},
     {"info", py_info, METH_NOARGS, "which paths this build has"},
     {"probe_fma", py_probe_fma, METH_VARARGS, "roofline probe: chunks of independent FMA chains"},
     {"probe_read", py_probe_read, METH_VARARGS, "roofline probe: sum a float32 buffer (read bandwidth)"},
+    {"set_pool_stats", py_set_pool_stats, METH_VARARGS, "zero the pool statistics; True counts from now on"},
+    {"pool_stats", py_pool_stats, METH_NOARGS, "the pool statistics by kind of region (counts, nanoseconds)"},
+    {"probe_handshake", py_probe_handshake, METH_VARARGS,
+     "wall nanoseconds of each of a number of regions that bring every thread in and out"},
     {NULL, NULL, 0, NULL},
 };
 

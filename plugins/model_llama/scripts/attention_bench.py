@@ -9,8 +9,9 @@ time. With one thread the time is the thread's CPU time, else wall time.
         [--baseline PATH/_cpu_kernels.so]
 
 ``--baseline PATH`` compares another build of ``cpu_kernels.c`` (side A) with the installed one
-(side B) instead of a switch. ``--single-queries`` keeps query pairs off on both sides (the one-query path, which a decode row
-takes on two threads: SmolLM2's 3 KV heads split into single query heads there).
+(side B) instead of a switch. ``--single-queries`` keeps query pairs off on both sides (the
+one-query path). The KV cache here is one layer's and stays in cache; in a model step each
+layer's K and V rows come from memory (``step_profile.py`` times attention inside the step).
 """
 
 from __future__ import annotations
