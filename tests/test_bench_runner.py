@@ -98,6 +98,36 @@ def test_runner_uses_registered_algorithms_through_the_registry():
     assert sum(r.stats.draft_tokens for r in spec) > 0
 
 
+def test_each_run_starts_fresh_no_park_carries_from_the_run_before():
+    """A learned drafter's lost park carries to the next sequence on a target (a server's
+    case); the bench measures each run as a fresh `tsspec generate` would see it, so the order
+    of runs does not decide whether a run drafts at all."""
+    from tsspec.runtime.registry import SpeculatorRegistry
+    from tsspec.testing import RandomSpeculator
+
+    registry = SpeculatorRegistry()
+    registry.register("learned-test", lambda target, options: RandomSpeculator(target.config.vocab_size, seed=1,
+                                                                               max_draft_tokens=3),
+                      requires_draft_head=False, weight_free=False, description="test")
+    target = ToyTarget(seed=2)
+    runner = BenchRunner(target, _cases(target, n=1, max_tokens=40), [BenchConfig.plain(),
+                         BenchConfig.for_algorithm("learned-test")], reps=3, registry=registry)
+    records = [r for r in runner.run() if r.config == "learned-test"]
+    assert len(records) >= 3 and all(r.verdict.status == IDENTICAL for r in records)
+    assert len({r.stats.drafts for r in records}) == 1  # every run probed afresh: the same drafts
+    assert records[0].stats.governor_losses >= 1  # random drafts lose: without the reset the next runs start parked
+
+
+def test_the_registry_forgets_what_a_target_carries():
+    from tsspec.runtime.registry import SpeculatorRegistry
+
+    registry, target, other = SpeculatorRegistry(), ToyTarget(), ToyTarget()
+    registry.memory(target, "loop:x")["park"] = (5, 48)
+    registry.memory(other, "loop:x")["park"] = (7, 96)
+    registry.forget(target)
+    assert registry.memory(target, "loop:x") == {} and registry.memory(other, "loop:x") == {"park": (7, 96)}
+
+
 def test_an_algorithm_that_declines_stops_the_runner_with_the_reason():
     from tsspec.bench.runner import ConfigDeclined
     from tsspec.runtime.registry import SpeculatorRegistry

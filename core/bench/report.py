@@ -257,7 +257,9 @@ def _markdown(report: BenchReport, plot_path: str | None) -> list[str]:
         f"{settings['reps']} rounds of plain, then each configuration, back to back in one process, and each "
         "speculative run is divided by the plain run of its own round. On a shared 2-core machine a single "
         "tok/s figure moves by 10-20% from run to run; the ratios of neighbouring runs move much less. "
-        "tok/s counts decoding only (emitted tokens after the first, over the time after prefill).",
+        "tok/s counts decoding only (emitted tokens after the first, over the time after prefill). "
+        "Each run starts as a fresh `tsspec generate` would: a park that a learned drafter's cost governor "
+        "carries from one request to the next on a server is dropped between runs.",
         "",
         "## Machine",
         "",

@@ -210,6 +210,9 @@ class BenchRunner:
         """One generation: returns the runtime's ``Generation``."""
         if self.heads is not None:
             self.heads.use(config.name)
+        forget = getattr(self.registry, "forget", None)
+        if forget is not None:  # each run is a fresh request, as one `tsspec generate` is: no park
+            forget(self.target)  # carried over from the run before (the order of runs is not data)
         result = generate(
             self.target,
             list(case.prompt_ids),

@@ -152,6 +152,14 @@ class SpeculatorRegistry:
         except TypeError:
             return None
 
+    def forget(self, target: Any) -> None:
+        """Drop everything carried between sequences on ``target``: its next sequence starts as
+        a fresh process's first would (the bench measures each run so)."""
+        try:
+            self._memory.pop(target, None)
+        except TypeError:
+            pass
+
     def carries_parks(self, name: str | None) -> bool:
         """Whether a lost park of ``name`` carries to the next sequence: for algorithms with
         drafter weights, whose gain is the drafter's on this machine; not for weight-free ones,
