@@ -28,8 +28,6 @@ MATMUL_SIZE = 1024  # a square float32 matmul: 2 * 1024^3 flops, compute-bound o
 MATMUL_REPS = 5
 FMA_ITERS = 200_000  # probe iterations per chunk: ~0.1 s of one core
 FMA_CHUNKS = 4
-FMA_LANES = 8  # float32 lanes of one AVX2 register
-FMA_CHAINS = 12  # independent FMA chains per probe iteration (PROBE_CHAINS in cpu_kernels.c)
 SKIPPED_ATTRIBUTES = ("draft_head", "tokenizer")  # reachable from a target, but not its weights
 
 
@@ -79,24 +77,13 @@ def float32_rate(threads: int, *, size: int = MATMUL_SIZE, reps: int = MATMUL_RE
 
 def fma_peak(threads: int, *, reps: int = BANDWIDTH_REPS) -> float | None:
     """float32 flops per second at the CPU's fused multiply-add peak on ``threads`` cores: the
-    compiled kernels' ``probe_fma`` on one core, per CPU second (another job holding the core
-    does not lower it), times ``threads``; None where the kernels or their AVX2 path are absent."""
+    best of ``reps`` runs of the compiled kernels' probe on one core (``native.fma_rate``),
+    times ``threads``; None where the kernels or their AVX2 path are absent."""
     from tsspec.modeling import native
 
-    kernels = native.kernels()
-    if kernels is None or not hasattr(kernels, "probe_fma"):
+    if native.fma_rate(1000, FMA_CHUNKS) is None:  # also the untimed warm-up
         return None
-    try:
-        kernels.probe_fma(1000, FMA_CHUNKS, 1)
-    except RuntimeError:  # a build without AVX2 + FMA
-        return None
-    best = 0.0
-    for _ in range(reps):
-        cpu = time.process_time()
-        kernels.probe_fma(FMA_ITERS, FMA_CHUNKS, 1)
-        seconds = time.process_time() - cpu
-        if seconds > 0:
-            best = max(best, FMA_CHUNKS * FMA_ITERS * FMA_CHAINS * FMA_LANES / seconds)
+    best = max((native.fma_rate(FMA_ITERS, FMA_CHUNKS) or 0.0) for _ in range(reps))
     return 2.0 * best * threads if best else None
 
 

@@ -1961,40 +1961,19 @@ static PyObject *py_set_simd(PyObject *self, PyObject *args) {
     Py_RETURN_NONE;
 }
 
-static PyObject *py_set_vnni(PyObject *self, PyObject *args) {
-    int on;
-    if (!PyArg_ParseTuple(args, "p", &on)) return NULL;
-    use_vnni = on;
-    Py_RETURN_NONE;
-}
-
-static PyObject *py_set_query_pairs(PyObject *self, PyObject *args) {
-    int on;
-    if (!PyArg_ParseTuple(args, "p", &on)) return NULL;
-    use_qpairs = on;
-    Py_RETURN_NONE;
-}
-
-static PyObject *py_set_wide_attention(PyObject *self, PyObject *args) {
-    int on;
-    if (!PyArg_ParseTuple(args, "p", &on)) return NULL;
-    use_wide_attn = on;
-    Py_RETURN_NONE;
-}
-
-static PyObject *py_set_guided(PyObject *self, PyObject *args) {
-    int on;
-    if (!PyArg_ParseTuple(args, "p", &on)) return NULL;
-    use_guided = on;
-    Py_RETURN_NONE;
-}
-
-static PyObject *py_set_pairs(PyObject *self, PyObject *args) {
-    int on;
-    if (!PyArg_ParseTuple(args, "p", &on)) return NULL;
-    use_pairs = on;
-    Py_RETURN_NONE;
-}
+/* set_NAME(on): a test / A-B switch that sets one int flag */
+#define DEFINE_SWITCH(NAME, FLAG) \
+    static PyObject *py_set_##NAME(PyObject *self, PyObject *args) { \
+        int on; \
+        if (!PyArg_ParseTuple(args, "p", &on)) return NULL; \
+        FLAG = on; \
+        Py_RETURN_NONE; \
+    }
+DEFINE_SWITCH(vnni, use_vnni)
+DEFINE_SWITCH(query_pairs, use_qpairs)
+DEFINE_SWITCH(wide_attention, use_wide_attn)
+DEFINE_SWITCH(guided, use_guided)
+DEFINE_SWITCH(pairs, use_pairs)
 
 static PyObject *py_info(PyObject *self, PyObject *noargs) {
     const char *int8 = "scalar";

@@ -4,7 +4,11 @@ their torch paths."""
 
 from __future__ import annotations
 
+import time
 from types import ModuleType
+
+FMA_LANES = 8  # float32 lanes of one AVX2 register
+FMA_CHAINS = 12  # independent FMA chains per probe iteration (PROBE_CHAINS in cpu_kernels.c)
 
 _module: ModuleType | None = None
 _checked = False
@@ -35,3 +39,20 @@ def info() -> dict[str, object]:
     chosen at run time by CPU feature; the build itself targets no particular CPU)."""
     module = kernels()
     return {"simd": None, "int8": None, "pool_workers": 0} if module is None else dict(module.info())
+
+
+def fma_rate(iters: int, chunks: int) -> float | None:
+    """float32 multiply-adds (lanes, not instructions) per CPU second of one core at the fused
+    multiply-add peak, from one run of the kernels' ``probe_fma`` (``chunks`` x ``iters``
+    iterations of independent chains on one thread; CPU time, so another job holding the core
+    does not lower it); None where the kernels or their AVX2 path are absent."""
+    module = kernels()
+    if module is None or not hasattr(module, "probe_fma"):
+        return None
+    cpu = time.process_time()
+    try:
+        module.probe_fma(iters, chunks, 1)
+    except RuntimeError:  # a build without AVX2 + FMA
+        return None
+    seconds = time.process_time() - cpu
+    return chunks * iters * FMA_CHAINS * FMA_LANES / seconds if seconds > 0 else None

@@ -82,10 +82,15 @@ class DraftEconomics:
             previous, weight = rate, PRIOR_WEIGHT
         return rates
 
-    def cost(self, length: int) -> float | None:
-        """Estimated ms of a step drafting ``length`` tokens (None: nothing measured at all)."""
+    def _means(self) -> dict[int, float]:
+        """Mean measured ms per draft length."""
         # a step measured at 0 ms (a coarse or frozen clock) counts as a tiny cost: never a divisor of 0
-        means = {k: max(sum(v) / len(v), MIN_COST_MS) for k, v in self._costs.items() if v}
+        return {k: max(sum(v) / len(v), MIN_COST_MS) for k, v in self._costs.items() if v}
+
+    def cost(self, length: int, means: dict[int, float] | None = None) -> float | None:
+        """Estimated ms of a step drafting ``length`` tokens (None: nothing measured at all);
+        ``means``: ``_means()`` when the caller already has it."""
+        means = self._means() if means is None else means
         if not means:
             return None
         if length in means:
@@ -117,10 +122,10 @@ class DraftEconomics:
         cost is measured yet; ties go to the shorter)."""
         if window <= 1:
             return max(0, window)
-        rates = self.acceptance(window)
+        rates, means = self.acceptance(window), self._means()
         best_k, best_rate = window, None
         for k in range(1, window + 1):
-            cost = self.cost(k)
+            cost = self.cost(k, means)
             if cost is None:
                 return window
             rate = self.expected_tokens(k, rates) / cost

@@ -25,21 +25,14 @@ import torch
 from tsspec.modeling import native
 from tsspec.modeling.embedded import embedded_model_path
 
-LANES = 8  # float32 lanes of an AVX2 register
-CHAINS = 12  # independent FMA chains per probe iteration (PROBE_CHAINS in cpu_kernels.c)
 
 
-def fma_peak(kernels, reps: int) -> tuple[float, float]:
-    """Float32 multiply-adds (lanes, not instructions) per CPU-second of one core, and the share
-    of the wall time this process had a core for (a shared machine's other jobs take the rest):
-    (best, median) over reps of the rate per CPU-second."""
+def fma_peak(reps: int) -> tuple[float, float]:
+    """Float32 multiply-adds (lanes, not instructions) per CPU-second of one core (a shared
+    machine's other jobs do not lower it): (best, median) over reps of ``native.fma_rate``."""
     iters, chunks = 1_000_000, 8
-    kernels.probe_fma(1000, chunks, 1)
-    rates = []
-    for _ in range(reps):
-        cpu = time.process_time()
-        kernels.probe_fma(iters, chunks, 1)
-        rates.append(chunks * iters * CHAINS * LANES / (time.process_time() - cpu))
+    native.fma_rate(1000, chunks)
+    rates = [native.fma_rate(iters, chunks) for _ in range(reps)]
     return max(rates), statistics.median(rates)
 
 
@@ -70,7 +63,7 @@ def main() -> int:
         raise SystemExit("roofline: the compiled kernels (with their probes) are not built")
     torch.set_num_threads(args.threads)
     print(f"kernels: {native.info()}; threads {args.threads}")
-    core_best, core_median = fma_peak(kernels, args.reps)
+    core_best, core_median = fma_peak(args.reps)
     print(f"float32 FMA peak per core (CPU time): best {core_best / 1e9:.1f}, median {core_median / 1e9:.1f} "
           f"G multiply-adds/s ({2 * core_best / 1e9:.1f} GFLOP/s); {args.threads} idle cores: "
           f"{args.threads * core_best / 1e9:.1f} G multiply-adds/s")
