@@ -40,6 +40,8 @@ def train_drafter(
     lr: Annotated[float, typer.Option("--lr", help="Peak learning rate.", rich_help_panel=PANEL_TRAIN)] = 1e-3,
     unroll: Annotated[int, typer.Option("--unroll", help="Per-token heads: chained steps trained (EAGLE-style).", rich_help_panel=PANEL_TRAIN)] = 3,
     freeze_layer: Annotated[bool, typer.Option("--freeze-layer/--train-layer", help="Per-token heads: keep the decoder layer copied from the target; train the input projection and norms only.", rich_help_panel=PANEL_TRAIN)] = False,
+    answer_share: Annotated[float, typer.Option("--answer-share", help="Per-token heads: share of each batch drawn from the target's own chat answers (0: every sequence equally likely).", rich_help_panel=PANEL_TRAIN)] = 0.0,
+    restart_share: Annotated[float, typer.Option("--restart-share", help="Per-token heads: share of sampled sequences cut to a random start row (the head learns to draft from a cache that restarts, as after serving's bounded catch-up).", rich_help_panel=PANEL_TRAIN)] = 0.0,
     kl_weight: Annotated[float, typer.Option("--kl-weight", help="Weight of the soft (top-k KL) loss; 0: argmax labels only.", rich_help_panel=PANEL_TRAIN)] = 0.0,
     seed: Annotated[int, typer.Option("--seed", help="Seed of data sampling and initialisation.", rich_help_panel=PANEL_TRAIN)] = 0,
     threads: Annotated[Optional[int], typer.Option("--threads", help="torch intra-op threads (default: torch's).", rich_help_panel=PANEL_TRAIN)] = None,
@@ -83,6 +85,9 @@ def train_drafter(
         raise OptionsError(f"--recommend-pmin must be between 0 and 1, got {recommend_pmin}")
     if recommend_draft is not None and recommend_draft < 1:
         raise OptionsError(f"--recommend-draft must be at least 1, got {recommend_draft}")
+    for name, value in (("--answer-share", answer_share), ("--restart-share", restart_share)):
+        if not 0.0 <= value <= 1.0:
+            raise OptionsError(f"{name} must be between 0 and 1, got {value}")
     if held_out < 0 or warmup < 0:
         raise OptionsError(f"--held-out-prompts and --warmup must be at least 0, got {held_out} and {warmup}")
     for name, value in (("--steps", steps), ("--batch", batch), ("--unroll", unroll), ("--draft-vocab", draft_vocab),
@@ -104,7 +109,7 @@ def train_drafter(
         loop=LoopSpec(steps=steps, lr=lr, warmup=warmup, seed=seed, device=device, checkpoint=checkpoint or out + ".ckpt"),
         identity=identity, layers=layers, block_size=block_size, taps=_taps(taps), draft_vocab=draft_vocab,
         unroll=unroll, batch=batch, kl_weight=kl_weight, outtype=outtype, freeze_layer=freeze_layer,
-        held_out_prompts=held_out,
+        held_out_prompts=held_out, answer_share=answer_share, restart_share=restart_share,
         recommended={k: v for k, v in (("pmin", recommend_pmin), ("draft_max", recommend_draft)) if v is not None},
     )
     from tqdm.auto import tqdm

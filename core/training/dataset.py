@@ -19,7 +19,9 @@ import torch
 
 from . import corpus, prompts, teacher
 
-__all__ = ["DataSpec", "build", "build_held_out", "default_cache_dir"]
+__all__ = ["DataSpec", "build", "build_held_out", "default_cache_dir", "CHAT_SOURCE"]
+
+CHAT_SOURCE = "chat-answers"  # the source name of the target's own answers in a training set
 
 
 def default_cache_dir() -> Path:
@@ -86,16 +88,22 @@ def build_held_out(target, identity: str, spec: DataSpec, count: int, *, progres
     cache.mkdir(parents=True, exist_ok=True)
     key = hashlib.sha256(json.dumps([spec.key(identity), count]).encode()).hexdigest()[:16]
     data_path = cache / f"held-out-{key}.pt"
-    if data_path.exists():
-        saved = torch.load(data_path, weights_only=False)
-        return [teacher.TeacherSequence(**s) for s in saved["sequences"]]
     chosen = prompts.held_out_prompts(count * 12, spec.seed)[:count]
-    records = teacher.answer_prompts(
+    records = teacher.answer_prompts(  # cached: answers nothing when the file holds them all
         target, chosen, cache / f"held-out-answers-{identity[:16]}-{spec.answer_tokens}.jsonl",
         max_new_tokens=spec.answer_tokens, progress=lambda it: progress(it, desc="held-out answers"), log=log,
     )
+    starts = [min(len(r["prompt_ids"]), spec.seq_len) for r in records]
+    if data_path.exists():
+        saved = torch.load(data_path, weights_only=False)
+        data = [teacher.TeacherSequence(**s) for s in saved["sequences"]]
+        for seq, start in zip(data, starts):  # data cached before sequences carried it
+            seq.answer_start = start
+        return data
     sequences = [("held-out", ids[: spec.seq_len]) for ids in teacher.chat_sequences(records)]
     data = teacher.collect(target, sequences, taps=spec.taps, soft_k=spec.soft_k, log=log)
+    for seq, start in zip(data, starts):
+        seq.answer_start = start
     tmp = data_path.with_suffix(".tmp")
     torch.save({"sequences": [attrs.asdict(s) for s in data]}, tmp)
     tmp.replace(data_path)
@@ -127,8 +135,8 @@ def _corpus_sequences(target, identity: str, spec: DataSpec, cache: Path, progre
         target, chosen, answers_path, max_new_tokens=spec.answer_tokens,
         progress=lambda it: progress(it, desc="answers"), log=log,
     )
-    infos["chat-answers"] = corpus.SourceInfo(
-        "chat-answers",
+    infos[CHAT_SOURCE] = corpus.SourceInfo(
+        CHAT_SOURCE,
         f"the target's greedy answers to {len(records)} generated instruction prompts (tsspec.training.prompts, "
         f"seed {spec.seed}; held-out prompts excluded)",
         "model output of the target (its license)",
@@ -136,7 +144,7 @@ def _corpus_sequences(target, identity: str, spec: DataSpec, cache: Path, progre
         sum(len(tok.decode(r["answer_ids"])) for r in records),
     )
     for ids in teacher.chat_sequences(records):
-        sequences.append(("chat-answers", ids[: spec.seq_len]))
+        sequences.append((CHAT_SOURCE, ids[: spec.seq_len]))
     return sequences, infos
 
 

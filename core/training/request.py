@@ -40,6 +40,13 @@ class TrainRequest:
     # acceptance check: the target's answers to held-out generated prompts (never trained on),
     # teacher-forced and scored before and after training (0: none)
     held_out_prompts: int = 0
+    # per-token heads: the share of each batch drawn from the target's own chat answers (the
+    # distribution the drafter serves; 0: every sequence equally likely, whatever its source)
+    answer_share: float = 0.0
+    # per-token heads: the share of sampled sequences cut to start at a random row, so the head
+    # also learns to draft from a KV cache that restarts there (as serving's bounded catch-up
+    # restarts it); the trunk rows keep their full context
+    restart_share: float = 0.0
     # settings written into the drafter for the algorithm that serves it (pmin, draft_max)
     recommended: dict[str, Any] = attrs.field(factory=dict)
 

@@ -11,7 +11,10 @@ so an interrupted run resumes where it stopped.
 * ``hidden[i]``  the row that predicts token i+1 (the trunk's post-norm row, or the tapped
   residuals when ``taps`` are set): what the drafter conditions on;
 * ``labels[i]``  the target's argmax at row i: the token verification would emit after i;
-* ``topk_ids[i]`` / ``topk_logits[i]``  its top-``soft_k`` logits (for the optional KL loss).
+* ``topk_ids[i]`` / ``topk_logits[i]``  its top-``soft_k`` logits (for the optional KL loss);
+* ``answer_start``  for a prompt + answer, the first answer token's position (the accuracy a
+  drafter shows on answer tokens is the one that serving sees; a chat template's fixed system
+  prompt is easy to predict and would flatter it).
 
 Labels are the TARGET's predictions, never the corpus's next tokens: the drafter learns what
 verification accepts.
@@ -38,6 +41,9 @@ class TeacherSequence:
     labels: torch.Tensor  # [L] int64: target argmax at each row
     topk_ids: torch.Tensor | None = None  # [L, k] int64
     topk_logits: torch.Tensor | None = None  # [L, k] float16
+    # chat sequences: the first answer token's position (the prompt, chat template included,
+    # comes before it); 0 when the sequence is not a prompt + answer or it is unknown
+    answer_start: int = 0
 
 
 def _eos_ids(target) -> frozenset[int]:

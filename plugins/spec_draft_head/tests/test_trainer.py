@@ -19,14 +19,14 @@ from tsspec.testing import assert_lossless
 from tsspec.training.dataset import DataSpec
 from tsspec.training.loop import LoopSpec
 from tsspec.training.request import TrainRequest
-from tsspec.training.teacher import greedy_answer
+from tsspec.training.teacher import TeacherSequence, greedy_answer, teacher_pass
 
 sys.path.insert(0, str(Path(__file__).parent))
 from tiny_llama import VOCAB, write_tiny_llama  # noqa: E402
 
 from tsspec_draft_head import make_draft_head  # noqa: E402
 from tsspec_draft_head.nextn_file import NextNFileHead, read_nextn  # noqa: E402
-from tsspec_draft_head.trainer import train_mtp  # noqa: E402
+from tsspec_draft_head.trainer import _Batches, answer_accuracy, evaluate, restarted, train_mtp  # noqa: E402
 
 
 @pytest.fixture(autouse=True, scope="module")
@@ -115,3 +115,60 @@ def test_the_files_recommended_settings_apply_unless_the_operator_sets_them(trai
     assert spec.min_draft_prob == pytest.approx(0.4) and spec.max_draft_tokens == 3
     spec = make_draft_head(target, SpeculationOptions(spec_type="draft-head", pmin=0.1, draft=5))
     assert spec.min_draft_prob == pytest.approx(0.1) and spec.max_draft_tokens > 3
+
+
+def _sequence(source: str, length: int, *, token: int, answer_start: int = 0, width: int = 8) -> TeacherSequence:
+    rows = torch.arange(length * width, dtype=torch.float32).reshape(length, width)
+    return TeacherSequence(source=source, tokens=torch.full((length,), token, dtype=torch.long),
+                           hidden=rows.to(torch.float16), labels=torch.arange(length) % VOCAB,
+                           answer_start=answer_start)
+
+
+def test_a_restarted_sequence_keeps_the_trunk_rows_and_moves_the_answer():
+    seq = _sequence("chat-answers", 40, token=3, answer_start=20)
+    cut = restarted(seq, 10)  # the head's context starts at row 10; row 9 is its predecessor
+    assert torch.equal(cut.tokens, seq.tokens[9:]) and torch.equal(cut.hidden, seq.hidden[9:])
+    assert torch.equal(cut.labels, seq.labels[9:]) and cut.answer_start == 11
+
+
+def _draws(answer_share: float, restart_share: float, batch: int = 300):
+    data = [_sequence("chat-answers", 64, token=1) for _ in range(10)]
+    data += [_sequence("stdlib-docs", 64, token=2) for _ in range(90)]
+    embed = torch.arange(VOCAB, dtype=torch.float32)[:, None].repeat(1, 8)  # [V, 8]: row t is all t
+    batches = _Batches(data, embed, torch.arange(VOCAB), VOCAB, batch, torch.device("cpu"),
+                       answer_share=answer_share, restart_share=restart_share)
+    return batches.sample(0, torch.Generator().manual_seed(0))
+
+
+def test_answer_share_sets_how_often_a_batch_draws_the_chat_answers():
+    answers = (_draws(0.5, 0.0)["emb"][:, 0, 0] == 1).float().mean()
+    assert 0.4 < answers < 0.6  # 10% of the sequences, half of the draws
+    answers = (_draws(0.0, 0.0)["emb"][:, 0, 0] == 1).float().mean()
+    assert answers < 0.2
+
+
+def test_restart_share_cuts_every_drawn_sequence_at_one():
+    whole = _draws(0.0, 0.0)
+    assert (whole["labels"] != -100).sum(1).min() == 64
+    cut = _draws(0.0, 1.0)
+    lengths = (cut["labels"] != -100).sum(1)  # [B] real rows per sequence
+    assert lengths.max() < 64 and lengths.min() >= 16 and len(set(lengths.tolist())) > 10
+
+
+def test_answer_accuracy_counts_answer_tokens_and_can_cut_the_heads_context(trained):
+    model, summary, request = trained
+    module, _, _ = read_nextn(summary["path"])
+    module = module.float()
+    target = load_model(model, options=SpeculationOptions(enabled=False))
+    with torch.inference_mode():
+        embed = target.embed(list(range(VOCAB))).float().clone()
+    seq = teacher_pass(target, [7, 3, 11, 40, 2] + greedy_answer(target, [7, 3, 11, 40, 2], 40))
+    batches = _Batches([seq], embed, module.draft_ids, VOCAB, 1, torch.device("cpu"))
+    seq.answer_start = 1  # every row from 1 on: the teacher-forced accuracy of the first step
+    assert answer_accuracy(module, batches, [seq], 2)["acc1"] == pytest.approx(evaluate(module, batches, [seq], 2)["acc1"])
+    seq.answer_start = 20
+    whole = answer_accuracy(module, batches, [seq], 2)
+    assert answer_accuracy(module, batches, [seq], 2, context_rows=30) == whole  # the context reaches row 1
+    cut = answer_accuracy(module, batches, [seq], 2, context_rows=4)
+    assert cut == answer_accuracy(module, batches, [restarted(seq, 16)], 2)
+    assert answer_accuracy(module, batches, [_sequence("given", 10, token=1)], 2) == {}  # no answer: nothing counted

@@ -24,6 +24,7 @@ from tsspec.training.teacher import TeacherSequence
 
 from .nextn_file import write_nextn
 from .nextn_model import NextNConfig, NextNModule
+from .speculator import DEFAULT_CATCH_UP_ROWS
 
 KIND = "mtp"
 DESCRIPTION = "NextN / MTP per-token head (EAGLE-style unrolled training), file architecture 'nextn'"
@@ -80,16 +81,41 @@ def _initialise(module: NextNModule, model_path: str, num_layers: int, seed: int
     return f"target ({', '.join(copied) or 'nothing matched'})"
 
 
+def restarted(seq: TeacherSequence, row: int) -> TeacherSequence:
+    """``seq`` from ``row - 1`` on: the head's context starts at ``row`` (it reads position 0 of
+    the cut, ``row - 1``, only as the predecessor row of ``row``), its rows keep the trunk's
+    full-context values. Positions shift by the same amount everywhere (RoPE is relative)."""
+    cut = slice(row - 1, None)
+    return TeacherSequence(
+        source=seq.source, tokens=seq.tokens[cut], hidden=seq.hidden[cut], labels=seq.labels[cut],
+        topk_ids=None if seq.topk_ids is None else seq.topk_ids[cut],
+        topk_logits=None if seq.topk_logits is None else seq.topk_logits[cut],
+        answer_start=max(0, seq.answer_start - (row - 1)),
+    )
+
+
 class _Batches:
-    """Padded batches of teacher sequences, drawn with the loop's seeded generator."""
+    """Padded batches of teacher sequences, drawn with the loop's seeded generator.
+
+    ``answer_share`` > 0: each sequence of a batch comes from the chat answers with that
+    probability (else from the rest); ``restart_share`` > 0: each drawn sequence is cut to a
+    random start row with that probability (``restarted``)."""
+
+    MIN_ROWS_AFTER_RESTART = 16
 
     def __init__(self, data: Sequence[TeacherSequence], embed: torch.Tensor, draft_ids: torch.Tensor,
-                 vocab_size: int, batch: int, device: torch.device):
+                 vocab_size: int, batch: int, device: torch.device, *, answer_share: float = 0.0,
+                 restart_share: float = 0.0):
         self.data = list(data)
         self.embed = embed  # [V, H] float32 on device
         self.table = vocab.to_draft_labels(torch.arange(vocab_size), draft_ids, vocab_size, IGNORE)  # [V]
         self.batch = batch
         self.device = device
+        self.answers = [s for s in self.data if s.source == datasets.CHAT_SOURCE]
+        self.rest = [s for s in self.data if s.source != datasets.CHAT_SOURCE]
+        # with no answers (or nothing else) there is nothing to weigh
+        self.answer_share = answer_share if self.answers and self.rest else 0.0
+        self.restart_share = restart_share
 
     def make(self, items: Sequence[TeacherSequence]):
         L = max(len(s.tokens) for s in items)
@@ -117,8 +143,20 @@ class _Batches:
         return out
 
     def sample(self, step: int, generator: torch.Generator):
-        picks = torch.randint(len(self.data), (self.batch,), generator=generator).tolist()
-        return self.make([self.data[i] for i in picks])
+        if not self.answer_share and not self.restart_share:
+            picks = torch.randint(len(self.data), (self.batch,), generator=generator).tolist()
+            return self.make([self.data[i] for i in picks])
+        items = []
+        for _ in range(self.batch):
+            pool = self.data
+            if self.answer_share:
+                pool = self.answers if float(torch.rand((), generator=generator)) < self.answer_share else self.rest
+            seq = pool[int(torch.randint(len(pool), (), generator=generator))]
+            n = len(seq.tokens)
+            if float(torch.rand((), generator=generator)) < self.restart_share and n > 2 * self.MIN_ROWS_AFTER_RESTART:
+                seq = restarted(seq, int(torch.randint(2, n - self.MIN_ROWS_AFTER_RESTART, (), generator=generator)))
+            items.append(seq)
+        return self.make(items)
 
 
 def _losses(module: NextNModule, batch, unroll: int, kl_weight: float):
@@ -168,6 +206,33 @@ def evaluate(module: NextNModule, batches: _Batches, data: Sequence[TeacherSeque
     return {k: v / max(1, len(data)) for k, v in sums.items()}
 
 
+@torch.no_grad()
+def answer_accuracy(module: NextNModule, batches: _Batches, data: Sequence[TeacherSequence], unroll: int,
+                    *, context_rows: int | None = None) -> dict[str, float]:
+    """Per-step accuracy on the ANSWER tokens of prompt + answer sequences (``answer_start`` > 0),
+    the drafts that serving makes: row q's draft counts from q = answer_start on (the target
+    itself emits the first answer token after prefill). ``context_rows``: the head's context
+    starts that many rows before the answer (serving's bounded catch-up shows it the prompt's
+    last rows only); None: from the sequence's start."""
+    module.eval()
+    hits: dict[int, int] = {}
+    total = 0
+    for seq in data:
+        start = seq.answer_start
+        if start < 1 or start >= len(seq.tokens):
+            continue
+        if context_rows is not None and start - context_rows > 1:
+            seq = restarted(seq, start - context_rows)
+            start = seq.answer_start
+        batch = batches.make([seq])
+        labels = batch["labels"][0, start:]  # [n] draft rows or IGNORE (a miss)
+        total += labels.numel()
+        for j, out in enumerate(module.unrolled(batch["emb"], batch["hidden"], unroll), start=1):
+            guess = module.logits(out[0, start:]).argmax(-1)  # [n]
+            hits[j] = hits.get(j, 0) + int((guess == labels).sum())
+    return {f"acc{j}": h / max(1, total) for j, h in sorted(hits.items())}
+
+
 def train_mtp(request: TrainRequest, target, log: Callable[[str], None] = print, progress=None) -> dict:
     """Train and write a ``nextn`` drafter for ``target``; returns a summary."""
     device = loop.resolve_device(request.loop.device)
@@ -195,11 +260,13 @@ def train_mtp(request: TrainRequest, target, log: Callable[[str], None] = print,
     with torch.inference_mode():
         embed = target.embed(list(range(V))).float()  # [V, H]
     embed = embed.clone().to(device)
-    batches = _Batches(train, embed, draft_ids, V, request.batch, device)
+    batches = _Batches(train, embed, draft_ids, V, request.batch, device, answer_share=request.answer_share,
+                       restart_share=request.restart_share)
     held_out = datasets.build_held_out(target, identity, request.data, request.held_out_prompts,
                                        progress=progress, log=log)
     before = evaluate(module, batches, valid, request.unroll) if valid else {}
     held_before = evaluate(module, batches, held_out, request.unroll) if held_out else {}
+    answers_before = answer_accuracy(module, batches, held_out, request.unroll) if held_out else {}
     history = loop.run(
         module, request.loop, batches.sample,
         lambda batch: _losses(module, batch, request.unroll, request.kl_weight),
@@ -207,12 +274,19 @@ def train_mtp(request: TrainRequest, target, log: Callable[[str], None] = print,
     )
     after = evaluate(module, batches, valid, request.unroll) if valid else {}
     held_after = evaluate(module, batches, held_out, request.unroll) if held_out else {}
+    answers_after = answer_accuracy(module, batches, held_out, request.unroll) if held_out else {}
+    answers_served = answer_accuracy(module, batches, held_out, request.unroll,
+                                     context_rows=DEFAULT_CATCH_UP_ROWS) if held_out else {}
     log("validation accuracy per step: before " + " ".join(f"{k}={v:.3f}" for k, v in before.items())
         + " | after " + " ".join(f"{k}={v:.3f}" for k, v in after.items()))
     if held_out:
         log(f"held-out answers ({len(held_out)} prompts, {sum(len(s.tokens) for s in held_out)} tokens) accuracy per "
             "step: before " + " ".join(f"{k}={v:.3f}" for k, v in held_before.items())
             + " | after " + " ".join(f"{k}={v:.3f}" for k, v in held_after.items()))
+        log("held-out answer tokens only: before " + " ".join(f"{k}={v:.3f}" for k, v in answers_before.items())
+            + " | after " + " ".join(f"{k}={v:.3f}" for k, v in answers_after.items())
+            + f" | after, head context from the prompt's last {DEFAULT_CATCH_UP_ROWS} rows "
+            + " ".join(f"{k}={v:.3f}" for k, v in answers_served.items()))
     module.cpu()
     recipe = {
         "kind": KIND, "steps": request.loop.steps, "lr": request.loop.lr, "batch": request.batch,
@@ -221,10 +295,14 @@ def train_mtp(request: TrainRequest, target, log: Callable[[str], None] = print,
         "valid_accuracy": {k: round(v, 4) for k, v in after.items()},
         "held_out_accuracy": {k: round(v, 4) for k, v in held_after.items()},
         "held_out_prompts": len(held_out),
+        "held_out_answer_accuracy": {k: round(v, 4) for k, v in answers_after.items()},
+        "held_out_answer_accuracy_served_context": {k: round(v, 4) for k, v in answers_served.items()},
+        "answer_share": request.answer_share, "restart_share": request.restart_share, "warmup": request.loop.warmup,
     }
     facts = {**request.identity, "vocab_size": V, "architecture": target.config.architecture}
     write_nextn(request.out_path, module, target=facts, manifest={**manifest, "recipe": recipe}, outtype=request.outtype,
                 recommended=request.recommended or None)
     log(f"wrote {request.out_path}")
     return {"path": request.out_path, "history": history, "before": before, "after": after, "recipe": recipe,
-            "held_out_before": held_before, "held_out_after": held_after}
+            "held_out_before": held_before, "held_out_after": held_after,
+            "held_out_answers_before": answers_before, "held_out_answers_after": answers_after}
