@@ -110,7 +110,7 @@ def answer_prompts(
         began, written = time.perf_counter(), len(done)
         answered = batched_greedy(target, ids_of, max_new_tokens, eos=_eos_ids(target), batch=batch,
                                   on_done=write) if todo and batch > 1 else None
-        if answered is None:
+        if answered is None and todo:
             for i in progress(range(len(todo))):
                 write(i, greedy_answer(target, ids_of[i], max_new_tokens))
         if todo and log is not None:
