@@ -105,6 +105,8 @@ def test_train_drafter_names_installed_kinds_on_an_unknown_kind(monkeypatch):
     (["--recommend-pmin", "1.5"], "--recommend-pmin"),
     (["--recommend-draft", "0"], "--recommend-draft"),
     (["--held-out-prompts", "-1"], "--held-out-prompts"),
+    (["--answer-share", "1.2"], "--answer-share must be between 0 and 1"),
+    (["--restart-share", "-0.1"], "--restart-share must be between 0 and 1"),
 ])
 def test_train_drafter_refuses_bad_recommendations_in_one_line(monkeypatch, flags, named):
     from typer.testing import CliRunner
