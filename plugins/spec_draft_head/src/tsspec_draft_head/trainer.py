@@ -7,6 +7,10 @@ trained with multi-step unrolling: step 1 reads the trunk's true rows, steps 2..
 head's own chained output (``NextNModule.unrolled``), with the attention mask the chain sees at
 drafting time, so acceptance holds up past the first token. The loss at step j is weighted
 ``0.8 ** (j - 1)``; ``kl_weight`` > 0 adds a soft cross-entropy on the target's top-k logits.
+``answer_share`` weights batches toward the target's own chat answers (what the head serves);
+``restart_share`` cuts sequences at random rows (the head's cache restarting, as after
+serving's bounded catch-up). Held-out prompts are scored on their answer tokens too
+(``answer_accuracy``): the drafts serving makes, without the easy chat-template rows.
 """
 
 from __future__ import annotations
