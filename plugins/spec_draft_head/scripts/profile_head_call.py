@@ -47,6 +47,8 @@ def phases(head, ids, hidden, calls: int, rows: int) -> dict[str, list[float]]:
 
     m = head.m
     out: dict[str, list[float]] = {}
+    if hasattr(head, "use_native"):
+        head.use_native(False)  # the phases are the torch path's
 
     def tick(name, t0):
         t1 = time.perf_counter_ns()
