@@ -75,7 +75,9 @@ class NativeNextN:
         self._e_emb, self._e_hid = q8(eh[:, :H].contiguous()), q8(eh[:, H:].contiguous())
         self._head = q8(module.head)  # [K, H]
         self._layer = (
-            BlockMatrix.concat([q8(module.wq), q8(module.wk), q8(module.wv)]),  # [q + 2 kv, H]
+            # the kernels' attention takes the 1/sqrt(hd) scale folded into the Q rows (as the
+            # llama loader does; exact when hd is a power of 4)
+            BlockMatrix.concat([q8(module.wq).scaled(cfg.head_dim**-0.5), q8(module.wk), q8(module.wv)]),  # [q+2kv, H]
             q8(module.wo),  # [H, q]
             BlockMatrix.concat([q8(module.w_gate), q8(module.w_up)]),  # [2F, H]
             q8(module.w_down),  # [H, F]
