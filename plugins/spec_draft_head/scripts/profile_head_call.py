@@ -110,8 +110,10 @@ def phases(head, ids, hidden, calls: int, rows: int) -> dict[str, list[float]]:
     return out
 
 
-def whole_calls(head, ids, hidden, calls: int, rows: int) -> list[float]:
-    """Microseconds of ``draft_catch_up_and_step`` + the gate (what a proposal pays)."""
+def whole_calls(head, ids, hidden, calls: int, rows: int, flush: torch.Tensor | None = None) -> list[float]:
+    """Microseconds of ``draft_catch_up_and_step`` + the gate (what a proposal pays); with
+    ``flush``, that buffer is read between calls (untimed) so the head's weights start cold,
+    as they do in generation after a target step has streamed the model's weights."""
     from tsspec_draft_head.confidence import top1_over_topk
 
     head.reset()
@@ -122,8 +124,12 @@ def whole_calls(head, ids, hidden, calls: int, rows: int) -> list[float]:
             head.reset()
             head.draft_catch_up(ids[:8], hidden[:8], 0)
             pos = 8
+        if flush is not None:
+            flush.sum()
+        compact = getattr(head, "draft_vocab_ids", None) is not None
         t0 = time.perf_counter_ns()
-        logits, _ = head.draft_catch_up_and_step(ids[pos : pos + rows], hidden[pos - 1 : pos - 1 + rows], pos)
+        logits, _ = head.draft_catch_up_and_step(ids[pos : pos + rows], hidden[pos - 1 : pos - 1 + rows], pos,
+                                                 **({"compact": True} if compact and head.native else {}))
         top1_over_topk(logits)
         times.append((time.perf_counter_ns() - t0) / 1000.0)
         pos += rows - 1
@@ -135,21 +141,33 @@ def main() -> None:
     ap.add_argument("--calls", type=int, default=200)
     ap.add_argument("--rows", type=int, default=2, help="rows per head call (2: one catch-up row + the step)")
     ap.add_argument("--tokens", type=int, default=400, help="prompt tokens run through the target first")
+    ap.add_argument("--cold-mb", type=int, default=0,
+                    help="read a buffer of this many MiB between timed calls (weights start cold, as in generation)")
+    ap.add_argument("--threads", type=int, nargs="*", default=[0],
+                    help="kernel threads of the native head to try (0: torch's thread count)")
     args = ap.parse_args()
     target = load()
     ids, hidden = inputs(target, args.tokens)
     head = target.draft_head
+    threads_before = torch.get_num_threads()
     torch.manual_seed(0)
     res = phases(head, ids, hidden, args.calls, args.rows)
-    print(f"phases of one {args.rows}-row head call, median us over {args.calls} calls:")
+    print(f"phases of one {args.rows}-row head call (torch path, one thread, warm caches), median us over {args.calls} calls:")
     for name, values in res.items():
         print(f"  {name:<36} {statistics.median(values):8.1f}")
-    for label, native in (("torch", False), ("native", True)):
+    flush = torch.ones(args.cold_mb << 18) if args.cold_mb else None  # float32: 4 bytes each
+    torch.set_num_threads(threads_before)
+    runs = [("torch (full-vocabulary logits and gate)", False, 0)]
+    runs += [(f"native (compact gate), kernel threads {t or torch.get_num_threads()}", True, t) for t in args.threads]
+    for label, native, threads in runs:
         if native and not hasattr(head, "use_native"):
             continue
         if hasattr(head, "use_native"):
             head.use_native(native)
-        print(f"whole call + gate ({label}): median {statistics.median(whole_calls(head, ids, hidden, args.calls, args.rows)):.1f} us")
+        if native:
+            head._native.threads = threads or None
+        times = whole_calls(head, ids, hidden, args.calls, args.rows, flush)
+        print(f"whole call + gate, {label}: median {statistics.median(times):.1f} us")
 
 
 if __name__ == "__main__":

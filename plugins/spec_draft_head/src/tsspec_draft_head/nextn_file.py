@@ -254,14 +254,18 @@ class NextNFileHead:
                                 compact: bool = False):
         """(logits for the position after the last token, the head's output row [H]); logits
         [K] over ``draft_vocab_ids`` with ``compact``, else [vocab] with -inf elsewhere."""
-        with _single_thread():
+        if self._native is not None:  # the kernels' gemms take torch's thread count, as the target's do
             last = self._advance([int(t) for t in tokens], h_rows, int(start_pos), want_last=True)  # [H]
-            with torch.inference_mode():
-                small = self._native.logits(last) if self._native is not None else self.m.logits(last)  # [K]
-                if compact:
-                    return small, last
-                logits = torch.full((self.vocab_size,), float("-inf"))
-                logits.index_copy_(0, self.m.draft_ids, small)
+            small = self._native.logits(last)  # [K]
+        else:
+            with _single_thread(), torch.inference_mode():
+                last = self._advance([int(t) for t in tokens], h_rows, int(start_pos), want_last=True)  # [H]
+                small = self.m.logits(last)  # [K]
+        if compact:
+            return small, last
+        with torch.inference_mode():
+            logits = torch.full((self.vocab_size,), float("-inf"))
+            logits.index_copy_(0, self.m.draft_ids, small)
         return logits, last
 
     def draft_block(self, last_token, h_prev, position, max_tokens):
