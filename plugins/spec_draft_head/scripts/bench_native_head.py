@@ -4,9 +4,11 @@ Loads the embedded model with its shipped MTP drafter once, then for each prompt
 the same generation twice in alternating order (A then B, then B then A on the next rep), the
 head switched between engines with ``NextNFileHead.use_native`` (what ``TS_MTP_NATIVE=0``
 selects at load time). Prints per engine the median draft-phase milliseconds per step and per
-head call (the draft phase is every head call plus the gate), tokens per second, and the
-median of the per-pair ratios torch / native; checks both engines emit the same tokens (they
-must: verification decides; only the drafts may differ).
+head call (the draft phase is every head call plus the gate), the median CPU milliseconds of
+the calling thread per proposal (``time.thread_time``: what a proposal costs in work, whatever
+else holds the cores; complete only when the kernels run on that one thread, ``--threads 1``),
+tokens per second, and the median of the per-pair ratios torch / native; checks both engines
+emit the same tokens (they must: verification decides; only the drafts may differ).
 
     python plugins/spec_draft_head/scripts/bench_native_head.py --reps 3 --max-tokens 96 --draft 1
 """
@@ -15,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import statistics
+import time
 
 PROMPTS = {
     "chat": "Explain photosynthesis to a child in a few sentences.",
@@ -44,6 +47,19 @@ def main() -> None:
     if not head.use_native(True):
         raise SystemExit("the compiled kernels are not available: nothing to compare")
     tok = target.tokenizer
+    from tsspec_draft_head.speculator import DraftHeadSpeculator
+
+    cpu_ms: list[float] = []  # per proposal, the calling thread's CPU time
+    propose = DraftHeadSpeculator.propose
+
+    def timed_propose(self, ctx):
+        t0 = time.thread_time_ns()
+        try:
+            return propose(self, ctx)
+        finally:
+            cpu_ms.append((time.thread_time_ns() - t0) / 1e6)
+
+    DraftHeadSpeculator.propose = timed_propose
     options = SpeculationOptions(spec_type="draft-head", adaptive=False, pmin=args.pmin, draft=args.draft)
 
     def run(prompt: str, native: bool) -> dict:
@@ -52,12 +68,14 @@ def main() -> None:
             head._native.threads = args.threads
         ids = tok.encode(tok.apply_chat_template([{"role": "user", "content": prompt}]), add_special_tokens=False)
         calls = head.calls
+        cpu_ms.clear()
         gen = generate(target, list(ids), options, max_tokens=args.max_tokens)
         s = gen.stats
         draft_ms = s.phase_ms["draft"]
         head_calls = head.calls - calls
         return {"tokens": list(gen.tokens), "draft_ms_step": draft_ms / max(1, s.drafts),
-                "draft_ms_call": draft_ms / max(1, head_calls), "tok_s": s.emitted_tokens / (s.wall_ms / 1000.0),
+                "draft_ms_call": draft_ms / max(1, head_calls),
+                "cpu_ms_proposal": statistics.median(cpu_ms) if cpu_ms else float("nan"), "tok_s": s.emitted_tokens / (s.wall_ms / 1000.0),
                 "accept": s.accepted_tokens / max(1, s.draft_tokens)}
 
     run(PROMPTS["chat"], True)  # warm both engines (tables, caches, the pool)
@@ -75,17 +93,22 @@ def main() -> None:
     med = statistics.median
     print(f"draft-head, --spec-draft {args.draft} --spec-pmin {args.pmin}, {args.max_tokens} tokens, "
           f"{args.reps} paired reps (alternating order); medians")
-    print(f"{'class':<6} {'engine':<7} {'ms/step':>8} {'ms/call':>8} {'tok/s':>7} {'accept':>7}   torch/native ms/step")
-    all_ratios = []
+    print(f"{'class':<6} {'engine':<7} {'ms/step':>8} {'ms/call':>8} {'cpu ms':>7} {'tok/s':>7} {'accept':>7}"
+          "   torch/native ms/step, cpu ms")
+    all_ratios, all_cpu = [], []
     for name, by in rows.items():
         ratios = [t["draft_ms_step"] / n["draft_ms_step"] for t, n in zip(by[False], by[True])]
+        cpu = [t["cpu_ms_proposal"] / n["cpu_ms_proposal"] for t, n in zip(by[False], by[True])]
         all_ratios += ratios
+        all_cpu += cpu
         for native in (False, True):
             rs = by[native]
             print(f"{name:<6} {'native' if native else 'torch':<7} {med(r['draft_ms_step'] for r in rs):8.2f} "
-                  f"{med(r['draft_ms_call'] for r in rs):8.2f} {med(r['tok_s'] for r in rs):7.1f} "
-                  f"{med(r['accept'] for r in rs):7.2f}" + (f"   {med(ratios):.2f}x" if native else ""))
-    print(f"all classes: torch/native draft ms per step, median of {len(all_ratios)} pairs: {med(all_ratios):.2f}x")
+                  f"{med(r['draft_ms_call'] for r in rs):8.2f} {med(r['cpu_ms_proposal'] for r in rs):7.2f} "
+                  f"{med(r['tok_s'] for r in rs):7.1f} {med(r['accept'] for r in rs):7.2f}"
+                  + (f"   {med(ratios):.2f}x, {med(cpu):.2f}x" if native else ""))
+    print(f"all classes, median of {len(all_ratios)} pairs: torch/native draft ms per step {med(all_ratios):.2f}x, "
+          f"CPU ms per proposal {med(all_cpu):.2f}x")
 
 
 if __name__ == "__main__":
