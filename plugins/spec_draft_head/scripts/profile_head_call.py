@@ -110,15 +110,16 @@ def phases(head, ids, hidden, calls: int, rows: int) -> dict[str, list[float]]:
     return out
 
 
-def whole_calls(head, ids, hidden, calls: int, rows: int, flush: torch.Tensor | None = None) -> list[float]:
+def whole_calls(head, ids, hidden, calls: int, rows: int, flush: torch.Tensor | None = None):
     """Microseconds of ``draft_catch_up_and_step`` + the gate (what a proposal pays); with
     ``flush``, that buffer is read between calls (untimed) so the head's weights start cold,
-    as they do in generation after a target step has streamed the model's weights."""
+    as they do in generation after a target step has streamed the model's weights. Returns
+    (wall us, CPU us of the calling thread) per call."""
     from tsspec_draft_head.confidence import top1_over_topk
 
     head.reset()
     head.draft_catch_up(ids[:8], hidden[:8], 0)
-    pos, times = 8, []
+    pos, times, cpu = 8, [], []
     for _ in range(calls):
         if pos + rows > len(ids):
             head.reset()
@@ -127,13 +128,14 @@ def whole_calls(head, ids, hidden, calls: int, rows: int, flush: torch.Tensor | 
         if flush is not None:
             flush.sum()
         compact = getattr(head, "draft_vocab_ids", None) is not None
-        t0 = time.perf_counter_ns()
+        c0, t0 = time.thread_time_ns(), time.perf_counter_ns()
         logits, _ = head.draft_catch_up_and_step(ids[pos : pos + rows], hidden[pos - 1 : pos - 1 + rows], pos,
                                                  **({"compact": True} if compact and head.native else {}))
         top1_over_topk(logits)
         times.append((time.perf_counter_ns() - t0) / 1000.0)
+        cpu.append((time.thread_time_ns() - c0) / 1000.0)
         pos += rows - 1
-    return times
+    return times, cpu
 
 
 def main() -> None:
@@ -166,8 +168,9 @@ def main() -> None:
             head.use_native(native)
         if native:
             head._native.threads = threads or None
-        times = whole_calls(head, ids, hidden, args.calls, args.rows, flush)
-        print(f"whole call + gate, {label}: median {statistics.median(times):.1f} us")
+        times, cpu = whole_calls(head, ids, hidden, args.calls, args.rows, flush)
+        print(f"whole call + gate, {label}: median {statistics.median(times):.1f} us wall, "
+              f"{statistics.median(cpu):.1f} us CPU of the calling thread")
 
 
 if __name__ == "__main__":
