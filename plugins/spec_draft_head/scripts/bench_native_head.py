@@ -75,7 +75,8 @@ def main() -> None:
         head_calls = head.calls - calls
         return {"tokens": list(gen.tokens), "draft_ms_step": draft_ms / max(1, s.drafts),
                 "draft_ms_call": draft_ms / max(1, head_calls),
-                "cpu_ms_proposal": statistics.median(cpu_ms) if cpu_ms else float("nan"), "tok_s": s.emitted_tokens / (s.wall_ms / 1000.0),
+                "cpu_ms_proposal": statistics.median(cpu_ms) if cpu_ms else float("nan"),
+                "tok_s": s.emitted_tokens / (s.wall_ms / 1000.0),
                 "accept": s.accepted_tokens / max(1, s.draft_tokens)}
 
     run(PROMPTS["chat"], True)  # warm both engines (tables, caches, the pool)

@@ -32,11 +32,9 @@ def load():
 
 
 def inputs(target, n_tokens: int):
-    tok = target.tokenizer
-    text = ("Photosynthesis is how plants make food from sunlight, water and air. " * 40)
-    ids = tok.encode(text)[:n_tokens] if hasattr(tok, "encode") else list(range(1, n_tokens + 1))
-    ids = [int(i) for i in (ids.ids if hasattr(ids, "ids") else ids)]
-    target.spec_reset() if hasattr(target, "spec_reset") else None
+    """(token ids [n], the target's post-norm rows [n, H]) of a prose prompt, from one forward."""
+    text = "Photosynthesis is how plants make food from sunlight, water and air. " * 40
+    ids = [int(i) for i in target.tokenizer.encode(text)][:n_tokens]
     _, hidden = target.spec_forward(ids, all_logits_rows=True, want_hidden=True)  # [n, H]
     return ids, hidden
 
@@ -154,7 +152,8 @@ def main() -> None:
     threads_before = torch.get_num_threads()
     torch.manual_seed(0)
     res = phases(head, ids, hidden, args.calls, args.rows)
-    print(f"phases of one {args.rows}-row head call (torch path, one thread, warm caches), median us over {args.calls} calls:")
+    print(f"phases of one {args.rows}-row head call (torch path, one thread, warm caches), "
+          f"median us over {args.calls} calls:")
     for name, values in res.items():
         print(f"  {name:<36} {statistics.median(values):8.1f}")
     flush = torch.ones(args.cold_mb << 18) if args.cold_mb else None  # float32: 4 bytes each

@@ -113,7 +113,8 @@ def test_kv_cache_stays_in_step_through_catch_up_rewind_gap_and_growth():
         assert (reference.base, reference.end) == (fast.base, fast.end)
 
     step = lambda p: lambda h: h.draft_step(tokens[p], rows[p], p, compact=True)  # noqa: E731
-    fused = lambda s, n: lambda h: h.draft_catch_up_and_step(tokens[s : s + n], rows[s : s + n], s, compact=True)  # noqa: E731
+    fused = lambda s, n: lambda h: h.draft_catch_up_and_step(  # noqa: E731
+        tokens[s : s + n], rows[s : s + n], s, compact=True)
     catch_up = lambda s, n: lambda h: h.draft_catch_up(tokens[s : s + n], rows[s : s + n], s)  # noqa: E731
     both(catch_up(0, 6))  # position 0 dropped: the cache holds 1..5
     assert fast.base == 1 and fast.end == 6

@@ -49,6 +49,18 @@ def available(module: NextNModule) -> bool:
     return all(getattr(module, name).shape[1] % 32 == 0 for name in NextNModule.PACKED)
 
 
+def _q8(weight: torch.Tensor):
+    """A weight [N, K] as int8 blocks (format 8, one scale per 32 weights)."""
+    from tsspec.modeling.qlinear import BlockMatrix
+
+    return BlockMatrix.quantize_int8(weight.detach())
+
+
+def _f32(t: torch.Tensor) -> torch.Tensor:
+    """A contiguous float32 copy the kernels may hold the address of."""
+    return t.detach().to(torch.float32).contiguous()
+
+
 def _describe(w) -> tuple:
     """(fmt, q, d, m, N, K) of a BlockMatrix, as the kernels take it."""
     return (w.fmt, w.q.data_ptr(), w.d.data_ptr(), w.m.data_ptr(), w.shape[0], w.shape[1])
@@ -70,21 +82,20 @@ class NativeNextN:
         self._embed = embed  # target.embed: ids -> [n, H] float32
         self.threads = threads  # None: torch's thread count at each call (as the target's gemms)
         self.int8_rows = bool(int8_rows)  # quantise activations per row too (llama.cpp's arithmetic)
-        q8 = lambda w: BlockMatrix.quantize_int8(w.detach())  # noqa: E731
         eh = module.eh_proj.detach()  # [H, 2H]: columns 0..H-1 read norm(emb), H.. read norm(h)
-        self._e_emb, self._e_hid = q8(eh[:, :H].contiguous()), q8(eh[:, H:].contiguous())
-        self._head = q8(module.head)  # [K, H]
+        self._e_emb, self._e_hid = _q8(eh[:, :H].contiguous()), _q8(eh[:, H:].contiguous())
+        self._head = _q8(module.head)  # [K, H]
         self._layer = (
             # the kernels' attention takes the 1/sqrt(hd) scale folded into the Q rows (as the
             # llama loader does; exact when hd is a power of 4)
-            BlockMatrix.concat([q8(module.wq).scaled(cfg.head_dim**-0.5), q8(module.wk), q8(module.wv)]),  # [q+2kv, H]
-            q8(module.wo),  # [H, q]
-            BlockMatrix.concat([q8(module.w_gate), q8(module.w_up)]),  # [2F, H]
-            q8(module.w_down),  # [H, F]
+            BlockMatrix.concat(  # [q + 2 kv, H]
+                [_q8(module.wq).scaled(cfg.head_dim**-0.5), _q8(module.wk), _q8(module.wv)]),
+            _q8(module.wo),  # [H, q]
+            BlockMatrix.concat([_q8(module.w_gate), _q8(module.w_up)]),  # [2F, H]
+            _q8(module.w_down),  # [H, F]
         )
-        f32 = lambda t: t.detach().to(torch.float32).contiguous()  # noqa: E731
-        self._enorm, self._hnorm, self._head_norm = f32(module.enorm), f32(module.hnorm), f32(module.head_norm)
-        self._attn_norm, self._ffn_norm = f32(module.attn_norm), f32(module.ffn_norm)
+        self._enorm, self._hnorm, self._head_norm = _f32(module.enorm), _f32(module.hnorm), _f32(module.head_norm)
+        self._attn_norm, self._ffn_norm = _f32(module.attn_norm), _f32(module.ffn_norm)
         dims = (H, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, cfg.head_dim, cfg.intermediate_size,
                 float(cfg.rms_eps))
         layer = (self._attn_norm.data_ptr(), 0, 0, self._ffn_norm.data_ptr(), *map(_describe, self._layer))
