@@ -33,6 +33,9 @@ from .nextn_model import NextNModule, rope_tables
 
 __all__ = ["NativeNextN", "available"]
 
+# the kernels' int8 flag: activation rows stay float32 (weights int8, float32 sums), the same
+# arithmetic as the torch path's int8 copies, so both engines' drafts agree
+INT8_ROWS = False
 EMBED_CACHE_ROWS = 4096  # token embeddings kept (exact copies of the target's rows; 9 MiB at H=576)
 
 
@@ -71,7 +74,7 @@ class NativeNextN:
     docstring). ``forward`` feeds rows at cache slots ``at..`` and returns the head's output rows
     it was asked for; ``logits`` maps one output row to draft-vocabulary logits [K]."""
 
-    def __init__(self, module: NextNModule, embed, *, threads: int | None = None, int8_rows: bool = False):
+    def __init__(self, module: NextNModule, embed, *, threads: int | None = None):
         from tsspec.modeling import native
         from tsspec.modeling.qlinear import BlockMatrix
 
@@ -81,7 +84,6 @@ class NativeNextN:
         self.H = H = cfg.hidden_size
         self._embed = embed  # target.embed: ids -> [n, H] float32
         self.threads = threads  # None: torch's thread count at each call (as the target's gemms)
-        self.int8_rows = bool(int8_rows)  # quantise activations per row too (llama.cpp's arithmetic)
         eh = module.eh_proj.detach()  # [H, 2H]: columns 0..H-1 read norm(emb), H.. read norm(h)
         self._e_emb, self._e_hid = _q8(eh[:, :H].contiguous()), _q8(eh[:, H:].contiguous())
         self._head = _q8(module.head)  # [K, H]
@@ -171,12 +173,12 @@ class NativeNextN:
         u = torch.empty(n, H)  # [n, H]: the residual stream through the layer
         e, g = self._e_emb, self._e_hid
         k.gemm(e.fmt, e.q.data_ptr(), e.d.data_ptr(), e.m.data_ptr(), H, H, normed[0].data_ptr(), n,
-               u.data_ptr(), 0, threads, self.int8_rows)
+               u.data_ptr(), 0, threads, INT8_ROWS)
         k.gemm(g.fmt, g.q.data_ptr(), g.d.data_ptr(), g.m.data_ptr(), H, H, normed[1].data_ptr(), n,
-               u.data_ptr(), u.data_ptr(), threads, self.int8_rows)
+               u.data_ptr(), u.data_ptr(), threads, INT8_ROWS)
         table = self._rope_from(base, base + at + n)
         k.layers_forward(self._stack, 0, 1, u.data_ptr(), n, at, self._kc.data_ptr(), self._vc.data_ptr(),
-                         self.capacity, table, threads, self.int8_rows)
+                         self.capacity, table, threads, INT8_ROWS)
         if not want_last:
             return None
         out = torch.empty(H)  # [H]: returned (chained as the next step's h), so never reused
@@ -188,5 +190,5 @@ class NativeNextN:
         w = self._head
         res = torch.empty(w.shape[0])  # [K]
         self._k.gemm(w.fmt, w.q.data_ptr(), w.d.data_ptr(), w.m.data_ptr(), w.shape[0], w.shape[1],
-                     out.data_ptr(), 1, res.data_ptr(), 0, self.threads or torch.get_num_threads(), self.int8_rows)
+                     out.data_ptr(), 1, res.data_ptr(), 0, self.threads or torch.get_num_threads(), INT8_ROWS)
         return res

@@ -175,7 +175,8 @@ class DraftHeadSpeculator:
             index, probability = top1_over_topk(logits[:cut])  # [cut]: ids ascend
             return int(self._draft_ids[index]), probability
         if compact:  # spread over the vocabulary for the adjustment, as a full-vocabulary head gives
-            full = torch.full((int(self.head.vocab_size),), float("-inf"))
+            size = int(getattr(self.head, "vocab_size", 0) or ctx.vocab_size or int(self._draft_ids.max()) + 1)
+            full = torch.full((size,), float("-inf"))  # [vocab]
             full.index_copy_(0, self._draft_ids, logits)
             logits = full  # [vocab]
         if ctx.vocab_size and logits.shape[0] > ctx.vocab_size:
