@@ -327,6 +327,34 @@ def test_decode_row_in_weight_row_pairs_equals_one_at_a_time(k, precision, fmt, 
 
 
 @needs_native
+@pytest.mark.parametrize("fmt", [4, 8, 16, 32])
+@pytest.mark.parametrize("k", [32, 96, 160])  # 1, 3 and 5 blocks (a tile's step is one block)
+def test_wide_tiles_equal_narrow_tiles_scalar_and_one_row(fmt, k, scalar_path):
+    """Verify rows in tiles of up to 5 (set_wide_tiles, on by default: 5 = one tile, 9 = 5 + 4)
+    give every row the value of tiles of up to 4, of the scalar path and of the row alone, bit
+    for bit, in every format, for every row count 1..11 (tiles of 1 to 5 rows)."""
+    kernels = native.kernels()
+    if fmt == 32:
+        bm = BlockMatrix.dense(torch.randn(19, k, generator=torch.Generator().manual_seed(k)))
+    else:
+        bm = random_blocks(fmt, 19, k, seed=k + fmt)
+    x = torch.randn(11, k, generator=torch.Generator().manual_seed(fmt))
+    base = torch.randn(11, 19)
+    alone = torch.cat([bm.linear(x[r : r + 1], base[r : r + 1]) for r in range(11)])
+    with scalar_path():
+        slow = bm.linear(x, base)
+    assert torch.equal(slow, alone)
+    for rows in range(1, 12):
+        wide = bm.linear(x[:rows], base[:rows])
+        kernels.set_wide_tiles(False)
+        try:
+            narrow = bm.linear(x[:rows], base[:rows])
+        finally:
+            kernels.set_wide_tiles(True)
+        assert torch.equal(wide, alone[:rows]) and torch.equal(narrow, alone[:rows]), rows
+
+
+@needs_native
 @pytest.mark.parametrize("fmt", [4, 8])
 def test_int8_row_quantiser_rounds_ties_to_even_on_both_paths(fmt, scalar_path):
     """The SIMD quantiser gives the scalar one's int8 values: ties (x / dx exactly k + 0.5) go to

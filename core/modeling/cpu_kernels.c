@@ -183,11 +183,66 @@ QG_AVX2 static inline __attribute__((always_inline)) void dot_fused_avx2(int fmt
     for (int t = 0; t < T; t++) res[t] = hsum_avx2(a[t], b[t]);
 }
 
+/* WIDE_ROWS rows of x in one tile (the `wide_tiles` switch): each block's four weight vectors
+ * are made one at a time (quarter k: weights 8k .. 8k + 7, block_avx2's w[k]) and multiplied into
+ * every row before the next, so 2 x 5 accumulators, one weight vector and the block's scales fit
+ * the 16 registers without spills (6 rows spill: measured 1.1-1.2x the 5-row tile's cost per row).
+ * Every row's two chains take the same fused multiply-adds in the same order as dot_fused_avx2
+ * and dot_scalar (a: w0 then w2, b: w1 then w3, block after block), so the tile changes which
+ * rows share an unpack, never a row's value. Each row has its own pointer into x and one byte
+ * offset walks all of them: with x + t * xs written out, GCC keeps an address register per row
+ * and quarter and spills them past 4 rows (measured ~1.6x slower per row). */
+#define WIDE_ROWS 5
+#define XROW(p, o) _mm256_loadu_ps((const float *)((p) + (o)))
+QG_AVX2 static inline __attribute__((always_inline)) void dot_wide_avx2(const int fmt, const uint8_t *q, const float *d,
+                                                                         const float *m, int64_t nb, const float *x,
+                                                                         int64_t xs, float *res) {
+    __m256 a[WIDE_ROWS], b[WIDE_ROWS];
+    const char *xr[WIDE_ROWS];
+    for (int t = 0; t < WIDE_ROWS; t++) {
+        a[t] = b[t] = _mm256_setzero_ps();
+        xr[t] = (const char *)(x + t * xs);
+    }
+    const __m256i low4 = _mm256_set1_epi32(0x0F);
+    for (int64_t blk = 0, o = 0; blk < nb; blk++, o += QK * (int64_t)sizeof(float)) {
+        const uint8_t *qb = q + blk * block_bytes(fmt);
+        _mm_prefetch((const char *)qb + PREFETCH_BYTES, _MM_HINT_T0);
+        __m256 d0 = _mm256_setzero_ps(), m0 = d0, d1 = d0, m1 = d0; /* scales of weights 0-15, 16-31 */
+        __m256i z0 = _mm256_setzero_si256(), z1 = z0;
+        if (fmt != 32) {
+            const int64_t s0 = fmt == 16 ? 2 * blk : blk, s1 = fmt == 16 ? 2 * blk + 1 : blk;
+            d0 = _mm256_set1_ps(d[s0]), m0 = _mm256_set1_ps(m[s0]);
+            d1 = _mm256_set1_ps(d[s1]), m1 = _mm256_set1_ps(m[s1]);
+        }
+        if (fmt == 4) { /* bytes 0-7 and 8-15: low nibbles weights 0-15, high nibbles 16-31 */
+            z0 = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)qb));
+            z1 = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(qb + 8)));
+        }
+        for (int k = 0; k < 4; k++) {
+            __m256 w;
+            if (fmt == 32) {
+                w = _mm256_loadu_ps((const float *)qb + 8 * k);
+            } else {
+                __m256i i;
+                if (fmt == 4) i = k < 2 ? _mm256_and_si256(k == 0 ? z0 : z1, low4) : _mm256_srli_epi32(k == 2 ? z0 : z1, 4);
+                else i = _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(qb + 8 * k)));
+                w = _mm256_fmadd_ps(_mm256_cvtepi32_ps(i), k < 2 ? d0 : d1, k < 2 ? m0 : m1);
+            }
+            if (k % 2 == 0)
+                for (int t = 0; t < WIDE_ROWS; t++) a[t] = _mm256_fmadd_ps(w, XROW(xr[t], o + 32 * k), a[t]);
+            else
+                for (int t = 0; t < WIDE_ROWS; t++) b[t] = _mm256_fmadd_ps(w, XROW(xr[t], o + 32 * k), b[t]);
+        }
+    }
+    for (int t = 0; t < WIDE_ROWS; t++) res[t] = hsum_avx2(a[t], b[t]);
+}
+
 /* the tile for one format, the format a constant: its unpack is inlined without branches */
 #define DEFINE_FUSED_TILES(NAME, FMT) \
 QG_AVX2 static void NAME(const uint8_t *q, const float *d, const float *m, int64_t nb, const float *x, int64_t xs, \
                          int64_t R, float *res) { \
     switch (R) { \
+        case WIDE_ROWS: dot_wide_avx2(FMT, q, d, m, nb, x, xs, res); break; \
         case 4: dot_fused_avx2(FMT, q, d, m, nb, x, xs, 4, res); break; \
         case 3: dot_fused_avx2(FMT, q, d, m, nb, x, xs, 3, res); break; \
         case 2: dot_fused_avx2(FMT, q, d, m, nb, x, xs, 2, res); break; \
@@ -290,6 +345,7 @@ static int use_pairs = 1; /* 0: a decode row meets one weight row at a time (A/B
 static int use_qpairs = 1; /* 0: attention takes a KV head's queries one at a time (A/B runs, tests) */
 static int use_guided = 1; /* 0: a gemm's rows in equal chunks, 4 a thread (A/B runs, tests) */
 static int use_wide_attn = 1; /* 0: a query's scores 4 keys, its V sums 32 values at a time (A/B, tests) */
+static int use_wide_tiles = 1; /* 0: verify rows in tiles of at most FUSED_ROWS, never WIDE_ROWS (A/B, tests) */
 
 static inline int simd_on(void) { return use_simd != 0 && have_avx2(); }
 
@@ -1037,11 +1093,13 @@ static void gemm_chunk(void *arg, int64_t c) {
             continue;
         }
         if (simd) {
-            /* re-unpacking the row per tile of 4 beats one unpack into a buffer shared by all
-             * rows (measured: 8 rows 21.6 vs 23.2 ms a token); the rows go in tiles of
-             * near-equal size (9 = 3 + 3 + 3, not 4 + 4 + 1: a lone row's tile waits on its
-             * two accumulators' latency; measured 1.01-1.08x faster) */
-            const int64_t tiles = (R + FUSED_ROWS - 1) / FUSED_ROWS;
+            /* re-unpacking the row per tile beats one unpack into a buffer shared by all
+             * rows (measured: 8 rows 21.6 vs 23.2 ms a token); the rows go in the fewest tiles
+             * of at most WIDE_ROWS (FUSED_ROWS with wide_tiles off), of near-equal size (9 =
+             * 5 + 4, 6 = 3 + 3, not 5 + 1: a lone row's tile waits on its two accumulators'
+             * latency) */
+            const int64_t most = use_wide_tiles ? WIDE_ROWS : FUSED_ROWS;
+            const int64_t tiles = (R + most - 1) / most;
             for (int64_t i = 0, r = 0; i < tiles; i++) {
                 const int64_t rows = R / tiles + (i < R % tiles);
                 dots_fused_avx2(W->fmt, q, d, m, nb, J->x + r * J->xs, J->xs, rows, res + r);
@@ -1974,6 +2032,7 @@ DEFINE_SWITCH(query_pairs, use_qpairs)
 DEFINE_SWITCH(wide_attention, use_wide_attn)
 DEFINE_SWITCH(guided, use_guided)
 DEFINE_SWITCH(pairs, use_pairs)
+DEFINE_SWITCH(wide_tiles, use_wide_tiles)
 
 static PyObject *py_info(PyObject *self, PyObject *noargs) {
     const char *int8 = "scalar";
@@ -2157,6 +2216,8 @@ static PyMethodDef methods[] = {
      "False: a query's scores 4 keys, its V sums 32 values at a time (A/B runs, tests)"},
     {"set_pairs", py_set_pairs, METH_VARARGS,
      "False: a decode row meets one weight row at a time, not 4 (4-bit) or 2 (A/B runs, tests)"},
+    {"set_wide_tiles", py_set_wide_tiles, METH_VARARGS,
+     "False: verify rows in tiles of at most 4 rows, never 5 (A/B runs, tests)"},
     {"set_guided", py_set_guided, METH_VARARGS,
      "False: a gemm's output rows in equal chunks (4 a thread), not shrinking ones (A/B runs, tests)"},
     {"info", py_info, METH_NOARGS, "which paths this build has"},

@@ -8,13 +8,15 @@ verify), each rewound to one new token. Prints median milliseconds per forward, 
 (of medians, and the median of the paired round ratios) and each side's cost relative to one row.
 
     python plugins/model_llama/scripts/forward_ab.py [--dtype int8] [--contexts 100,500]
-        [--rows 1,2,4,9] [--reps 7] [--threads 2] [--baseline per-op | PATH/_cpu_kernels.so | dtype:NAME]
+        [--rows 1,2,4,9] [--reps 7] [--threads 2]
+        [--baseline per-op | PATH/_cpu_kernels.so | dtype:NAME | switch:NAME]
 
 ``--baseline PATH`` loads another build of ``core/modeling/cpu_kernels.c`` (e.g. an older
 commit's, compiled with ``gcc -O3 -std=c11 -pthread -shared -fPIC -I<python include>``) as side
 A; a build without ``layers_new`` runs the per-op path. ``--baseline dtype:float32-blocks`` (with
 ``--dtype int8``, say) runs side A on a second load of the file in that arithmetic, each side on
-its own target and KV cache.
+its own target and KV cache. ``--baseline switch:NAME`` runs both sides on the installed fused path,
+side A with the kernels' ``set_NAME(False)``, side B with ``set_NAME(True)`` (the default).
 """
 
 from __future__ import annotations
@@ -54,7 +56,12 @@ def main() -> int:
     target = load_llama(embedded_model_path(), {"dtype": args.dtype})
     targets = {"A": target, "B": target}
     sides = {"B": (native.kernels(), target._stack, True)}
-    if args.baseline == "per-op":
+    flips = {"A": True, "B": True}
+    switch = lambda on: None  # noqa: E731
+    if args.baseline.startswith("switch:"):
+        switch = getattr(native.kernels(), f"set_{args.baseline.split(':', 1)[1]}")
+        sides["A"], flips["A"] = sides["B"], False
+    elif args.baseline == "per-op":
         sides["A"] = (native.kernels(), target._stack, False)
     elif args.baseline.startswith("dtype:"):
         targets["A"] = load_llama(embedded_model_path(), {"dtype": args.baseline.split(":", 1)[1]})
@@ -70,6 +77,7 @@ def main() -> int:
         kernels, stack, fused = sides[side]
         native._module = target._kernels = kernels
         target._stack, target.fused_blocks = stack, fused
+        switch(flips[side])
 
     def forward_ms(rows: int) -> float:
         start = time.perf_counter()
@@ -100,6 +108,7 @@ def main() -> int:
                   f"B {med[('B', r)]:.2f} ms ({med[('B', r)] / med[('B', 1)]:.2f}x); B/A {med[('B', r)] / med[('A', r)]:.3f} "
                   f"(paired {paired:.3f})")
     use("B")
+    switch(True)
     return 0
 
 
