@@ -329,10 +329,12 @@ def test_decode_row_in_weight_row_pairs_equals_one_at_a_time(k, precision, fmt, 
 @needs_native
 @pytest.mark.parametrize("fmt", [4, 8, 16, 32])
 @pytest.mark.parametrize("k", [32, 96, 160])  # 1, 3 and 5 blocks (a tile's step is one block)
-def test_wide_tiles_equal_narrow_tiles_scalar_and_one_row(fmt, k, scalar_path):
-    """Verify rows in tiles of up to 5 (set_wide_tiles, on by default: 5 = one tile, 9 = 5 + 4)
-    give every row the value of tiles of up to 4, of the scalar path and of the row alone, bit
-    for bit, in every format, for every row count 1..11 (tiles of 1 to 5 rows)."""
+def test_verify_tiles_equal_narrow_tiles_scalar_and_one_row(fmt, k, scalar_path):
+    """Verify rows in tiles of up to 5 (set_wide_tiles: 5 = one tile, 9 = 5 + 4) and two rows
+    against two weight rows at once (set_pair_tiles), both on by default, give every row the
+    value of tiles of up to 4 rows against one weight row, of the scalar path and of the row
+    alone, bit for bit, in every format, for every row count 1..11 (N = 19: chunks of 8 leave
+    a weight row without a pair)."""
     kernels = native.kernels()
     if fmt == 32:
         bm = BlockMatrix.dense(torch.randn(19, k, generator=torch.Generator().manual_seed(k)))
@@ -344,14 +346,15 @@ def test_wide_tiles_equal_narrow_tiles_scalar_and_one_row(fmt, k, scalar_path):
     with scalar_path():
         slow = bm.linear(x, base)
     assert torch.equal(slow, alone)
-    for rows in range(1, 12):
-        wide = bm.linear(x[:rows], base[:rows])
-        kernels.set_wide_tiles(False)
-        try:
-            narrow = bm.linear(x[:rows], base[:rows])
-        finally:
-            kernels.set_wide_tiles(True)
-        assert torch.equal(wide, alone[:rows]) and torch.equal(narrow, alone[:rows]), rows
+    try:
+        for wide, pair in ((True, True), (False, True), (True, False), (False, False)):
+            kernels.set_wide_tiles(wide)
+            kernels.set_pair_tiles(pair)
+            for rows in range(1, 12):
+                assert torch.equal(bm.linear(x[:rows], base[:rows]), alone[:rows]), (wide, pair, rows)
+    finally:
+        kernels.set_wide_tiles(True)
+        kernels.set_pair_tiles(True)
 
 
 @needs_native
