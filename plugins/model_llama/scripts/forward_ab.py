@@ -16,7 +16,8 @@ commit's, compiled with ``gcc -O3 -std=c11 -pthread -shared -fPIC -I<python incl
 A; a build without ``layers_new`` runs the per-op path. ``--baseline dtype:float32-blocks`` (with
 ``--dtype int8``, say) runs side A on a second load of the file in that arithmetic, each side on
 its own target and KV cache. ``--baseline switch:NAME`` runs both sides on the installed fused path,
-side A with the kernels' ``set_NAME(False)``, side B with ``set_NAME(True)`` (the default).
+side A with the kernels' ``set_NAME(False)``, side B with ``set_NAME(True)`` (the default);
+``switch:NAME+OTHER`` flips several switches together.
 """
 
 from __future__ import annotations
@@ -57,9 +58,9 @@ def main() -> int:
     targets = {"A": target, "B": target}
     sides = {"B": (native.kernels(), target._stack, True)}
     flips = {"A": True, "B": True}
-    switch = lambda on: None  # noqa: E731
+    setters = []  # the kernels' set_NAME of a switch:NAME baseline
     if args.baseline.startswith("switch:"):
-        switch = getattr(native.kernels(), f"set_{args.baseline.split(':', 1)[1]}")
+        setters = [getattr(native.kernels(), f"set_{name}") for name in args.baseline.split(":", 1)[1].split("+")]
         sides["A"], flips["A"] = sides["B"], False
     elif args.baseline == "per-op":
         sides["A"] = (native.kernels(), target._stack, False)
@@ -70,6 +71,10 @@ def main() -> int:
         build = load_build(args.baseline)
         native._module, target._kernels = build, build
         sides["A"] = (build, target._layer_stack(), True)
+
+    def switch(on: bool) -> None:
+        for setter in setters:
+            setter(on)
 
     def use(side: str) -> None:
         nonlocal target

@@ -12,7 +12,7 @@ token) run with the statistics on; all figures are per step, in milliseconds unl
         [--dtype float32-blocks] [--switch guided --rounds 9] [--rows 1,2,3,4,5,6,7,8,9]
 
 ``--rows LIST`` profiles forwards of each of those row counts (a verify: every row's logits) and
-prints one line per count: the forward's wall time, the block gemms by kind (wall time of their
+prints one line per count (``--off NAME+NAME``: with those kernel switches off): the forward's wall time, the block gemms by kind (wall time of their
 pool regions), attention, the blocks' ops outside regions, the LM head's gemm, and the rest
 (Python and torch around the native calls: embedding, final norm, logits' copies).
 
@@ -56,11 +56,14 @@ def main() -> int:
     ap.add_argument("--switch", default=None, help="pair set_SWITCH(False) against set_SWITCH(True)")
     ap.add_argument("--rounds", type=int, default=9)
     ap.add_argument("--rows", default=None, help="comma-separated row counts: one line each")
+    ap.add_argument("--off", default=None, help="NAME+NAME: run with the kernels' set_NAME(False)")
     args = ap.parse_args()
     kernels = native.kernels()
     if kernels is None or not hasattr(kernels, "pool_stats"):
         raise SystemExit("step_profile: these kernels keep no pool statistics")
     torch.set_num_threads(args.threads)
+    for name in args.off.split("+") if args.off else ():
+        getattr(kernels, f"set_{name}")(False)
     target = load_llama(embedded_model_path(), {"dtype": args.dtype})
     target.spec_forward([5] * args.context, all_logits_rows=False, want_hidden=False)
     for _ in range(5):  # warm up
