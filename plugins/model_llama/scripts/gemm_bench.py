@@ -3,7 +3,8 @@ the weight bytes streamed per second, paired (the two sides alternate within eac
 order swapped every round; medians over rounds). Side A / side B: the float32 / int8 arithmetic
 of the installed kernels, or with ``--baseline PATH`` another build of ``cpu_kernels.c`` / the
 installed one, both in the ``--dtype`` arithmetic, or with ``--switch NAME`` the installed kernels
-with ``set_NAME(False)`` / ``set_NAME(True)`` (the default side), both in ``--dtype``. With one thread the time is the thread's CPU
+with ``set_NAME(False)`` / ``set_NAME(True)`` (the default side; ``NAME+OTHER`` flips several
+together), both in ``--dtype``. With one thread the time is the thread's CPU
 time (less disturbed by other processes on a shared machine), else wall time.
 
     python plugins/model_llama/scripts/gemm_bench.py [--threads 2] [--rows 1,2,4,9] [--rounds 7]
@@ -50,7 +51,12 @@ def main() -> int:
     layer = target._layers[0]
     matrices = {"wqkv": layer.wqkv, "wo": layer.wo, "gate_up": layer.w_gate_up, "down": layer.w_down,
                 "lm_head": target._lm_head}
-    switch = getattr(kernels, f"set_{args.switch}") if args.switch else (lambda on: None)
+    setters = [getattr(kernels, f"set_{name}") for name in args.switch.split("+")] if args.switch else []
+
+    def switch(on: bool) -> None:
+        for setter in setters:
+            setter(on)
+
     flips = {"A": False, "B": True} if args.switch else {"A": True, "B": True}
     if args.switch:
         int8 = args.dtype == "int8"
