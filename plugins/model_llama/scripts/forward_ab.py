@@ -4,7 +4,8 @@ one arithmetic against another (a second load of the file).
 
 Each round alternates the two sides (and their order) on the same target and KV cache: after a
 prefill of ``context`` tokens, ``--steps`` forwards of ``rows`` rows (every row's logits, as a
-verify), each rewound to one new token. Prints median milliseconds per forward, the B/A ratio
+verify), each rewound to one new token (timed in the caller's CPU time with ``--threads 1``, else
+wall time). Prints median milliseconds per forward, the B/A ratio
 (of medians, and the median of the paired round ratios) and each side's cost relative to one row.
 
     python plugins/model_llama/scripts/forward_ab.py [--dtype int8] [--contexts 100,500]
@@ -84,13 +85,17 @@ def main() -> int:
         target._stack, target.fused_blocks = stack, fused
         switch(flips[side])
 
+    # one thread: the caller's CPU time (every op runs on it; other processes on a shared machine
+    # disturb it far less than wall time); more threads: wall time
+    clock = time.thread_time if args.threads == 1 else time.perf_counter
+
     def forward_ms(rows: int) -> float:
-        start = time.perf_counter()
+        start = clock()
         for _ in range(args.steps):
             at = target.cache_seq_len
             target.spec_forward([5] * rows, all_logits_rows=True, want_hidden=False)
             target.spec_rewind_cache(at + 1)
-        return (time.perf_counter() - start) / args.steps * 1000
+        return (clock() - start) / args.steps * 1000
 
     print(f"kernels: {native.info()}; arithmetic {target.precision}; threads {args.threads}; "
           f"A = {args.baseline}, B = installed fused")
