@@ -21,7 +21,10 @@
  * Batch invariance: every output row r is summed in the same order (two 8-lane accumulators
  * over 16-weight steps, then a fixed horizontal sum) whatever the number of rows R in the call
  * and whatever the thread split, so a row's result does not depend on the rows beside it:
- * a 1-row decode and an 8-row verify give bit-identical logits for the same token.
+ * a 1-row decode and an 8-row verify give bit-identical logits for the same token. Which rows
+ * and weight rows share a tile (a decode row against 2 or 4 weight rows, 2 rows against 2
+ * weight rows, tiles of up to 5 rows that unpack each weight block once for all of them) only
+ * decides which chains are in flight together, never a chain's operands or order.
  *
  * Threads: a small pool of our own (below), not OpenMP. Work is split into chunks that the caller
  * and the workers take from one atomic counter, so the caller never waits for a worker to wake
