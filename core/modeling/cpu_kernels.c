@@ -186,6 +186,32 @@ QG_AVX2 static inline __attribute__((always_inline)) void dot_fused_avx2(int fmt
     for (int t = 0; t < T; t++) res[t] = hsum_avx2(a[t], b[t]);
 }
 
+/* the scales of block blk as vectors: d0, m0 for weights 0-15, d1, m1 for 16-31 (format 16 has
+ * two per block; format 32 none: zeros, unused) */
+QG_AVX2 static inline __attribute__((always_inline)) void scales_avx2(const int fmt, const float *d, const float *m,
+                                                                       int64_t blk, __m256 s[4]) {
+    s[0] = s[1] = s[2] = s[3] = _mm256_setzero_ps();
+    if (fmt == 32) return;
+    const int64_t s0 = fmt == 16 ? 2 * blk : blk, s1 = fmt == 16 ? 2 * blk + 1 : blk;
+    s[0] = _mm256_set1_ps(d[s0]), s[1] = _mm256_set1_ps(m[s0]);
+    s[2] = _mm256_set1_ps(d[s1]), s[3] = _mm256_set1_ps(m[s1]);
+}
+
+/* quarter k (weights 8k .. 8k + 7) of the block at qb as one 8-lane vector: block_avx2's w[k]
+ * (format 4: bytes 0-7 for even k, 8-15 for odd k; low nibbles for k < 2, high for k >= 2) */
+QG_AVX2 static inline __attribute__((always_inline)) __m256 quarter_avx2(const int fmt, const uint8_t *qb, const int k,
+                                                                          const __m256 s[4]) {
+    if (fmt == 32) return _mm256_loadu_ps((const float *)qb + 8 * k);
+    __m256i i;
+    if (fmt == 4) {
+        const __m256i z = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(qb + 8 * (k & 1))));
+        i = k < 2 ? _mm256_and_si256(z, _mm256_set1_epi32(0x0F)) : _mm256_srli_epi32(z, 4);
+    } else {
+        i = _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(qb + 8 * k)));
+    }
+    return _mm256_fmadd_ps(_mm256_cvtepi32_ps(i), k < 2 ? s[0] : s[2], k < 2 ? s[1] : s[3]);
+}
+
 /* WIDE_ROWS rows of x in one tile (the `wide_tiles` switch): each block's four weight vectors
  * are made one at a time (quarter k: weights 8k .. 8k + 7, block_avx2's w[k]) and multiplied into
  * every row before the next, so 2 x 5 accumulators, one weight vector and the block's scales fit
@@ -206,31 +232,13 @@ QG_AVX2 static inline __attribute__((always_inline)) void dot_wide_avx2(const in
         a[t] = b[t] = _mm256_setzero_ps();
         xr[t] = (const char *)(x + t * xs);
     }
-    const __m256i low4 = _mm256_set1_epi32(0x0F);
     for (int64_t blk = 0, o = 0; blk < nb; blk++, o += QK * (int64_t)sizeof(float)) {
         const uint8_t *qb = q + blk * block_bytes(fmt);
         _mm_prefetch((const char *)qb + PREFETCH_BYTES, _MM_HINT_T0);
-        __m256 d0 = _mm256_setzero_ps(), m0 = d0, d1 = d0, m1 = d0; /* scales of weights 0-15, 16-31 */
-        __m256i z0 = _mm256_setzero_si256(), z1 = z0;
-        if (fmt != 32) {
-            const int64_t s0 = fmt == 16 ? 2 * blk : blk, s1 = fmt == 16 ? 2 * blk + 1 : blk;
-            d0 = _mm256_set1_ps(d[s0]), m0 = _mm256_set1_ps(m[s0]);
-            d1 = _mm256_set1_ps(d[s1]), m1 = _mm256_set1_ps(m[s1]);
-        }
-        if (fmt == 4) { /* bytes 0-7 and 8-15: low nibbles weights 0-15, high nibbles 16-31 */
-            z0 = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)qb));
-            z1 = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(qb + 8)));
-        }
+        __m256 sc[4];
+        scales_avx2(fmt, d, m, blk, sc);
         for (int k = 0; k < 4; k++) {
-            __m256 w;
-            if (fmt == 32) {
-                w = _mm256_loadu_ps((const float *)qb + 8 * k);
-            } else {
-                __m256i i;
-                if (fmt == 4) i = k < 2 ? _mm256_and_si256(k == 0 ? z0 : z1, low4) : _mm256_srli_epi32(k == 2 ? z0 : z1, 4);
-                else i = _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(qb + 8 * k)));
-                w = _mm256_fmadd_ps(_mm256_cvtepi32_ps(i), k < 2 ? d0 : d1, k < 2 ? m0 : m1);
-            }
+            const __m256 w = quarter_avx2(fmt, qb, k, sc);
             if (k % 2 == 0)
                 for (int t = 0; t < WIDE_ROWS; t++) a[t] = _mm256_fmadd_ps(w, XROW(xr[t], o + 32 * k), a[t]);
             else
@@ -258,32 +266,14 @@ QG_AVX2 static inline __attribute__((always_inline)) void dot_pair_tile_avx2(con
         a[0][t] = b[0][t] = a[1][t] = b[1][t] = _mm256_setzero_ps();
         xr[t] = (const char *)(x + t * xs);
     }
-    const __m256i low4 = _mm256_set1_epi32(0x0F);
     for (int64_t blk = 0, o = 0; blk < nb; blk++, o += QK * (int64_t)sizeof(float)) {
         for (int c = 0; c < 2; c++) {
             const uint8_t *qb = q + c * q_row + blk * block_bytes(fmt);
-            const float *dc = d + c * s_row, *mc = m + c * s_row;
             _mm_prefetch((const char *)qb + PREFETCH_BYTES, _MM_HINT_T0);
-            __m256 d0 = _mm256_setzero_ps(), m0 = d0, d1 = d0, m1 = d0;
-            if (fmt != 32) {
-                const int64_t s0 = fmt == 16 ? 2 * blk : blk, s1 = fmt == 16 ? 2 * blk + 1 : blk;
-                d0 = _mm256_set1_ps(dc[s0]), m0 = _mm256_set1_ps(mc[s0]);
-                d1 = _mm256_set1_ps(dc[s1]), m1 = _mm256_set1_ps(mc[s1]);
-            }
+            __m256 sc[4];
+            scales_avx2(fmt, d + c * s_row, m + c * s_row, blk, sc);
             for (int k = 0; k < 4; k++) {
-                __m256 w;
-                if (fmt == 32) {
-                    w = _mm256_loadu_ps((const float *)qb + 8 * k);
-                } else {
-                    __m256i i;
-                    if (fmt == 4) { /* bytes 0-7 / 8-15 again: low nibbles weights 0-15, high 16-31 */
-                        const __m256i z = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(qb + 8 * (k & 1))));
-                        i = k < 2 ? _mm256_and_si256(z, low4) : _mm256_srli_epi32(z, 4);
-                    } else {
-                        i = _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(qb + 8 * k)));
-                    }
-                    w = _mm256_fmadd_ps(_mm256_cvtepi32_ps(i), k < 2 ? d0 : d1, k < 2 ? m0 : m1);
-                }
+                const __m256 w = quarter_avx2(fmt, qb, k, sc);
                 if (k % 2 == 0)
                     for (int t = 0; t < T; t++) a[c][t] = _mm256_fmadd_ps(w, XROW(xr[t], o + 32 * k), a[c][t]);
                 else
