@@ -33,7 +33,12 @@ def test_blocks_unpack_to_gguf_dequantised_values(kind):
     assert torch.equal(bm.dequantize(), ref)
     assert torch.equal(qlinear._dequantize_torch(bm.fmt, bm.q, bm.d, bm.m), ref)
     ids = torch.tensor([3, 0, 39, 3])
-    assert torch.equal(bm.rows(ids), ref[ids])
+    assert torch.equal(bm.rows(ids), ref[ids])  # a verify's lookup: the kernel, row by row
+    many = torch.arange(qlinear.GEMM_ROWS + 8) % 40  # a prefill's: one batch of torch ops
+    assert torch.equal(bm.rows(many), ref[many])
+    for bad in ([40], [0, -1]):
+        with pytest.raises(IndexError):
+            bm.rows(torch.tensor(bad))
     assert torch.equal(bm.dequantize(slice(5, 9)), ref[5:9])
 
 
