@@ -21,6 +21,8 @@ SWITCHES = {
     "TS_DFLASH_CONV": "DFlash2 block drafters run without their grouped convolution",
     "TS_DFLASH_SELECTOR": "DFlash2 block drafters take the plain argmax instead of the "
     "candidate selector",
+    "TS_MTP_NATIVE": "NextN drafter files draft on the torch module instead of the compiled "
+    "CPU kernels",
 }
 
 

@@ -33,7 +33,12 @@ def test_blocks_unpack_to_gguf_dequantised_values(kind):
     assert torch.equal(bm.dequantize(), ref)
     assert torch.equal(qlinear._dequantize_torch(bm.fmt, bm.q, bm.d, bm.m), ref)
     ids = torch.tensor([3, 0, 39, 3])
-    assert torch.equal(bm.rows(ids), ref[ids])
+    assert torch.equal(bm.rows(ids), ref[ids])  # a verify's lookup: the kernel, row by row
+    many = torch.arange(qlinear.GEMM_ROWS + 8) % 40  # a prefill's: one batch of torch ops
+    assert torch.equal(bm.rows(many), ref[many])
+    for bad in ([40], [0, -1]):
+        with pytest.raises(IndexError):
+            bm.rows(torch.tensor(bad))
     assert torch.equal(bm.dequantize(slice(5, 9)), ref[5:9])
 
 
@@ -324,6 +329,37 @@ def test_decode_row_in_weight_row_pairs_equals_one_at_a_time(k, precision, fmt, 
         slow = bm.linear(x[:1], base[:1], precision=precision)
     assert torch.equal(paired, single) and torch.equal(paired, slow)
     assert torch.equal(bm.linear(x, base, precision=precision)[:1], paired)
+
+
+@needs_native
+@pytest.mark.parametrize("fmt", [4, 8, 16, 32])
+@pytest.mark.parametrize("k", [32, 96, 160])  # 1, 3 and 5 blocks (a tile's step is one block)
+def test_verify_tiles_equal_narrow_tiles_scalar_and_one_row(fmt, k, scalar_path):
+    """Verify rows in tiles of up to 5 (set_wide_tiles: 5 = one tile, 9 = 5 + 4) and two rows
+    against two weight rows at once (set_pair_tiles), both on by default, give every row the
+    value of tiles of up to 4 rows against one weight row, of the scalar path and of the row
+    alone, bit for bit, in every format, for every row count 1..11 (N = 19: chunks of 8 leave
+    a weight row without a pair)."""
+    kernels = native.kernels()
+    if fmt == 32:
+        bm = BlockMatrix.dense(torch.randn(19, k, generator=torch.Generator().manual_seed(k)))
+    else:
+        bm = random_blocks(fmt, 19, k, seed=k + fmt)
+    x = torch.randn(11, k, generator=torch.Generator().manual_seed(fmt))
+    base = torch.randn(11, 19)
+    alone = torch.cat([bm.linear(x[r : r + 1], base[r : r + 1]) for r in range(11)])
+    with scalar_path():
+        slow = bm.linear(x, base)
+    assert torch.equal(slow, alone)
+    try:
+        for wide, pair in ((True, True), (False, True), (True, False), (False, False)):
+            kernels.set_wide_tiles(wide)
+            kernels.set_pair_tiles(pair)
+            for rows in range(1, 12):
+                assert torch.equal(bm.linear(x[:rows], base[:rows]), alone[:rows]), (wide, pair, rows)
+    finally:
+        kernels.set_wide_tiles(True)
+        kernels.set_pair_tiles(True)
 
 
 @needs_native

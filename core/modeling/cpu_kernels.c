@@ -21,7 +21,10 @@
  * Batch invariance: every output row r is summed in the same order (two 8-lane accumulators
  * over 16-weight steps, then a fixed horizontal sum) whatever the number of rows R in the call
  * and whatever the thread split, so a row's result does not depend on the rows beside it:
- * a 1-row decode and an 8-row verify give bit-identical logits for the same token.
+ * a 1-row decode and an 8-row verify give bit-identical logits for the same token. Which rows
+ * and weight rows share a tile (a decode row against 2 or 4 weight rows, 2 rows against 2
+ * weight rows, tiles of up to 5 rows that unpack each weight block once for all of them) only
+ * decides which chains are in flight together, never a chain's operands or order.
  *
  * Threads: a small pool of our own (below), not OpenMP. Work is split into chunks that the caller
  * and the workers take from one atomic counter, so the caller never waits for a worker to wake
@@ -183,11 +186,121 @@ QG_AVX2 static inline __attribute__((always_inline)) void dot_fused_avx2(int fmt
     for (int t = 0; t < T; t++) res[t] = hsum_avx2(a[t], b[t]);
 }
 
+/* the scales of block blk as vectors: d0, m0 for weights 0-15, d1, m1 for 16-31 (format 16 has
+ * two per block; format 32 none: zeros, unused) */
+QG_AVX2 static inline __attribute__((always_inline)) void scales_avx2(const int fmt, const float *d, const float *m,
+                                                                       int64_t blk, __m256 s[4]) {
+    s[0] = s[1] = s[2] = s[3] = _mm256_setzero_ps();
+    if (fmt == 32) return;
+    const int64_t s0 = fmt == 16 ? 2 * blk : blk, s1 = fmt == 16 ? 2 * blk + 1 : blk;
+    s[0] = _mm256_set1_ps(d[s0]), s[1] = _mm256_set1_ps(m[s0]);
+    s[2] = _mm256_set1_ps(d[s1]), s[3] = _mm256_set1_ps(m[s1]);
+}
+
+/* quarter k (weights 8k .. 8k + 7) of the block at qb as one 8-lane vector: block_avx2's w[k]
+ * (format 4: bytes 0-7 for even k, 8-15 for odd k; low nibbles for k < 2, high for k >= 2) */
+QG_AVX2 static inline __attribute__((always_inline)) __m256 quarter_avx2(const int fmt, const uint8_t *qb, const int k,
+                                                                          const __m256 s[4]) {
+    if (fmt == 32) return _mm256_loadu_ps((const float *)qb + 8 * k);
+    __m256i i;
+    if (fmt == 4) {
+        const __m256i z = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(qb + 8 * (k & 1))));
+        i = k < 2 ? _mm256_and_si256(z, _mm256_set1_epi32(0x0F)) : _mm256_srli_epi32(z, 4);
+    } else {
+        i = _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(qb + 8 * k)));
+    }
+    return _mm256_fmadd_ps(_mm256_cvtepi32_ps(i), k < 2 ? s[0] : s[2], k < 2 ? s[1] : s[3]);
+}
+
+/* WIDE_ROWS rows of x in one tile (the `wide_tiles` switch): each block's four weight vectors
+ * are made one at a time (quarter k: weights 8k .. 8k + 7, block_avx2's w[k]) and multiplied into
+ * every row before the next, so 2 x 5 accumulators, one weight vector and the block's scales fit
+ * the 16 registers without spills (6 rows spill: measured 1.1-1.2x the 5-row tile's cost per row).
+ * Every row's two chains take the same fused multiply-adds in the same order as dot_fused_avx2
+ * and dot_scalar (a: w0 then w2, b: w1 then w3, block after block), so the tile changes which
+ * rows share an unpack, never a row's value. Each row has its own pointer into x and one byte
+ * offset walks all of them: with x + t * xs written out, GCC keeps an address register per row
+ * and quarter and spills them past 4 rows (measured ~1.6x slower per row). */
+#define WIDE_ROWS 5
+#define XROW(p, o) _mm256_loadu_ps((const float *)((p) + (o)))
+QG_AVX2 static inline __attribute__((always_inline)) void dot_wide_avx2(const int fmt, const uint8_t *q, const float *d,
+                                                                         const float *m, int64_t nb, const float *x,
+                                                                         int64_t xs, float *res) {
+    __m256 a[WIDE_ROWS], b[WIDE_ROWS];
+    const char *xr[WIDE_ROWS];
+    for (int t = 0; t < WIDE_ROWS; t++) {
+        a[t] = b[t] = _mm256_setzero_ps();
+        xr[t] = (const char *)(x + t * xs);
+    }
+    for (int64_t blk = 0, o = 0; blk < nb; blk++, o += QK * (int64_t)sizeof(float)) {
+        const uint8_t *qb = q + blk * block_bytes(fmt);
+        _mm_prefetch((const char *)qb + PREFETCH_BYTES, _MM_HINT_T0);
+        __m256 sc[4];
+        scales_avx2(fmt, d, m, blk, sc);
+        for (int k = 0; k < 4; k++) {
+            const __m256 w = quarter_avx2(fmt, qb, k, sc);
+            if (k % 2 == 0)
+                for (int t = 0; t < WIDE_ROWS; t++) a[t] = _mm256_fmadd_ps(w, XROW(xr[t], o + 32 * k), a[t]);
+            else
+                for (int t = 0; t < WIDE_ROWS; t++) b[t] = _mm256_fmadd_ps(w, XROW(xr[t], o + 32 * k), b[t]);
+        }
+    }
+    for (int t = 0; t < WIDE_ROWS; t++) res[t] = hsum_avx2(a[t], b[t]);
+}
+
+/* two rows of x (a learned drafter's verify) against weight rows n and n + 1 (the `pair_tiles`
+ * switch): 8 chains in flight instead of 4, so the tile is no longer bound by the latency of
+ * each row's two chains (2 fused multiply-adds a block each); each output's chains, operands
+ * and order are dot_fused_avx2's, so its value is the 1-row decode's. (Three rows against two
+ * weight rows measured 1.2-1.4x slower than the 3-row tile: 12 chains spill or crowd the
+ * registers.) */
+QG_AVX2 static inline __attribute__((always_inline)) void dot_pair_tile_avx2(const int fmt, const uint8_t *q,
+                                                                              int64_t q_row, const float *d,
+                                                                              const float *m, int64_t s_row,
+                                                                              int64_t nb, const float *x, int64_t xs,
+                                                                              float *res) {
+    enum { T = 2 };
+    __m256 a[2][T], b[2][T];
+    const char *xr[T];
+    for (int t = 0; t < T; t++) {
+        a[0][t] = b[0][t] = a[1][t] = b[1][t] = _mm256_setzero_ps();
+        xr[t] = (const char *)(x + t * xs);
+    }
+    for (int64_t blk = 0, o = 0; blk < nb; blk++, o += QK * (int64_t)sizeof(float)) {
+        for (int c = 0; c < 2; c++) {
+            const uint8_t *qb = q + c * q_row + blk * block_bytes(fmt);
+            _mm_prefetch((const char *)qb + PREFETCH_BYTES, _MM_HINT_T0);
+            __m256 sc[4];
+            scales_avx2(fmt, d + c * s_row, m + c * s_row, blk, sc);
+            for (int k = 0; k < 4; k++) {
+                const __m256 w = quarter_avx2(fmt, qb, k, sc);
+                if (k % 2 == 0)
+                    for (int t = 0; t < T; t++) a[c][t] = _mm256_fmadd_ps(w, XROW(xr[t], o + 32 * k), a[c][t]);
+                else
+                    for (int t = 0; t < T; t++) b[c][t] = _mm256_fmadd_ps(w, XROW(xr[t], o + 32 * k), b[c][t]);
+            }
+        }
+    }
+    for (int c = 0; c < 2; c++)
+        for (int t = 0; t < T; t++) res[c * T + t] = hsum_avx2(a[c][t], b[c][t]);
+}
+
+#define DEFINE_PAIR_TILES(NAME, FMT) \
+QG_AVX2 static void NAME(const uint8_t *q, int64_t q_row, const float *d, const float *m, int64_t s_row, int64_t nb, \
+                         const float *x, int64_t xs, float *res) { \
+    dot_pair_tile_avx2(FMT, q, q_row, d, m, s_row, nb, x, xs, res); \
+}
+DEFINE_PAIR_TILES(pair_tiles_q4_avx2, 4)
+DEFINE_PAIR_TILES(pair_tiles_q8_avx2, 8)
+DEFINE_PAIR_TILES(pair_tiles_q16_avx2, 16)
+DEFINE_PAIR_TILES(pair_tiles_f32_avx2, 32)
+
 /* the tile for one format, the format a constant: its unpack is inlined without branches */
 #define DEFINE_FUSED_TILES(NAME, FMT) \
 QG_AVX2 static void NAME(const uint8_t *q, const float *d, const float *m, int64_t nb, const float *x, int64_t xs, \
                          int64_t R, float *res) { \
     switch (R) { \
+        case WIDE_ROWS: dot_wide_avx2(FMT, q, d, m, nb, x, xs, res); break; \
         case 4: dot_fused_avx2(FMT, q, d, m, nb, x, xs, 4, res); break; \
         case 3: dot_fused_avx2(FMT, q, d, m, nb, x, xs, 3, res); break; \
         case 2: dot_fused_avx2(FMT, q, d, m, nb, x, xs, 2, res); break; \
@@ -272,6 +385,17 @@ QG_AVX2 static void dots_fused_avx2(int fmt, const uint8_t *q, const float *d, c
     }
 }
 
+/* res[2 c + r]: weight row n + c, row r of x */
+QG_AVX2 static void pair_tiles_avx2(int fmt, const uint8_t *q, int64_t q_row, const float *d, const float *m,
+                                    int64_t s_row, int64_t nb, const float *x, int64_t xs, float *res) {
+    switch (fmt) {
+        case 4: pair_tiles_q4_avx2(q, q_row, d, m, s_row, nb, x, xs, res); break;
+        case 8: pair_tiles_q8_avx2(q, q_row, d, m, s_row, nb, x, xs, res); break;
+        case 16: pair_tiles_q16_avx2(q, q_row, d, m, s_row, nb, x, xs, res); break;
+        default: pair_tiles_f32_avx2(q, q_row, d, m, s_row, nb, x, xs, res); break;
+    }
+}
+
 static int have_avx2(void) {
     static int cached = -1;
     if (cached < 0) {
@@ -290,6 +414,8 @@ static int use_pairs = 1; /* 0: a decode row meets one weight row at a time (A/B
 static int use_qpairs = 1; /* 0: attention takes a KV head's queries one at a time (A/B runs, tests) */
 static int use_guided = 1; /* 0: a gemm's rows in equal chunks, 4 a thread (A/B runs, tests) */
 static int use_wide_attn = 1; /* 0: a query's scores 4 keys, its V sums 32 values at a time (A/B, tests) */
+static int use_wide_tiles = 1; /* 0: verify rows in tiles of at most FUSED_ROWS, never WIDE_ROWS (A/B, tests) */
+static int use_pair_tiles = 1; /* 0: 2 rows of x meet one weight row at a time, not two (A/B, tests) */
 
 static inline int simd_on(void) { return use_simd != 0 && have_avx2(); }
 
@@ -1036,12 +1162,22 @@ static void gemm_chunk(void *arg, int64_t c) {
             n--;
             continue;
         }
+        if (simd && use_pair_tiles && R == 2 && n + 1 < n1) { /* two rows of x, two weight rows */
+            pair_tiles_avx2(W->fmt, q, nb * bb, d, m, ns, nb, J->x, J->xs, res);
+            for (int c = 0; c < 2; c++, n++)
+                for (int64_t r = 0; r < 2; r++)
+                    J->out[r * J->os + n] = J->base != NULL ? J->base[r * J->os + n] + res[2 * c + r] : res[2 * c + r];
+            n--;
+            continue;
+        }
         if (simd) {
-            /* re-unpacking the row per tile of 4 beats one unpack into a buffer shared by all
-             * rows (measured: 8 rows 21.6 vs 23.2 ms a token); the rows go in tiles of
-             * near-equal size (9 = 3 + 3 + 3, not 4 + 4 + 1: a lone row's tile waits on its
-             * two accumulators' latency; measured 1.01-1.08x faster) */
-            const int64_t tiles = (R + FUSED_ROWS - 1) / FUSED_ROWS;
+            /* re-unpacking the row per tile beats one unpack into a buffer shared by all
+             * rows (measured: 8 rows 21.6 vs 23.2 ms a token); the rows go in the fewest tiles
+             * of at most WIDE_ROWS (FUSED_ROWS with wide_tiles off), of near-equal size (9 =
+             * 5 + 4, 6 = 3 + 3, not 5 + 1: a lone row's tile waits on its two accumulators'
+             * latency) */
+            const int64_t most = use_wide_tiles ? WIDE_ROWS : FUSED_ROWS;
+            const int64_t tiles = (R + most - 1) / most;
             for (int64_t i = 0, r = 0; i < tiles; i++) {
                 const int64_t rows = R / tiles + (i < R % tiles);
                 dots_fused_avx2(W->fmt, q, d, m, nb, J->x + r * J->xs, J->xs, rows, res + r);
@@ -1974,6 +2110,8 @@ DEFINE_SWITCH(query_pairs, use_qpairs)
 DEFINE_SWITCH(wide_attention, use_wide_attn)
 DEFINE_SWITCH(guided, use_guided)
 DEFINE_SWITCH(pairs, use_pairs)
+DEFINE_SWITCH(wide_tiles, use_wide_tiles)
+DEFINE_SWITCH(pair_tiles, use_pair_tiles)
 
 static PyObject *py_info(PyObject *self, PyObject *noargs) {
     const char *int8 = "scalar";
@@ -2157,6 +2295,10 @@ static PyMethodDef methods[] = {
      "False: a query's scores 4 keys, its V sums 32 values at a time (A/B runs, tests)"},
     {"set_pairs", py_set_pairs, METH_VARARGS,
      "False: a decode row meets one weight row at a time, not 4 (4-bit) or 2 (A/B runs, tests)"},
+    {"set_wide_tiles", py_set_wide_tiles, METH_VARARGS,
+     "False: verify rows in tiles of at most 4 rows, never 5 (A/B runs, tests)"},
+    {"set_pair_tiles", py_set_pair_tiles, METH_VARARGS,
+     "False: 2 rows of x meet one weight row at a time, not two (A/B runs, tests)"},
     {"set_guided", py_set_guided, METH_VARARGS,
      "False: a gemm's output rows in equal chunks (4 a thread), not shrinking ones (A/B runs, tests)"},
     {"info", py_info, METH_NOARGS, "which paths this build has"},

@@ -168,9 +168,24 @@ class BlockMatrix:
         return _dequantize_torch(self.fmt, self.q[start:stop], self.d[start:stop], self.m[start:stop])
 
     def rows(self, ids: torch.Tensor) -> torch.Tensor:
-        """Selected rows as float32 [len(ids), K] (the embedding lookup)."""
+        """Selected rows as float32 [len(ids), K] (the embedding lookup). Up to GEMM_ROWS ids (a
+        decode or verify) are unpacked by the kernel row by row (the same values: q * d is
+        exact, so both round q * d + m once), which skips the ~50 us of torch gathers; more
+        (a prefill) in one batch of torch ops."""
         ids = ids.reshape(-1).to(torch.long)
-        return _dequantize_torch(self.fmt, self.q[ids], self.d[ids], self.m[ids])
+        kernels = native.kernels()
+        if kernels is None or len(ids) > GEMM_ROWS:
+            return _dequantize_torch(self.fmt, self.q[ids], self.d[ids], self.m[ids])
+        n, k = self.shape
+        picked = ids.tolist()
+        if picked and not 0 <= min(picked) <= max(picked) < n:
+            raise IndexError(f"row ids must lie in [0, {n})")
+        out = torch.empty((len(picked), k), dtype=torch.float32)
+        q, d, m = self.q.data_ptr(), self.d.data_ptr(), self.m.data_ptr()
+        q_row, s_row, o_row = self.q.stride(0), self.d.stride(0) * 4, k * 4  # bytes a row
+        for i, row in enumerate(picked):
+            kernels.dequant(self.fmt, q + row * q_row, d + row * s_row, m + row * s_row, 1, k, out.data_ptr() + i * o_row, 1)
+        return out
 
     def linear(self, x: torch.Tensor, base: torch.Tensor | None = None, *, precision: str = "float32") -> torch.Tensor:
         """``base + x @ W^T`` (base optional), x [R, K] float32 -> [R, N] float32; ``precision``

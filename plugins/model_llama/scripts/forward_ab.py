@@ -4,17 +4,21 @@ one arithmetic against another (a second load of the file).
 
 Each round alternates the two sides (and their order) on the same target and KV cache: after a
 prefill of ``context`` tokens, ``--steps`` forwards of ``rows`` rows (every row's logits, as a
-verify), each rewound to one new token. Prints median milliseconds per forward, the B/A ratio
+verify), each rewound to one new token (timed in the caller's CPU time with ``--threads 1``, else
+wall time). Prints median milliseconds per forward, the B/A ratio
 (of medians, and the median of the paired round ratios) and each side's cost relative to one row.
 
     python plugins/model_llama/scripts/forward_ab.py [--dtype int8] [--contexts 100,500]
-        [--rows 1,2,4,9] [--reps 7] [--threads 2] [--baseline per-op | PATH/_cpu_kernels.so | dtype:NAME]
+        [--rows 1,2,4,9] [--reps 7] [--threads 2]
+        [--baseline per-op | PATH/_cpu_kernels.so | dtype:NAME | switch:NAME]
 
 ``--baseline PATH`` loads another build of ``core/modeling/cpu_kernels.c`` (e.g. an older
 commit's, compiled with ``gcc -O3 -std=c11 -pthread -shared -fPIC -I<python include>``) as side
 A; a build without ``layers_new`` runs the per-op path. ``--baseline dtype:float32-blocks`` (with
 ``--dtype int8``, say) runs side A on a second load of the file in that arithmetic, each side on
-its own target and KV cache.
+its own target and KV cache. ``--baseline switch:NAME`` runs both sides on the installed fused path,
+side A with the kernels' ``set_NAME(False)``, side B with ``set_NAME(True)`` (the default);
+``switch:NAME+OTHER`` flips several switches together.
 """
 
 from __future__ import annotations
@@ -54,7 +58,12 @@ def main() -> int:
     target = load_llama(embedded_model_path(), {"dtype": args.dtype})
     targets = {"A": target, "B": target}
     sides = {"B": (native.kernels(), target._stack, True)}
-    if args.baseline == "per-op":
+    flips = {"A": True, "B": True}
+    setters = []  # the kernels' set_NAME of a switch:NAME baseline
+    if args.baseline.startswith("switch:"):
+        setters = [getattr(native.kernels(), f"set_{name}") for name in args.baseline.split(":", 1)[1].split("+")]
+        sides["A"], flips["A"] = sides["B"], False
+    elif args.baseline == "per-op":
         sides["A"] = (native.kernels(), target._stack, False)
     elif args.baseline.startswith("dtype:"):
         targets["A"] = load_llama(embedded_model_path(), {"dtype": args.baseline.split(":", 1)[1]})
@@ -64,20 +73,29 @@ def main() -> int:
         native._module, target._kernels = build, build
         sides["A"] = (build, target._layer_stack(), True)
 
+    def switch(on: bool) -> None:
+        for setter in setters:
+            setter(on)
+
     def use(side: str) -> None:
         nonlocal target
         target = targets[side]
         kernels, stack, fused = sides[side]
         native._module = target._kernels = kernels
         target._stack, target.fused_blocks = stack, fused
+        switch(flips[side])
+
+    # one thread: the caller's CPU time (every op runs on it; other processes on a shared machine
+    # disturb it far less than wall time); more threads: wall time
+    clock = time.thread_time if args.threads == 1 else time.perf_counter
 
     def forward_ms(rows: int) -> float:
-        start = time.perf_counter()
+        start = clock()
         for _ in range(args.steps):
             at = target.cache_seq_len
             target.spec_forward([5] * rows, all_logits_rows=True, want_hidden=False)
             target.spec_rewind_cache(at + 1)
-        return (time.perf_counter() - start) / args.steps * 1000
+        return (clock() - start) / args.steps * 1000
 
     print(f"kernels: {native.info()}; arithmetic {target.precision}; threads {args.threads}; "
           f"A = {args.baseline}, B = installed fused")
@@ -100,6 +118,7 @@ def main() -> int:
                   f"B {med[('B', r)]:.2f} ms ({med[('B', r)] / med[('B', 1)]:.2f}x); B/A {med[('B', r)] / med[('A', r)]:.3f} "
                   f"(paired {paired:.3f})")
     use("B")
+    switch(True)
     return 0
 
 

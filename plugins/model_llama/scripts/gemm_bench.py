@@ -2,11 +2,14 @@
 the weight bytes streamed per second, paired (the two sides alternate within each round, their
 order swapped every round; medians over rounds). Side A / side B: the float32 / int8 arithmetic
 of the installed kernels, or with ``--baseline PATH`` another build of ``cpu_kernels.c`` / the
-installed one, both in the ``--dtype`` arithmetic. With one thread the time is the thread's CPU
+installed one, both in the ``--dtype`` arithmetic, or with ``--switch NAME`` the installed kernels
+with ``set_NAME(False)`` / ``set_NAME(True)`` (the default side; ``NAME+OTHER`` flips several
+together), both in ``--dtype``. With one thread the time is the thread's CPU
 time (less disturbed by other processes on a shared machine), else wall time.
 
     python plugins/model_llama/scripts/gemm_bench.py [--threads 2] [--rows 1,2,4,9] [--rounds 7]
-        [--baseline PATH/_cpu_kernels.so [--dtype float32|int8]] [--matrices gate_up,lm_head]
+        [--baseline PATH/_cpu_kernels.so | --switch wide_tiles] [--dtype float32|int8]
+        [--matrices gate_up,lm_head]
 """
 
 from __future__ import annotations
@@ -38,7 +41,8 @@ def main() -> int:
     ap.add_argument("--rounds", type=int, default=7)
     ap.add_argument("--calls", type=int, default=20, help="calls timed together per measurement")
     ap.add_argument("--baseline", default=None, help="another build of the kernels as side A")
-    ap.add_argument("--dtype", default="float32", choices=("float32", "int8"), help="with --baseline")
+    ap.add_argument("--switch", default=None, help="side A: set_SWITCH(False), side B: set_SWITCH(True)")
+    ap.add_argument("--dtype", default="float32", choices=("float32", "int8"), help="with --baseline or --switch")
     ap.add_argument("--matrices", default="wqkv,wo,gate_up,down,lm_head")
     args = ap.parse_args()
     rows = [int(r) for r in args.rows.split(",")]
@@ -47,7 +51,18 @@ def main() -> int:
     layer = target._layers[0]
     matrices = {"wqkv": layer.wqkv, "wo": layer.wo, "gate_up": layer.w_gate_up, "down": layer.w_down,
                 "lm_head": target._lm_head}
-    if args.baseline is None:
+    setters = [getattr(kernels, f"set_{name}") for name in args.switch.split("+")] if args.switch else []
+
+    def switch(on: bool) -> None:
+        for setter in setters:
+            setter(on)
+
+    flips = {"A": False, "B": True} if args.switch else {"A": True, "B": True}
+    if args.switch:
+        int8 = args.dtype == "int8"
+        sides = {"A": (kernels, int8), "B": (kernels, int8)}
+        names = (f"set_{args.switch}(False) {args.dtype}", f"set_{args.switch}(True) {args.dtype}")
+    elif args.baseline is None:
         sides = {"A": (kernels, False), "B": (kernels, True)}
         names = ("float32", "int8")
     else:
@@ -69,11 +84,13 @@ def main() -> int:
             for rnd in range(args.rounds):
                 for side in (("A", "B") if rnd % 2 == 0 else ("B", "A")):
                     module, int8 = sides[side]
+                    switch(flips[side])
                     start = clock()
                     for _ in range(args.calls):
                         module.gemm(w.fmt, w.q.data_ptr(), w.d.data_ptr(), w.m.data_ptr(), n, k, x.data_ptr(), r,
                                     out.data_ptr(), 0, args.threads, int8)
                     times[side].append((clock() - start) / args.calls * 1000)
+            switch(True)
             a, b = statistics.median(times["A"]), statistics.median(times["B"])
             paired = statistics.median(x / y for x, y in zip(times["A"], times["B"]))
             gbs = lambda ms: w.nbytes / ms / 1e6  # noqa: E731

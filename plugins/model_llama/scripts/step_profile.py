@@ -9,7 +9,12 @@ After a prefill of ``--context`` tokens, ``--steps`` one-row forwards (each rewo
 token) run with the statistics on; all figures are per step, in milliseconds unless a count.
 
     python plugins/model_llama/scripts/step_profile.py [--context 500] [--steps 50] [--threads 2]
-        [--dtype float32-blocks] [--switch guided --rounds 9]
+        [--dtype float32-blocks] [--switch guided --rounds 9] [--rows 1,2,3,4,5,6,7,8,9]
+
+``--rows LIST`` profiles forwards of each of those row counts (a verify: every row's logits) and
+prints one line per count (``--off NAME+NAME``: with those kernel switches off): the forward's wall time, the block gemms by kind (wall time of their
+pool regions), attention, the blocks' ops outside regions, the LM head's gemm, and the rest
+(Python and torch around the native calls: embedding, final norm, logits' copies).
 
 ``--switch NAME`` instead pairs the kernels' ``set_NAME(False)`` (side A) against ``set_NAME(True)``
 (side B, the default) over ``--rounds`` rounds (sides alternate, order swapped every round):
@@ -50,11 +55,15 @@ def main() -> int:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--switch", default=None, help="pair set_SWITCH(False) against set_SWITCH(True)")
     ap.add_argument("--rounds", type=int, default=9)
+    ap.add_argument("--rows", default=None, help="comma-separated row counts: one line each")
+    ap.add_argument("--off", default=None, help="NAME+NAME: run with the kernels' set_NAME(False)")
     args = ap.parse_args()
     kernels = native.kernels()
     if kernels is None or not hasattr(kernels, "pool_stats"):
         raise SystemExit("step_profile: these kernels keep no pool statistics")
     torch.set_num_threads(args.threads)
+    for name in args.off.split("+") if args.off else ():
+        getattr(kernels, f"set_{name}")(False)
     target = load_llama(embedded_model_path(), {"dtype": args.dtype})
     target.spec_forward([5] * args.context, all_logits_rows=False, want_hidden=False)
     for _ in range(5):  # warm up
@@ -62,12 +71,12 @@ def main() -> int:
         target.spec_forward([5], all_logits_rows=True, want_hidden=False)
         target.spec_rewind_cache(at + 1)
 
-    def steps() -> tuple[float, float, dict]:
+    def steps(rows: int = 1) -> tuple[float, float, dict]:
         kernels.set_pool_stats(True)
         cpu0, start = time.process_time(), time.perf_counter()
         for _ in range(args.steps):
             at = target.cache_seq_len
-            target.spec_forward([5], all_logits_rows=True, want_hidden=False)
+            target.spec_forward([5] * rows, all_logits_rows=True, want_hidden=False)
             target.spec_rewind_cache(at + 1)
         wall = (time.perf_counter() - start) / args.steps * 1e3
         cpu = (time.process_time() - cpu0) / args.steps * 1e3
@@ -77,6 +86,8 @@ def main() -> int:
 
     if args.switch:
         return paired(kernels, getattr(kernels, f"set_{args.switch}"), steps, args)
+    if args.rows:
+        return by_rows(steps, [int(r) for r in args.rows.split(",")], args)
     wall, cpu, stats = steps()
     n = args.steps
 
@@ -113,6 +124,33 @@ def main() -> int:
     outside = wall - blocks - ms("gemm", "wall_ns")
     print(f"outside layers_forward and the gemm calls (Python, embedding, final norm): {outside:.3f} ms")
     print(f"handshake (a region that brings every thread in and out): {handshake(kernels, args.threads)}")
+    return 0
+
+
+def by_rows(steps, counts: list[int], args) -> int:
+    """One line per row count: where a forward of that many rows (every row's logits) spends its
+    wall time, ms per forward (medians over ``--rounds`` rounds, the counts alternating)."""
+    parts = ("qkv", "o", "gate_up", "down", "attention", "outside", "lm_head", "rest")
+    got: dict[int, list[dict[str, float]]] = {r: [] for r in counts}
+    for rnd in range(args.rounds):
+        for rows in counts if rnd % 2 == 0 else counts[::-1]:
+            wall, _, stats = steps(rows)
+            ms = lambda kind: stats.get(kind, {}).get("wall_ns", 0) / args.steps / 1e6  # noqa: E731
+            blocks = ms("blocks")
+            regions = sum(ms(k) for k in ("qkv", "attention", "o", "gate_up", "down"))
+            row = {k: ms(k) for k in ("qkv", "o", "gate_up", "down", "attention")}
+            row.update(wall=wall, outside=blocks - regions, lm_head=ms("gemm"), rest=wall - blocks - ms("gemm"))
+            got[rows].append(row)
+    print(f"kernels: {native.info()}; threads {args.threads}; context {args.context}; "
+          f"{args.rounds} rounds of {args.steps} forwards; ms per forward (medians)")
+    print("rows |  forward | " + " | ".join(f"{p:>9}" for p in parts) + " | gemms x one row")
+    base = None
+    for rows in counts:
+        med = {k: statistics.median(v[k] for v in got[rows]) for k in ("wall", *parts)}
+        gemms = sum(med[k] for k in ("qkv", "o", "gate_up", "down", "lm_head"))
+        base = base or (med["wall"], gemms)
+        print(f"{rows:4d} | {med['wall']:8.3f} | " + " | ".join(f"{med[p]:9.3f}" for p in parts)
+              + f" | {gemms / base[1]:.2f} (forward {med['wall'] / base[0]:.2f})")
     return 0
 
 

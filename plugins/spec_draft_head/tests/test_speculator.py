@@ -302,3 +302,54 @@ def test_unbounded_catch_up_carries_every_parked_row():
 def test_catch_up_rows_must_be_positive():
     with pytest.raises(ValueError, match="catch_up_rows"):
         DraftHeadSpeculator(ToyPerTokenHead(VOCAB, HIDDEN), max_draft_tokens=1, feature_size=HIDDEN, catch_up_rows=0)
+
+
+# -- the gate on compact (draft-vocabulary) logits -----------------------------------------------
+class _FixedHead:
+    """Always the same logits over draft ids [3, 7, 9] of a 12-token vocabulary; ``compact``
+    offers them as [K] (``draft_vocab_ids``), else only as the protocol's [vocab]."""
+
+    vocab_size = 12
+
+    def __init__(self, small, *, compact: bool):
+        self.small = torch.tensor(small, dtype=torch.float32)
+        ids = torch.tensor([3, 7, 9])
+        self.full = torch.full((12,), float("-inf"))
+        self.full[ids] = self.small
+        if compact:
+            self.draft_vocab_ids = ids
+
+    def draft_step(self, token, h_prev, pos, *, compact=False):
+        return (self.small.clone() if compact else self.full.clone()), h_prev
+
+    def draft_catch_up(self, tokens, h_rows, start_pos):
+        pass
+
+    def reset(self):
+        pass
+
+
+def _fixed_proposal(small, *, compact, pmin=0.0, vocab=12, adjust=None, lookback=0):
+    import attrs
+
+    spec = DraftHeadSpeculator(_FixedHead(small, compact=compact), max_draft_tokens=1, feature_size=HIDDEN,
+                               min_draft_prob=pmin, fold_catch_up=False)
+    ctx = attrs.evolve(_ctx([1, 2], torch.zeros(HIDDEN), adjust=adjust, vocab=vocab), adjust_lookback=lookback)
+    return spec.propose(ctx)
+
+
+_PENALISE_9 = lambda logits, preceding: torch.where(torch.arange(logits.shape[0]) == 9, logits - 3.0, logits)  # noqa: E731
+
+
+@pytest.mark.parametrize("case, drafts", [
+    (dict(small=[1.0, 5.0, 5.0]), [7]),  # a tie: the lowest id wins either way
+    (dict(small=[1.0, 5.0, 6.0], vocab=8), [7]),  # a padded vocabulary: 9 is never proposed
+    (dict(small=[1.0, 5.0, 6.0], vocab=3), []),  # no draft id inside the vocabulary: no draft
+    (dict(small=[2.0, 0.5, 0.0], pmin=0.70), [3]),  # top-1 probability 0.7361 over the three
+    (dict(small=[2.0, 0.5, 0.0], pmin=0.74), []),
+    (dict(small=[1.0, 5.0, 6.0], lookback=4, adjust=_PENALISE_9), [7]),  # an adjustment that reads tokens
+    (dict(small=[1.0, 5.0, 6.0], lookback=0), [9]),  # lookback 0: no adjustment to apply
+])
+def test_the_gate_on_compact_logits_is_the_full_vocabulary_gate(case, drafts):
+    assert _fixed_proposal(compact=False, **case) == drafts
+    assert _fixed_proposal(compact=True, **case) == drafts

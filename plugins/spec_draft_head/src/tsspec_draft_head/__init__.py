@@ -20,6 +20,7 @@ _LAZY = {
     "DraftHeadSpeculator": ".speculator",
     "HeadCallCounters": ".speculator",
     "fold_enabled": ".speculator",
+    "NATIVE_ENV": ".nextn_file",
 }
 
 __all__ = [*_LAZY, "tsspec_register_speculators", "tsspec_register_drafters", "tsspec_register_trainers"]

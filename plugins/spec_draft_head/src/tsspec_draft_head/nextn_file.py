@@ -33,12 +33,14 @@ import torch
 
 from tsspec.errors import ModelLoadError
 from tsspec.protocols import DraftHeadKind
+from tsspec.switches import switch_on
 
 from .nextn_model import NextNConfig, NextNModule, rope_tables
 
-__all__ = ["ARCHITECTURE", "write_nextn", "read_nextn", "NextNFileHead", "attach_nextn"]
+__all__ = ["ARCHITECTURE", "NATIVE_ENV", "write_nextn", "read_nextn", "NextNFileHead", "attach_nextn"]
 
 ARCHITECTURE = "nextn"
+NATIVE_ENV = "TS_MTP_NATIVE"  # 0: the torch module drafts even where the compiled kernels could
 TENSORS = {  # module parameter -> GGUF tensor name
     "eh_proj": "blk.0.nextn.eh_proj.weight",
     "enorm": "blk.0.nextn.enorm.weight",
@@ -177,6 +179,16 @@ class NextNFileHead:
     KV cache: positions ``base .. end-1``; position 0 has no predecessor row and is never fed
     (as in the in-checkpoint MTP heads). A catch-up from ``start`` drops everything at or after
     ``start``; a start past ``end`` is a gap the head never saw and it restarts there.
+
+    Two engines run the same layer: the compiled kernels (``native_head.NativeNextN``, a few
+    native calls a head call) on the CPU when they are built, and the torch module otherwise or
+    with ``TS_MTP_NATIVE=0`` (also the reference the tests hold the native one to). Each keeps
+    its own KV cache; ``use_native`` switches engines and starts a new sequence.
+
+    Compact logits: ``draft_vocab_ids`` [K] are the target ids the head can propose, ascending;
+    ``draft_step(..., compact=True)`` and ``draft_catch_up_and_step(..., compact=True)`` return
+    logits over those ids only (no vocabulary-sized vector). Without ``compact`` the logits are
+    the protocol's [vocab], -inf outside the draft vocabulary.
     """
 
     kind = DraftHeadKind.PER_TOKEN
@@ -207,24 +219,53 @@ class NextNFileHead:
         self._cos = self._sin = None
         self.calls = 0
         self.rows_run = 0
+        module.sort_draft_vocab()  # ascending ids: compact argmax ties go to the lowest id
+        self.draft_vocab_ids = module.draft_ids  # [K] ascending target ids
+        self._native = None
+        self.use_native(switch_on(NATIVE_ENV))
+
+    @property
+    def native(self) -> bool:
+        """True while the compiled kernels run the head."""
+        return self._native is not None
+
+    def use_native(self, on: bool) -> bool:
+        """Run on the compiled kernels (when ``on`` and they can) or on the torch module; starts
+        a new sequence (the engines keep separate caches). Returns whether native is now on."""
+        from . import native_head
+
+        self.reset()
+        if not on or not native_head.available(self.m):
+            self._native = None
+        elif self._native is None:
+            self._native = native_head.NativeNextN(self.m, self.target.embed)
+        return self._native is not None
 
     def reset(self) -> None:
         self.base, self.end = None, 0
 
-    def draft_step(self, token: int, h_prev: torch.Tensor, pos: int):
-        return self.draft_catch_up_and_step([int(token)], h_prev.reshape(1, -1), pos)
+    def draft_step(self, token: int, h_prev: torch.Tensor, pos: int, *, compact: bool = False):
+        return self.draft_catch_up_and_step([int(token)], h_prev.reshape(1, -1), pos, compact=compact)
 
     def draft_catch_up(self, tokens: Sequence[int], h_rows: torch.Tensor, start_pos: int) -> None:
         self._advance([int(t) for t in tokens], h_rows, int(start_pos), want_last=False)
 
-    def draft_catch_up_and_step(self, tokens: Sequence[int], h_rows: torch.Tensor, start_pos: int):
-        with _single_thread():
-            out = self._advance([int(t) for t in tokens], h_rows, int(start_pos), want_last=True)
-            last = out[-1]  # [H]
-            with torch.inference_mode():
+    def draft_catch_up_and_step(self, tokens: Sequence[int], h_rows: torch.Tensor, start_pos: int, *,
+                                compact: bool = False):
+        """(logits for the position after the last token, the head's output row [H]); logits
+        [K] over ``draft_vocab_ids`` with ``compact``, else [vocab] with -inf elsewhere."""
+        if self._native is not None:  # the kernels' gemms take torch's thread count, as the target's do
+            last = self._advance([int(t) for t in tokens], h_rows, int(start_pos), want_last=True)  # [H]
+            small = self._native.logits(last)  # [K]
+        else:
+            with _single_thread(), torch.inference_mode():
+                last = self._advance([int(t) for t in tokens], h_rows, int(start_pos), want_last=True)  # [H]
                 small = self.m.logits(last)  # [K]
-                logits = torch.full((self.vocab_size,), float("-inf"))
-                logits.index_copy_(0, self.m.draft_ids, small)
+        if compact:
+            return small, last
+        with torch.inference_mode():
+            logits = torch.full((self.vocab_size,), float("-inf"))
+            logits.index_copy_(0, self.m.draft_ids, small)
         return logits, last
 
     def draft_block(self, last_token, h_prev, position, max_tokens):
@@ -247,7 +288,8 @@ class NextNFileHead:
         self._k, self._v = k, v
 
     @torch.inference_mode()
-    def _advance(self, tokens: list[int], h_rows: torch.Tensor, start: int, *, want_last: bool) -> torch.Tensor:
+    def _advance(self, tokens: list[int], h_rows: torch.Tensor, start: int, *, want_last: bool):
+        """Feed the rows; the head's output for the last one ([H]) when ``want_last``."""
         if h_rows.dim() != 2 or h_rows.shape[0] != len(tokens) or h_rows.shape[1] != self.hidden_size:
             raise ValueError(
                 f"the NextN head needs one trunk hidden row of width {self.hidden_size} per token "
@@ -260,13 +302,18 @@ class NextNFileHead:
             tokens, h_rows, start = tokens[1:], h_rows[1:], 1  # position 0 has no predecessor row
             if not tokens:
                 self._place(1)
-                return h_rows
+                return None
         self._place(start)
         n = len(tokens)
         at = start - self.base
-        self._ensure(at + n)
         self.calls += 1
         self.rows_run += n
+        if self._native is not None:
+            self._native.ensure(at + n, self.max_context)
+            out = self._native.forward(tokens, h_rows, at, self.base, want_last=want_last)
+            self.end = start + n
+            return out
+        self._ensure(at + n)
         with _single_thread():
             m = self.m
             emb = self.target.embed(tokens).float()  # [n, H]
@@ -280,7 +327,7 @@ class NextNFileHead:
                 mask = torch.arange(at + n)[None, :] <= (at + torch.arange(n))[:, None]  # [n, at+n]
             attn = m.attend(q.unsqueeze(0), keys.unsqueeze(0), values.unsqueeze(0), mask)[0]  # [n, nh*hd]
             self.end = start + n
-            return m.finish(u, attn)  # [n, H]
+            return m.finish(u, attn)[-1]  # [H]
 
     def _rope(self, start: int, n: int) -> tuple[torch.Tensor, torch.Tensor]:
         """(cos, sin) [n, 1, hd/2] for positions start.., from a table grown on demand."""
@@ -321,6 +368,7 @@ def attach_nextn(target, gguf_path, options=None) -> NextNFileHead:
         target.spec_set_feature_taps(None)  # a NextN head reads the post-norm rows
     # drafting on the CPU: the head's matrices as int8 blocks on the compiled kernel (a quarter
     # of the float32 bytes per draft step; the drafts may differ slightly, the output never)
+    module.sort_draft_vocab()
     module.pack_int8()
     head = NextNFileHead(module, target, source=path, max_context=int(getattr(target, "max_context_length", 1 << 16)),
                          recommended=facts.get("recommended"))

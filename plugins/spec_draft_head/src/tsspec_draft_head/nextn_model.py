@@ -123,6 +123,19 @@ class NextNModule(nn.Module):
         self._packed = {name: BlockMatrix.quantize_int8(getattr(self, name)) for name in self.PACKED}
         return True
 
+    @torch.no_grad()
+    def sort_draft_vocab(self) -> None:
+        """Reorder the head's rows so ``draft_ids`` ascend (same drafts: a row's logit goes with
+        its id). Then an argmax over the [K] logits breaks ties toward the lowest target id, as
+        one over the full vocabulary does, and the ids under any vocabulary size are a prefix."""
+        order = torch.argsort(self.draft_ids)  # [K]
+        if bool((order == torch.arange(order.numel(), device=order.device)).all()):
+            return
+        self.head.copy_(self.head[order])
+        self.draft_ids.copy_(self.draft_ids[order])
+        if self.__dict__.get("_packed") is not None:
+            self.pack_int8()  # the int8 copies follow the new row order
+
     def _linear(self, x: torch.Tensor, name: str) -> torch.Tensor:
         """x [..., in] @ W^T for the parameter ``name`` (its int8 blocks when packed)."""
         packed = self.__dict__.get("_packed")

@@ -23,6 +23,17 @@ it see less context, the output never changes (verification decides). The bound 
 commit the head has not yet seen, the prompt's at prefill included: the first proposal of a
 sequence sees the prompt's last ``catch_up_rows`` rows only.
 
+The gate on compact logits: a head that offers ``draft_vocab_ids`` (a NextN drafter file's draft
+vocabulary, ascending ids) returns logits over those K ids only when asked (``compact=True``),
+and the gate runs on them: no vocabulary-sized vector is built. This is exact, not an
+approximation: the full-vocabulary logits of such a head are -inf outside its ids, so their
+top-10 (softmax over it) and argmax (ties to the lowest id; the ids ascend) are the compact
+ones'. It applies when the sampler's adjustments cannot change the logits: no
+``adjust_logits``, or one that reads no preceding token (``adjust_lookback == 0``: the runtime's
+only adjustment is the repetition penalty, off then). With a penalty the compact logits are
+spread into the [vocab] vector, adjusted, and gated as before. Ids at or past the context's
+``vocab_size`` (a padded vocabulary) are never proposed in either form.
+
 Worked example (window 3, folding on). Prefill commits tokens [a, b, c] at 0 with rows
 [0, h_a, h_b]; the head is NOT called. propose(last=d, position=3, carry=h_c) makes one fused call
 over [a, b, c, d] with rows [0, h_a, h_b, h_c] from 0 -> logits for position 4 -> draft e; then
@@ -126,6 +137,9 @@ class DraftHeadSpeculator:
         self.catch_up_rows = None if catch_up_rows is None else int(catch_up_rows)
         self.counters = HeadCallCounters()
         self._pending: _Pending | None = None
+        ids = getattr(head, "draft_vocab_ids", None)  # [K] ascending target ids, or None
+        self._draft_ids = None if ids is None else ids.reshape(-1).to(torch.long)
+        self._cut = (None, 0)  # (vocab_size, how many draft ids lie under it), cached
 
     # -- proposing ---------------------------------------------------------------------------
     def propose(self, ctx) -> list[int]:
@@ -133,41 +147,74 @@ class DraftHeadSpeculator:
         if budget < 1 or ctx.carry_hidden is None:
             return []
         self.counters.proposals += 1
-        logits, hidden = self._first_step(ctx.last_token, ctx.carry_hidden, ctx.position)
+        compact = self._draft_ids is not None
+        logits, hidden = self._first_step(ctx.last_token, ctx.carry_hidden, ctx.position, compact)
         drafts: list[int] = []
         while True:
-            logits = logits.reshape(-1)  # [vocab]
-            if ctx.vocab_size and logits.shape[0] > ctx.vocab_size:
-                logits = logits[: ctx.vocab_size]  # padded head vocabulary: never draft padding
-            if ctx.adjust_logits is not None:
-                logits = ctx.adjust_logits(logits, ctx.preceding(drafts))  # no copy of history
-            token, probability = top1_over_topk(logits)
-            if not passes_gate(probability, self.min_draft_prob):
+            token, probability = self._gate(logits, ctx, drafts, compact)
+            if token is None or not passes_gate(probability, self.min_draft_prob):
                 self.counters.gate_stops += 1
                 break
             drafts.append(token)
             if len(drafts) == budget:
                 break
-            logits, hidden = self._step(token, hidden, ctx.position + len(drafts))
+            logits, hidden = self._step(token, hidden, ctx.position + len(drafts), compact)
         self.counters.drafted += len(drafts)
         return drafts
 
-    def _first_step(self, token: int, h_prev: torch.Tensor, position: int):
+    def _gate(self, logits: torch.Tensor, ctx, drafts: list[int], compact: bool) -> tuple[int | None, float]:
+        """(top-1 token, its probability over the top-10) after the sampler's adjustments;
+        ``logits`` [K] over the head's draft ids when ``compact``, else [vocab]. (None, 0.0)
+        when no draft id lies inside the context's vocabulary."""
+        logits = logits.reshape(-1)
+        adjusts = ctx.adjust_logits is not None and ctx.adjust_lookback != 0
+        if compact and not adjusts:
+            cut = self._ids_under(ctx.vocab_size)
+            if cut == 0:
+                return None, 0.0
+            index, probability = top1_over_topk(logits[:cut])  # [cut]: ids ascend
+            return int(self._draft_ids[index]), probability
+        if compact:  # spread over the vocabulary for the adjustment, as a full-vocabulary head gives
+            size = int(getattr(self.head, "vocab_size", 0) or ctx.vocab_size or int(self._draft_ids.max()) + 1)
+            full = torch.full((size,), float("-inf"))  # [vocab]
+            full.index_copy_(0, self._draft_ids, logits)
+            logits = full  # [vocab]
+        if ctx.vocab_size and logits.shape[0] > ctx.vocab_size:
+            logits = logits[: ctx.vocab_size]  # padded head vocabulary: never draft padding
+        if ctx.adjust_logits is not None:
+            logits = ctx.adjust_logits(logits, ctx.preceding(drafts))  # no copy of history
+        return top1_over_topk(logits)
+
+    def _ids_under(self, vocab_size: int) -> int:
+        """How many of the (ascending) draft ids lie under ``vocab_size`` (0: no limit)."""
+        if self._cut[0] != vocab_size:
+            ids = self._draft_ids
+            count = ids.numel() if not vocab_size else int(torch.searchsorted(ids, int(vocab_size)))
+            self._cut = (vocab_size, count)
+        return self._cut[1]
+
+    def _first_step(self, token: int, h_prev: torch.Tensor, position: int, compact: bool = False):
         """The chain's first head call; with folding it also carries the pending catch-up."""
         pending = self._pending
         if pending is not None and not (self.fold_catch_up and pending.end == position):
             self._flush()  # unfolded, or pending rows that do not lead up to `position`
             pending = None
         if pending is None:
-            return self._step(token, h_prev, position)
+            return self._step(token, h_prev, position, compact)
         rows = torch.stack([*pending.rows, h_prev.reshape(-1)])  # [n + 1, F]
         self.counters.fused += 1
-        out = self.head.draft_catch_up_and_step([*pending.tokens, int(token)], rows, pending.start)
+        tokens = [*pending.tokens, int(token)]
+        if compact:
+            out = self.head.draft_catch_up_and_step(tokens, rows, pending.start, compact=True)
+        else:
+            out = self.head.draft_catch_up_and_step(tokens, rows, pending.start)
         self._pending = None  # only once the head has them: a failed call is retried whole
         return out
 
-    def _step(self, token: int, h_prev: torch.Tensor, position: int):
+    def _step(self, token: int, h_prev: torch.Tensor, position: int, compact: bool = False):
         self.counters.steps += 1
+        if compact:
+            return self.head.draft_step(int(token), h_prev, position, compact=True)
         return self.head.draft_step(int(token), h_prev, position)
 
     # -- committing --------------------------------------------------------------------------

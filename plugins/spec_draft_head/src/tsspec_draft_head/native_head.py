@@ -1,0 +1,194 @@
+"""A NextN head's forward on the compiled CPU kernels: a handful of native calls per head call.
+
+The torch module (``NextNModule``) runs a head call as ~25 small torch ops; on the embedded
+model that glue cost several times the arithmetic. Here the same math runs as:
+
+    ne, nh = rms_norm(emb, enorm), rms_norm(h, hnorm)          # 2 calls
+    u      = nh @ E_h^T + (ne @ E_e^T)                         # 2 gemm calls (eh_proj's halves)
+    layers_forward(one-layer stack, u, KV cache, RoPE table)   # 1 call: the whole decoder layer
+    out    = rms_norm(u[-1], head_norm)                        # 1 call (last row only)
+    logits = out @ head^T                                      # 1 gemm call, draft vocabulary
+
+The decoder layer is described once to the kernels (``layers_new``: fused QKV and gate+up
+matrices as int8 blocks, format 8, the ``BlockMatrix.quantize_int8`` copies drafting already
+used), with its own KV cache in the kernels' layout ([1, kv_heads, cap, head_dim]) and its own
+RoPE table ([positions, head_dim/2, (cos, sin)], the torch path's values). The kernel turns the
+row at cache slot ``s`` by table row ``s``; the head's cache starts at position ``base``, so the
+table is handed over from row ``base`` on and every row still turns by its absolute position.
+
+The draft vocabulary's rows are kept in ascending target-id order (the caller sorts them), so
+the compact logits' argmax breaks ties toward the lowest id, as the full-vocabulary argmax does.
+
+The numbers differ slightly from the torch module's (summation order; eh_proj in two halves);
+drafts may differ, the output never does (verification decides). ``NextNFileHead`` uses this
+path on the CPU when the compiled kernels are built (``available``), and the torch module
+otherwise or with ``TS_MTP_NATIVE=0``.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .nextn_model import NextNModule, rope_tables
+
+__all__ = ["NativeNextN", "available"]
+
+# the kernels' int8 flag: activation rows stay float32 (weights int8, float32 sums), the same
+# arithmetic as the torch path's int8 copies, so both engines' drafts agree
+INT8_ROWS = False
+EMBED_CACHE_ROWS = 4096  # token embeddings kept (exact copies of the target's rows; 9 MiB at H=576)
+
+
+def available(module: NextNModule) -> bool:
+    """True when the compiled kernels can run ``module``: built with ``layers_new``, CPU
+    float32 parameters, every matrix row whole 32-weight blocks."""
+    from tsspec.modeling import native
+
+    k = native.kernels()
+    if k is None or not hasattr(k, "layers_new") or module.head.device.type != "cpu":
+        return False
+    if module.head.dtype != torch.float32:
+        return False
+    return all(getattr(module, name).shape[1] % 32 == 0 for name in NextNModule.PACKED)
+
+
+def _q8(weight: torch.Tensor):
+    """A weight [N, K] as int8 blocks (format 8, one scale per 32 weights)."""
+    from tsspec.modeling.qlinear import BlockMatrix
+
+    return BlockMatrix.quantize_int8(weight.detach())
+
+
+def _f32(t: torch.Tensor) -> torch.Tensor:
+    """A contiguous float32 copy the kernels may hold the address of."""
+    return t.detach().to(torch.float32).contiguous()
+
+
+def _describe(w) -> tuple:
+    """(fmt, q, d, m, N, K) of a BlockMatrix, as the kernels take it."""
+    return (w.fmt, w.q.data_ptr(), w.d.data_ptr(), w.m.data_ptr(), w.shape[0], w.shape[1])
+
+
+class NativeNextN:
+    """The compiled forward of one ``NextNModule`` with its own KV cache (see the module
+    docstring). ``forward`` feeds rows at cache slots ``at..`` and returns the head's output rows
+    it was asked for; ``logits`` maps one output row to draft-vocabulary logits [K]."""
+
+    def __init__(self, module: NextNModule, embed, *, threads: int | None = None):
+        from tsspec.modeling import native
+        from tsspec.modeling.qlinear import BlockMatrix
+
+        self._k = native.kernels()
+        cfg = module.cfg
+        self.cfg = cfg
+        self.H = H = cfg.hidden_size
+        self._embed = embed  # target.embed: ids -> [n, H] float32
+        self.threads = threads  # None: torch's thread count at each call (as the target's gemms)
+        eh = module.eh_proj.detach()  # [H, 2H]: columns 0..H-1 read norm(emb), H.. read norm(h)
+        self._e_emb, self._e_hid = _q8(eh[:, :H].contiguous()), _q8(eh[:, H:].contiguous())
+        self._head = _q8(module.head)  # [K, H]
+        self._layer = (
+            # the kernels' attention takes the 1/sqrt(hd) scale folded into the Q rows (as the
+            # llama loader does; exact when hd is a power of 4)
+            BlockMatrix.concat(  # [q + 2 kv, H]
+                [_q8(module.wq).scaled(cfg.head_dim**-0.5), _q8(module.wk), _q8(module.wv)]),
+            _q8(module.wo),  # [H, q]
+            BlockMatrix.concat([_q8(module.w_gate), _q8(module.w_up)]),  # [2F, H]
+            _q8(module.w_down),  # [H, F]
+        )
+        self._enorm, self._hnorm, self._head_norm = _f32(module.enorm), _f32(module.hnorm), _f32(module.head_norm)
+        self._attn_norm, self._ffn_norm = _f32(module.attn_norm), _f32(module.ffn_norm)
+        dims = (H, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, cfg.head_dim, cfg.intermediate_size,
+                float(cfg.rms_eps))
+        layer = (self._attn_norm.data_ptr(), 0, 0, self._ffn_norm.data_ptr(), *map(_describe, self._layer))
+        self._stack = self._k.layers_new(dims, [layer])  # holds addresses: the tensors above stay alive
+        self._kc = torch.zeros(1, cfg.num_kv_heads, 0, cfg.head_dim)  # [1, nkv, cap, hd]
+        self._vc = torch.zeros(1, cfg.num_kv_heads, 0, cfg.head_dim)
+        self._rope = torch.zeros(0, cfg.head_dim // 2, 2)  # [positions, hd/2, (cos, sin)]
+        self._ids: dict[int, int] = {}  # token id -> row of _rows
+        self._rows = torch.empty(EMBED_CACHE_ROWS, H)  # [slots, H] cached embeddings
+        self._free = 0
+
+    @property
+    def capacity(self) -> int:
+        return self._kc.shape[2]
+
+    # -- growing -----------------------------------------------------------------------------
+    def ensure(self, slots: int, max_slots: int) -> None:
+        """Room for ``slots`` cache slots (kept rows copied over); at most ``max_slots`` unless
+        more are asked for."""
+        cap = self.capacity
+        if slots <= cap:
+            return
+        new = min(max(slots, 2 * cap, 256), max(slots, max_slots))
+        for name in ("_kc", "_vc"):
+            old = getattr(self, name)
+            grown = torch.zeros(1, old.shape[1], new, old.shape[3])
+            grown[:, :, :cap] = old
+            setattr(self, name, grown)
+
+    def _rope_from(self, base: int, positions: int) -> int:
+        """The address of table row ``base`` of a table covering ``positions`` positions."""
+        if positions > self._rope.shape[0]:
+            size = max(positions, 2 * self._rope.shape[0], 512)
+            cos, sin = rope_tables(torch.arange(size), self.cfg.head_dim, self.cfg.rope_theta)  # [size, 1, hd/2]
+            self._rope = torch.stack([cos[:, 0], sin[:, 0]], dim=-1).contiguous()  # [size, hd/2, 2]
+        return self._rope[base].data_ptr()
+
+    def embeddings(self, tokens: list[int]) -> torch.Tensor:
+        """[n, H] float32: the target's rows, looked up once per token id and kept (exact)."""
+        unique = list(dict.fromkeys(tokens))
+        if len(unique) > self._rows.shape[0]:
+            return self._embed(tokens).to(torch.float32).contiguous()  # a catch-up wider than the cache
+        missing = [t for t in unique if t not in self._ids]
+        if missing:
+            if self._free + len(missing) > self._rows.shape[0]:
+                self._ids.clear()
+                self._free = 0
+                missing = unique
+            rows = self._embed(missing).to(torch.float32)  # [m, H]
+            self._rows[self._free : self._free + len(missing)] = rows
+            for i, t in enumerate(missing):
+                self._ids[t] = self._free + i
+            self._free += len(missing)
+        if len(tokens) == 1:
+            return self._rows[self._ids[tokens[0]]].unsqueeze(0)  # [1, H] (a view)
+        return self._rows[[self._ids[t] for t in tokens]]  # [n, H]
+
+    # -- running -----------------------------------------------------------------------------
+    def forward(self, tokens: list[int], h_rows: torch.Tensor, at: int, base: int, *, want_last: bool):
+        """Feed ``tokens`` with their predecessor rows ``h_rows`` [n, H] at cache slots
+        ``at..at+n-1`` (position ``base + slot``); the cache must hold ``at + n`` slots
+        (``ensure``). Returns the head's output for the last row ([H], after head_norm) when
+        ``want_last``, else None."""
+        k, H = self._k, self.H
+        n = len(tokens)
+        threads = self.threads or torch.get_num_threads()
+        eps = float(self.cfg.rms_eps)
+        emb = self.embeddings(tokens)  # [n, H]
+        h = h_rows.to(torch.float32).contiguous()  # [n, H]
+        normed = torch.empty(2, n, H)  # [(emb, h), n, H]
+        k.rms_norm(emb.data_ptr(), self._enorm.data_ptr(), normed[0].data_ptr(), n, H, eps)
+        k.rms_norm(h.data_ptr(), self._hnorm.data_ptr(), normed[1].data_ptr(), n, H, eps)
+        u = torch.empty(n, H)  # [n, H]: the residual stream through the layer
+        e, g = self._e_emb, self._e_hid
+        k.gemm(e.fmt, e.q.data_ptr(), e.d.data_ptr(), e.m.data_ptr(), H, H, normed[0].data_ptr(), n,
+               u.data_ptr(), 0, threads, INT8_ROWS)
+        k.gemm(g.fmt, g.q.data_ptr(), g.d.data_ptr(), g.m.data_ptr(), H, H, normed[1].data_ptr(), n,
+               u.data_ptr(), u.data_ptr(), threads, INT8_ROWS)
+        table = self._rope_from(base, base + at + n)
+        k.layers_forward(self._stack, 0, 1, u.data_ptr(), n, at, self._kc.data_ptr(), self._vc.data_ptr(),
+                         self.capacity, table, threads, INT8_ROWS)
+        if not want_last:
+            return None
+        out = torch.empty(H)  # [H]: returned (chained as the next step's h), so never reused
+        k.rms_norm(u[n - 1].data_ptr(), self._head_norm.data_ptr(), out.data_ptr(), 1, H, eps)
+        return out
+
+    def logits(self, out: torch.Tensor) -> torch.Tensor:
+        """Draft-vocabulary logits [K] of one output row [H]."""
+        w = self._head
+        res = torch.empty(w.shape[0])  # [K]
+        self._k.gemm(w.fmt, w.q.data_ptr(), w.d.data_ptr(), w.m.data_ptr(), w.shape[0], w.shape[1],
+                     out.data_ptr(), 1, res.data_ptr(), 0, self.threads or torch.get_num_threads(), INT8_ROWS)
+        return res

@@ -1,0 +1,200 @@
+"""NativeNextN (the NextN head on the compiled kernels) against the torch module it replaces:
+the same drafts and logits within a stated tolerance on a tiny random config, a KV cache that
+stays in step through catch-up / rewind / gap restart / growth, the torch fallback, and
+speculative == plain with the native head on the embedded model (greedy, seeded sampling)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from tsspec.modeling import native
+from tsspec_draft_head.nextn_file import NATIVE_ENV, NextNFileHead
+from tsspec_draft_head.nextn_model import NextNConfig, NextNModule
+
+V, H, K = 100, 64, 48  # target vocabulary, width, draft vocabulary
+CFG = NextNConfig(hidden_size=H, intermediate_size=96, num_heads=4, num_kv_heads=2, head_dim=16, draft_vocab=K)
+# native and torch sum in different orders (and the native eh_proj in two halves): logits agree
+# to float32 rounding of the layer's sums, far below the gap between distinct logits
+TOLERANCE = 1e-4
+
+needs_kernels = pytest.mark.skipif(native.kernels() is None, reason="the compiled kernels were not built")
+
+
+class _Target:
+    def __init__(self, table):
+        self.table = table
+
+    def embed(self, ids):
+        return self.table[torch.as_tensor(ids, dtype=torch.long)]
+
+
+def _module(seed: int = 0) -> NextNModule:
+    gen = torch.Generator().manual_seed(seed)
+    module = NextNModule(CFG, V)
+    with torch.no_grad():
+        for p in module.parameters():
+            p.copy_(torch.randn(p.shape, generator=gen) * 0.3 + (1.0 if p.dim() == 1 else 0.0))
+        module.draft_ids.copy_(torch.randperm(V, generator=gen)[:K])  # unsorted, as FR-Spec writes them
+    module.requires_grad_(False)
+    module.pack_int8()
+    return module
+
+
+def _heads(seed: int = 0):
+    """(torch head, native head) over one module and one embedding table."""
+    module = _module(seed)
+    table = torch.randn(V, H, generator=torch.Generator().manual_seed(seed + 50))
+    reference = NextNFileHead(module, _Target(table))
+    reference.use_native(False)
+    fast = NextNFileHead(module, _Target(table))
+    assert fast.use_native(True) and fast.native
+    return reference, fast
+
+
+def _same(a, b):
+    """Compact logits and output rows of two heads agree; the drafts (argmax) are equal."""
+    (la, oa), (lb, ob) = a, b
+    scale = float(la.abs().max())
+    assert la.shape == lb.shape == (K,)
+    assert torch.allclose(la, lb, atol=TOLERANCE * scale, rtol=0), float((la - lb).abs().max())
+    assert torch.allclose(oa, ob, atol=TOLERANCE * float(oa.abs().max()), rtol=0)
+    assert int(la.argmax()) == int(lb.argmax())
+
+
+def _rows(n: int, seed: int) -> torch.Tensor:
+    return torch.randn(n, H, generator=torch.Generator().manual_seed(seed))
+
+
+@needs_kernels
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_native_drafts_equal_the_torch_heads_on_random_inputs(seed):
+    reference, fast = _heads(seed)
+    gen = torch.Generator().manual_seed(seed + 7)
+    tokens = torch.randint(V, (12,), generator=gen).tolist()
+    rows = torch.cat([torch.zeros(1, H), _rows(11, seed)])  # rows[p]: the row that predicted tokens[p]
+    out = {}
+    for head in (reference, fast):  # chained steps on each head's own output, as the speculator does
+        logits, last = head.draft_catch_up_and_step(tokens[:9], rows[:9], 0, compact=True)
+        seen = [(logits, last)]
+        for p in (9, 10, 11):
+            token = int(head.draft_vocab_ids[int(logits.argmax())])
+            logits, last = head.draft_step(token, last, p, compact=True)
+            seen.append((logits, last))
+        out[head] = seen
+    for a, b in zip(out[reference], out[fast]):
+        _same(a, b)
+
+
+@needs_kernels
+def test_compact_logits_are_the_full_vocabulary_ones_at_the_draft_ids():
+    _, fast = _heads(3)
+    ids = fast.draft_vocab_ids
+    assert bool((ids[1:] > ids[:-1]).all())  # ascending: argmax ties go to the lowest id
+    full, out_a = fast.draft_catch_up_and_step([5, 6, 7], _rows(3, 1), 4)
+    small, out_b = fast.draft_catch_up_and_step([5, 6, 7], _rows(3, 1), 4, compact=True)
+    assert full.shape == (V,) and torch.equal(full[ids], small) and torch.equal(out_a, out_b)
+    rest = torch.ones(V, dtype=torch.bool)
+    rest[ids] = False
+    assert bool(torch.isneginf(full[rest]).all())
+
+
+@needs_kernels
+def test_kv_cache_stays_in_step_through_catch_up_rewind_gap_and_growth():
+    reference, fast = _heads(4)
+    gen = torch.Generator().manual_seed(9)
+    tokens = torch.randint(V, (700,), generator=gen).tolist()
+    rows = _rows(700, 11)
+
+    def both(fn):
+        a, b = fn(reference), fn(fast)
+        if a is not None:
+            _same(a, b)
+        assert (reference.base, reference.end) == (fast.base, fast.end)
+
+    step = lambda p: lambda h: h.draft_step(tokens[p], rows[p], p, compact=True)  # noqa: E731
+    fused = lambda s, n: lambda h: h.draft_catch_up_and_step(  # noqa: E731
+        tokens[s : s + n], rows[s : s + n], s, compact=True)
+    catch_up = lambda s, n: lambda h: h.draft_catch_up(tokens[s : s + n], rows[s : s + n], s)  # noqa: E731
+    both(catch_up(0, 6))  # position 0 dropped: the cache holds 1..5
+    assert fast.base == 1 and fast.end == 6
+    both(step(6))
+    both(step(7))  # a chained draft at 7
+    both(fused(6, 3))  # rewind: 6, 7 rewritten by what landed, then 8
+    both(fused(30, 2))  # a gap: restart at 30
+    assert fast.base == 30
+    both(fused(31, 1))
+    both(fused(10, 4))  # before the base: restart there
+    assert fast.base == 10
+    both(catch_up(14, 250))  # past the first capacity (256 slots): the cache grows, rows copied over
+    both(fused(264, 40))
+    both(step(304))
+    both(fused(200, 2))  # rewind deep into the grown cache
+    reference.reset()
+    fast.reset()
+    both(step(600))  # after reset: a fresh cache at 600 (a RoPE table grown on demand)
+
+
+def test_torch_fallback_without_the_compiled_kernels(monkeypatch):
+    module = _module(5)
+    table = torch.randn(V, H)
+    monkeypatch.setattr(native, "kernels", lambda: None)
+    head = NextNFileHead(module, _Target(table))
+    assert not head.native and not head.use_native(True)
+    logits, out = head.draft_catch_up_and_step([1, 2, 3], _rows(3, 0), 0)
+    assert logits.shape == (V,) and out.shape == (H,) and torch.isfinite(logits[head.draft_vocab_ids]).all()
+
+
+@needs_kernels
+def test_switch_keeps_the_torch_module(monkeypatch):
+    monkeypatch.setenv(NATIVE_ENV, "0")
+    assert not NextNFileHead(_module(6), _Target(torch.randn(V, H))).native
+    monkeypatch.setenv(NATIVE_ENV, "1")
+    assert NextNFileHead(_module(6), _Target(torch.randn(V, H))).native
+
+
+# -- the embedded model with its shipped drafter ---------------------------------------------
+@pytest.fixture(scope="module")
+def embedded():
+    pytest.importorskip("tsspec_drafters_smollm2", reason="the SmolLM2 drafter distribution is not installed")
+    import tsspec_drafters_smollm2
+    import tsspec_model_llama
+
+    import tsspec_draft_head
+    from tsspec.modeling.embedded import embedded_model_path
+    from tsspec.plugins import PluginHost
+    from tsspec.runtime.catalog import build_catalog
+    from tsspec.runtime.loading import load_model
+    from tsspec.runtime.options import SpeculationOptions
+
+    host = PluginHost()
+    for module, name in ((tsspec_draft_head, "draft-head"), (tsspec_drafters_smollm2, "drafters-smollm2"),
+                         (tsspec_model_llama, "llama")):
+        host.register(module, name)
+    catalog = build_catalog(host, discover=False)
+    path = embedded_model_path()
+    return (catalog, load_model(path, catalog=catalog, options=SpeculationOptions(spec_type="draft-head")),
+            load_model(path, catalog=catalog, options=SpeculationOptions(enabled=False)))
+
+
+@needs_kernels
+@pytest.mark.parametrize("sampling", ["greedy", "sampled", "penalty"])
+def test_speculative_equals_plain_with_the_native_head_on_the_embedded_model(embedded, sampling):
+    from tsspec.runtime.generation import generate
+    from tsspec.runtime.options import SpeculationOptions
+    from tsspec.runtime.sampling import SamplingParams
+
+    params = {"greedy": SamplingParams(), "sampled": SamplingParams(temperature=0.7, top_k=40, seed=5),
+              "penalty": SamplingParams(temperature=0.7, top_k=40, seed=3, repeat_penalty=1.3)}[sampling]
+    catalog, with_drafter, bare = embedded
+    head = with_drafter.draft_head
+    assert head.native
+    tok = bare.tokenizer
+    ids = tok.encode(tok.apply_chat_template([{"role": "user", "content": "Name three primary colors."}]),
+                     add_special_tokens=False)
+    plain = generate(bare, list(ids), SpeculationOptions(enabled=False), max_tokens=20, sampling=params)
+    options = SpeculationOptions(spec_type="draft-head", adaptive=False, pmin=0.0, draft=2)
+    calls = head.calls
+    spec = generate(with_drafter, list(ids), options, max_tokens=20, sampling=params, registry=catalog.speculators)
+    assert spec.tokens == plain.tokens
+    assert spec.stats.draft_tokens > 0 and head.calls > calls and head.native
