@@ -135,6 +135,54 @@ def test_kv_cache_stays_in_step_through_catch_up_rewind_gap_and_growth():
     both(step(600))  # after reset: a fresh cache at 600 (a RoPE table grown on demand)
 
 
+class _HoldingKernels:
+    """The compiled kernels, but ``layers_forward`` runs ``during`` before the real call (the
+    KV cache's address already taken, as a native call holds it with the GIL released)."""
+
+    def __init__(self, real, during):
+        self._real, self._during = real, during
+
+    def __getattr__(self, name):
+        return getattr(self._real, name)
+
+    def layers_forward(self, stack, l0, l1, x, rows, past, k, v, cap, table, threads, int8):
+        self._during(k, v, table)
+        return self._real.layers_forward(stack, l0, l1, x, rows, past, k, v, cap, table, threads, int8)
+
+
+@needs_kernels
+def test_a_head_shared_by_two_threads_never_frees_a_cache_a_native_call_holds():
+    # the server's sequences share target.draft_head, each proposing in its own worker thread: a
+    # second call that grows the cache (or the RoPE table) must wait until the kernels let go of
+    # the first call's addresses, not free them under it
+    import threading
+
+    _, fast = _heads(7)
+    rows, seen = _rows(600, 3), []
+    tokens = [t % V for t in range(600)]
+
+    def during(k, v, table):
+        if seen:
+            return
+        seen.append(None)  # the other thread's own call passes straight through
+        held = fast._native
+        rope = held._rope
+        # 600 rows from the same start: the KV cache (256 slots) and the RoPE table (512) grow
+        other = threading.Thread(target=fast.draft_catch_up, args=(tokens, rows, 5))
+        other.start()
+        other.join(timeout=0.5)  # with the head held it cannot run: give it time to try
+        seen[0] = other
+        # freed under the call: fail here, before the kernels would write through the address
+        assert k == held._kc.data_ptr() and v == held._vc.data_ptr() and held._rope is rope
+
+    fast._native._k = _HoldingKernels(fast._native._k, during)
+    fast.draft_step(2, rows[0], 5, compact=True)
+    (other,) = seen
+    other.join(timeout=30)
+    assert not other.is_alive()
+    assert fast.end == 605 and fast._native.capacity >= 600
+
+
 def test_torch_fallback_without_the_compiled_kernels(monkeypatch):
     module = _module(5)
     table = torch.randn(V, H)

@@ -26,6 +26,7 @@ The embedding is the target's (``target.embed``), so the file stays small.
 from __future__ import annotations
 
 import json
+import threading
 from typing import Any, Sequence
 
 import numpy as np
@@ -185,6 +186,10 @@ class NextNFileHead:
     with ``TS_MTP_NATIVE=0`` (also the reference the tests hold the native one to). Each keeps
     its own KV cache; ``use_native`` switches engines and starts a new sequence.
 
+    One head serves every sequence of a target (the server's sequences propose from their own
+    worker threads): a lock runs one head call at a time, so no call grows or replaces the cache
+    or RoPE table while the kernels hold their addresses (a native call releases the GIL).
+
     Compact logits: ``draft_vocab_ids`` [K] are the target ids the head can propose, ascending;
     ``draft_step(..., compact=True)`` and ``draft_catch_up_and_step(..., compact=True)`` return
     logits over those ids only (no vocabulary-sized vector). Without ``compact`` the logits are
@@ -222,6 +227,7 @@ class NextNFileHead:
         module.sort_draft_vocab()  # ascending ids: compact argmax ties go to the lowest id
         self.draft_vocab_ids = module.draft_ids  # [K] ascending target ids
         self._native = None
+        self._busy = threading.RLock()  # one head call at a time (see the class docstring)
         self.use_native(switch_on(NATIVE_ENV))
 
     @property
@@ -234,33 +240,37 @@ class NextNFileHead:
         a new sequence (the engines keep separate caches). Returns whether native is now on."""
         from . import native_head
 
-        self.reset()
-        if not on or not native_head.available(self.m):
-            self._native = None
-        elif self._native is None:
-            self._native = native_head.NativeNextN(self.m, self.target.embed)
-        return self._native is not None
+        with self._busy:
+            self.reset()
+            if not on or not native_head.available(self.m):
+                self._native = None
+            elif self._native is None:
+                self._native = native_head.NativeNextN(self.m, self.target.embed)
+            return self._native is not None
 
     def reset(self) -> None:
-        self.base, self.end = None, 0
+        with self._busy:
+            self.base, self.end = None, 0
 
     def draft_step(self, token: int, h_prev: torch.Tensor, pos: int, *, compact: bool = False):
         return self.draft_catch_up_and_step([int(token)], h_prev.reshape(1, -1), pos, compact=compact)
 
     def draft_catch_up(self, tokens: Sequence[int], h_rows: torch.Tensor, start_pos: int) -> None:
-        self._advance([int(t) for t in tokens], h_rows, int(start_pos), want_last=False)
+        with self._busy:
+            self._advance([int(t) for t in tokens], h_rows, int(start_pos), want_last=False)
 
     def draft_catch_up_and_step(self, tokens: Sequence[int], h_rows: torch.Tensor, start_pos: int, *,
                                 compact: bool = False):
         """(logits for the position after the last token, the head's output row [H]); logits
         [K] over ``draft_vocab_ids`` with ``compact``, else [vocab] with -inf elsewhere."""
-        if self._native is not None:  # the kernels' gemms take torch's thread count, as the target's do
-            last = self._advance([int(t) for t in tokens], h_rows, int(start_pos), want_last=True)  # [H]
-            small = self._native.logits(last)  # [K]
-        else:
-            with _single_thread(), torch.inference_mode():
+        with self._busy:
+            if self._native is not None:  # the kernels' gemms take torch's thread count, as the target's do
                 last = self._advance([int(t) for t in tokens], h_rows, int(start_pos), want_last=True)  # [H]
-                small = self.m.logits(last)  # [K]
+                small = self._native.logits(last)  # [K]
+            else:
+                with _single_thread(), torch.inference_mode():
+                    last = self._advance([int(t) for t in tokens], h_rows, int(start_pos), want_last=True)  # [H]
+                    small = self.m.logits(last)  # [K]
         if compact:
             return small, last
         with torch.inference_mode():
