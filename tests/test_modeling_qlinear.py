@@ -199,6 +199,38 @@ def test_pool_serves_concurrent_callers_and_forked_children():
         torch.set_num_threads(threads)
 
 
+@needs_native
+def test_a_threads_gemm_scratch_is_freed_when_the_thread_ends():
+    """A caller's row buffer lives as long as its thread: the server's sequences each run in a
+    thread of their own and their drafter calls the kernel there, so a buffer kept past the
+    thread's end would grow memory with every request. Measured as address space (the buffer
+    is mostly untouched): 6 threads with a 64 MiB buffer each must not leave 384 MiB mapped."""
+    import threading
+
+    k = 1 << 24  # one weight row of 16 Mi weights: a caller's buffer of k floats (64 MiB)
+    bm = BlockMatrix.quantize_int8(torch.ones(1, k))
+    x = torch.ones(1, k)
+
+    def mapped() -> int:
+        with open("/proc/self/statm") as handle:
+            return int(handle.read().split()[0]) * 4096  # bytes of address space (pages of 4 KiB)
+
+    def call():
+        bm.linear(x)  # one output row: one chunk, run in the calling thread
+
+    def threads(count: int) -> None:
+        for _ in range(count):
+            worker = threading.Thread(target=call)
+            worker.start()
+            worker.join()
+
+    call()
+    threads(6)  # the first threads' allocator arenas and stacks, kept by the C library for reuse
+    before = mapped()
+    threads(6)
+    assert mapped() - before < 2 * (4 * k)  # at most a buffer or two in flight, not one a thread
+
+
 def random_k_blocks(kind, n: int, k: int, seed: int) -> np.ndarray:
     """Random K-quant super-blocks [n, bytes] with small positive fp16 scales (gguf cannot encode
     K-quants, but decodes them)."""

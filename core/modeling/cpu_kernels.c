@@ -1050,12 +1050,20 @@ static void run_chunks(chunk_fn fn, void *arg, int64_t chunks, int threads) {
 }
 
 /* per-thread scratch memory (grown, never shrunk) */
+/* a thread's buffer goes when the thread ends (the key's destructor): a server runs each
+ * sequence in a thread of its own, and its drafter's kernel calls run there */
+static pthread_key_t scratch_key;
+static pthread_once_t scratch_once = PTHREAD_ONCE_INIT;
+static void scratch_make_key(void) { pthread_key_create(&scratch_key, free); }
+
 static float *scratch(size_t floats) {
     static __thread float *buf = NULL;
     static __thread size_t cap = 0;
     if (floats > cap) {
         float *grown = (float *)realloc(buf, sizeof(float) * floats);
         if (grown == NULL) return NULL;
+        pthread_once(&scratch_once, scratch_make_key);
+        pthread_setspecific(scratch_key, grown);
         buf = grown;
         cap = floats;
     }
