@@ -36,7 +36,8 @@ def test_blocks_unpack_to_gguf_dequantised_values(kind):
     assert torch.equal(bm.rows(ids), ref[ids])  # a verify's lookup: the kernel, row by row
     many = torch.arange(qlinear.GEMM_ROWS + 8) % 40  # a prefill's: one batch of torch ops
     assert torch.equal(bm.rows(many), ref[many])
-    for bad in ([40], [0, -1]):
+    over = qlinear.GEMM_ROWS + 1  # a prefill's lookup refuses them too (never wraps a negative id)
+    for bad in ([40], [0, -1], [0] * over + [40], [0] * over + [-1]):
         with pytest.raises(IndexError):
             bm.rows(torch.tensor(bad))
     assert torch.equal(bm.dequantize(slice(5, 9)), ref[5:9])

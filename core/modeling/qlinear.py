@@ -173,10 +173,12 @@ class BlockMatrix:
         exact, so both round q * d + m once), which skips the ~50 us of torch gathers; more
         (a prefill) in one batch of torch ops."""
         ids = ids.reshape(-1).to(torch.long)
+        n, k = self.shape
         kernels = native.kernels()
         if kernels is None or len(ids) > GEMM_ROWS:
+            if ids.numel() and not 0 <= int(ids.min()) <= int(ids.max()) < n:  # torch would wrap a negative id
+                raise IndexError(f"row ids must lie in [0, {n})")
             return _dequantize_torch(self.fmt, self.q[ids], self.d[ids], self.m[ids])
-        n, k = self.shape
         picked = ids.tolist()
         if picked and not 0 <= min(picked) <= max(picked) < n:
             raise IndexError(f"row ids must lie in [0, {n})")
