@@ -22,3 +22,16 @@ def test_held_out_sequences_know_where_the_answer_starts(tmp_path):
     cached = build_held_out(target, "toy-id", spec, 3, log=lambda _: None)
     assert [s.answer_start for s in cached] == lengths
     assert all(torch.equal(a.labels, b.labels) for a, b in zip(fresh, cached))
+
+
+def test_a_held_out_cache_written_before_answer_starts_still_loads(tmp_path):
+    target = ToyTarget(vocab_size=32, hidden_size=12, recurrent=False)
+    spec = DataSpec(seq_len=200, answer_tokens=5, cache_dir=str(tmp_path))
+    fresh = build_held_out(target, "toy-id", spec, 2, log=lambda _: None)
+    (path,) = tmp_path.rglob("held-out-*.pt")
+    saved = torch.load(path, weights_only=False)
+    for seq in saved["sequences"]:
+        del seq["answer_start"]  # as the sequences were saved before they carried it
+    torch.save(saved, path)
+    cached = build_held_out(target, "toy-id", spec, 2, log=lambda _: None)
+    assert [s.answer_start for s in cached] == [s.answer_start for s in fresh] and fresh[0].answer_start > 0
