@@ -176,7 +176,9 @@ class DraftContext:
     # Pass ``preceding(drafts_so_far)`` as ``tokens``.
     adjust_logits: Callable[["torch.Tensor", Sequence[int]], "torch.Tensor"] | None = None
     vocab_size: int = 0
-    # how many preceding tokens adjust_logits reads (0: it reads none)
+    # how many preceding tokens adjust_logits reads; 0: it reads none and changes nothing (no
+    # adjustment is on), so a drafter may skip calling it. An adjustment that reads no tokens but
+    # changes logits (a bias) must report a lookback of at least 1.
     adjust_lookback: int = 0
     window: int = 0  # the sequence's draft window (0 when the context was built by hand: use max_tokens)
 

@@ -66,3 +66,23 @@ def test_invalid_params():
         SamplingParams(top_p=1.5)
     with pytest.raises(ValueError, match="repeat-penalty"):
         SamplingParams(repeat_penalty=0)
+
+
+@pytest.mark.parametrize(
+    "params",
+    [
+        SamplingParams(),
+        SamplingParams(repeat_penalty=1.3, repeat_last_n=0),
+        SamplingParams(repeat_penalty=1.3, repeat_last_n=8),
+        SamplingParams(temperature=0.7, repeat_penalty=1.0, repeat_last_n=64),
+    ],
+)
+def test_a_lookback_of_zero_means_the_adjustment_changes_nothing(params):
+    """DraftContext.adjust_lookback's contract: 0 lets a drafter skip adjust_logits."""
+    sampler = Sampler(params)
+    logits = torch.linspace(-3.0, 3.0, 16)  # [vocab] with both signs
+    adjusted = sampler.adjust(logits, [1, 2, 3, 15])
+    if sampler.lookback == 0:
+        assert torch.equal(adjusted, logits)
+    else:
+        assert not torch.equal(adjusted, logits)
