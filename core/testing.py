@@ -31,6 +31,7 @@ __all__ = [
     "PrefixReference",
     "OracleSpeculator",
     "RandomSpeculator",
+    "SilentSpeculator",
     "AdversarialSpeculator",
     "assert_lossless",
     "plain_tokens",
@@ -305,6 +306,30 @@ class OracleSpeculator:
 
     def close(self) -> None:
         pass
+
+
+class SilentSpeculator:
+    """A named speculator that never proposes: the least a registry or pairing test needs
+    (the members the loop calls). Equal to another of the same name."""
+
+    needs_hidden_state = False
+
+    def __init__(self, name: str):
+        self.name = name
+
+    def propose(self, ctx: DraftContext) -> list[int]:
+        return []
+
+    def commit(self, tokens, hidden_rows, start_pos) -> None:
+        pass
+
+    def reset(self) -> None:
+        pass
+
+    def __eq__(self, other) -> bool:
+        return isinstance(other, SilentSpeculator) and other.name == self.name
+
+    __hash__ = None
 
 
 class RandomSpeculator:

@@ -10,7 +10,7 @@ from tsspec.runtime.governor import PARKED
 from tsspec.runtime.pairing import BACKUP, PRIMARY, SpeculatorPair
 from tsspec.runtime.registry import SpeculatorRegistry
 from tsspec.runtime.sampling import SamplingParams
-from tsspec.testing import OracleSpeculator, RandomSpeculator, ToyTarget, plain_tokens
+from tsspec.testing import OracleSpeculator, RandomSpeculator, SilentSpeculator as Named, ToyTarget, plain_tokens
 
 PROMPT = [3, 1, 4, 1, 5, 9, 2, 6]
 
@@ -104,22 +104,6 @@ def test_a_pair_never_changes_the_output(sampling):
 class FallbackHead:
     kind = DraftHeadKind.PER_TOKEN
     auto_fallback = True
-
-
-class Named:
-    needs_hidden_state = False
-
-    def __init__(self, name):
-        self.name = name
-
-    def propose(self, ctx):
-        return []
-
-    def commit(self, *args):
-        pass
-
-    def reset(self):
-        pass
 
 
 def _registry(free_declines=False):

@@ -16,30 +16,12 @@ from tsspec.runtime.registry import (
     Decline,
     SpeculatorRegistry,
 )
-from tsspec.testing import ToyTarget
+from tsspec.testing import SilentSpeculator as Named, ToyTarget
 
 
 class Head:
     def __init__(self, kind):
         self.kind = kind
-
-
-class Named:
-    """A minimal speculator (the registry checks the members the loop calls)."""
-
-    needs_hidden_state = False
-
-    def __init__(self, name):
-        self.name = name
-
-    def propose(self, ctx):
-        return []
-
-    def commit(self, tokens, hidden_rows, start_pos):
-        pass
-
-    def __eq__(self, other):
-        return isinstance(other, Named) and other.name == self.name
 
 
 def make_registry():
