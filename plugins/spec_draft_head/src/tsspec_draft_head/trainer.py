@@ -237,6 +237,11 @@ def answer_accuracy(module: NextNModule, batches: _Batches, data: Sequence[Teach
     return {f"acc{j}": h / max(1, total) for j, h in sorted(hits.items())}
 
 
+def _metrics(values: dict[str, float]) -> str:
+    """``acc1=0.467 acc2=0.428``: a metrics dict for the log."""
+    return " ".join(f"{k}={v:.3f}" for k, v in values.items())
+
+
 def train_mtp(request: TrainRequest, target, log: Callable[[str], None] = print, progress=None) -> dict:
     """Train and write a ``nextn`` drafter for ``target``; returns a summary."""
     device = loop.resolve_device(request.loop.device)
@@ -281,16 +286,16 @@ def train_mtp(request: TrainRequest, target, log: Callable[[str], None] = print,
     answers_after = answer_accuracy(module, batches, held_out, request.unroll) if held_out else {}
     answers_served = answer_accuracy(module, batches, held_out, request.unroll,
                                      context_rows=DEFAULT_CATCH_UP_ROWS) if held_out else {}
-    log("validation accuracy per step: before " + " ".join(f"{k}={v:.3f}" for k, v in before.items())
-        + " | after " + " ".join(f"{k}={v:.3f}" for k, v in after.items()))
+    log("validation accuracy per step: before " + _metrics(before)
+        + " | after " + _metrics(after))
     if held_out:
         log(f"held-out answers ({len(held_out)} prompts, {sum(len(s.tokens) for s in held_out)} tokens) accuracy per "
-            "step: before " + " ".join(f"{k}={v:.3f}" for k, v in held_before.items())
-            + " | after " + " ".join(f"{k}={v:.3f}" for k, v in held_after.items()))
-        log("held-out answer tokens only: before " + " ".join(f"{k}={v:.3f}" for k, v in answers_before.items())
-            + " | after " + " ".join(f"{k}={v:.3f}" for k, v in answers_after.items())
+            "step: before " + _metrics(held_before)
+            + " | after " + _metrics(held_after))
+        log("held-out answer tokens only: before " + _metrics(answers_before)
+            + " | after " + _metrics(answers_after)
             + f" | after, head context from the prompt's last {DEFAULT_CATCH_UP_ROWS} rows "
-            + " ".join(f"{k}={v:.3f}" for k, v in answers_served.items()))
+            + _metrics(answers_served))
     module.cpu()
     recipe = {
         "kind": KIND, "steps": request.loop.steps, "lr": request.loop.lr, "batch": request.batch,
