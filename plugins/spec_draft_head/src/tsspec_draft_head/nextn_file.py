@@ -244,6 +244,8 @@ class NextNFileHead:
             self.reset()
             if not on or not native_head.available(self.m):
                 self._native = None
+                if self.m.__dict__.get("_packed") is None:
+                    self.m.pack_int8()  # the torch engine drafts on int8 blocks where it can
             elif self._native is None:
                 self._native = native_head.NativeNextN(self.m, self.target.embed)
             return self._native is not None
@@ -376,10 +378,10 @@ def attach_nextn(target, gguf_path, options=None) -> NextNFileHead:
     check_fit(facts, module, target, path)
     if getattr(target, "feature_taps", None):
         target.spec_set_feature_taps(None)  # a NextN head reads the post-norm rows
-    # drafting on the CPU: the head's matrices as int8 blocks on the compiled kernel (a quarter
-    # of the float32 bytes per draft step; the drafts may differ slightly, the output never)
+    # drafting on the CPU: the head's matrices as int8 blocks on the compiled kernels (a quarter
+    # of the float32 bytes per draft step; the drafts may differ slightly, the output never):
+    # the native engine quantises its own, the torch one packs the module (use_native)
     module.sort_draft_vocab()
-    module.pack_int8()
     head = NextNFileHead(module, target, source=path, max_context=int(getattr(target, "max_context_length", 1 << 16)),
                          recommended=facts.get("recommended"))
     target.draft_head = head
