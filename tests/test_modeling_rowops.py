@@ -56,3 +56,53 @@ def test_silu_product_scalar_and_simd_agree_over_the_whole_range(scalar_path):
     assert torch.equal(fast, slow)
     expected = F.silu(gu[:, :93].double()) * gu[:, 93:].double()
     assert torch.allclose(fast.double(), expected, rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize("n", [576, 64, 960, 37, 8, 2048])
+def test_rms_norm_torch_is_torchs_rms_norm_bit_for_bit(n):
+    """The final norm of a native step (``rms_norm_torch``) equals ``F.rms_norm`` exactly, row
+    by row, on rows of every magnitude, for hidden sizes with and without a scalar tail."""
+    import torch.nn.functional as F
+
+    from tsspec.modeling import rowops
+
+    lanes = rowops.torch_norm_lanes(n, 1e-5)
+    assert lanes in rowops.TORCH_LANES  # this torch's sum order is one the kernels know
+    g = torch.Generator().manual_seed(n + 1)
+    x = torch.randn(12, n, generator=g) * 10.0 ** torch.arange(-5, 7, dtype=torch.float32)[:, None]
+    w = torch.randn(n, generator=g)
+    got = rowops.rms_norm_torch(x, w, 1e-5)
+    for r in range(x.shape[0]):
+        assert torch.equal(got[r], F.rms_norm(x[r : r + 1], (n,), w, 1e-5)[0]), f"row {r}"
+    other = rowops.rms_norm_torch(x, w, 1e-6)  # another eps: found and checked again
+    assert torch.equal(other, F.rms_norm(x, (n,), w, 1e-6))
+
+
+def test_a_wrong_lane_count_gives_other_bits():
+    """The lane count matters (so finding it by comparison can fail, and is checked): summing in
+    another width than torch's changes some rows' last bits."""
+    import torch.nn.functional as F
+
+    from tsspec.modeling import rowops
+
+    lanes = rowops.torch_norm_lanes(576, 1e-5)
+    g = torch.Generator().manual_seed(3)
+    x, w = torch.randn(32, 576, generator=g), torch.randn(576, generator=g)
+    want = F.rms_norm(x, (576,), w, 1e-5)
+    for other in set(rowops.TORCH_LANES) - {lanes}:
+        got = torch.empty_like(x)
+        native.kernels().rms_norm_torch(x.data_ptr(), w.data_ptr(), got.data_ptr(), 32, 576, 1e-5, other)
+        assert not torch.equal(got, want)
+        assert torch.allclose(got, want, rtol=1e-6, atol=1e-6)
+
+
+def test_rms_norm_torch_refuses_bad_operands():
+    from tsspec.modeling import rowops
+
+    with pytest.raises(ValueError, match="weight"):
+        rowops.rms_norm_torch(torch.ones(2, 8), torch.ones(9), 1e-5)
+    with pytest.raises(ValueError, match="operands"):
+        native.kernels().rms_norm_torch(0, 0, 0, 1, 8, 1e-5, 8)
+    x = torch.ones(1, 8)
+    with pytest.raises(ValueError, match="operands"):  # no such vector width
+        native.kernels().rms_norm_torch(x.data_ptr(), x.data_ptr(), x.data_ptr(), 1, 8, 1e-5, 17)

@@ -2286,6 +2286,230 @@ static PyObject *py_probe_handshake(PyObject *self, PyObject *args) {
     return list;
 }
 
+/* ---- one native call for a whole decode or verify step (issue 16, glue) -------------------
+ * 6. The final RMSNorm in torch's own order, and model_step: the embedding rows, every block
+ *    (stack_forward), the final RMSNorm and the LM head in one call, so a step leaves Python
+ *    once. Every value is bit for bit what the Python path gives: the embedding rows are the
+ *    dequantiser's (unpack_row_*), the blocks are stack_forward, the LM head is gemm() with
+ *    the Python path's arguments, and the final norm reproduces torch's F.rms_norm on float32
+ *    rows exactly (the logits of the torch path therefore do not move):
+ *      F.rms_norm(x, w, eps) = (x * rsqrt(mean(x * x) + eps)) * w,
+ *    where torch's mean is its cascade sum (ATen's SumKernel: vectors of `lanes` floats, 4
+ *    interleaved partial sums, levels of 16, the vector's lanes last) divided by n, and rsqrt is
+ *    1 / sqrtf. `lanes` is torch's vector width on this CPU (8 with AVX2, 16 with AVX-512);
+ *    the caller finds it by comparing against torch (model_llama's target does, at load, and
+ *    keeps torch's own op where none matches). Torch sums one row this way when it reduces
+ *    serially (fewer than its grain of 32768 values in the call); the caller keeps to that. */
+
+#define TORCH_SUM_LEVELS 4
+#define TORCH_SUM_ILP 4
+#define TORCH_MAX_LANES 16
+
+static int64_t ceil_log2_torch(int64_t x) { /* c10's CeilLog2 */
+    if (x <= 2) return 1;
+    int64_t bits = 0;
+    for (uint64_t v = (uint64_t)(x - 1); v; v >>= 1) bits++;
+    return bits;
+}
+
+#if defined(__GNUC__) && !defined(__clang__)
+__attribute__((optimize("fp-contract=off")))
+#endif
+static float torch_sum_squares(const float *x, int64_t n, int lanes) {
+    /* at::sum(x * x) of one contiguous row: x * x rounded (torch's pow(x, 2)), then the
+     * vectorised inner sum over n / lanes vectors, the scalar tail first, the lanes after it */
+    const int64_t nvec = n / lanes, size = nvec / TORCH_SUM_ILP;
+    const int64_t lp = ceil_log2_torch(size) / TORCH_SUM_LEVELS;
+    const int64_t power = lp > 4 ? lp : 4, step = (int64_t)1 << power, mask = step - 1;
+    float acc[TORCH_SUM_LEVELS][TORCH_SUM_ILP][TORCH_MAX_LANES];
+    memset(acc, 0, sizeof acc);
+    int64_t i = 0;
+    while (i + step <= size) {
+        for (int64_t j = 0; j < step; j++, i++)
+            for (int k = 0; k < TORCH_SUM_ILP; k++) {
+                const float *v = x + (i * TORCH_SUM_ILP + k) * lanes;
+                for (int l = 0; l < lanes; l++) {
+                    const float sq = v[l] * v[l];
+                    acc[0][k][l] += sq;
+                }
+            }
+        for (int j = 1; j < TORCH_SUM_LEVELS; j++) {
+            for (int k = 0; k < TORCH_SUM_ILP; k++)
+                for (int l = 0; l < lanes; l++) {
+                    acc[j][k][l] += acc[j - 1][k][l];
+                    acc[j - 1][k][l] = 0.0f;
+                }
+            if (i & (mask << (j * power))) break;
+        }
+    }
+    for (; i < size; i++)
+        for (int k = 0; k < TORCH_SUM_ILP; k++) {
+            const float *v = x + (i * TORCH_SUM_ILP + k) * lanes;
+            for (int l = 0; l < lanes; l++) {
+                const float sq = v[l] * v[l];
+                acc[0][k][l] += sq;
+            }
+        }
+    for (int j = 1; j < TORCH_SUM_LEVELS; j++)
+        for (int k = 0; k < TORCH_SUM_ILP; k++)
+            for (int l = 0; l < lanes; l++) acc[0][k][l] += acc[j][k][l];
+    for (int64_t v = size * TORCH_SUM_ILP; v < nvec; v++) /* vectors past the last group of 4 */
+        for (int l = 0; l < lanes; l++) {
+            const float sq = x[v * lanes + l] * x[v * lanes + l];
+            acc[0][0][l] += sq;
+        }
+    for (int k = 1; k < TORCH_SUM_ILP; k++)
+        for (int l = 0; l < lanes; l++) acc[0][0][l] += acc[0][k][l];
+    float total = 0.0f;
+    for (int64_t e = nvec * lanes; e < n; e++) {
+        const float sq = x[e] * x[e];
+        total += sq;
+    }
+    for (int l = 0; l < lanes; l++) total += acc[0][0][l];
+    return 0.0f + total; /* the output starts at 0 and accumulates the row's sum */
+}
+
+#if defined(__GNUC__) && !defined(__clang__)
+__attribute__((optimize("fp-contract=off")))
+#endif
+static void rms_norm_torch_rows(const float *x, int64_t xs, const float *w, float *out, int64_t rows, int64_t n,
+                                float eps, int lanes) {
+    for (int64_t r = 0; r < rows; r++) {
+        const float *xr = x + r * xs;
+        float *o = out + r * n;
+        float mean = torch_sum_squares(xr, n, lanes) / (float)n;
+        mean = mean + eps;
+        const float scale = 1.0f / sqrtf(mean);
+        for (int64_t i = 0; i < n; i++) {
+            const float y = xr[i] * scale;
+            o[i] = y * w[i];
+        }
+    }
+}
+
+static int torch_lanes_ok(int lanes) { return lanes >= 1 && lanes <= TORCH_MAX_LANES; }
+
+/* rms_norm_torch(x, w, out, rows, n, eps, lanes): out[rows, n] = F.rms_norm(x[rows, n], w, eps)
+ * bit for bit, for torch's vector width `lanes` */
+static PyObject *py_rms_norm_torch(PyObject *self, PyObject *args) {
+    unsigned long long x, w, out;
+    long long rows, n;
+    float eps;
+    int lanes;
+    if (!PyArg_ParseTuple(args, "KKKLLfi", &x, &w, &out, &rows, &n, &eps, &lanes)) return NULL;
+    if (!x || !w || !out || rows < 0 || n < 1 || !torch_lanes_ok(lanes)) {
+        PyErr_SetString(PyExc_ValueError, "bad rms_norm_torch operands");
+        return NULL;
+    }
+    rms_norm_torch_rows((const float *)(uintptr_t)x, n, (const float *)(uintptr_t)w, (float *)(uintptr_t)out, rows, n,
+                        eps, lanes);
+    Py_RETURN_NONE;
+}
+
+static int parse_weight(PyObject *t, QWeight *W) {
+    int fmt;
+    unsigned long long q, d, m;
+    long long n, k;
+    if (!PyArg_ParseTuple(t, "iKKKLL", &fmt, &q, &d, &m, &n, &k)) return 0;
+    return check_weight(W, fmt, q, d, m, n, k);
+}
+
+static void embed_rows(const QWeight *E, const long long *ids, int64_t rows, float *x) {
+    const int64_t nb = E->K / QK, bb = block_bytes(E->fmt), ns = nb * block_scales(E->fmt);
+    for (int64_t r = 0; r < rows; r++) {
+        const int64_t n = ids[r];
+        const uint8_t *q = E->q + n * nb * bb;
+        const float *d = E->d + n * ns, *m = E->m + n * ns;
+#ifdef QG_X86
+        if (simd_on())
+            unpack_row_avx2(E->fmt, q, d, m, nb, x + r * E->K);
+        else
+#endif
+            unpack_row_scalar(E->fmt, q, d, m, nb, x + r * E->K);
+    }
+}
+
+/* model_step(stack, ids, embed, x, past, k, v, cap, rope_table, threads, int8, head):
+ *   x[rows, H] = the embedding rows of ids (a sequence of ints in [0, embed's N)); blocks
+ *   0..n_layers-1 on x in place (layers_forward); then head, when not None: a tuple
+ *   (norm_w, eps, lanes, normed, first, lm_head, logits): normed[rows - first, H] =
+ *   rms_norm_torch(x[first:]), logits[rows - first, V] = normed @ lm_head^T. embed and lm_head
+ *   are (fmt, q, d, m, N, K). */
+static PyObject *py_model_step(PyObject *self, PyObject *args) {
+    PyObject *capsule, *ids_obj, *embed_obj, *head;
+    long long past, cap;
+    unsigned long long x, k, v, table;
+    int threads, int8, rc;
+    if (!PyArg_ParseTuple(args, "OOOKLKKLKipO", &capsule, &ids_obj, &embed_obj, &x, &past, &k, &v, &cap, &table,
+                          &threads, &int8, &head))
+        return NULL;
+    const LayerStack *S = (const LayerStack *)PyCapsule_GetPointer(capsule, "tsspec.LayerStack");
+    if (S == NULL) return NULL;
+    QWeight E, LM;
+    if (!parse_weight(embed_obj, &E)) return NULL;
+    if (E.K != S->H) {
+        PyErr_SetString(PyExc_ValueError, "the embedding's rows are not the stack's width");
+        return NULL;
+    }
+    PyObject *seq = PySequence_Fast(ids_obj, "model_step: ids must be a sequence of ints");
+    if (seq == NULL) return NULL;
+    const Py_ssize_t rows = PySequence_Fast_GET_SIZE(seq);
+    long long *ids = (long long *)malloc(sizeof(long long) * (size_t)(rows > 0 ? rows : 1));
+    if (ids == NULL) {
+        Py_DECREF(seq);
+        return PyErr_NoMemory();
+    }
+    int ok = rows >= 1;
+    for (Py_ssize_t i = 0; ok && i < rows; i++) {
+        ids[i] = PyLong_AsLongLong(PySequence_Fast_GET_ITEM(seq, i));
+        if (ids[i] == -1 && PyErr_Occurred()) ok = 0;
+        else if (ids[i] < 0 || ids[i] >= E.N) {
+            PyErr_Format(PyExc_ValueError, "token ids must lie in [0, %lld)", (long long)E.N);
+            ok = 0;
+        }
+    }
+    Py_DECREF(seq);
+    if (ok && (!x || !k || !v || !table || past < 0 || past + rows > cap)) {
+        PyErr_SetString(PyExc_ValueError, "bad model_step operands");
+        ok = 0;
+    }
+    unsigned long long norm_w = 0, normed = 0, logits = 0;
+    float eps = 0.0f;
+    int lanes = 0;
+    long long first = 0;
+    if (ok && head != Py_None) {
+        PyObject *lm_obj;
+        ok = PyArg_ParseTuple(head, "KfiKLOK", &norm_w, &eps, &lanes, &normed, &first, &lm_obj, &logits) &&
+             parse_weight(lm_obj, &LM);
+        if (ok && (!norm_w || !normed || !logits || !torch_lanes_ok(lanes) || first < 0 || first >= rows ||
+                   LM.K != S->H)) {
+            PyErr_SetString(PyExc_ValueError, "bad model_step head operands");
+            ok = 0;
+        }
+    }
+    if (!ok) {
+        free(ids);
+        return NULL;
+    }
+    float *xs = (float *)(uintptr_t)x;
+    Py_BEGIN_ALLOW_THREADS
+    embed_rows(&E, ids, rows, xs);
+    rc = stack_forward(S, 0, S->n_layers, xs, rows, past, (float *)(uintptr_t)k, (float *)(uintptr_t)v, cap,
+                       (const float *)(uintptr_t)table, threads, int8);
+    if (rc == 0 && head != Py_None) {
+        float *hn = (float *)(uintptr_t)normed;
+        const int64_t kept = rows - first;
+        rms_norm_torch_rows(xs + first * S->H, S->H, (const float *)(uintptr_t)norm_w, hn, kept, S->H, eps, lanes);
+        region_kind = KIND_GEMM;
+        rc = gemm(&LM, hn, S->H, kept, (float *)(uintptr_t)logits, LM.N, NULL, threads, int8);
+        region_kind = KIND_OTHER;
+    }
+    Py_END_ALLOW_THREADS
+    free(ids);
+    if (rc != 0) return PyErr_NoMemory();
+    Py_RETURN_NONE;
+}
+
 static PyMethodDef methods[] = {
     {"gemm", py_gemm, METH_VARARGS, "out[R, N] (+)= x[R, K] @ W[N, K]^T on quantised blocks"},
     {"dequant", py_dequant, METH_VARARGS, "W[N, K] -> float32"},
@@ -2316,6 +2540,9 @@ static PyMethodDef methods[] = {
     {"pool_stats", py_pool_stats, METH_NOARGS, "the pool statistics by kind of region (counts, nanoseconds)"},
     {"probe_handshake", py_probe_handshake, METH_VARARGS,
      "wall nanoseconds of each of a number of regions that bring every thread in and out"},
+    {"rms_norm_torch", py_rms_norm_torch, METH_VARARGS, "RMSNorm of rows in torch's summation order (F.rms_norm bit for bit)"},
+    {"model_step", py_model_step, METH_VARARGS,
+     "embedding rows, every block, the final norm and the LM head of one step in one call"},
     {NULL, NULL, 0, NULL},
 };
 

@@ -46,6 +46,7 @@ from tsspec.errors import GenerationError
 from tsspec.modeling import native
 from tsspec.modeling.attention import causal_attention
 from tsspec.modeling.qlinear import GEMM_ROWS, BlockMatrix
+from tsspec.modeling.rowops import TORCH_SERIAL_VALUES, torch_norm_lanes
 from tsspec.protocols import ModelConfig, resolve_feature_taps
 
 from .hparams import LlamaHParams
@@ -107,6 +108,10 @@ class LlamaTarget:
     # On the kernel path, calls of up to GEMM_ROWS rows run every block in one native call
     # (``layers_forward``: bit for bit the per-op ``_kernel_block``); False keeps the per-op path.
     fused_blocks = True
+    # ... and, with no feature taps, the whole step in one (``model_step``: the embedding rows,
+    # the blocks, the final norm in torch's own order and the LM head; the same logits bit for
+    # bit); False keeps the embedding, final norm and LM head as separate calls from Python.
+    native_step = True
 
     def __init__(
         self,
@@ -174,6 +179,7 @@ class LlamaTarget:
         )
         self._eps = hp.rms_eps
         self._stack = self._layer_stack()
+        self._step_head = self._native_head()
         self._norm_shape = (hp.hidden_size,)
         self._qk_heads = hp.n_heads + hp.n_kv_heads
         self._qk_size = self._qk_heads * hp.head_dim
@@ -214,6 +220,55 @@ class LlamaTarget:
             for layer, ws in zip(self._layers, matrices)
         ]
         return k.layers_new(dims, layers)
+
+    def _native_head(self):
+        """(embedding, LM head, norm lanes) for ``model_step``, or None where a step cannot run
+        in one native call bit for bit: no layer stack, a dense embedding or LM head, or a
+        torch whose final RMSNorm the kernels do not reproduce on this CPU (``torch_norm_lanes``)."""
+        if self._stack is None or not hasattr(self._kernels, "model_step"):
+            return None
+        if not (isinstance(self._embed, BlockMatrix) and isinstance(self._lm_head, BlockMatrix)):
+            return None
+        lanes = torch_norm_lanes(self.hparams.hidden_size, self._eps)
+        if lanes is None:
+            return None
+        self._output_norm = self._output_norm.to(torch.float32).contiguous()  # the call holds its address
+
+        def describe(w: BlockMatrix):
+            return (w.fmt, w.q.data_ptr(), w.d.data_ptr(), w.m.data_ptr(), w.shape[0], w.shape[1])
+
+        return describe(self._embed), describe(self._lm_head), lanes
+
+    def _step_in_one_call(self, tokens: Sequence[int], all_logits_rows: bool, want_hidden: bool):
+        """``spec_forward`` in one native call (``model_step``): (logits, hidden), or None when
+        this call needs the Python path (feature taps, a hidden row of every position without
+        every row's logits, more rows than the kernel path or torch's serial norm covers)."""
+        rows = len(tokens)
+        kept = rows if all_logits_rows else 1
+        hp = self.hparams
+        if (self._step_head is None or not self.native_step or not self.fused_blocks or self._taps is not None
+                or (want_hidden and not all_logits_rows) or not 1 <= rows <= GEMM_ROWS
+                or kept * hp.hidden_size >= TORCH_SERIAL_VALUES):
+            return None
+        ids = [int(t) for t in tokens]
+        if min(ids) < 0 or max(ids) >= hp.vocab_size:
+            raise ValueError(f"token ids must lie in [0, {hp.vocab_size})")
+        past = self._seq_len
+        self.spec_ensure_capacity(past + rows)
+        threads = self._gemm_threads = self._active_threads = torch.get_num_threads()
+        self._rope.ensure(past + rows)
+        table = torch.view_as_real(self._rope._rot).data_ptr()  # [pos, half, 2]
+        embed, lm_head, lanes = self._step_head
+        x = torch.empty((rows + kept, hp.hidden_size), dtype=torch.float32)  # residual rows, then normed rows
+        logits = torch.empty((kept, hp.vocab_size), dtype=torch.float32)
+        normed = x[rows:]
+        head = (self._output_norm.data_ptr(), self._eps, lanes, normed.data_ptr(), rows - kept, lm_head, logits.data_ptr())
+        self._kernels.model_step(
+            self._stack, ids, embed, x.data_ptr(), past, self._k.data_ptr(), self._v.data_ptr(), self._capacity,
+            table, threads, self.precision == "int8", head,
+        )
+        self._seq_len = past + rows
+        return logits, (normed if want_hidden else None)
 
     def _fused_blocks(self, x: torch.Tensor, past: int, taps, tapped: dict) -> torch.Tensor:
         """Every block on the compiled kernels in one call per stretch between feature taps
@@ -472,6 +527,9 @@ class LlamaTarget:
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """logits [rows or 1, vocab] float32; hidden [rows, spec_feature_size] float32 or None."""
         self._last_forward = (self._seq_len, len(tokens))
+        step = self._step_in_one_call(tokens, all_logits_rows, want_hidden)
+        if step is not None:
+            return step
         # (no padding of short verifies to a "faster" GEMM shape: what a row count costs is the
         # cost governor's to measure on the machine at hand, not a constant from another one)
         x, tapped = self.forward_residual(tokens)
