@@ -86,3 +86,19 @@ def test_a_lookback_of_zero_means_the_adjustment_changes_nothing(params):
         assert torch.equal(adjusted, logits)
     else:
         assert not torch.equal(adjusted, logits)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.float16, torch.bfloat16])
+def test_greedy_token_is_torchs_argmax_ties_nans_and_views_included(dtype):
+    from tsspec.runtime.sampling import greedy_token
+
+    g = torch.Generator().manual_seed(5)
+    rows = torch.randn(6, 49152, generator=g).to(dtype)
+    rows[1, 7] = rows[1, 900] = rows[1].max() + 1  # a tie: the first index wins
+    rows[2, 31] = rows[2, 4000] = float("nan")  # NaN counts as the largest, the first one
+    rows[3] = float("-inf")  # all equal: index 0
+    rows[4, -1] = float("inf")
+    strided = torch.randn(2, 3000, generator=g).to(dtype).t()[:, 1]  # a non-contiguous view
+    for row in [*rows, strided]:
+        assert greedy_token(row) == int(torch.argmax(row).item())
+    assert greedy_token(rows[1]) == 7 and greedy_token(rows[2]) == 31 and greedy_token(rows[3]) == 0

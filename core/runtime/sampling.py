@@ -68,6 +68,19 @@ def position_uniform(seed: int, position: int) -> float:
     return (mixed >> 11) * (1.0 / (1 << 53))
 
 
+NUMPY_ARGMAX_DTYPES = (torch.float32, torch.float64)
+
+
+def greedy_token(logits: torch.Tensor) -> int:
+    """``torch.argmax(logits)`` of a [vocab] row: the first index of the largest value (the
+    first NaN where there is one). CPU float rows go through numpy's argmax, which has the same
+    rule and runs on the calling thread: torch's splits 49,152 values over its OpenMP threads,
+    and waking them costs more than the pass itself."""
+    if logits.device.type == "cpu" and logits.dtype in NUMPY_ARGMAX_DTYPES and logits.dim() == 1:
+        return int(logits.detach().numpy().argmax())
+    return int(torch.argmax(logits).item())
+
+
 class Sampler:
     """Draws one token per logits row. Stateless apart from its parameters."""
 
@@ -105,7 +118,7 @@ class Sampler:
         logits = self.adjust(logits, preceding)
         p = self.params
         if p.greedy:
-            return int(torch.argmax(logits).item())
+            return greedy_token(logits)
         scaled = logits.to(torch.float64) / p.temperature
         if p.top_k > 0 and p.top_k < scaled.shape[-1]:
             values, order = torch.topk(scaled, p.top_k)
