@@ -246,17 +246,23 @@ class SpeculativeExecution:
 
     def _plain_step(self, seq: SequenceState, p: int, attempted: bool, draft_ms: float) -> None:
         """Forward ``last`` alone and draw the next token from its row."""
-        last, carry = seq.history[-1], seq.carry
-        with self._phase("plain") as forward:
+        last, carry, stats = seq.history[-1], seq.carry, self.stats
+        start = self.clock()  # (timed inline, as _phase would: this runs once a token)
+        try:
             logits, hidden = self.trunk.forward_keep_all([last], want_hidden=seq.want_hidden and self._armed)
-        self.stats.plain_steps += 1
-        self._commit([last], None if carry is None else carry[None], p)
+        finally:
+            forward_ms = self._ms(start)
+            stats.add_phase("plain", forward_ms)
+        stats.plain_steps += 1
+        if self._armed:
+            self._commit([last], None if carry is None else carry[None], p)
         seq.carry = hidden[-1] if hidden is not None else None
         token = self.sampler.sample(logits[-1], p + 1, seq.history)
         if attempted:
             self.governor.record_empty_proposal(draft_ms)
-        self.governor.record(False, forward.ms, 1)
-        self._observe(False, forward.ms, 1, 0)
+        self.governor.record(False, forward_ms, 1)
+        if self._armed:
+            self._observe(False, forward_ms, 1, 0)
         self._emit(seq, token)
 
     def _verify_step(self, seq: SequenceState, p: int, drafts: list[int], step_start: float) -> None:

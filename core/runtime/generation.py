@@ -250,9 +250,10 @@ def generate(
     memory = None  # where the loop's governor carries a lost park to this target's next sequence
     if governor is None:
         # a sizing speculator (sizes_own_drafts) gets the whole window; one that governs itself
-        # (governs_itself) gets no governor of the loop's
+        # (governs_itself) gets no governor of the loop's, and plain decoding (no speculator)
+        # none either: there is nothing to park, and its decisions would cost every token
         governor = SpeculationCostGovernor(
-            enabled=options.adaptive and not _capability(speculator, "governs_itself"),
+            enabled=options.adaptive and speculator is not None and not _capability(speculator, "governs_itself"),
             size_drafts=not _capability(speculator, "sizes_own_drafts"))
         memory = _park_memory(target, registry, options, speculator, governor) if label is not None else None
         if memory is not None:

@@ -43,6 +43,7 @@ class RotaryTable:
         self.complex_dtype = COMPLEX_DTYPES.get(dtype)  # None: real arithmetic (bf16, f16)
         self.size = 0
         self._rot = self._cos = self._sin = None
+        self._address: tuple[int, int] | None = None  # (size, address of _rot) for the kernels
 
     def ensure(self, positions: int) -> None:
         """Tables cover positions [0, positions)."""
@@ -56,6 +57,14 @@ class RotaryTable:
         else:
             self._cos, self._sin = cos.to(self.device, self.dtype), sin.to(self.device, self.dtype)
         self.size = size
+
+    def address(self, positions: int) -> int:
+        """The address of the (cos, sin) table [size, half, 2] covering [0, positions) (the
+        compiled kernels' layout; float32 tables only), grown first when needed."""
+        self.ensure(positions)
+        if self._address is None or self._address[0] != self.size:
+            self._address = (self.size, torch.view_as_real(self._rot).data_ptr())
+        return self._address[1]
 
     def apply(self, x: torch.Tensor, start: int) -> torch.Tensor:
         """x [rows, heads, head_dim] (last dim contiguous) at positions start.. -> rotated copy."""

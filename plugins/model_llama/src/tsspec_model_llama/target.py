@@ -254,10 +254,10 @@ class LlamaTarget:
         if min(ids) < 0 or max(ids) >= hp.vocab_size:
             raise ValueError(f"token ids must lie in [0, {hp.vocab_size})")
         past = self._seq_len
-        self.spec_ensure_capacity(past + rows)
+        if past + rows > self._capacity:
+            self.spec_ensure_capacity(past + rows)
         threads = self._gemm_threads = self._active_threads = torch.get_num_threads()
-        self._rope.ensure(past + rows)
-        table = torch.view_as_real(self._rope._rot).data_ptr()  # [pos, half, 2]
+        table = self._rope.address(past + rows)  # [pos, half, 2]
         embed, lm_head, lanes = self._step_head
         x = torch.empty((rows + kept, hp.hidden_size), dtype=torch.float32)  # residual rows, then normed rows
         logits = torch.empty((kept, hp.vocab_size), dtype=torch.float32)
@@ -521,15 +521,20 @@ class LlamaTarget:
         self._seq_len = past + rows
         return x, [tapped[t] for t in taps or ()]
 
-    @torch.inference_mode()
     def spec_forward(
         self, tokens: Sequence[int], *, all_logits_rows: bool, want_hidden: bool
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """logits [rows or 1, vocab] float32; hidden [rows, spec_feature_size] float32 or None."""
         self._last_forward = (self._seq_len, len(tokens))
+        # one native call when it can (it runs no torch op that autograd could record, so it
+        # needs no inference mode around it); the Python path otherwise
         step = self._step_in_one_call(tokens, all_logits_rows, want_hidden)
         if step is not None:
             return step
+        return self._spec_forward_python(tokens, all_logits_rows, want_hidden)
+
+    @torch.inference_mode()
+    def _spec_forward_python(self, tokens: Sequence[int], all_logits_rows: bool, want_hidden: bool):
         # (no padding of short verifies to a "faster" GEMM shape: what a row count costs is the
         # cost governor's to measure on the machine at hand, not a constant from another one)
         x, tapped = self.forward_residual(tokens)
