@@ -11,7 +11,7 @@ token) run with the statistics on; all figures are per step, in milliseconds unl
     python plugins/model_llama/scripts/step_profile.py [--context 500] [--steps 50] [--threads 2]
         [--dtype float32-blocks] [--switch guided --rounds 9] [--rows 1,2,3,4,5,6,7,8,9]
 
-``--rows LIST`` profiles forwards of each of those row counts (a verify: every row's logits) and
+``--rows LIST [--python-step]`` profiles forwards of each of those row counts (a verify: every row's logits) and
 prints one line per count (``--off NAME+NAME``: with those kernel switches off): the forward's wall time, the block gemms by kind (wall time of their
 pool regions), attention, the blocks' ops outside regions, the LM head's gemm, and the rest
 (Python and torch around the native calls: embedding, final norm, logits' copies).
@@ -57,6 +57,8 @@ def main() -> int:
     ap.add_argument("--rounds", type=int, default=9)
     ap.add_argument("--rows", default=None, help="comma-separated row counts: one line each")
     ap.add_argument("--off", default=None, help="NAME+NAME: run with the kernels' set_NAME(False)")
+    ap.add_argument("--python-step", action="store_true",
+                    help="with --rows: pair the step in one native call against the Python path around layers_forward")
     args = ap.parse_args()
     kernels = native.kernels()
     if kernels is None or not hasattr(kernels, "pool_stats"):
@@ -87,7 +89,7 @@ def main() -> int:
     if args.switch:
         return paired(kernels, getattr(kernels, f"set_{args.switch}"), steps, args)
     if args.rows:
-        return by_rows(steps, [int(r) for r in args.rows.split(",")], args)
+        return by_rows(steps, [int(r) for r in args.rows.split(",")], args, target)
     wall, cpu, stats = steps()
     n = args.steps
 
@@ -127,30 +129,45 @@ def main() -> int:
     return 0
 
 
-def by_rows(steps, counts: list[int], args) -> int:
+def by_rows(steps, counts: list[int], args, target) -> int:
     """One line per row count: where a forward of that many rows (every row's logits) spends its
-    wall time, ms per forward (medians over ``--rounds`` rounds, the counts alternating)."""
+    wall time, ms per forward (medians over ``--rounds`` rounds, the counts alternating). With
+    ``--python-step`` each count runs twice in every round, with the step in one native call
+    (``one``) and without it (``py``: ``native_step = False``), the two in alternating order, and
+    a last column gives one / py for the forward and the rest (medians of the paired ratios)."""
     parts = ("qkv", "o", "gate_up", "down", "attention", "outside", "lm_head", "rest")
-    got: dict[int, list[dict[str, float]]] = {r: [] for r in counts}
-    for rnd in range(args.rounds):
-        for rows in counts if rnd % 2 == 0 else counts[::-1]:
-            wall, _, stats = steps(rows)
-            ms = lambda kind: stats.get(kind, {}).get("wall_ns", 0) / args.steps / 1e6  # noqa: E731
-            blocks = ms("blocks")
-            regions = sum(ms(k) for k in ("qkv", "attention", "o", "gate_up", "down"))
-            row = {k: ms(k) for k in ("qkv", "o", "gate_up", "down", "attention")}
-            row.update(wall=wall, outside=blocks - regions, lm_head=ms("gemm"), rest=wall - blocks - ms("gemm"))
-            got[rows].append(row)
+    variants = ("py", "one") if args.python_step else ("",)
+    got: dict[tuple[int, str], list[dict[str, float]]] = {(r, v): [] for r in counts for v in variants}
+    try:
+        for rnd in range(args.rounds):
+            for rows in counts if rnd % 2 == 0 else counts[::-1]:
+                for variant in variants if rnd % 2 == 0 else variants[::-1]:
+                    target.native_step = variant != "py"
+                    wall, _, stats = steps(rows)
+                    ms = lambda kind: stats.get(kind, {}).get("wall_ns", 0) / args.steps / 1e6  # noqa: E731
+                    blocks = ms("blocks")
+                    regions = sum(ms(k) for k in ("qkv", "attention", "o", "gate_up", "down"))
+                    row = {k: ms(k) for k in ("qkv", "o", "gate_up", "down", "attention")}
+                    row.update(wall=wall, outside=blocks - regions, lm_head=ms("gemm"), rest=wall - blocks - ms("gemm"))
+                    got[rows, variant].append(row)
+    finally:
+        target.native_step = True
     print(f"kernels: {native.info()}; threads {args.threads}; context {args.context}; "
           f"{args.rounds} rounds of {args.steps} forwards; ms per forward (medians)")
     print("rows |  forward | " + " | ".join(f"{p:>9}" for p in parts) + " | gemms x one row")
     base = None
     for rows in counts:
-        med = {k: statistics.median(v[k] for v in got[rows]) for k in ("wall", *parts)}
-        gemms = sum(med[k] for k in ("qkv", "o", "gate_up", "down", "lm_head"))
-        base = base or (med["wall"], gemms)
-        print(f"{rows:4d} | {med['wall']:8.3f} | " + " | ".join(f"{med[p]:9.3f}" for p in parts)
-              + f" | {gemms / base[1]:.2f} (forward {med['wall'] / base[0]:.2f})")
+        for variant in variants:
+            med = {k: statistics.median(v[k] for v in got[rows, variant]) for k in ("wall", *parts)}
+            gemms = sum(med[k] for k in ("qkv", "o", "gate_up", "down", "lm_head"))
+            base = base or (med["wall"], gemms)
+            line = (f"{rows:4d}{variant:>4} | {med['wall']:8.3f} | " + " | ".join(f"{med[p]:9.3f}" for p in parts)
+                    + f" | {gemms / base[1]:.2f} (forward {med['wall'] / base[0]:.2f})")
+            if variant == "one":
+                pairs = list(zip(got[rows, "py"], got[rows, "one"]))
+                line += "; one / py: forward {:.3f}, rest {:.3f}".format(
+                    *(statistics.median(b[k] / a[k] for a, b in pairs) for k in ("wall", "rest")))
+            print(line)
     return 0
 
 
