@@ -128,7 +128,7 @@ def test_bad_token_ids_are_refused_before_the_call(embedded_target):
 
 def test_model_step_refuses_bad_operands(embedded_target):
     t = embedded_target
-    embed, lm_head, lanes = t._step_head
+    embed, lm_head, lanes, _, _ = t._step_head
     x = torch.empty((2, t.hparams.hidden_size))
     t.spec_ensure_capacity(4)
     args = [t._stack, [1], embed, x.data_ptr(), 0, t._k.data_ptr(), t._v.data_ptr(), t._capacity, 1, 1, False]

@@ -233,11 +233,15 @@ class LlamaTarget:
         if lanes is None:
             return None
         self._output_norm = self._output_norm.to(torch.float32).contiguous()  # the call holds its address
+        # the residual rows and the normed rows of a call that returns no hidden rows: scratch
+        # the target keeps (no tensor is made for them per step), [2 * GEMM_ROWS, H]
+        self._step_work = torch.empty((2 * GEMM_ROWS, self.hparams.hidden_size), dtype=torch.float32)
 
         def describe(w: BlockMatrix):
             return (w.fmt, w.q.data_ptr(), w.d.data_ptr(), w.m.data_ptr(), w.shape[0], w.shape[1])
 
-        return describe(self._embed), describe(self._lm_head), lanes
+        return (describe(self._embed), describe(self._lm_head), lanes, self._output_norm.data_ptr(),
+                self._step_work.data_ptr())
 
     def _step_in_one_call(self, tokens: Sequence[int], all_logits_rows: bool, want_hidden: bool):
         """``spec_forward`` in one native call (``model_step``): (logits, hidden), or None when
@@ -258,17 +262,18 @@ class LlamaTarget:
             self.spec_ensure_capacity(past + rows)
         threads = self._gemm_threads = self._active_threads = torch.get_num_threads()
         table = self._rope.address(past + rows)  # [pos, half, 2]
-        embed, lm_head, lanes = self._step_head
-        x = torch.empty((rows + kept, hp.hidden_size), dtype=torch.float32)  # residual rows, then normed rows
+        embed, lm_head, lanes, norm_weight, work = self._step_head
+        # (the first torch op after a step's weight stream runs on cold caches: one a step here)
         logits = torch.empty((kept, hp.vocab_size), dtype=torch.float32)
-        normed = x[rows:]
-        head = (self._output_norm.data_ptr(), self._eps, lanes, normed.data_ptr(), rows - kept, lm_head, logits.data_ptr())
+        normed = torch.empty((kept, hp.hidden_size), dtype=torch.float32) if want_hidden else None  # returned
+        normed_at = work + rows * hp.hidden_size * 4 if normed is None else normed.data_ptr()  # bytes
+        head = (norm_weight, self._eps, lanes, normed_at, rows - kept, lm_head, logits.data_ptr())
         self._kernels.model_step(
-            self._stack, ids, embed, x.data_ptr(), past, self._k.data_ptr(), self._v.data_ptr(), self._capacity,
-            table, threads, self.precision == "int8", head,
+            self._stack, ids, embed, work, past, *self._kv_addresses, self._capacity, table, threads,
+            self.precision == "int8", head,
         )
         self._seq_len = past + rows
-        return logits, (normed if want_hidden else None)
+        return logits, normed
 
     def _fused_blocks(self, x: torch.Tensor, past: int, taps, tapped: dict) -> torch.Tensor:
         """Every block on the compiled kernels in one call per stretch between feature taps
@@ -347,6 +352,7 @@ class LlamaTarget:
             k[:, :, : self._seq_len] = self._k[:, :, : self._seq_len]
             v[:, :, : self._seq_len] = self._v[:, :, : self._seq_len]
         self._k, self._v, self._capacity = k, v, capacity
+        self._kv_addresses = (k.data_ptr(), v.data_ptr())
 
     def spec_rewind_cache(self, length: int) -> None:
         if not 0 <= length <= self._seq_len:
