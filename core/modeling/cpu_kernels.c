@@ -2465,4 +2465,12 @@ static PyMethodDef methods[] = {
 
 static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_cpu_kernels", "tsspec's CPU kernels.", -1, methods};
 
-PyMODINIT_FUNC PyInit__cpu_kernels(void) { return PyModule_Create(&module); }
+PyMODINIT_FUNC PyInit__cpu_kernels(void) {
+    PyObject *m = PyModule_Create(&module);
+    /* attention's key segment (tests put key counts around its boundaries) */
+    if (m != NULL && PyModule_AddIntConstant(m, "KEY_SEGMENT", KEY_SEGMENT) != 0) {
+        Py_DECREF(m);
+        return NULL;
+    }
+    return m;
+}
