@@ -1308,9 +1308,10 @@ static void dequant(const QWeight *W, float *out, int threads) {
  * 2. Causal attention of query rows t = 0..rows-1 at positions past + t over a KV cache:
  *    out[t, h, :] = sum_j softmax_j(q[t, h] . k[g, j]) v[g, j], j = 0 .. past + t, g = h / group.
  * q is pre-scaled. Fixed order: the dot over hd in 8 lanes (lane l sums elements l, l + 8, ..),
- * lanes summed ((0+4)+(2+6))+((1+5)+(3+7)); softmax with expf in key order; the weighted sum of
- * v accumulated per element in key order, divided by the sum at the end. A row depends only on
- * its own query and the keys it sees. */
+ * lanes summed ((0+4)+(2+6))+((1+5)+(3+7)); per key segment of KEY_SEGMENT keys (below) the
+ * softmax's exps and their sum in key order, the weighted sum of v accumulated per element in key
+ * order; the segments merged in their order, divided by the merged sum at the end. A row depends
+ * only on its own query and the keys it sees. */
 
 static inline float lanes8(const float *s) { /* ((0+4)+(2+6))+((1+5)+(3+7)) */
     float t0 = s[0] + s[4], t1 = s[1] + s[5], t2 = s[2] + s[6], t3 = s[3] + s[7];
@@ -1629,6 +1630,27 @@ QG_AVX2 static void attend_group_avx2(const float *const *qs, const int64_t *key
         }
     }
 }
+
+/* merge_query (below), 8 elements at a time: the same operations, each rounded once; exp_scalar
+ * and fmaf inline here as single instructions (this function may use FMA) */
+QG_AVX2 static void merge_query_avx2(const float *part, int64_t segs, int64_t hd, float *o) {
+    const int64_t slot = hd + 2;
+    float top = part[hd];
+    for (int64_t s = 1; s < segs; s++)
+        if (part[s * slot + hd] > top) top = part[s * slot + hd];
+    float total = 0.0f;
+    for (int64_t s = 0; s < segs; s++) {
+        const float *ps = part + s * slot, f = exp_scalar(ps[hd] - top);
+        const __m256 vf = _mm256_set1_ps(f);
+        total = s == 0 ? ps[hd + 1] * f : fmaf(ps[hd + 1], f, total);
+        for (int64_t i = 0; i < hd; i += 8) {
+            const __m256 x = _mm256_loadu_ps(ps + i);
+            _mm256_storeu_ps(o + i, s == 0 ? _mm256_mul_ps(x, vf) : _mm256_fmadd_ps(x, vf, _mm256_loadu_ps(o + i)));
+        }
+    }
+    const __m256 inv = _mm256_set1_ps(1.0f / total);
+    for (int64_t i = 0; i < hd; i += 8) _mm256_storeu_ps(o + i, _mm256_mul_ps(_mm256_loadu_ps(o + i), inv));
+}
 #endif
 
 typedef struct {
@@ -1653,7 +1675,7 @@ typedef struct {
  * A chunk is (segment, KV head, share of that KV head's queries): every row and every query
  * head of the group meets the segment's K and V rows while they are in cache, so with one share
  * (decode, verify, any call with enough segments for the threads) each KV row is read once. */
-#define KEY_SEGMENT 128
+#define KEY_SEGMENT 256
 
 static void segment_chunk(void *arg, int64_t c) { /* segment s of KV head g, queries p, p + parts, .. */
     const AttentionJob *J = (const AttentionJob *)arg;
@@ -1705,39 +1727,50 @@ static void segment_chunk(void *arg, int64_t c) { /* segment s of KV head g, que
     }
 }
 
+/* one query's output from its segments' partial results part [segs, hd + 2] (V sum, top, sum
+ * of exps), as described above; merge_query_avx2 does the same operations 8 elements at a time */
+static void merge_query(const float *part, int64_t segs, int64_t hd, float *o) {
+    const int64_t slot = hd + 2;
+    float top = part[hd];
+    for (int64_t s = 1; s < segs; s++)
+        if (part[s * slot + hd] > top) top = part[s * slot + hd];
+    float total = 0.0f;
+    for (int64_t s = 0; s < segs; s++) {
+        const float *ps = part + s * slot, f = exp_scalar(ps[hd] - top);
+        total = s == 0 ? ps[hd + 1] * f : fmaf(ps[hd + 1], f, total);
+        for (int64_t i = 0; i < hd; i++) o[i] = s == 0 ? ps[i] * f : fmaf(ps[i], f, o[i]);
+    }
+    const float inv = 1.0f / total;
+    for (int64_t i = 0; i < hd; i++) o[i] *= inv;
+}
+
 static void merge_chunk(void *arg, int64_t t) { /* row t: each head's segments, in order */
     const AttentionJob *J = (const AttentionJob *)arg;
-    const int64_t hd = J->hd, slot = hd + 2, end = J->past + t + 1;
+    const int64_t hd = J->hd, end = J->past + t + 1;
     if (end <= KEY_SEGMENT) return; /* one segment: segment_chunk wrote the output */
     const int64_t segs = (end + KEY_SEGMENT - 1) / KEY_SEGMENT;
     for (int64_t h = 0; h < J->heads; h++) {
-        const float *part = J->partial + (t * J->heads + h) * J->segments * slot; /* [segs, hd + 2] */
+        const float *part = J->partial + (t * J->heads + h) * J->segments * (hd + 2);
         float *o = J->out + (t * J->heads + h) * hd;
-        float top = part[hd];
-        for (int64_t s = 1; s < segs; s++)
-            if (part[s * slot + hd] > top) top = part[s * slot + hd];
-        float f = exp_scalar(part[hd] - top), total = part[hd + 1] * f;
-        for (int64_t i = 0; i < hd; i++) o[i] = part[i] * f;
-        for (int64_t s = 1; s < segs; s++) {
-            const float *ps = part + s * slot;
-            f = exp_scalar(ps[hd] - top);
-            total = fmaf(ps[hd + 1], f, total);
-            for (int64_t i = 0; i < hd; i++) o[i] = fmaf(ps[i], f, o[i]);
-        }
-        const float inv = 1.0f / total;
-        for (int64_t i = 0; i < hd; i++) o[i] *= inv;
+#ifdef QG_X86
+        if (simd_on() && hd % 8 == 0)
+            merge_query_avx2(part, segs, hd, o);
+        else
+#endif
+            merge_query(part, segs, hd, o);
     }
 }
 
 /* chunks (segment, KV head, query share), segments first (the early ones hold the most rows of a
- * causal call); one share per KV head unless the segments and KV heads give the threads fewer
- * than 4 chunks each (a prefill slice over few keys), then as many shares, each every parts-th
- * query of the group (rows interleaved, so the shares' key counts match), as make up 4 */
+ * causal call); one share per KV head (each K and V row read once) unless the segments and KV
+ * heads give the threads fewer than 2 chunks each (a verify or prefill slice over few keys: its
+ * attention is arithmetic on K and V rows in cache), then as many shares, each every parts-th
+ * query of the group (rows interleaved, so the shares' key counts match), as make up 2 */
 static int attention_by_segments(AttentionJob *J, int threads) {
     const int64_t group = J->heads / J->kv_heads;
     J->segments = (J->past + J->rows + KEY_SEGMENT - 1) / KEY_SEGMENT;
     J->parts = 1;
-    const int64_t base = J->kv_heads * J->segments, want = 4 * (int64_t)threads;
+    const int64_t base = J->kv_heads * J->segments, want = 2 * (int64_t)threads;
     if (threads > 1 && base < want) {
         J->parts = (want + base - 1) / base;
         if (J->parts > J->rows * group) J->parts = J->rows * group;

@@ -2,9 +2,11 @@
 by rows x context, one of its switches off against on (the default), paired (the two alternate
 within each round, their order swapped every round; medians over rounds): ``pairs``, a KV head's
 queries two at a time; ``wide``, one query's scores eight keys and its V sums 64 elements at a
-time. With one thread the time is the thread's CPU time, else wall time.
+time; ``segments``, chunks of (key segment, KV head) carrying all of its queries, against the
+previous chunks of query heads over all keys. With one thread the time is the thread's CPU time,
+else wall time.
 
-    python plugins/model_llama/scripts/attention_bench.py [--switch pairs|wide] [--threads 1]
+    python plugins/model_llama/scripts/attention_bench.py [--switch pairs|wide|segments] [--threads 1]
         [--rows 1,3,9] [--contexts 100,500] [--rounds 9] [--calls 200] [--single-queries]
         [--baseline PATH/_cpu_kernels.so]
 
@@ -30,7 +32,7 @@ HEADS, KV_HEADS, HEAD_DIM = 9, 3, 64
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--switch", choices=("pairs", "wide"), default="pairs")
+    ap.add_argument("--switch", choices=("pairs", "wide", "segments"), default="pairs")
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--rows", default="1,3,9")
     ap.add_argument("--contexts", default="100,500")
@@ -40,7 +42,7 @@ def main() -> int:
     ap.add_argument("--baseline", default=None, help="another build of the kernels as side A")
     args = ap.parse_args()
     kernels = native.kernels()
-    setter_name = {"pairs": "set_query_pairs", "wide": "set_wide_attention"}[args.switch]
+    setter_name = {"pairs": "set_query_pairs", "wide": "set_wide_attention", "segments": "set_key_segments"}[args.switch]
     if kernels is None or not hasattr(kernels, setter_name):
         raise SystemExit(f"attention_bench: the compiled kernels (with {setter_name}) are not built")
     toggle = getattr(kernels, setter_name)
