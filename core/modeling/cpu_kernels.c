@@ -1660,6 +1660,7 @@ typedef struct {
     int64_t split, per;      /* by heads: chunks per KV head, each up to `per` of its query heads */
     int64_t segments, parts; /* by segments: the call's key segments; query parts of a KV head */
     float *partial;          /* by segments: [rows, heads, segments, hd + 2]: V sum, top, sum of exps */
+    _Atomic int64_t *done;   /* by segments: [kv_heads, parts] segments finished per query share */
 } AttentionJob;
 
 /* ---- by key segments (the default) ----
@@ -1676,6 +1677,40 @@ typedef struct {
  * head of the group meets the segment's K and V rows while they are in cache, so with one share
  * (decode, verify, any call with enough segments for the threads) each KV row is read once. */
 #define KEY_SEGMENT 256
+
+/* one query's output from its segments' partial results part [segs, hd + 2] (V sum, top, sum
+ * of exps), as described above; merge_query_avx2 does the same operations 8 elements at a time */
+static void merge_query(const float *part, int64_t segs, int64_t hd, float *o) {
+    const int64_t slot = hd + 2;
+    float top = part[hd];
+    for (int64_t s = 1; s < segs; s++)
+        if (part[s * slot + hd] > top) top = part[s * slot + hd];
+    float total = 0.0f;
+    for (int64_t s = 0; s < segs; s++) {
+        const float *ps = part + s * slot, f = exp_scalar(ps[hd] - top);
+        total = s == 0 ? ps[hd + 1] * f : fmaf(ps[hd + 1], f, total);
+        for (int64_t i = 0; i < hd; i++) o[i] = s == 0 ? ps[i] * f : fmaf(ps[i], f, o[i]);
+    }
+    const float inv = 1.0f / total;
+    for (int64_t i = 0; i < hd; i++) o[i] *= inv;
+}
+
+/* every query of KV head g's share p with more than one segment: its output from its segments */
+static void merge_share(const AttentionJob *J, int64_t g, int64_t p) {
+    const int64_t group = J->heads / J->kv_heads, hd = J->hd;
+    for (int64_t u = p; u < J->rows * group; u += J->parts) {
+        const int64_t t = u / group, h = g * group + u % group, end = J->past + t + 1;
+        if (end <= KEY_SEGMENT) continue; /* one segment: segment_chunk wrote the output */
+        const float *part = J->partial + (t * J->heads + h) * J->segments * (hd + 2);
+        float *o = J->out + (t * J->heads + h) * hd;
+#ifdef QG_X86
+        if (simd_on() && hd % 8 == 0)
+            merge_query_avx2(part, (end + KEY_SEGMENT - 1) / KEY_SEGMENT, hd, o);
+        else
+#endif
+            merge_query(part, (end + KEY_SEGMENT - 1) / KEY_SEGMENT, hd, o);
+    }
+}
 
 static void segment_chunk(void *arg, int64_t c) { /* segment s of KV head g, queries p, p + parts, .. */
     const AttentionJob *J = (const AttentionJob *)arg;
@@ -1725,47 +1760,16 @@ static void segment_chunk(void *arg, int64_t c) { /* segment s of KV head g, que
         }
         m++;
     }
-}
-
-/* one query's output from its segments' partial results part [segs, hd + 2] (V sum, top, sum
- * of exps), as described above; merge_query_avx2 does the same operations 8 elements at a time */
-static void merge_query(const float *part, int64_t segs, int64_t hd, float *o) {
-    const int64_t slot = hd + 2;
-    float top = part[hd];
-    for (int64_t s = 1; s < segs; s++)
-        if (part[s * slot + hd] > top) top = part[s * slot + hd];
-    float total = 0.0f;
-    for (int64_t s = 0; s < segs; s++) {
-        const float *ps = part + s * slot, f = exp_scalar(ps[hd] - top);
-        total = s == 0 ? ps[hd + 1] * f : fmaf(ps[hd + 1], f, total);
-        for (int64_t i = 0; i < hd; i++) o[i] = s == 0 ? ps[i] * f : fmaf(ps[i], f, o[i]);
-    }
-    const float inv = 1.0f / total;
-    for (int64_t i = 0; i < hd; i++) o[i] *= inv;
-}
-
-static void merge_chunk(void *arg, int64_t t) { /* row t: each head's segments, in order */
-    const AttentionJob *J = (const AttentionJob *)arg;
-    const int64_t hd = J->hd, end = J->past + t + 1;
-    if (end <= KEY_SEGMENT) return; /* one segment: segment_chunk wrote the output */
-    const int64_t segs = (end + KEY_SEGMENT - 1) / KEY_SEGMENT;
-    for (int64_t h = 0; h < J->heads; h++) {
-        const float *part = J->partial + (t * J->heads + h) * J->segments * (hd + 2);
-        float *o = J->out + (t * J->heads + h) * hd;
-#ifdef QG_X86
-        if (simd_on() && hd % 8 == 0)
-            merge_query_avx2(part, segs, hd, o);
-        else
-#endif
-            merge_query(part, segs, hd, o);
-    }
+    if (J->segments > 1 && atomic_fetch_add(&J->done[g * J->parts + p], 1) == J->segments - 1)
+        merge_share(J, g, p); /* every segment of this share is in (the add orders their writes) */
 }
 
 /* chunks (segment, KV head, query share), segments first (the early ones hold the most rows of a
  * causal call); one share per KV head (each K and V row read once) unless the segments and KV
  * heads give the threads fewer than 2 chunks each (a verify or prefill slice over few keys: its
  * attention is arithmetic on K and V rows in cache), then as many shares, each every parts-th
- * query of the group (rows interleaved, so the shares' key counts match), as make up 2 */
+ * query of the group (rows interleaved, so the shares' key counts match), as make up 2. The
+ * chunk that finishes a share's last segment merges that share's queries (no second region). */
 static int attention_by_segments(AttentionJob *J, int threads) {
     const int64_t group = J->heads / J->kv_heads;
     J->segments = (J->past + J->rows + KEY_SEGMENT - 1) / KEY_SEGMENT;
@@ -1776,15 +1780,19 @@ static int attention_by_segments(AttentionJob *J, int threads) {
         if (J->parts > J->rows * group) J->parts = J->rows * group;
     }
     J->partial = NULL;
+    J->done = NULL;
     if (J->segments > 1) {
-        J->partial = scratch_slot(1, (size_t)(J->rows * J->heads * J->segments * (J->hd + 2)));
+        /* partial results, then (8-byte aligned) a count of finished segments per share */
+        const size_t floats = (size_t)(J->rows * J->heads * J->segments * (J->hd + 2));
+        const size_t shares = (size_t)(J->kv_heads * J->parts);
+        J->partial = scratch_slot(1, floats + 2 + shares * sizeof(int64_t) / sizeof(float));
         if (J->partial == NULL) return -1;
+        J->done = (_Atomic int64_t *)(((uintptr_t)(J->partial + floats) + 7) & ~(uintptr_t)7);
+        for (size_t i = 0; i < shares; i++) atomic_store_explicit(&J->done[i], 0, memory_order_relaxed);
     }
     atomic_store(&scratch_failed, 0);
     run_chunks(segment_chunk, J, base * J->parts, threads);
-    if (atomic_load(&scratch_failed)) return -1;
-    if (J->segments > 1) run_chunks(merge_chunk, J, J->rows, threads);
-    return 0;
+    return atomic_load(&scratch_failed) ? -1 : 0;
 }
 
 /* ---- by query heads (set_key_segments(False): the previous scheme, for A/B runs) ---- */
@@ -1846,7 +1854,7 @@ static int attention_by_heads(AttentionJob *J, int threads) {
 
 static int attention(const float *q, int64_t q_row, const float *kc, const float *vc, int64_t cap, float *out,
                      int64_t rows, int64_t heads, int64_t kv_heads, int64_t hd, int64_t past, int threads) {
-    AttentionJob J = {q, kc, vc, out, q_row, cap, rows, heads, kv_heads, hd, past, 1, heads / kv_heads, 1, 1, NULL};
+    AttentionJob J = {q, kc, vc, out, q_row, cap, rows, heads, kv_heads, hd, past, 1, heads / kv_heads, 1, 1, NULL, NULL};
     if (heads * rows * (past + rows) * hd < 262144) threads = 1;
     return use_key_segments ? attention_by_segments(&J, threads) : attention_by_heads(&J, threads);
 }

@@ -13,7 +13,13 @@ else wall time.
 ``--baseline PATH`` compares another build of ``cpu_kernels.c`` (side A) with the installed one
 (side B) instead of a switch. ``--single-queries`` keeps query pairs off on both sides (the
 one-query path). The KV cache here is one layer's and stays in cache; in a model step each
-layer's K and V rows come from memory (``step_profile.py`` times attention inside the step).
+layer's K and V rows come from memory.
+
+``--in-step`` times attention there instead: the embedded model after a prefill of each context,
+``--steps`` forwards of each row count per side and round (every row's logits, as a verify; the
+cache rewound after each), with the kernels' pool statistics on: the attention regions' wall time
+per forward (all 30 layers) and the forward's wall time (with one thread: the caller's CPU time
+in both), switch off against on, paired as above.
 """
 
 from __future__ import annotations
@@ -40,6 +46,8 @@ def main() -> int:
     ap.add_argument("--calls", type=int, default=200, help="calls timed together per measurement")
     ap.add_argument("--single-queries", action="store_true", help="query pairs off on both sides")
     ap.add_argument("--baseline", default=None, help="another build of the kernels as side A")
+    ap.add_argument("--in-step", action="store_true", help="attention inside the embedded model's forward")
+    ap.add_argument("--steps", type=int, default=10, help="--in-step: forwards per side and round")
     args = ap.parse_args()
     kernels = native.kernels()
     setter_name = {"pairs": "set_query_pairs", "wide": "set_wide_attention", "segments": "set_key_segments"}[args.switch]
@@ -59,6 +67,10 @@ def main() -> int:
     for module in {id(m): m for m in modules.values()}.values():
         if args.single_queries and hasattr(module, "set_query_pairs"):
             module.set_query_pairs(False)
+    if args.in_step:
+        if args.baseline is not None:
+            raise SystemExit("attention_bench: --in-step pairs a switch, not a --baseline build")
+        return in_step(kernels, toggle, args)
     clock = time.thread_time if args.threads == 1 else time.perf_counter
     print(f"kernels: {native.info()}; threads {args.threads}; {HEADS} heads, {KV_HEADS} KV heads, head size {HEAD_DIM}")
     for context in [int(c) for c in args.contexts.split(",")]:
@@ -86,6 +98,50 @@ def main() -> int:
     for module in {id(m): m for m in modules.values()}.values():
         if hasattr(module, "set_query_pairs"):
             module.set_query_pairs(True)
+    return 0
+
+
+def in_step(kernels, toggle, args) -> int:
+    """Attention's pool regions inside the embedded model's forwards, switch off (A) against on
+    (B): ms per forward (all layers), medians over rounds and the median of the paired ratios."""
+    from tsspec.modeling.embedded import embedded_model_path
+    from tsspec_model_llama import load_llama
+
+    torch.set_num_threads(args.threads)
+    clock, field = (time.thread_time, "caller_cpu_ns") if args.threads == 1 else (time.perf_counter, "wall_ns")
+    target = load_llama(embedded_model_path(), {"dtype": "float32-blocks"})
+    print(f"kernels: {native.info()}; threads {args.threads}; embedded model; {args.rounds} rounds of "
+          f"{args.steps} forwards a side; A = {args.switch} off, B = on; ms per forward (medians)")
+    print("context | rows | attention A | attention B | B/A (paired) | forward A | forward B | B/A (paired)")
+    try:
+        for context in [int(c) for c in args.contexts.split(",")]:
+            target.spec_rewind_cache(0)
+            target.spec_forward([5] * context, all_logits_rows=False, want_hidden=False)
+            for rows in [int(r) for r in args.rows.split(",")]:
+                got = {False: [], True: []}  # per side: (attention ms, forward ms) a round
+                for rnd in range(args.rounds + 1):  # round 0 warms up
+                    for side_b in (False, True) if rnd % 2 == 0 else (True, False):
+                        toggle(side_b)
+                        kernels.set_pool_stats(True)
+                        start = clock()
+                        for _ in range(args.steps):
+                            target.spec_forward([5] * rows, all_logits_rows=True, want_hidden=False)
+                            target.spec_rewind_cache(context)
+                        wall = (clock() - start) / args.steps * 1e3
+                        attn = kernels.pool_stats().get("attention", {}).get(field, 0) / args.steps / 1e6
+                        kernels.set_pool_stats(False)
+                        if rnd:
+                            got[side_b].append((attn, wall))
+                cells = []
+                for i in (0, 1):
+                    a = statistics.median(v[i] for v in got[False])
+                    b = statistics.median(v[i] for v in got[True])
+                    paired = statistics.median(y[i] / x[i] for x, y in zip(got[False], got[True]))
+                    cells.append(f"{a:11.3f} | {b:11.3f} | {b / a:.3f} ({paired:.3f})")
+                print(f"{context:7d} | {rows:4d} | " + " | ".join(cells))
+    finally:
+        toggle(True)
+        kernels.set_pool_stats(False)
     return 0
 
 
