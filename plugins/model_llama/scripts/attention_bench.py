@@ -19,7 +19,10 @@ layer's K and V rows come from memory.
 ``--steps`` forwards of each row count per side and round (every row's logits, as a verify; the
 cache rewound after each), with the kernels' pool statistics on: the attention regions' wall time
 per forward (all 30 layers) and the forward's wall time (with one thread: the caller's CPU time
-in both), switch off against on, paired as above.
+in both), switch off against on, paired as above. ``--prefill N`` (with ``--in-step``) times a
+prefill of N tokens from an empty cache instead (attention in slices of 64 rows, called from
+``attention.py``: its regions count as the pool's kind "other", which the prefill's other row ops
+outside the gemms share).
 """
 
 from __future__ import annotations
@@ -48,6 +51,7 @@ def main() -> int:
     ap.add_argument("--baseline", default=None, help="another build of the kernels as side A")
     ap.add_argument("--in-step", action="store_true", help="attention inside the embedded model's forward")
     ap.add_argument("--steps", type=int, default=10, help="--in-step: forwards per side and round")
+    ap.add_argument("--prefill", type=int, default=0, help="--in-step: time a prefill of this many tokens")
     args = ap.parse_args()
     kernels = native.kernels()
     setter_name = {"pairs": "set_query_pairs", "wide": "set_wide_attention", "segments": "set_key_segments"}[args.switch]
@@ -114,6 +118,23 @@ def in_step(kernels, toggle, args) -> int:
           f"{args.steps} forwards a side; A = {args.switch} off, B = on; ms per forward (medians)")
     print("context | rows | attention A | attention B | B/A (paired) | forward A | forward B | B/A (paired)")
     try:
+        if args.prefill:
+            ids = [100 + (i * 7) % 5000 for i in range(args.prefill)]
+            got = {False: [], True: []}
+            for rnd in range(args.rounds + 1):  # round 0 warms up
+                for side_b in (False, True) if rnd % 2 == 0 else (True, False):
+                    toggle(side_b)
+                    target.spec_rewind_cache(0)
+                    kernels.set_pool_stats(True)
+                    start = clock()
+                    target.spec_forward(ids, all_logits_rows=False, want_hidden=False)
+                    wall = (clock() - start) * 1e3
+                    attn = kernels.pool_stats().get("other", {}).get(field, 0) / 1e6
+                    kernels.set_pool_stats(False)
+                    if rnd:
+                        got[side_b].append((attn, wall))
+            print(f"{0:7d} | {args.prefill:4d} | " + " | ".join(columns(got)))
+            return 0
         for context in [int(c) for c in args.contexts.split(",")]:
             target.spec_rewind_cache(0)
             target.spec_forward([5] * context, all_logits_rows=False, want_hidden=False)
@@ -132,17 +153,22 @@ def in_step(kernels, toggle, args) -> int:
                         kernels.set_pool_stats(False)
                         if rnd:
                             got[side_b].append((attn, wall))
-                cells = []
-                for i in (0, 1):
-                    a = statistics.median(v[i] for v in got[False])
-                    b = statistics.median(v[i] for v in got[True])
-                    paired = statistics.median(y[i] / x[i] for x, y in zip(got[False], got[True]))
-                    cells.append(f"{a:11.3f} | {b:11.3f} | {b / a:.3f} ({paired:.3f})")
-                print(f"{context:7d} | {rows:4d} | " + " | ".join(cells))
+                print(f"{context:7d} | {rows:4d} | " + " | ".join(columns(got)))
     finally:
         toggle(True)
         kernels.set_pool_stats(False)
     return 0
+
+
+def columns(got: dict) -> list[str]:
+    """Per measure (attention, forward): side A's and B's medians, B/A of medians (and paired)."""
+    cells = []
+    for i in (0, 1):
+        a = statistics.median(v[i] for v in got[False])
+        b = statistics.median(v[i] for v in got[True])
+        paired = statistics.median(y[i] / x[i] for x, y in zip(got[False], got[True]))
+        cells.append(f"{a:11.3f} | {b:11.3f} | {b / a:.3f} ({paired:.3f})")
+    return cells
 
 
 if __name__ == "__main__":
