@@ -249,3 +249,17 @@ def test_the_two_chunkings_agree_bit_for_bit_within_one_segment_and_to_rounding_
             assert torch.equal(by_segments, by_heads)
         else:
             assert torch.allclose(by_segments, by_heads, rtol=1e-5, atol=1e-6)
+
+
+def test_a_prefill_slice_in_query_shares_gives_each_row_alone(threads):
+    """More than 16 rows (a prefill slice) go in finer query shares on several threads; each row
+    is still the row computed alone, across a segment boundary and within the first segment."""
+    seg = native.kernels().KEY_SEGMENT
+    for past in (0, seg - 20, 3 * seg - 30):
+        q, k, v = case(rows=40, past=past, heads=9, kv_heads=3, hd=64, capacity=past + 40, seed=past)
+        q *= 0.125
+        with threads(1):
+            alone = torch.cat([attention.causal_attention(q[t : t + 1], k, v, past + t, 9) for t in range(40)])
+        for n in (2, 3):
+            with threads(n):
+                assert torch.equal(attention.causal_attention(q, k, v, past, 9), alone), (past, n)

@@ -1765,16 +1765,18 @@ static void segment_chunk(void *arg, int64_t c) { /* segment s of KV head g, que
 }
 
 /* chunks (segment, KV head, query share), segments first (the early ones hold the most rows of a
- * causal call); one share per KV head (each K and V row read once) unless the segments and KV
- * heads give the threads fewer than 2 chunks each (a verify or prefill slice over few keys: its
- * attention is arithmetic on K and V rows in cache), then as many shares, each every parts-th
- * query of the group (rows interleaved, so the shares' key counts match), as make up 2. The
- * chunk that finishes a share's last segment merges that share's queries (no second region). */
+ * causal call, so the largest chunks go first); one share per KV head (each K and V row read
+ * once) unless the segments and KV heads give the threads fewer than 2 chunks each (a decode or
+ * verify over few keys), or, for a call of more than 16 rows (a prefill slice: arithmetic on K
+ * and V rows in cache, its causal segments of unequal size), fewer than 4; then as many shares,
+ * each every parts-th query of the group (rows interleaved, so the shares' key counts match), as
+ * make up that many. The chunk that finishes a share's last segment merges that share's queries
+ * (no second region). */
 static int attention_by_segments(AttentionJob *J, int threads) {
     const int64_t group = J->heads / J->kv_heads;
     J->segments = (J->past + J->rows + KEY_SEGMENT - 1) / KEY_SEGMENT;
     J->parts = 1;
-    const int64_t base = J->kv_heads * J->segments, want = 2 * (int64_t)threads;
+    const int64_t base = J->kv_heads * J->segments, want = (J->rows > 16 ? 4 : 2) * (int64_t)threads;
     if (threads > 1 && base < want) {
         J->parts = (want + base - 1) / base;
         if (J->parts > J->rows * group) J->parts = J->rows * group;
