@@ -251,9 +251,10 @@ def test_the_two_chunkings_agree_bit_for_bit_within_one_segment_and_to_rounding_
             assert torch.allclose(by_segments, by_heads, rtol=1e-5, atol=1e-6)
 
 
-def test_a_prefill_slice_in_query_shares_gives_each_row_alone(threads):
-    """More than 16 rows (a prefill slice) go in finer query shares on several threads; each row
-    is still the row computed alone, across a segment boundary and within the first segment."""
+def test_a_prefill_slice_gives_each_row_alone(threads, scalar_path):
+    """More than 16 rows (a prefill slice) go in span chunks (each folds every segment as it goes)
+    in query shares on several threads; each row is still the row computed alone (a segment
+    chunk's), across segment boundaries and within the first segment, on the scalar path too."""
     seg = native.kernels().KEY_SEGMENT
     for past in (0, seg - 20, 3 * seg - 30):
         q, k, v = case(rows=40, past=past, heads=9, kv_heads=3, hd=64, capacity=past + 40, seed=past)
@@ -263,3 +264,5 @@ def test_a_prefill_slice_in_query_shares_gives_each_row_alone(threads):
         for n in (2, 3):
             with threads(n):
                 assert torch.equal(attention.causal_attention(q, k, v, past, 9), alone), (past, n)
+        with scalar_path():
+            assert torch.equal(attention.causal_attention(q, k, v, past, 9), alone), past

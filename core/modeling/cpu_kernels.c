@@ -1631,25 +1631,15 @@ QG_AVX2 static void attend_group_avx2(const float *const *qs, const int64_t *key
     }
 }
 
-/* merge_query (below), 8 elements at a time: the same operations, each rounded once; exp_scalar
+/* fold_segment (below), 8 elements at a time: the same operations, each rounded once; exp_scalar
  * and fmaf inline here as single instructions (this function may use FMA) */
-QG_AVX2 static void merge_query_avx2(const float *part, int64_t segs, int64_t hd, float *o) {
-    const int64_t slot = hd + 2;
-    float top = part[hd];
-    for (int64_t s = 1; s < segs; s++)
-        if (part[s * slot + hd] > top) top = part[s * slot + hd];
-    float total = 0.0f;
-    for (int64_t s = 0; s < segs; s++) {
-        const float *ps = part + s * slot, f = exp_scalar(ps[hd] - top);
-        const __m256 vf = _mm256_set1_ps(f);
-        total = s == 0 ? ps[hd + 1] * f : fmaf(ps[hd + 1], f, total);
-        for (int64_t i = 0; i < hd; i += 8) {
-            const __m256 x = _mm256_loadu_ps(ps + i);
-            _mm256_storeu_ps(o + i, s == 0 ? _mm256_mul_ps(x, vf) : _mm256_fmadd_ps(x, vf, _mm256_loadu_ps(o + i)));
-        }
-    }
-    const __m256 inv = _mm256_set1_ps(1.0f / total);
-    for (int64_t i = 0; i < hd; i += 8) _mm256_storeu_ps(o + i, _mm256_mul_ps(_mm256_loadu_ps(o + i), inv));
+QG_AVX2 static void fold_segment_avx2(float *o, float *m, float *l, const float *os, float ms, float ls, int64_t hd) {
+    const float top = ms > *m ? ms : *m, fa = exp_scalar(*m - top), fb = exp_scalar(ms - top);
+    *l = fmaf(ls, fb, *l * fa);
+    *m = top;
+    const __m256 va = _mm256_set1_ps(fa), vb = _mm256_set1_ps(fb);
+    for (int64_t i = 0; i < hd; i += 8)
+        _mm256_storeu_ps(o + i, _mm256_fmadd_ps(_mm256_loadu_ps(os + i), vb, _mm256_mul_ps(_mm256_loadu_ps(o + i), va)));
 }
 #endif
 
@@ -1668,31 +1658,48 @@ typedef struct {
  * boundaries depend on the key index only. Per segment the query's largest score m_s, its sum of
  * exps l_s = sum_j exp(x_j - m_s) and its unnormalised V sum o_s = sum_j exp(x_j - m_s) v_j are
  * attend_part_scalar's over the segment's keys (lanes counted from the segment's first key).
- * They merge in segment order: M = max_s m_s (a comparison per segment), f_s = exp(m_s - M),
- *   o = o_0 f_0, l = l_0 f_0, then o = fma(o_s, f_s, o), l = fma(l_s, f_s, l) for s = 1, 2, ..,
- * and out = o * (1 / l); a query with one segment (at most S keys) is o_0 * (1 / l_0), which is
- * what that merge gives (f_0 = exp(0) = 1). So a query's output depends on its own query and keys
- * only, whatever the rows, threads and chunks: a k-row verify is the 1-row decode bit for bit.
- * A chunk is (segment, KV head, share of that KV head's queries): every row and every query
- * head of the group meets the segment's K and V rows while they are in cache, so with one share
- * (decode, verify, any call with enough segments for the threads) each KV row is read once. */
+ * They fold in segment order, from (m, l, o) = (m_0, l_0, o_0): for s = 1, 2, ..
+ *   top = max(m, m_s), a = exp(m - top), b = exp(m_s - top),
+ *   l = fma(l_s, b, l * a), o = fma(o_s, b, o * a) per element, m = top;
+ * and out = o * (1 / l) (one segment: o_0 * (1 / l_0)). So a query's output depends on its own
+ * query and keys only, whatever the rows, threads and chunks: a k-row verify is the 1-row decode
+ * bit for bit. Two chunkings give those same bits:
+ * - segment chunks (decode, verify): (segment, KV head, share of its queries); every row and
+ *   query head of the group meets the segment's K and V rows while they are in cache, so with
+ *   one share each KV row is read once, and the segments balance over the threads; each stores
+ *   its partial (o_s, m_s, l_s), and the chunk that finishes a share's last segment folds them;
+ * - span chunks (prefill slices of many rows, arithmetic-bound): (KV head, share), every segment
+ *   in order, folding as it goes into the output row (no partials through memory). */
 #define KEY_SEGMENT 256
 
-/* one query's output from its segments' partial results part [segs, hd + 2] (V sum, top, sum
- * of exps), as described above; merge_query_avx2 does the same operations 8 elements at a time */
+/* (m, l, o[hd]) = the fold of (m, l, o) with segment (ms, ls, os[hd]), as described above */
+static void fold_segment(float *o, float *m, float *l, const float *os, float ms, float ls, int64_t hd) {
+#ifdef QG_X86
+    if (simd_on() && hd % 8 == 0) {
+        fold_segment_avx2(o, m, l, os, ms, ls, hd);
+        return;
+    }
+#endif
+    const float top = ms > *m ? ms : *m, fa = exp_scalar(*m - top), fb = exp_scalar(ms - top);
+    *l = fmaf(ls, fb, *l * fa);
+    *m = top;
+    for (int64_t i = 0; i < hd; i++) o[i] = fmaf(os[i], fb, o[i] * fa);
+}
+
+/* o[hd] *= 1 / l: a query's output from its folded V sum */
+static void normalise_row(float *o, float l, int64_t hd) {
+    const float inv = 1.0f / l;
+    for (int64_t i = 0; i < hd; i++) o[i] *= inv;
+}
+
+/* one query's output from its segments' partial results part [segs, hd + 2] (V sum, top, sum of
+ * exps), folded in order */
 static void merge_query(const float *part, int64_t segs, int64_t hd, float *o) {
     const int64_t slot = hd + 2;
-    float top = part[hd];
-    for (int64_t s = 1; s < segs; s++)
-        if (part[s * slot + hd] > top) top = part[s * slot + hd];
-    float total = 0.0f;
-    for (int64_t s = 0; s < segs; s++) {
-        const float *ps = part + s * slot, f = exp_scalar(ps[hd] - top);
-        total = s == 0 ? ps[hd + 1] * f : fmaf(ps[hd + 1], f, total);
-        for (int64_t i = 0; i < hd; i++) o[i] = s == 0 ? ps[i] * f : fmaf(ps[i], f, o[i]);
-    }
-    const float inv = 1.0f / total;
-    for (int64_t i = 0; i < hd; i++) o[i] *= inv;
+    float m = part[hd], l = part[hd + 1];
+    memcpy(o, part, sizeof(float) * (size_t)hd);
+    for (int64_t s = 1; s < segs; s++) fold_segment(o, &m, &l, part + s * slot, part[s * slot + hd], part[s * slot + hd + 1], hd);
+    normalise_row(o, l, hd);
 }
 
 /* every query of KV head g's share p with more than one segment: its output from its segments */
@@ -1702,13 +1709,7 @@ static void merge_share(const AttentionJob *J, int64_t g, int64_t p) {
         const int64_t t = u / group, h = g * group + u % group, end = J->past + t + 1;
         if (end <= KEY_SEGMENT) continue; /* one segment: segment_chunk wrote the output */
         const float *part = J->partial + (t * J->heads + h) * J->segments * (hd + 2);
-        float *o = J->out + (t * J->heads + h) * hd;
-#ifdef QG_X86
-        if (simd_on() && hd % 8 == 0)
-            merge_query_avx2(part, (end + KEY_SEGMENT - 1) / KEY_SEGMENT, hd, o);
-        else
-#endif
-            merge_query(part, (end + KEY_SEGMENT - 1) / KEY_SEGMENT, hd, o);
+        merge_query(part, (end + KEY_SEGMENT - 1) / KEY_SEGMENT, hd, J->out + (t * J->heads + h) * hd);
     }
 }
 
@@ -1752,8 +1753,7 @@ static void segment_chunk(void *arg, int64_t c) { /* segment s of KV head g, que
         const int64_t end = J->past + u / group + 1;
         if (end <= a) continue;
         if (end <= KEY_SEGMENT) { /* the query's only segment: its output */
-            const float inv = 1.0f / sums[m];
-            for (int64_t i = 0; i < hd; i++) os[m][i] *= inv;
+            normalise_row(os[m], sums[m], hd);
         } else {
             os[m][hd] = tops[m];
             os[m][hd + 1] = sums[m];
@@ -1764,26 +1764,79 @@ static void segment_chunk(void *arg, int64_t c) { /* segment s of KV head g, que
         merge_share(J, g, p); /* every segment of this share is in (the add orders their writes) */
 }
 
-/* chunks (segment, KV head, query share), segments first (the early ones hold the most rows of a
- * causal call, so the largest chunks go first); one share per KV head (each K and V row read
- * once) unless the segments and KV heads give the threads fewer than 2 chunks each (a decode or
- * verify over few keys), or, for a call of more than 16 rows (a prefill slice: arithmetic on K
- * and V rows in cache, its causal segments of unequal size), fewer than 4; then as many shares,
- * each every parts-th query of the group (rows interleaved, so the shares' key counts match), as
- * make up that many. The chunk that finishes a share's last segment merges that share's queries
- * (no second region). */
+static void span_chunk(void *arg, int64_t c) { /* KV head g, queries p, p + parts, ..: every segment */
+    const AttentionJob *J = (const AttentionJob *)arg;
+    const int64_t group = J->heads / J->kv_heads, hd = J->hd, all = J->rows * group;
+    const int64_t g = c / J->parts, p = c % J->parts, most = (all - p + J->parts - 1) / J->parts;
+    /* scores [most, KEY_SEGMENT], sums, tops, folded tops and sums [most] each, a segment's V sums
+     * [most, hd], then (8-byte aligned) query and output pointers and key counts [most] each */
+    const size_t pointer_floats = (2 * sizeof(void *) + sizeof(int64_t)) / sizeof(float);
+    float *scores = scratch((size_t)(most * (KEY_SEGMENT + 4 + hd)) + pointer_floats * (size_t)most + 2);
+    if (scores == NULL) {
+        atomic_store(&scratch_failed, 1);
+        return;
+    }
+    float *sums = scores + most * KEY_SEGMENT, *tops = sums + most, *ms = tops + most, *ls = ms + most;
+    float *seg_o = ls + most;
+    uintptr_t at = ((uintptr_t)(seg_o + most * hd) + 7) & ~(uintptr_t)7;
+    const float **qs = (const float **)at;
+    float **os = (float **)(qs + most);
+    int64_t *keys = (int64_t *)(os + most);
+    const float *kg = J->kc + g * J->cap * hd, *vg = J->vc + g * J->cap * hd;
+    for (int64_t s = 0; s < J->segments; s++) {
+        const int64_t a = s * KEY_SEGMENT, last = J->past + J->rows;
+        const int64_t b = a + KEY_SEGMENT < last ? a + KEY_SEGMENT : last;
+        int64_t n = 0;
+        for (int64_t u = p, i = 0; u < all; u += J->parts, i++) {
+            const int64_t t = u / group, h = g * group + u % group, end = J->past + t + 1;
+            if (end <= a) continue; /* a row before the segment */
+            qs[n] = J->q + t * J->q_row + h * hd;
+            os[n] = s == 0 ? J->out + (t * J->heads + h) * hd : seg_o + i * hd; /* segment 0 starts the fold */
+            keys[n++] = (end < b ? end : b) - a;
+        }
+#ifdef QG_X86
+        if (simd_on() && hd % 8 == 0)
+            attend_group_avx2(qs, keys, n, kg + a * hd, vg + a * hd, hd, scores, KEY_SEGMENT, os, sums, tops);
+        else
+#endif
+            for (int64_t u = 0; u < n; u++)
+                attend_part_scalar(qs[u], kg + a * hd, vg + a * hd, keys[u], hd, scores, os[u], &tops[u], &sums[u]);
+        for (int64_t u = p, i = 0, m = 0; u < all; u += J->parts, i++) {
+            const int64_t t = u / group, h = g * group + u % group;
+            if (J->past + t + 1 <= a) continue;
+            if (s == 0) {
+                ms[i] = tops[m];
+                ls[i] = sums[m];
+            } else {
+                fold_segment(J->out + (t * J->heads + h) * hd, &ms[i], &ls[i], os[m], tops[m], sums[m], hd);
+            }
+            m++;
+        }
+    }
+    for (int64_t u = p, i = 0; u < all; u += J->parts, i++)
+        normalise_row(J->out + ((u / group) * J->heads + g * group + u % group) * hd, ls[i], hd);
+}
+
+/* Segment chunks for calls of up to SPAN_ROWS rows (decode, verify), segments first (the early
+ * ones hold the most rows of a causal call); one share per KV head (each K and V row read once)
+ * unless the segments and KV heads give the threads fewer than 2 chunks each (a few rows over
+ * few keys), then as many shares, each every parts-th query of the group (rows interleaved, so
+ * the shares' key counts match), as make up 2. Longer calls (prefill slices) in span chunks,
+ * shares of the KV heads, 4 chunks a thread: their attention is arithmetic on K and V rows in
+ * cache, and a segment chunk's partial results would go through memory for every row. */
+#define SPAN_ROWS 16
 static int attention_by_segments(AttentionJob *J, int threads) {
-    const int64_t group = J->heads / J->kv_heads;
+    const int64_t group = J->heads / J->kv_heads, span = J->rows > SPAN_ROWS;
     J->segments = (J->past + J->rows + KEY_SEGMENT - 1) / KEY_SEGMENT;
     J->parts = 1;
-    const int64_t base = J->kv_heads * J->segments, want = (J->rows > 16 ? 4 : 2) * (int64_t)threads;
+    const int64_t base = span ? J->kv_heads : J->kv_heads * J->segments, want = (span ? 4 : 2) * (int64_t)threads;
     if (threads > 1 && base < want) {
         J->parts = (want + base - 1) / base;
         if (J->parts > J->rows * group) J->parts = J->rows * group;
     }
     J->partial = NULL;
     J->done = NULL;
-    if (J->segments > 1) {
+    if (!span && J->segments > 1) {
         /* partial results, then (8-byte aligned) a count of finished segments per share */
         const size_t floats = (size_t)(J->rows * J->heads * J->segments * (J->hd + 2));
         const size_t shares = (size_t)(J->kv_heads * J->parts);
@@ -1793,7 +1846,7 @@ static int attention_by_segments(AttentionJob *J, int threads) {
         for (size_t i = 0; i < shares; i++) atomic_store_explicit(&J->done[i], 0, memory_order_relaxed);
     }
     atomic_store(&scratch_failed, 0);
-    run_chunks(segment_chunk, J, base * J->parts, threads);
+    run_chunks(span ? span_chunk : segment_chunk, J, base * J->parts, threads);
     return atomic_load(&scratch_failed) ? -1 : 0;
 }
 
