@@ -1817,16 +1817,17 @@ static void span_chunk(void *arg, int64_t c) { /* KV head g, queries p, p + part
         normalise_row(J->out + ((u / group) * J->heads + g * group + u % group) * hd, ls[i], hd);
 }
 
-/* Segment chunks for calls of up to SPAN_ROWS rows (decode, verify), segments first (the early
- * ones hold the most rows of a causal call); one share per KV head (each K and V row read once)
- * unless the segments and KV heads give the threads fewer than 2 chunks each (a few rows over
- * few keys), then as many shares, each every parts-th query of the group (rows interleaved, so
- * the shares' key counts match), as make up 2. Longer calls (prefill slices) in span chunks,
- * shares of the KV heads, 4 chunks a thread: their attention is arithmetic on K and V rows in
- * cache, and a segment chunk's partial results would go through memory for every row. */
+/* Segment chunks for calls of up to SPAN_ROWS rows (decode, verify) on several threads, segments
+ * first (the early ones hold the most rows of a causal call); one share per KV head (each K and V
+ * row read once) unless the segments and KV heads give the threads fewer than 2 chunks each (a
+ * few rows over few keys), then as many shares, each every parts-th query of the group (rows
+ * interleaved, so the shares' key counts match), as make up 2. On one thread (nothing to
+ * balance) span chunks, one a KV head; longer calls (prefill slices) in span chunks too, shares
+ * of the KV heads, 4 chunks a thread: their attention is arithmetic on K and V rows in cache, and
+ * a segment chunk's partial results would go through memory for every row. */
 #define SPAN_ROWS 16
 static int attention_by_segments(AttentionJob *J, int threads) {
-    const int64_t group = J->heads / J->kv_heads, span = J->rows > SPAN_ROWS;
+    const int64_t group = J->heads / J->kv_heads, span = threads <= 1 || J->rows > SPAN_ROWS;
     J->segments = (J->past + J->rows + KEY_SEGMENT - 1) / KEY_SEGMENT;
     J->parts = 1;
     const int64_t base = span ? J->kv_heads : J->kv_heads * J->segments, want = (span ? 4 : 2) * (int64_t)threads;
