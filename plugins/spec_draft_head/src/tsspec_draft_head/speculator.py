@@ -102,7 +102,9 @@ class DraftHeadSpeculator:
     """Speculator over a per-token DraftHead (kind PER_TOKEN).
 
     ``feature_size`` is the width of the trunk's hidden rows (used for a missing row, which the
-    commit contract allows only for position 0).
+    commit contract allows only for position 0). ``owns_head``: ``head`` is a per-sequence view
+    made for this speculator alone (``for_sequence``); ``close`` then frees the view's sequence
+    state (its ``close``). A shared head is never closed by a speculator.
     """
 
     name = ALGORITHM
@@ -119,10 +121,12 @@ class DraftHeadSpeculator:
         min_draft_prob: float | None = None,
         fold_catch_up: bool | None = None,
         catch_up_rows: int | None = DEFAULT_CATCH_UP_ROWS,
+        owns_head: bool = False,
     ) -> None:
         if max_draft_tokens < 1:
             raise ValueError(f"max_draft_tokens must be >= 1, got {max_draft_tokens}")
         self.head = head
+        self.owns_head = bool(owns_head)
         self.max_draft_tokens = int(max_draft_tokens)
         self.feature_size = int(feature_size)
         self.min_draft_prob = float(
@@ -278,4 +282,9 @@ class DraftHeadSpeculator:
         self.head.reset()
 
     def close(self) -> None:
+        """The sequence is over: drop pending rows and free the head view's state (if this
+        speculator owns the view; it regrows if the speculator is used again)."""
         self._pending = None
+        release = getattr(self.head, "close", None) if self.owns_head else None
+        if callable(release):
+            release()
