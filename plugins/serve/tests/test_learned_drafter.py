@@ -98,3 +98,34 @@ def test_concurrent_requests_draft_and_accept_as_sequential_ones(drafted_target,
         assert text == sequential[i][0] == expected, f"request {i} differs from plain decoding"
         assert (drafted, accepted) == sequential[i][1:3], f"request {i} drafted differently beside the others"
     assert sum(r[2] for r in concurrent.values()) > 0  # the learned drafter lands drafts
+
+
+CHATS = ("What is a list in Python?", "Name three rivers in Europe.")  # the default system prompt: a shared block
+
+
+def _chat(live, content: str) -> dict:
+    client = openai.OpenAI(base_url=live.base_url + "/v1", api_key="unused", max_retries=0, timeout=120)
+    reply = client.chat.completions.create(model="smol", messages=[{"role": "user", "content": content}],
+                                           max_tokens=MAX_TOKENS, temperature=0)
+    return {"text": reply.choices[0].message.content, **reply.model_extra["speculative"]}
+
+
+def test_a_chat_after_another_drafts_on_the_shared_system_prompt_as_alone(drafted_target, live_server):
+    # the second chat adopts the first one's cached system-prompt block: the drafter arms anyway
+    # (it shows a head the newest 8 rows, all in the new part here) and drafts exactly as the same
+    # chat served first on an empty cache
+    live = _server(drafted_target, live_server)
+    try:
+        first, second = _chat(live, CHATS[0]), _chat(live, CHATS[1])
+    finally:
+        live.stop()
+    live = _server(drafted_target, live_server)
+    try:
+        alone = _chat(live, CHATS[1])
+    finally:
+        live.stop()
+    assert first["prefix_reused"] == 0 and alone["prefix_reused"] == 0
+    assert second["prefix_reused"] >= 16 and second["armed_after_reuse"] is True
+    assert second["text"] == alone["text"]
+    assert (second["draft_tokens"], second["accepted_tokens"]) == (alone["draft_tokens"], alone["accepted_tokens"])
+    assert second["draft_tokens"] > 0

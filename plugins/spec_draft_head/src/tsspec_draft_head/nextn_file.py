@@ -229,7 +229,11 @@ class NextNFileHead:
 
     kind = DraftHeadKind.PER_TOKEN
     block_size = 1
-    resumes_after_gap = False
+    # a catch-up past the cache's end restarts it there, and draft-head shows a head at most the
+    # newest 8 committed rows: after a reused KV prefix (the server's prefix cache, a chat's
+    # shared system prompt) the first proposal sees the same rows as without the reuse once the
+    # prompt's new part is longer than that, and fewer rows (less context) otherwise
+    resumes_after_gap = True
     # a small drafter trained apart from its target: under `auto` it backs up the weight-free
     # algorithm (proposes where prompt lookup finds nothing) instead of replacing it
     auto_fallback = True

@@ -21,7 +21,10 @@ restarts its cache there (every per-token head restarts on a catch-up that start
 A probe after a park then costs a bounded catch-up whatever the park's length; the drafts after
 it see less context, the output never changes (verification decides). The bound applies to any
 commit the head has not yet seen, the prompt's at prefill included: the first proposal of a
-sequence sees the prompt's last ``catch_up_rows`` rows only.
+sequence sees the prompt's last ``catch_up_rows`` rows only. After a reused KV prefix (the
+prefill commits only the prompt's new part, its first row zeros: the loop lacks that row's
+predecessor) the zero row is not fed, so a head that resumes after a gap drafts from the same
+newest rows as without the reuse whenever the new part is longer than ``catch_up_rows``.
 
 The gate on compact logits: a head that offers ``draft_vocab_ids`` (a NextN drafter file's draft
 vocabulary, ascending ids) returns logits over those K ids only when asked (``compact=True``),
@@ -141,6 +144,7 @@ class DraftHeadSpeculator:
         self.catch_up_rows = None if catch_up_rows is None else int(catch_up_rows)
         self.counters = HeadCallCounters()
         self._pending: _Pending | None = None
+        self._fresh = True  # no commit since the sequence began (see commit)
         ids = getattr(head, "draft_vocab_ids", None)  # [K] ascending target ids, or None
         self._draft_ids = None if ids is None else ids.reshape(-1).to(torch.long)
         self._cut = (None, 0)  # (vocab_size, how many draft ids lie under it), cached
@@ -234,6 +238,15 @@ class DraftHeadSpeculator:
         if hidden_rows.shape[0] < len(tokens):
             raise ValueError(f"{len(tokens)} tokens but only {hidden_rows.shape[0]} hidden rows")
         hidden_rows = hidden_rows[: len(tokens)]  # [n, F]
+        fresh, self._fresh = self._fresh, False
+        if fresh and start_pos > 0 and not bool(torch.any(hidden_rows[0])):
+            # a prefill after a reused KV prefix: its first row's predecessor is a row the loop
+            # does not have (zeros). Not fed: the head starts one position later, as it skips
+            # position 0 of a whole prompt
+            tokens, hidden_rows, start_pos = tokens[1:], hidden_rows[1:], int(start_pos) + 1
+            self.counters.skipped_rows += 1
+            if not tokens:
+                return
         if not self.fold_catch_up:
             limit = self.catch_up_rows
             if limit is not None and len(tokens) > limit:  # the same bound as the folded path
@@ -279,6 +292,7 @@ class DraftHeadSpeculator:
     def reset(self) -> None:
         """A new sequence: drop pending rows and the head's cache (counters survive)."""
         self._pending = None
+        self._fresh = True
         self.head.reset()
 
     def close(self) -> None:
