@@ -10,6 +10,12 @@ the shipped drafter. Modes, alternating in every repetition, each run on a fresh
 - ``views``: each speculator drafts on its own view (this plugin's default);
 - ``plain``: no speculation (the reference the outputs are checked against).
 
+``--reuse`` measures the other thing a busy server does to a learned drafter: the same chats
+sent one after the other to one scheduler, each with the model's default system prompt (one
+user message), so every chat after the first adopts the cached block of that prompt. Modes
+``before`` (the head says ``resumes_after_gap = False``, as NextN files did: draft-head does
+not arm after a reused prefix) and ``after`` (this plugin's default), alternating.
+
 Per request: accepted / drafted and tokens per verify (summed over the request's runs, then
 per request); per mode: aggregate tok/s (all tokens over the wall time from submission to the
 last token, prefill included), medians over the repetitions, and the views / shared ratio.
@@ -48,6 +54,73 @@ def prompts(target) -> list[list[int]]:
             for c in CLASSES]
 
 
+def user_prompts(target) -> list[list[int]]:
+    """The last user message of the same benchmark prompts, alone: the default system prompt."""
+    text = resources.files("tsspec").joinpath("data/prompts/bench.jsonl").read_text("utf-8")
+    first: dict[str, str] = {}
+    for line in text.splitlines():
+        if line.strip():
+            row = json.loads(line)
+            users = [m["content"] for m in row["messages"] if m["role"] == "user"]
+            first.setdefault(row["class"], users[-1])
+    tok = target.tokenizer
+    return [tok.encode(tok.apply_chat_template([{"role": "user", "content": first[c]}], add_generation_prompt=True),
+                       add_special_tokens=False) for c in CLASSES]
+
+
+def run_sequential(target, registry, ids: list[list[int]], mode: str, max_tokens: int, adaptive: bool) -> dict:
+    head = target.draft_head
+    if mode == "before":
+        head.resumes_after_gap = False  # the instance attribute hides the class's True
+    options = SpeculationOptions(spec_type="draft-head", adaptive=adaptive)
+    sched = Scheduler(target, kv_cache_mb=256, max_seqs=8, registry=registry).start()
+    try:
+        start = time.perf_counter()
+        results = []
+        for p in ids:
+            handle = sched.submit_request(SequenceRequest(p, max_tokens, options=options))
+            handle.wait()
+            results.append(handle.result)
+        wall = time.perf_counter() - start
+    finally:
+        sched.close()
+        head.__dict__.pop("resumes_after_gap", None)
+    return {"tok_s": sum(len(r.tokens) for r in results) / wall, "tokens": [list(r.tokens) for r in results],
+            "requests": [{"drafted": r.stats.draft_tokens, "accepted": r.stats.accepted_tokens,
+                          "verifies": r.stats.verify_steps, "reused": r.stats.prefix_reused,
+                          "armed": r.stats.armed_after_reuse} for r in results]}
+
+
+def reuse_main(target, registry, args) -> int:
+    ids = user_prompts(target)
+    runs: dict[str, list] = {"before": [], "after": []}
+    for rep in range(args.reps):
+        for mode in (("before", "after") if rep % 2 == 0 else ("after", "before")):
+            runs[mode].append(run_sequential(target, registry, ids, mode, args.max_tokens, not args.no_governor))
+    if any(r["tokens"] != runs["before"][0]["tokens"] for m in runs for r in runs[m]):
+        raise RuntimeError("the outputs differ between runs: not lossless")
+    lines = ["| request | prefix reused | before: armed, accepted/drafted, tok/verify | after: armed, accepted/drafted, tok/verify |",
+             "|---|---:|---|---|"]
+    for i, name in enumerate(CLASSES):
+        cells = []
+        for mode in ("before", "after"):
+            parts = [r["requests"][i] for r in runs[mode]]
+            drafted, accepted = sum(p["drafted"] for p in parts), sum(p["accepted"] for p in parts)
+            verifies = sum(p["verifies"] for p in parts)
+            armed = parts[0]["armed"] if parts[0]["reused"] else "-"
+            cells.append(f"{armed}, {accepted}/{drafted}, {(accepted + verifies) / verifies if verifies else 0.0:.2f}")
+        lines.append(f"| {name} | {runs['after'][0]['requests'][i]['reused']} | {cells[0]} | {cells[1]} |")
+    med = {m: statistics.median(r["tok_s"] for r in runs[m]) for m in runs}
+    lines += ["", f"tok/s over the {len(ids)} chats (medians of {args.reps}): before {med['before']:.1f}, "
+              f"after {med['after']:.1f} ({med['after'] / med['before']:.2f}x); runs: "
+              + "; ".join(f"{m} " + ", ".join(f"{r['tok_s']:.1f}" for r in runs[m]) for m in runs)]
+    print("\n".join(lines))
+    if args.json:
+        with open(args.json, "w", encoding="utf-8") as handle:
+            json.dump(runs, handle, indent=1)
+    return 0
+
+
 def run(target, registry, ids: list[list[int]], mode: str, max_tokens: int, adaptive: bool) -> dict:
     head = target.draft_head
     if mode == "shared":
@@ -78,6 +151,7 @@ def main(argv=None) -> int:
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--max-tokens", type=int, default=48)
     ap.add_argument("--no-governor", action="store_true", help="adaptive=False (acceptance without parks)")
+    ap.add_argument("--reuse", action="store_true", help="sequential chats sharing the system prompt's cached block")
     ap.add_argument("--json", default=None)
     args = ap.parse_args(argv)
     catalog = default_catalog()
@@ -85,6 +159,9 @@ def main(argv=None) -> int:
     if not callable(getattr(target.draft_head, "for_sequence", None)):
         print("the shipped MTP drafter was not attached (is tsspec-drafters-smollm2 installed?)", file=sys.stderr)
         return 2
+    if args.reuse:
+        run_sequential(target, catalog.speculators, user_prompts(target)[:1], "after", 8, True)  # warm-up
+        return reuse_main(target, catalog.speculators, args)
     ids = prompts(target)
     run(target, catalog.speculators, ids[:2], "views", 8, True)  # warm-up (allocations, first calls): not counted
     report = {"streams": [], "adaptive": not args.no_governor, "max_tokens": args.max_tokens, "reps": args.reps}
