@@ -9,8 +9,8 @@ confidence of 0.5 the product falls to 0.205 and the fifth draft is dropped.
 
 The head owns the drafter's context (a sliding KV ring fed by every commit); the factory takes a
 per-sequence view of it when the head offers one (``for_sequence``), so sequences served at once
-do not share a context. The speculator survives a reused KV prefix: the ring refills from the freshly forwarded suffix
-(``can_arm_after_prefix_reuse``).
+do not share a context. The speculator survives a reused KV prefix: the ring refills from the
+freshly forwarded suffix (``can_arm_after_prefix_reuse``).
 """
 
 from __future__ import annotations
