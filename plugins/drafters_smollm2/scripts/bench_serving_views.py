@@ -18,7 +18,9 @@ not arm after a reused prefix) and ``after`` (this plugin's default), alternatin
 
 Per request: accepted / drafted and tokens per verify (summed over the request's runs, then
 per request); per mode: aggregate tok/s (all tokens over the wall time from submission to the
-last token, prefill included), medians over the repetitions, and the views / shared ratio.
+last token, prefill included) and the process's CPU milliseconds per token (steadier than wall
+time on a machine shared with other work), medians over the repetitions, and the views /
+shared ratio.
 
     python plugins/drafters_smollm2/scripts/bench_serving_views.py --reps 3 --max-tokens 48
 """
@@ -129,16 +131,17 @@ def run(target, registry, ids: list[list[int]], mode: str, max_tokens: int, adap
                else SpeculationOptions(spec_type="draft-head", adaptive=adaptive))
     sched = Scheduler(target, kv_cache_mb=256, max_seqs=8, registry=registry).start()
     try:
-        start = time.perf_counter()
+        start, cpu = time.perf_counter(), time.process_time()
         handles = [sched.submit_request(SequenceRequest(p, max_tokens, options=options)) for p in ids]
         for h in handles:
             h.wait()
-        wall = time.perf_counter() - start
+        wall, cpu = time.perf_counter() - start, time.process_time() - cpu
     finally:
         sched.close()
         head.__dict__.pop("for_sequence", None)
     results = [h.result for h in handles]
-    return {"tok_s": sum(len(r.tokens) for r in results) / wall,
+    tokens = sum(len(r.tokens) for r in results)
+    return {"tok_s": tokens / wall, "cpu_ms_per_token": 1000.0 * cpu / tokens,
             "tokens": [list(r.tokens) for r in results],
             "requests": [{"drafted": r.stats.draft_tokens, "accepted": r.stats.accepted_tokens,
                           "verifies": r.stats.verify_steps, "reused": r.stats.prefix_reused,
@@ -167,8 +170,8 @@ def main(argv=None) -> int:
     report = {"streams": [], "adaptive": not args.no_governor, "max_tokens": args.max_tokens, "reps": args.reps}
     lines = ["| streams | request | shared accepted/drafted | shared tok/verify | views accepted/drafted | "
              "views tok/verify |", "|---:|---|---:|---:|---:|---:|"]
-    totals = ["| streams | shared tok/s | views tok/s | plain tok/s | views / shared | views / plain |",
-              "|---:|---:|---:|---:|---:|---:|"]
+    totals = ["| streams | shared tok/s | views tok/s | plain tok/s | views / shared | views / plain | "
+              "CPU ms/token shared / views / plain |", "|---:|---:|---:|---:|---:|---:|---|"]
     for n in (int(s) for s in args.streams.split(",")):
         runs: dict[str, list] = {m: [] for m in MODES}
         for rep in range(args.reps):
@@ -181,6 +184,7 @@ def main(argv=None) -> int:
                 if r["tokens"] != reference:
                     raise RuntimeError(f"{mode} with {n} streams differs from plain decoding: not lossless")
         med = {m: statistics.median(r["tok_s"] for r in runs[m]) for m in MODES}
+        cpu = {m: statistics.median(r["cpu_ms_per_token"] for r in runs[m]) for m in MODES}
         per_request = []
         for i in range(n):
             row = {"request": CLASSES[i]}
@@ -196,8 +200,9 @@ def main(argv=None) -> int:
             lines.append(f"| {n} | {row['request']} | {s['accepted']}/{s['drafted']} | {s['tokens_per_verify']:.2f} | "
                          f"{v['accepted']}/{v['drafted']} | {v['tokens_per_verify']:.2f} |")
         totals.append(f"| {n} | {med['shared']:.1f} | {med['views']:.1f} | {med['plain']:.1f} | "
-                      f"{med['views'] / med['shared']:.2f}x | {med['views'] / med['plain']:.2f}x |")
-        report["streams"].append({"streams": n, "tok_s": med, "tok_s_runs": {m: [r["tok_s"] for r in runs[m]] for m in MODES},
+                      f"{med['views'] / med['shared']:.2f}x | {med['views'] / med['plain']:.2f}x | "
+                      f"{cpu['shared']:.1f} / {cpu['views']:.1f} / {cpu['plain']:.1f} |")
+        report["streams"].append({"streams": n, "tok_s": med, "cpu_ms_per_token": cpu, "tok_s_runs": {m: [r["tok_s"] for r in runs[m]] for m in MODES},
                                   "requests": per_request})
         print(f"[{n} streams] tok/s shared {med['shared']:.1f}, views {med['views']:.1f}, plain {med['plain']:.1f}",
               file=sys.stderr)
