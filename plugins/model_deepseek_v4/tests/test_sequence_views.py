@@ -283,13 +283,23 @@ def test_many_speculators_built_and_closed_leave_no_view_behind(heads, sequence,
         assert spec.head is not head and spec.owns_head and spec.head.w is head.w
         view = spec.head
         if kind == "mtp":
-            view.draft_catch_up_and_step(sequence[:8], rows, 1 + i)
+            first = view.draft_catch_up_and_step(sequence[:8], rows, 1 + i)
             assert view.end == 9 + i and view.cache.kv.shape[0] > 0
         else:
             view.draft_catch_up(sequence[:8], rows, 1 + i)
+            first = view.block_rows(sequence[8], 9 + i), view.draft_block(sequence[8], rows[-1], 9 + i, 3)
             assert view._valid.numel() >= 8 + i and view._ctx[0].shape[0] > 0
         views.append(weakref.ref(view))
         spec.close()
+        if i == 0:  # a closed view regrows its state on the next call, as a fresh one
+            if kind == "mtp":
+                again = view.draft_catch_up_and_step(sequence[:8], rows, 1)
+            else:
+                view.draft_catch_up(sequence[:8], rows, 1)
+                again = view.block_rows(sequence[8], 9), view.draft_block(sequence[8], rows[-1], 9, 3)
+            assert torch.equal(first[0], again[0]) and (first[1] == again[1] if kind == "dspark"
+                                                        else torch.equal(first[1], again[1]))
+            view.close()
         if kind == "mtp":  # the cache is freed at close
             assert view.end == 0 and view.cache.kv.shape[0] == 0
         else:

@@ -230,11 +230,15 @@ def test_many_speculators_built_and_closed_leave_no_view_behind(targets, sequenc
     for i in range(40):
         spec = make_draft_head(target, OPTIONS)
         assert spec.head is not head and spec.owns_head and spec.head.w is head.w
-        spec.head.draft_catch_up_and_step(sequence[:8], rows, 1 + i)
+        first = spec.head.draft_catch_up_and_step(sequence[:8], rows, 1 + i)
         assert spec.head.end == 9 + i and spec.head.cache.capacity > 0
         views.append(weakref.ref(spec.head))
         spec.close()
         assert spec.head.end == 0 and spec.head.cache.capacity == 0  # the cache is freed at close
+        if i == 0:  # a closed view regrows its cache on the next call, as a fresh one
+            again = spec.head.draft_catch_up_and_step(sequence[:8], rows, 1)
+            assert all(torch.equal(x, y) for x, y in zip(first, again))
+            spec.head.close()
         del spec
     gc.collect()
     assert all(ref() is None for ref in views)
