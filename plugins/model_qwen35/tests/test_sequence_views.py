@@ -4,7 +4,8 @@ cache each.
 Two sequences over one head, their head calls interleaved one by one, draft exactly what each
 drafts alone (the same proposals and acceptance; output equal to plain decoding, greedy and
 seeded sampling), where the shared head without views mixes their contexts; views share every
-weight (same storage); closing the speculator frees its view."""
+weight (same storage); closing the speculator frees its view; served together through the
+scheduler (the paged path), requests draft and accept exactly as when served one at a time."""
 
 from __future__ import annotations
 
@@ -242,3 +243,30 @@ def test_many_speculators_built_and_closed_leave_no_view_behind(targets, sequenc
         del spec
     gc.collect()
     assert all(ref() is None for ref in views)
+
+
+def test_concurrent_served_sequences_draft_and_accept_as_alone(make_target, sequence):
+    # the serving path: sequences batched on the hybrid's paged KV, each proposing from its own
+    # worker thread with its own view of the one MTP head, draft and accept exactly as the same
+    # requests served one at a time, and equal plain decoding
+    from tsspec.runtime.scheduler import FINISHED, Scheduler, SequenceRequest
+    from tsspec.testing import plain_tokens
+
+    prompts = [sequence[:9], sequence[30:38], sequence[50:56]]
+    samplings = [SAMPLINGS["greedy"], SAMPLINGS["seeded"], SAMPLINGS["greedy"]]
+    max_tokens = 12
+    target = make_target("qwen35")
+
+    def serve(requests):
+        with Scheduler(target, kv_cache_mb=1, block_size=4, max_seqs=3, batch_wait_ms=100) as sched:
+            handles = [sched.submit_request(SequenceRequest(p, max_tokens, sampling=s, options=OPTIONS))
+                       for p, s in requests]
+            assert all(h.wait(120) for h in handles) and all(h.state == FINISHED for h in handles)
+            return [(h.result.tokens, h.result.stats.draft_tokens, h.result.stats.accepted_tokens) for h in handles]
+
+    alone = [serve([r])[0] for r in zip(prompts, samplings)]
+    together = serve(list(zip(prompts, samplings)))
+    for i, (solo, mixed) in enumerate(zip(alone, together)):
+        assert list(mixed[0]) == plain_tokens(make_target("qwen35"), prompts[i], max_tokens, samplings[i])
+        assert mixed == solo, f"request {i} drafted differently beside the others"
+        assert solo[1] > 0
