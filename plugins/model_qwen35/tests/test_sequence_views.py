@@ -10,7 +10,6 @@ scheduler (the paged path), requests draft and accept exactly as when served one
 from __future__ import annotations
 
 import gc
-import threading
 import weakref
 
 import pytest
@@ -19,6 +18,7 @@ import torch
 from tsspec.runtime.generation import generate
 from tsspec.runtime.options import SpeculationOptions
 from tsspec.runtime.sampling import SamplingParams
+from tsspec.testing import WithoutViews, sequences_alone, sequences_interleaved
 from tsspec_draft_head import make_draft_head
 
 OPTIONS = SpeculationOptions(spec_type="draft-head", adaptive=False, pmin=0.0, draft=4)
@@ -40,92 +40,13 @@ def prompts(sequence):
     return sequence[:9], sequence[30:38]
 
 
-class Turns:
-    """Two sequences take turns: each head-touching call (propose, commit) of one runs only after
-    the other's previous one, so their head calls interleave one by one (until one finishes)."""
-
-    def __init__(self):
-        self._cond = threading.Condition()
-        self._turn = 0
-        self._done: set[int] = set()
-
-    def run(self, who: int, fn, *args):
-        with self._cond:
-            self._cond.wait_for(lambda: self._turn == who or (1 - who) in self._done, timeout=60)
-        try:
-            return fn(*args)
-        finally:
-            with self._cond:
-                self._turn = 1 - who
-                self._cond.notify_all()
-
-    def finish(self, who: int) -> None:
-        with self._cond:
-            self._done.add(who)
-            self._cond.notify_all()
-
-
-class Recorder:
-    """A speculator that records its proposals and, given ``turns``, waits for its turn."""
-
-    def __init__(self, inner, turns: Turns | None = None, who: int = 0):
-        self.inner, self.turns, self.who, self.proposals = inner, turns, who, []
-
-    def __getattr__(self, name):
-        return getattr(self.inner, name)
-
-    def _call(self, fn, *args):
-        return fn(*args) if self.turns is None else self.turns.run(self.who, fn, *args)
-
-    def propose(self, ctx):
-        drafts = self._call(self.inner.propose, ctx)
-        self.proposals.append(list(drafts))
-        return drafts
-
-    def commit(self, tokens, hidden_rows, start_pos):
-        return self._call(self.inner.commit, tokens, hidden_rows, start_pos)
-
-
-def _run(target, prompt, sampling, speculator):
-    out = generate(target, list(prompt), OPTIONS, max_tokens=MAX_TOKENS, sampling=sampling, speculator=speculator)
-    return {"tokens": list(out.tokens), "proposals": speculator.proposals,
-            "accepted": out.stats.accepted_tokens, "drafted": out.stats.draft_tokens}
-
-
 def _alone(targets, prompts, sampling, make):
-    return [_run(t, p, sampling, Recorder(make(t))) for t, p in zip(targets, prompts)]
+    return sequences_alone(targets, prompts, make, OPTIONS, max_tokens=MAX_TOKENS, sampling=sampling)
 
 
 def _interleaved(targets, prompts, sampling, make):
-    turns, results, errors = Turns(), [None, None], []
+    return sequences_interleaved(targets, prompts, make, OPTIONS, max_tokens=MAX_TOKENS, sampling=sampling)
 
-    def one(who):
-        try:
-            results[who] = _run(targets[who], prompts[who], sampling, Recorder(make(targets[who]), turns, who))
-        except BaseException as exc:  # reported by the main thread
-            errors.append(exc)
-        finally:
-            turns.finish(who)
-
-    threads = [threading.Thread(target=one, args=(who,)) for who in (0, 1)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(120)
-    assert not errors, errors
-    return results
-
-
-class NoViews:
-    """The same head, minus ``for_sequence``: what every speculator drove before views."""
-
-    def __init__(self, head):
-        self._head = head
-
-    def __getattr__(self, name):
-        if name == "for_sequence":
-            raise AttributeError(name)
-        return getattr(self._head, name)
 
 
 @pytest.mark.parametrize("sampling", list(SAMPLINGS))
@@ -146,7 +67,7 @@ def test_the_shared_head_without_views_mixes_the_two_contexts(targets, prompts):
     # what the views fix: both sequences on the one head, interleaved, draft from each other's
     # history (the output stays lossless; the drafts do not match the solo runs')
     real = targets[0].draft_head
-    shared = NoViews(real)
+    shared = WithoutViews(real)
 
     def make(target):
         target.draft_head = shared
