@@ -192,7 +192,9 @@ class DraftHead(Protocol):
     """Trained drafter weights bound to one target: a thin adapter, like a LoRA file.
 
     Per-token heads implement ``draft_step`` and ``draft_catch_up`` (optionally the fused
-    ``draft_catch_up_and_step``); block heads implement ``draft_block``.
+    ``draft_catch_up_and_step``); block heads implement ``draft_block``. A head with sequence
+    state may offer ``for_sequence()``: a view sharing its weights with its own sequence state
+    (optionally ``close()`` to free it), one per speculator (docs/plugins.md, ``DraftHead``).
     """
 
     kind: DraftHeadKind

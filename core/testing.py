@@ -7,12 +7,18 @@
 * Fake speculators: ``OracleSpeculator`` (the plain continuation, each token corrupted with
   probability p: controlled acceptance), ``RandomSpeculator``, ``AdversarialSpeculator``.
 * ``assert_lossless``: plain vs speculative on fresh targets; tokens and trunk state must match.
+* Sequences served at once: ``sequences_alone`` / ``sequences_interleaved`` run one sequence per
+  target, one at a time or with their speculators' calls taking turns one by one in threads
+  (``TakingTurns``, ``RecordingSpeculator``), and ``WithoutViews`` hides a draft head's
+  ``for_sequence``: a head's per-sequence views are right when interleaved sequences draft
+  exactly what each drafts alone.
 """
 
 from __future__ import annotations
 
 import math
 import random
+import threading
 import time
 from typing import Callable, Sequence
 
@@ -36,6 +42,11 @@ __all__ = [
     "assert_lossless",
     "plain_tokens",
     "ADVERSARIAL_MODES",
+    "TakingTurns",
+    "RecordingSpeculator",
+    "WithoutViews",
+    "sequences_alone",
+    "sequences_interleaved",
 ]
 
 _TOY_ALPHABET = "abcdefghijklmnopqrstuvwxyz .,!?\n"  # 32 symbols: one id each
@@ -511,3 +522,107 @@ def write_random_llama(path, *, vocab: int, hidden: int, ffn: int, layers: int, 
         "llama.context_length": context, "general.name": name,
     }
     return write_gguf(path, "llama", meta, tensors)
+
+
+class TakingTurns:
+    """Two sequences take turns: each call one of them runs through ``run`` waits until the
+    other's previous call is over, so their calls interleave one by one (until one finishes)."""
+
+    def __init__(self, timeout_s: float = 60.0):
+        self._cond = threading.Condition()
+        self._turn = 0
+        self._done: set[int] = set()
+        self.timeout_s = timeout_s
+
+    def run(self, who: int, fn, *args):
+        with self._cond:
+            self._cond.wait_for(lambda: self._turn == who or (1 - who) in self._done, timeout=self.timeout_s)
+        try:
+            return fn(*args)
+        finally:
+            with self._cond:
+                self._turn = 1 - who
+                self._cond.notify_all()
+
+    def finish(self, who: int) -> None:
+        with self._cond:
+            self._done.add(who)
+            self._cond.notify_all()
+
+
+class RecordingSpeculator:
+    """Wraps a speculator: records its proposals and, given ``turns``, runs ``propose`` and
+    ``commit`` (the calls that touch a draft head) in sequence ``who``'s turn."""
+
+    def __init__(self, inner, turns: TakingTurns | None = None, who: int = 0):
+        self.inner, self.turns, self.who, self.proposals = inner, turns, who, []
+
+    def __getattr__(self, name):
+        return getattr(self.inner, name)
+
+    def _call(self, fn, *args):
+        return fn(*args) if self.turns is None else self.turns.run(self.who, fn, *args)
+
+    def propose(self, ctx):
+        drafts = self._call(self.inner.propose, ctx)
+        self.proposals.append(list(drafts))
+        return drafts
+
+    def commit(self, tokens, hidden_rows, start_pos):
+        return self._call(self.inner.commit, tokens, hidden_rows, start_pos)
+
+
+class WithoutViews:
+    """A draft head minus ``for_sequence``: what every speculator drove before per-sequence views
+    (one shared sequence state)."""
+
+    def __init__(self, head):
+        self._head = head
+
+    def __getattr__(self, name):
+        if name == "for_sequence":
+            raise AttributeError(name)
+        return getattr(self._head, name)
+
+
+def _record(target, prompt, options, max_tokens, sampling, speculator) -> dict:
+    from .runtime.generation import generate
+
+    out = generate(target, list(prompt), options, max_tokens=max_tokens, sampling=sampling, speculator=speculator)
+    return {"tokens": list(out.tokens), "proposals": speculator.proposals,
+            "accepted": out.stats.accepted_tokens, "drafted": out.stats.draft_tokens}
+
+
+def sequences_alone(targets, prompts, make: Callable, options: SpeculationOptions, *, max_tokens: int,
+                    sampling: SamplingParams | None = None) -> list[dict]:
+    """Each prompt on its target with the speculator ``make(target)``, one after the other: per
+    sequence ``{"tokens", "proposals", "accepted", "drafted"}``."""
+    return [_record(t, p, options, max_tokens, sampling, RecordingSpeculator(make(t))) for t, p in zip(targets, prompts)]
+
+
+def sequences_interleaved(targets, prompts, make: Callable, options: SpeculationOptions, *, max_tokens: int,
+                          sampling: SamplingParams | None = None, timeout_s: float = 120.0) -> list[dict]:
+    """Two sequences (``targets[i]``, ``prompts[i]``) in two threads whose speculators' calls
+    take turns one by one; the same records as ``sequences_alone``. An exception in either
+    thread is raised here."""
+    if len(targets) != 2 or len(prompts) != 2:
+        raise ValueError("sequences_interleaved takes two targets and two prompts")
+    turns, results, errors = TakingTurns(), [None, None], []
+
+    def one(who: int) -> None:
+        try:
+            spec = RecordingSpeculator(make(targets[who]), turns, who)
+            results[who] = _record(targets[who], prompts[who], options, max_tokens, sampling, spec)
+        except BaseException as exc:  # re-raised by the calling thread
+            errors.append(exc)
+        finally:
+            turns.finish(who)
+
+    threads = [threading.Thread(target=one, args=(who,)) for who in (0, 1)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout_s)
+    if errors:
+        raise errors[0]
+    return results

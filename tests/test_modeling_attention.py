@@ -7,7 +7,39 @@ import torch
 
 from tsspec.modeling import attention, native
 
-pytestmark = pytest.mark.skipif(not native.available(), reason="the compiled CPU kernels were not built")
+pytestmark = [
+    pytest.mark.skipif(not native.available(), reason="the compiled CPU kernels were not built"),
+    pytest.mark.usefixtures("scheme"),
+]
+
+
+@pytest.fixture(params=["key segments", "query heads"])
+def scheme(request):
+    """Every test runs on both chunkings: key segments (the default) and the previous one, query
+    heads over all keys (``set_key_segments(False)``, kept for A/B runs)."""
+    kernels = native.kernels()
+    kernels.set_key_segments(request.param == "key segments")
+    try:
+        yield request.param
+    finally:
+        kernels.set_key_segments(True)
+
+
+@pytest.fixture
+def threads():
+    """A context manager that runs torch (and so the kernels' attention calls) on n threads."""
+    import contextlib
+
+    @contextlib.contextmanager
+    def on(n):
+        before = torch.get_num_threads()
+        torch.set_num_threads(n)
+        try:
+            yield
+        finally:
+            torch.set_num_threads(before)
+
+    return on
 
 
 def reference(q, k, v, past, heads):
@@ -92,12 +124,15 @@ def test_scalar_path_agrees_bit_for_bit(scalar_path):
     assert torch.equal(fast, slow)
 
 
-def test_large_score_gaps_do_not_overflow():
-    q, k, v = case(rows=2, past=10, hd=16)
-    q = q * 200.0  # scores far apart: most weights underflow to exactly 0
-    got = attention.causal_attention(q, k, v, 10, heads=6)
+# scores of ~1e3 carry float32 rounding of ~1e-4 that the softmax passes on (either chunking:
+# the dot products are the same); the more keys near the top, the more of it shows
+@pytest.mark.parametrize("past,atol", [(10, 1e-5), (259, 1e-4)])
+def test_large_score_gaps_do_not_overflow(past, atol):
+    q, k, v = case(rows=2, past=past, hd=16, capacity=past + 2)
+    q = q * 200.0  # scores far apart: most weights (and whole key segments) underflow to exactly 0
+    got = attention.causal_attention(q, k, v, past, heads=6)
     assert torch.isfinite(got).all()
-    assert torch.allclose(got.double(), reference(q, k, v, 10, 6), rtol=1e-4, atol=1e-5)
+    assert torch.allclose(got.double(), reference(q, k, v, past, 6), rtol=1e-4, atol=atol)
 
 
 def test_bad_operands_are_refused():
@@ -148,3 +183,86 @@ def test_query_pairs_and_wide_loops_equal_the_narrow_one_query_path(hd, rows, pa
         torch.set_num_threads(threads)
     assert all(torch.equal(r, results[0]) for r in results[1:])
     assert torch.allclose(results[0].double(), reference(q, k, v, past, 9), rtol=1e-5, atol=1e-6)
+
+
+# -- key segments: boundaries, row counts, threads, GQA -------------------------------------------
+
+
+@pytest.mark.parametrize("heads,kv_heads,hd", [(4, 4, 64), (9, 3, 64), (6, 2, 16), (8, 1, 32)])
+def test_every_row_count_thread_count_and_path_gives_each_row_alone(heads, kv_heads, hd, scalar_path, threads):
+    """Calls of 1-11 rows whose key counts run from 1 (a context of one key) and across the
+    first and second key-segment boundaries (S - 5 .. S + 5, 2 S - 2 .. 2 S + 8) and a longer
+    context: every row is bit for bit the row computed alone on one thread, whatever the row
+    count, on 1, 2 and 3 threads and on the scalar path; and within 1e-5 of float64 attention."""
+    seg = native.kernels().KEY_SEGMENT
+    for past in (0, seg - 6, 2 * seg - 3, 5 * seg - 4):
+        q, k, v = case(rows=11, past=past, heads=heads, kv_heads=kv_heads, hd=hd, capacity=past + 11, seed=past)
+        q *= hd**-0.5  # the 1/sqrt(hd) scale a model folds into Q
+        with threads(1):
+            alone = torch.cat([attention.causal_attention(q[t : t + 1], k, v, past + t, heads) for t in range(11)])
+        for n in (1, 2, 3):
+            with threads(n):
+                for rows in range(1, 12):
+                    got = attention.causal_attention(q[:rows], k, v, past, heads)
+                    assert torch.equal(got, alone[:rows]), (past, n, rows)
+        with scalar_path():
+            assert torch.equal(attention.causal_attention(q, k, v, past, heads), alone), past
+        assert torch.allclose(alone.double(), reference(q, k, v, past, heads), rtol=1e-5, atol=1e-6), past
+
+
+@pytest.mark.parametrize("past", [0, 100, 500])
+def test_a_decode_row_with_enough_keys_runs_on_both_threads(past, threads, scheme):
+    """A decode row's 9 queries over 3 KV heads: with key segments the row's chunks (segment, KV
+    head) balance over two threads whatever the KV head count (query heads: 3 chunks, 2 + 1);
+    its value is the one-thread one either way."""
+    q, k, v = case(rows=1, past=past, heads=9, kv_heads=3, hd=64, capacity=past + 1)
+    with threads(1):
+        one = attention.causal_attention(q, k, v, past, heads=9)
+    kernels = native.kernels()
+    with threads(2):
+        kernels.set_pool_stats(True)
+        try:
+            two = attention.causal_attention(q, k, v, past, heads=9)
+            chunks = kernels.pool_stats()["other"]["chunks"]
+        finally:
+            kernels.set_pool_stats(False)
+    assert torch.equal(one, two)
+    if past >= 500:  # enough work to split
+        assert chunks >= (4 if scheme == "key segments" else 3)
+
+
+def test_the_two_chunkings_agree_bit_for_bit_within_one_segment_and_to_rounding_beyond():
+    """A query with at most S keys has one segment, whose output o_0 / l_0 is the previous
+    scheme's arithmetic exactly; beyond, the merge of segments moves it by rounding only."""
+    kernels = native.kernels()
+    seg = kernels.KEY_SEGMENT
+    for past, rows in ((0, 11), (seg - 11, 11), (3 * seg, 9)):
+        q, k, v = case(rows=rows, past=past, heads=9, kv_heads=3, hd=64, capacity=past + rows, seed=rows)
+        q *= 0.125
+        by_segments = attention.causal_attention(q, k, v, past, heads=9)
+        kernels.set_key_segments(False)
+        try:
+            by_heads = attention.causal_attention(q, k, v, past, heads=9)
+        finally:
+            kernels.set_key_segments(True)
+        if past + rows <= seg:
+            assert torch.equal(by_segments, by_heads)
+        else:
+            assert torch.allclose(by_segments, by_heads, rtol=1e-5, atol=1e-6)
+
+
+def test_a_prefill_slice_gives_each_row_alone(threads, scalar_path):
+    """More than 16 rows (a prefill slice) go in span chunks (each folds every segment as it goes)
+    in query shares on several threads; each row is still the row computed alone (a segment
+    chunk's), across segment boundaries and within the first segment, on the scalar path too."""
+    seg = native.kernels().KEY_SEGMENT
+    for past in (0, seg - 20, 3 * seg - 30):
+        q, k, v = case(rows=40, past=past, heads=9, kv_heads=3, hd=64, capacity=past + 40, seed=past)
+        q *= 0.125
+        with threads(1):
+            alone = torch.cat([attention.causal_attention(q[t : t + 1], k, v, past + t, 9) for t in range(40)])
+        for n in (2, 3):
+            with threads(n):
+                assert torch.equal(attention.causal_attention(q, k, v, past, 9), alone), (past, n)
+        with scalar_path():
+            assert torch.equal(attention.causal_attention(q, k, v, past, 9), alone), past

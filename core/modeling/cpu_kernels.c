@@ -416,6 +416,7 @@ static int use_guided = 1; /* 0: a gemm's rows in equal chunks, 4 a thread (A/B 
 static int use_wide_attn = 1; /* 0: a query's scores 4 keys, its V sums 32 values at a time (A/B, tests) */
 static int use_wide_tiles = 1; /* 0: verify rows in tiles of at most FUSED_ROWS, never WIDE_ROWS (A/B, tests) */
 static int use_pair_tiles = 1; /* 0: 2 rows of x meet one weight row at a time, not two (A/B, tests) */
+static int use_key_segments = 1; /* 0: attention in chunks of query heads over all keys, as before (A/B, tests) */
 
 static inline int simd_on(void) { return use_simd != 0 && have_avx2(); }
 
@@ -1049,26 +1050,33 @@ static void run_chunks(chunk_fn fn, void *arg, int64_t chunks, int threads) {
     pthread_mutex_unlock(&pool.busy);
 }
 
-/* per-thread scratch memory (grown, never shrunk) */
-/* a thread's buffer goes when the thread ends (the key's destructor): a server runs each
+/* per-thread scratch memory (grown, never shrunk), in two slots: slot 0 for a chunk's own use,
+ * slot 1 for what a caller shares with the chunks of its region (attention's per-segment partial
+ * results), so that the caller's chunks growing slot 0 never move it */
+/* a thread's buffers go when the thread ends (the keys' destructors): a server runs each
  * sequence in a thread of its own, and its drafter's kernel calls run there */
-static pthread_key_t scratch_key;
+#define SCRATCH_SLOTS 2
+static pthread_key_t scratch_keys[SCRATCH_SLOTS];
 static pthread_once_t scratch_once = PTHREAD_ONCE_INIT;
-static void scratch_make_key(void) { pthread_key_create(&scratch_key, free); }
+static void scratch_make_key(void) {
+    for (int i = 0; i < SCRATCH_SLOTS; i++) pthread_key_create(&scratch_keys[i], free);
+}
 
-static float *scratch(size_t floats) {
-    static __thread float *buf = NULL;
-    static __thread size_t cap = 0;
-    if (floats > cap) {
-        float *grown = (float *)realloc(buf, sizeof(float) * floats);
+static float *scratch_slot(int slot, size_t floats) {
+    static __thread float *buf[SCRATCH_SLOTS];
+    static __thread size_t cap[SCRATCH_SLOTS];
+    if (floats > cap[slot]) {
+        float *grown = (float *)realloc(buf[slot], sizeof(float) * floats);
         if (grown == NULL) return NULL;
         pthread_once(&scratch_once, scratch_make_key);
-        pthread_setspecific(scratch_key, grown);
-        buf = grown;
-        cap = floats;
+        pthread_setspecific(scratch_keys[slot], grown);
+        buf[slot] = grown;
+        cap[slot] = floats;
     }
-    return buf;
+    return buf[slot];
 }
+
+static float *scratch(size_t floats) { return scratch_slot(0, floats); }
 
 static _Atomic int scratch_failed = 0;
 
@@ -1300,9 +1308,10 @@ static void dequant(const QWeight *W, float *out, int threads) {
  * 2. Causal attention of query rows t = 0..rows-1 at positions past + t over a KV cache:
  *    out[t, h, :] = sum_j softmax_j(q[t, h] . k[g, j]) v[g, j], j = 0 .. past + t, g = h / group.
  * q is pre-scaled. Fixed order: the dot over hd in 8 lanes (lane l sums elements l, l + 8, ..),
- * lanes summed ((0+4)+(2+6))+((1+5)+(3+7)); softmax with expf in key order; the weighted sum of
- * v accumulated per element in key order, divided by the sum at the end. A row depends only on
- * its own query and the keys it sees. */
+ * lanes summed ((0+4)+(2+6))+((1+5)+(3+7)); per key segment of KEY_SEGMENT keys (below) the
+ * softmax's exps and their sum in key order, the weighted sum of v accumulated per element in key
+ * order; the segments merged in their order, divided by the merged sum at the end. A row depends
+ * only on its own query and the keys it sees. */
 
 static inline float lanes8(const float *s) { /* ((0+4)+(2+6))+((1+5)+(3+7)) */
     float t0 = s[0] + s[4], t1 = s[1] + s[5], t2 = s[2] + s[6], t3 = s[3] + s[7];
@@ -1340,9 +1349,11 @@ static inline float exp_scalar(float x) {
     return p;
 }
 
-/* one query row of one head: softmax over keys 0..keys-1 of a KV head, times V, into o[hd] */
-static void attend_scalar(const float *qv, const float *kg, const float *vg, int64_t keys, int64_t hd, float *scores,
-                          float *o) {
+/* one query row of one head over keys 0..keys-1 of a KV head (or of one key segment, kg and vg
+ * pointing at its first row): the softmax's largest score (*top_out), its sum of exps
+ * (*total_out), and the unnormalised V sum o[hd] = sum_j exp(s_j - top) v_j */
+static void attend_part_scalar(const float *qv, const float *kg, const float *vg, int64_t keys, int64_t hd,
+                               float *scores, float *o, float *top_out, float *total_out) {
     float top = -INFINITY;
     for (int64_t j = 0; j < keys; j++) {
         float acc[8] = {0};
@@ -1365,6 +1376,15 @@ static void attend_scalar(const float *qv, const float *kg, const float *vg, int
     memset(o, 0, sizeof(float) * (size_t)hd);
     for (j = 0; j < keys; j++)
         for (int64_t i = 0; i < hd; i++) o[i] = fmaf(scores[j], vg[j * hd + i], o[i]);
+    *top_out = top;
+    *total_out = total;
+}
+
+/* one query row of one head: softmax over keys 0..keys-1 of a KV head, times V, into o[hd] */
+static void attend_scalar(const float *qv, const float *kg, const float *vg, int64_t keys, int64_t hd, float *scores,
+                          float *o) {
+    float top, total;
+    attend_part_scalar(qv, kg, vg, keys, hd, scores, o, &top, &total);
     const float inv = 1.0f / total;
     for (int64_t i = 0; i < hd; i++) o[i] *= inv;
 }
@@ -1424,8 +1444,9 @@ QG_AVX2 static inline void scores_avx2(const float *qv, const float *kg, int64_t
     }
 }
 
-/* softmax weights in place (unnormalised) and their sum, as attend_scalar computes them */
-QG_AVX2 static inline float softmax_avx2(float *scores, int64_t keys) {
+/* softmax weights in place (unnormalised), their sum (returned) and the largest score (*top_out),
+ * as attend_part_scalar computes them */
+QG_AVX2 static inline float softmax_avx2(float *scores, int64_t keys, float *top_out) {
     /* the largest score in 8 lanes, then across them: a maximum is the same in any order (a NaN
      * score is passed over, as the scalar loop's comparison passes it over) */
     __m256 m8 = _mm256_set1_ps(-INFINITY);
@@ -1437,6 +1458,7 @@ QG_AVX2 static inline float softmax_avx2(float *scores, int64_t keys) {
         if (lanes[l] > top) top = lanes[l];
     for (; j < keys; j++)
         if (scores[j] > top) top = scores[j];
+    *top_out = top;
     __m256 vtop = _mm256_set1_ps(top), lane = _mm256_setzero_ps();
     for (j = 0; j + 8 <= keys; j += 8) {
         __m256 e = exp_avx2(_mm256_sub_ps(_mm256_loadu_ps(scores + j), vtop));
@@ -1557,12 +1579,14 @@ QG_AVX2 static inline void weighted_v_avx2(const float *p, const float *vg, int6
 
 #define KEY_BLOCK 64 /* keys of K (and V) reused from L1 by every query of a KV head */
 
-/* all queries of one KV head (n of them: group heads x rows): keys are walked in blocks so a
- * block of K and V serves every query while it is in cache; per query, scores, the softmax and
- * the V sum (o += p_j v_j, j in order, 8 lanes per element chunk) are exactly attend_scalar's */
+/* queries of one KV head (n of them: group heads x rows, or a share of them) over its keys 0..
+ * keys[u]-1 (kg, vg: its first K and V row, or a key segment's): keys are walked in blocks so a
+ * block of K and V serves every query while it is in cache; per query, the largest score
+ * (tops[u]), the sum of exps (sums[u]) and the unnormalised V sum (os[u]: o += p_j v_j, j in
+ * order, 8 lanes per element chunk) are exactly attend_part_scalar's */
 QG_AVX2 static void attend_group_avx2(const float *const *qs, const int64_t *keys, int64_t n, const float *kg,
                                       const float *vg, int64_t hd, float *scores, int64_t stride, float *const *os,
-                                      float *inv) {
+                                      float *sums, float *tops) {
     int64_t most = 0;
     for (int64_t u = 0; u < n; u++) most = keys[u] > most ? keys[u] : most;
     /* queries two at a time where both have keys in the block (their common keys together, the
@@ -1585,7 +1609,7 @@ QG_AVX2 static void attend_group_avx2(const float *const *qs, const int64_t *key
         }
     }
     for (int64_t u = 0; u < n; u++) {
-        inv[u] = 1.0f / softmax_avx2(scores + u * stride, keys[u]);
+        sums[u] = softmax_avx2(scores + u * stride, keys[u], &tops[u]);
         memset(os[u], 0, sizeof(float) * (size_t)hd);
     }
     for (int64_t j0 = 0; j0 < most; j0 += KEY_BLOCK) {
@@ -1605,10 +1629,17 @@ QG_AVX2 static void attend_group_avx2(const float *const *qs, const int64_t *key
             if (j1 > j0) weighted_v_avx2(scores + u * stride, vg, j0, j1, hd, os[u]);
         }
     }
-    for (int64_t u = 0; u < n; u++) {
-        __m256 vi = _mm256_set1_ps(inv[u]);
-        for (int64_t i = 0; i < hd; i += 8) _mm256_storeu_ps(os[u] + i, _mm256_mul_ps(_mm256_loadu_ps(os[u] + i), vi));
-    }
+}
+
+/* fold_segment (below), 8 elements at a time: the same operations, each rounded once; exp_scalar
+ * and fmaf inline here as single instructions (this function may use FMA) */
+QG_AVX2 static void fold_segment_avx2(float *o, float *m, float *l, const float *os, float ms, float ls, int64_t hd) {
+    const float top = ms > *m ? ms : *m, fa = exp_scalar(*m - top), fb = exp_scalar(ms - top);
+    *l = fmaf(ls, fb, *l * fa);
+    *m = top;
+    const __m256 va = _mm256_set1_ps(fa), vb = _mm256_set1_ps(fb);
+    for (int64_t i = 0; i < hd; i += 8)
+        _mm256_storeu_ps(o + i, _mm256_fmadd_ps(_mm256_loadu_ps(os + i), vb, _mm256_mul_ps(_mm256_loadu_ps(o + i), va)));
 }
 #endif
 
@@ -1616,24 +1647,226 @@ typedef struct {
     const float *q, *kc, *vc;
     float *out;
     int64_t q_row, cap, rows, heads, kv_heads, hd, past;
-    int64_t split, per; /* chunks per KV head, each up to `per` of its query heads */
+    int64_t split, per;      /* by heads: chunks per KV head, each up to `per` of its query heads */
+    int64_t segments, parts; /* by segments: the call's key segments; query parts of a KV head */
+    float *partial;          /* by segments: [rows, heads, segments, hd + 2]: V sum, top, sum of exps */
+    _Atomic int64_t *done;   /* by segments: [kv_heads, parts] segments finished per query share */
 } AttentionJob;
 
-static void attention_chunk(void *arg, int64_t c) { /* KV head g: its query heads h0..h1-1, all rows */
+/* ---- by key segments (the default) ----
+ * A query's keys 0..past+t go in segments [s S, (s + 1) S), S = KEY_SEGMENT, a constant: the
+ * boundaries depend on the key index only. Per segment the query's largest score m_s, its sum of
+ * exps l_s = sum_j exp(x_j - m_s) and its unnormalised V sum o_s = sum_j exp(x_j - m_s) v_j are
+ * attend_part_scalar's over the segment's keys (lanes counted from the segment's first key).
+ * They fold in segment order, from (m, l, o) = (m_0, l_0, o_0): for s = 1, 2, ..
+ *   top = max(m, m_s), a = exp(m - top), b = exp(m_s - top),
+ *   l = fma(l_s, b, l * a), o = fma(o_s, b, o * a) per element, m = top;
+ * and out = o * (1 / l) (one segment: o_0 * (1 / l_0)). So a query's output depends on its own
+ * query and keys only, whatever the rows, threads and chunks: a k-row verify is the 1-row decode
+ * bit for bit. Two chunkings give those same bits:
+ * - segment chunks (decode, verify): (segment, KV head, share of its queries); every row and
+ *   query head of the group meets the segment's K and V rows while they are in cache, so with
+ *   one share each KV row is read once, and the segments balance over the threads; each stores
+ *   its partial (o_s, m_s, l_s), and the chunk that finishes a share's last segment folds them;
+ * - span chunks (prefill slices of many rows, arithmetic-bound): (KV head, share), every segment
+ *   in order, folding as it goes into the output row (no partials through memory). */
+#define KEY_SEGMENT 256
+
+/* (m, l, o[hd]) = the fold of (m, l, o) with segment (ms, ls, os[hd]), as described above */
+static void fold_segment(float *o, float *m, float *l, const float *os, float ms, float ls, int64_t hd) {
+#ifdef QG_X86
+    if (simd_on() && hd % 8 == 0) {
+        fold_segment_avx2(o, m, l, os, ms, ls, hd);
+        return;
+    }
+#endif
+    const float top = ms > *m ? ms : *m, fa = exp_scalar(*m - top), fb = exp_scalar(ms - top);
+    *l = fmaf(ls, fb, *l * fa);
+    *m = top;
+    for (int64_t i = 0; i < hd; i++) o[i] = fmaf(os[i], fb, o[i] * fa);
+}
+
+/* o[hd] *= 1 / l: a query's output from its folded V sum */
+static void normalise_row(float *o, float l, int64_t hd) {
+    const float inv = 1.0f / l;
+    for (int64_t i = 0; i < hd; i++) o[i] *= inv;
+}
+
+/* one query's output from its segments' partial results part [segs, hd + 2] (V sum, top, sum of
+ * exps), folded in order */
+static void merge_query(const float *part, int64_t segs, int64_t hd, float *o) {
+    const int64_t slot = hd + 2;
+    float m = part[hd], l = part[hd + 1];
+    memcpy(o, part, sizeof(float) * (size_t)hd);
+    for (int64_t s = 1; s < segs; s++) fold_segment(o, &m, &l, part + s * slot, part[s * slot + hd], part[s * slot + hd + 1], hd);
+    normalise_row(o, l, hd);
+}
+
+/* every query of KV head g's share p with more than one segment: its output from its segments */
+static void merge_share(const AttentionJob *J, int64_t g, int64_t p) {
+    const int64_t group = J->heads / J->kv_heads, hd = J->hd;
+    for (int64_t u = p; u < J->rows * group; u += J->parts) {
+        const int64_t t = u / group, h = g * group + u % group, end = J->past + t + 1;
+        if (end <= KEY_SEGMENT) continue; /* one segment: segment_chunk wrote the output */
+        const float *part = J->partial + (t * J->heads + h) * J->segments * (hd + 2);
+        merge_query(part, (end + KEY_SEGMENT - 1) / KEY_SEGMENT, hd, J->out + (t * J->heads + h) * hd);
+    }
+}
+
+static void segment_chunk(void *arg, int64_t c) { /* segment s of KV head g, queries p, p + parts, .. */
     const AttentionJob *J = (const AttentionJob *)arg;
-    const int64_t group = J->heads / J->kv_heads, stride = J->past + J->rows;
-    const int64_t g = c / J->split, h0 = g * group + (c % J->split) * J->per;
-    const int64_t h1 = h0 + J->per < (g + 1) * group ? h0 + J->per : (g + 1) * group, n = (h1 - h0) * J->rows;
-    /* scores [n, stride], inverse sums [n], then (8-byte aligned) query and output pointers and
-     * key counts [n] each */
+    const int64_t group = J->heads / J->kv_heads, hd = J->hd, slot = hd + 2, all = J->rows * group;
+    const int64_t s = c / (J->kv_heads * J->parts), g = c / J->parts % J->kv_heads, p = c % J->parts;
+    const int64_t a = s * KEY_SEGMENT, last = J->past + J->rows;
+    const int64_t b = a + KEY_SEGMENT < last ? a + KEY_SEGMENT : last;
+    const int64_t most = (all - p + J->parts - 1) / J->parts;
+    /* scores [most, KEY_SEGMENT], sums [most], tops [most], then (8-byte aligned) query and
+     * output pointers and key counts [most] each */
     const size_t pointer_floats = (2 * sizeof(void *) + sizeof(int64_t)) / sizeof(float);
-    float *scores = scratch((size_t)(n * stride + n) + pointer_floats * (size_t)n + 2);
+    float *scores = scratch((size_t)(most * (KEY_SEGMENT + 2)) + pointer_floats * (size_t)most + 2);
     if (scores == NULL) {
         atomic_store(&scratch_failed, 1);
         return;
     }
-    float *inv = scores + n * stride;
-    uintptr_t at = ((uintptr_t)(inv + n) + 7) & ~(uintptr_t)7;
+    float *sums = scores + most * KEY_SEGMENT, *tops = sums + most;
+    uintptr_t at = ((uintptr_t)(tops + most) + 7) & ~(uintptr_t)7;
+    const float **qs = (const float **)at;
+    float **os = (float **)(qs + most);
+    int64_t *keys = (int64_t *)(os + most);
+    int64_t n = 0;
+    for (int64_t u = p; u < all; u += J->parts) {
+        const int64_t t = u / group, h = g * group + u % group, end = J->past + t + 1;
+        if (end <= a) continue; /* a row before the segment */
+        qs[n] = J->q + t * J->q_row + h * hd;
+        os[n] = end <= KEY_SEGMENT ? J->out + (t * J->heads + h) * hd
+                                   : J->partial + ((t * J->heads + h) * J->segments + s) * slot;
+        keys[n++] = (end < b ? end : b) - a;
+    }
+    const float *ks = J->kc + (g * J->cap + a) * hd, *vs = J->vc + (g * J->cap + a) * hd;
+#ifdef QG_X86
+    if (simd_on() && hd % 8 == 0)
+        attend_group_avx2(qs, keys, n, ks, vs, hd, scores, KEY_SEGMENT, os, sums, tops);
+    else
+#endif
+        for (int64_t u = 0; u < n; u++) attend_part_scalar(qs[u], ks, vs, keys[u], hd, scores, os[u], &tops[u], &sums[u]);
+    for (int64_t u = p, m = 0; u < all; u += J->parts) { /* the same queries again, in the same order */
+        const int64_t end = J->past + u / group + 1;
+        if (end <= a) continue;
+        if (end <= KEY_SEGMENT) { /* the query's only segment: its output */
+            normalise_row(os[m], sums[m], hd);
+        } else {
+            os[m][hd] = tops[m];
+            os[m][hd + 1] = sums[m];
+        }
+        m++;
+    }
+    if (J->segments > 1 && atomic_fetch_add(&J->done[g * J->parts + p], 1) == J->segments - 1)
+        merge_share(J, g, p); /* every segment of this share is in (the add orders their writes) */
+}
+
+static void span_chunk(void *arg, int64_t c) { /* KV head g, queries p, p + parts, ..: every segment */
+    const AttentionJob *J = (const AttentionJob *)arg;
+    const int64_t group = J->heads / J->kv_heads, hd = J->hd, all = J->rows * group;
+    const int64_t g = c / J->parts, p = c % J->parts, most = (all - p + J->parts - 1) / J->parts;
+    /* scores [most, KEY_SEGMENT], sums, tops, folded tops and sums [most] each, a segment's V sums
+     * [most, hd], then (8-byte aligned) query and output pointers and key counts [most] each */
+    const size_t pointer_floats = (2 * sizeof(void *) + sizeof(int64_t)) / sizeof(float);
+    float *scores = scratch((size_t)(most * (KEY_SEGMENT + 4 + hd)) + pointer_floats * (size_t)most + 2);
+    if (scores == NULL) {
+        atomic_store(&scratch_failed, 1);
+        return;
+    }
+    float *sums = scores + most * KEY_SEGMENT, *tops = sums + most, *ms = tops + most, *ls = ms + most;
+    float *seg_o = ls + most;
+    uintptr_t at = ((uintptr_t)(seg_o + most * hd) + 7) & ~(uintptr_t)7;
+    const float **qs = (const float **)at;
+    float **os = (float **)(qs + most);
+    int64_t *keys = (int64_t *)(os + most);
+    const float *kg = J->kc + g * J->cap * hd, *vg = J->vc + g * J->cap * hd;
+    for (int64_t s = 0; s < J->segments; s++) {
+        const int64_t a = s * KEY_SEGMENT, last = J->past + J->rows;
+        const int64_t b = a + KEY_SEGMENT < last ? a + KEY_SEGMENT : last;
+        int64_t n = 0;
+        for (int64_t u = p, i = 0; u < all; u += J->parts, i++) {
+            const int64_t t = u / group, h = g * group + u % group, end = J->past + t + 1;
+            if (end <= a) continue; /* a row before the segment */
+            qs[n] = J->q + t * J->q_row + h * hd;
+            os[n] = s == 0 ? J->out + (t * J->heads + h) * hd : seg_o + i * hd; /* segment 0 starts the fold */
+            keys[n++] = (end < b ? end : b) - a;
+        }
+#ifdef QG_X86
+        if (simd_on() && hd % 8 == 0)
+            attend_group_avx2(qs, keys, n, kg + a * hd, vg + a * hd, hd, scores, KEY_SEGMENT, os, sums, tops);
+        else
+#endif
+            for (int64_t u = 0; u < n; u++)
+                attend_part_scalar(qs[u], kg + a * hd, vg + a * hd, keys[u], hd, scores, os[u], &tops[u], &sums[u]);
+        for (int64_t u = p, i = 0, m = 0; u < all; u += J->parts, i++) {
+            const int64_t t = u / group, h = g * group + u % group;
+            if (J->past + t + 1 <= a) continue;
+            if (s == 0) {
+                ms[i] = tops[m];
+                ls[i] = sums[m];
+            } else {
+                fold_segment(J->out + (t * J->heads + h) * hd, &ms[i], &ls[i], os[m], tops[m], sums[m], hd);
+            }
+            m++;
+        }
+    }
+    for (int64_t u = p, i = 0; u < all; u += J->parts, i++)
+        normalise_row(J->out + ((u / group) * J->heads + g * group + u % group) * hd, ls[i], hd);
+}
+
+/* Segment chunks for calls of up to SPAN_ROWS rows (decode, verify) on several threads, segments
+ * first (the early ones hold the most rows of a causal call); one share per KV head (each K and V
+ * row read once) unless the segments and KV heads give the threads fewer than 2 chunks each (a
+ * few rows over few keys), then as many shares, each every parts-th query of the group (rows
+ * interleaved, so the shares' key counts match), as make up 2. On one thread (nothing to
+ * balance) span chunks, one a KV head; longer calls (prefill slices) in span chunks too, shares
+ * of the KV heads, 4 chunks a thread: their attention is arithmetic on K and V rows in cache, and
+ * a segment chunk's partial results would go through memory for every row. */
+#define SPAN_ROWS 16
+static int attention_by_segments(AttentionJob *J, int threads) {
+    const int64_t group = J->heads / J->kv_heads, span = threads <= 1 || J->rows > SPAN_ROWS;
+    J->segments = (J->past + J->rows + KEY_SEGMENT - 1) / KEY_SEGMENT;
+    J->parts = 1;
+    const int64_t base = span ? J->kv_heads : J->kv_heads * J->segments, want = (span ? 4 : 2) * (int64_t)threads;
+    if (threads > 1 && base < want) {
+        J->parts = (want + base - 1) / base;
+        if (J->parts > J->rows * group) J->parts = J->rows * group;
+    }
+    J->partial = NULL;
+    J->done = NULL;
+    if (!span && J->segments > 1) {
+        /* partial results, then (8-byte aligned) a count of finished segments per share */
+        const size_t floats = (size_t)(J->rows * J->heads * J->segments * (J->hd + 2));
+        const size_t shares = (size_t)(J->kv_heads * J->parts);
+        J->partial = scratch_slot(1, floats + 2 + shares * sizeof(int64_t) / sizeof(float));
+        if (J->partial == NULL) return -1;
+        J->done = (_Atomic int64_t *)(((uintptr_t)(J->partial + floats) + 7) & ~(uintptr_t)7);
+        for (size_t i = 0; i < shares; i++) atomic_store_explicit(&J->done[i], 0, memory_order_relaxed);
+    }
+    atomic_store(&scratch_failed, 0);
+    run_chunks(span ? span_chunk : segment_chunk, J, base * J->parts, threads);
+    return atomic_load(&scratch_failed) ? -1 : 0;
+}
+
+/* ---- by query heads (set_key_segments(False): the previous scheme, for A/B runs) ---- */
+static void heads_chunk(void *arg, int64_t c) { /* KV head g: its query heads h0..h1-1, all rows */
+    const AttentionJob *J = (const AttentionJob *)arg;
+    const int64_t group = J->heads / J->kv_heads, stride = J->past + J->rows;
+    const int64_t g = c / J->split, h0 = g * group + (c % J->split) * J->per;
+    const int64_t h1 = h0 + J->per < (g + 1) * group ? h0 + J->per : (g + 1) * group, n = (h1 - h0) * J->rows;
+    /* scores [n, stride], sums [n], tops [n], then (8-byte aligned) query and output pointers and
+     * key counts [n] each */
+    const size_t pointer_floats = (2 * sizeof(void *) + sizeof(int64_t)) / sizeof(float);
+    float *scores = scratch((size_t)(n * stride + 2 * n) + pointer_floats * (size_t)n + 2);
+    if (scores == NULL) {
+        atomic_store(&scratch_failed, 1);
+        return;
+    }
+    float *sums = scores + n * stride, *tops = sums + n;
+    uintptr_t at = ((uintptr_t)(tops + n) + 7) & ~(uintptr_t)7;
     const float **qs = (const float **)at;
     float **os = (float **)(qs + n);
     int64_t *keys = (int64_t *)(os + n);
@@ -1645,36 +1878,41 @@ static void attention_chunk(void *arg, int64_t c) { /* KV head g: its query head
             keys[u] = J->past + t + 1;
         }
 #ifdef QG_X86
-    if (simd_on() && J->hd % 8 == 0)
-        attend_group_avx2(qs, keys, n, kg, vg, J->hd, scores, stride, os, inv);
-    else
+    if (simd_on() && J->hd % 8 == 0) {
+        attend_group_avx2(qs, keys, n, kg, vg, J->hd, scores, stride, os, sums, tops);
+        for (int64_t u = 0; u < n; u++) {
+            const float inv = 1.0f / sums[u];
+            for (int64_t i = 0; i < J->hd; i++) os[u][i] *= inv;
+        }
+    } else
 #endif
         for (int64_t u = 0; u < n; u++) attend_scalar(qs[u], kg, vg, keys[u], J->hd, scores, os[u]);
 }
 
 /* chunks are KV heads (their queries share every K and V row while it is in cache). Where the KV
  * heads do not split evenly over the threads, several rows' queries go in single query heads
- * (SmolLM2's 3 KV heads on 2 threads: 9 chunks instead of 2 + 1: that many rows' attention is
- * arithmetic, and the chunks balance), while one row's stay KV heads unless there are fewer KV
- * heads than threads (then as few query groups as keep every thread busy): a decode row's
- * attention is the reading of its KV rows, and 9 single heads read each KV head 3 times without
- * query pairs (measured 1.05-1.16x slower a step on a calm machine). Every query is computed
- * the same way either way. */
-static int attention(const float *q, int64_t q_row, const float *kc, const float *vc, int64_t cap, float *out,
-                     int64_t rows, int64_t heads, int64_t kv_heads, int64_t hd, int64_t past, int threads) {
-    AttentionJob J = {q, kc, vc, out, q_row, cap, rows, heads, kv_heads, hd, past, 1, heads / kv_heads};
-    if (heads * rows * (past + rows) * hd < 262144) threads = 1;
-    if (threads > 1 && rows > 1 && kv_heads % threads != 0) {
-        J.per = 1;
-        J.split = heads / kv_heads;
-    } else if (threads > 1 && kv_heads < threads) {
-        const int64_t group = heads / kv_heads, parts = (threads + kv_heads - 1) / kv_heads;
-        J.per = (group + parts - 1) / parts;
-        J.split = (group + J.per - 1) / J.per;
+ * (SmolLM2's 3 KV heads on 2 threads: 9 chunks instead of 2 + 1, each KV head read 3 times),
+ * while one row's stay KV heads unless there are fewer KV heads than threads (then as few query
+ * groups as keep every thread busy). Every query is computed the same way either way. */
+static int attention_by_heads(AttentionJob *J, int threads) {
+    if (threads > 1 && J->rows > 1 && J->kv_heads % threads != 0) {
+        J->per = 1;
+        J->split = J->heads / J->kv_heads;
+    } else if (threads > 1 && J->kv_heads < threads) {
+        const int64_t group = J->heads / J->kv_heads, parts = (threads + J->kv_heads - 1) / J->kv_heads;
+        J->per = (group + parts - 1) / parts;
+        J->split = (group + J->per - 1) / J->per;
     }
     atomic_store(&scratch_failed, 0);
-    run_chunks(attention_chunk, &J, kv_heads * J.split, threads);
+    run_chunks(heads_chunk, J, J->kv_heads * J->split, threads);
     return atomic_load(&scratch_failed) ? -1 : 0;
+}
+
+static int attention(const float *q, int64_t q_row, const float *kc, const float *vc, int64_t cap, float *out,
+                     int64_t rows, int64_t heads, int64_t kv_heads, int64_t hd, int64_t past, int threads) {
+    AttentionJob J = {q, kc, vc, out, q_row, cap, rows, heads, kv_heads, hd, past, 1, heads / kv_heads, 1, 1, NULL, NULL};
+    if (heads * rows * (past + rows) * hd < 262144) threads = 1;
+    return use_key_segments ? attention_by_segments(&J, threads) : attention_by_heads(&J, threads);
 }
 
 /* ---- small row ops of a transformer block ------------------------------------------------
@@ -2120,6 +2358,7 @@ DEFINE_SWITCH(guided, use_guided)
 DEFINE_SWITCH(pairs, use_pairs)
 DEFINE_SWITCH(wide_tiles, use_wide_tiles)
 DEFINE_SWITCH(pair_tiles, use_pair_tiles)
+DEFINE_SWITCH(key_segments, use_key_segments)
 
 static PyObject *py_info(PyObject *self, PyObject *noargs) {
     const char *int8 = "scalar";
@@ -2531,6 +2770,8 @@ static PyMethodDef methods[] = {
      "False: verify rows in tiles of at most 4 rows, never 5 (A/B runs, tests)"},
     {"set_pair_tiles", py_set_pair_tiles, METH_VARARGS,
      "False: 2 rows of x meet one weight row at a time, not two (A/B runs, tests)"},
+    {"set_key_segments", py_set_key_segments, METH_VARARGS,
+     "False: attention in chunks of query heads over all keys, not of key segments (A/B runs, tests)"},
     {"set_guided", py_set_guided, METH_VARARGS,
      "False: a gemm's output rows in equal chunks (4 a thread), not shrinking ones (A/B runs, tests)"},
     {"info", py_info, METH_NOARGS, "which paths this build has"},
@@ -2548,4 +2789,12 @@ static PyMethodDef methods[] = {
 
 static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_cpu_kernels", "tsspec's CPU kernels.", -1, methods};
 
-PyMODINIT_FUNC PyInit__cpu_kernels(void) { return PyModule_Create(&module); }
+PyMODINIT_FUNC PyInit__cpu_kernels(void) {
+    PyObject *m = PyModule_Create(&module);
+    /* attention's key segment (tests put key counts around its boundaries) */
+    if (m != NULL && PyModule_AddIntConstant(m, "KEY_SEGMENT", KEY_SEGMENT) != 0) {
+        Py_DECREF(m);
+        return NULL;
+    }
+    return m;
+}

@@ -116,3 +116,39 @@ def test_auto_pairs_ngram_with_the_mtp_drafter_losslessly(catalog_with_ngram, au
     assert speculator.name == "ngram+draft-head"
     assert spec.tokens == plain.tokens
     assert speculator.proposed[PRIMARY] > 0 and speculator.proposed[BACKUP] > 0
+
+
+def _rss_bytes() -> int:
+    with open("/proc/self/status") as handle:
+        for line in handle:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) * 1024
+    raise RuntimeError("no VmRSS")
+
+
+def test_sequence_views_of_the_mtp_drafter_share_its_weights_in_memory(targets):
+    # one view per served sequence: each owns a KV cache and RoPE table (~0.5 MiB), never a copy
+    # of the drafter's matrices; 16 live views must not add the weights 16 times to the process
+    import gc
+
+    import torch
+
+    head = targets[0].draft_head
+    if not head.native:
+        pytest.skip("the compiled kernels were not built")
+    engine = head._native
+    weights = sum(t.numel() * t.element_size() for w in (engine._head, engine._e_emb, engine._e_hid, *engine._layer)
+                  for t in (w.q, w.d, w.m))
+    rows = torch.randn(8, head.hidden_size, generator=torch.Generator().manual_seed(0))
+    tokens = [100, 200, 300, 400, 500, 600, 700, 800]
+    gc.collect()
+    before = _rss_bytes()
+    views = []
+    for i in range(16):
+        view = head.for_sequence()
+        view.draft_catch_up_and_step(tokens, rows, 10 + i, compact=True)
+        views.append(view)
+    grown = _rss_bytes() - before
+    assert grown < 4 * weights, f"16 views grew RSS by {grown >> 20} MiB; the drafter's weights are {weights >> 20} MiB"
+    for view in views:
+        view.close()

@@ -2,16 +2,27 @@
 by rows x context, one of its switches off against on (the default), paired (the two alternate
 within each round, their order swapped every round; medians over rounds): ``pairs``, a KV head's
 queries two at a time; ``wide``, one query's scores eight keys and its V sums 64 elements at a
-time. With one thread the time is the thread's CPU time, else wall time.
+time; ``segments``, chunks of (key segment, KV head) carrying all of its queries, against the
+previous chunks of query heads over all keys. With one thread the time is the thread's CPU time,
+else wall time.
 
-    python plugins/model_llama/scripts/attention_bench.py [--switch pairs|wide] [--threads 1]
+    python plugins/model_llama/scripts/attention_bench.py [--switch pairs|wide|segments] [--threads 1]
         [--rows 1,3,9] [--contexts 100,500] [--rounds 9] [--calls 200] [--single-queries]
         [--baseline PATH/_cpu_kernels.so]
 
 ``--baseline PATH`` compares another build of ``cpu_kernels.c`` (side A) with the installed one
 (side B) instead of a switch. ``--single-queries`` keeps query pairs off on both sides (the
 one-query path). The KV cache here is one layer's and stays in cache; in a model step each
-layer's K and V rows come from memory (``step_profile.py`` times attention inside the step).
+layer's K and V rows come from memory.
+
+``--in-step`` times attention there instead: the embedded model after a prefill of each context,
+``--steps`` forwards of each row count per side and round (every row's logits, as a verify; the
+cache rewound after each), with the kernels' pool statistics on: the attention regions' wall time
+per forward (all 30 layers) and the forward's wall time (with one thread: the caller's CPU time
+in both), switch off against on, paired as above. ``--prefill N`` (with ``--in-step``) times a
+prefill of N tokens from an empty cache instead (attention in slices of 64 rows, called from
+``attention.py``: its regions count as the pool's kind "other", which the prefill's other row ops
+outside the gemms share).
 """
 
 from __future__ import annotations
@@ -30,7 +41,7 @@ HEADS, KV_HEADS, HEAD_DIM = 9, 3, 64
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--switch", choices=("pairs", "wide"), default="pairs")
+    ap.add_argument("--switch", choices=("pairs", "wide", "segments"), default="pairs")
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--rows", default="1,3,9")
     ap.add_argument("--contexts", default="100,500")
@@ -38,9 +49,12 @@ def main() -> int:
     ap.add_argument("--calls", type=int, default=200, help="calls timed together per measurement")
     ap.add_argument("--single-queries", action="store_true", help="query pairs off on both sides")
     ap.add_argument("--baseline", default=None, help="another build of the kernels as side A")
+    ap.add_argument("--in-step", action="store_true", help="attention inside the embedded model's forward")
+    ap.add_argument("--steps", type=int, default=10, help="--in-step: forwards per side and round")
+    ap.add_argument("--prefill", type=int, default=0, help="--in-step: time a prefill of this many tokens")
     args = ap.parse_args()
     kernels = native.kernels()
-    setter_name = {"pairs": "set_query_pairs", "wide": "set_wide_attention"}[args.switch]
+    setter_name = {"pairs": "set_query_pairs", "wide": "set_wide_attention", "segments": "set_key_segments"}[args.switch]
     if kernels is None or not hasattr(kernels, setter_name):
         raise SystemExit(f"attention_bench: the compiled kernels (with {setter_name}) are not built")
     toggle = getattr(kernels, setter_name)
@@ -57,6 +71,10 @@ def main() -> int:
     for module in {id(m): m for m in modules.values()}.values():
         if args.single_queries and hasattr(module, "set_query_pairs"):
             module.set_query_pairs(False)
+    if args.in_step:
+        if args.baseline is not None:
+            raise SystemExit("attention_bench: --in-step pairs a switch, not a --baseline build")
+        return in_step(kernels, toggle, args)
     clock = time.thread_time if args.threads == 1 else time.perf_counter
     print(f"kernels: {native.info()}; threads {args.threads}; {HEADS} heads, {KV_HEADS} KV heads, head size {HEAD_DIM}")
     for context in [int(c) for c in args.contexts.split(",")]:
@@ -85,6 +103,72 @@ def main() -> int:
         if hasattr(module, "set_query_pairs"):
             module.set_query_pairs(True)
     return 0
+
+
+def in_step(kernels, toggle, args) -> int:
+    """Attention's pool regions inside the embedded model's forwards, switch off (A) against on
+    (B): ms per forward (all layers), medians over rounds and the median of the paired ratios."""
+    from tsspec.modeling.embedded import embedded_model_path
+    from tsspec_model_llama import load_llama
+
+    torch.set_num_threads(args.threads)
+    clock, field = (time.thread_time, "caller_cpu_ns") if args.threads == 1 else (time.perf_counter, "wall_ns")
+    target = load_llama(embedded_model_path(), {"dtype": "float32-blocks"})
+    print(f"kernels: {native.info()}; threads {args.threads}; embedded model; {args.rounds} rounds of "
+          f"{args.steps} forwards a side; A = {args.switch} off, B = on; ms per forward (medians)")
+    print("context | rows | attention A | attention B | B/A (paired) | forward A | forward B | B/A (paired)")
+    try:
+        if args.prefill:
+            ids = [100 + (i * 7) % 5000 for i in range(args.prefill)]
+            got = {False: [], True: []}
+            for rnd in range(args.rounds + 1):  # round 0 warms up
+                for side_b in (False, True) if rnd % 2 == 0 else (True, False):
+                    toggle(side_b)
+                    target.spec_rewind_cache(0)
+                    kernels.set_pool_stats(True)
+                    start = clock()
+                    target.spec_forward(ids, all_logits_rows=False, want_hidden=False)
+                    wall = (clock() - start) * 1e3
+                    attn = kernels.pool_stats().get("other", {}).get(field, 0) / 1e6
+                    kernels.set_pool_stats(False)
+                    if rnd:
+                        got[side_b].append((attn, wall))
+            print(f"{0:7d} | {args.prefill:4d} | " + " | ".join(columns(got)))
+            return 0
+        for context in [int(c) for c in args.contexts.split(",")]:
+            target.spec_rewind_cache(0)
+            target.spec_forward([5] * context, all_logits_rows=False, want_hidden=False)
+            for rows in [int(r) for r in args.rows.split(",")]:
+                got = {False: [], True: []}  # per side: (attention ms, forward ms) a round
+                for rnd in range(args.rounds + 1):  # round 0 warms up
+                    for side_b in (False, True) if rnd % 2 == 0 else (True, False):
+                        toggle(side_b)
+                        kernels.set_pool_stats(True)
+                        start = clock()
+                        for _ in range(args.steps):
+                            target.spec_forward([5] * rows, all_logits_rows=True, want_hidden=False)
+                            target.spec_rewind_cache(context)
+                        wall = (clock() - start) / args.steps * 1e3
+                        attn = kernels.pool_stats().get("attention", {}).get(field, 0) / args.steps / 1e6
+                        kernels.set_pool_stats(False)
+                        if rnd:
+                            got[side_b].append((attn, wall))
+                print(f"{context:7d} | {rows:4d} | " + " | ".join(columns(got)))
+    finally:
+        toggle(True)
+        kernels.set_pool_stats(False)
+    return 0
+
+
+def columns(got: dict) -> list[str]:
+    """Per measure (attention, forward): side A's and B's medians, B/A of medians (and paired)."""
+    cells = []
+    for i in (0, 1):
+        a = statistics.median(v[i] for v in got[False])
+        b = statistics.median(v[i] for v in got[True])
+        paired = statistics.median(y[i] / x[i] for x, y in zip(got[False], got[True]))
+        cells.append(f"{a:11.3f} | {b:11.3f} | {b / a:.3f} ({paired:.3f})")
+    return cells
 
 
 if __name__ == "__main__":

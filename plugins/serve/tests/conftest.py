@@ -80,6 +80,12 @@ class LiveServer:
         self.sock.close()
 
 
+@pytest.fixture(scope="session")
+def live_server():
+    """The ``LiveServer`` class, for a test that starts servers of its own."""
+    return LiveServer
+
+
 @pytest.fixture(scope="module")
 def live(embedded_target):
     import tsspec_ngram

@@ -353,3 +353,20 @@ _PENALISE_9 = lambda logits, preceding: torch.where(torch.arange(logits.shape[0]
 def test_the_gate_on_compact_logits_is_the_full_vocabulary_gate(case, drafts):
     assert _fixed_proposal(compact=False, **case) == drafts
     assert _fixed_proposal(compact=True, **case) == drafts
+
+
+@pytest.mark.parametrize("fold", [True, False])
+def test_a_prefill_after_a_reused_prefix_does_not_feed_its_missing_row(fold):
+    # after a reused KV prefix the loop commits the prompt's new part from `reuse` on, its first
+    # row zeros (that row's predecessor was never computed): the head starts one position later
+    spec = _spec(fold=fold, pmin=0.0)
+    rows = torch.cat([torch.zeros(1, HIDDEN, dtype=torch.float64), _rows(3, 0)])  # [4, F]
+    spec.commit([5, 6, 7, 8], rows, 16)
+    spec.propose(_ctx([0] * 20 + [9], _rows(1, 1)[0]))
+    assert spec.head.cache_positions[:4] == [17, 18, 19, 20] and spec.counters.skipped_rows == 1
+    # only the first commit of a sequence: a zero row later is fed as given
+    spec.commit([9, 3], torch.zeros(2, HIDDEN, dtype=torch.float64), 20)
+    assert spec.counters.skipped_rows == 1
+    spec.reset()  # a new sequence from position 0: its row 0 is the head's own business
+    spec.commit([1, 2], torch.zeros(2, HIDDEN, dtype=torch.float64), 0)
+    assert spec.counters.skipped_rows == 1

@@ -34,10 +34,19 @@ GGUF conventions accepted (see the README for keys and tensor names):
 
 Taps: HF ``target_layer_ids`` name layer OUTPUTS; the ``deepseek4`` keys carry those ids (the
 tap is id + 1), the ``dflash`` convention stores ``id + 1`` already (trap 3 of model-specs.md).
+
+Sequence views: ``for_sequence()`` returns a head over the same weights, config and target
+(nothing is copied) with its own context rows (every stage's K = V by position, and which
+positions it was given); the ``block`` algorithm drives one view per speculator, so sequences
+served at once (each from its own thread) never draft from each other's context. ``close()``
+frees a view's context rows (they regrow on the next call); a view's ``calls`` are also added to
+its head's (the total over every sequence).
 """
 
 from __future__ import annotations
 
+import copy
+import threading
 from typing import Any, Sequence
 
 import attrs
@@ -237,10 +246,29 @@ class DSparkHead:
         self.drafts_per_pass = cfg.block if cfg.sample_from_anchor else cfg.block - 1
         self.block_size = self.drafts_per_pass + 1
         self.feature_size = len(cfg.taps) * hp.hidden_size
-        dtype = self.trunk.dtype
-        self._ctx = [torch.zeros(0, hp.head_dim, dtype=dtype) for _ in weights.stages]  # [positions, hd]
-        self._valid = torch.zeros(0, dtype=torch.bool)
+        self._root = self  # the head whose counter totals every view's
+        self._totals = threading.Lock()  # guards the root's counter against views in other threads
+        self._new_context()
         self.calls = 0
+
+    def _new_context(self) -> None:
+        """Empty context rows: every stage's K = V [positions, hd] and the positions given."""
+        hd, dtype = self.trunk.hp.head_dim, self.trunk.dtype
+        self._ctx = [torch.zeros(0, hd, dtype=dtype) for _ in self.w.stages]  # [positions, hd]
+        self._valid = torch.zeros(0, dtype=torch.bool)  # [positions]
+
+    # -- sequence views -------------------------------------------------------------------------
+    def for_sequence(self) -> "DSparkHead":
+        """A view for one sequence: the same weights, config and target (nothing copied), its own
+        context rows (see the module docstring)."""
+        view = copy.copy(self)  # shallow: target, trunk, config, weights, root and its lock shared
+        view._new_context()
+        view.calls = 0
+        return view
+
+    def close(self) -> None:
+        """Free this head's (or view's) context rows; a later call starts a new sequence."""
+        self._new_context()
 
     # -- DraftHead protocol ---------------------------------------------------------------------
     def reset(self) -> None:
@@ -299,7 +327,7 @@ class DSparkHead:
 
     def block_rows(self, anchor: int, position: int) -> torch.Tensor:
         """The block pass up to the final norm: x [B, H] for ``[anchor, noise x (B-1)]``."""
-        self.calls += 1
+        self._count()
         hp, w, cfg = self.trunk.hp, self.w, self.cfg
         ids = torch.full((cfg.block,), cfg.noise_token_id, dtype=torch.long)
         ids[0] = anchor
@@ -315,6 +343,13 @@ class DSparkHead:
             collapsed = hyper_head(streams, w.hc_head.fn, w.hc_head.base, w.hc_head.scale,
                                    hc_eps=hp.hc_eps, norm_eps=hp.rms_eps)
             return rms_norm(collapsed, w.out_norm, hp.rms_eps)
+
+    def _count(self) -> None:
+        root = self._root
+        if root is not self:  # a view's own counter (one sequence, one thread)
+            self.calls += 1
+        with root._totals:  # views in other threads add to the same total
+            root.calls += 1
 
     def _stage(self, lw: LayerWeights, streams: torch.Tensor, ids: torch.Tensor, positions: torch.Tensor,
                ctx: torch.Tensor) -> torch.Tensor:

@@ -19,10 +19,19 @@ The head's cache holds positions ``base .. end-1`` by absolute position. Positio
 predecessor row; like the Qwen MTP head, the head never sees it (a catch-up from 0 starts at 1).
 A catch-up from ``start`` drops everything at or after ``start``; a start past ``end`` is a gap
 the head never saw, and it restarts there.
+
+Sequence views: ``for_sequence()`` returns a head over the same weights and trunk (nothing is
+copied) with its own layer cache and positions; the ``draft-head`` algorithm drives one view per
+speculator, so sequences served at once (each from its own thread) never draft from each other's
+history. ``close()`` frees a view's cache (it regrows on the next call). What views share is
+read-only during a call, or guarded (the trunk's RoPE table grows under a lock); a view's
+``calls`` / ``rows_run`` are also added to its head's (totals over every sequence).
 """
 
 from __future__ import annotations
 
+import copy
+import threading
 from typing import Sequence
 
 import torch
@@ -49,11 +58,32 @@ class MtpHead:
         hp = trunk.hp
         self.hc, self.hidden = hp.hc_mult, hp.hidden_size
         self.feature_size = hp.hc_mult * hp.hidden_size
-        self.cache = LayerCache(mtp.layer.attn, hp.head_dim, trunk.dtype)
-        self.base: int | None = None
-        self.end = 0
+        self._root = self  # the head whose counters total every view's
+        self._totals = threading.Lock()  # guards the root's counters against views in other threads
+        self._new_state()
+
+    def _new_state(self) -> None:
+        """Fresh sequence state: an empty cache, no positions, counters at 0."""
+        self._drop_cache()
         self.rows_run = 0
         self.calls = 0
+
+    def _drop_cache(self) -> None:
+        self.cache = LayerCache(self.w.layer.attn, self.trunk.hp.head_dim, self.trunk.dtype)
+        self.base: int | None = None
+        self.end = 0
+
+    # -- sequence views -------------------------------------------------------------------------
+    def for_sequence(self) -> "MtpHead":
+        """A view for one sequence: the same weights and trunk (nothing copied), its own cache and
+        positions (see the module docstring)."""
+        view = copy.copy(self)  # shallow: trunk, weights, root and its lock shared
+        view._new_state()
+        return view
+
+    def close(self) -> None:
+        """Free this head's (or view's) cache; a later call starts a new sequence."""
+        self._drop_cache()
 
     # -- the DraftHead protocol ---------------------------------------------------------------
     def reset(self) -> None:
@@ -83,6 +113,15 @@ class MtpHead:
         return self.trunk.lm_head(rms_norm(collapsed, w.norm, hp.rms_eps))
 
     # -- internals ------------------------------------------------------------------------------
+    def _count(self, rows: int) -> None:
+        root = self._root
+        if root is not self:  # a view's own counters (one sequence, one thread)
+            self.calls += 1
+            self.rows_run += rows
+        with root._totals:  # views in other threads add to the same totals
+            root.calls += 1
+            root.rows_run += rows
+
     def _place(self, start: int) -> None:
         if self.base is None or start < self.base or start > self.end:
             self.base, self.end = start, start
@@ -107,8 +146,7 @@ class MtpHead:
         self._place(start)
         n = len(tokens)
         self.cache.ensure(start + n)
-        self.calls += 1
-        self.rows_run += n
+        self._count(n)
         trunk, hp, w = self.trunk, self.trunk.hp, self.w
         ids = torch.tensor(tokens, dtype=torch.long)
         with torch.no_grad():

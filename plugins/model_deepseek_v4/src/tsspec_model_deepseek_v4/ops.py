@@ -18,6 +18,7 @@ All follow transformers' ``models/deepseek_v4`` (5.24):
 from __future__ import annotations
 
 import math
+import threading
 
 import torch
 import torch.nn.functional as F
@@ -91,22 +92,29 @@ class TailRope:
             inv = 1.0 / (base ** (torch.arange(0, dims, 2, dtype=torch.float32) / dims))
         self.inv_freq = inv  # [dims/2] float32, as transformers computes the angles
         self.dtype = dtype
-        self._cos = self._sin = torch.zeros(0, dims // 2, dtype=dtype)  # [known, dims/2] (float32 path)
-        self._known = 0
+        empty = torch.zeros(0, dims // 2, dtype=dtype)
+        self._table = (empty, empty)  # (cos, sin) [known, dims/2] (float32 path), replaced whole
+        self._growing = threading.Lock()
 
     def tables(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """cos, sin [rows, dims/2] for integer positions [rows]: the angles in float32 (like HF),
         their cos / sin in the model's dtype (float32, or float64 for exact tests). On the float32
         path each position is computed once, on its own (a vectorised cos of several rows can differ
-        in the last bit), and kept in a table that grows as positions are asked for."""
+        in the last bit), and kept in a table that grows as positions are asked for. The table is
+        shared by the trunk and its draft heads' sequence views (other threads): it grows under a
+        lock and is replaced as one (cos, sin) pair, so a reader never sees half of a growth."""
         if self.dtype == torch.float32 and positions.numel() > 0:
             need = int(positions.max()) + 1
-            if need > self._known:  # extend the table, one new position at a time
-                new = [self._compute(torch.tensor([p])) for p in range(self._known, max(need, 2 * self._known))]
-                self._cos = torch.cat([self._cos[: self._known]] + [c for c, _ in new])
-                self._sin = torch.cat([self._sin[: self._known]] + [s for _, s in new])
-                self._known = self._cos.shape[0]
-            return self._cos[positions], self._sin[positions]
+            table = self._table
+            if need > table[0].shape[0]:
+                with self._growing:
+                    table = self._table
+                    known = table[0].shape[0]
+                    if need > known:  # extend the table, one new position at a time
+                        new = [self._compute(torch.tensor([p])) for p in range(known, max(need, 2 * known))]
+                        table = (torch.cat([table[0]] + [c for c, _ in new]), torch.cat([table[1]] + [s for _, s in new]))
+                        self._table = table
+            return table[0][positions], table[1][positions]
         return self._compute(positions)
 
     def _compute(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

@@ -25,6 +25,10 @@ over ring + block (``dflash_block_attention``) and grouped conv (``dflash_groupe
 the selector's lattice (``selector_lattice``: only k + k*k*(n-1) scores come back to the host
 walk). Otherwise the same code runs the torch ops below.
 
+Sequences: the head's context (the K/V stores, what was injected last) is one sequence's.
+``for_sequence()`` makes a view over the same weights with stores of its own; the ``block``
+algorithm drives one view per speculator, so sequences served at once keep their own context.
+
 Feature rows (the commit contract): ``h_rows[k]`` is the target's tapped row of position
 ``start_pos + k - 1``; ``h_prev`` in ``draft_block`` is the row of ``position - 1``, the latest
 cached position. The drafter's context is exactly the set of positions it was given, so a gap
@@ -33,6 +37,7 @@ cached position. The drafter's context is exactly the set of positions it was gi
 
 from __future__ import annotations
 
+import copy
 from typing import Any, Sequence
 
 import torch
@@ -79,25 +84,41 @@ class DFlashDraftHead:
         self.use_conv = bool(use_conv and config.has_conv)
         self.use_selector = bool(use_selector and config.has_selector and weights.selector is not None)
         self._scale = config.head_dim**-0.5
-        self._stores = [
-            ContextKV(
-                config.n_head_kv,
-                config.head_dim,
-                config.value_dim,
-                rows=config.ring_rows if config.layer_is_sliding(i) else None,
-                dtype=dtype,
-                device=self.device,
-            )
-            for i in range(config.num_layers)
-        ]
-        self._seen_end = 0  # one past the highest position injected
-        self._last_row: tuple[int, torch.Tensor] | None = None  # (position, feature row) injected last
+        self._new_context()
         self._target_dtype: torch.dtype | None = None  # dtype of the target's embedding rows
         self.ops = dict(kernels or {}) if dtype == torch.float32 else {}  # the fused ops need float32
         self._draft_ids = (  # [K] target ids of the draft-vocabulary rows, or None
             torch.tensor(config.draft_vocab, dtype=torch.long, device=self.device) if config.draft_vocab else None
         )
         self.kernels_used: set[str] = set()
+
+    def _new_context(self) -> None:
+        """Fresh sequence state: empty K/V stores per layer, nothing injected."""
+        config = self.config
+        self._stores = [
+            ContextKV(
+                config.n_head_kv,
+                config.head_dim,
+                config.value_dim,
+                rows=config.ring_rows if config.layer_is_sliding(i) else None,
+                dtype=self.dtype,
+                device=self.device,
+            )
+            for i in range(config.num_layers)
+        ]
+        self._seen_end = 0  # one past the highest position injected
+        self._last_row: tuple[int, torch.Tensor] | None = None  # (position, feature row) injected last
+
+    def for_sequence(self) -> "DFlashDraftHead":
+        """A view for one sequence: the same weights, ops and target (nothing copied), its own
+        K/V stores and positions. ``kernels_in_use`` stays shared (it records what ran)."""
+        view = copy.copy(self)  # shallow: config, weights, ops and the kernels_used set shared
+        view._new_context()
+        return view
+
+    def close(self) -> None:
+        """Free this head's (or view's) context stores; a later call starts a new sequence."""
+        self._new_context()
 
     # -- DraftHead protocol ----------------------------------------------------------------
     @property

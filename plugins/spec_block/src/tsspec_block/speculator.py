@@ -7,9 +7,10 @@ per-token head, which gates each token alone). Example, pmin 0.35, confidences
 ``[0.9, 0.8, 0.6, 0.95]``: products 0.9, 0.72, 0.432, 0.41 -> all four kept; with a fifth
 confidence of 0.5 the product falls to 0.205 and the fifth draft is dropped.
 
-The head owns the drafter's context (a sliding KV ring fed by every commit), so the speculator
-survives a reused KV prefix: the ring refills from the freshly forwarded suffix
-(``can_arm_after_prefix_reuse``).
+The head owns the drafter's context (a sliding KV ring fed by every commit); the factory takes a
+per-sequence view of it when the head offers one (``for_sequence``), so sequences served at once
+do not share a context. The speculator survives a reused KV prefix: the ring refills from the
+freshly forwarded suffix (``can_arm_after_prefix_reuse``).
 """
 
 from __future__ import annotations
@@ -61,8 +62,10 @@ class BlockDraftSpeculator:
     can_arm_after_prefix_reuse = True
 
     def __init__(self, head: Any, *, window: int = DEFAULT_WINDOW, min_draft_prob: float = DEFAULT_MIN_DRAFT_PROB,
-                 feature_size: int | None = None):
+                 feature_size: int | None = None, owns_head: bool = False):
         self.head = head
+        # head is a per-sequence view made for this speculator (for_sequence): close frees it
+        self.owns_head = bool(owns_head)
         self.max_draft_tokens = max(0, min(int(window), int(head.block_size) - 1))
         self.min_draft_prob = float(min_draft_prob)
         self.feature_size = feature_size  # expected width of the hidden rows, when known
@@ -111,8 +114,14 @@ class BlockDraftSpeculator:
         self.head.reset()
 
     def close(self) -> None:
+        """The sequence is over: a view this speculator owns frees its context (its ``close``);
+        a shared head is reset, as before views existed."""
         self._pending = []
-        self.head.reset()
+        release = getattr(self.head, "close", None) if self.owns_head else None
+        if callable(release):
+            release()
+        else:
+            self.head.reset()
 
     def _row_ok(self, rows: Any) -> bool:
         """Rows of the width the head reads; a mismatch is logged once and the rows ignored."""
@@ -164,5 +173,10 @@ def make_block_speculator(target: Any, options: Any = None) -> BlockDraftSpecula
     if feature_size is not None:
         require_feature_width(target, feature_size, "the block drafter", "its feature taps are not set")
     pmin = options.min_prob(DEFAULT_MIN_DRAFT_PROB) if options is not None else DEFAULT_MIN_DRAFT_PROB
+    # a head that offers per-sequence views gets one per speculator: sequences served at once
+    # each keep their own context over the shared weights
+    make_view = getattr(head, "for_sequence", None)
+    view = make_view() if callable(make_view) else head
     # the block size is this algorithm's own limit; the loop narrows it to the sequence's window
-    return BlockDraftSpeculator(head, window=int(head.block_size), min_draft_prob=pmin, feature_size=feature_size)
+    return BlockDraftSpeculator(view, window=int(head.block_size), min_draft_prob=pmin, feature_size=feature_size,
+                                owns_head=view is not head)

@@ -19,6 +19,12 @@ table is handed over from row ``base`` on and every row still turns by its absol
 The draft vocabulary's rows are kept in ascending target-id order (the caller sorts them), so
 the compact logits' argmax breaks ties toward the lowest id, as the full-vocabulary argmax does.
 
+Sequence views: ``for_sequence()`` makes another forward over the SAME weights (the int8
+matrices, the norms, the layer-stack capsule, the embedding rows) with its own empty KV cache
+and RoPE table; the capsule only describes the weights (the cache and table are handed over at
+each call), so views running in different threads share it safely. ``release()`` frees a
+view's cache and table (they regrow on the next call).
+
 The numbers differ slightly from the torch module's (summation order; eh_proj in two halves);
 drafts may differ, the output never does (verification decides). ``NextNFileHead`` uses this
 path on the CPU when the compiled kernels are built (``available``), and the torch module
@@ -26,6 +32,9 @@ otherwise or with ``TS_MTP_NATIVE=0``.
 """
 
 from __future__ import annotations
+
+import copy
+import threading
 
 import torch
 
@@ -69,10 +78,45 @@ def _describe(w) -> tuple:
     return (w.fmt, w.q.data_ptr(), w.d.data_ptr(), w.m.data_ptr(), w.shape[0], w.shape[1])
 
 
+class EmbeddingRows:
+    """The target's embedding rows of recently seen token ids (exact copies, looked up once),
+    shared by every sequence view of one head: a lock guards the table, and the rows handed
+    out are copies, so another sequence refilling the table never changes them."""
+
+    def __init__(self, embed, width: int, slots: int = EMBED_CACHE_ROWS):
+        self._embed = embed  # target.embed: ids -> [n, H]
+        self._ids: dict[int, int] = {}  # token id -> row of _rows
+        self._rows = torch.empty(slots, width)  # [slots, H]
+        self._free = 0
+        self._lock = threading.Lock()
+
+    def __call__(self, tokens: list[int]) -> torch.Tensor:
+        """[n, H] float32, a tensor of the caller's own."""
+        unique = list(dict.fromkeys(tokens))
+        if len(unique) > self._rows.shape[0]:
+            return self._embed(tokens).to(torch.float32).contiguous()  # a catch-up wider than the cache
+        with self._lock:
+            missing = [t for t in unique if t not in self._ids]
+            if missing:
+                if self._free + len(missing) > self._rows.shape[0]:
+                    self._ids.clear()
+                    self._free = 0
+                    missing = unique
+                rows = self._embed(missing).to(torch.float32)  # [m, H]
+                self._rows[self._free : self._free + len(missing)] = rows
+                for i, t in enumerate(missing):
+                    self._ids[t] = self._free + i
+                self._free += len(missing)
+            if len(tokens) == 1:
+                return self._rows[self._ids[tokens[0]]].unsqueeze(0).clone()  # [1, H]
+            return self._rows[[self._ids[t] for t in tokens]]  # [n, H] (indexing copies)
+
+
 class NativeNextN:
     """The compiled forward of one ``NextNModule`` with its own KV cache (see the module
     docstring). ``forward`` feeds rows at cache slots ``at..`` and returns the head's output rows
-    it was asked for; ``logits`` maps one output row to draft-vocabulary logits [K]."""
+    it was asked for; ``logits`` maps one output row to draft-vocabulary logits [K];
+    ``for_sequence`` makes another over the same weights with a cache of its own."""
 
     def __init__(self, module: NextNModule, embed, *, threads: int | None = None):
         from tsspec.modeling import native
@@ -82,7 +126,6 @@ class NativeNextN:
         cfg = module.cfg
         self.cfg = cfg
         self.H = H = cfg.hidden_size
-        self._embed = embed  # target.embed: ids -> [n, H] float32
         self.threads = threads  # None: torch's thread count at each call (as the target's gemms)
         eh = module.eh_proj.detach()  # [H, 2H]: columns 0..H-1 read norm(emb), H.. read norm(h)
         self._e_emb, self._e_hid = _q8(eh[:, :H].contiguous()), _q8(eh[:, H:].contiguous())
@@ -102,12 +145,22 @@ class NativeNextN:
                 float(cfg.rms_eps))
         layer = (self._attn_norm.data_ptr(), 0, 0, self._ffn_norm.data_ptr(), *map(_describe, self._layer))
         self._stack = self._k.layers_new(dims, [layer])  # holds addresses: the tensors above stay alive
+        self.embeddings = EmbeddingRows(embed, H)  # shared with the sequence views
+        self.release()
+
+    def for_sequence(self) -> "NativeNextN":
+        """A forward over the same weights, layer stack and embedding rows (nothing is copied)
+        with its own empty KV cache and RoPE table: one per sequence."""
+        view = copy.copy(self)  # shallow: every weight tensor and the capsule are shared
+        view.release()
+        return view
+
+    def release(self) -> None:
+        """Drop the KV cache and the RoPE table (they regrow on the next call)."""
+        cfg = self.cfg
         self._kc = torch.zeros(1, cfg.num_kv_heads, 0, cfg.head_dim)  # [1, nkv, cap, hd]
         self._vc = torch.zeros(1, cfg.num_kv_heads, 0, cfg.head_dim)
         self._rope = torch.zeros(0, cfg.head_dim // 2, 2)  # [positions, hd/2, (cos, sin)]
-        self._ids: dict[int, int] = {}  # token id -> row of _rows
-        self._rows = torch.empty(EMBED_CACHE_ROWS, H)  # [slots, H] cached embeddings
-        self._free = 0
 
     @property
     def capacity(self) -> int:
@@ -134,26 +187,6 @@ class NativeNextN:
             cos, sin = rope_tables(torch.arange(size), self.cfg.head_dim, self.cfg.rope_theta)  # [size, 1, hd/2]
             self._rope = torch.stack([cos[:, 0], sin[:, 0]], dim=-1).contiguous()  # [size, hd/2, 2]
         return self._rope[base].data_ptr()
-
-    def embeddings(self, tokens: list[int]) -> torch.Tensor:
-        """[n, H] float32: the target's rows, looked up once per token id and kept (exact)."""
-        unique = list(dict.fromkeys(tokens))
-        if len(unique) > self._rows.shape[0]:
-            return self._embed(tokens).to(torch.float32).contiguous()  # a catch-up wider than the cache
-        missing = [t for t in unique if t not in self._ids]
-        if missing:
-            if self._free + len(missing) > self._rows.shape[0]:
-                self._ids.clear()
-                self._free = 0
-                missing = unique
-            rows = self._embed(missing).to(torch.float32)  # [m, H]
-            self._rows[self._free : self._free + len(missing)] = rows
-            for i, t in enumerate(missing):
-                self._ids[t] = self._free + i
-            self._free += len(missing)
-        if len(tokens) == 1:
-            return self._rows[self._ids[tokens[0]]].unsqueeze(0)  # [1, H] (a view)
-        return self._rows[[self._ids[t] for t in tokens]]  # [n, H]
 
     # -- running -----------------------------------------------------------------------------
     def forward(self, tokens: list[int], h_rows: torch.Tensor, at: int, base: int, *, want_last: bool):

@@ -25,6 +25,7 @@ The embedding is the target's (``target.embed``), so the file stays small.
 
 from __future__ import annotations
 
+import copy
 import json
 import threading
 from typing import Any, Sequence
@@ -159,6 +160,29 @@ def read_nextn(path) -> tuple[NextNModule, dict[str, Any], dict]:
     return module, target, manifest
 
 
+class _SharedWeights:
+    """What a head and its sequence views share besides the module: the native engine whose
+    weights every view's engine borrows (built once, on first use) and the torch engine's int8
+    packing (done once)."""
+
+    def __init__(self):
+        self.lock = threading.Lock()
+        self._native = None
+
+    def native_engine(self, module: NextNModule, embed):
+        from . import native_head
+
+        with self.lock:
+            if self._native is None:
+                self._native = native_head.NativeNextN(module, embed)
+            return self._native
+
+    def pack_torch(self, module: NextNModule) -> None:
+        with self.lock:
+            if module.__dict__.get("_packed") is None:
+                module.pack_int8()
+
+
 class _single_thread:
     """One intra-op thread inside a head call: a head step is many small ops, and on a shared
     CPU two OpenMP threads waiting on each other at every barrier (even a fill of the
@@ -186,9 +210,16 @@ class NextNFileHead:
     with ``TS_MTP_NATIVE=0`` (also the reference the tests hold the native one to). Each keeps
     its own KV cache; ``use_native`` switches engines and starts a new sequence.
 
-    One head serves every sequence of a target (the server's sequences propose from their own
-    worker threads): a lock runs one head call at a time, so no call grows or replaces the cache
-    or RoPE table while the kernels hold their addresses (a native call releases the GIL).
+    Sequence views: ``for_sequence()`` returns a head over the same weights (the module, the
+    native engine's int8 matrices and layer stack, the embedding rows) with its own KV cache,
+    RoPE table and positions; the ``draft-head`` algorithm drives one view per speculator, so
+    sequences served at once never see each other's context. ``close()`` on a view frees its
+    cache (it regrows if the view is used again). The view's ``calls`` / ``rows_run`` count its
+    own calls and are added to the head's (the totals over every sequence).
+
+    The head itself (``target.draft_head``) still serves direct callers as one sequence: a lock
+    per head or view runs one call at a time on it, so no call grows or replaces the cache or
+    RoPE table while the kernels hold their addresses (a native call releases the GIL).
 
     Compact logits: ``draft_vocab_ids`` [K] are the target ids the head can propose, ascending;
     ``draft_step(..., compact=True)`` and ``draft_catch_up_and_step(..., compact=True)`` return
@@ -198,7 +229,11 @@ class NextNFileHead:
 
     kind = DraftHeadKind.PER_TOKEN
     block_size = 1
-    resumes_after_gap = False
+    # a catch-up past the cache's end restarts it there, and draft-head shows a head at most the
+    # newest 8 committed rows: after a reused KV prefix (the server's prefix cache, a chat's
+    # shared system prompt) the first proposal sees the same rows as without the reuse once the
+    # prompt's new part is longer than that, and fewer rows (less context) otherwise
+    resumes_after_gap = True
     # a small drafter trained apart from its target: under `auto` it backs up the weight-free
     # algorithm (proposes where prompt lookup finds nothing) instead of replacing it
     auto_fallback = True
@@ -216,38 +251,65 @@ class NextNFileHead:
         self.hidden_size = cfg.hidden_size
         self.vocab_size = module.vocab_size
         self.max_context = max_context
-        self._k = torch.zeros(0, cfg.num_kv_heads, cfg.head_dim)  # [cap, nkv, hd]
-        self._v = torch.zeros(0, cfg.num_kv_heads, cfg.head_dim)
-        self.base: int | None = None
-        self.end = 0
-        self._rope_size = 0
-        self._cos = self._sin = None
-        self.calls = 0
-        self.rows_run = 0
         module.sort_draft_vocab()  # ascending ids: compact argmax ties go to the lowest id
         self.draft_vocab_ids = module.draft_ids  # [K] ascending target ids
+        self._shared = _SharedWeights()  # what the head and its sequence views share
+        self._root = self  # the head whose counters total every view's
         self._native = None
-        self._busy = threading.RLock()  # one head call at a time (see the class docstring)
+        self._new_state()
         self.use_native(switch_on(NATIVE_ENV))
+
+    def _new_state(self) -> None:
+        """Fresh sequence state: an empty KV cache and RoPE table, counters at 0."""
+        self._drop_cache()
+        self.calls = 0
+        self.rows_run = 0
+        self._busy = threading.RLock()  # one call at a time on this head or view (class docstring)
 
     @property
     def native(self) -> bool:
         """True while the compiled kernels run the head."""
         return self._native is not None
 
+    def for_sequence(self) -> "NextNFileHead":
+        """A view for one sequence: the same weights and engine (nothing copied), its own KV
+        cache, RoPE table and positions (see the class docstring)."""
+        with self._busy:
+            view = copy.copy(self)  # shallow: module, target, shared weights
+            view._new_state()
+            view._native = None if self._native is None else self._native.for_sequence()
+            view._root = self._root
+        return view
+
+    def close(self) -> None:
+        """Free this head's (or view's) sequence state; a later call starts a new sequence."""
+        with self._busy:
+            self._drop_cache()
+            if self._native is not None:
+                self._native.release()
+
+    def _drop_cache(self) -> None:
+        cfg = self.m.cfg
+        self._k = torch.zeros(0, cfg.num_kv_heads, cfg.head_dim)  # [cap, nkv, hd]
+        self._v = torch.zeros(0, cfg.num_kv_heads, cfg.head_dim)
+        self.base: int | None = None
+        self.end = 0
+        self._rope_size = 0
+        self._cos = self._sin = None
+
     def use_native(self, on: bool) -> bool:
         """Run on the compiled kernels (when ``on`` and they can) or on the torch module; starts
-        a new sequence (the engines keep separate caches). Returns whether native is now on."""
+        a new sequence (the engines keep separate caches). Returns whether native is now on.
+        Views made afterwards follow the head's engine."""
         from . import native_head
 
         with self._busy:
             self.reset()
             if not on or not native_head.available(self.m):
                 self._native = None
-                if self.m.__dict__.get("_packed") is None:
-                    self.m.pack_int8()  # the torch engine drafts on int8 blocks where it can
+                self._shared.pack_torch(self.m)  # the torch engine drafts on int8 blocks where it can
             elif self._native is None:
-                self._native = native_head.NativeNextN(self.m, self.target.embed)
+                self._native = self._shared.native_engine(self.m, self.target.embed).for_sequence()
             return self._native is not None
 
     def reset(self) -> None:
@@ -282,6 +344,15 @@ class NextNFileHead:
 
     def draft_block(self, last_token, h_prev, position, max_tokens):
         raise NotImplementedError("a NextN head is a per-token head: use draft_step")
+
+    def _count(self, rows: int) -> None:
+        self.calls += 1
+        self.rows_run += rows
+        root = self._root
+        if root is not self:
+            with root._shared.lock:  # views in other threads add to the same totals
+                root.calls += 1
+                root.rows_run += rows
 
     def _place(self, start: int) -> None:
         if self.base is None or start < self.base or start > self.end:
@@ -318,8 +389,7 @@ class NextNFileHead:
         self._place(start)
         n = len(tokens)
         at = start - self.base
-        self.calls += 1
-        self.rows_run += n
+        self._count(n)
         if self._native is not None:
             self._native.ensure(at + n, self.max_context)
             out = self._native.forward(tokens, h_rows, at, self.base, want_last=want_last)

@@ -1,7 +1,8 @@
 """The ``draft-head`` registration: factory and hook implementation.
 
 The factory only decides whether this algorithm can serve a target (it needs a PER_TOKEN draft
-head attached to it) and reads ``--spec-pmin``; the loop decides the draft window and hands it
+head attached to it), takes a per-sequence view of the head when it offers one
+(``for_sequence``) and reads ``--spec-pmin``; the loop decides the draft window and hands it
 over in ``DraftContext``. Everything else is in ``speculator.py``.
 """
 
@@ -47,11 +48,16 @@ def make_draft_head(target, options: SpeculationOptions | None = None) -> "Draft
     longest = MAX_DRAFT_WINDOW  # a chain has no limit of its own: the loop's window is it
     if options.draft is None:
         longest = max(1, min(MAX_DRAFT_WINDOW, _recommended(head, "recommended_draft_max", int, MAX_DRAFT_WINDOW)))
+    # a head that offers per-sequence views gets one per speculator: sequences served at once
+    # each keep their own context (its KV cache) over the shared weights
+    make_view = getattr(head, "for_sequence", None)
+    view = make_view() if callable(make_view) else head
     return DraftHeadSpeculator(
-        head,
+        view,
         max_draft_tokens=longest,
         feature_size=target.spec_feature_size,
         min_draft_prob=options.min_prob(pmin),
+        owns_head=view is not head,
     )
 
 

@@ -21,7 +21,10 @@ restarts its cache there (every per-token head restarts on a catch-up that start
 A probe after a park then costs a bounded catch-up whatever the park's length; the drafts after
 it see less context, the output never changes (verification decides). The bound applies to any
 commit the head has not yet seen, the prompt's at prefill included: the first proposal of a
-sequence sees the prompt's last ``catch_up_rows`` rows only.
+sequence sees the prompt's last ``catch_up_rows`` rows only. After a reused KV prefix (the
+prefill commits only the prompt's new part, its first row zeros: the loop lacks that row's
+predecessor) the zero row is not fed, so a head that resumes after a gap drafts from the same
+newest rows as without the reuse whenever the new part is longer than ``catch_up_rows``.
 
 The gate on compact logits: a head that offers ``draft_vocab_ids`` (a NextN drafter file's draft
 vocabulary, ascending ids) returns logits over those K ids only when asked (``compact=True``),
@@ -102,7 +105,9 @@ class DraftHeadSpeculator:
     """Speculator over a per-token DraftHead (kind PER_TOKEN).
 
     ``feature_size`` is the width of the trunk's hidden rows (used for a missing row, which the
-    commit contract allows only for position 0).
+    commit contract allows only for position 0). ``owns_head``: ``head`` is a per-sequence view
+    made for this speculator alone (``for_sequence``); ``close`` then frees the view's sequence
+    state (its ``close``). A shared head is never closed by a speculator.
     """
 
     name = ALGORITHM
@@ -119,10 +124,12 @@ class DraftHeadSpeculator:
         min_draft_prob: float | None = None,
         fold_catch_up: bool | None = None,
         catch_up_rows: int | None = DEFAULT_CATCH_UP_ROWS,
+        owns_head: bool = False,
     ) -> None:
         if max_draft_tokens < 1:
             raise ValueError(f"max_draft_tokens must be >= 1, got {max_draft_tokens}")
         self.head = head
+        self.owns_head = bool(owns_head)
         self.max_draft_tokens = int(max_draft_tokens)
         self.feature_size = int(feature_size)
         self.min_draft_prob = float(
@@ -137,6 +144,7 @@ class DraftHeadSpeculator:
         self.catch_up_rows = None if catch_up_rows is None else int(catch_up_rows)
         self.counters = HeadCallCounters()
         self._pending: _Pending | None = None
+        self._fresh = True  # no commit since the sequence began (see commit)
         ids = getattr(head, "draft_vocab_ids", None)  # [K] ascending target ids, or None
         self._draft_ids = None if ids is None else ids.reshape(-1).to(torch.long)
         self._cut = (None, 0)  # (vocab_size, how many draft ids lie under it), cached
@@ -230,6 +238,15 @@ class DraftHeadSpeculator:
         if hidden_rows.shape[0] < len(tokens):
             raise ValueError(f"{len(tokens)} tokens but only {hidden_rows.shape[0]} hidden rows")
         hidden_rows = hidden_rows[: len(tokens)]  # [n, F]
+        fresh, self._fresh = self._fresh, False
+        if fresh and start_pos > 0 and not bool(torch.any(hidden_rows[0])):
+            # a prefill after a reused KV prefix: its first row's predecessor is a row the loop
+            # does not have (zeros). Not fed: the head starts one position later, as it skips
+            # position 0 of a whole prompt
+            tokens, hidden_rows, start_pos = tokens[1:], hidden_rows[1:], int(start_pos) + 1
+            self.counters.skipped_rows += 1
+            if not tokens:
+                return
         if not self.fold_catch_up:
             limit = self.catch_up_rows
             if limit is not None and len(tokens) > limit:  # the same bound as the folded path
@@ -275,7 +292,13 @@ class DraftHeadSpeculator:
     def reset(self) -> None:
         """A new sequence: drop pending rows and the head's cache (counters survive)."""
         self._pending = None
+        self._fresh = True
         self.head.reset()
 
     def close(self) -> None:
+        """The sequence is over: drop pending rows and free the head view's state (if this
+        speculator owns the view; it regrows if the speculator is used again)."""
         self._pending = None
+        release = getattr(self.head, "close", None) if self.owns_head else None
+        if callable(release):
+            release()

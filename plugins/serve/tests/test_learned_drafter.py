@@ -1,0 +1,131 @@
+"""The shipped learned drafter (tsspec-drafters-smollm2's NextN head) served to several clients at
+once: each request drafts from its own context (a view of the one head per sequence), so its
+output AND its acceptance equal the same request served alone, through the official client."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+
+from tsspec.runtime.generation import generate
+from tsspec.runtime.options import SpeculationOptions
+from tsspec.runtime.sampling import SamplingParams
+
+openai = pytest.importorskip("openai")
+drafters = pytest.importorskip("tsspec_drafters_smollm2")
+pytest.importorskip("tsspec_draft_head")
+
+MTP_FILE = drafters.HERE / "smollm2-135m-instruct-mtp.gguf"
+# the governor off: its parks follow measured step times, which concurrency changes; with it on
+# the drafts still come from the right context, but how many are made is a matter of timing
+OPTIONS = SpeculationOptions(spec_type="draft-head", adaptive=False)
+PROMPTS = (  # no common prefix of a whole KV block (16 tokens): no request adopts another's blocks
+    "The capital of France is Paris. The capital of Spain is",
+    "def add(a, b):\n    return a + b\n\ndef sub(a, b):\n",
+    "Monday, Tuesday, Wednesday,",
+    "One, two, three, four, five,",
+)
+MAX_TOKENS = 16
+
+
+def _sampling(i: int) -> SamplingParams:
+    return SamplingParams(temperature=0.8, seed=100 + i) if i % 2 else SamplingParams()
+
+
+@pytest.fixture(scope="module")
+def drafted_target(embedded_target):
+    """The embedded model with the shipped MTP drafter attached (detached again afterwards)."""
+    from tsspec_draft_head.nextn_file import attach_nextn
+
+    if not MTP_FILE.is_file():
+        pytest.skip("the shipped MTP drafter is not in this install")
+    previous = embedded_target.draft_head
+    attach_nextn(embedded_target, MTP_FILE)
+    yield embedded_target
+    embedded_target.draft_head = previous
+
+
+def _server(target, live_server):
+    import tsspec_draft_head
+    from tsspec.runtime.registry import SpeculatorRegistry
+    from tsspec_serve.engine import ServeEngine
+
+    registry = SpeculatorRegistry()  # only what this test needs: draft-head
+    tsspec_draft_head.tsspec_register_speculators(registry.register)
+    engine = ServeEngine(target, model_id="smol", options=OPTIONS, registry=registry, kv_cache_mb=64, max_seqs=4)
+    return live_server(engine)
+
+
+def _ask(live, i: int, results: dict) -> None:
+    client = openai.OpenAI(base_url=live.base_url + "/v1", api_key="unused", max_retries=0, timeout=120)
+    sampling = _sampling(i)
+    reply = client.completions.create(model="smol", prompt=PROMPTS[i], max_tokens=MAX_TOKENS,
+                                      temperature=sampling.temperature, seed=sampling.seed)
+    timings = reply.model_extra["timings"]
+    results[i] = (reply.choices[0].text, timings.get("draft_n", 0), timings.get("draft_n_accepted", 0),
+                  reply.model_extra["speculative"]["type"])
+
+
+def _serve(target, live_server, concurrent: bool) -> dict:
+    """Every prompt's (text, drafted, accepted, algorithm) from a fresh server (an empty prefix
+    cache), the requests sent one after the other or all at once."""
+    live, results = _server(target, live_server), {}
+    try:
+        if concurrent:
+            threads = [threading.Thread(target=_ask, args=(live, i, results)) for i in range(len(PROMPTS))]
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join(300)
+        else:
+            for i in range(len(PROMPTS)):
+                _ask(live, i, results)
+    finally:
+        live.stop()
+    assert len(results) == len(PROMPTS)
+    return results
+
+
+def test_concurrent_requests_draft_and_accept_as_sequential_ones(drafted_target, live_server):
+    sequential = _serve(drafted_target, live_server, concurrent=False)
+    concurrent = _serve(drafted_target, live_server, concurrent=True)
+    plain = SpeculationOptions(enabled=False)
+    for i, prompt in enumerate(PROMPTS):
+        expected = generate(drafted_target, prompt, plain, max_tokens=MAX_TOKENS, sampling=_sampling(i)).text
+        text, drafted, accepted, algorithm = concurrent[i]
+        assert algorithm == "draft-head" and drafted > 0
+        assert text == sequential[i][0] == expected, f"request {i} differs from plain decoding"
+        assert (drafted, accepted) == sequential[i][1:3], f"request {i} drafted differently beside the others"
+    assert sum(r[2] for r in concurrent.values()) > 0  # the learned drafter lands drafts
+
+
+CHATS = ("What is a list in Python?", "Name three rivers in Europe.")  # the default system prompt: a shared block
+
+
+def _chat(live, content: str) -> dict:
+    client = openai.OpenAI(base_url=live.base_url + "/v1", api_key="unused", max_retries=0, timeout=120)
+    reply = client.chat.completions.create(model="smol", messages=[{"role": "user", "content": content}],
+                                           max_tokens=MAX_TOKENS, temperature=0)
+    return {"text": reply.choices[0].message.content, **reply.model_extra["speculative"]}
+
+
+def test_a_chat_after_another_drafts_on_the_shared_system_prompt_as_alone(drafted_target, live_server):
+    # the second chat adopts the first one's cached system-prompt block: the drafter arms anyway
+    # (it shows a head the newest 8 rows, all in the new part here) and drafts exactly as the same
+    # chat served first on an empty cache
+    live = _server(drafted_target, live_server)
+    try:
+        first, second = _chat(live, CHATS[0]), _chat(live, CHATS[1])
+    finally:
+        live.stop()
+    live = _server(drafted_target, live_server)
+    try:
+        alone = _chat(live, CHATS[1])
+    finally:
+        live.stop()
+    assert first["prefix_reused"] == 0 and alone["prefix_reused"] == 0
+    assert second["prefix_reused"] >= 16 and second["armed_after_reuse"] is True
+    assert second["text"] == alone["text"]
+    assert (second["draft_tokens"], second["accepted_tokens"]) == (alone["draft_tokens"], alone["accepted_tokens"])
+    assert second["draft_tokens"] > 0
