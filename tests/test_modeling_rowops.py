@@ -67,7 +67,9 @@ def test_rms_norm_torch_is_torchs_rms_norm_bit_for_bit(n):
     from tsspec.modeling import rowops
 
     lanes = rowops.torch_norm_lanes(n, 1e-5)
-    assert lanes in rowops.TORCH_LANES  # this torch's sum order is one the kernels know
+    if lanes is None:  # another torch or CPU: the targets keep torch's op (tested in model_llama)
+        pytest.skip("this torch's rms_norm order is not one the kernels reproduce")
+    assert lanes in rowops.TORCH_LANES
     g = torch.Generator().manual_seed(n + 1)
     x = torch.randn(12, n, generator=g) * 10.0 ** torch.arange(-5, 7, dtype=torch.float32)[:, None]
     w = torch.randn(n, generator=g)
@@ -86,6 +88,8 @@ def test_a_wrong_lane_count_gives_other_bits():
     from tsspec.modeling import rowops
 
     lanes = rowops.torch_norm_lanes(576, 1e-5)
+    if lanes is None:
+        pytest.skip("this torch's rms_norm order is not one the kernels reproduce")
     g = torch.Generator().manual_seed(3)
     x, w = torch.randn(32, 576, generator=g), torch.randn(576, generator=g)
     want = F.rms_norm(x, (576,), w, 1e-5)

@@ -40,6 +40,15 @@ CALLS = [(20, False, False), (1, False, False), (1, False, True), (4, True, True
          (3, False, True), (1, False, False)]
 
 
+def require_torch_norm_order(target) -> None:
+    """Skip where this torch sums its RMSNorm in an order the kernels do not know: the target
+    then keeps torch's op and the Python path (a fallback tested on its own below)."""
+    from tsspec.modeling import rowops
+
+    if rowops.torch_norm_lanes(target.hparams.hidden_size, target._eps) is None:
+        pytest.skip("this torch's rms_norm order is not one the kernels reproduce: no one-call step here")
+
+
 def run_calls(target, ids: list[int], one_call: bool) -> tuple[list[torch.Tensor], int]:
     """Every output of CALLS, and how many went through ``model_step``."""
     counting = CountingKernels(native.kernels())
@@ -75,6 +84,7 @@ def test_one_call_steps_equal_the_python_path_on_tiny_llamas(tiny, shape, arithm
     from gguf import GGMLQuantizationType as T
 
     _, target, _ = tiny(quantize={"*": T.Q4_1, "attn_v": T.Q8_0}, dtype=ARITHMETIC[arithmetic], **SHAPES[shape])
+    require_torch_norm_order(target)
     assert target._step_head is not None
     steps = assert_same(target, prompt(40))
     # a hidden row for every position without every row's logits takes the Python path (2 calls)
@@ -82,6 +92,7 @@ def test_one_call_steps_equal_the_python_path_on_tiny_llamas(tiny, shape, arithm
 
 
 def test_one_call_steps_equal_the_python_path_on_the_embedded_model(embedded_target):
+    require_torch_norm_order(embedded_target)
     ids = embedded_target.tokenizer.encode("Rewrite: the quick brown fox jumps over the lazy dog, twice over, and again.")
     assert assert_same(embedded_target, ids + ids) == len(CALLS) - 2
 
