@@ -102,3 +102,14 @@ def test_greedy_token_is_torchs_argmax_ties_nans_and_views_included(dtype):
     for row in [*rows, strided]:
         assert greedy_token(row) == int(torch.argmax(row).item())
     assert greedy_token(rows[1]) == 7 and greedy_token(rows[2]) == 31 and greedy_token(rows[3]) == 0
+
+
+def test_greedy_token_reads_a_row_with_the_negative_bit_set():
+    """A float row whose negation is lazy (the imaginary part of a conjugated complex tensor)
+    has no numpy view; greedy_token gives torch's argmax for it instead of raising."""
+    from tsspec.runtime.sampling import greedy_token
+
+    z = torch.complex(torch.zeros(5), torch.tensor([3.0, -2.0, 1.0, -7.0, 0.5]))
+    row = z.conj().imag  # [5] float32: 3, -2, 1, -7, 0.5 negated lazily
+    assert row.is_neg() and row.dtype == torch.float32
+    assert greedy_token(row) == int(torch.argmax(row).item()) == 3

@@ -76,7 +76,10 @@ def greedy_token(logits: torch.Tensor) -> int:
     first NaN where there is one). CPU float rows go through numpy's argmax, which has the same
     rule and runs on the calling thread: torch's splits 49,152 values over its OpenMP threads,
     and waking them costs more than the pass itself."""
-    if logits.device.type == "cpu" and logits.dtype in NUMPY_ARGMAX_DTYPES and logits.dim() == 1:
+    # (a row with torch's negative bit set, e.g. the imaginary part of a conjugated complex
+    # tensor, has no numpy view: torch's argmax reads it)
+    if (logits.device.type == "cpu" and logits.dtype in NUMPY_ARGMAX_DTYPES and logits.dim() == 1
+            and not logits.is_neg()):
         return int(logits.detach().numpy().argmax())
     return int(torch.argmax(logits).item())
 
