@@ -154,3 +154,32 @@ def test_model_step_refuses_bad_operands(embedded_target):
     narrow = (embed[0], embed[1], embed[2], embed[3], embed[4], 64)
     with pytest.raises(ValueError, match="width"):
         t._kernels.model_step(*args[:2], narrow, *args[3:], None)
+
+
+@pytest.mark.parametrize("all_rows", [False, True])
+def test_calls_at_the_row_limit_equal_the_python_path(tiny, all_rows):
+    """GEMM_ROWS rows (the residual and, with every row's logits, the normed rows fill the
+    target's scratch exactly) run in one call; GEMM_ROWS + 1 take the Python path; the same
+    logits and hidden rows either way."""
+    from gguf import GGMLQuantizationType as T
+
+    from tsspec.modeling.qlinear import GEMM_ROWS
+
+    _, target, _ = tiny(quantize={"*": T.Q4_1})
+    require_torch_norm_order(target)
+    ids = prompt(2 * GEMM_ROWS + 2)
+    outputs, steps = [], []
+    for one_call in (False, True):
+        counting = CountingKernels(native.kernels())
+        target._kernels, target.native_step = counting, one_call
+        try:
+            target.reset()
+            first = target.spec_forward(ids[:GEMM_ROWS], all_logits_rows=all_rows, want_hidden=all_rows)
+            second = target.spec_forward(ids[GEMM_ROWS:], all_logits_rows=all_rows, want_hidden=all_rows)
+        finally:
+            target._kernels, target.native_step = counting._kernels, True
+        outputs.append([t for pair in (first, second) for t in pair if t is not None])
+        steps.append(counting.steps)
+    assert steps == [0, 1]  # GEMM_ROWS rows in one call, GEMM_ROWS + 2 on the Python path
+    for a, b in zip(*outputs):
+        assert torch.equal(a, b)
