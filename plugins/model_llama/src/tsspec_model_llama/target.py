@@ -245,13 +245,15 @@ class LlamaTarget:
 
     def _step_in_one_call(self, tokens: Sequence[int], all_logits_rows: bool, want_hidden: bool):
         """``spec_forward`` in one native call (``model_step``): (logits, hidden), or None when
-        this call needs the Python path (feature taps, a hidden row of every position without
-        every row's logits, more rows than the kernel path or torch's serial norm covers)."""
+        this call needs the Python path (feature taps, hidden rows of several positions without
+        every row's logits, more rows than the kernel path or torch's serial norm covers). A
+        one-row step keeps its only row's logits either way, so it takes the one call with or
+        without hidden rows (a plain step while a learned drafter is armed or parked)."""
         rows = len(tokens)
         kept = rows if all_logits_rows else 1
         hp = self.hparams
         if (self._step_head is None or not self.native_step or not self.fused_blocks or self._taps is not None
-                or (want_hidden and not all_logits_rows) or not 1 <= rows <= GEMM_ROWS
+                or (want_hidden and kept < rows) or not 1 <= rows <= GEMM_ROWS
                 or kept * hp.hidden_size >= TORCH_SERIAL_VALUES):
             return None
         ids = [int(t) for t in tokens]
