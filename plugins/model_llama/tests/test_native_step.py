@@ -87,8 +87,8 @@ def test_one_call_steps_equal_the_python_path_on_tiny_llamas(tiny, shape, arithm
     require_torch_norm_order(target)
     assert target._step_head is not None
     steps = assert_same(target, prompt(40))
-    # hidden rows of more positions than logits are kept for take the Python path (1 call: 3
-    # rows); a one-row decode with its hidden row (a plain step beside a draft head) is one call
+    # hidden rows of several positions without every row's logits take the Python path (the
+    # 3-row call); a one-row step with its hidden row takes the one call
     assert steps == len(CALLS) - 1
 
 
@@ -159,7 +159,7 @@ def test_model_step_refuses_bad_operands(embedded_target):
 @pytest.mark.parametrize("all_rows", [False, True])
 def test_calls_at_the_row_limit_equal_the_python_path(tiny, all_rows):
     """GEMM_ROWS rows (the residual and, with every row's logits, the normed rows fill the
-    target's scratch exactly) run in one call; GEMM_ROWS + 1 take the Python path; the same
+    target's scratch exactly) run in one call; more (GEMM_ROWS + 2) take the Python path; the same
     logits and hidden rows either way."""
     from gguf import GGMLQuantizationType as T
 

@@ -245,10 +245,10 @@ class LlamaTarget:
 
     def _step_in_one_call(self, tokens: Sequence[int], all_logits_rows: bool, want_hidden: bool):
         """``spec_forward`` in one native call (``model_step``): (logits, hidden), or None when
-        this call needs the Python path (feature taps, hidden rows of more positions than it keeps
-        logits of, more rows than the kernel path or torch's serial norm covers). A one-row decode
-        with its hidden row (a plain step beside a draft head) is one call: its kept row is every
-        position's."""
+        this call needs the Python path (feature taps, hidden rows of several positions without
+        every row's logits, more rows than the kernel path or torch's serial norm covers). A
+        one-row step keeps its only row's logits either way, so it takes the one call with or
+        without hidden rows (a plain step while a learned drafter is armed or parked)."""
         rows = len(tokens)
         kept = rows if all_logits_rows else 1
         hp = self.hparams
