@@ -536,7 +536,8 @@ class TakingTurns:
 
     def run(self, who: int, fn, *args):
         with self._cond:
-            self._cond.wait_for(lambda: self._turn == who or (1 - who) in self._done, timeout=self.timeout_s)
+            if not self._cond.wait_for(lambda: self._turn == who or (1 - who) in self._done, timeout=self.timeout_s):
+                raise TimeoutError(f"sequence {who} waited over {self.timeout_s} s for its turn")
         try:
             return fn(*args)
         finally:

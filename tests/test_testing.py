@@ -46,6 +46,12 @@ def test_a_finished_sequence_no_longer_holds_the_other_back():
     assert order == [0, 1, 1, 1]
 
 
+def test_a_turn_that_never_comes_fails_instead_of_running_both_at_once():
+    turns = TakingTurns(timeout_s=0.05)
+    with pytest.raises(TimeoutError, match="sequence 1"):
+        turns.run(1, lambda: None)  # sequence 0 holds the turn and never finishes
+
+
 @pytest.mark.parametrize("sampling", [SamplingParams(), SamplingParams(temperature=0.9, seed=5)])
 def test_independent_speculators_draft_the_same_alone_and_interleaved(sampling):
     targets = (ToyTarget(seed=1), ToyTarget(seed=1))
