@@ -1078,7 +1078,9 @@ static float *scratch_slot(int slot, size_t floats) {
 
 static float *scratch(size_t floats) { return scratch_slot(0, floats); }
 
-static _Atomic int scratch_failed = 0;
+/* a chunk that cannot get its scratch memory sets its job's `failed` flag (each call has its
+ * own: two callers running at once, e.g. a target and a draft head's view, never reset or read
+ * each other's), and the call then reports out of memory */
 
 /* ---- drivers ---------------------------------------------------------------------------- */
 
@@ -1103,6 +1105,7 @@ typedef struct {
     const float *base;
     const QAct *A; /* the rows quantised (precision int8); NULL: float32 math */
     const int64_t *bounds; /* chunk c: output rows bounds[c] .. bounds[c + 1] - 1; NULL: rows_per_chunk each */
+    _Atomic int *failed;   /* this call's out-of-memory flag (see scratch) */
 } GemmJob;
 
 #define Q8_TILE 8    /* rows of x a block is multiplied into while it sits in a register */
@@ -1147,7 +1150,7 @@ static void gemm_chunk(void *arg, int64_t c) {
     const int64_t nb = W->K / QK, bb = block_bytes(W->fmt), ns = nb * block_scales(W->fmt), R = J->R;
     float *w = scratch((size_t)(W->K + (R > Q8_GROUP ? R : Q8_GROUP)));
     if (w == NULL) {
-        atomic_store(&scratch_failed, 1);
+        atomic_store(J->failed, 1);
         return;
     }
     float *res = w + W->K;
@@ -1234,7 +1237,8 @@ static int64_t guided_bounds(int64_t n, int threads, int64_t *bounds) {
 
 static int gemm(const QWeight *W, const float *x, int64_t xs, int64_t R, float *out, int64_t os, const float *base,
                 int threads, int int8) {
-    GemmJob J = {W, x, xs, R, os, ROW_CHUNK, out, base, NULL, NULL};
+    _Atomic int failed = 0;
+    GemmJob J = {W, x, xs, R, os, ROW_CHUNK, out, base, NULL, NULL, &failed};
     int64_t bounds[GUIDED_CHUNKS + 1];
     QAct A;
     void *held = NULL;
@@ -1271,10 +1275,9 @@ static int gemm(const QWeight *W, const float *x, int64_t xs, int64_t R, float *
         J.rows_per_chunk = per > ROW_CHUNK ? per : ROW_CHUNK;
         chunks = (W->N + J.rows_per_chunk - 1) / J.rows_per_chunk;
     }
-    atomic_store(&scratch_failed, 0);
     run_chunks(gemm_chunk, &J, chunks, threads);
     free(held);
-    return atomic_load(&scratch_failed) ? -1 : 0;
+    return atomic_load(&failed) ? -1 : 0;
 }
 
 typedef struct {
@@ -1651,6 +1654,7 @@ typedef struct {
     int64_t segments, parts; /* by segments: the call's key segments; query parts of a KV head */
     float *partial;          /* by segments: [rows, heads, segments, hd + 2]: V sum, top, sum of exps */
     _Atomic int64_t *done;   /* by segments: [kv_heads, parts] segments finished per query share */
+    _Atomic int *failed;     /* this call's out-of-memory flag (see scratch) */
 } AttentionJob;
 
 /* ---- by key segments (the default) ----
@@ -1725,7 +1729,7 @@ static void segment_chunk(void *arg, int64_t c) { /* segment s of KV head g, que
     const size_t pointer_floats = (2 * sizeof(void *) + sizeof(int64_t)) / sizeof(float);
     float *scores = scratch((size_t)(most * (KEY_SEGMENT + 2)) + pointer_floats * (size_t)most + 2);
     if (scores == NULL) {
-        atomic_store(&scratch_failed, 1);
+        atomic_store(J->failed, 1);
         return;
     }
     float *sums = scores + most * KEY_SEGMENT, *tops = sums + most;
@@ -1773,7 +1777,7 @@ static void span_chunk(void *arg, int64_t c) { /* KV head g, queries p, p + part
     const size_t pointer_floats = (2 * sizeof(void *) + sizeof(int64_t)) / sizeof(float);
     float *scores = scratch((size_t)(most * (KEY_SEGMENT + 4 + hd)) + pointer_floats * (size_t)most + 2);
     if (scores == NULL) {
-        atomic_store(&scratch_failed, 1);
+        atomic_store(J->failed, 1);
         return;
     }
     float *sums = scores + most * KEY_SEGMENT, *tops = sums + most, *ms = tops + most, *ls = ms + most;
@@ -1846,9 +1850,8 @@ static int attention_by_segments(AttentionJob *J, int threads) {
         J->done = (_Atomic int64_t *)(((uintptr_t)(J->partial + floats) + 7) & ~(uintptr_t)7);
         for (size_t i = 0; i < shares; i++) atomic_store_explicit(&J->done[i], 0, memory_order_relaxed);
     }
-    atomic_store(&scratch_failed, 0);
     run_chunks(span ? span_chunk : segment_chunk, J, base * J->parts, threads);
-    return atomic_load(&scratch_failed) ? -1 : 0;
+    return atomic_load(J->failed) ? -1 : 0;
 }
 
 /* ---- by query heads (set_key_segments(False): the previous scheme, for A/B runs) ---- */
@@ -1862,7 +1865,7 @@ static void heads_chunk(void *arg, int64_t c) { /* KV head g: its query heads h0
     const size_t pointer_floats = (2 * sizeof(void *) + sizeof(int64_t)) / sizeof(float);
     float *scores = scratch((size_t)(n * stride + 2 * n) + pointer_floats * (size_t)n + 2);
     if (scores == NULL) {
-        atomic_store(&scratch_failed, 1);
+        atomic_store(J->failed, 1);
         return;
     }
     float *sums = scores + n * stride, *tops = sums + n;
@@ -1903,14 +1906,15 @@ static int attention_by_heads(AttentionJob *J, int threads) {
         J->per = (group + parts - 1) / parts;
         J->split = (group + J->per - 1) / J->per;
     }
-    atomic_store(&scratch_failed, 0);
     run_chunks(heads_chunk, J, J->kv_heads * J->split, threads);
-    return atomic_load(&scratch_failed) ? -1 : 0;
+    return atomic_load(J->failed) ? -1 : 0;
 }
 
 static int attention(const float *q, int64_t q_row, const float *kc, const float *vc, int64_t cap, float *out,
                      int64_t rows, int64_t heads, int64_t kv_heads, int64_t hd, int64_t past, int threads) {
-    AttentionJob J = {q, kc, vc, out, q_row, cap, rows, heads, kv_heads, hd, past, 1, heads / kv_heads, 1, 1, NULL, NULL};
+    _Atomic int failed = 0;
+    AttentionJob J = {q, kc, vc, out, q_row, cap, rows, heads, kv_heads, hd, past, 1, heads / kv_heads, 1, 1, NULL, NULL,
+                      &failed};
     if (heads * rows * (past + rows) * hd < 262144) threads = 1;
     return use_key_segments ? attention_by_segments(&J, threads) : attention_by_heads(&J, threads);
 }
