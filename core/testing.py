@@ -9,9 +9,10 @@
 * ``assert_lossless``: plain vs speculative on fresh targets; tokens and trunk state must match.
 * Sequences served at once: ``sequences_alone`` / ``sequences_interleaved`` run one sequence per
   target, one at a time or with their speculators' calls taking turns one by one in threads
-  (``TakingTurns``, ``RecordingSpeculator``), and ``WithoutViews`` hides a draft head's
-  ``for_sequence``: a head's per-sequence views are right when interleaved sequences draft
-  exactly what each drafts alone.
+  (``TakingTurns``, ``RecordingSpeculator``); ``assert_views_keep_sequences_apart`` checks that
+  interleaved sequences draft exactly what each drafts alone, and ``WithoutViews`` /
+  ``factory_without_views`` hide a draft head's ``for_sequence`` to show what one shared state
+  does.
 """
 
 from __future__ import annotations
@@ -47,6 +48,8 @@ __all__ = [
     "WithoutViews",
     "sequences_alone",
     "sequences_interleaved",
+    "assert_views_keep_sequences_apart",
+    "factory_without_views",
 ]
 
 _TOY_ALPHABET = "abcdefghijklmnopqrstuvwxyz .,!?\n"  # 32 symbols: one id each
@@ -586,6 +589,21 @@ class WithoutViews:
         return getattr(self._head, name)
 
 
+def factory_without_views(make: Callable) -> Callable:
+    """A speculator factory like ``make`` that builds over the target's draft head with its
+    ``for_sequence`` hidden (``WithoutViews``): every speculator drives the one shared head."""
+
+    def build(target):
+        real = target.draft_head
+        target.draft_head = WithoutViews(real)
+        try:
+            return make(target)
+        finally:
+            target.draft_head = real
+
+    return build
+
+
 def _record(target, prompt, options, max_tokens, sampling, speculator) -> dict:
     from .runtime.generation import generate
 
@@ -627,3 +645,20 @@ def sequences_interleaved(targets, prompts, make: Callable, options: Speculation
     if errors:
         raise errors[0]
     return results
+
+
+def assert_views_keep_sequences_apart(targets, prompts, make, options: SpeculationOptions, *, max_tokens: int,
+                                      sampling: SamplingParams | None = None) -> None:
+    """Two sequences whose speculators' calls interleave (``sequences_interleaved``) draft and
+    accept exactly what each does alone, both outputs equal plain decoding, and each drafted."""
+    from .runtime.generation import generate
+
+    alone = sequences_alone(targets, prompts, make, options, max_tokens=max_tokens, sampling=sampling)
+    both = sequences_interleaved(targets, prompts, make, options, max_tokens=max_tokens, sampling=sampling)
+    plain_options = SpeculationOptions(enabled=False)
+    for who, (solo, mixed) in enumerate(zip(alone, both)):
+        plain = generate(targets[who], list(prompts[who]), plain_options, max_tokens=max_tokens, sampling=sampling)
+        assert solo["tokens"] == mixed["tokens"] == list(plain.tokens)  # lossless either way
+        assert mixed["proposals"] == solo["proposals"], f"sequence {who} drafted differently beside the other"
+        assert (mixed["accepted"], mixed["drafted"]) == (solo["accepted"], solo["drafted"])
+        assert solo["drafted"] > 0

@@ -16,12 +16,15 @@ import weakref
 import pytest
 import torch
 
-from tsspec.runtime.generation import generate
 from tsspec.runtime.options import SpeculationOptions
 from tsspec.runtime.sampling import SamplingParams
-from tsspec.testing import WithoutViews, sequences_alone, sequences_interleaved
+from tsspec.testing import (
+    assert_views_keep_sequences_apart,
+    factory_without_views,
+    sequences_alone,
+    sequences_interleaved,
+)
 
-PLAIN = SpeculationOptions(enabled=False)
 MAX_TOKENS = 14
 SAMPLINGS = {"greedy": SamplingParams(), "seeded": SamplingParams(temperature=0.9, top_k=20, seed=11)}
 OPTIONS = {
@@ -69,27 +72,11 @@ def prompts(sequence):
     return sequence[:9], sequence[24:32]
 
 
-def _alone(kind, targets, prompts, sampling, make):
-    return sequences_alone(targets, prompts, make, OPTIONS[kind], max_tokens=MAX_TOKENS, sampling=sampling)
-
-
-def _interleaved(kind, targets, prompts, sampling, make):
-    return sequences_interleaved(targets, prompts, make, OPTIONS[kind], max_tokens=MAX_TOKENS, sampling=sampling)
-
-
-
 @pytest.mark.parametrize("sampling", list(SAMPLINGS))
 @pytest.mark.parametrize("kind", ["mtp", "dspark"])
 def test_two_interleaved_sequences_draft_what_each_drafts_alone(heads, prompts, kind, sampling):
     targets, sampling, make = heads(kind), SAMPLINGS[sampling], _factory(kind)
-    alone = _alone(kind, targets, prompts, sampling, make)
-    both = _interleaved(kind, targets, prompts, sampling, make)
-    for who, (solo, mixed) in enumerate(zip(alone, both)):
-        plain = generate(targets[who], list(prompts[who]), PLAIN, max_tokens=MAX_TOKENS, sampling=sampling)
-        assert solo["tokens"] == mixed["tokens"] == list(plain.tokens)  # lossless either way
-        assert mixed["proposals"] == solo["proposals"], f"sequence {who} drafted differently beside the other"
-        assert (mixed["accepted"], mixed["drafted"]) == (solo["accepted"], solo["drafted"])
-        assert solo["drafted"] > 0
+    assert_views_keep_sequences_apart(targets, prompts, make, OPTIONS[kind], max_tokens=MAX_TOKENS, sampling=sampling)
 
 
 @pytest.mark.parametrize("kind", ["mtp", "dspark"])
@@ -97,18 +84,10 @@ def test_the_shared_head_without_views_mixes_the_two_contexts(heads, prompts, ki
     # what the views fix: both sequences on the one head, interleaved, draft from each other's
     # history (the output stays lossless; the drafts do not match the solo runs')
     targets, base = heads(kind), _factory(kind)
-    real = targets[0].draft_head
-    shared = WithoutViews(real)
+    make = factory_without_views(base)
 
-    def make(target):
-        target.draft_head = shared
-        try:
-            return base(target)
-        finally:
-            target.draft_head = real
-
-    alone = _alone(kind, targets, prompts, SAMPLINGS["greedy"], make)
-    both = _interleaved(kind, targets, prompts, SAMPLINGS["greedy"], make)
+    alone = sequences_alone(targets, prompts, make, OPTIONS[kind], max_tokens=MAX_TOKENS, sampling=SAMPLINGS["greedy"])
+    both = sequences_interleaved(targets, prompts, make, OPTIONS[kind], max_tokens=MAX_TOKENS, sampling=SAMPLINGS["greedy"])
     assert [r["tokens"] for r in both] == [r["tokens"] for r in alone]
     assert [r["proposals"] for r in both] != [r["proposals"] for r in alone]
 

@@ -20,7 +20,12 @@ from tsspec.protocols import DraftHeadKind
 from tsspec.runtime.generation import generate
 from tsspec.runtime.options import SpeculationOptions
 from tsspec.runtime.sampling import SamplingParams
-from tsspec.testing import WithoutViews, sequences_alone, sequences_interleaved
+from tsspec.testing import (
+    assert_views_keep_sequences_apart,
+    factory_without_views,
+    sequences_alone,
+    sequences_interleaved,
+)
 from tsspec_draft_head import make_draft_head
 from tsspec_draft_head.nextn_file import NextNFileHead
 from tsspec_draft_head.nextn_model import NextNConfig, NextNModule
@@ -59,44 +64,20 @@ def targets(tmp_path_factory):
     return first, second
 
 
-def _alone(targets, sampling, make):
-    return sequences_alone(targets, PROMPTS, make, OPTIONS, max_tokens=MAX_TOKENS, sampling=sampling)
-
-
-def _interleaved(targets, sampling, make):
-    return sequences_interleaved(targets, PROMPTS, make, OPTIONS, max_tokens=MAX_TOKENS, sampling=sampling)
-
-
-
 @pytest.mark.parametrize("sampling", list(SAMPLINGS), ids=list(SAMPLINGS))
 def test_two_interleaved_sequences_draft_what_each_drafts_alone(targets, sampling):
     sampling = SAMPLINGS[sampling]
     make = lambda t: make_draft_head(t, OPTIONS)  # noqa: E731
-    alone = _alone(targets, sampling, make)
-    both = _interleaved(targets, sampling, make)
-    for who, (solo, mixed) in enumerate(zip(alone, both)):
-        plain = generate(targets[who], list(PROMPTS[who]), PLAIN, max_tokens=MAX_TOKENS, sampling=sampling)
-        assert solo["tokens"] == mixed["tokens"] == list(plain.tokens)  # lossless either way
-        assert mixed["proposals"] == solo["proposals"], f"sequence {who} drafted differently beside the other"
-        assert (mixed["accepted"], mixed["drafted"]) == (solo["accepted"], solo["drafted"])
-        assert solo["drafted"] > 0
+    assert_views_keep_sequences_apart(targets, PROMPTS, make, OPTIONS, max_tokens=MAX_TOKENS, sampling=sampling)
 
 
 def test_the_shared_head_without_views_mixes_the_two_contexts(targets):
     # what the views fix: both sequences on the one head, interleaved, draft from each other's
     # history (the output stays lossless; the drafts do not match the solo runs')
-    real = targets[0].draft_head
-    shared = WithoutViews(real)
+    make = factory_without_views(lambda t: make_draft_head(t, OPTIONS))
 
-    def make(target):
-        target.draft_head = shared
-        try:
-            return make_draft_head(target, OPTIONS)
-        finally:
-            target.draft_head = real
-
-    alone = _alone(targets, SAMPLINGS["greedy"], make)
-    both = _interleaved(targets, SAMPLINGS["greedy"], make)
+    alone = sequences_alone(targets, PROMPTS, make, OPTIONS, max_tokens=MAX_TOKENS, sampling=SAMPLINGS["greedy"])
+    both = sequences_interleaved(targets, PROMPTS, make, OPTIONS, max_tokens=MAX_TOKENS, sampling=SAMPLINGS["greedy"])
     assert [r["tokens"] for r in both] == [r["tokens"] for r in alone]
     assert [r["proposals"] for r in both] != [r["proposals"] for r in alone]
 
