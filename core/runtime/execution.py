@@ -246,14 +246,11 @@ class SpeculativeExecution:
 
     def _plain_step(self, seq: SequenceState, p: int, attempted: bool, draft_ms: float) -> None:
         """Forward ``last`` alone and draw the next token from its row."""
-        last, carry, stats = seq.history[-1], seq.carry, self.stats
-        start = self.clock()  # (timed inline, as _phase would: this runs once a token)
-        try:
+        last, carry = seq.history[-1], seq.carry
+        with self._phase("plain") as forward:
             logits, hidden = self.trunk.forward_keep_all([last], want_hidden=seq.want_hidden and self._armed)
-        finally:
-            forward_ms = self._ms(start)
-            stats.add_phase("plain", forward_ms)
-        stats.plain_steps += 1
+        forward_ms = forward.ms
+        self.stats.plain_steps += 1
         if self._armed:
             self._commit([last], None if carry is None else carry[None], p)
         seq.carry = hidden[-1] if hidden is not None else None
