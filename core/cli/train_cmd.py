@@ -40,6 +40,7 @@ def train_drafter(
     lr: Annotated[float, typer.Option("--lr", help="Peak learning rate.", rich_help_panel=PANEL_TRAIN)] = 1e-3,
     unroll: Annotated[int, typer.Option("--unroll", help="Per-token heads: chained steps trained (EAGLE-style).", rich_help_panel=PANEL_TRAIN)] = 3,
     freeze_layer: Annotated[bool, typer.Option("--freeze-layer/--train-layer", help="Per-token heads: keep the decoder layer copied from the target; train the input projection and norms only.", rich_help_panel=PANEL_TRAIN)] = False,
+    init_from: Annotated[Optional[str], typer.Option("--init-from", help="Per-token heads: continue from a trained drafter file of this target (its decoder layer, input projection and norms; the head rows follow this run's draft vocabulary).", rich_help_panel=PANEL_TRAIN)] = None,
     answer_share: Annotated[float, typer.Option("--answer-share", help="Per-token heads: share of each batch drawn from the target's own chat answers (0: every sequence equally likely).", rich_help_panel=PANEL_TRAIN)] = 0.0,
     restart_share: Annotated[float, typer.Option("--restart-share", help="Per-token heads: share of sampled sequences cut to a random start row (the head learns to draft from a cache that restarts, as after serving's bounded catch-up).", rich_help_panel=PANEL_TRAIN)] = 0.0,
     kl_weight: Annotated[float, typer.Option("--kl-weight", help="Weight of the soft (top-k KL) loss; 0: argmax labels only.", rich_help_panel=PANEL_TRAIN)] = 0.0,
@@ -52,6 +53,7 @@ def train_drafter(
     corpus_chars: Annotated[int, typer.Option("--corpus-chars", help="Characters per standard-library source.", rich_help_panel=PANEL_DATA)] = 6_000,
     package_chars: Annotated[int, typer.Option("--package-chars", help="Characters of installed packages docs.", rich_help_panel=PANEL_DATA)] = 4_000,
     prompts: Annotated[int, typer.Option("--prompts", help="Generated instruction prompts the target answers.", rich_help_panel=PANEL_DATA)] = 72,
+    more_prompts: Annotated[int, typer.Option("--more-prompts", help="Further prompts answered on top of --prompts (the first --prompts and their cached teacher data kept as they are; only the new answers are made).", rich_help_panel=PANEL_DATA)] = 0,
     answer_tokens: Annotated[int, typer.Option("--answer-tokens", help="Longest cached answer.", rich_help_panel=PANEL_DATA)] = 96,
     soft_k: Annotated[int, typer.Option("--soft-k", help="Teacher top-k logits kept per row (for --kl-weight).", rich_help_panel=PANEL_DATA)] = 8,
     held_out: Annotated[int, typer.Option("--held-out-prompts", help="Held-out prompts answered and scored before and after training (acceptance check; never trained on).", rich_help_panel=PANEL_DATA)] = 0,
@@ -88,8 +90,9 @@ def train_drafter(
     for name, value in (("--answer-share", answer_share), ("--restart-share", restart_share)):
         if not 0.0 <= value <= 1.0:
             raise OptionsError(f"{name} must be between 0 and 1, got {value}")
-    if held_out < 0 or warmup < 0:
-        raise OptionsError(f"--held-out-prompts and --warmup must be at least 0, got {held_out} and {warmup}")
+    if held_out < 0 or warmup < 0 or more_prompts < 0:
+        raise OptionsError(f"--held-out-prompts, --more-prompts and --warmup must be at least 0, got {held_out}, "
+                           f"{more_prompts} and {warmup}")
     for name, value in (("--steps", steps), ("--batch", batch), ("--unroll", unroll), ("--draft-vocab", draft_vocab),
                         ("--seq-len", seq_len), ("--layers", layers), ("--block-size", block_size)):
         if value < 1:
@@ -104,11 +107,11 @@ def train_drafter(
     request = TrainRequest(
         model_path=str(model), out_path=out, kind=kind,
         data=DataSpec(seq_len=seq_len, stdlib_chars=corpus_chars, package_chars=package_chars, prompts=prompts,
-                      answer_tokens=answer_tokens, soft_k=soft_k, taps=_taps(taps), seed=seed,
+                      more_prompts=more_prompts, answer_tokens=answer_tokens, soft_k=soft_k, taps=_taps(taps), seed=seed,
                       cache_dir=cache_dir or ""),
         loop=LoopSpec(steps=steps, lr=lr, warmup=warmup, seed=seed, device=device, checkpoint=checkpoint or out + ".ckpt"),
         identity=identity, layers=layers, block_size=block_size, taps=_taps(taps), draft_vocab=draft_vocab,
-        unroll=unroll, batch=batch, kl_weight=kl_weight, outtype=outtype, freeze_layer=freeze_layer,
+        unroll=unroll, batch=batch, kl_weight=kl_weight, outtype=outtype, freeze_layer=freeze_layer, init_from=init_from,
         held_out_prompts=held_out, answer_share=answer_share, restart_share=restart_share,
         recommended={k: v for k, v in (("pmin", recommend_pmin), ("draft_max", recommend_draft)) if v is not None},
     )

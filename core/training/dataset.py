@@ -37,6 +37,10 @@ class DataSpec:
     stdlib_chars: int = 150_000  # per stdlib source (docstrings, source)
     package_chars: int = 100_000
     prompts: int = 300  # generated prompts (held-out ones are dropped)
+    # further prompts answered on top of ``prompts`` (drawn from a larger pool, the first
+    # ``prompts`` kept as they are): their teacher rows are cached in a file of their own, so
+    # more answer data costs only the new answers, not a second pass over the whole corpus
+    more_prompts: int = 0
     answer_tokens: int = 128
     soft_k: int = 0
     taps: tuple[int, ...] | None = None
@@ -50,6 +54,8 @@ class DataSpec:
         fields.pop("cache_dir")
         if fields["sequences"] is None:
             fields.pop("sequences")  # keys of corpus-built data stay as they were
+        if not fields["more_prompts"]:
+            fields.pop("more_prompts")  # likewise for data without further answers
         text = json.dumps({"target": identity, **fields}, sort_keys=True, default=list)
         return hashlib.sha256(text.encode()).hexdigest()[:16]
 
@@ -61,6 +67,10 @@ def _cache_dir(spec: DataSpec) -> Path:
 def build(target, identity: str, spec: DataSpec, *, progress=None, log=print):
     """(teacher sequences, manifest dict). ``identity`` names the target (its sha256 or digest)."""
     progress = progress or (lambda it, **_: it)
+    if spec.more_prompts and spec.sequences is None:
+        base, manifest = build(target, identity, attrs.evolve(spec, more_prompts=0), progress=progress, log=log)
+        more, info = _more_answers(target, identity, spec, progress, log)
+        return base + more, _with_more(manifest, info, more)
     cache = _cache_dir(spec)
     cache.mkdir(parents=True, exist_ok=True)
     data_path = cache / f"teacher-{spec.key(identity)}.pt"
@@ -86,7 +96,8 @@ def build_held_out(target, identity: str, spec: DataSpec, count: int, *, progres
         return []
     cache = _cache_dir(spec)
     cache.mkdir(parents=True, exist_ok=True)
-    key = hashlib.sha256(json.dumps([spec.key(identity), count]).encode()).hexdigest()[:16]
+    # further training answers do not change the held-out set: its cache stays the base data's
+    key = hashlib.sha256(json.dumps([attrs.evolve(spec, more_prompts=0).key(identity), count]).encode()).hexdigest()[:16]
     data_path = cache / f"held-out-{key}.pt"
     chosen = prompts.held_out_prompts(count * 12, spec.seed)[:count]
     records = teacher.answer_prompts(  # cached: answers nothing when the file holds them all
@@ -146,6 +157,65 @@ def _corpus_sequences(target, identity: str, spec: DataSpec, cache: Path, progre
     for ids in teacher.chat_sequences(records):
         sequences.append((CHAT_SOURCE, ids[: spec.seq_len]))
     return sequences, infos
+
+
+MORE_POOL = 2000  # generated prompts the further ones are drawn from (a fixed pool: see more_prompts)
+
+
+def more_prompts(spec: DataSpec) -> list[str]:
+    """The ``spec.more_prompts`` training prompts after the first ``spec.prompts``: the first of a
+    fixed seeded pool (``MORE_POOL`` generated prompts, training ones only) that are not in the
+    first set, so a smaller count is a prefix of a larger one (fewer when the pool runs out)."""
+    first = set(prompts.training_prompts(spec.prompts, spec.seed))
+    pool = prompts.training_prompts(max(MORE_POOL, spec.prompts + spec.more_prompts), spec.seed)
+    return [p for p in pool if p not in first][: spec.more_prompts]
+
+
+def _more_answers(target, identity: str, spec: DataSpec, progress, log):
+    """Teacher data of the target's answers to ``more_prompts(spec)``, cached in a file of its own
+    (the base data's cache is untouched); (sequences, the answers' SourceInfo)."""
+    tok = target.tokenizer
+    if tok is None:
+        raise ValueError("the target has no tokenizer: no prompts can be answered")
+    cache = _cache_dir(spec)
+    cache.mkdir(parents=True, exist_ok=True)
+    chosen = more_prompts(spec)
+    records = teacher.answer_prompts(
+        target, chosen, cache / f"answers-{identity[:16]}-{spec.answer_tokens}.jsonl",
+        max_new_tokens=spec.answer_tokens, progress=lambda it: progress(it, desc="more answers"), log=log,
+    )
+    info = corpus.SourceInfo(CHAT_SOURCE, "", "", len(records),
+                             sum(len(tok.decode(r["answer_ids"])) for r in records))
+    data_path = cache / f"teacher-more-{spec.key(identity)}.pt"
+    if data_path.exists():
+        saved = torch.load(data_path, weights_only=False)
+        log(f"teacher data of {len(records)} further answers: cached {data_path}")
+        return [teacher.TeacherSequence(**s) for s in saved["sequences"]], info
+    sequences = [(CHAT_SOURCE, ids[: spec.seq_len]) for ids in teacher.chat_sequences(records)]
+    log(f"teacher forcing {len(records)} further answers: {sum(len(s) for _, s in sequences)} tokens")
+    data = teacher.collect(target, sequences, taps=spec.taps, soft_k=spec.soft_k,
+                           progress=lambda it: progress(it, desc="teacher (more)"), log=log)
+    tmp = data_path.with_suffix(".tmp")
+    torch.save({"sequences": [attrs.asdict(s) for s in data]}, tmp)
+    tmp.replace(data_path)
+    return data, info
+
+
+def _with_more(manifest: dict, info, more) -> dict:
+    """The base manifest with the further answers counted in the chat-answers source."""
+    tokens = sum(len(s.tokens) for s in more)
+    sources = []
+    for entry in manifest["sources"]:
+        entry = dict(entry)
+        if entry["name"] == CHAT_SOURCE:
+            base_docs = entry["documents"]
+            entry["documents"] += info.documents
+            entry["characters"] += info.characters
+            entry["tokens"] += tokens
+            entry["origin"] += f"; then {info.documents} further prompts (more_prompts) on top of those {base_docs}"
+        sources.append(entry)
+    return {**manifest, "sources": sources, "tokens": manifest["tokens"] + tokens,
+            "sequences": manifest["sequences"] + len(more)}
 
 
 def _teacher(target, spec: DataSpec, sequences, infos, data_path: Path, progress, log):

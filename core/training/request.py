@@ -36,6 +36,8 @@ class TrainRequest:
     outtype: str = "f16"
     valid_share: float = 0.05
     init_from_target: bool = True
+    # per-token heads: continue from this trained drafter file (its layer, projection and norms)
+    init_from: str | None = None
     freeze_layer: bool = False  # per-token heads: train only the input projection and norms
     # acceptance check: the target's answers to held-out generated prompts (never trained on),
     # teacher-forced and scored before and after training (0: none)

@@ -32,3 +32,14 @@ def test_a_large_prompt_set_mixes_shapes_and_keeps_the_split():
     assert any("boxes" in p or "rectangle" in p or "average of" in p for p in many)  # word problems
     held = [p for p in many if prompts.is_held_out(p)]
     assert 0 < len(held) < 80  # about HELD_OUT_SHARE of them
+
+
+def test_mixed_counts_weigh_each_group_by_its_share_of_the_batches():
+    answers = [torch.tensor([3, 3, 3, 3])]  # a small group drawn half the time
+    corpus = [torch.tensor([1] * 100 + [2] * 90)]
+    assert vocab.draft_vocabulary(answers + corpus, 10, 2).tolist() == [1, 2]  # raw counts: the corpus's
+    counts = vocab.mixed_counts([(answers, 0.5), (corpus, 0.5)], 10)
+    assert abs(float(counts.sum()) - 1.0) < 1e-12 and abs(float(counts[3]) - 0.5) < 1e-12
+    assert vocab.top_ids(counts, 2).tolist() == [1, 3]
+    assert vocab.top_ids(counts, 2, always=[9]).tolist() == [3, 9]
+    assert vocab.top_ids(vocab.mixed_counts([(answers, 0.0), (corpus, 1.0)], 10), 2).tolist() == [1, 2]

@@ -8,9 +8,11 @@ import random
 import sys
 from pathlib import Path
 
+import attrs
 import pytest
 import torch
 
+from tsspec.errors import OptionsError
 from tsspec.modeling.identity import identify
 from tsspec.runtime.loading import load_model
 from tsspec.runtime.options import SpeculationOptions
@@ -26,7 +28,10 @@ from tiny_llama import VOCAB, write_tiny_llama  # noqa: E402
 
 from tsspec_draft_head import make_draft_head  # noqa: E402
 from tsspec_draft_head.nextn_file import NextNFileHead, read_nextn  # noqa: E402
-from tsspec_draft_head.trainer import _Batches, answer_accuracy, evaluate, restarted, train_mtp  # noqa: E402
+from tsspec_draft_head.nextn_model import NextNModule  # noqa: E402
+from tsspec_draft_head.trainer import (  # noqa: E402
+    WARM, _Batches, _draft_vocabulary, _warm_start, answer_accuracy, evaluate, restarted, train_mtp,
+)
 
 
 @pytest.fixture(autouse=True, scope="module")
@@ -172,3 +177,40 @@ def test_answer_accuracy_counts_answer_tokens_and_can_cut_the_heads_context(trai
     cut = answer_accuracy(module, batches, [seq], 2, context_rows=4)
     assert cut == answer_accuracy(module, batches, [restarted(seq, 16)], 2)
     assert answer_accuracy(module, batches, [_sequence("given", 10, token=1)], 2) == {}  # no answer: nothing counted
+
+
+def _labelled(source: str, labels: list[int]) -> TeacherSequence:
+    seq = _sequence(source, len(labels), token=1)
+    seq.labels = torch.tensor(labels)
+    return seq
+
+
+def test_the_draft_vocabulary_is_counted_as_the_batches_draw_the_sources():
+    train = [_labelled("chat-answers", [3] * 4)] + [_labelled("stdlib-docs", [1] * 100 + [2] * 90)]
+    assert _draft_vocabulary(train, VOCAB, 2, 0.0, []).tolist() == [1, 2]  # every label alike
+    assert _draft_vocabulary(train, VOCAB, 2, 0.5, []).tolist() == [1, 3]  # the answers: half the mass
+    only_answers = [s for s in train if s.source == "chat-answers"]
+    assert _draft_vocabulary(only_answers, VOCAB, 2, 0.5, [5]).tolist() == [3, 5]  # nothing to weigh
+
+
+def test_a_warm_start_takes_the_trained_layer_and_the_runs_own_head_rows(trained, tmp_path):
+    model, summary, request = trained
+    target = load_model(model, options=SpeculationOptions(enabled=False))
+    warm_request = attrs.evolve(
+        request, out_path=str(tmp_path / "warm.gguf"), init_from=summary["path"],
+        loop=attrs.evolve(request.loop, steps=2, checkpoint=str(tmp_path / "warm.ckpt")),
+    )
+    warm = train_mtp(warm_request, target, log=lambda _: None)
+    assert warm["recipe"]["init_from"] == Path(summary["path"]).name
+    # before its first step the new run drafts as the trained file does (same vocabulary and
+    # validation split; the file's f16 rounding aside), not as a fresh head
+    assert warm["before"] == pytest.approx(summary["after"], abs=0.01)
+    assert warm["before"]["acc1"] != pytest.approx(summary["before"]["acc1"], abs=0.01)
+    trained_module, _, _ = read_nextn(summary["path"])
+    fresh = NextNModule(trained_module.cfg, VOCAB)
+    head = fresh.head.detach().clone()
+    _warm_start(fresh, summary["path"])
+    assert all(torch.equal(getattr(fresh, n), getattr(trained_module, n).float()) for n in WARM)
+    assert torch.equal(fresh.head, head)  # the head rows are the run's own
+    with pytest.raises(OptionsError, match="--init-from"):
+        _warm_start(fresh, model)  # the target itself is no drafter file

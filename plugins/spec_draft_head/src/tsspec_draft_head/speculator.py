@@ -230,6 +230,19 @@ class DraftHeadSpeculator:
         """Record what landed. Rows are the trunk rows that predicted each token (zeros at
         position 0); without rows (a runtime that skipped them) zeros stand in, which only
         costs acceptance."""
+        pending = self._pending
+        if (len(tokens) == 1 and pending is not None and hidden_rows is not None and self.fold_catch_up
+                and start_pos == pending.end and hidden_rows.shape[0] >= 1):
+            # the common commit (every plain step, parked or not): one row appended, kept lean
+            # as it runs after every forward (a copy: the target may reuse its output buffer)
+            pending.tokens.append(int(tokens[0]))
+            pending.rows.append(hidden_rows[0].clone())  # [F]
+            limit = self.catch_up_rows
+            if limit is not None and len(pending.tokens) > limit:
+                del pending.tokens[0], pending.rows[0]
+                pending.start += 1
+                self.counters.skipped_rows += 1
+            return
         tokens = [int(t) for t in tokens]
         if not tokens:
             return
@@ -256,17 +269,27 @@ class DraftHeadSpeculator:
             self.counters.catch_ups += 1
             self.head.draft_catch_up(tokens, hidden_rows, int(start_pos))
             return
+        pending, limit = self._pending, self.catch_up_rows
+        if pending is not None and not pending.start <= start_pos <= pending.end:
+            self._flush()  # a gap: catch up on what we had, then start again
+            pending = None
+        if limit is not None and len(tokens) > limit:
+            # the bound keeps the newest rows, all of them this commit's: the older ones are
+            # skipped without a copy, and so are the pending rows before them
+            drop = len(tokens) - limit
+            if pending is not None:
+                self.counters.skipped_rows += start_pos - pending.start
+                pending = self._pending = None
+            tokens, hidden_rows, start_pos = tokens[drop:], hidden_rows[drop:], int(start_pos) + drop
+            self.counters.skipped_rows += drop
         # kept until the next proposal: a copy, in case the target reuses its output buffer
         rows = list(hidden_rows.detach().clone().unbind(0))  # each [F]
-        pending = self._pending
-        if pending is not None and pending.start <= start_pos <= pending.end:
+        if pending is not None:
             keep = start_pos - pending.start  # overlap: the newer rows win
             del pending.tokens[keep:], pending.rows[keep:]
             pending.tokens.extend(tokens)
             pending.rows.extend(rows)
         else:
-            if pending is not None:
-                self._flush()  # a gap: catch up on what we had, then start again
             self._pending = _Pending(int(start_pos), tokens, rows)
         self._bound()
 

@@ -16,6 +16,7 @@ serving's bounded catch-up). Held-out prompts are scored on their answer tokens 
 from __future__ import annotations
 
 import math
+from pathlib import Path
 from typing import Callable, Sequence
 
 import torch
@@ -26,7 +27,7 @@ from tsspec.training import loop, vocab
 from tsspec.training.request import TrainRequest
 from tsspec.training.teacher import TeacherSequence
 
-from .nextn_file import write_nextn
+from .nextn_file import read_nextn, write_nextn
 from .nextn_model import NextNConfig, NextNModule
 from .speculator import DEFAULT_CATCH_UP_ROWS
 
@@ -83,6 +84,42 @@ def _initialise(module: NextNModule, model_path: str, num_layers: int, seed: int
                 module.head.copy_(f.tensor(head_name)[module.draft_ids])
                 copied.append("head")
     return f"target ({', '.join(copied) or 'nothing matched'})"
+
+
+def _draft_vocabulary(train: Sequence[TeacherSequence], vocab_size: int, k: int, answer_share: float,
+                      always: Sequence[int]) -> torch.Tensor:
+    """The FR-Spec draft vocabulary, counted as the batches draw the data: with ``answer_share``
+    > 0 the chat answers' labels make that share of the frequencies (the rest the corpus's), so
+    the vocabulary covers what the head serves (the answers' tokens), not mostly the corpus's."""
+    answers = [s.labels for s in train if s.source == datasets.CHAT_SOURCE]
+    rest = [s.labels for s in train if s.source != datasets.CHAT_SOURCE]
+    if answer_share <= 0 or not answers or not rest:
+        return vocab.draft_vocabulary((s.labels for s in train), vocab_size, k, always=always)
+    counts = vocab.mixed_counts([(answers, answer_share), (rest, 1.0 - answer_share)], vocab_size)
+    return vocab.top_ids(counts, k, always)
+
+
+WARM = ("enorm", "hnorm", "eh_proj", "attn_norm", "wq", "wk", "wv", "wo", "ffn_norm", "w_gate", "w_up", "w_down",
+        "head_norm")  # what a warm start takes from a trained drafter (the head rows follow the vocabulary)
+
+
+def _warm_start(module: NextNModule, path: str) -> str:
+    """Continue from a trained ``nextn`` drafter: its input projection, norms and decoder layer
+    (the head rows stay the target's rows of THIS run's draft vocabulary, which may differ from
+    the file's). OptionsError when the file is not a NextN drafter of this shape."""
+    from tsspec.errors import ModelLoadError, OptionsError
+
+    try:
+        trained, _, _ = read_nextn(path)
+    except (ModelLoadError, OSError) as exc:
+        raise OptionsError(f"--init-from {path}: {exc}") from None
+    if trained.cfg.hidden_size != module.cfg.hidden_size or any(
+            getattr(trained, n).shape != getattr(module, n).shape for n in WARM):
+        raise OptionsError(f"--init-from {path}: a drafter of another shape than this target's head")
+    with torch.no_grad():
+        for name in WARM:
+            getattr(module, name).copy_(getattr(trained, name).float())
+    return f"{path} ({', '.join(WARM)})"
 
 
 def restarted(seq: TeacherSequence, row: int) -> TeacherSequence:
@@ -250,14 +287,21 @@ def train_mtp(request: TrainRequest, target, log: Callable[[str], None] = print,
     train, valid = datasets.split(data, request.valid_share, request.data.seed)
     V = int(target.config.vocab_size)
     eos = sorted(getattr(getattr(target, "tokenizer", None), "eos_token_ids", ()) or ())
-    draft_ids = vocab.draft_vocabulary((s.labels for s in train), V, request.draft_vocab, always=eos)
+    draft_ids = _draft_vocabulary(train, V, request.draft_vocab, request.answer_share, eos)
     cover = vocab.coverage((s.labels for s in valid or train), draft_ids)
-    log(f"draft vocabulary: {draft_ids.numel()} tokens, covering {cover:.1%} of held-back teacher labels")
+    held_out = datasets.build_held_out(target, identity, request.data, request.held_out_prompts,
+                                       progress=progress, log=log)
+    answer_labels = [s.labels[s.answer_start:] for s in held_out if 0 < s.answer_start < len(s.tokens)]
+    answer_cover = vocab.coverage(answer_labels, draft_ids) if answer_labels else None
+    log(f"draft vocabulary: {draft_ids.numel()} tokens, covering {cover:.1%} of held-back teacher labels"
+        + (f", {answer_cover:.1%} of held-out answer tokens" if answer_cover is not None else ""))
     cfg = _config(target, draft_ids.numel())
     module = NextNModule(cfg, V)
     module.draft_ids.copy_(draft_ids)
     init = _initialise(module, request.model_path, int(target.config.num_layers), request.loop.seed,
                        from_target=request.init_from_target)
+    if request.init_from:
+        init = _warm_start(module, request.init_from) + f"; head rows: {init}"
     log(f"initialised from {init}")
     module.head.requires_grad_(False)  # the target's own rows: frozen (fewer weights to overfit)
     if request.freeze_layer:
@@ -271,8 +315,6 @@ def train_mtp(request: TrainRequest, target, log: Callable[[str], None] = print,
     embed = embed.clone().to(device)
     batches = _Batches(train, embed, draft_ids, V, request.batch, device, answer_share=request.answer_share,
                        restart_share=request.restart_share)
-    held_out = datasets.build_held_out(target, identity, request.data, request.held_out_prompts,
-                                       progress=progress, log=log)
     before = evaluate(module, batches, valid, request.unroll) if valid else {}
     held_before = evaluate(module, batches, held_out, request.unroll) if held_out else {}
     answers_before = answer_accuracy(module, batches, held_out, request.unroll) if held_out else {}
@@ -301,12 +343,13 @@ def train_mtp(request: TrainRequest, target, log: Callable[[str], None] = print,
         "kind": KIND, "steps": request.loop.steps, "lr": request.loop.lr, "batch": request.batch,
         "unroll": request.unroll, "draft_vocab": int(draft_ids.numel()), "kl_weight": request.kl_weight,
         "seed": request.loop.seed, "init": init, "freeze_layer": request.freeze_layer, "draft_vocab_coverage": round(cover, 4),
+        "draft_vocab_answer_coverage": None if answer_cover is None else round(answer_cover, 4),
         "valid_accuracy": {k: round(v, 4) for k, v in after.items()},
         "held_out_accuracy": {k: round(v, 4) for k, v in held_after.items()},
         "held_out_prompts": len(held_out),
         "held_out_answer_accuracy": {k: round(v, 4) for k, v in answers_after.items()},
         "held_out_answer_accuracy_served_context": {k: round(v, 4) for k, v in answers_served.items()},
-        "answer_share": request.answer_share, "restart_share": request.restart_share, "warmup": request.loop.warmup,
+        "answer_share": request.answer_share, "init_from": Path(request.init_from).name if request.init_from else None, "restart_share": request.restart_share, "warmup": request.loop.warmup,
     }
     facts = {**request.identity, "vocab_size": V, "architecture": target.config.architecture}
     write_nextn(request.out_path, module, target=facts, manifest={**manifest, "recipe": recipe}, outtype=request.outtype,
