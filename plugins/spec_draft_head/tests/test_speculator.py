@@ -292,6 +292,30 @@ def test_catch_up_after_a_park_is_bounded(fold):
         assert rows == 1 and spec.counters.skipped_rows == 0 and p - 4 in held
 
 
+def test_folded_commits_keep_the_newest_rows_through_appends_overlaps_and_gaps():
+    spec = DraftHeadSpeculator(ToyPerTokenHead(VOCAB, HIDDEN, seed=3), max_draft_tokens=1, feature_size=HIDDEN,
+                               min_draft_prob=0.0, fold_catch_up=True, catch_up_rows=3)
+    prefill = _rows(10, 1)
+    spec.commit(list(range(10)), prefill, 0)  # only the newest 3 rows are kept (7, 8, 9)
+    for p in (10, 11):  # plain steps: one row appended, the oldest dropped
+        spec.commit([p], _rows(1, p)[0:1], p)
+    spec.commit([20, 21], _rows(2, 20), 11)  # a verify's rows from 11 on: the newer rows win
+    pending = spec._pending
+    assert (pending.start, pending.tokens) == (10, [10, 20, 21]) and spec.counters.skipped_rows == 10
+    assert torch.equal(torch.stack(pending.rows[1:]), _rows(2, 20))
+    long = _rows(6, 30)
+    spec.commit(list(range(30, 36)), long, 12)  # overlaps, longer than the bound: its last 3 rows
+    pending = spec._pending
+    assert (pending.start, pending.tokens) == (15, [33, 34, 35]) and spec.counters.skipped_rows == 15
+    assert torch.equal(torch.stack(pending.rows), long[3:])
+    long.zero_()  # the kept rows are copies
+    assert torch.equal(torch.stack(pending.rows), _rows(6, 30)[3:])
+    calls = spec.counters.catch_ups
+    spec.commit([37, 38], _rows(2, 40), 30)  # a gap: the pending rows are caught up first
+    assert spec.counters.catch_ups == calls + 1 and spec.head.cache_positions[-3:] == [15, 16, 17]
+    assert (spec._pending.start, spec._pending.tokens) == (30, [37, 38])
+
+
 def test_unbounded_catch_up_carries_every_parked_row():
     spec = DraftHeadSpeculator(ToyPerTokenHead(VOCAB, HIDDEN, seed=3), max_draft_tokens=1, feature_size=HIDDEN,
                                min_draft_prob=0.0, fold_catch_up=True, catch_up_rows=None)
