@@ -287,7 +287,8 @@ def train_mtp(request: TrainRequest, target, log: Callable[[str], None] = print,
     train, valid = datasets.split(data, request.valid_share, request.data.seed)
     V = int(target.config.vocab_size)
     eos = sorted(getattr(getattr(target, "tokenizer", None), "eos_token_ids", ()) or ())
-    draft_ids = _draft_vocabulary(train, V, request.draft_vocab, request.answer_share, eos)
+    vocab_share = request.answer_share if request.vocab_answer_share is None else request.vocab_answer_share
+    draft_ids = _draft_vocabulary(train, V, request.draft_vocab, vocab_share, eos)
     cover = vocab.coverage((s.labels for s in valid or train), draft_ids)
     held_out = datasets.build_held_out(target, identity, request.data, request.held_out_prompts,
                                        progress=progress, log=log)
@@ -343,7 +344,7 @@ def train_mtp(request: TrainRequest, target, log: Callable[[str], None] = print,
         "kind": KIND, "steps": request.loop.steps, "lr": request.loop.lr, "batch": request.batch,
         "unroll": request.unroll, "draft_vocab": int(draft_ids.numel()), "kl_weight": request.kl_weight,
         "seed": request.loop.seed, "init": init, "freeze_layer": request.freeze_layer, "draft_vocab_coverage": round(cover, 4),
-        "draft_vocab_answer_coverage": None if answer_cover is None else round(answer_cover, 4),
+        "draft_vocab_answer_share": vocab_share, "draft_vocab_answer_coverage": None if answer_cover is None else round(answer_cover, 4),
         "valid_accuracy": {k: round(v, 4) for k, v in after.items()},
         "held_out_accuracy": {k: round(v, 4) for k, v in held_after.items()},
         "held_out_prompts": len(held_out),
