@@ -40,36 +40,26 @@ run-drafter: setup
 	$(VENV)/bin/tsspec generate --chat --stats --max-tokens 96 --prompt "$(DRAFTER_PROMPT)"
 	$(VENV)/bin/tsspec generate --chat --stats --max-tokens 96 --spec-draft-model $(MTP_DRAFTER) --prompt "$(DRAFTER_PROMPT)"
 
-# The shipped learned drafters, from scratch, seeded (teacher data and the resumable checkpoints
-# are cached under DRAFTERS_CACHE). One torch thread: the head's small matmuls lose more to two
-# contending OpenMP threads than they gain on a shared machine. The logs are kept beside the file
-# (FIGURES.md quotes them). The MTP head is trained in two stages:
-#  1. ~25 min of data on one busy core, then ~35 min of training: many small steps (the head
-#     learns per step, not per sequence: 40 steps of 16 sequences learned less than 160 of 4), a
-#     high peak rate, 40% of each batch from the target's own chat answers, a draft vocabulary of
-#     4,096 counted over every label alike (the file shipped before, kept as the start);
-#  2. 300 further chat answers (--more-prompts: only the new answers are made and teacher-forced,
-#     ~20 min), a draft vocabulary of 8,192 counted as the batches draw the sources (half from the
-#     answers: it covers 93-94% of held-out answer tokens instead of 88%), and a warm restart
-#     from stage 1's layer (--init-from) at a lower rate. See FIGURES.md for the trials.
+# The shipped learned drafters, from scratch, seeded (teacher data and the resumable checkpoint
+# are cached under DRAFTERS_CACHE; ~25 min of data on one busy core, then ~40 min of MTP
+# training). One torch thread: the head's small matmuls lose more to two contending OpenMP
+# threads than they gain on a shared machine. The log is kept beside the file (FIGURES.md
+# quotes it). MTP recipe: many small steps (the head learns per step, not per sequence: 40
+# steps of 16 sequences learned less than 160 of 4), a higher peak rate, and 40% of each batch
+# from the target's own chat answers (what the head serves); see FIGURES.md for the trials.
 DRAFTERS_DIR := plugins/drafters_smollm2/src/tsspec_drafters_smollm2
 DRAFTERS_CACHE ?= $(HOME)/.cache/tsspec/training-v2
-MTP_DATA := --prompts 440 --answer-tokens 160 --corpus-chars 260000 --package-chars 160000 --held-out-prompts 24 \
-	--batch 4 --unroll 2 --kl-weight 0.5 --seed 0 --threads 1 --outtype f16 --cache-dir $(DRAFTERS_CACHE)
-LOG_FILTER := tr '\r' '\n' | sed -uE 's/[A-Za-z() -]*: +[0-9]+%\|[^]]*\]//g' | grep --line-buffered -v '^ *$$'
 drafters: drafters-mtp drafters-dflash
 
 drafters-mtp: SHELL := /bin/bash
 drafters-mtp: setup
-	set -o pipefail; $(VENV)/bin/tsspec train-drafter --kind mtp --out $(DRAFTERS_CACHE)/smollm2-mtp-stage1.gguf $(MTP_DATA) \
-		--draft-vocab 4096 --vocab-answer-share 0 --steps 1600 --lr 3e-3 --warmup 50 --answer-share 0.4 \
-		--checkpoint $(DRAFTERS_CACHE)/smollm2-mtp-1600.ckpt \
-		2>&1 | $(LOG_FILTER) | tee plugins/drafters_smollm2/training-mtp-stage1.log
-	set -o pipefail; $(VENV)/bin/tsspec train-drafter --kind mtp --out $(DRAFTERS_DIR)/smollm2-135m-instruct-mtp.gguf $(MTP_DATA) \
-		--more-prompts 300 --init-from $(DRAFTERS_CACHE)/smollm2-mtp-stage1.gguf \
-		--draft-vocab 8192 --steps 500 --lr 1e-3 --warmup 20 --answer-share 0.5 \
-		--recommend-pmin 0.3 --recommend-draft 2 --checkpoint $(DRAFTERS_CACHE)/smollm2-mtp-stage2.ckpt \
-		2>&1 | $(LOG_FILTER) | tee plugins/drafters_smollm2/training-mtp.log
+	set -o pipefail; $(VENV)/bin/tsspec train-drafter --kind mtp --out $(DRAFTERS_DIR)/smollm2-135m-instruct-mtp.gguf \
+		--prompts 440 --answer-tokens 160 --corpus-chars 260000 --package-chars 160000 --held-out-prompts 24 \
+		--draft-vocab 4096 --steps 1600 --batch 4 --unroll 2 --lr 3e-3 --warmup 50 --kl-weight 0.5 --answer-share 0.4 \
+		--seed 0 --threads 1 --outtype f16 --recommend-pmin 0.3 --recommend-draft 2 \
+		--cache-dir $(DRAFTERS_CACHE) --checkpoint $(DRAFTERS_CACHE)/smollm2-mtp-1600.ckpt \
+		2>&1 | tr '\r' '\n' | sed -uE 's/[A-Za-z -]*: +[0-9]+%\|[^]]*\]//g' | grep --line-buffered -v '^ *$$' \
+		| tee plugins/drafters_smollm2/training-mtp.log
 
 drafters-dflash: SHELL := /bin/bash
 drafters-dflash: setup

@@ -42,7 +42,7 @@ def train_drafter(
     freeze_layer: Annotated[bool, typer.Option("--freeze-layer/--train-layer", help="Per-token heads: keep the decoder layer copied from the target; train the input projection and norms only.", rich_help_panel=PANEL_TRAIN)] = False,
     init_from: Annotated[Optional[str], typer.Option("--init-from", help="Per-token heads: continue from a trained drafter file of this target (its decoder layer, input projection and norms; the head rows follow this run's draft vocabulary).", rich_help_panel=PANEL_TRAIN)] = None,
     answer_share: Annotated[float, typer.Option("--answer-share", help="Per-token heads: share of each batch drawn from the target's own chat answers (0: every sequence equally likely).", rich_help_panel=PANEL_TRAIN)] = 0.0,
-    vocab_answer_share: Annotated[Optional[float], typer.Option("--vocab-answer-share", help="Per-token heads: the chat answers' share of the label counts that choose the draft vocabulary (default: --answer-share, as the batches draw them; 0: every label alike).", rich_help_panel=PANEL_TRAIN)] = None,
+    vocab_answer_share: Annotated[float, typer.Option("--vocab-answer-share", help="Per-token heads: the chat answers' share of the label counts that choose the draft vocabulary (0: every label alike; the --answer-share value counts them as the batches draw them).", rich_help_panel=PANEL_TRAIN)] = 0.0,
     restart_share: Annotated[float, typer.Option("--restart-share", help="Per-token heads: share of sampled sequences cut to a random start row (the head learns to draft from a cache that restarts, as after serving's bounded catch-up).", rich_help_panel=PANEL_TRAIN)] = 0.0,
     kl_weight: Annotated[float, typer.Option("--kl-weight", help="Weight of the soft (top-k KL) loss; 0: argmax labels only.", rich_help_panel=PANEL_TRAIN)] = 0.0,
     seed: Annotated[int, typer.Option("--seed", help="Seed of data sampling and initialisation.", rich_help_panel=PANEL_TRAIN)] = 0,
@@ -89,7 +89,7 @@ def train_drafter(
     if recommend_draft is not None and recommend_draft < 1:
         raise OptionsError(f"--recommend-draft must be at least 1, got {recommend_draft}")
     for name, value in (("--answer-share", answer_share), ("--restart-share", restart_share),
-                        ("--vocab-answer-share", 0.0 if vocab_answer_share is None else vocab_answer_share)):
+                        ("--vocab-answer-share", vocab_answer_share)):
         if not 0.0 <= value <= 1.0:
             raise OptionsError(f"{name} must be between 0 and 1, got {value}")
     if held_out < 0 or warmup < 0 or more_prompts < 0:

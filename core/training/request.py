@@ -46,8 +46,8 @@ class TrainRequest:
     # distribution the drafter serves; 0: every sequence equally likely, whatever its source)
     answer_share: float = 0.0
     # per-token heads: the chat answers' share of the label counts that choose the draft
-    # vocabulary (None: ``answer_share``, the share the batches draw; 0: every label alike)
-    vocab_answer_share: float | None = None
+    # vocabulary (0: every label alike; ``answer_share`` counts them as the batches draw them)
+    vocab_answer_share: float = 0.0
     # per-token heads: the share of sampled sequences cut to start at a random row, so the head
     # also learns to draft from a KV cache that restarts there (as serving's bounded catch-up
     # restarts it); the trunk rows keep their full context
