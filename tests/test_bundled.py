@@ -107,6 +107,9 @@ def test_train_drafter_names_installed_kinds_on_an_unknown_kind(monkeypatch):
     (["--held-out-prompts", "-1"], "--held-out-prompts"),
     (["--answer-share", "1.2"], "--answer-share must be between 0 and 1"),
     (["--restart-share", "-0.1"], "--restart-share must be between 0 and 1"),
+    (["--vocab-answer-share", "2"], "--vocab-answer-share must be between 0 and 1"),
+    (["--more-prompts", "-3"], "--more-prompts"),
+    (["--init-from", "no-such-drafter.gguf"], "--init-from no-such-drafter.gguf: no such file"),
 ])
 def test_train_drafter_refuses_bad_recommendations_in_one_line(monkeypatch, flags, named):
     from typer.testing import CliRunner

@@ -7,6 +7,7 @@ The command is the core's; the training itself is the trainer a plugin registere
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Annotated, Optional
 
 import typer
@@ -92,6 +93,8 @@ def train_drafter(
                         ("--vocab-answer-share", vocab_answer_share)):
         if not 0.0 <= value <= 1.0:
             raise OptionsError(f"{name} must be between 0 and 1, got {value}")
+    if init_from is not None and not Path(init_from).is_file():
+        raise OptionsError(f"--init-from {init_from}: no such file")
     if held_out < 0 or warmup < 0 or more_prompts < 0:
         raise OptionsError(f"--held-out-prompts, --more-prompts and --warmup must be at least 0, got {held_out}, "
                            f"{more_prompts} and {warmup}")
