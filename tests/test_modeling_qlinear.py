@@ -6,6 +6,8 @@ must unpack to exactly its dequantised values, and products must match a float64
 
 from __future__ import annotations
 
+import itertools
+
 import numpy as np
 import pytest
 import torch
@@ -358,6 +360,11 @@ def test_decode_row_in_weight_row_pairs_equals_one_at_a_time(k, precision, fmt, 
         single = bm.linear(x[:1], base[:1], precision=precision)
     finally:
         kernels.set_pairs(True)
+    kernels.set_tree_sums(False)  # the quads' four sums one at a time
+    try:
+        assert torch.equal(bm.linear(x[:1], base[:1], precision=precision), paired)
+    finally:
+        kernels.set_tree_sums(True)
     with scalar_path():
         slow = bm.linear(x[:1], base[:1], precision=precision)
     assert torch.equal(paired, single) and torch.equal(paired, slow)
@@ -368,11 +375,11 @@ def test_decode_row_in_weight_row_pairs_equals_one_at_a_time(k, precision, fmt, 
 @pytest.mark.parametrize("fmt", [4, 8, 16, 32])
 @pytest.mark.parametrize("k", [32, 96, 160])  # 1, 3 and 5 blocks (a tile's step is one block)
 def test_verify_tiles_equal_narrow_tiles_scalar_and_one_row(fmt, k, scalar_path):
-    """Verify rows in tiles of up to 5 (set_wide_tiles: 5 = one tile, 9 = 5 + 4) and two rows
-    against two weight rows at once (set_pair_tiles), both on by default, give every row the
-    value of tiles of up to 4 rows against one weight row, of the scalar path and of the row
-    alone, bit for bit, in every format, for every row count 1..11 (N = 19: chunks of 8 leave
-    a weight row without a pair)."""
+    """Verify rows in tiles of up to 5 (set_wide_tiles: 5 = one tile, 9 = 5 + 4), two rows
+    against two weight rows at once (set_pair_tiles) and the tiles' horizontal sums four at a
+    time (set_tree_sums), all on by default, give every row the value of tiles of up to 4 rows
+    against one weight row, of the scalar path and of the row alone, bit for bit, in every
+    format, for every row count 1..11 (N = 19: chunks of 8 leave a weight row without a pair)."""
     kernels = native.kernels()
     if fmt == 32:
         bm = BlockMatrix.dense(torch.randn(19, k, generator=torch.Generator().manual_seed(k)))
@@ -385,14 +392,16 @@ def test_verify_tiles_equal_narrow_tiles_scalar_and_one_row(fmt, k, scalar_path)
         slow = bm.linear(x, base)
     assert torch.equal(slow, alone)
     try:
-        for wide, pair in ((True, True), (False, True), (True, False), (False, False)):
+        for wide, pair, tree in itertools.product((True, False), repeat=3):
             kernels.set_wide_tiles(wide)
             kernels.set_pair_tiles(pair)
+            kernels.set_tree_sums(tree)
             for rows in range(1, 12):
-                assert torch.equal(bm.linear(x[:rows], base[:rows]), alone[:rows]), (wide, pair, rows)
+                assert torch.equal(bm.linear(x[:rows], base[:rows]), alone[:rows]), (wide, pair, tree, rows)
     finally:
         kernels.set_wide_tiles(True)
         kernels.set_pair_tiles(True)
+        kernels.set_tree_sums(True)
 
 
 @needs_native

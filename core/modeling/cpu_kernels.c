@@ -114,6 +114,41 @@ QG_AVX2 static inline float hsum_avx2(__m256 a, __m256 b) {
     return _mm_cvtss_f32(v);
 }
 
+/* the `tree_sums` switch: several horizontal sums at once, each hsum_avx2's value bit for bit */
+static int use_tree_sums = 1;
+
+/* hsum_avx2(v, 0) of four vectors at once (lane t of the result: v[t]'s sum), the same adds in
+ * the same order, the lanes of the four shuffled together: 14 instructions instead of 4 x 6.
+ * (Adding 0 is left out: hsum_avx2(v, 0) = hsum of v, since a lane is -0 only if it is -0
+ * before the add, which a chain of fused multiply-adds from +0 never makes; NaN and infinities
+ * pass through adds alike.) */
+QG_AVX2 static inline __m128 hsum4_avx2(__m256 v0, __m256 v1, __m256 v2, __m256 v3) {
+    /* lanes 0-3 of each vector + lanes 4-7: t_i = v_i + v_{i+4}, two vectors per register */
+    const __m256 s01 = _mm256_add_ps(_mm256_permute2f128_ps(v0, v1, 0x20), _mm256_permute2f128_ps(v0, v1, 0x31));
+    const __m256 s23 = _mm256_add_ps(_mm256_permute2f128_ps(v2, v3, 0x20), _mm256_permute2f128_ps(v2, v3, 0x31));
+    /* u = t0 + t2, w = t1 + t3: low half [v0.u, v0.w, v2.u, v2.w], high half [v1.u, v1.w, v3.u, v3.w] */
+    const __m256 u = _mm256_add_ps(_mm256_shuffle_ps(s01, s23, 0x44), _mm256_shuffle_ps(s01, s23, 0xEE));
+    const __m128 lo = _mm256_castps256_ps128(u), hi = _mm256_extractf128_ps(u, 1);
+    /* u + w: [v0, v2, v1, v3], then in order */
+    const __m128 r = _mm_add_ps(_mm_shuffle_ps(lo, hi, 0x88), _mm_shuffle_ps(lo, hi, 0xDD));
+    return _mm_shuffle_ps(r, r, 0xD8);
+}
+
+/* hsum_avx2(v[t], 0) of eight vectors at once, lane t of the result (22 instructions instead of
+ * 8 x 6), the same adds in the same order as hsum4_avx2 */
+QG_AVX2 static inline __m256 hsum8_avx2(const __m256 v[8]) {
+    __m256 s[4];
+    for (int p = 0; p < 4; p++)
+        s[p] = _mm256_add_ps(_mm256_permute2f128_ps(v[2 * p], v[2 * p + 1], 0x20),
+                             _mm256_permute2f128_ps(v[2 * p], v[2 * p + 1], 0x31));
+    /* [v0.u, v0.w, v2.u, v2.w | v1.u, v1.w, v3.u, v3.w] and the same for v4..v7 */
+    const __m256 u0 = _mm256_add_ps(_mm256_shuffle_ps(s[0], s[1], 0x44), _mm256_shuffle_ps(s[0], s[1], 0xEE));
+    const __m256 u1 = _mm256_add_ps(_mm256_shuffle_ps(s[2], s[3], 0x44), _mm256_shuffle_ps(s[2], s[3], 0xEE));
+    /* u + w: [v0, v2, v4, v6 | v1, v3, v5, v7], then in order */
+    const __m256 r = _mm256_add_ps(_mm256_shuffle_ps(u0, u1, 0x88), _mm256_shuffle_ps(u0, u1, 0xDD));
+    return _mm256_permutevar8x32_ps(r, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+}
+
 QG_AVX2 static void rms_sumsq_avx2(const float *x, int64_t n, float *lanes) {
     __m256 acc = _mm256_setzero_ps();
     for (int64_t i = 0; i < n; i += 8) {
@@ -183,6 +218,11 @@ QG_AVX2 static inline __attribute__((always_inline)) void dot_fused_avx2(int fmt
             b[t] = _mm256_fmadd_ps(w3, _mm256_loadu_ps(xt + 24), b[t]);
         }
     }
+    if (use_tree_sums && T == 4) {
+        _mm_storeu_ps(res, hsum4_avx2(_mm256_add_ps(a[0], b[0]), _mm256_add_ps(a[1], b[1]), _mm256_add_ps(a[2], b[2]),
+                                      _mm256_add_ps(a[3], b[3])));
+        return;
+    }
     for (int t = 0; t < T; t++) res[t] = hsum_avx2(a[t], b[t]);
 }
 
@@ -245,6 +285,12 @@ QG_AVX2 static inline __attribute__((always_inline)) void dot_wide_avx2(const in
                 for (int t = 0; t < WIDE_ROWS; t++) b[t] = _mm256_fmadd_ps(w, XROW(xr[t], o + 32 * k), b[t]);
         }
     }
+    if (use_tree_sums) {
+        _mm_storeu_ps(res, hsum4_avx2(_mm256_add_ps(a[0], b[0]), _mm256_add_ps(a[1], b[1]), _mm256_add_ps(a[2], b[2]),
+                                      _mm256_add_ps(a[3], b[3])));
+        res[4] = hsum_avx2(a[4], b[4]);
+        return;
+    }
     for (int t = 0; t < WIDE_ROWS; t++) res[t] = hsum_avx2(a[t], b[t]);
 }
 
@@ -280,6 +326,11 @@ QG_AVX2 static inline __attribute__((always_inline)) void dot_pair_tile_avx2(con
                     for (int t = 0; t < T; t++) b[c][t] = _mm256_fmadd_ps(w, XROW(xr[t], o + 32 * k), b[c][t]);
             }
         }
+    }
+    if (use_tree_sums) { /* res[c * T + t] */
+        _mm_storeu_ps(res, hsum4_avx2(_mm256_add_ps(a[0][0], b[0][0]), _mm256_add_ps(a[0][1], b[0][1]),
+                                      _mm256_add_ps(a[1][0], b[1][0]), _mm256_add_ps(a[1][1], b[1][1])));
+        return;
     }
     for (int c = 0; c < 2; c++)
         for (int t = 0; t < T; t++) res[c * T + t] = hsum_avx2(a[c][t], b[c][t]);
@@ -366,6 +417,11 @@ QG_AVX2 static void dot_quad_q4_avx2(const uint8_t *q, int64_t q_row, const floa
             b[c] = _mm256_fmadd_ps(_mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_srli_epi32(z1, 4)), dv, mv),
                                    _mm256_loadu_ps(xb + 24), b[c]);
         }
+    }
+    if (use_tree_sums) {
+        _mm_storeu_ps(res, hsum4_avx2(_mm256_add_ps(a[0], b[0]), _mm256_add_ps(a[1], b[1]), _mm256_add_ps(a[2], b[2]),
+                                      _mm256_add_ps(a[3], b[3])));
+        return;
     }
     for (int c = 0; c < 4; c++) res[c] = hsum_avx2(a[c], b[c]);
 }
@@ -1423,7 +1479,10 @@ QG_AVX2 static inline void scores_avx2(const float *qv, const float *kg, int64_t
             const __m256 q = _mm256_loadu_ps(qv + i);
             for (int t = 0; t < 8; t++) a[t] = _mm256_fmadd_ps(q, _mm256_loadu_ps(k0 + t * hd + i), a[t]);
         }
-        for (int t = 0; t < 8; t++) scores[j + t] = hsum_avx2(a[t], z);
+        if (use_tree_sums)
+            _mm256_storeu_ps(scores + j, hsum8_avx2(a));
+        else
+            for (int t = 0; t < 8; t++) scores[j + t] = hsum_avx2(a[t], z);
     }
     for (; j + 4 <= j1; j += 4) {
         const float *k0 = kg + j * hd;
@@ -1434,6 +1493,10 @@ QG_AVX2 static inline void scores_avx2(const float *qv, const float *kg, int64_t
             a1 = _mm256_fmadd_ps(q, _mm256_loadu_ps(k0 + hd + i), a1);
             a2 = _mm256_fmadd_ps(q, _mm256_loadu_ps(k0 + 2 * hd + i), a2);
             a3 = _mm256_fmadd_ps(q, _mm256_loadu_ps(k0 + 3 * hd + i), a3);
+        }
+        if (use_tree_sums) {
+            _mm_storeu_ps(scores + j, hsum4_avx2(a0, a1, a2, a3));
+            continue;
         }
         scores[j] = hsum_avx2(a0, z);
         scores[j + 1] = hsum_avx2(a1, z);
@@ -1499,6 +1562,13 @@ QG_AVX2 static inline void scores2_avx2(const float *qa, const float *qb, const 
             k = _mm256_loadu_ps(k0 + 3 * hd + i);
             a3 = _mm256_fmadd_ps(x, k, a3);
             b3 = _mm256_fmadd_ps(y, k, b3);
+        }
+        if (use_tree_sums) {
+            const __m256 v[8] = {a0, a1, a2, a3, b0, b1, b2, b3};
+            const __m256 r = hsum8_avx2(v);
+            _mm_storeu_ps(sa + j, _mm256_castps256_ps128(r));
+            _mm_storeu_ps(sb + j, _mm256_extractf128_ps(r, 1));
+            continue;
         }
         sa[j] = hsum_avx2(a0, z), sa[j + 1] = hsum_avx2(a1, z);
         sa[j + 2] = hsum_avx2(a2, z), sa[j + 3] = hsum_avx2(a3, z);
@@ -2363,6 +2433,7 @@ DEFINE_SWITCH(pairs, use_pairs)
 DEFINE_SWITCH(wide_tiles, use_wide_tiles)
 DEFINE_SWITCH(pair_tiles, use_pair_tiles)
 DEFINE_SWITCH(key_segments, use_key_segments)
+DEFINE_SWITCH(tree_sums, use_tree_sums)
 
 static PyObject *py_info(PyObject *self, PyObject *noargs) {
     const char *int8 = "scalar";
@@ -2774,6 +2845,8 @@ static PyMethodDef methods[] = {
      "False: verify rows in tiles of at most 4 rows, never 5 (A/B runs, tests)"},
     {"set_pair_tiles", py_set_pair_tiles, METH_VARARGS,
      "False: 2 rows of x meet one weight row at a time, not two (A/B runs, tests)"},
+    {"set_tree_sums", py_set_tree_sums, METH_VARARGS,
+     "False: every horizontal sum of a gemm tile or attention score on its own, not 4 or 8 at once (A/B runs, tests)"},
     {"set_key_segments", py_set_key_segments, METH_VARARGS,
      "False: attention in chunks of query heads over all keys, not of key segments (A/B runs, tests)"},
     {"set_guided", py_set_guided, METH_VARARGS,
