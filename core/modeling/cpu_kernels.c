@@ -223,6 +223,13 @@ QG_AVX2 static inline __attribute__((always_inline)) void dot_fused_avx2(int fmt
                                       _mm256_add_ps(a[3], b[3])));
         return;
     }
+    if (use_tree_sums && T == 3) { /* the third sum twice in the tree's fourth lane */
+        const __m256 s2 = _mm256_add_ps(a[T > 2 ? 2 : 0], b[T > 2 ? 2 : 0]);
+        float four[4];
+        _mm_storeu_ps(four, hsum4_avx2(_mm256_add_ps(a[0], b[0]), _mm256_add_ps(a[T > 1 ? 1 : 0], b[T > 1 ? 1 : 0]), s2, s2));
+        for (int t = 0; t < 3; t++) res[t] = four[t];
+        return;
+    }
     for (int t = 0; t < T; t++) res[t] = hsum_avx2(a[t], b[t]);
 }
 
