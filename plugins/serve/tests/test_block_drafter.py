@@ -5,15 +5,13 @@ served alone, greedy and seeded, through the official client."""
 
 from __future__ import annotations
 
-import threading
-
 import pytest
 
 from tsspec.runtime.generation import generate
 from tsspec.runtime.options import SpeculationOptions
 from tsspec.runtime.sampling import SamplingParams
 
-openai = pytest.importorskip("openai")
+pytest.importorskip("openai")
 drafters = pytest.importorskip("tsspec_drafters_smollm2")
 pytest.importorskip("tsspec_block")
 
@@ -49,46 +47,13 @@ def drafted_target(embedded_target):
     embedded_target.spec_set_feature_taps(taps)
 
 
-def _ask(live, i: int, results: dict) -> None:
-    client = openai.OpenAI(base_url=live.base_url + "/v1", api_key="unused", max_retries=0, timeout=120)
-    sampling = _sampling(i)
-    reply = client.completions.create(model="smol", prompt=PROMPTS[i], max_tokens=MAX_TOKENS,
-                                      temperature=sampling.temperature, seed=sampling.seed)
-    timings = reply.model_extra["timings"]
-    results[i] = (reply.choices[0].text, timings.get("draft_n", 0), timings.get("draft_n_accepted", 0),
-                  reply.model_extra["speculative"]["type"])
-
-
-def _serve(target, live_server, concurrent: bool) -> dict:
-    """Every prompt's (text, drafted, accepted, algorithm) from a fresh server (an empty prefix
-    cache), the requests sent one after the other or all at once."""
+def test_concurrent_requests_on_the_block_drafter_equal_plain_decoding(drafted_target, serve_completions, engine_for):
     import tsspec_block
-    from tsspec.runtime.registry import SpeculatorRegistry
-    from tsspec_serve.engine import ServeEngine
 
-    registry = SpeculatorRegistry()  # only what this test needs: block
-    tsspec_block.tsspec_register_speculators(registry.register)
-    engine = ServeEngine(target, model_id="smol", options=OPTIONS, registry=registry, kv_cache_mb=64, max_seqs=4)
-    live, results = live_server(engine), {}
-    try:
-        if concurrent:
-            threads = [threading.Thread(target=_ask, args=(live, i, results)) for i in range(len(PROMPTS))]
-            for t in threads:
-                t.start()
-            for t in threads:
-                t.join(300)
-        else:
-            for i in range(len(PROMPTS)):
-                _ask(live, i, results)
-    finally:
-        live.stop()
-    assert len(results) == len(PROMPTS)
-    return results
-
-
-def test_concurrent_requests_on_the_block_drafter_equal_plain_decoding(drafted_target, live_server):
-    sequential = _serve(drafted_target, live_server, concurrent=False)
-    concurrent = _serve(drafted_target, live_server, concurrent=True)
+    samplings = [_sampling(i) for i in range(len(PROMPTS))]
+    runs = {concurrent: serve_completions(engine_for(drafted_target, tsspec_block, OPTIONS), PROMPTS, samplings,
+                                          MAX_TOKENS, concurrent=concurrent) for concurrent in (False, True)}
+    sequential, concurrent = runs[False], runs[True]
     plain = SpeculationOptions(enabled=False)
     for i, prompt in enumerate(PROMPTS):
         expected = generate(drafted_target, prompt, plain, max_tokens=MAX_TOKENS, sampling=_sampling(i)).text
