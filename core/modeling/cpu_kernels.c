@@ -2750,19 +2750,77 @@ static void embed_rows(const QWeight *E, const long long *ids, int64_t rows, flo
     }
 }
 
-/* model_step(stack, ids, embed, x, past, k, v, cap, rope_table, threads, int8, head):
+/* model_step(stack, ids, embed, x, past, k, v, cap, rope_table, threads, int8, head[, taps]):
  *   x[rows, H] = the embedding rows of ids (a sequence of ints in [0, embed's N)); blocks
  *   0..n_layers-1 on x in place (layers_forward); then head, when not None: a tuple
  *   (norm_w, eps, lanes, normed, first, lm_head, logits): normed[rows - first, H] =
  *   rms_norm_torch(x[first:]), logits[rows - first, V] = normed @ lm_head^T. embed and lm_head
- *   are (fmt, q, d, m, N, K). */
+ *   are (fmt, q, d, m, N, K). taps, when given and not None: (layers, out), a drafter's feature
+ *   taps: out[rows, len(layers) H] receives the residual rows entering each of those layers
+ *   (tap i in columns i H .. (i + 1) H; layer n_layers is the residual after the last block);
+ *   the blocks then run in stretches between the tapped layers, as the Python path's
+ *   layers_forward calls do (a block's values do not depend on where a stretch starts). */
+#define MAX_TAPS 64
+typedef struct {
+    int n;
+    long long layer[MAX_TAPS];
+    float *out;
+} Taps;
+
+static int parse_taps(PyObject *obj, int64_t n_layers, Taps *T) {
+    T->n = 0;
+    T->out = NULL;
+    if (obj == Py_None) return 1;
+    PyObject *layers;
+    unsigned long long out;
+    if (!PyArg_ParseTuple(obj, "OK", &layers, &out)) return 0;
+    PyObject *seq = PySequence_Fast(layers, "model_step: taps must be a sequence of layer ids");
+    if (seq == NULL) return 0;
+    const Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
+    int ok = n >= 1 && n <= MAX_TAPS && out != 0;
+    for (Py_ssize_t i = 0; ok && i < n; i++) {
+        T->layer[i] = PyLong_AsLongLong(PySequence_Fast_GET_ITEM(seq, i));
+        if (T->layer[i] == -1 && PyErr_Occurred()) {
+            Py_DECREF(seq);
+            return 0;
+        }
+        ok = T->layer[i] >= 0 && T->layer[i] <= n_layers;
+    }
+    Py_DECREF(seq);
+    if (!ok) {
+        PyErr_SetString(PyExc_ValueError, "bad model_step taps");
+        return 0;
+    }
+    T->n = (int)n;
+    T->out = (float *)(uintptr_t)out;
+    return 1;
+}
+
+static int stack_forward_tapped(const LayerStack *S, float *x, int64_t rows, int64_t past, float *kc, float *vc,
+                                int64_t cap, const float *table, int threads, int int8, const Taps *T) {
+    int64_t start = 0;
+    for (;;) {
+        for (int i = 0; i < T->n; i++)
+            if (T->layer[i] == start)
+                for (int64_t r = 0; r < rows; r++)
+                    memcpy(T->out + (r * T->n + i) * S->H, x + r * S->H, sizeof(float) * (size_t)S->H);
+        if (start == S->n_layers) return 0;
+        int64_t stop = S->n_layers; /* the next tapped layer after start */
+        for (int i = 0; i < T->n; i++)
+            if (T->layer[i] > start && T->layer[i] < stop) stop = T->layer[i];
+        const int rc = stack_forward(S, start, stop, x, rows, past, kc, vc, cap, table, threads, int8);
+        if (rc != 0) return rc;
+        start = stop;
+    }
+}
+
 static PyObject *py_model_step(PyObject *self, PyObject *args) {
-    PyObject *capsule, *ids_obj, *embed_obj, *head;
+    PyObject *capsule, *ids_obj, *embed_obj, *head, *taps_obj = Py_None;
     long long past, cap;
     unsigned long long x, k, v, table;
     int threads, int8, rc;
-    if (!PyArg_ParseTuple(args, "OOOKLKKLKipO", &capsule, &ids_obj, &embed_obj, &x, &past, &k, &v, &cap, &table,
-                          &threads, &int8, &head))
+    if (!PyArg_ParseTuple(args, "OOOKLKKLKipO|O", &capsule, &ids_obj, &embed_obj, &x, &past, &k, &v, &cap, &table,
+                          &threads, &int8, &head, &taps_obj))
         return NULL;
     const LayerStack *S = (const LayerStack *)PyCapsule_GetPointer(capsule, "tsspec.LayerStack");
     if (S == NULL) return NULL;
@@ -2772,6 +2830,8 @@ static PyObject *py_model_step(PyObject *self, PyObject *args) {
         PyErr_SetString(PyExc_ValueError, "the embedding's rows are not the stack's width");
         return NULL;
     }
+    Taps T;
+    if (!parse_taps(taps_obj, S->n_layers, &T)) return NULL;
     PyObject *seq = PySequence_Fast(ids_obj, "model_step: ids must be a sequence of ints");
     if (seq == NULL) return NULL;
     const Py_ssize_t rows = PySequence_Fast_GET_SIZE(seq);
@@ -2815,8 +2875,8 @@ static PyObject *py_model_step(PyObject *self, PyObject *args) {
     float *xs = (float *)(uintptr_t)x;
     Py_BEGIN_ALLOW_THREADS
     embed_rows(&E, ids, rows, xs);
-    rc = stack_forward(S, 0, S->n_layers, xs, rows, past, (float *)(uintptr_t)k, (float *)(uintptr_t)v, cap,
-                       (const float *)(uintptr_t)table, threads, int8);
+    rc = stack_forward_tapped(S, xs, rows, past, (float *)(uintptr_t)k, (float *)(uintptr_t)v, cap,
+                              (const float *)(uintptr_t)table, threads, int8, &T);
     if (rc == 0 && head != Py_None) {
         float *hn = (float *)(uintptr_t)normed;
         const int64_t kept = rows - first;
