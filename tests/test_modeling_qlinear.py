@@ -376,8 +376,8 @@ def test_decode_row_in_weight_row_pairs_equals_one_at_a_time(k, precision, fmt, 
 @pytest.mark.parametrize("k", [32, 96, 160])  # 1, 3 and 5 blocks (a tile's step is one block)
 def test_verify_tiles_equal_narrow_tiles_scalar_and_one_row(fmt, k, scalar_path):
     """Verify rows in tiles of up to 5 (set_wide_tiles: 5 = one tile, 9 = 5 + 4), two rows
-    against two weight rows at once (set_pair_tiles) and the tiles' horizontal sums four at a
-    time (set_tree_sums), all on by default, give every row the value of tiles of up to 4 rows
+    against two weight rows at once (set_pair_tiles; set_pair_spans: a chunk's pairs in one
+    call) and the tiles' horizontal sums four at a time (set_tree_sums), all on by default, give every row the value of tiles of up to 4 rows
     against one weight row, of the scalar path and of the row alone, bit for bit, in every
     format, for every row count 1..11 (N = 19: chunks of 8 leave a weight row without a pair)."""
     kernels = native.kernels()
@@ -388,20 +388,24 @@ def test_verify_tiles_equal_narrow_tiles_scalar_and_one_row(fmt, k, scalar_path)
     x = torch.randn(11, k, generator=torch.Generator().manual_seed(fmt))
     base = torch.randn(11, 19)
     alone = torch.cat([bm.linear(x[r : r + 1], base[r : r + 1]) for r in range(11)])
+    bare = torch.cat([bm.linear(x[r : r + 1]) for r in range(11)])  # without a base
     with scalar_path():
         slow = bm.linear(x, base)
     assert torch.equal(slow, alone)
     try:
-        for wide, pair, tree in itertools.product((True, False), repeat=3):
+        for wide, pair, tree, span in itertools.product((True, False), repeat=4):
             kernels.set_wide_tiles(wide)
             kernels.set_pair_tiles(pair)
             kernels.set_tree_sums(tree)
+            kernels.set_pair_spans(span)
             for rows in range(1, 12):
-                assert torch.equal(bm.linear(x[:rows], base[:rows]), alone[:rows]), (wide, pair, tree, rows)
+                assert torch.equal(bm.linear(x[:rows], base[:rows]), alone[:rows]), (wide, pair, tree, span, rows)
+                assert torch.equal(bm.linear(x[:rows]), bare[:rows]), (wide, pair, tree, span, rows, "no base")
     finally:
         kernels.set_wide_tiles(True)
         kernels.set_pair_tiles(True)
         kernels.set_tree_sums(True)
+        kernels.set_pair_spans(True)
 
 
 @needs_native

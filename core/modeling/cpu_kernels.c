@@ -343,10 +343,24 @@ QG_AVX2 static inline __attribute__((always_inline)) void dot_pair_tile_avx2(con
         for (int t = 0; t < T; t++) res[c * T + t] = hsum_avx2(a[c][t], b[c][t]);
 }
 
+/* NAME: one pair of weight rows; NAME##_span (the `pair_spans` switch): `pairs` pairs in a row,
+ * each output written (to out[r, 2 p + c], plus base when given) inside the format's own loop,
+ * so a chunk makes one call instead of one a pair (the same tiles and values) */
 #define DEFINE_PAIR_TILES(NAME, FMT) \
 QG_AVX2 static void NAME(const uint8_t *q, int64_t q_row, const float *d, const float *m, int64_t s_row, int64_t nb, \
                          const float *x, int64_t xs, float *res) { \
     dot_pair_tile_avx2(FMT, q, q_row, d, m, s_row, nb, x, xs, res); \
+} \
+QG_AVX2 static void NAME##_span(const uint8_t *q, int64_t q_row, const float *d, const float *m, int64_t s_row, \
+                                int64_t nb, const float *x, int64_t xs, int64_t pairs, float *out, int64_t os, \
+                                const float *base) { \
+    for (int64_t p = 0; p < pairs; p++) { \
+        float res[4]; \
+        dot_pair_tile_avx2(FMT, q + 2 * p * q_row, q_row, d + 2 * p * s_row, m + 2 * p * s_row, s_row, nb, x, xs, res); \
+        for (int c = 0; c < 2; c++) \
+            for (int r = 0; r < 2; r++) \
+                out[r * os + 2 * p + c] = base != NULL ? base[r * os + 2 * p + c] + res[2 * c + r] : res[2 * c + r]; \
+    } \
 }
 DEFINE_PAIR_TILES(pair_tiles_q4_avx2, 4)
 DEFINE_PAIR_TILES(pair_tiles_q8_avx2, 8)
@@ -480,6 +494,7 @@ static int use_wide_attn = 1; /* 0: a query's scores 4 keys, its V sums 32 value
 static int use_wide_tiles = 1; /* 0: verify rows in tiles of at most FUSED_ROWS, never WIDE_ROWS (A/B, tests) */
 static int use_pair_tiles = 1; /* 0: 2 rows of x meet one weight row at a time, not two (A/B, tests) */
 static int use_key_segments = 1; /* 0: attention in chunks of query heads over all keys, as before (A/B, tests) */
+static int use_pair_spans = 1; /* 0: a 2-row call's pair tiles one call a pair of weight rows (A/B, tests) */
 
 static inline int simd_on(void) { return use_simd != 0 && have_avx2(); }
 
@@ -1242,6 +1257,19 @@ static void gemm_chunk(void *arg, int64_t c) {
             else dot_pair_q8_avx2(q, nb * bb, d, m, ns, nb, J->x, res);
             for (int c = 0; c < 2; c++, n++) J->out[n] = J->base != NULL ? J->base[n] + res[c] : res[c];
             n--;
+            continue;
+        }
+        if (simd && use_pair_tiles && use_pair_spans && R == 2 && n + 1 < n1) { /* every pair of the chunk */
+            const int64_t pairs = (n1 - n) / 2;
+            float *o = J->out + n;
+            const float *bs = J->base != NULL ? J->base + n : NULL;
+            switch (W->fmt) {
+                case 4: pair_tiles_q4_avx2_span(q, nb * bb, d, m, ns, nb, J->x, J->xs, pairs, o, J->os, bs); break;
+                case 8: pair_tiles_q8_avx2_span(q, nb * bb, d, m, ns, nb, J->x, J->xs, pairs, o, J->os, bs); break;
+                case 16: pair_tiles_q16_avx2_span(q, nb * bb, d, m, ns, nb, J->x, J->xs, pairs, o, J->os, bs); break;
+                default: pair_tiles_f32_avx2_span(q, nb * bb, d, m, ns, nb, J->x, J->xs, pairs, o, J->os, bs); break;
+            }
+            n += 2 * pairs - 1; /* a last unpaired weight row goes on below */
             continue;
         }
         if (simd && use_pair_tiles && R == 2 && n + 1 < n1) { /* two rows of x, two weight rows */
@@ -2441,6 +2469,7 @@ DEFINE_SWITCH(wide_tiles, use_wide_tiles)
 DEFINE_SWITCH(pair_tiles, use_pair_tiles)
 DEFINE_SWITCH(key_segments, use_key_segments)
 DEFINE_SWITCH(tree_sums, use_tree_sums)
+DEFINE_SWITCH(pair_spans, use_pair_spans)
 
 static PyObject *py_info(PyObject *self, PyObject *noargs) {
     const char *int8 = "scalar";
@@ -2912,6 +2941,8 @@ static PyMethodDef methods[] = {
      "False: verify rows in tiles of at most 4 rows, never 5 (A/B runs, tests)"},
     {"set_pair_tiles", py_set_pair_tiles, METH_VARARGS,
      "False: 2 rows of x meet one weight row at a time, not two (A/B runs, tests)"},
+    {"set_pair_spans", py_set_pair_spans, METH_VARARGS,
+     "False: a 2-row call's pair tiles one call a pair of weight rows, not a chunk's pairs in one (A/B runs, tests)"},
     {"set_tree_sums", py_set_tree_sums, METH_VARARGS,
      "False: every horizontal sum of a gemm tile or attention score on its own, not 4 or 8 at once (A/B runs, tests)"},
     {"set_key_segments", py_set_key_segments, METH_VARARGS,
