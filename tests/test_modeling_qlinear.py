@@ -347,9 +347,10 @@ def test_int8_scalar_and_simd_agree_and_rows_are_batch_invariant(fmt, k, scalar_
 @pytest.mark.parametrize("k", [128, 160, 224])  # int8: no tail, tails of 1 and 3 blocks
 def test_decode_row_in_weight_row_pairs_equals_one_at_a_time(k, precision, fmt, scalar_path):
     """A lone row of x meets weight rows several at a time (independent chains: format 4 four
-    then two at a time in float32, two in int8; format 8 two in float32); each output is the
-    one-at-a-time kernel's, the scalar path's and a multi-row call's, bit for bit (N = 23 in
-    chunks of 8: quads, a pair and a last row alone)."""
+    then two at a time in float32, two in int8; format 8 two in float32; set_decode_spans: a
+    chunk's groups in one call); each output is the one-at-a-time kernel's, the scalar path's
+    and a multi-row call's, bit for bit, with and without a base (N = 23 in chunks of 8: quads,
+    a pair and a last row alone)."""
     kernels = native.kernels()
     bm = random_blocks(fmt, 23, k, seed=k)
     x = torch.randn(3, k, generator=torch.Generator().manual_seed(k))
@@ -365,6 +366,18 @@ def test_decode_row_in_weight_row_pairs_equals_one_at_a_time(k, precision, fmt, 
         assert torch.equal(bm.linear(x[:1], base[:1], precision=precision), paired)
     finally:
         kernels.set_tree_sums(True)
+    bare = bm.linear(x[:1], precision=precision)  # without a base
+    kernels.set_decode_spans(False)  # one call a group of weight rows, not a chunk's groups in one
+    try:
+        assert torch.equal(bm.linear(x[:1], base[:1], precision=precision), paired)
+        assert torch.equal(bm.linear(x[:1], precision=precision), bare)
+    finally:
+        kernels.set_decode_spans(True)
+    kernels.set_pairs(False)
+    try:
+        assert torch.equal(bm.linear(x[:1], precision=precision), bare)
+    finally:
+        kernels.set_pairs(True)
     with scalar_path():
         slow = bm.linear(x[:1], base[:1], precision=precision)
     assert torch.equal(paired, single) and torch.equal(paired, slow)

@@ -416,8 +416,10 @@ QG_AVX2 static void dot_pair_q4_avx2(const uint8_t *q, int64_t q_row, const floa
 
 /* a lone row of x against 4-bit weight rows n .. n + 3: eight chains in flight; each output's
  * accumulators and order are the tile's with T = 1 */
-QG_AVX2 static void dot_quad_q4_avx2(const uint8_t *q, int64_t q_row, const float *d, const float *m, int64_t s_row,
-                                     int64_t nb, const float *x, float *res) {
+QG_AVX2 static inline __attribute__((always_inline)) void dot_quad_q4_body(const uint8_t *q, int64_t q_row,
+                                                                            const float *d, const float *m,
+                                                                            int64_t s_row, int64_t nb, const float *x,
+                                                                            float *res) {
     __m256 a[4], b[4];
     for (int c = 0; c < 4; c++) a[c] = b[c] = _mm256_setzero_ps();
     const __m256i low4 = _mm256_set1_epi32(0x0F);
@@ -447,9 +449,37 @@ QG_AVX2 static void dot_quad_q4_avx2(const uint8_t *q, int64_t q_row, const floa
     for (int c = 0; c < 4; c++) res[c] = hsum_avx2(a[c], b[c]);
 }
 
+QG_AVX2 static void dot_quad_q4_avx2(const uint8_t *q, int64_t q_row, const float *d, const float *m, int64_t s_row,
+                                     int64_t nb, const float *x, float *res) {
+    dot_quad_q4_body(q, q_row, d, m, s_row, nb, x, res);
+}
+
 QG_AVX2 static void dot_pair_q8_avx2(const uint8_t *q, int64_t q_row, const float *d, const float *m, int64_t s_row,
                                      int64_t nb, const float *x, float *res) {
     dot_pair_avx2(8, q, q_row, d, m, s_row, nb, x, res);
+}
+
+/* a decode row against `groups` groups of G weight rows in a row (the `decode_spans` switch:
+ * 4-bit quads, format 8 pairs), each output written (out[G g + c], plus base when given) inside
+ * the format's own loop: one call a chunk instead of one a group, the same values */
+QG_AVX2 static void dot_quad_q4_span_avx2(const uint8_t *q, int64_t q_row, const float *d, const float *m,
+                                          int64_t s_row, int64_t nb, const float *x, int64_t groups, float *out,
+                                          const float *base) {
+    for (int64_t g = 0; g < groups; g++) {
+        float res[4];
+        dot_quad_q4_body(q + 4 * g * q_row, q_row, d + 4 * g * s_row, m + 4 * g * s_row, s_row, nb, x, res);
+        for (int c = 0; c < 4; c++) out[4 * g + c] = base != NULL ? base[4 * g + c] + res[c] : res[c];
+    }
+}
+
+QG_AVX2 static void dot_pair_q8_span_avx2(const uint8_t *q, int64_t q_row, const float *d, const float *m,
+                                          int64_t s_row, int64_t nb, const float *x, int64_t groups, float *out,
+                                          const float *base) {
+    for (int64_t g = 0; g < groups; g++) {
+        float res[2];
+        dot_pair_avx2(8, q + 2 * g * q_row, q_row, d + 2 * g * s_row, m + 2 * g * s_row, s_row, nb, x, res);
+        for (int c = 0; c < 2; c++) out[2 * g + c] = base != NULL ? base[2 * g + c] + res[c] : res[c];
+    }
 }
 
 QG_AVX2 static void dots_fused_avx2(int fmt, const uint8_t *q, const float *d, const float *m, int64_t nb,
@@ -495,6 +525,7 @@ static int use_wide_tiles = 1; /* 0: verify rows in tiles of at most FUSED_ROWS,
 static int use_pair_tiles = 1; /* 0: 2 rows of x meet one weight row at a time, not two (A/B, tests) */
 static int use_key_segments = 1; /* 0: attention in chunks of query heads over all keys, as before (A/B, tests) */
 static int use_pair_spans = 1; /* 0: a 2-row call's pair tiles one call a pair of weight rows (A/B, tests) */
+static int use_decode_spans = 1; /* 0: a decode row's quads / pairs one call a group of weight rows (A/B, tests) */
 
 static inline int simd_on(void) { return use_simd != 0 && have_avx2(); }
 
@@ -1246,6 +1277,14 @@ static void gemm_chunk(void *arg, int64_t c) {
         const uint8_t *q = W->q + n * nb * bb;
         const float *d = W->d + n * ns, *m = W->m + n * ns;
 #ifdef QG_X86
+        if (simd && use_pairs && use_decode_spans && R == 1 && (W->fmt == 4 ? n + 3 < n1 : W->fmt == 8 && n + 1 < n1)) {
+            const int64_t group = W->fmt == 4 ? 4 : 2, groups = (n1 - n) / group; /* a decode row: every group */
+            const float *bs = J->base != NULL ? J->base + n : NULL;
+            if (W->fmt == 4) dot_quad_q4_span_avx2(q, nb * bb, d, m, ns, nb, J->x, groups, J->out + n, bs);
+            else dot_pair_q8_span_avx2(q, nb * bb, d, m, ns, nb, J->x, groups, J->out + n, bs);
+            n += group * groups - 1; /* the rows left over go on below */
+            continue;
+        }
         if (simd && use_pairs && R == 1 && W->fmt == 4 && n + 3 < n1) { /* a decode row, four weight rows */
             dot_quad_q4_avx2(q, nb * bb, d, m, ns, nb, J->x, res);
             for (int c = 0; c < 4; c++, n++) J->out[n] = J->base != NULL ? J->base[n] + res[c] : res[c];
@@ -2470,6 +2509,7 @@ DEFINE_SWITCH(pair_tiles, use_pair_tiles)
 DEFINE_SWITCH(key_segments, use_key_segments)
 DEFINE_SWITCH(tree_sums, use_tree_sums)
 DEFINE_SWITCH(pair_spans, use_pair_spans)
+DEFINE_SWITCH(decode_spans, use_decode_spans)
 
 static PyObject *py_info(PyObject *self, PyObject *noargs) {
     const char *int8 = "scalar";
@@ -2941,6 +2981,8 @@ static PyMethodDef methods[] = {
      "False: verify rows in tiles of at most 4 rows, never 5 (A/B runs, tests)"},
     {"set_pair_tiles", py_set_pair_tiles, METH_VARARGS,
      "False: 2 rows of x meet one weight row at a time, not two (A/B runs, tests)"},
+    {"set_decode_spans", py_set_decode_spans, METH_VARARGS,
+     "False: a decode row's weight-row quads / pairs one call a group, not a chunk's groups in one (A/B runs, tests)"},
     {"set_pair_spans", py_set_pair_spans, METH_VARARGS,
      "False: a 2-row call's pair tiles one call a pair of weight rows, not a chunk's pairs in one (A/B runs, tests)"},
     {"set_tree_sums", py_set_tree_sums, METH_VARARGS,
