@@ -389,8 +389,8 @@ def test_decode_row_in_weight_row_pairs_equals_one_at_a_time(k, precision, fmt, 
 @pytest.mark.parametrize("k", [32, 96, 160])  # 1, 3 and 5 blocks (a tile's step is one block)
 def test_verify_tiles_equal_narrow_tiles_scalar_and_one_row(fmt, k, scalar_path):
     """Verify rows in tiles of up to 5 (set_wide_tiles: 5 = one tile, 9 = 5 + 4), two rows
-    against two weight rows at once (set_pair_tiles; set_pair_spans: a chunk's pairs in one
-    call) and the tiles' horizontal sums four at a time (set_tree_sums), all on by default, give every row the value of tiles of up to 4 rows
+    against two weight rows at once (set_pair_tiles; set_pair_spans and set_tile_spans: a
+    chunk's pairs or tiles in one call) and the tiles' horizontal sums four at a time (set_tree_sums), all on by default, give every row the value of tiles of up to 4 rows
     against one weight row, of the scalar path and of the row alone, bit for bit, in every
     format, for every row count 1..11 (N = 19: chunks of 8 leave a weight row without a pair)."""
     kernels = native.kernels()
@@ -411,6 +411,7 @@ def test_verify_tiles_equal_narrow_tiles_scalar_and_one_row(fmt, k, scalar_path)
             kernels.set_pair_tiles(pair)
             kernels.set_tree_sums(tree)
             kernels.set_pair_spans(span)
+            kernels.set_tile_spans(span)
             for rows in range(1, 12):
                 assert torch.equal(bm.linear(x[:rows], base[:rows]), alone[:rows]), (wide, pair, tree, span, rows)
                 assert torch.equal(bm.linear(x[:rows]), bare[:rows]), (wide, pair, tree, span, rows, "no base")
@@ -419,6 +420,7 @@ def test_verify_tiles_equal_narrow_tiles_scalar_and_one_row(fmt, k, scalar_path)
         kernels.set_pair_tiles(True)
         kernels.set_tree_sums(True)
         kernels.set_pair_spans(True)
+        kernels.set_tile_spans(True)
 
 
 @needs_native

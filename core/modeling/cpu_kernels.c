@@ -384,6 +384,38 @@ DEFINE_FUSED_TILES(dots_fused_q8_avx2, 8)
 DEFINE_FUSED_TILES(dots_fused_q16_avx2, 16)
 DEFINE_FUSED_TILES(dots_fused_f32_avx2, 32)
 
+/* the `tile_spans` switch: `count` weight rows in a row against R rows of x in tiles of at most
+ * `most` rows (near-equal, as gemm_chunk splits them), each output written (out[r, n], plus base
+ * when given) inside the format's own loop: one call a chunk instead of one a tile, the same
+ * tiles and values; res holds R */
+#define DEFINE_TILE_SPANS(NAME, FMT) \
+QG_AVX2 static void NAME(const uint8_t *q, int64_t q_row, const float *d, const float *m, int64_t s_row, int64_t nb, \
+                         const float *x, int64_t xs, int64_t R, int64_t most, int64_t count, float *out, int64_t os, \
+                         const float *base, float *res) { \
+    const int64_t tiles = (R + most - 1) / most; \
+    for (int64_t n = 0; n < count; n++) { \
+        const uint8_t *qn = q + n * q_row; \
+        const float *dn = d + n * s_row, *mn = m + n * s_row; \
+        for (int64_t i = 0, r = 0; i < tiles; i++) { \
+            const int64_t rows = R / tiles + (i < R % tiles); \
+            const float *xt = x + r * xs; \
+            switch (rows) { \
+                case WIDE_ROWS: dot_wide_avx2(FMT, qn, dn, mn, nb, xt, xs, res + r); break; \
+                case 4: dot_fused_avx2(FMT, qn, dn, mn, nb, xt, xs, 4, res + r); break; \
+                case 3: dot_fused_avx2(FMT, qn, dn, mn, nb, xt, xs, 3, res + r); break; \
+                case 2: dot_fused_avx2(FMT, qn, dn, mn, nb, xt, xs, 2, res + r); break; \
+                default: dot_fused_avx2(FMT, qn, dn, mn, nb, xt, xs, 1, res + r); break; \
+            } \
+            r += rows; \
+        } \
+        for (int64_t r = 0; r < R; r++) out[r * os + n] = base != NULL ? base[r * os + n] + res[r] : res[r]; \
+    } \
+}
+DEFINE_TILE_SPANS(tile_spans_q4_avx2, 4)
+DEFINE_TILE_SPANS(tile_spans_q8_avx2, 8)
+DEFINE_TILE_SPANS(tile_spans_q16_avx2, 16)
+DEFINE_TILE_SPANS(tile_spans_f32_avx2, 32)
+
 /* a lone row of x (a decode) against weight rows n and n + 1 (formats 4 and 8): each output's
  * accumulators and order exactly the tile's with T = 1, but two rows' chains of fused
  * multiply-adds in flight and x loaded once per block for both */
@@ -526,6 +558,7 @@ static int use_pair_tiles = 1; /* 0: 2 rows of x meet one weight row at a time, 
 static int use_key_segments = 1; /* 0: attention in chunks of query heads over all keys, as before (A/B, tests) */
 static int use_pair_spans = 1; /* 0: a 2-row call's pair tiles one call a pair of weight rows (A/B, tests) */
 static int use_decode_spans = 1; /* 0: a decode row's quads / pairs one call a group of weight rows (A/B, tests) */
+static int use_tile_spans = 1; /* 0: 5+ rows' tiles one call a tile, not a chunk's weight rows in one (A/B, tests) */
 
 static inline int simd_on(void) { return use_simd != 0 && have_avx2(); }
 
@@ -1318,6 +1351,19 @@ static void gemm_chunk(void *arg, int64_t c) {
                     J->out[r * J->os + n] = J->base != NULL ? J->base[r * J->os + n] + res[2 * c + r] : res[2 * c + r];
             n--;
             continue;
+        }
+        if (simd && use_tile_spans && R >= WIDE_ROWS) { /* every weight row left in the chunk, in one call
+                                                           * (3-4 rows measured 2-4% slower so: per tile) */
+            const int64_t most = use_wide_tiles ? WIDE_ROWS : FUSED_ROWS, count = n1 - n;
+            const float *bs = J->base != NULL ? J->base + n : NULL;
+            float *o = J->out + n;
+            switch (W->fmt) {
+                case 4: tile_spans_q4_avx2(q, nb * bb, d, m, ns, nb, J->x, J->xs, R, most, count, o, J->os, bs, res); break;
+                case 8: tile_spans_q8_avx2(q, nb * bb, d, m, ns, nb, J->x, J->xs, R, most, count, o, J->os, bs, res); break;
+                case 16: tile_spans_q16_avx2(q, nb * bb, d, m, ns, nb, J->x, J->xs, R, most, count, o, J->os, bs, res); break;
+                default: tile_spans_f32_avx2(q, nb * bb, d, m, ns, nb, J->x, J->xs, R, most, count, o, J->os, bs, res); break;
+            }
+            break;
         }
         if (simd) {
             /* re-unpacking the row per tile beats one unpack into a buffer shared by all
@@ -2510,6 +2556,7 @@ DEFINE_SWITCH(key_segments, use_key_segments)
 DEFINE_SWITCH(tree_sums, use_tree_sums)
 DEFINE_SWITCH(pair_spans, use_pair_spans)
 DEFINE_SWITCH(decode_spans, use_decode_spans)
+DEFINE_SWITCH(tile_spans, use_tile_spans)
 
 static PyObject *py_info(PyObject *self, PyObject *noargs) {
     const char *int8 = "scalar";
@@ -2981,6 +3028,8 @@ static PyMethodDef methods[] = {
      "False: verify rows in tiles of at most 4 rows, never 5 (A/B runs, tests)"},
     {"set_pair_tiles", py_set_pair_tiles, METH_VARARGS,
      "False: 2 rows of x meet one weight row at a time, not two (A/B runs, tests)"},
+    {"set_tile_spans", py_set_tile_spans, METH_VARARGS,
+     "False: 5+ rows' tiles one call a tile, not a chunk's weight rows in one (A/B runs, tests)"},
     {"set_decode_spans", py_set_decode_spans, METH_VARARGS,
      "False: a decode row's weight-row quads / pairs one call a group, not a chunk's groups in one (A/B runs, tests)"},
     {"set_pair_spans", py_set_pair_spans, METH_VARARGS,
