@@ -274,9 +274,10 @@ class LlamaTarget:
         normed = torch.empty((kept, hp.hidden_size), dtype=torch.float32) if want_hidden and not taps else None
         normed_at = work + rows * hp.hidden_size * 4 if normed is None else normed.data_ptr()  # bytes
         head = (norm_weight, self._eps, lanes, normed_at, rows - kept, lm_head, logits.data_ptr())
+        taps_arg = () if tapped is None else ((taps, tapped.data_ptr()),)  # (older builds take no taps)
         self._kernels.model_step(
             self._stack, ids, embed, work, past, *self._kv_addresses, self._capacity, table, threads,
-            self.precision == "int8", head, None if tapped is None else (taps, tapped.data_ptr()),
+            self.precision == "int8", head, *taps_arg,
         )
         self._seq_len = past + rows
         return logits, (normed if tapped is None else tapped)
