@@ -438,17 +438,51 @@ DEFINE_FIXED_SPANS_FMT(q8_avx2, 8)
 DEFINE_FIXED_SPANS_FMT(q16_avx2, 16)
 DEFINE_FIXED_SPANS_FMT(f32_avx2, 32)
 
+/* two tiles of T1 and T2 rows (near-equal, as gemm_chunk splits 6-10 rows with wide tiles), both
+ * constants */
+#define FIXED_TILE(FMT, T, q, d, m, nb, x, xs, res) \
+    do { \
+        if ((T) == WIDE_ROWS) dot_wide_avx2(FMT, q, d, m, nb, x, xs, res); \
+        else dot_fused_avx2(FMT, q, d, m, nb, x, xs, (T) < 4 ? (T) : 4, res); \
+    } while (0)
+#define DEFINE_FIXED2_SPANS(NAME, FMT, T1, T2) \
+QG_AVX2 static void NAME(const uint8_t *q, int64_t q_row, const float *d, const float *m, int64_t s_row, int64_t nb, \
+                         const float *x, int64_t xs, int64_t count, float *out, int64_t os, const float *base) { \
+    for (int64_t n = 0; n < count; n++) { \
+        float res[(T1) + (T2)]; \
+        FIXED_TILE(FMT, T1, q + n * q_row, d + n * s_row, m + n * s_row, nb, x, xs, res); \
+        FIXED_TILE(FMT, T2, q + n * q_row, d + n * s_row, m + n * s_row, nb, x + (T1) * xs, xs, res + (T1)); \
+        for (int64_t r = 0; r < (T1) + (T2); r++) out[r * os + n] = base != NULL ? base[r * os + n] + res[r] : res[r]; \
+    } \
+}
+#define DEFINE_FIXED2_SPANS_FMT(SUFFIX, FMT) \
+DEFINE_FIXED2_SPANS(span6_##SUFFIX, FMT, 3, 3) \
+DEFINE_FIXED2_SPANS(span7_##SUFFIX, FMT, 4, 3) \
+DEFINE_FIXED2_SPANS(span8_##SUFFIX, FMT, 4, 4) \
+DEFINE_FIXED2_SPANS(span9_##SUFFIX, FMT, WIDE_ROWS, 4) \
+DEFINE_FIXED2_SPANS(span10_##SUFFIX, FMT, WIDE_ROWS, WIDE_ROWS)
+DEFINE_FIXED2_SPANS_FMT(q4_avx2, 4)
+DEFINE_FIXED2_SPANS_FMT(q8_avx2, 8)
+DEFINE_FIXED2_SPANS_FMT(q16_avx2, 16)
+DEFINE_FIXED2_SPANS_FMT(f32_avx2, 32)
+
 typedef void (*FixedSpan)(const uint8_t *, int64_t, const float *, const float *, int64_t, int64_t, const float *,
                           int64_t, int64_t, float *, int64_t, const float *);
-/* the fixed span for fmt and R rows in one tile of at most `most` rows (3, 4 or WIDE_ROWS), else NULL */
+/* the fixed span for fmt and R rows in tiles of at most `most` rows: one tile of 3, 4 or WIDE_ROWS
+ * rows, or two near-equal tiles of 6-10 rows (6-8 whatever `most`, 9-10 only with wide tiles, as
+ * gemm_chunk would split them); NULL otherwise */
 static FixedSpan fixed_span(int fmt, int64_t R, int64_t most) {
-    static const FixedSpan spans[4][3] = {
-        {span3_q4_avx2, span4_q4_avx2, span5_q4_avx2},
-        {span3_q8_avx2, span4_q8_avx2, span5_q8_avx2},
-        {span3_q16_avx2, span4_q16_avx2, span5_q16_avx2},
-        {span3_f32_avx2, span4_f32_avx2, span5_f32_avx2},
+    static const FixedSpan spans[4][8] = {
+        {span3_q4_avx2, span4_q4_avx2, span5_q4_avx2, span6_q4_avx2, span7_q4_avx2, span8_q4_avx2, span9_q4_avx2,
+         span10_q4_avx2},
+        {span3_q8_avx2, span4_q8_avx2, span5_q8_avx2, span6_q8_avx2, span7_q8_avx2, span8_q8_avx2, span9_q8_avx2,
+         span10_q8_avx2},
+        {span3_q16_avx2, span4_q16_avx2, span5_q16_avx2, span6_q16_avx2, span7_q16_avx2, span8_q16_avx2,
+         span9_q16_avx2, span10_q16_avx2},
+        {span3_f32_avx2, span4_f32_avx2, span5_f32_avx2, span6_f32_avx2, span7_f32_avx2, span8_f32_avx2,
+         span9_f32_avx2, span10_f32_avx2},
     };
-    if (R < 3 || R > most || R > WIDE_ROWS) return NULL;
+    if (R < 3 || R > 2 * most || R > 2 * WIDE_ROWS || (R > most && R <= WIDE_ROWS)) return NULL;
     return spans[fmt == 4 ? 0 : fmt == 8 ? 1 : fmt == 16 ? 2 : 3][R - 3];
 }
 
