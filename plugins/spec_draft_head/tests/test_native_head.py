@@ -242,7 +242,7 @@ def test_speculative_equals_plain_with_the_native_head_on_the_embedded_model(emb
                      add_special_tokens=False)
     plain = generate(bare, list(ids), SpeculationOptions(enabled=False), max_tokens=20, sampling=params)
     options = SpeculationOptions(spec_type="draft-head", adaptive=False, pmin=0.0, draft=2)
-    calls = head.calls
+    calls = head.counts.calls
     spec = generate(with_drafter, list(ids), options, max_tokens=20, sampling=params, registry=catalog.speculators)
     assert spec.tokens == plain.tokens
-    assert spec.stats.draft_tokens > 0 and head.calls > calls and head.native
+    assert spec.stats.draft_tokens > 0 and head.counts.calls > calls and head.native

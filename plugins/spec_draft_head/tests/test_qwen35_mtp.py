@@ -123,7 +123,7 @@ def test_mtp_head_is_served_and_folding_saves_its_catch_up_calls(make_target, mo
         assert draft_window(options, target, speculator) == target.spec_preferred_draft_window
         assert speculator.can_arm_after_prefix_reuse is False
         gen = generate(target, PROMPT, options, max_tokens=MAX_TOKENS, speculator=speculator)
-        runs[fold] = (gen, speculator.counters, target.draft_head.calls)
+        runs[fold] = (gen, speculator.counters, target.draft_head.counts.calls)
     (gen_f, c_f, calls_f), (gen_u, c_u, calls_u) = runs[True], runs[False]
     assert gen_f.tokens == gen_u.tokens
     assert (gen_f.stats.draft_tokens, gen_f.stats.accepted_tokens) == (gen_u.stats.draft_tokens, gen_u.stats.accepted_tokens)
