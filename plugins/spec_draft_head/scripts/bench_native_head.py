@@ -67,12 +67,12 @@ def main() -> None:
         if native and args.threads:
             head._native.threads = args.threads
         ids = tok.encode(tok.apply_chat_template([{"role": "user", "content": prompt}]), add_special_tokens=False)
-        calls = head.calls
+        calls = head.counts.calls
         cpu_ms.clear()
         gen = generate(target, list(ids), options, max_tokens=args.max_tokens)
         s = gen.stats
         draft_ms = s.phase_ms["draft"]
-        head_calls = head.calls - calls
+        head_calls = head.counts.calls - calls
         return {"tokens": list(gen.tokens), "draft_ms_step": draft_ms / max(1, s.drafts),
                 "draft_ms_call": draft_ms / max(1, head_calls),
                 "cpu_ms_proposal": statistics.median(cpu_ms) if cpu_ms else float("nan"),
