@@ -2951,15 +2951,15 @@ static void embed_rows(const QWeight *E, const long long *ids, int64_t rows, flo
  *   (tap i in columns i H .. (i + 1) H; layer n_layers is the residual after the last block);
  *   the blocks then run in stretches between the tapped layers, as the Python path's
  *   layers_forward calls do (a block's values do not depend on where a stretch starts). */
-#define MAX_TAPS 64
 typedef struct {
-    int n;
-    long long layer[MAX_TAPS];
+    int64_t n;
+    long long *layer; /* n layer ids (malloc'd; free it once the call is done), NULL without taps */
     float *out;
 } Taps;
 
 static int parse_taps(PyObject *obj, int64_t n_layers, Taps *T) {
     T->n = 0;
+    T->layer = NULL;
     T->out = NULL;
     if (obj == Py_None) return 1;
     PyObject *layers;
@@ -2968,21 +2968,30 @@ static int parse_taps(PyObject *obj, int64_t n_layers, Taps *T) {
     PyObject *seq = PySequence_Fast(layers, "model_step: taps must be a sequence of layer ids");
     if (seq == NULL) return 0;
     const Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
-    int ok = n >= 1 && n <= MAX_TAPS && out != 0;
+    int ok = n >= 1 && out != 0; /* any number of taps, repeats included, as the Python path */
+    if (ok && (T->layer = (long long *)malloc(sizeof(long long) * (size_t)n)) == NULL) {
+        Py_DECREF(seq);
+        PyErr_NoMemory();
+        return 0;
+    }
     for (Py_ssize_t i = 0; ok && i < n; i++) {
         T->layer[i] = PyLong_AsLongLong(PySequence_Fast_GET_ITEM(seq, i));
         if (T->layer[i] == -1 && PyErr_Occurred()) {
             Py_DECREF(seq);
+            free(T->layer);
+            T->layer = NULL;
             return 0;
         }
         ok = T->layer[i] >= 0 && T->layer[i] <= n_layers;
     }
     Py_DECREF(seq);
     if (!ok) {
+        free(T->layer);
+        T->layer = NULL;
         PyErr_SetString(PyExc_ValueError, "bad model_step taps");
         return 0;
     }
-    T->n = (int)n;
+    T->n = n;
     T->out = (float *)(uintptr_t)out;
     return 1;
 }
@@ -2991,13 +3000,13 @@ static int stack_forward_tapped(const LayerStack *S, float *x, int64_t rows, int
                                 int64_t cap, const float *table, int threads, int int8, const Taps *T) {
     int64_t start = 0;
     for (;;) {
-        for (int i = 0; i < T->n; i++)
+        for (int64_t i = 0; i < T->n; i++)
             if (T->layer[i] == start)
                 for (int64_t r = 0; r < rows; r++)
                     memcpy(T->out + (r * T->n + i) * S->H, x + r * S->H, sizeof(float) * (size_t)S->H);
         if (start == S->n_layers) return 0;
         int64_t stop = S->n_layers; /* the next tapped layer after start */
-        for (int i = 0; i < T->n; i++)
+        for (int64_t i = 0; i < T->n; i++)
             if (T->layer[i] > start && T->layer[i] < stop) stop = T->layer[i];
         const int rc = stack_forward(S, start, stop, x, rows, past, kc, vc, cap, table, threads, int8);
         if (rc != 0) return rc;
@@ -3024,11 +3033,15 @@ static PyObject *py_model_step(PyObject *self, PyObject *args) {
     Taps T;
     if (!parse_taps(taps_obj, S->n_layers, &T)) return NULL;
     PyObject *seq = PySequence_Fast(ids_obj, "model_step: ids must be a sequence of ints");
-    if (seq == NULL) return NULL;
+    if (seq == NULL) {
+        free(T.layer);
+        return NULL;
+    }
     const Py_ssize_t rows = PySequence_Fast_GET_SIZE(seq);
     long long *ids = (long long *)malloc(sizeof(long long) * (size_t)(rows > 0 ? rows : 1));
     if (ids == NULL) {
         Py_DECREF(seq);
+        free(T.layer);
         return PyErr_NoMemory();
     }
     int ok = rows >= 1;
@@ -3061,6 +3074,7 @@ static PyObject *py_model_step(PyObject *self, PyObject *args) {
     }
     if (!ok) {
         free(ids);
+        free(T.layer);
         return NULL;
     }
     float *xs = (float *)(uintptr_t)x;
@@ -3078,6 +3092,7 @@ static PyObject *py_model_step(PyObject *self, PyObject *args) {
     }
     Py_END_ALLOW_THREADS
     free(ids);
+    free(T.layer);
     if (rc != 0) return PyErr_NoMemory();
     Py_RETURN_NONE;
 }

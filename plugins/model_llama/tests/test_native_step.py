@@ -133,6 +133,20 @@ def test_feature_taps_take_the_one_call_with_the_python_paths_rows(tiny, taps, a
         target.spec_set_feature_taps(None)
 
 
+def test_any_number_of_feature_taps_takes_the_one_call(tiny):
+    """Taps are any sequence of layer ids in 0..n_layers (repeats included): 66 of them take the
+    one call too, with the Python path's rows (the call once refused more than 64)."""
+    from gguf import GGMLQuantizationType as T
+
+    _, target, _ = tiny(quantize={"*": T.Q4_1})
+    require_torch_norm_order(target)
+    target.spec_set_feature_taps([1, 0, 2] * 22)
+    try:
+        assert assert_same(target, prompt(40)) == len(CALLS)
+    finally:
+        target.spec_set_feature_taps(None)
+
+
 def test_feature_taps_on_the_embedded_model_take_the_one_call(embedded_target):
     require_torch_norm_order(embedded_target)
     embedded_target.spec_set_feature_taps([1, 15, 30])  # as a DFlash drafter's (0..n_layers)
