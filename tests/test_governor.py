@@ -340,3 +340,30 @@ def test_a_bursty_drafter_is_not_parked_across_spans_in_the_loop():
     assert keyed.stats.acceptance_rate > 0.75 > unkeyed.stats.acceptance_rate
     assert keyed.stats.decode_ms < 0.75 * plain.stats.decode_ms
     assert keyed.stats.decode_ms < 0.9 * unkeyed.stats.decode_ms
+
+
+def test_a_keyed_drafter_that_never_lands_costs_under_three_percent():
+    """The governor check's P = 0 extreme with keyed proposals: they are declined (with sparse
+    one-token retries) or parked by measured cost instead of by streaks; either way decoding
+    stays within 3% of plain on the embedded model's cost profile (virtual clock)."""
+    from tsspec.bench.governor_check import CostProfileToy, VirtualClock
+    from tsspec.protocols import Proposal
+    from tsspec.runtime.generation import generate
+    from tsspec.runtime.options import SpeculationOptions
+    from tsspec.testing import OracleSpeculator
+
+    clock = VirtualClock()
+    target = CostProfileToy(base_ms=8.0, seed=7, recurrent=False, clock=clock, max_context=512)
+    prompt, n = [4, 8, 15, 16, 23, 12, 1, 2], 240
+
+    class Never(OracleSpeculator):
+        def propose(self, ctx):
+            drafts = super().propose(ctx)
+            return Proposal(drafts, evidence=ctx.position % 3) if drafts else drafts
+
+    spec = Never.from_plain_run(target, prompt, n, corrupt=1.0)
+    keyed = generate(target, prompt, SpeculationOptions(spec_type="oracle"), max_tokens=n, speculator=spec, clock=clock)
+    plain = generate(target, prompt, SpeculationOptions(enabled=False), max_tokens=n, clock=clock)
+    assert keyed.tokens == plain.tokens and keyed.stats.accepted_tokens == 0
+    assert keyed.stats.decode_ms <= plain.stats.decode_ms / 0.97
+    assert keyed.stats.declined_drafts + keyed.stats.governor_parked_steps > 0.8 * n

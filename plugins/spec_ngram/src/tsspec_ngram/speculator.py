@@ -18,12 +18,20 @@ State and the loop's calls:
   ``ctx.last_token``, which is not committed yet), usually by appending that one token, then
   looks the suffix up: O(1) in the history length.
 
-Policy (``follow``, ``adaptive``; ``value``, ``candidates``, ``periodic`` off) is explained in
+Draft length: each proposal is a ``tsspec.Proposal`` carrying an evidence key, ``(bucket of the
+backward match length: 2, 3, 4-7 or 8+ tokens; whether the last verify's drafts all landed)``
+(``evidence``; the flag comes from the loop's ``observe_step``). The loop measures acceptance per
+key in the run and verifies as many of the copied tokens as pay for that key, or none: a long
+match inside a span the answer copies opens the window while a one-bigram guess in new text is
+declined, instead of one pooled estimate sizing both. So the speculator proposes the whole
+continuation (up to ``max_tokens``) and does not size it itself.
+
+Policy (``follow``; ``adaptive``, ``value``, ``candidates``, ``periodic`` off) is explained in
 ``matching.py``; ``SpeculationOptions.extra["ngram"]`` overrides any of ``SETTING_KEYS``.
-``value`` sizes each draft against the forward's cost by rows: ``row_ms`` (a setting), else the
-target's ``spec_verify_row_ms`` attribute when it has one, else the reference CPU profile. It is
-on by default for targets that publish ``spec_verify_row_ms`` (model_llama's block-kernel path
-does) and off otherwise.
+``adaptive`` and ``value`` size drafts inside the plugin (then ``sizes_own_drafts`` is True and
+the loop leaves the length alone); ``value`` sizes against the forward's cost by rows: ``row_ms``
+(a setting), else the target's ``spec_verify_row_ms`` attribute when it has one, else the
+reference CPU profile.
 """
 
 from __future__ import annotations
@@ -46,10 +54,8 @@ NAME = "ngram"
 DEFAULT_MIN_DRAFT_PROB = 0.0
 DEFAULT_WINDOW = 8  # used only when no options object is given
 # Policy defaults, from scripts/acceptance.py on the embedded model's greedy outputs (README):
-# follow raised input-grounded acceptance 0.585 -> 0.604 at equal cost; adaptive short-match
-# budgets raised it to 0.710 (bench prompts 0.277 -> 0.408) for a modelled CPU speed-up
-# 2.45x -> 2.53x (bench grounded 1.34x -> 1.38x); several candidates per key gained nothing
-# over follow, so one is kept (cheaper).
+# follow raised input-grounded acceptance 0.585 -> 0.604 at equal cost; several candidates per
+# key gained nothing over follow, so one is kept (cheaper).
 DEFAULT_CANDIDATES = 1
 DEFAULT_PERIODIC = False  # no gain measured (acceptance -0.2 points): kept as an option
 DEFAULT_FOLLOW = True
@@ -57,11 +63,9 @@ DEFAULT_FOLLOW = True
 # the plugin; both are off by default since the loop sizes each draft by its evidence key
 # (evidence()): per-key acceptance measured in the run against the measured cost by length
 DEFAULT_ADAPTIVE = False
-# value: draft length from evidence (per match-length acceptance, learnt online from priors)
-# against the verify cost by rows; replaces adaptive's budget when on. Off by default: on the
-# bench prompts it gains 0.03-0.12x on summary/qa/rewrite under the reference and the
-# faster-1-row profiles but loses 0.01-0.09x on code-edit and on this script's own grounded
-# prompts, and 0.1x+ when the real profile has 2-3 rows dearer than 4 and nobody says so (README)
+# value: draft length from per-match-length acceptance learnt online from priors measured on
+# one machine's outputs, against the verify cost by rows; replaces adaptive's budget when on.
+# Off by default: the loop's per-key economics measure the same thing in the run (README)
 DEFAULT_VALUE = False
 # keys accepted in SpeculationOptions.extra["ngram"]
 SETTING_KEYS = ("min_order", "max_order", "candidates", "periodic", "follow", "adaptive", "value", "row_ms")
@@ -69,7 +73,7 @@ SETTING_KEYS = ("min_order", "max_order", "candidates", "periodic", "follow", "a
 # suffix equal those before the copied continuation). On the bench prompts' greedy outputs a
 # draft's first token lands 0.51 / 0.44 / 0.62 / 0.86 of the time by bucket
 # (plugins/spec_ngram/README.md); the loop measures each key's acceptance in the run itself.
-MATCH_BUCKETS = (8, 4, 3, 2)
+MATCH_BUCKETS = (8, 4, 3, 2, 1)
 
 
 class NGramSpeculator:
