@@ -83,6 +83,7 @@ def accept(draw: Callable[[int], int], drafts: Sequence[int]) -> list[int]:
 @attrs.define
 class _Timer:
     ms: float = 0.0
+    start: float = 0.0  # the clock when the block began
 
 
 @attrs.define
@@ -257,17 +258,19 @@ class SpeculativeExecution:
         last, carry = seq.history[-1], seq.carry
         with self._phase("plain") as forward:
             logits, hidden = self.trunk.forward_keep_all([last], want_hidden=seq.want_hidden and self._armed)
-        forward_ms = forward.ms
         self.stats.plain_steps += 1
         if self._armed:
             self._commit([last], None if carry is None else carry[None], p)
         seq.carry = hidden[-1] if hidden is not None else None
         token = self.sampler.sample(logits[-1], p + 1, seq.history)
+        # the step's cost is the forward, the draw and the commit: what a verify step's is, but
+        # for the drafting (an attempt's cost is speculation's, charged apart just below)
+        step_ms = self._ms(forward.start) if self._armed else forward.ms
         if attempted:
             self.governor.record_empty_proposal(draft_ms)
-        self.governor.record(False, forward_ms, 1)
+        self.governor.record(False, step_ms, 1)
         if self._armed:
-            self._observe(False, forward_ms, 1, 0)
+            self._observe(False, step_ms, 1, 0)
         self._emit(seq, token)
 
     def _verify_step(self, seq: SequenceState, p: int, drafts: list[int], step_start: float,
@@ -345,7 +348,8 @@ class SpeculativeExecution:
     @contextlib.contextmanager
     def _phase(self, name: str) -> Iterator[_Timer]:
         """Time the block into ``stats.phase_ms[name]``; the timer's ``ms`` is set on exit."""
-        timer, t0 = _Timer(), self.clock()
+        t0 = self.clock()
+        timer = _Timer(start=t0)
         try:
             yield timer
         finally:
