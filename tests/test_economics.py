@@ -183,3 +183,59 @@ def test_per_key_tallies_roll_and_forget_with_the_sequence():
     assert len(econ._keys) == MAX_KEYS and econ.samples() == ACCEPT_SAMPLES
     econ.forget_acceptance()
     assert econ.samples("k") == 0 and econ.acceptance(1, "k") == [FIRST_PRIOR] and econ.cost(3) == 12.0
+
+
+def test_a_cost_shape_prices_every_length_from_the_median_step():
+    """With the target's measured cost by rows, C(k) = scale * shape(k + 1), the scale being the
+    median of ms / shape(rows) over the run's steps: untried lengths are priced by the shape
+    and one slow step (a busy machine) moves no price."""
+    from tsspec.runtime.economics import parse_cost_shape
+
+    shape = ((1, 10.0), (2, 12.0), (4, 20.0), (9, 40.0))
+    econ = DraftEconomics(cost_shape=shape)
+    for _ in range(5):
+        econ.record_plain(5.0)  # the machine runs at half the shape's scale
+        econ.record_draft(1, 1, 6.0)
+    assert econ.cost(0) == pytest.approx(5.0) and econ.cost(3) == pytest.approx(10.0)
+    assert econ.cost(8) == pytest.approx(20.0) and econ.cost(12) > econ.cost(8)  # past the last point
+    econ.record_draft(3, 3, 400.0)  # one step stalled by another process
+    assert econ.cost(3) == pytest.approx(10.0) and econ.cost(0) == pytest.approx(5.0)
+    plain = DraftEconomics()  # without a shape: each length's own mean
+    plain.record_plain(5.0)
+    plain.record_draft(3, 3, 400.0)
+    assert plain.cost(3) == 400.0
+    # set later (as generate does), the steps already measured are rescaled too
+    late = DraftEconomics()
+    late.record_plain(5.0)
+    late.set_cost_shape(shape)
+    assert late.cost(8) == pytest.approx(20.0)
+    for bad in (None, "1:2", ((2, 5.0), (4, 6.0)), ((1, 5.0),), ((1, 5.0), (2, -1.0)), ((1, 5.0), (1, 6.0))):
+        assert parse_cost_shape(bad) is None
+
+
+def test_generate_gives_the_governor_the_targets_measured_cost_by_rows(monkeypatch):
+    from tsspec.runtime import generation
+    from tsspec.testing import OracleSpeculator, ToyTarget
+
+    seen = []
+    real = generation.SpeculativeExecution
+
+    def spy(*args, **kwargs):
+        if kwargs["governor"].enabled:  # (the oracle's own plain run has none)
+            seen.append(kwargs["governor"].economics._shape)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(generation, "SpeculativeExecution", spy)
+
+    class Measured(ToyTarget):
+        spec_verify_row_ms = ((1, 7.0), (2, 8.0), (9, 30.0))
+
+    class Broken(ToyTarget):
+        @property
+        def spec_verify_row_ms(self):
+            raise RuntimeError("no room to measure")
+
+    for target in (Measured(), Broken(), ToyTarget()):
+        spec = OracleSpeculator.from_plain_run(target, [1, 2, 3], 6)
+        generation.generate(target, [1, 2, 3], max_tokens=6, speculator=spec)
+    assert seen == [((1, 7.0), (2, 8.0), (9, 30.0)), None, None]

@@ -29,6 +29,14 @@ might pay gets tried (and measured) once:
 * cost of a length never drafted: the straight line through the nearest measured lengths
   (a plain step is length 0); with a single measured point, that point's cost (flat).
 
+Cost shape. When the target measured its forward's cost by rows on this machine
+(``spec_verify_row_ms``, given as ``cost_shape``), every length is priced by that shape, a draft
+of k tokens being a forward of k + 1 rows: ``C(k) = scale * shape(k + 1)``, with ``scale`` the
+median of ``ms / shape(rows)`` over this run's recent steps of every length. A sequence then
+knows from its first steps that, say, 9 rows cost 4x one row here and 3 rows 1.7x, and one slow
+step (a shared machine) moves no length's price: the median of all steps absorbs it, where a
+per-length mean of a few samples would decline or shorten drafts for a while.
+
 Worked example: plain 10 ms, one-token steps measured at 12 ms, acceptance a1 = 0.4 after 20
 steps and position 2 never reached. E(1) = 1.4, C(1) = 12 -> 0.117 tokens/ms; E(2) = 1 + 0.4 +
 0.16 = 1.56, C(2) = 14 (the line through 10 and 12) -> 0.111: one token it is. At a1 = 0.8,
@@ -97,11 +105,22 @@ class DraftEconomics:
     """Per-position acceptance (pooled and per evidence key) and per-length step cost of one
     run; ``best(window)``, ``best(window, evidence, decline=True)``."""
 
-    def __init__(self) -> None:
+    def __init__(self, cost_shape=None) -> None:
+        self._shape = parse_cost_shape(cost_shape)  # ((rows, ms), ..) or None
         self._costs: dict[int, Deque[float]] = {}
         self._sums: dict[int, float] = {}  # running sum of each length's cost samples
+        self._scales: Deque[float] = collections.deque(maxlen=ACCEPT_SAMPLES)  # ms / shape(rows)
         self._pooled = _Tally()
         self._keys: dict[Hashable, _Tally] = {}
+
+    def set_cost_shape(self, cost_shape) -> None:
+        """Price every length by this forward cost by rows (None: by each length's own mean)."""
+        self._shape = parse_cost_shape(cost_shape)
+        self._scales.clear()
+        if self._shape is not None:
+            for length, samples in self._costs.items():
+                for ms in samples:
+                    self._scales.append(max(ms, MIN_COST_MS) / _rows_cost(self._shape, length + 1))
 
     # -- evidence --------------------------------------------------------------------------
     def record_plain(self, ms: float) -> None:
@@ -147,6 +166,8 @@ class DraftEconomics:
             self._sums[length] -= samples[0]
         samples.append(float(ms))
         self._sums[length] += float(ms)
+        if self._shape is not None:
+            self._scales.append(max(float(ms), MIN_COST_MS) / _rows_cost(self._shape, length + 1))
 
     # -- estimates -------------------------------------------------------------------------
     def acceptance(self, positions: int, evidence: Hashable | None = None) -> list[float]:
@@ -167,6 +188,8 @@ class DraftEconomics:
         means = self._means() if means is None else means
         if not means:
             return None
+        if self._scales:  # the target's shape, scaled by the median step of this run
+            return max(self._scale() * _rows_cost(self._shape, length + 1), MIN_COST_MS)
         if length in means:
             return means[length]
         below = [k for k in means if k < length]
@@ -181,6 +204,10 @@ class DraftEconomics:
             return means[(below or above)[0]]
         slope = (means[hi] - means[lo]) / (hi - lo)
         return max(means[lo] + slope * (length - lo), MIN_COST_MS)
+
+    def _scale(self) -> float:
+        ordered = sorted(self._scales)
+        return ordered[len(ordered) // 2]
 
     def expected_tokens(self, length: int, rates: list[float] | None = None) -> float:
         """E(length): tokens a step drafting ``length`` emits on average."""
@@ -217,4 +244,30 @@ class DraftEconomics:
         if not plain_samples or cost is None or len(self._costs) < 2:
             return None
         rates = self.acceptance(length, evidence)
-        return self.expected_tokens(length, rates) / cost * (self._sums[0] / len(plain_samples))
+        return self.expected_tokens(length, rates) / cost * self.cost(0)
+
+
+def parse_cost_shape(value) -> tuple[tuple[int, float], ...] | None:
+    """A target's forward cost by rows, ``((rows, ms), ..)`` from 1 row up, as a cost shape; None
+    for anything else (a missing, malformed or non-increasing profile is simply not used)."""
+    if value is None:
+        return None
+    try:
+        pairs = tuple(sorted((int(r), float(ms)) for r, ms in value))
+    except (TypeError, ValueError):
+        return None
+    if len(pairs) < 2 or pairs[0][0] != 1 or any(ms <= 0 or ms != ms for _, ms in pairs):
+        return None
+    if len({r for r, _ in pairs}) != len(pairs):
+        return None
+    return pairs
+
+
+def _rows_cost(shape: tuple[tuple[int, float], ...], rows: int) -> float:
+    """The shape's cost of a forward of ``rows`` rows: linear between its points, the last
+    segment's slope past its end (never below the last point's cost)."""
+    for (r0, m0), (r1, m1) in zip(shape, shape[1:]):
+        if rows <= r1:
+            return m0 + (m1 - m0) * (max(rows, r0) - r0) / (r1 - r0)
+    (r0, m0), (r1, m1) = shape[-2], shape[-1]
+    return max(m1, m1 + (m1 - m0) / (r1 - r0) * (rows - r1))

@@ -110,6 +110,7 @@ class SpeculationCostGovernor:
         probe_draft: int = 1,
         size_drafts: bool = True,
         explore_after: int = 8,
+        cost_shape=None,
     ):
         self.enabled = enabled
         self.min_samples = min_samples
@@ -123,7 +124,7 @@ class SpeculationCostGovernor:
         self.probe_draft = probe_draft
         self.size_drafts = size_drafts  # draft length from measured economics (else: the window)
         self.explore_after = explore_after  # declines of one key before it is re-tried
-        self.economics = DraftEconomics()
+        self.economics = DraftEconomics(cost_shape)  # cost_shape: the target's measured cost by rows
         self.keyed = False  # a proposal carried evidence: drafts are sized after proposing
         self.declined = 0  # proposals not verified because their key's drafts do not pay
         self._declines: dict[Hashable, int] = {}  # key -> declines since it was last verified
