@@ -13,6 +13,7 @@ inherit from tsspec classes. Tensors are ``torch.Tensor``; shapes are given in c
 from __future__ import annotations
 
 import enum
+import threading
 from typing import TYPE_CHECKING, Any, Callable, Hashable, Protocol, Sequence, runtime_checkable
 
 import attrs
@@ -32,7 +33,9 @@ __all__ = [
     "DraftHead",
     "DraftHeadKind",
     "DraftContext",
+    "HeadCounts",
     "PrecedingTokens",
+    "Proposal",
     "SpeculatorDeclined",
     "require_feature_width",
     "resolve_feature_taps",
@@ -244,6 +247,48 @@ class DraftHead(Protocol):
         ...
 
     def reset(self) -> None: ...
+
+
+_COUNTS_LOCK = threading.Lock()  # every HeadCounts update: a few integer adds under one lock
+
+
+class HeadCounts:
+    """The calls and rows a draft head ran, for one head or one sequence view of it.
+
+    A view's counts also add to its head's, so the head's figures are the totals over every
+    sequence. Views run in threads of their own, and the head itself may run in another, so
+    every update (a view's and the head's alike) takes one lock. Not a base class: a head holds
+    one as ``counts``, and a view made by ``for_sequence`` holds ``counts.view()``::
+
+        head.counts = HeadCounts()
+        view.counts = head.counts.view()  # in for_sequence, on the copy
+        view.counts.add(rows=3)           # once a forward: view 1 call / 3 rows, head the same
+        head.counts.calls, head.counts.rows
+    """
+
+    __slots__ = ("calls", "rows", "root")
+
+    def __init__(self, root: "HeadCounts | None" = None):
+        self.calls = 0  # forwards run
+        self.rows = 0  # rows forwarded (cost accounting)
+        self.root = root  # the head's counts a view also adds to; None on the head itself
+
+    def view(self) -> "HeadCounts":
+        """Fresh counts for a sequence view that also add to the head's (a view of a view adds
+        to the same head)."""
+        return HeadCounts(self.root or self)
+
+    def add(self, rows: int = 0) -> None:
+        """One forward of ``rows`` rows."""
+        with _COUNTS_LOCK:
+            self.calls += 1
+            self.rows += rows
+            if self.root is not None:
+                self.root.calls += 1
+                self.root.rows += rows
+
+    def __repr__(self) -> str:
+        return f"HeadCounts(calls={self.calls}, rows={self.rows})"
 
 
 @runtime_checkable

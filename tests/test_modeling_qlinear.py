@@ -6,6 +6,8 @@ must unpack to exactly its dequantised values, and products must match a float64
 
 from __future__ import annotations
 
+import itertools
+
 import numpy as np
 import pytest
 import torch
@@ -345,9 +347,10 @@ def test_int8_scalar_and_simd_agree_and_rows_are_batch_invariant(fmt, k, scalar_
 @pytest.mark.parametrize("k", [128, 160, 224])  # int8: no tail, tails of 1 and 3 blocks
 def test_decode_row_in_weight_row_pairs_equals_one_at_a_time(k, precision, fmt, scalar_path):
     """A lone row of x meets weight rows several at a time (independent chains: format 4 four
-    then two at a time in float32, two in int8; format 8 two in float32); each output is the
-    one-at-a-time kernel's, the scalar path's and a multi-row call's, bit for bit (N = 23 in
-    chunks of 8: quads, a pair and a last row alone)."""
+    then two at a time in float32, two in int8; format 8 two in float32; set_decode_spans: a
+    chunk's groups in one call); each output is the one-at-a-time kernel's, the scalar path's
+    and a multi-row call's, bit for bit, with and without a base (N = 23 in chunks of 8: quads,
+    a pair and a last row alone)."""
     kernels = native.kernels()
     bm = random_blocks(fmt, 23, k, seed=k)
     x = torch.randn(3, k, generator=torch.Generator().manual_seed(k))
@@ -356,6 +359,23 @@ def test_decode_row_in_weight_row_pairs_equals_one_at_a_time(k, precision, fmt, 
     kernels.set_pairs(False)
     try:
         single = bm.linear(x[:1], base[:1], precision=precision)
+    finally:
+        kernels.set_pairs(True)
+    kernels.set_tree_sums(False)  # the quads' four sums one at a time
+    try:
+        assert torch.equal(bm.linear(x[:1], base[:1], precision=precision), paired)
+    finally:
+        kernels.set_tree_sums(True)
+    bare = bm.linear(x[:1], precision=precision)  # without a base
+    kernels.set_decode_spans(False)  # one call a group of weight rows, not a chunk's groups in one
+    try:
+        assert torch.equal(bm.linear(x[:1], base[:1], precision=precision), paired)
+        assert torch.equal(bm.linear(x[:1], precision=precision), bare)
+    finally:
+        kernels.set_decode_spans(True)
+    kernels.set_pairs(False)
+    try:
+        assert torch.equal(bm.linear(x[:1], precision=precision), bare)
     finally:
         kernels.set_pairs(True)
     with scalar_path():
@@ -368,11 +388,11 @@ def test_decode_row_in_weight_row_pairs_equals_one_at_a_time(k, precision, fmt, 
 @pytest.mark.parametrize("fmt", [4, 8, 16, 32])
 @pytest.mark.parametrize("k", [32, 96, 160])  # 1, 3 and 5 blocks (a tile's step is one block)
 def test_verify_tiles_equal_narrow_tiles_scalar_and_one_row(fmt, k, scalar_path):
-    """Verify rows in tiles of up to 5 (set_wide_tiles: 5 = one tile, 9 = 5 + 4) and two rows
-    against two weight rows at once (set_pair_tiles), both on by default, give every row the
-    value of tiles of up to 4 rows against one weight row, of the scalar path and of the row
-    alone, bit for bit, in every format, for every row count 1..11 (N = 19: chunks of 8 leave
-    a weight row without a pair)."""
+    """Verify rows in tiles of up to 5 (set_wide_tiles: 5 = one tile, 9 = 5 + 4), two rows
+    against two weight rows at once (set_pair_tiles; set_pair_spans and set_tile_spans: a
+    chunk's pairs or tiles in one call) and the tiles' horizontal sums four at a time (set_tree_sums), all on by default, give every row the value of tiles of up to 4 rows
+    against one weight row, of the scalar path and of the row alone, bit for bit, in every
+    format, for every row count 1..11 (N = 19: chunks of 8 leave a weight row without a pair)."""
     kernels = native.kernels()
     if fmt == 32:
         bm = BlockMatrix.dense(torch.randn(19, k, generator=torch.Generator().manual_seed(k)))
@@ -381,18 +401,26 @@ def test_verify_tiles_equal_narrow_tiles_scalar_and_one_row(fmt, k, scalar_path)
     x = torch.randn(11, k, generator=torch.Generator().manual_seed(fmt))
     base = torch.randn(11, 19)
     alone = torch.cat([bm.linear(x[r : r + 1], base[r : r + 1]) for r in range(11)])
+    bare = torch.cat([bm.linear(x[r : r + 1]) for r in range(11)])  # without a base
     with scalar_path():
         slow = bm.linear(x, base)
     assert torch.equal(slow, alone)
     try:
-        for wide, pair in ((True, True), (False, True), (True, False), (False, False)):
+        for wide, pair, tree, span in itertools.product((True, False), repeat=4):
             kernels.set_wide_tiles(wide)
             kernels.set_pair_tiles(pair)
+            kernels.set_tree_sums(tree)
+            kernels.set_pair_spans(span)
+            kernels.set_tile_spans(span)
             for rows in range(1, 12):
-                assert torch.equal(bm.linear(x[:rows], base[:rows]), alone[:rows]), (wide, pair, rows)
+                assert torch.equal(bm.linear(x[:rows], base[:rows]), alone[:rows]), (wide, pair, tree, span, rows)
+                assert torch.equal(bm.linear(x[:rows]), bare[:rows]), (wide, pair, tree, span, rows, "no base")
     finally:
         kernels.set_wide_tiles(True)
         kernels.set_pair_tiles(True)
+        kernels.set_tree_sums(True)
+        kernels.set_pair_spans(True)
+        kernels.set_tile_spans(True)
 
 
 @needs_native

@@ -114,6 +114,41 @@ QG_AVX2 static inline float hsum_avx2(__m256 a, __m256 b) {
     return _mm_cvtss_f32(v);
 }
 
+/* the `tree_sums` switch: several horizontal sums at once, each hsum_avx2's value bit for bit */
+static int use_tree_sums = 1;
+
+/* hsum_avx2(v, 0) of four vectors at once (lane t of the result: v[t]'s sum), the same adds in
+ * the same order, the lanes of the four shuffled together: 14 instructions instead of 4 x 6.
+ * (Adding 0 is left out: hsum_avx2(v, 0) = hsum of v, since a lane is -0 only if it is -0
+ * before the add, which a chain of fused multiply-adds from +0 never makes; NaN and infinities
+ * pass through adds alike.) */
+QG_AVX2 static inline __m128 hsum4_avx2(__m256 v0, __m256 v1, __m256 v2, __m256 v3) {
+    /* lanes 0-3 of each vector + lanes 4-7: t_i = v_i + v_{i+4}, two vectors per register */
+    const __m256 s01 = _mm256_add_ps(_mm256_permute2f128_ps(v0, v1, 0x20), _mm256_permute2f128_ps(v0, v1, 0x31));
+    const __m256 s23 = _mm256_add_ps(_mm256_permute2f128_ps(v2, v3, 0x20), _mm256_permute2f128_ps(v2, v3, 0x31));
+    /* u = t0 + t2, w = t1 + t3: low half [v0.u, v0.w, v2.u, v2.w], high half [v1.u, v1.w, v3.u, v3.w] */
+    const __m256 u = _mm256_add_ps(_mm256_shuffle_ps(s01, s23, 0x44), _mm256_shuffle_ps(s01, s23, 0xEE));
+    const __m128 lo = _mm256_castps256_ps128(u), hi = _mm256_extractf128_ps(u, 1);
+    /* u + w: [v0, v2, v1, v3], then in order */
+    const __m128 r = _mm_add_ps(_mm_shuffle_ps(lo, hi, 0x88), _mm_shuffle_ps(lo, hi, 0xDD));
+    return _mm_shuffle_ps(r, r, 0xD8);
+}
+
+/* hsum_avx2(v[t], 0) of eight vectors at once, lane t of the result (22 instructions instead of
+ * 8 x 6), the same adds in the same order as hsum4_avx2 */
+QG_AVX2 static inline __m256 hsum8_avx2(const __m256 v[8]) {
+    __m256 s[4];
+    for (int p = 0; p < 4; p++)
+        s[p] = _mm256_add_ps(_mm256_permute2f128_ps(v[2 * p], v[2 * p + 1], 0x20),
+                             _mm256_permute2f128_ps(v[2 * p], v[2 * p + 1], 0x31));
+    /* [v0.u, v0.w, v2.u, v2.w | v1.u, v1.w, v3.u, v3.w] and the same for v4..v7 */
+    const __m256 u0 = _mm256_add_ps(_mm256_shuffle_ps(s[0], s[1], 0x44), _mm256_shuffle_ps(s[0], s[1], 0xEE));
+    const __m256 u1 = _mm256_add_ps(_mm256_shuffle_ps(s[2], s[3], 0x44), _mm256_shuffle_ps(s[2], s[3], 0xEE));
+    /* u + w: [v0, v2, v4, v6 | v1, v3, v5, v7], then in order */
+    const __m256 r = _mm256_add_ps(_mm256_shuffle_ps(u0, u1, 0x88), _mm256_shuffle_ps(u0, u1, 0xDD));
+    return _mm256_permutevar8x32_ps(r, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+}
+
 QG_AVX2 static void rms_sumsq_avx2(const float *x, int64_t n, float *lanes) {
     __m256 acc = _mm256_setzero_ps();
     for (int64_t i = 0; i < n; i += 8) {
@@ -183,6 +218,18 @@ QG_AVX2 static inline __attribute__((always_inline)) void dot_fused_avx2(int fmt
             b[t] = _mm256_fmadd_ps(w3, _mm256_loadu_ps(xt + 24), b[t]);
         }
     }
+    if (use_tree_sums && T == 4) {
+        _mm_storeu_ps(res, hsum4_avx2(_mm256_add_ps(a[0], b[0]), _mm256_add_ps(a[1], b[1]), _mm256_add_ps(a[2], b[2]),
+                                      _mm256_add_ps(a[3], b[3])));
+        return;
+    }
+    if (use_tree_sums && T == 3) { /* the third sum twice in the tree's fourth lane */
+        const __m256 s2 = _mm256_add_ps(a[T > 2 ? 2 : 0], b[T > 2 ? 2 : 0]);
+        float four[4];
+        _mm_storeu_ps(four, hsum4_avx2(_mm256_add_ps(a[0], b[0]), _mm256_add_ps(a[T > 1 ? 1 : 0], b[T > 1 ? 1 : 0]), s2, s2));
+        for (int t = 0; t < 3; t++) res[t] = four[t];
+        return;
+    }
     for (int t = 0; t < T; t++) res[t] = hsum_avx2(a[t], b[t]);
 }
 
@@ -245,6 +292,12 @@ QG_AVX2 static inline __attribute__((always_inline)) void dot_wide_avx2(const in
                 for (int t = 0; t < WIDE_ROWS; t++) b[t] = _mm256_fmadd_ps(w, XROW(xr[t], o + 32 * k), b[t]);
         }
     }
+    if (use_tree_sums) {
+        _mm_storeu_ps(res, hsum4_avx2(_mm256_add_ps(a[0], b[0]), _mm256_add_ps(a[1], b[1]), _mm256_add_ps(a[2], b[2]),
+                                      _mm256_add_ps(a[3], b[3])));
+        res[4] = hsum_avx2(a[4], b[4]);
+        return;
+    }
     for (int t = 0; t < WIDE_ROWS; t++) res[t] = hsum_avx2(a[t], b[t]);
 }
 
@@ -281,14 +334,33 @@ QG_AVX2 static inline __attribute__((always_inline)) void dot_pair_tile_avx2(con
             }
         }
     }
+    if (use_tree_sums) { /* res[c * T + t] */
+        _mm_storeu_ps(res, hsum4_avx2(_mm256_add_ps(a[0][0], b[0][0]), _mm256_add_ps(a[0][1], b[0][1]),
+                                      _mm256_add_ps(a[1][0], b[1][0]), _mm256_add_ps(a[1][1], b[1][1])));
+        return;
+    }
     for (int c = 0; c < 2; c++)
         for (int t = 0; t < T; t++) res[c * T + t] = hsum_avx2(a[c][t], b[c][t]);
 }
 
+/* NAME: one pair of weight rows; NAME##_span (the `pair_spans` switch): `pairs` pairs in a row,
+ * each output written (to out[r, 2 p + c], plus base when given) inside the format's own loop,
+ * so a chunk makes one call instead of one a pair (the same tiles and values) */
 #define DEFINE_PAIR_TILES(NAME, FMT) \
 QG_AVX2 static void NAME(const uint8_t *q, int64_t q_row, const float *d, const float *m, int64_t s_row, int64_t nb, \
                          const float *x, int64_t xs, float *res) { \
     dot_pair_tile_avx2(FMT, q, q_row, d, m, s_row, nb, x, xs, res); \
+} \
+QG_AVX2 static void NAME##_span(const uint8_t *q, int64_t q_row, const float *d, const float *m, int64_t s_row, \
+                                int64_t nb, const float *x, int64_t xs, int64_t pairs, float *out, int64_t os, \
+                                const float *base) { \
+    for (int64_t p = 0; p < pairs; p++) { \
+        float res[4]; \
+        dot_pair_tile_avx2(FMT, q + 2 * p * q_row, q_row, d + 2 * p * s_row, m + 2 * p * s_row, s_row, nb, x, xs, res); \
+        for (int c = 0; c < 2; c++) \
+            for (int r = 0; r < 2; r++) \
+                out[r * os + 2 * p + c] = base != NULL ? base[r * os + 2 * p + c] + res[2 * c + r] : res[2 * c + r]; \
+    } \
 }
 DEFINE_PAIR_TILES(pair_tiles_q4_avx2, 4)
 DEFINE_PAIR_TILES(pair_tiles_q8_avx2, 8)
@@ -311,6 +383,108 @@ DEFINE_FUSED_TILES(dots_fused_q4_avx2, 4)
 DEFINE_FUSED_TILES(dots_fused_q8_avx2, 8)
 DEFINE_FUSED_TILES(dots_fused_q16_avx2, 16)
 DEFINE_FUSED_TILES(dots_fused_f32_avx2, 32)
+
+/* the `tile_spans` switch: `count` weight rows in a row against R rows of x in tiles of at most
+ * `most` rows (near-equal, as gemm_chunk splits them), each output written (out[r, n], plus base
+ * when given) inside the format's own loop: one call a chunk instead of one a tile, the same
+ * tiles and values; res holds R */
+#define DEFINE_TILE_SPANS(NAME, FMT) \
+QG_AVX2 static void NAME(const uint8_t *q, int64_t q_row, const float *d, const float *m, int64_t s_row, int64_t nb, \
+                         const float *x, int64_t xs, int64_t R, int64_t most, int64_t count, float *out, int64_t os, \
+                         const float *base, float *res) { \
+    const int64_t tiles = (R + most - 1) / most; \
+    for (int64_t n = 0; n < count; n++) { \
+        const uint8_t *qn = q + n * q_row; \
+        const float *dn = d + n * s_row, *mn = m + n * s_row; \
+        for (int64_t i = 0, r = 0; i < tiles; i++) { \
+            const int64_t rows = R / tiles + (i < R % tiles); \
+            const float *xt = x + r * xs; \
+            switch (rows) { \
+                case WIDE_ROWS: dot_wide_avx2(FMT, qn, dn, mn, nb, xt, xs, res + r); break; \
+                case 4: dot_fused_avx2(FMT, qn, dn, mn, nb, xt, xs, 4, res + r); break; \
+                case 3: dot_fused_avx2(FMT, qn, dn, mn, nb, xt, xs, 3, res + r); break; \
+                case 2: dot_fused_avx2(FMT, qn, dn, mn, nb, xt, xs, 2, res + r); break; \
+                default: dot_fused_avx2(FMT, qn, dn, mn, nb, xt, xs, 1, res + r); break; \
+            } \
+            r += rows; \
+        } \
+        for (int64_t r = 0; r < R; r++) out[r * os + n] = base != NULL ? base[r * os + n] + res[r] : res[r]; \
+    } \
+}
+DEFINE_TILE_SPANS(tile_spans_q4_avx2, 4)
+DEFINE_TILE_SPANS(tile_spans_q8_avx2, 8)
+DEFINE_TILE_SPANS(tile_spans_q16_avx2, 16)
+DEFINE_TILE_SPANS(tile_spans_f32_avx2, 32)
+
+/* the same for a call of exactly T rows (one tile), T a constant: no row-count switch inside the
+ * loop over weight rows (the generic span above measured 2-4% slower than one call a tile for 3
+ * and 4 rows, this one 12-20% faster) */
+#define DEFINE_FIXED_SPANS(NAME, FMT, T) \
+QG_AVX2 static void NAME(const uint8_t *q, int64_t q_row, const float *d, const float *m, int64_t s_row, int64_t nb, \
+                         const float *x, int64_t xs, int64_t count, float *out, int64_t os, const float *base) { \
+    for (int64_t n = 0; n < count; n++) { \
+        float res[T]; \
+        if (T == WIDE_ROWS) dot_wide_avx2(FMT, q + n * q_row, d + n * s_row, m + n * s_row, nb, x, xs, res); \
+        else dot_fused_avx2(FMT, q + n * q_row, d + n * s_row, m + n * s_row, nb, x, xs, T < 4 ? T : 4, res); \
+        for (int64_t r = 0; r < T; r++) out[r * os + n] = base != NULL ? base[r * os + n] + res[r] : res[r]; \
+    } \
+}
+#define DEFINE_FIXED_SPANS_FMT(SUFFIX, FMT) \
+DEFINE_FIXED_SPANS(span3_##SUFFIX, FMT, 3) \
+DEFINE_FIXED_SPANS(span4_##SUFFIX, FMT, 4) \
+DEFINE_FIXED_SPANS(span5_##SUFFIX, FMT, WIDE_ROWS)
+DEFINE_FIXED_SPANS_FMT(q4_avx2, 4)
+DEFINE_FIXED_SPANS_FMT(q8_avx2, 8)
+DEFINE_FIXED_SPANS_FMT(q16_avx2, 16)
+DEFINE_FIXED_SPANS_FMT(f32_avx2, 32)
+
+/* two tiles of T1 and T2 rows (near-equal, as gemm_chunk splits 6-10 rows with wide tiles), both
+ * constants */
+#define FIXED_TILE(FMT, T, q, d, m, nb, x, xs, res) \
+    do { \
+        if ((T) == WIDE_ROWS) dot_wide_avx2(FMT, q, d, m, nb, x, xs, res); \
+        else dot_fused_avx2(FMT, q, d, m, nb, x, xs, (T) < 4 ? (T) : 4, res); \
+    } while (0)
+#define DEFINE_FIXED2_SPANS(NAME, FMT, T1, T2) \
+QG_AVX2 static void NAME(const uint8_t *q, int64_t q_row, const float *d, const float *m, int64_t s_row, int64_t nb, \
+                         const float *x, int64_t xs, int64_t count, float *out, int64_t os, const float *base) { \
+    for (int64_t n = 0; n < count; n++) { \
+        float res[(T1) + (T2)]; \
+        FIXED_TILE(FMT, T1, q + n * q_row, d + n * s_row, m + n * s_row, nb, x, xs, res); \
+        FIXED_TILE(FMT, T2, q + n * q_row, d + n * s_row, m + n * s_row, nb, x + (T1) * xs, xs, res + (T1)); \
+        for (int64_t r = 0; r < (T1) + (T2); r++) out[r * os + n] = base != NULL ? base[r * os + n] + res[r] : res[r]; \
+    } \
+}
+#define DEFINE_FIXED2_SPANS_FMT(SUFFIX, FMT) \
+DEFINE_FIXED2_SPANS(span6_##SUFFIX, FMT, 3, 3) \
+DEFINE_FIXED2_SPANS(span7_##SUFFIX, FMT, 4, 3) \
+DEFINE_FIXED2_SPANS(span8_##SUFFIX, FMT, 4, 4) \
+DEFINE_FIXED2_SPANS(span9_##SUFFIX, FMT, WIDE_ROWS, 4) \
+DEFINE_FIXED2_SPANS(span10_##SUFFIX, FMT, WIDE_ROWS, WIDE_ROWS)
+DEFINE_FIXED2_SPANS_FMT(q4_avx2, 4)
+DEFINE_FIXED2_SPANS_FMT(q8_avx2, 8)
+DEFINE_FIXED2_SPANS_FMT(q16_avx2, 16)
+DEFINE_FIXED2_SPANS_FMT(f32_avx2, 32)
+
+typedef void (*FixedSpan)(const uint8_t *, int64_t, const float *, const float *, int64_t, int64_t, const float *,
+                          int64_t, int64_t, float *, int64_t, const float *);
+/* the fixed span for fmt and R rows in tiles of at most `most` rows: one tile of 3, 4 or WIDE_ROWS
+ * rows, or two near-equal tiles of 6-10 rows (6-8 whatever `most`, 9-10 only with wide tiles, as
+ * gemm_chunk would split them); NULL otherwise */
+static FixedSpan fixed_span(int fmt, int64_t R, int64_t most) {
+    static const FixedSpan spans[4][8] = {
+        {span3_q4_avx2, span4_q4_avx2, span5_q4_avx2, span6_q4_avx2, span7_q4_avx2, span8_q4_avx2, span9_q4_avx2,
+         span10_q4_avx2},
+        {span3_q8_avx2, span4_q8_avx2, span5_q8_avx2, span6_q8_avx2, span7_q8_avx2, span8_q8_avx2, span9_q8_avx2,
+         span10_q8_avx2},
+        {span3_q16_avx2, span4_q16_avx2, span5_q16_avx2, span6_q16_avx2, span7_q16_avx2, span8_q16_avx2,
+         span9_q16_avx2, span10_q16_avx2},
+        {span3_f32_avx2, span4_f32_avx2, span5_f32_avx2, span6_f32_avx2, span7_f32_avx2, span8_f32_avx2,
+         span9_f32_avx2, span10_f32_avx2},
+    };
+    if (R < 3 || R > 2 * most || R > 2 * WIDE_ROWS || (R > most && R <= WIDE_ROWS)) return NULL;
+    return spans[fmt == 4 ? 0 : fmt == 8 ? 1 : fmt == 16 ? 2 : 3][R - 3];
+}
 
 /* a lone row of x (a decode) against weight rows n and n + 1 (formats 4 and 8): each output's
  * accumulators and order exactly the tile's with T = 1, but two rows' chains of fused
@@ -344,8 +518,10 @@ QG_AVX2 static void dot_pair_q4_avx2(const uint8_t *q, int64_t q_row, const floa
 
 /* a lone row of x against 4-bit weight rows n .. n + 3: eight chains in flight; each output's
  * accumulators and order are the tile's with T = 1 */
-QG_AVX2 static void dot_quad_q4_avx2(const uint8_t *q, int64_t q_row, const float *d, const float *m, int64_t s_row,
-                                     int64_t nb, const float *x, float *res) {
+QG_AVX2 static inline __attribute__((always_inline)) void dot_quad_q4_body(const uint8_t *q, int64_t q_row,
+                                                                            const float *d, const float *m,
+                                                                            int64_t s_row, int64_t nb, const float *x,
+                                                                            float *res) {
     __m256 a[4], b[4];
     for (int c = 0; c < 4; c++) a[c] = b[c] = _mm256_setzero_ps();
     const __m256i low4 = _mm256_set1_epi32(0x0F);
@@ -367,12 +543,45 @@ QG_AVX2 static void dot_quad_q4_avx2(const uint8_t *q, int64_t q_row, const floa
                                    _mm256_loadu_ps(xb + 24), b[c]);
         }
     }
+    if (use_tree_sums) {
+        _mm_storeu_ps(res, hsum4_avx2(_mm256_add_ps(a[0], b[0]), _mm256_add_ps(a[1], b[1]), _mm256_add_ps(a[2], b[2]),
+                                      _mm256_add_ps(a[3], b[3])));
+        return;
+    }
     for (int c = 0; c < 4; c++) res[c] = hsum_avx2(a[c], b[c]);
+}
+
+QG_AVX2 static void dot_quad_q4_avx2(const uint8_t *q, int64_t q_row, const float *d, const float *m, int64_t s_row,
+                                     int64_t nb, const float *x, float *res) {
+    dot_quad_q4_body(q, q_row, d, m, s_row, nb, x, res);
 }
 
 QG_AVX2 static void dot_pair_q8_avx2(const uint8_t *q, int64_t q_row, const float *d, const float *m, int64_t s_row,
                                      int64_t nb, const float *x, float *res) {
     dot_pair_avx2(8, q, q_row, d, m, s_row, nb, x, res);
+}
+
+/* a decode row against `groups` groups of G weight rows in a row (the `decode_spans` switch:
+ * 4-bit quads, format 8 pairs), each output written (out[G g + c], plus base when given) inside
+ * the format's own loop: one call a chunk instead of one a group, the same values */
+QG_AVX2 static void dot_quad_q4_span_avx2(const uint8_t *q, int64_t q_row, const float *d, const float *m,
+                                          int64_t s_row, int64_t nb, const float *x, int64_t groups, float *out,
+                                          const float *base) {
+    for (int64_t g = 0; g < groups; g++) {
+        float res[4];
+        dot_quad_q4_body(q + 4 * g * q_row, q_row, d + 4 * g * s_row, m + 4 * g * s_row, s_row, nb, x, res);
+        for (int c = 0; c < 4; c++) out[4 * g + c] = base != NULL ? base[4 * g + c] + res[c] : res[c];
+    }
+}
+
+QG_AVX2 static void dot_pair_q8_span_avx2(const uint8_t *q, int64_t q_row, const float *d, const float *m,
+                                          int64_t s_row, int64_t nb, const float *x, int64_t groups, float *out,
+                                          const float *base) {
+    for (int64_t g = 0; g < groups; g++) {
+        float res[2];
+        dot_pair_avx2(8, q + 2 * g * q_row, q_row, d + 2 * g * s_row, m + 2 * g * s_row, s_row, nb, x, res);
+        for (int c = 0; c < 2; c++) out[2 * g + c] = base != NULL ? base[2 * g + c] + res[c] : res[c];
+    }
 }
 
 QG_AVX2 static void dots_fused_avx2(int fmt, const uint8_t *q, const float *d, const float *m, int64_t nb,
@@ -417,6 +626,9 @@ static int use_wide_attn = 1; /* 0: a query's scores 4 keys, its V sums 32 value
 static int use_wide_tiles = 1; /* 0: verify rows in tiles of at most FUSED_ROWS, never WIDE_ROWS (A/B, tests) */
 static int use_pair_tiles = 1; /* 0: 2 rows of x meet one weight row at a time, not two (A/B, tests) */
 static int use_key_segments = 1; /* 0: attention in chunks of query heads over all keys, as before (A/B, tests) */
+static int use_pair_spans = 1; /* 0: a 2-row call's pair tiles one call a pair of weight rows (A/B, tests) */
+static int use_decode_spans = 1; /* 0: a decode row's quads / pairs one call a group of weight rows (A/B, tests) */
+static int use_tile_spans = 1; /* 0: 3+ rows' tiles one call a tile, not a chunk's weight rows in one (A/B, tests) */
 
 static inline int simd_on(void) { return use_simd != 0 && have_avx2(); }
 
@@ -1168,6 +1380,14 @@ static void gemm_chunk(void *arg, int64_t c) {
         const uint8_t *q = W->q + n * nb * bb;
         const float *d = W->d + n * ns, *m = W->m + n * ns;
 #ifdef QG_X86
+        if (simd && use_pairs && use_decode_spans && R == 1 && (W->fmt == 4 ? n + 3 < n1 : W->fmt == 8 && n + 1 < n1)) {
+            const int64_t group = W->fmt == 4 ? 4 : 2, groups = (n1 - n) / group; /* a decode row: every group */
+            const float *bs = J->base != NULL ? J->base + n : NULL;
+            if (W->fmt == 4) dot_quad_q4_span_avx2(q, nb * bb, d, m, ns, nb, J->x, groups, J->out + n, bs);
+            else dot_pair_q8_span_avx2(q, nb * bb, d, m, ns, nb, J->x, groups, J->out + n, bs);
+            n += group * groups - 1; /* the rows left over go on below */
+            continue;
+        }
         if (simd && use_pairs && R == 1 && W->fmt == 4 && n + 3 < n1) { /* a decode row, four weight rows */
             dot_quad_q4_avx2(q, nb * bb, d, m, ns, nb, J->x, res);
             for (int c = 0; c < 4; c++, n++) J->out[n] = J->base != NULL ? J->base[n] + res[c] : res[c];
@@ -1181,6 +1401,19 @@ static void gemm_chunk(void *arg, int64_t c) {
             n--;
             continue;
         }
+        if (simd && use_pair_tiles && use_pair_spans && R == 2 && n + 1 < n1) { /* every pair of the chunk */
+            const int64_t pairs = (n1 - n) / 2;
+            float *o = J->out + n;
+            const float *bs = J->base != NULL ? J->base + n : NULL;
+            switch (W->fmt) {
+                case 4: pair_tiles_q4_avx2_span(q, nb * bb, d, m, ns, nb, J->x, J->xs, pairs, o, J->os, bs); break;
+                case 8: pair_tiles_q8_avx2_span(q, nb * bb, d, m, ns, nb, J->x, J->xs, pairs, o, J->os, bs); break;
+                case 16: pair_tiles_q16_avx2_span(q, nb * bb, d, m, ns, nb, J->x, J->xs, pairs, o, J->os, bs); break;
+                default: pair_tiles_f32_avx2_span(q, nb * bb, d, m, ns, nb, J->x, J->xs, pairs, o, J->os, bs); break;
+            }
+            n += 2 * pairs - 1; /* a last unpaired weight row goes on below */
+            continue;
+        }
         if (simd && use_pair_tiles && R == 2 && n + 1 < n1) { /* two rows of x, two weight rows */
             pair_tiles_avx2(W->fmt, q, nb * bb, d, m, ns, nb, J->x, J->xs, res);
             for (int c = 0; c < 2; c++, n++)
@@ -1188,6 +1421,24 @@ static void gemm_chunk(void *arg, int64_t c) {
                     J->out[r * J->os + n] = J->base != NULL ? J->base[r * J->os + n] + res[2 * c + r] : res[2 * c + r];
             n--;
             continue;
+        }
+        const FixedSpan span = simd && use_tile_spans ? fixed_span(W->fmt, R, use_wide_tiles ? WIDE_ROWS : FUSED_ROWS)
+                                                      : NULL;
+        if (span != NULL) { /* one tile of 3-5 rows: every weight row left in the chunk, in one call */
+            span(q, nb * bb, d, m, ns, nb, J->x, J->xs, n1 - n, J->out + n, J->os, J->base != NULL ? J->base + n : NULL);
+            break;
+        }
+        if (simd && use_tile_spans && R > WIDE_ROWS) { /* several tiles: every weight row left, one call */
+            const int64_t most = use_wide_tiles ? WIDE_ROWS : FUSED_ROWS, count = n1 - n;
+            const float *bs = J->base != NULL ? J->base + n : NULL;
+            float *o = J->out + n;
+            switch (W->fmt) {
+                case 4: tile_spans_q4_avx2(q, nb * bb, d, m, ns, nb, J->x, J->xs, R, most, count, o, J->os, bs, res); break;
+                case 8: tile_spans_q8_avx2(q, nb * bb, d, m, ns, nb, J->x, J->xs, R, most, count, o, J->os, bs, res); break;
+                case 16: tile_spans_q16_avx2(q, nb * bb, d, m, ns, nb, J->x, J->xs, R, most, count, o, J->os, bs, res); break;
+                default: tile_spans_f32_avx2(q, nb * bb, d, m, ns, nb, J->x, J->xs, R, most, count, o, J->os, bs, res); break;
+            }
+            break;
         }
         if (simd) {
             /* re-unpacking the row per tile beats one unpack into a buffer shared by all
@@ -1423,7 +1674,10 @@ QG_AVX2 static inline void scores_avx2(const float *qv, const float *kg, int64_t
             const __m256 q = _mm256_loadu_ps(qv + i);
             for (int t = 0; t < 8; t++) a[t] = _mm256_fmadd_ps(q, _mm256_loadu_ps(k0 + t * hd + i), a[t]);
         }
-        for (int t = 0; t < 8; t++) scores[j + t] = hsum_avx2(a[t], z);
+        if (use_tree_sums)
+            _mm256_storeu_ps(scores + j, hsum8_avx2(a));
+        else
+            for (int t = 0; t < 8; t++) scores[j + t] = hsum_avx2(a[t], z);
     }
     for (; j + 4 <= j1; j += 4) {
         const float *k0 = kg + j * hd;
@@ -1434,6 +1688,10 @@ QG_AVX2 static inline void scores_avx2(const float *qv, const float *kg, int64_t
             a1 = _mm256_fmadd_ps(q, _mm256_loadu_ps(k0 + hd + i), a1);
             a2 = _mm256_fmadd_ps(q, _mm256_loadu_ps(k0 + 2 * hd + i), a2);
             a3 = _mm256_fmadd_ps(q, _mm256_loadu_ps(k0 + 3 * hd + i), a3);
+        }
+        if (use_tree_sums) {
+            _mm_storeu_ps(scores + j, hsum4_avx2(a0, a1, a2, a3));
+            continue;
         }
         scores[j] = hsum_avx2(a0, z);
         scores[j + 1] = hsum_avx2(a1, z);
@@ -1499,6 +1757,13 @@ QG_AVX2 static inline void scores2_avx2(const float *qa, const float *qb, const 
             k = _mm256_loadu_ps(k0 + 3 * hd + i);
             a3 = _mm256_fmadd_ps(x, k, a3);
             b3 = _mm256_fmadd_ps(y, k, b3);
+        }
+        if (use_tree_sums) {
+            const __m256 v[8] = {a0, a1, a2, a3, b0, b1, b2, b3};
+            const __m256 r = hsum8_avx2(v);
+            _mm_storeu_ps(sa + j, _mm256_castps256_ps128(r));
+            _mm_storeu_ps(sb + j, _mm256_extractf128_ps(r, 1));
+            continue;
         }
         sa[j] = hsum_avx2(a0, z), sa[j + 1] = hsum_avx2(a1, z);
         sa[j + 2] = hsum_avx2(a2, z), sa[j + 3] = hsum_avx2(a3, z);
@@ -2363,6 +2628,10 @@ DEFINE_SWITCH(pairs, use_pairs)
 DEFINE_SWITCH(wide_tiles, use_wide_tiles)
 DEFINE_SWITCH(pair_tiles, use_pair_tiles)
 DEFINE_SWITCH(key_segments, use_key_segments)
+DEFINE_SWITCH(tree_sums, use_tree_sums)
+DEFINE_SWITCH(pair_spans, use_pair_spans)
+DEFINE_SWITCH(decode_spans, use_decode_spans)
+DEFINE_SWITCH(tile_spans, use_tile_spans)
 
 static PyObject *py_info(PyObject *self, PyObject *noargs) {
     const char *int8 = "scalar";
@@ -2672,19 +2941,77 @@ static void embed_rows(const QWeight *E, const long long *ids, int64_t rows, flo
     }
 }
 
-/* model_step(stack, ids, embed, x, past, k, v, cap, rope_table, threads, int8, head):
+/* model_step(stack, ids, embed, x, past, k, v, cap, rope_table, threads, int8, head[, taps]):
  *   x[rows, H] = the embedding rows of ids (a sequence of ints in [0, embed's N)); blocks
  *   0..n_layers-1 on x in place (layers_forward); then head, when not None: a tuple
  *   (norm_w, eps, lanes, normed, first, lm_head, logits): normed[rows - first, H] =
  *   rms_norm_torch(x[first:]), logits[rows - first, V] = normed @ lm_head^T. embed and lm_head
- *   are (fmt, q, d, m, N, K). */
+ *   are (fmt, q, d, m, N, K). taps, when given and not None: (layers, out), a drafter's feature
+ *   taps: out[rows, len(layers) H] receives the residual rows entering each of those layers
+ *   (tap i in columns i H .. (i + 1) H; layer n_layers is the residual after the last block);
+ *   the blocks then run in stretches between the tapped layers, as the Python path's
+ *   layers_forward calls do (a block's values do not depend on where a stretch starts). */
+#define MAX_TAPS 64
+typedef struct {
+    int n;
+    long long layer[MAX_TAPS];
+    float *out;
+} Taps;
+
+static int parse_taps(PyObject *obj, int64_t n_layers, Taps *T) {
+    T->n = 0;
+    T->out = NULL;
+    if (obj == Py_None) return 1;
+    PyObject *layers;
+    unsigned long long out;
+    if (!PyArg_ParseTuple(obj, "OK", &layers, &out)) return 0;
+    PyObject *seq = PySequence_Fast(layers, "model_step: taps must be a sequence of layer ids");
+    if (seq == NULL) return 0;
+    const Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
+    int ok = n >= 1 && n <= MAX_TAPS && out != 0;
+    for (Py_ssize_t i = 0; ok && i < n; i++) {
+        T->layer[i] = PyLong_AsLongLong(PySequence_Fast_GET_ITEM(seq, i));
+        if (T->layer[i] == -1 && PyErr_Occurred()) {
+            Py_DECREF(seq);
+            return 0;
+        }
+        ok = T->layer[i] >= 0 && T->layer[i] <= n_layers;
+    }
+    Py_DECREF(seq);
+    if (!ok) {
+        PyErr_SetString(PyExc_ValueError, "bad model_step taps");
+        return 0;
+    }
+    T->n = (int)n;
+    T->out = (float *)(uintptr_t)out;
+    return 1;
+}
+
+static int stack_forward_tapped(const LayerStack *S, float *x, int64_t rows, int64_t past, float *kc, float *vc,
+                                int64_t cap, const float *table, int threads, int int8, const Taps *T) {
+    int64_t start = 0;
+    for (;;) {
+        for (int i = 0; i < T->n; i++)
+            if (T->layer[i] == start)
+                for (int64_t r = 0; r < rows; r++)
+                    memcpy(T->out + (r * T->n + i) * S->H, x + r * S->H, sizeof(float) * (size_t)S->H);
+        if (start == S->n_layers) return 0;
+        int64_t stop = S->n_layers; /* the next tapped layer after start */
+        for (int i = 0; i < T->n; i++)
+            if (T->layer[i] > start && T->layer[i] < stop) stop = T->layer[i];
+        const int rc = stack_forward(S, start, stop, x, rows, past, kc, vc, cap, table, threads, int8);
+        if (rc != 0) return rc;
+        start = stop;
+    }
+}
+
 static PyObject *py_model_step(PyObject *self, PyObject *args) {
-    PyObject *capsule, *ids_obj, *embed_obj, *head;
+    PyObject *capsule, *ids_obj, *embed_obj, *head, *taps_obj = Py_None;
     long long past, cap;
     unsigned long long x, k, v, table;
     int threads, int8, rc;
-    if (!PyArg_ParseTuple(args, "OOOKLKKLKipO", &capsule, &ids_obj, &embed_obj, &x, &past, &k, &v, &cap, &table,
-                          &threads, &int8, &head))
+    if (!PyArg_ParseTuple(args, "OOOKLKKLKipO|O", &capsule, &ids_obj, &embed_obj, &x, &past, &k, &v, &cap, &table,
+                          &threads, &int8, &head, &taps_obj))
         return NULL;
     const LayerStack *S = (const LayerStack *)PyCapsule_GetPointer(capsule, "tsspec.LayerStack");
     if (S == NULL) return NULL;
@@ -2694,6 +3021,8 @@ static PyObject *py_model_step(PyObject *self, PyObject *args) {
         PyErr_SetString(PyExc_ValueError, "the embedding's rows are not the stack's width");
         return NULL;
     }
+    Taps T;
+    if (!parse_taps(taps_obj, S->n_layers, &T)) return NULL;
     PyObject *seq = PySequence_Fast(ids_obj, "model_step: ids must be a sequence of ints");
     if (seq == NULL) return NULL;
     const Py_ssize_t rows = PySequence_Fast_GET_SIZE(seq);
@@ -2737,8 +3066,8 @@ static PyObject *py_model_step(PyObject *self, PyObject *args) {
     float *xs = (float *)(uintptr_t)x;
     Py_BEGIN_ALLOW_THREADS
     embed_rows(&E, ids, rows, xs);
-    rc = stack_forward(S, 0, S->n_layers, xs, rows, past, (float *)(uintptr_t)k, (float *)(uintptr_t)v, cap,
-                       (const float *)(uintptr_t)table, threads, int8);
+    rc = stack_forward_tapped(S, xs, rows, past, (float *)(uintptr_t)k, (float *)(uintptr_t)v, cap,
+                              (const float *)(uintptr_t)table, threads, int8, &T);
     if (rc == 0 && head != Py_None) {
         float *hn = (float *)(uintptr_t)normed;
         const int64_t kept = rows - first;
@@ -2774,6 +3103,14 @@ static PyMethodDef methods[] = {
      "False: verify rows in tiles of at most 4 rows, never 5 (A/B runs, tests)"},
     {"set_pair_tiles", py_set_pair_tiles, METH_VARARGS,
      "False: 2 rows of x meet one weight row at a time, not two (A/B runs, tests)"},
+    {"set_tile_spans", py_set_tile_spans, METH_VARARGS,
+     "False: 3+ rows' tiles one call a tile, not a chunk's weight rows in one (A/B runs, tests)"},
+    {"set_decode_spans", py_set_decode_spans, METH_VARARGS,
+     "False: a decode row's weight-row quads / pairs one call a group, not a chunk's groups in one (A/B runs, tests)"},
+    {"set_pair_spans", py_set_pair_spans, METH_VARARGS,
+     "False: a 2-row call's pair tiles one call a pair of weight rows, not a chunk's pairs in one (A/B runs, tests)"},
+    {"set_tree_sums", py_set_tree_sums, METH_VARARGS,
+     "False: every horizontal sum of a gemm tile or attention score on its own, not 4 or 8 at once (A/B runs, tests)"},
     {"set_key_segments", py_set_key_segments, METH_VARARGS,
      "False: attention in chunks of query heads over all keys, not of key segments (A/B runs, tests)"},
     {"set_guided", py_set_guided, METH_VARARGS,

@@ -21,6 +21,7 @@ from .options import SpeculationOptions
 from .registry import Decline
 from .sampling import Sampler, SamplingParams
 from .stats import SpecStats
+from .text_stream import TextStream
 from .trunk import LinearSpecTrunk
 
 log = logging.getLogger("tsspec.generation")
@@ -153,63 +154,6 @@ def _plugin_label(target, options: SpeculationOptions, registry, name: str | Non
     return f"{name} (plugin {entry.plugin})" if entry is not None and entry.plugin else name
 
 
-class _TextStream:
-    """Incremental detokenisation with stop strings.
-
-    Text that could be the beginning of a stop string is held back until the next token shows
-    whether it is one: released text can never be taken back, so a stop string that spans
-    tokens must not have its first half streamed. ``finish`` releases what is still held when
-    generation ends for another reason. Streamed pieces therefore always add up to ``text``.
-    """
-
-    def __init__(self, tokenizer, stop: Sequence[str]):
-        self.tokenizer = tokenizer
-        self.stop = [s for s in stop if s]
-        self.ids: list[int] = []
-        self.text = ""  # text released so far
-        self.stopped = False
-
-    def _cut(self, full: str) -> str:
-        for s in self.stop:
-            at = full.find(s)
-            if at >= 0:
-                full = full[:at]
-                self.stopped = True
-        return full
-
-    def _held(self, full: str) -> int:
-        """Length of the longest tail of ``full`` that is a proper prefix of a stop string."""
-        longest = 0
-        for s in self.stop:
-            for k in range(min(len(s) - 1, len(full)), longest, -1):
-                if full.endswith(s[:k]):
-                    longest = k
-                    break
-        return longest
-
-    def _release(self, upto: str) -> str:
-        piece = upto[len(self.text):] if upto.startswith(self.text) else upto
-        self.text = upto
-        return piece
-
-    def push(self, token: int) -> str:
-        """Add a token; return the newly released text piece."""
-        if self.tokenizer is None:
-            return ""
-        self.ids.append(token)
-        full = self.tokenizer.decode(self.ids, skip_special_tokens=True)
-        if full.endswith("\ufffd"):
-            return ""  # an incomplete UTF-8 sequence: wait for the next token
-        full = self._cut(full)
-        return self._release(full if self.stopped else full[: len(full) - self._held(full)])
-
-    def finish(self) -> str:
-        """Generation ended: release what is still held back (nothing after a stop string)."""
-        if self.tokenizer is None or self.stopped or not self.ids:
-            return ""
-        return self._release(self._cut(self.tokenizer.decode(self.ids, skip_special_tokens=True)))
-
-
 def generate(
     target,
     prompt: str | Sequence[int],
@@ -289,7 +233,7 @@ def generate(
         arm_after_reuse=arm_after_reuse,
         **({"clock": clock} if clock is not None else {}),
     )
-    stream = _TextStream(tokenizer, stop)
+    stream = TextStream(tokenizer, stop)
     streaming = on_token is not None or bool(stream.stop)
 
     def _on_token(tok: int) -> bool:

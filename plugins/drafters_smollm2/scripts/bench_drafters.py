@@ -7,18 +7,28 @@ the same loaded model, checks the output is identical to plain, and records deco
 speed-up is the median of the per-pair ratios. Acceptance: tokens per verify and, per draft
 position k, the share of proposals whose k-th token landed.
 
+Options: the speculation environment the ``tsspec`` CLI reads (``TS_SPEC_ADAPTIVE``,
+``TS_SPEC_DRAFT``, ``TS_SPEC_PMIN``, ``TS_SPEC_DRAFT_MODEL`` / ``TS_SPEC_DRAFTER``, and their
+``TS_MTP_*`` spellings) applies to every algorithm, as it would to ``tsspec generate``; this
+script's flags win over it, as the CLI's flags do. Two CLI options are the script's own to set:
+the algorithm (``--algorithms``; ``TS_SPEC_TYPE`` is ignored) and speculation being on (each
+algorithm is paired with plain decoding; ``TS_SPEC=0`` is ignored).
+
     python plugins/drafters_smollm2/scripts/bench_drafters.py --reps 2 --markdown FIGURES.md
+    TS_SPEC_ADAPTIVE=0 python plugins/drafters_smollm2/scripts/bench_drafters.py --algorithms draft-head
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import sys
 import time
 from importlib import resources
 
+from tsspec.errors import TsspecError
 from tsspec.modeling.embedded import embedded_model_path
 from tsspec.runtime.defaults import default_catalog
 from tsspec.runtime.generation import generate
@@ -44,8 +54,21 @@ def bench_prompts(classes: list[str], held_out: int) -> list[dict]:
     return rows
 
 
-def main(argv=None) -> int:
-    ap = argparse.ArgumentParser()
+def algorithm_options(algo: str, args: argparse.Namespace, environ=None) -> SpeculationOptions:
+    """The options ``tsspec generate --spec-type <algo>`` would run with under ``environ`` (default
+    os.environ) and this script's flags: the flags win over the environment, --pmin / --draft
+    apply to draft-head only. OptionsError for a bad value in either."""
+    cli = {"enabled": True, "spec_type": algo, "adaptive": args.spec_adaptive}
+    if algo == "draft-head":
+        cli.update(pmin=args.pmin, draft=args.draft)
+    return SpeculationOptions.resolve(cli=cli, env=os.environ if environ is None else environ)
+
+
+def parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], epilog=(
+        "The CLI's speculation environment (TS_SPEC_ADAPTIVE, TS_SPEC_DRAFT, TS_SPEC_PMIN, TS_SPEC_DRAFT_MODEL...) "
+        "applies to every algorithm; the flags here win over it. TS_SPEC_TYPE and TS_SPEC=0 are ignored: "
+        "--algorithms names what runs, each paired with plain decoding."))
     ap.add_argument("--classes", default="chat,prose,math,qa,code-edit")
     ap.add_argument("--held-out", type=int, default=2)
     ap.add_argument("--algorithms", default="draft-head,ngram,auto")
@@ -53,18 +76,33 @@ def main(argv=None) -> int:
     ap.add_argument("--max-tokens", type=int, default=0, help="cap per prompt (0: the prompt's own)")
     ap.add_argument("--pmin", type=float, default=None, help="draft-head: --spec-pmin (default: the file's recommendation)")
     ap.add_argument("--draft", type=int, default=None, help="draft-head: --spec-draft (default: the file's recommendation)")
+    ap.add_argument("--spec-adaptive", action=argparse.BooleanOptionalAction, default=None,
+                    help="the cost governor on/off for every algorithm, as the CLI's flag (default: TS_SPEC_ADAPTIVE, else on)")
     ap.add_argument("--json")
     ap.add_argument("--markdown")
-    args = ap.parse_args(argv)
+    return ap
 
+
+def main(argv=None) -> int:
+    args = parser().parse_args(argv)
+    algorithms = args.algorithms.split(",")
+    try:
+        options = {algo: algorithm_options(algo, args) for algo in algorithms}
+        return _bench(args, algorithms, options)
+    except TsspecError as exc:
+        print(f"bench_drafters: error: {exc}", file=sys.stderr)
+        return 2
+
+
+def _bench(args: argparse.Namespace, algorithms: list[str], options: dict[str, SpeculationOptions]) -> int:
     path = str(embedded_model_path())
     catalog = default_catalog()
-    # the bundled drafter attaches for its own algorithm; `auto` gets what the registration says
-    with_drafter = load_model(path, catalog=catalog, options=SpeculationOptions(spec_type="draft-head"))
+    # the bundled drafter (or the environment's drafter file) attaches for draft-head; `auto`
+    # gets what the registration says
+    with_drafter = load_model(path, catalog=catalog, options=algorithm_options("draft-head", args))
     head = getattr(with_drafter, "draft_head", None)
-    auto_target = load_model(path, catalog=catalog)
+    auto_target = load_model(path, catalog=catalog, options=algorithm_options("auto", args))
     bare = load_model(path, catalog=catalog, options=SpeculationOptions(enabled=False))
-    algorithms = args.algorithms.split(",")
     results = []
     for prompt in bench_prompts(args.classes.split(","), args.held_out):
         tok = bare.tokenizer
@@ -72,9 +110,7 @@ def main(argv=None) -> int:
         n = min(prompt["max_tokens"], args.max_tokens) if args.max_tokens else prompt["max_tokens"]
         for algo in algorithms:
             target = {"draft-head": with_drafter, "auto": auto_target}.get(algo, bare)
-            opts = SpeculationOptions(spec_type=algo)
-            if algo == "draft-head" and (args.pmin is not None or args.draft is not None):
-                opts = SpeculationOptions(spec_type=algo, pmin=args.pmin, draft=args.draft)
+            opts = options[algo]
             ratios, tpv, per_pos, accepted, drafts = [], [], None, 0, 0
             for rep in range(args.reps):
                 order = ["plain", algo] if rep % 2 == 0 else [algo, "plain"]
@@ -102,6 +138,7 @@ def main(argv=None) -> int:
             print(json.dumps(row), flush=True)
     out = {"model": path, "drafter": getattr(head, "source", None), "reps": args.reps,
            "pmin": args.pmin, "draft": args.draft, "argv": sys.argv[1:],
+           "options": {a: {"adaptive": o.adaptive, "draft": o.draft, "pmin": o.pmin} for a, o in options.items()},
            "time": time.strftime("%Y-%m-%d %H:%M"), "results": results}
     if args.json:
         with open(args.json, "w") as f:

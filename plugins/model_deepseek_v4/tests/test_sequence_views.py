@@ -123,14 +123,14 @@ def test_mtp_views_share_every_weight_and_own_their_state(heads, sequence):
     assert len(weights) > 10 and _storages(a.w) == _storages(b.w) == weights
     before = (head.base, head.end, head.cache.kv.data_ptr())
     rows = torch.randn(6, head.feature_size, generator=torch.Generator().manual_seed(1))
-    calls = head.calls
+    calls = head.counts.calls
     a.draft_catch_up_and_step(sequence[:6], rows, 3)
     b.draft_catch_up_and_step(sequence[6:8], rows[:2], 30)
     assert (a.base, a.end, b.base, b.end) == (3, 9, 30, 32)
     assert (head.base, head.end, head.cache.kv.data_ptr()) == before  # the head's own sequence is untouched
     assert a.cache.kv.data_ptr() != b.cache.kv.data_ptr() and not (weights & _storages(a.cache))
-    assert a.calls == b.calls == 1 and head.calls == calls + 2  # the head totals its views' calls
-    assert a.rows_run == 6 and b.rows_run == 2
+    assert a.counts.calls == b.counts.calls == 1 and head.counts.calls == calls + 2  # the head totals its views' calls
+    assert a.counts.rows == 6 and b.counts.rows == 2
 
 
 def test_dspark_views_share_every_weight_and_own_their_context(heads, sequence):
@@ -145,10 +145,10 @@ def test_dspark_views_share_every_weight_and_own_their_context(heads, sequence):
     assert a._valid[:7].all() and b._valid.numel() == 0
     assert [t.data_ptr() for t in head._ctx] == held  # the head's own context is untouched
     assert not (weights & _storages(a._ctx)) and not (_storages(a._ctx) & _storages(b._ctx))
-    calls = head.calls
+    calls = head.counts.calls
     a.draft_block(sequence[8], rows[-1], 8, 3)
     b.draft_block(sequence[8], rows[-1], 8, 3)
-    assert a.calls == b.calls == 1 and head.calls == calls + 2
+    assert a.counts.calls == b.counts.calls == 1 and head.counts.calls == calls + 2
 
 
 @pytest.mark.parametrize("kind", ["mtp", "dspark"])

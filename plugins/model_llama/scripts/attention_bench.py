@@ -2,11 +2,11 @@
 by rows x context, one of its switches off against on (the default), paired (the two alternate
 within each round, their order swapped every round; medians over rounds): ``pairs``, a KV head's
 queries two at a time; ``wide``, one query's scores eight keys and its V sums 64 elements at a
-time; ``segments``, chunks of (key segment, KV head) carrying all of its queries, against the
+time; ``tree``, the scores' horizontal sums 4 or 8 at once (``set_tree_sums``); ``segments``, chunks of (key segment, KV head) carrying all of its queries, against the
 previous chunks of query heads over all keys. With one thread the time is the thread's CPU time,
 else wall time.
 
-    python plugins/model_llama/scripts/attention_bench.py [--switch pairs|wide|segments] [--threads 1]
+    python plugins/model_llama/scripts/attention_bench.py [--switch pairs|wide|tree|segments] [--threads 1]
         [--rows 1,3,9] [--contexts 100,500] [--rounds 9] [--calls 200] [--single-queries]
         [--baseline PATH/_cpu_kernels.so]
 
@@ -41,7 +41,7 @@ HEADS, KV_HEADS, HEAD_DIM = 9, 3, 64
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--switch", choices=("pairs", "wide", "segments"), default="pairs")
+    ap.add_argument("--switch", choices=("pairs", "wide", "tree", "segments"), default="pairs")
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--rows", default="1,3,9")
     ap.add_argument("--contexts", default="100,500")
@@ -54,7 +54,8 @@ def main() -> int:
     ap.add_argument("--prefill", type=int, default=0, help="--in-step: time a prefill of this many tokens")
     args = ap.parse_args()
     kernels = native.kernels()
-    setter_name = {"pairs": "set_query_pairs", "wide": "set_wide_attention", "segments": "set_key_segments"}[args.switch]
+    setter_name = {"pairs": "set_query_pairs", "wide": "set_wide_attention", "tree": "set_tree_sums",
+                   "segments": "set_key_segments"}[args.switch]
     if kernels is None or not hasattr(kernels, setter_name):
         raise SystemExit(f"attention_bench: the compiled kernels (with {setter_name}) are not built")
     toggle = getattr(kernels, setter_name)

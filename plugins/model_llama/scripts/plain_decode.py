@@ -34,7 +34,7 @@ PIECES = ("decode", "forward", "sample", "stream", "loop", "tok_s")
 def main() -> int:
     from tsspec.bench.prompts import encode_case, load_prompt_set, select_cases
     from tsspec.modeling.embedded import embedded_model_path
-    from tsspec.runtime import generation, sampling
+    from tsspec.runtime import generation, sampling, text_stream
     from tsspec.runtime.governor import SpeculationCostGovernor
     from tsspec.runtime.options import SpeculationOptions
     from tsspec.runtime.sampling import Sampler
@@ -65,7 +65,7 @@ def main() -> int:
     forward, prefill = timed("forward", target.spec_forward), target.spec_forward
     target.spec_forward = lambda tokens, **k: forward(tokens, **k) if len(tokens) == 1 else prefill(tokens, **k)
     Sampler.sample = timed("sample", Sampler.sample)
-    generation._TextStream.push = timed("stream", generation._TextStream.push)
+    text_stream.TextStream.push = timed("stream", text_stream.TextStream.push)
     numpy_argmax = sampling.greedy_token
 
     def torch_argmax(logits):

@@ -98,7 +98,7 @@ def test_one_call_steps_equal_the_python_path_on_the_embedded_model(embedded_tar
     assert assert_same(embedded_target, ids + ids) == len(CALLS) - 1
 
 
-def test_feature_taps_and_long_calls_take_the_python_path(tiny):
+def test_long_calls_take_the_python_path(tiny):
     from gguf import GGMLQuantizationType as T
 
     _, target, _ = tiny(quantize={"*": T.Q4_1})
@@ -106,14 +106,41 @@ def test_feature_taps_and_long_calls_take_the_python_path(tiny):
     target._kernels = counting
     try:
         target.spec_forward(prompt(80), all_logits_rows=False, want_hidden=False)  # more than GEMM_ROWS rows
-        target.spec_set_feature_taps([1])
-        target.spec_forward([3], all_logits_rows=False, want_hidden=True)
         assert counting.steps == 0
-        target.spec_set_feature_taps(None)
         target.spec_forward([3], all_logits_rows=False, want_hidden=False)
         assert counting.steps == 1
     finally:
         target._kernels = counting._kernels
+
+
+@pytest.mark.parametrize("arithmetic", sorted(ARITHMETIC))
+@pytest.mark.parametrize("taps", [[1], [0, 2], [2, 0, 1, 1]])  # the tiny llama has 2 blocks: taps 0..2
+def test_feature_taps_take_the_one_call_with_the_python_paths_rows(tiny, taps, arithmetic):
+    """With feature taps (a block drafter's hidden rows: the residuals entering those layers,
+    side by side in the taps' order, repeats included) every call takes the one native call, the
+    hidden rows of several positions without every row's logits too, and returns the Python
+    path's logits and tapped rows bit for bit."""
+    from gguf import GGMLQuantizationType as T
+
+    _, target, _ = tiny(quantize={"*": T.Q4_1, "attn_v": T.Q8_0}, dtype=ARITHMETIC[arithmetic])
+    require_torch_norm_order(target)
+    target.spec_set_feature_taps(taps)
+    try:
+        assert assert_same(target, prompt(40)) == len(CALLS)
+        logits, hidden = target.spec_forward([5, 6], all_logits_rows=True, want_hidden=True)
+        assert hidden.shape == (2, len(taps) * target.hparams.hidden_size)
+    finally:
+        target.spec_set_feature_taps(None)
+
+
+def test_feature_taps_on_the_embedded_model_take_the_one_call(embedded_target):
+    require_torch_norm_order(embedded_target)
+    embedded_target.spec_set_feature_taps([1, 15, 30])  # as a DFlash drafter's (0..n_layers)
+    try:
+        ids = embedded_target.tokenizer.encode("Rewrite: the quick brown fox jumps over the lazy dog, twice over, and again.")
+        assert assert_same(embedded_target, ids + ids) == len(CALLS)
+    finally:
+        embedded_target.spec_set_feature_taps(None)
 
 
 def test_without_a_matching_norm_order_the_python_path_runs(tiny, monkeypatch):
@@ -154,6 +181,9 @@ def test_model_step_refuses_bad_operands(embedded_target):
     narrow = (embed[0], embed[1], embed[2], embed[3], embed[4], 64)
     with pytest.raises(ValueError, match="width"):
         t._kernels.model_step(*args[:2], narrow, *args[3:], None)
+    for taps in (([31], x.data_ptr()), ([-1], x.data_ptr()), ([], x.data_ptr()), ([1], 0)):  # 30 blocks
+        with pytest.raises(ValueError, match="taps"):
+            t._kernels.model_step(*args, None, taps)
 
 
 @pytest.mark.parametrize("all_rows", [False, True])

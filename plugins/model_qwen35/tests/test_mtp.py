@@ -51,9 +51,9 @@ def test_fused_equals_catch_up_then_step(make_target, sequence):
     fused = head.draft_catch_up_and_step(ids, rows, 0)
     head.reset()
     head.draft_catch_up(ids[:-1], rows[:-1], 0)
-    calls = head.calls
+    calls = head.counts.calls
     stepped = head.draft_step(ids[-1], rows[-1], len(ids) - 1)
-    assert head.calls == calls + 1
+    assert head.counts.calls == calls + 1
     for a, b in zip(fused, stepped):
         torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-10)
 

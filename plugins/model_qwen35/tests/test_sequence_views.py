@@ -96,15 +96,15 @@ def test_views_share_every_weight_and_own_their_state(targets, sequence):
     assert len(weights) > 10 and _storages(a) == _storages(b) == weights
     before = (head.base, head.end, head.cache.keys.data_ptr())
     rows = torch.randn(6, head.hidden_size, generator=torch.Generator().manual_seed(1))
-    calls = head.calls
+    calls = head.counts.calls
     a.draft_catch_up_and_step(sequence[:6], rows, 3)
     b.draft_catch_up_and_step(sequence[6:8], rows[:2], 40)
     assert (a.base, a.end, b.base, b.end) == (3, 9, 40, 42)
     assert (head.base, head.end, head.cache.keys.data_ptr()) == before  # the head's own sequence is untouched
     assert a.cache.keys.data_ptr() != b.cache.keys.data_ptr()
     assert not (weights & {a.cache.keys.untyped_storage().data_ptr(), b.cache.values.untyped_storage().data_ptr()})
-    assert a.calls == b.calls == 1 and head.calls == calls + 2  # the head totals its views' calls
-    assert a.rows_run == 6 and b.rows_run == 2
+    assert a.counts.calls == b.counts.calls == 1 and head.counts.calls == calls + 2  # the head totals its views' calls
+    assert a.counts.rows == 6 and b.counts.rows == 2
 
 
 def test_a_view_drafts_what_the_head_drafts_on_the_same_rows(targets, sequence):

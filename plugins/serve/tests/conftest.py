@@ -100,3 +100,62 @@ def live(embedded_target):
     server = LiveServer(engine)
     yield server
     server.stop()
+
+
+def _complete(live: LiveServer, prompt: str, max_tokens: int, sampling) -> tuple:
+    """One completion through the official client: (text, drafted, accepted, algorithm)."""
+    import openai
+
+    client = openai.OpenAI(base_url=live.base_url + "/v1", api_key="unused", max_retries=0, timeout=120)
+    reply = client.completions.create(model="smol", prompt=prompt, max_tokens=max_tokens,
+                                      temperature=sampling.temperature, seed=sampling.seed)
+    timings = reply.model_extra["timings"]
+    return (reply.choices[0].text, timings.get("draft_n", 0), timings.get("draft_n_accepted", 0),
+            reply.model_extra["speculative"]["type"])
+
+
+@pytest.fixture(scope="session")
+def serve_completions():
+    """``serve(engine, prompts, samplings, max_tokens, concurrent)``: every prompt's (text,
+    drafted, accepted, algorithm) from a fresh server on ``engine``, the requests sent one after
+    the other or all at once (one client thread each)."""
+
+    def serve(engine, prompts, samplings, max_tokens: int, concurrent: bool) -> dict:
+        live, results = LiveServer(engine), {}
+
+        def ask(i: int) -> None:
+            results[i] = _complete(live, prompts[i], max_tokens, samplings[i])
+
+        try:
+            if concurrent:
+                threads = [threading.Thread(target=ask, args=(i,)) for i in range(len(prompts))]
+                for t in threads:
+                    t.start()
+                for t in threads:
+                    t.join(300)
+            else:
+                for i in range(len(prompts)):
+                    ask(i)
+        finally:
+            live.stop()
+        assert len(results) == len(prompts)
+        return results
+
+    return serve
+
+
+@pytest.fixture(scope="session")
+def engine_for():
+    """``engine_for(target, plugin, options)``: a ``ServeEngine`` on ``target`` whose registry
+    holds only the speculators ``plugin`` (a module with the speculators hook) registers."""
+
+    def make(target, plugin, options, *, max_seqs: int = 4):
+        from tsspec.runtime.registry import SpeculatorRegistry
+        from tsspec_serve.engine import ServeEngine
+
+        registry = SpeculatorRegistry()
+        plugin.tsspec_register_speculators(registry.register)
+        return ServeEngine(target, model_id="smol", options=options, registry=registry, kv_cache_mb=64,
+                           max_seqs=max_seqs)
+
+    return make

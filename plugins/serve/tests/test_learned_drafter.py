@@ -4,8 +4,6 @@ output AND its acceptance equal the same request served alone, through the offic
 
 from __future__ import annotations
 
-import threading
-
 import pytest
 
 from tsspec.runtime.generation import generate
@@ -46,50 +44,13 @@ def drafted_target(embedded_target):
     embedded_target.draft_head = previous
 
 
-def _server(target, live_server):
+def test_concurrent_requests_draft_and_accept_as_sequential_ones(drafted_target, serve_completions, engine_for):
     import tsspec_draft_head
-    from tsspec.runtime.registry import SpeculatorRegistry
-    from tsspec_serve.engine import ServeEngine
 
-    registry = SpeculatorRegistry()  # only what this test needs: draft-head
-    tsspec_draft_head.tsspec_register_speculators(registry.register)
-    engine = ServeEngine(target, model_id="smol", options=OPTIONS, registry=registry, kv_cache_mb=64, max_seqs=4)
-    return live_server(engine)
-
-
-def _ask(live, i: int, results: dict) -> None:
-    client = openai.OpenAI(base_url=live.base_url + "/v1", api_key="unused", max_retries=0, timeout=120)
-    sampling = _sampling(i)
-    reply = client.completions.create(model="smol", prompt=PROMPTS[i], max_tokens=MAX_TOKENS,
-                                      temperature=sampling.temperature, seed=sampling.seed)
-    timings = reply.model_extra["timings"]
-    results[i] = (reply.choices[0].text, timings.get("draft_n", 0), timings.get("draft_n_accepted", 0),
-                  reply.model_extra["speculative"]["type"])
-
-
-def _serve(target, live_server, concurrent: bool) -> dict:
-    """Every prompt's (text, drafted, accepted, algorithm) from a fresh server (an empty prefix
-    cache), the requests sent one after the other or all at once."""
-    live, results = _server(target, live_server), {}
-    try:
-        if concurrent:
-            threads = [threading.Thread(target=_ask, args=(live, i, results)) for i in range(len(PROMPTS))]
-            for t in threads:
-                t.start()
-            for t in threads:
-                t.join(300)
-        else:
-            for i in range(len(PROMPTS)):
-                _ask(live, i, results)
-    finally:
-        live.stop()
-    assert len(results) == len(PROMPTS)
-    return results
-
-
-def test_concurrent_requests_draft_and_accept_as_sequential_ones(drafted_target, live_server):
-    sequential = _serve(drafted_target, live_server, concurrent=False)
-    concurrent = _serve(drafted_target, live_server, concurrent=True)
+    samplings = [_sampling(i) for i in range(len(PROMPTS))]
+    runs = {concurrent: serve_completions(engine_for(drafted_target, tsspec_draft_head, OPTIONS), PROMPTS, samplings,
+                                          MAX_TOKENS, concurrent=concurrent) for concurrent in (False, True)}
+    sequential, concurrent = runs[False], runs[True]
     plain = SpeculationOptions(enabled=False)
     for i, prompt in enumerate(PROMPTS):
         expected = generate(drafted_target, prompt, plain, max_tokens=MAX_TOKENS, sampling=_sampling(i)).text
@@ -110,16 +71,18 @@ def _chat(live, content: str) -> dict:
     return {"text": reply.choices[0].message.content, **reply.model_extra["speculative"]}
 
 
-def test_a_chat_after_another_drafts_on_the_shared_system_prompt_as_alone(drafted_target, live_server):
+def test_a_chat_after_another_drafts_on_the_shared_system_prompt_as_alone(drafted_target, live_server, engine_for):
+    import tsspec_draft_head
+
     # the second chat adopts the first one's cached system-prompt block: the drafter arms anyway
     # (it shows a head the newest 8 rows, all in the new part here) and drafts exactly as the same
     # chat served first on an empty cache
-    live = _server(drafted_target, live_server)
+    live = live_server(engine_for(drafted_target, tsspec_draft_head, OPTIONS))
     try:
         first, second = _chat(live, CHATS[0]), _chat(live, CHATS[1])
     finally:
         live.stop()
-    live = _server(drafted_target, live_server)
+    live = live_server(engine_for(drafted_target, tsspec_draft_head, OPTIONS))
     try:
         alone = _chat(live, CHATS[1])
     finally:

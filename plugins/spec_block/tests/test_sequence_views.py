@@ -86,6 +86,11 @@ def test_views_share_every_weight_and_own_their_context(head):
     tokens, rows = _sequence(head, 3)
     a.draft_catch_up(tokens[:8], rows[:8], 0)
     assert a._seen_end == 7 and b._seen_end == 0 and head._seen_end == 0
+    calls, rows_run = head.counts.calls, head.counts.rows
+    a.draft_block(tokens[8], rows[8], 9, 3)
+    b.draft_block(tokens[8], rows[8], 9, 3)
+    assert a.counts.calls == b.counts.calls == 1 and a.counts.rows == head.block_size
+    assert (head.counts.calls, head.counts.rows) == (calls + 2, rows_run + 2 * head.block_size)  # the totals
 
 
 def test_each_speculator_gets_a_view_freed_at_close(head):

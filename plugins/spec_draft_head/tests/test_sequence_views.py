@@ -92,7 +92,7 @@ def test_views_share_every_weight_and_own_their_state(targets):
     b.draft_catch_up_and_step([7, 8], rows[:2], 40, compact=True)
     assert (a.base, a.end, b.base, b.end) == (3, 9, 40, 42)
     assert (head.base, head.end, head._k.data_ptr()) == before  # the head's own sequence is untouched
-    assert a.calls == b.calls == 1 and head.calls >= 2  # the head totals its views' calls
+    assert a.counts.calls == b.counts.calls == 1 and head.counts.calls >= 2  # the head totals its views' calls
     if head.native:  # one set of int8 matrices, one layer stack, one embedding table
         na, nb = a._native, b._native
         assert na._stack is nb._stack and na.embeddings is nb.embeddings
@@ -101,6 +101,28 @@ def test_views_share_every_weight_and_own_their_state(targets):
         assert na._kc.data_ptr() != nb._kc.data_ptr() and na._rope.data_ptr() != nb._rope.data_ptr()
     else:
         assert a._k.data_ptr() != b._k.data_ptr()
+
+
+def test_the_head_and_its_views_in_threads_count_every_call(targets):
+    """The head serving direct calls while views run beside it: its totals lose no update."""
+    import threading
+
+    head = targets[0].draft_head
+    views = [head.for_sequence() for _ in range(2)]
+    calls, rows_run = head.counts.calls, head.counts.rows
+    rows = torch.randn(3, HIDDEN, generator=torch.Generator().manual_seed(4))
+
+    def run(h):
+        for i in range(25):
+            h.draft_catch_up_and_step([4, 8, 15], rows, 1 + 3 * i, compact=True)
+
+    threads = [threading.Thread(target=run, args=(h,)) for h in (head, *views)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert all((v.counts.calls, v.counts.rows) == (25, 75) for v in views)
+    assert (head.counts.calls, head.counts.rows) == (calls + 75, rows_run + 225)
 
 
 @pytest.mark.parametrize("native", [True, False], ids=["native", "torch"])

@@ -39,14 +39,13 @@ Sequence views: ``for_sequence()`` returns a head over the same weights, config 
 (nothing is copied) with its own context rows (every stage's K = V by position, and which
 positions it was given); the ``block`` algorithm drives one view per speculator, so sequences
 served at once (each from its own thread) never draft from each other's context. ``close()``
-frees a view's context rows (they regrow on the next call); a view's ``calls`` are also added to
-its head's (the total over every sequence).
+frees a view's context rows (they regrow on the next call); a view's ``counts`` (block passes,
+rows) are also added to its head's (the totals over every sequence).
 """
 
 from __future__ import annotations
 
 import copy
-import threading
 from typing import Any, Sequence
 
 import attrs
@@ -54,7 +53,7 @@ import torch
 import torch.nn.functional as F
 
 from tsspec.errors import ModelLoadError
-from tsspec.protocols import DraftHeadKind
+from tsspec.protocols import DraftHeadKind, HeadCounts
 
 from .attention import AttentionWeights, _grow
 from .moe import moe
@@ -246,10 +245,8 @@ class DSparkHead:
         self.drafts_per_pass = cfg.block if cfg.sample_from_anchor else cfg.block - 1
         self.block_size = self.drafts_per_pass + 1
         self.feature_size = len(cfg.taps) * hp.hidden_size
-        self._root = self  # the head whose counter totals every view's
-        self._totals = threading.Lock()  # guards the root's counter against views in other threads
+        self.counts = HeadCounts()  # a view's block passes and rows also add to the head's
         self._new_context()
-        self.calls = 0
 
     def _new_context(self) -> None:
         """Empty context rows: every stage's K = V [positions, hd] and the positions given."""
@@ -261,9 +258,9 @@ class DSparkHead:
     def for_sequence(self) -> "DSparkHead":
         """A view for one sequence: the same weights, config and target (nothing copied), its own
         context rows (see the module docstring)."""
-        view = copy.copy(self)  # shallow: target, trunk, config, weights, root and its lock shared
+        view = copy.copy(self)  # shallow: target, trunk, config and weights shared
         view._new_context()
-        view.calls = 0
+        view.counts = self.counts.view()
         return view
 
     def close(self) -> None:
@@ -327,8 +324,8 @@ class DSparkHead:
 
     def block_rows(self, anchor: int, position: int) -> torch.Tensor:
         """The block pass up to the final norm: x [B, H] for ``[anchor, noise x (B-1)]``."""
-        self._count()
         hp, w, cfg = self.trunk.hp, self.w, self.cfg
+        self.counts.add(cfg.block)
         ids = torch.full((cfg.block,), cfg.noise_token_id, dtype=torch.long)
         ids[0] = anchor
         positions = torch.arange(position, position + cfg.block)
@@ -343,13 +340,6 @@ class DSparkHead:
             collapsed = hyper_head(streams, w.hc_head.fn, w.hc_head.base, w.hc_head.scale,
                                    hc_eps=hp.hc_eps, norm_eps=hp.rms_eps)
             return rms_norm(collapsed, w.out_norm, hp.rms_eps)
-
-    def _count(self) -> None:
-        root = self._root
-        if root is not self:  # a view's own counter (one sequence, one thread)
-            self.calls += 1
-        with root._totals:  # views in other threads add to the same total
-            root.calls += 1
 
     def _stage(self, lw: LayerWeights, streams: torch.Tensor, ids: torch.Tensor, positions: torch.Tensor,
                ctx: torch.Tensor) -> torch.Tensor:

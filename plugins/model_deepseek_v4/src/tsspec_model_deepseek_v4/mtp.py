@@ -25,18 +25,17 @@ copied) with its own layer cache and positions; the ``draft-head`` algorithm dri
 speculator, so sequences served at once (each from its own thread) never draft from each other's
 history. ``close()`` frees a view's cache (it regrows on the next call). What views share is
 read-only during a call, or guarded (the trunk's RoPE table grows under a lock); a view's
-``calls`` / ``rows_run`` are also added to its head's (totals over every sequence).
+``counts`` (calls, rows) are also added to its head's (totals over every sequence).
 """
 
 from __future__ import annotations
 
 import copy
-import threading
 from typing import Sequence
 
 import torch
 
-from tsspec.protocols import DraftHeadKind
+from tsspec.protocols import DraftHeadKind, HeadCounts
 
 from .attention import LayerCache
 from .invariant import linear
@@ -58,15 +57,12 @@ class MtpHead:
         hp = trunk.hp
         self.hc, self.hidden = hp.hc_mult, hp.hidden_size
         self.feature_size = hp.hc_mult * hp.hidden_size
-        self._root = self  # the head whose counters total every view's
-        self._totals = threading.Lock()  # guards the root's counters against views in other threads
+        self.counts = HeadCounts()  # a view's calls and rows also add to the head's
         self._new_state()
 
     def _new_state(self) -> None:
-        """Fresh sequence state: an empty cache, no positions, counters at 0."""
+        """Fresh sequence state: an empty cache, no positions."""
         self._drop_cache()
-        self.rows_run = 0
-        self.calls = 0
 
     def _drop_cache(self) -> None:
         self.cache = LayerCache(self.w.layer.attn, self.trunk.hp.head_dim, self.trunk.dtype)
@@ -77,8 +73,9 @@ class MtpHead:
     def for_sequence(self) -> "MtpHead":
         """A view for one sequence: the same weights and trunk (nothing copied), its own cache and
         positions (see the module docstring)."""
-        view = copy.copy(self)  # shallow: trunk, weights, root and its lock shared
+        view = copy.copy(self)  # shallow: trunk and weights shared
         view._new_state()
+        view.counts = self.counts.view()
         return view
 
     def close(self) -> None:
@@ -113,15 +110,6 @@ class MtpHead:
         return self.trunk.lm_head(rms_norm(collapsed, w.norm, hp.rms_eps))
 
     # -- internals ------------------------------------------------------------------------------
-    def _count(self, rows: int) -> None:
-        root = self._root
-        if root is not self:  # a view's own counters (one sequence, one thread)
-            self.calls += 1
-            self.rows_run += rows
-        with root._totals:  # views in other threads add to the same totals
-            root.calls += 1
-            root.rows_run += rows
-
     def _place(self, start: int) -> None:
         if self.base is None or start < self.base or start > self.end:
             self.base, self.end = start, start
@@ -146,7 +134,7 @@ class MtpHead:
         self._place(start)
         n = len(tokens)
         self.cache.ensure(start + n)
-        self._count(n)
+        self.counts.add(n)
         trunk, hp, w = self.trunk, self.trunk.hp, self.w
         ids = torch.tensor(tokens, dtype=torch.long)
         with torch.no_grad():

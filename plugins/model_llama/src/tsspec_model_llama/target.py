@@ -245,15 +245,18 @@ class LlamaTarget:
 
     def _step_in_one_call(self, tokens: Sequence[int], all_logits_rows: bool, want_hidden: bool):
         """``spec_forward`` in one native call (``model_step``): (logits, hidden), or None when
-        this call needs the Python path (feature taps, hidden rows of several positions without
+        this call needs the Python path (final-norm hidden rows of several positions without
         every row's logits, more rows than the kernel path or torch's serial norm covers). A
         one-row step keeps its only row's logits either way, so it takes the one call with or
-        without hidden rows (a plain step while a learned drafter is armed or parked)."""
+        without hidden rows (a plain step while a learned drafter is armed or parked). With
+        feature taps the hidden rows are the tapped residuals, which the call copies out as the
+        blocks pass them, for every row whatever the logits kept (a block drafter's verify)."""
         rows = len(tokens)
         kept = rows if all_logits_rows else 1
         hp = self.hparams
-        if (self._step_head is None or not self.native_step or not self.fused_blocks or self._taps is not None
-                or (want_hidden and kept < rows) or not 1 <= rows <= GEMM_ROWS
+        taps = self._taps
+        if (self._step_head is None or not self.native_step or not self.fused_blocks
+                or (want_hidden and taps is None and kept < rows) or not 1 <= rows <= GEMM_ROWS
                 or kept * hp.hidden_size >= TORCH_SERIAL_VALUES):
             return None
         ids = [int(t) for t in tokens]
@@ -267,15 +270,17 @@ class LlamaTarget:
         embed, lm_head, lanes, norm_weight, work = self._step_head
         # (the first torch op after a step's weight stream runs on cold caches: one a step here)
         logits = torch.empty((kept, hp.vocab_size), dtype=torch.float32)
-        normed = torch.empty((kept, hp.hidden_size), dtype=torch.float32) if want_hidden else None  # returned
+        tapped = torch.empty((rows, len(taps) * hp.hidden_size), dtype=torch.float32) if want_hidden and taps else None
+        normed = torch.empty((kept, hp.hidden_size), dtype=torch.float32) if want_hidden and not taps else None
         normed_at = work + rows * hp.hidden_size * 4 if normed is None else normed.data_ptr()  # bytes
         head = (norm_weight, self._eps, lanes, normed_at, rows - kept, lm_head, logits.data_ptr())
+        taps_arg = () if tapped is None else ((taps, tapped.data_ptr()),)  # (older builds take no taps)
         self._kernels.model_step(
             self._stack, ids, embed, work, past, *self._kv_addresses, self._capacity, table, threads,
-            self.precision == "int8", head,
+            self.precision == "int8", head, *taps_arg,
         )
         self._seq_len = past + rows
-        return logits, normed
+        return logits, (normed if tapped is None else tapped)
 
     def _fused_blocks(self, x: torch.Tensor, past: int, taps, tapped: dict) -> torch.Tensor:
         """Every block on the compiled kernels in one call per stretch between feature taps

@@ -23,19 +23,18 @@ copied) with its own KV cache and positions; the ``draft-head`` algorithm drives
 speculator, so sequences served at once (each from its own thread) never draft from each other's
 history. ``close()`` frees a view's cache (it regrows on the next call). What views share is
 read-only during a call (the weights, the trunk's RoPE, which computes its tables per call); a
-view's ``calls`` / ``rows_run`` are also added to its head's (totals over every sequence).
+view's ``counts`` (calls, rows) are also added to its head's (totals over every sequence).
 """
 
 from __future__ import annotations
 
 import copy
-import threading
 from typing import Sequence
 
 import torch
 import torch.nn.functional as F
 
-from tsspec.protocols import DraftHeadKind
+from tsspec.protocols import DraftHeadKind, HeadCounts
 
 from .attention import KVCache
 from .ops import rms_norm
@@ -55,15 +54,12 @@ class MtpHead:
         self.max_context = max_context
         hp = trunk.hp
         self.hidden_size = hp.hidden_size
-        self._root = self  # the head whose counters total every view's
-        self._totals = threading.Lock()  # guards the root's counters against views in other threads
+        self.counts = HeadCounts()  # a view's calls and rows also add to the head's
         self._new_state()
 
     def _new_state(self) -> None:
-        """Fresh sequence state: an empty KV cache, no positions, counters at 0."""
+        """Fresh sequence state: an empty KV cache, no positions."""
         self._drop_cache()
-        self.rows_run = 0  # rows forwarded through the head (cost accounting)
-        self.calls = 0
 
     def _drop_cache(self) -> None:
         hp = self.trunk.hp
@@ -75,8 +71,9 @@ class MtpHead:
     def for_sequence(self) -> "MtpHead":
         """A view for one sequence: the same weights and trunk (nothing copied), its own KV cache
         and positions (see the module docstring)."""
-        view = copy.copy(self)  # shallow: trunk, weights, root and its lock shared
+        view = copy.copy(self)  # shallow: trunk and weights shared
         view._new_state()
+        view.counts = self.counts.view()
         return view
 
     def close(self) -> None:
@@ -107,15 +104,6 @@ class MtpHead:
         raise NotImplementedError("the MTP head is a per-token head: use draft_step")
 
     # -- internals -----------------------------------------------------------------------------
-    def _count(self, rows: int) -> None:
-        root = self._root
-        if root is not self:  # a view's own counters (one sequence, one thread)
-            self.calls += 1
-            self.rows_run += rows
-        with root._totals:  # views in other threads add to the same totals
-            root.calls += 1
-            root.rows_run += rows
-
     def _place(self, start: int) -> None:
         """Make ``start`` the next position to write (dropping later entries, or restarting)."""
         if self.base is None or start < self.base or start > self.end:
@@ -140,7 +128,7 @@ class MtpHead:
         self._place(start)
         n = len(tokens)
         self.cache.ensure(start + n - self.base, self.max_context)
-        self._count(n)
+        self.counts.add(n)
         trunk, hp, w = self.trunk, self.trunk.hp, self.w
         e = rms_norm(w.embed[torch.tensor(tokens, dtype=torch.long, device=w.embed.device)], w.enorm, hp.rms_eps)  # [n, H]
         h = rms_norm(h_rows.to(w.embed.device), w.hnorm, hp.rms_eps)

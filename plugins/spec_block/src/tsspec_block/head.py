@@ -28,6 +28,7 @@ walk). Otherwise the same code runs the torch ops below.
 Sequences: the head's context (the K/V stores, what was injected last) is one sequence's.
 ``for_sequence()`` makes a view over the same weights with stores of its own; the ``block``
 algorithm drives one view per speculator, so sequences served at once keep their own context.
+A view's ``counts`` (block passes, rows) are also added to its head's (totals over every sequence).
 
 Feature rows (the commit contract): ``h_rows[k]`` is the target's tapped row of position
 ``start_pos + k - 1``; ``h_prev`` in ``draft_block`` is the row of ``position - 1``, the latest
@@ -43,7 +44,7 @@ from typing import Any, Sequence
 import torch
 import torch.nn.functional as F
 
-from tsspec.protocols import DraftHeadKind
+from tsspec.protocols import DraftHeadKind, HeadCounts
 
 from .config import DFlashConfig
 from .kv_ring import ContextKV
@@ -84,6 +85,7 @@ class DFlashDraftHead:
         self.use_conv = bool(use_conv and config.has_conv)
         self.use_selector = bool(use_selector and config.has_selector and weights.selector is not None)
         self._scale = config.head_dim**-0.5
+        self.counts = HeadCounts()
         self._new_context()
         self._target_dtype: torch.dtype | None = None  # dtype of the target's embedding rows
         self.ops = dict(kernels or {}) if dtype == torch.float32 else {}  # the fused ops need float32
@@ -114,6 +116,7 @@ class DFlashDraftHead:
         K/V stores and positions. ``kernels_in_use`` stays shared (it records what ran)."""
         view = copy.copy(self)  # shallow: config, weights, ops and the kernels_used set shared
         view._new_context()
+        view.counts = self.counts.view()
         return view
 
     def close(self) -> None:
@@ -259,6 +262,7 @@ class DFlashDraftHead:
     def block_hidden(self, anchor: int, position: int) -> torch.Tensor:
         """Pass C up to the final norm: the drafter rows [B, H] of ``[anchor, MASK x (B-1)]``."""
         cfg = self.config
+        self.counts.add(self.block_size)
         ids = torch.full((self.block_size,), cfg.mask_token_id, dtype=torch.long)
         ids[0] = int(anchor)
         x = self._embed(ids)  # [B, H]

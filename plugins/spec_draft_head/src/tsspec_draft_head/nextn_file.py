@@ -34,7 +34,7 @@ import numpy as np
 import torch
 
 from tsspec.errors import ModelLoadError
-from tsspec.protocols import DraftHeadKind
+from tsspec.protocols import DraftHeadKind, HeadCounts
 from tsspec.switches import switch_on
 
 from .nextn_model import NextNConfig, NextNModule, rope_tables
@@ -214,8 +214,8 @@ class NextNFileHead:
     native engine's int8 matrices and layer stack, the embedding rows) with its own KV cache,
     RoPE table and positions; the ``draft-head`` algorithm drives one view per speculator, so
     sequences served at once never see each other's context. ``close()`` on a view frees its
-    cache (it regrows if the view is used again). The view's ``calls`` / ``rows_run`` count its
-    own calls and are added to the head's (the totals over every sequence).
+    cache (it regrows if the view is used again). ``counts`` (``HeadCounts``): a view's calls and
+    rows, also added to the head's (the totals over every sequence).
 
     The head itself (``target.draft_head``) still serves direct callers as one sequence: a lock
     per head or view runs one call at a time on it, so no call grows or replaces the cache or
@@ -254,16 +254,14 @@ class NextNFileHead:
         module.sort_draft_vocab()  # ascending ids: compact argmax ties go to the lowest id
         self.draft_vocab_ids = module.draft_ids  # [K] ascending target ids
         self._shared = _SharedWeights()  # what the head and its sequence views share
-        self._root = self  # the head whose counters total every view's
+        self.counts = HeadCounts()
         self._native = None
         self._new_state()
         self.use_native(switch_on(NATIVE_ENV))
 
     def _new_state(self) -> None:
-        """Fresh sequence state: an empty KV cache and RoPE table, counters at 0."""
+        """Fresh sequence state: an empty KV cache and RoPE table."""
         self._drop_cache()
-        self.calls = 0
-        self.rows_run = 0
         self._busy = threading.RLock()  # one call at a time on this head or view (class docstring)
 
     @property
@@ -278,7 +276,7 @@ class NextNFileHead:
             view = copy.copy(self)  # shallow: module, target, shared weights
             view._new_state()
             view._native = None if self._native is None else self._native.for_sequence()
-            view._root = self._root
+            view.counts = self.counts.view()
         return view
 
     def close(self) -> None:
@@ -345,15 +343,6 @@ class NextNFileHead:
     def draft_block(self, last_token, h_prev, position, max_tokens):
         raise NotImplementedError("a NextN head is a per-token head: use draft_step")
 
-    def _count(self, rows: int) -> None:
-        self.calls += 1
-        self.rows_run += rows
-        root = self._root
-        if root is not self:
-            with root._shared.lock:  # views in other threads add to the same totals
-                root.calls += 1
-                root.rows_run += rows
-
     def _place(self, start: int) -> None:
         if self.base is None or start < self.base or start > self.end:
             self.base, self.end = start, start
@@ -389,7 +378,7 @@ class NextNFileHead:
         self._place(start)
         n = len(tokens)
         at = start - self.base
-        self._count(n)
+        self.counts.add(n)
         if self._native is not None:
             self._native.ensure(at + n, self.max_context)
             out = self._native.forward(tokens, h_rows, at, self.base, want_last=want_last)
