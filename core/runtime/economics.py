@@ -110,6 +110,7 @@ class DraftEconomics:
         self._costs: dict[int, Deque[float]] = {}
         self._sums: dict[int, float] = {}  # running sum of each length's cost samples
         self._scales: Deque[float] = collections.deque(maxlen=ACCEPT_SAMPLES)  # ms / shape(rows)
+        self._median: float | None = None  # of _scales, until the next step changes them
         self._pooled = _Tally()
         self._keys: dict[Hashable, _Tally] = {}
 
@@ -117,6 +118,7 @@ class DraftEconomics:
         """Price every length by this forward cost by rows (None: by each length's own mean)."""
         self._shape = parse_cost_shape(cost_shape)
         self._scales.clear()
+        self._median = None
         if self._shape is not None:
             for length, samples in self._costs.items():
                 for ms in samples:
@@ -168,6 +170,7 @@ class DraftEconomics:
         self._sums[length] += float(ms)
         if self._shape is not None:
             self._scales.append(max(float(ms), MIN_COST_MS) / _rows_cost(self._shape, length + 1))
+            self._median = None
 
     # -- estimates -------------------------------------------------------------------------
     def acceptance(self, positions: int, evidence: Hashable | None = None) -> list[float]:
@@ -206,8 +209,10 @@ class DraftEconomics:
         return max(means[lo] + slope * (length - lo), MIN_COST_MS)
 
     def _scale(self) -> float:
-        ordered = sorted(self._scales)
-        return ordered[len(ordered) // 2]
+        if self._median is None:
+            ordered = sorted(self._scales)
+            self._median = ordered[len(ordered) // 2]
+        return self._median
 
     def expected_tokens(self, length: int, rates: list[float] | None = None) -> float:
         """E(length): tokens a step drafting ``length`` emits on average."""
