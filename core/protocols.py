@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import enum
 import threading
-from typing import TYPE_CHECKING, Any, Callable, Protocol, Sequence, runtime_checkable
+from typing import TYPE_CHECKING, Any, Callable, Hashable, Protocol, Sequence, runtime_checkable
 
 import attrs
 
@@ -35,6 +35,7 @@ __all__ = [
     "DraftContext",
     "HeadCounts",
     "PrecedingTokens",
+    "Proposal",
     "SpeculatorDeclined",
     "require_feature_width",
     "resolve_feature_taps",
@@ -150,6 +151,27 @@ class PrecedingTokens(Sequence[int]):
 
     def __repr__(self) -> str:
         return f"PrecedingTokens(history={len(self._history)}, drafts={self._drafts})"
+
+
+class Proposal(list):
+    """A draft (a list of token ids) with the ``evidence`` its speculator had when proposing:
+    a small hashable key, e.g. ngram's ``(match-length bucket, last draft landed in full)``.
+
+    The loop measures acceptance per key and verifies only as many drafts as pay for that key,
+    possibly none (the step is then a plain one). ``evidence`` None (a plain list) keeps the
+    pooled sizing through ``DraftContext.max_tokens``. Keep keys few (a handful of values): each
+    distinct key is measured apart, and past 64 in one run new keys count only in the pool.
+
+    >>> p = Proposal([5, 6], evidence=("long", True))
+    >>> p, p.evidence
+    ([5, 6], ('long', True))
+    """
+
+    __slots__ = ("evidence",)
+
+    def __init__(self, tokens: Sequence[int] = (), evidence: Hashable | None = None):
+        super().__init__(tokens)
+        self.evidence = evidence
 
 
 @attrs.frozen

@@ -64,6 +64,9 @@ def test_bench_on_the_toy_writes_json_markdown_and_plot(tmp_path, prompts, capsy
     table_lines = [l for l in md.splitlines() if l.startswith("|")]
     assert table_lines and all(l.count("|") == table_lines[0].count("|") for l in table_lines[:5])
     assert "Headline: ngram" in md
+    mechanics = md[md.index("### Where the time goes"):]
+    assert "| declined drafts |" in mechanics.splitlines()[4]  # keyed proposals not verified, per row
+    assert all("declined_drafts" in r for r in data["summary"])
 
     png = out_png.read_bytes()
     assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 10_000

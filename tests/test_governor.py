@@ -238,3 +238,132 @@ def test_a_park_that_ran_out_carries_its_backoff():
     assert second.want_speculation() and second.state == PROBE and second.reprobing
     second.record(True, 30.0, 1)  # a re-probe that lands nothing parks at once, for the grown backoff
     assert second.state == PARKED and second.parked_left == 8 and second.backoff == 16
+
+
+# -- evidence keys -----------------------------------------------------------------------------
+
+
+def test_keyed_zero_accept_streaks_do_not_park_but_unkeyed_ones_do():
+    """A bursty drafter: three misses, then three steps landing four drafts each, over and
+    over. Unkeyed, the first two misses in a row park it; keyed, the streaks are the per-key
+    economics' business and the drafting, which wins overall, holds."""
+
+    def bursty(evidence):
+        g = SpeculationCostGovernor(min_samples=3)
+        for step in range(120):
+            if not g.want_speculation():
+                g.record(False, PLAIN_MS, 1)
+            elif step % 6 < 3:
+                g.record(True, 12.0, 1, drafted=1, evidence=evidence and "guess")
+            else:
+                g.record(True, 16.0, 5, drafted=4, evidence=evidence and "span")
+        return g
+
+    unkeyed, keyed = bursty(None), bursty(True)
+    assert unkeyed.losses >= 1 and unkeyed.parked_steps > 0
+    assert keyed.losses == 0 and keyed.parked_steps == 0 and keyed.state == HOLD
+
+
+def test_keyed_drafting_still_parks_when_it_loses_by_measured_cost():
+    g = SpeculationCostGovernor(min_samples=3)
+    for _ in range(40):
+        if g.want_speculation():
+            g.record(True, 14.0, 1, drafted=2, evidence="k")  # 14 ms a token against 10
+        else:
+            g.record(False, PLAIN_MS, 1)
+    assert g.losses >= 1 and g.parked_steps > 0
+
+
+def test_size_proposal_keeps_what_pays_for_the_key_and_retries_a_declined_key():
+    g = SpeculationCostGovernor(explore_after=4)
+    assert g.size_proposal(6, None) == 6  # unkeyed: sized before proposing (draft_limit)
+    assert g.draft_limit(8) == 1 and not g.keyed  # a probe that landed nothing: one token
+    assert g.size_proposal(6, "span") == 1 and g.keyed  # the probe cap holds for keys too
+    for _ in range(4):
+        g.record(False, PLAIN_MS, 1)
+    for _ in range(12):
+        g.record(True, 16.0, 5, drafted=4, evidence="span")  # four of four land
+        g.record(True, 12.0, 1, drafted=1, evidence="guess")  # nothing lands
+    assert g.state == HOLD and g.draft_limit(8) == 8  # keyed: the window, sized after proposing
+    assert g.size_proposal(8, "span") >= 4
+    sized = [g.size_proposal(8, "guess") for _ in range(4)]
+    # declined three times, re-tried with one token at the fourth; that retry lands nothing,
+    # so the next retry waits twice as long
+    assert sized == [0, 0, 0, 1] and g.declined == 3
+    g.record(True, 12.0, 1, drafted=1, evidence="guess")
+    sized = [g.size_proposal(8, "guess") for _ in range(8)]
+    assert sized == [0] * 7 + [1] and g.declined == 10
+    g.record(True, 12.0, 2, drafted=1, evidence="guess")  # a retry that lands resets the wait
+    assert g._explore_gap == {}
+    g.reset()
+    assert g.declined == 10 and g._declines == {} and g.economics.samples("span") == 0
+
+
+def test_a_bursty_drafter_is_not_parked_across_spans_in_the_loop():
+    """Right inside copied spans, wrong between them (24 positions each), on the embedded
+    model's verify-cost profile (virtual clock: deterministic). With an evidence key saying
+    whether its draft starts inside a span, its wrong drafts are declined and the right ones
+    verified in full: no park, and faster than plain and than the same drafter unkeyed, whose
+    failed drafts park it across the spans that follow."""
+    from tsspec.bench.governor_check import CostProfileToy, VirtualClock
+    from tsspec.protocols import Proposal
+    from tsspec.runtime.generation import generate
+    from tsspec.runtime.options import SpeculationOptions
+    from tsspec.testing import OracleSpeculator
+
+    clock = VirtualClock()
+    target = CostProfileToy(base_ms=10.0, seed=5, recurrent=False, clock=clock, max_context=512)
+    prompt, n = [5, 9, 2, 7, 1, 3, 8, 4], 360
+    in_span = lambda pos: (pos // 24) % 2 == 0
+
+    class Bursty(OracleSpeculator):
+        keyed = False
+
+        def propose(self, ctx):
+            p, vocab = ctx.position, self.vocab_size
+            truth = self.sequence[p + 1 : p + 1 + ctx.max_tokens]
+            drafts = [t if in_span(p + 1 + i) else (t + 1) % vocab for i, t in enumerate(truth)]
+            return Proposal(drafts, evidence=in_span(p + 1)) if self.keyed else drafts
+
+    def run(keyed):
+        spec = Bursty.from_plain_run(target, prompt, n, max_draft_tokens=8)
+        spec.keyed = keyed
+        return generate(target, prompt, SpeculationOptions(spec_type="oracle", draft=8), max_tokens=n,
+                        speculator=spec, clock=clock)
+
+    plain = generate(target, prompt, SpeculationOptions(enabled=False), max_tokens=n, clock=clock)
+    keyed, unkeyed = run(True), run(False)
+    assert keyed.tokens == unkeyed.tokens == plain.tokens
+    assert keyed.stats.governor_losses == 0 and keyed.stats.governor_parked_steps == 0
+    assert unkeyed.stats.governor_parked_steps > 0
+    assert keyed.stats.declined_drafts > 0
+    assert keyed.stats.acceptance_rate > 0.75 > unkeyed.stats.acceptance_rate
+    assert keyed.stats.decode_ms < 0.75 * plain.stats.decode_ms
+    assert keyed.stats.decode_ms < 0.9 * unkeyed.stats.decode_ms
+
+
+def test_a_keyed_drafter_that_never_lands_costs_under_three_percent():
+    """The governor check's P = 0 extreme with keyed proposals: they are declined (with sparse
+    one-token retries) or parked by measured cost instead of by streaks; either way decoding
+    stays within 3% of plain on the embedded model's cost profile (virtual clock)."""
+    from tsspec.bench.governor_check import CostProfileToy, VirtualClock
+    from tsspec.protocols import Proposal
+    from tsspec.runtime.generation import generate
+    from tsspec.runtime.options import SpeculationOptions
+    from tsspec.testing import OracleSpeculator
+
+    clock = VirtualClock()
+    target = CostProfileToy(base_ms=8.0, seed=7, recurrent=False, clock=clock, max_context=512)
+    prompt, n = [4, 8, 15, 16, 23, 12, 1, 2], 240
+
+    class Never(OracleSpeculator):
+        def propose(self, ctx):
+            drafts = super().propose(ctx)
+            return Proposal(drafts, evidence=ctx.position % 3) if drafts else drafts
+
+    spec = Never.from_plain_run(target, prompt, n, corrupt=1.0)
+    keyed = generate(target, prompt, SpeculationOptions(spec_type="oracle"), max_tokens=n, speculator=spec, clock=clock)
+    plain = generate(target, prompt, SpeculationOptions(enabled=False), max_tokens=n, clock=clock)
+    assert keyed.tokens == plain.tokens and keyed.stats.accepted_tokens == 0
+    assert keyed.stats.decode_ms <= plain.stats.decode_ms / 0.97
+    assert keyed.stats.declined_drafts + keyed.stats.governor_parked_steps > 0.8 * n

@@ -162,3 +162,26 @@ def test_the_registry_keeps_one_memory_per_target():
     other.draft_head = FallbackHead()
     c = reg.create(other, SpeculationOptions(spec_type="auto"))
     assert a.memory is b.memory and a.memory is not c.memory
+
+
+def test_a_keyed_member_proposal_is_sized_by_its_governor_and_a_declined_one_goes_to_the_backup():
+    from tsspec.protocols import Proposal
+
+    primary, backup = Every("p", None, [0]), Every("b", None, [0])
+    pair = SpeculatorPair(primary, backup)
+    gp = pair.governors[PRIMARY]
+    primary.propose = lambda ctx: Proposal([7, 8, 9], evidence="k")
+    backup.propose = lambda ctx: [5]
+    assert pair.propose(_ctx()) == [7] and pair.evidence == "k"  # a probe: one token
+    for _ in range(6):
+        gp.record(False, 10.0, 1)  # a baseline (the first sample is warm-up)
+    for _ in range(12):
+        gp.record(True, 12.0, 1, drafted=1, evidence="k")  # key k never lands
+        gp.record(True, 16.0, 5, drafted=4, evidence="w")  # key w always does: the member wins
+    assert gp.state != PARKED and gp.size_proposal(3, "k") == 0
+    gp._declines.clear()
+    assert pair.propose(_ctx()) == [5] and pair.source == BACKUP and pair.declined_drafts == 1
+    seen = []
+    primary.observe_step = lambda *args: seen.append(args)  # members hear every step too
+    pair.observe_step(True, 9.0, 2, 1)
+    assert seen == [(True, 9.0, 2, 1)] and pair.evidence is None

@@ -365,17 +365,19 @@ def _mechanics_section(report: BenchReport) -> list[str]:
     if not rows:
         return []
     lines = ["### Where the time goes", "",
-             "Milliseconds per run by phase (mean), the cost governor's decisions (summed over runs), and "
+             "Milliseconds per run by phase (mean), the cost governor's decisions (summed over runs; declined "
+             "drafts: keyed proposals whose key's drafts did not pay, run as plain steps), and "
              "the fraction of drafts whose token k was accepted.", ""]
     header = ["class", "config", "draft", "verify", "rollback", "snapshot", "commit", "plain",
-              "verify ms/step", "plain ms/step", "governor wins/losses/parked steps", "accepted at position 1..8"]
+              "verify ms/step", "plain ms/step", "governor wins/losses/parked steps", "declined drafts",
+              "accepted at position 1..8"]
     body = []
     for r in rows:
         ph = r.phase_ms
         body.append([
             r.cls, r.config, *(f"{ph.get(p, 0.0):.0f}" for p in ("draft", "verify", "rollback", "snapshot", "commit", "plain")),
             f"{r.verify_ms_per_step:.1f}", f"{r.plain_ms_per_step:.1f}",
-            f"{r.governor_wins}/{r.governor_losses}/{r.governor_parked_steps}",
+            f"{r.governor_wins}/{r.governor_losses}/{r.governor_parked_steps}", str(r.declined_drafts),
             " ".join(f"{x:.2f}" for x in r.accepted_per_position[:SHOWN_POSITIONS]) or "-",
         ])
     return lines + _table(header, body) + [""]

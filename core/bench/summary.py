@@ -50,6 +50,7 @@ class SummaryRow:
     ties: int
     mismatches: int
     acceptance_target: float | None = None
+    declined_drafts: int = 0  # keyed proposals the economics did not verify (plain steps)
 
     def to_json(self) -> dict:
         data = attrs.asdict(self)
@@ -133,6 +134,7 @@ def summarise_cell(records: Sequence[RunRecord], cls: str, config: str) -> Summa
         ties=verdicts.count(TIE),
         mismatches=verdicts.count(MISMATCH),
         acceptance_target=mine[0].acceptance_target,
+        declined_drafts=merged.declined_drafts,
     )
 
 

@@ -37,6 +37,7 @@ import torch
 from ..protocols import DraftContext
 from .governor import SpeculationCostGovernor
 from .proposal import (  # noqa: F401  (the fault kinds are part of this module's surface)
+    BAD_EVIDENCE,
     BAD_ID,
     BAD_TYPE,
     COMMIT_RAISED,
@@ -45,6 +46,7 @@ from .proposal import (  # noqa: F401  (the fault kinds are part of this module'
     PROPOSE_RAISED,
     TOO_MANY,
     HistoryView,
+    proposal_evidence,
     validate_proposal,
 )
 from .sampling import Sampler
@@ -81,6 +83,7 @@ def accept(draw: Callable[[int], int], drafts: Sequence[int]) -> list[int]:
 @attrs.define
 class _Timer:
     ms: float = 0.0
+    start: float = 0.0  # the clock when the block began
 
 
 @attrs.define
@@ -178,10 +181,12 @@ class SpeculativeExecution:
         step_start = self.clock()
         k_max = min(self.window, max_ctx - p - 1, seq.max_tokens - len(seq.emitted) - 1)
         attempted = self._armed and k_max > 0 and self.governor.want_speculation()
-        drafts = self._propose(self._context(seq, p, k_max)) if attempted else []
+        drafts, evidence = self._propose(self._context(seq, p, k_max)) if attempted else ([], None)
+        if drafts and evidence is not None:  # keyed: verify only what pays for this key
+            drafts = drafts[: self.governor.size_proposal(len(drafts), evidence)]
         self.stats.steps += 1
         if drafts:
-            self._verify_step(seq, p, drafts, step_start)
+            self._verify_step(seq, p, drafts, step_start, evidence)
         else:
             self._plain_step(seq, p, attempted, self._ms(step_start))
 
@@ -194,6 +199,10 @@ class SpeculativeExecution:
         stats.governor_wins = self.governor.wins
         stats.governor_losses = self.governor.losses
         stats.governor_parked_steps = self.governor.parked_steps
+        stats.declined_drafts = self.governor.declined
+        declined = getattr(self.speculator, "declined_drafts", 0)  # a self-governing pair's
+        if isinstance(declined, int) and not isinstance(declined, bool):
+            stats.declined_drafts += declined
         counts = getattr(self.speculator, "governor_counts", None)  # a self-governing speculator's
         if callable(counts):
             try:
@@ -249,20 +258,23 @@ class SpeculativeExecution:
         last, carry = seq.history[-1], seq.carry
         with self._phase("plain") as forward:
             logits, hidden = self.trunk.forward_keep_all([last], want_hidden=seq.want_hidden and self._armed)
-        forward_ms = forward.ms
         self.stats.plain_steps += 1
         if self._armed:
             self._commit([last], None if carry is None else carry[None], p)
         seq.carry = hidden[-1] if hidden is not None else None
         token = self.sampler.sample(logits[-1], p + 1, seq.history)
+        # the step's cost is the forward, the draw and the commit: what a verify step's is, but
+        # for the drafting (an attempt's cost is speculation's, charged apart just below)
+        step_ms = self._ms(forward.start) if self._armed else forward.ms
         if attempted:
             self.governor.record_empty_proposal(draft_ms)
-        self.governor.record(False, forward_ms, 1)
+        self.governor.record(False, step_ms, 1)
         if self._armed:
-            self._observe(False, forward_ms, 1, 0)
+            self._observe(False, step_ms, 1, 0)
         self._emit(seq, token)
 
-    def _verify_step(self, seq: SequenceState, p: int, drafts: list[int], step_start: float) -> None:
+    def _verify_step(self, seq: SequenceState, p: int, drafts: list[int], step_start: float,
+                     evidence=None) -> None:
         """Verify ``[last, *drafts]`` in one forward, emit what it accepts, keep those rows."""
         stats, sampler = self.stats, self.sampler
         rows_in = [seq.history[-1], *drafts]
@@ -295,7 +307,7 @@ class SpeculativeExecution:
         self._commit(rows_in[:kept], rows, p)
         # a batched trunk also charges what the verify's extra rows cost the rest of its batch
         ms = self._ms(step_start) + float(getattr(self.trunk, "extra_cost_ms", 0.0))
-        self.governor.record(True, ms, kept, drafted=len(drafts))
+        self.governor.record(True, ms, kept, drafted=len(drafts), evidence=evidence)
         self._observe(True, ms, kept, len(drafts))
 
     # -- helpers -----------------------------------------------------------------------------
@@ -336,7 +348,8 @@ class SpeculativeExecution:
     @contextlib.contextmanager
     def _phase(self, name: str) -> Iterator[_Timer]:
         """Time the block into ``stats.phase_ms[name]``; the timer's ``ms`` is set on exit."""
-        timer, t0 = _Timer(), self.clock()
+        t0 = self.clock()
+        timer = _Timer(start=t0)
         try:
             yield timer
         finally:
@@ -378,14 +391,20 @@ class SpeculativeExecution:
         except Exception as exc:
             self._fault(COMMIT_RAISED, repr(exc))
 
-    def _propose(self, ctx: DraftContext) -> list[int]:
-        drafts, fault = [], None
+    def _propose(self, ctx: DraftContext) -> tuple[list[int], object | None]:
+        """The checked drafts and the proposal's evidence key (None: unkeyed)."""
+        drafts, evidence, fault = [], None, None
         with self._phase("draft"):
-            try:  # validate_proposal is total: only the speculator's own code raises
-                drafts, kind = validate_proposal(self.speculator.propose(ctx), ctx.max_tokens, self.vocab_size)
+            try:  # validate_proposal and proposal_evidence are total: only the speculator's own code raises
+                raw = self.speculator.propose(ctx)
+                drafts, kind = validate_proposal(raw, ctx.max_tokens, self.vocab_size)
+                if drafts and not kind:
+                    evidence, kind = proposal_evidence(raw)
+                    if kind:
+                        drafts = []
                 fault = (kind, "") if kind else None
             except Exception as exc:
                 fault = (PROPOSE_RAISED, repr(exc))
         if fault:
             self._fault(*fault)
-        return drafts
+        return drafts, evidence

@@ -14,7 +14,9 @@ import attrs
 
 from ..errors import GenerationError
 from .execution import SpeculativeExecution
+from .economics import parse_cost_shape
 from .governor import SpeculationCostGovernor
+from .pairing import SpeculatorPair
 from .options import SpeculationOptions
 from .registry import Decline
 from .sampling import Sampler, SamplingParams
@@ -98,6 +100,15 @@ def _capability(speculator, name: str) -> bool:
         return getattr(speculator, name, False) is True
     except Exception:
         return False
+
+
+def _cost_shape(target):
+    """The target's forward cost by rows as measured on this machine (the optional
+    ``spec_verify_row_ms``; a target may measure it on first read, and caches it), or None."""
+    try:
+        return parse_cost_shape(getattr(target, "spec_verify_row_ms", None))
+    except Exception:
+        return None
 
 
 def _park_memory(target, registry, options: SpeculationOptions, speculator, governor):
@@ -196,9 +207,17 @@ def generate(
         # a sizing speculator (sizes_own_drafts) gets the whole window; one that governs itself
         # (governs_itself) gets no governor of the loop's, and plain decoding (no speculator)
         # none either: there is nothing to park, and its decisions would cost every token
+        governs_itself = _capability(speculator, "governs_itself")
         governor = SpeculationCostGovernor(
-            enabled=options.adaptive and speculator is not None and not _capability(speculator, "governs_itself"),
+            enabled=options.adaptive and speculator is not None and not governs_itself,
             size_drafts=not _capability(speculator, "sizes_own_drafts"))
+        # drafts are sized against measured costs: the target's cost by rows prices the draft
+        # lengths a sequence has not tried yet (its own and, for auto's pair, its members')
+        members = list(speculator.governors.values()) if isinstance(speculator, SpeculatorPair) else []
+        sized = [g for g in [governor, *members] if g.enabled and g.size_drafts]
+        shape = _cost_shape(target) if sized else None
+        for g in sized:
+            g.economics.set_cost_shape(shape)
         memory = _park_memory(target, registry, options, speculator, governor) if label is not None else None
         if memory is not None:
             governor.carried = memory.pop("park", None)

@@ -38,15 +38,27 @@ most tokens per millisecond under this run's own acceptance by position and cost
 (``size_drafts``; a speculator that sizes its drafts itself says ``sizes_own_drafts`` and the
 loop turns this off for it). A weak drafter thus drafts one token where one pays, a strong one
 opens the window, and the park decision above judges what the chosen length achieves.
+
+Evidence-conditioned drafting. A proposal may carry an ``evidence`` key (what the drafter knew
+when it proposed; ``tsspec.protocols.Proposal``). Then ``draft_limit`` gives the window (the
+length cannot be chosen before the key is known) and ``size_proposal`` keeps the length that
+pays for THAT key, 0 included: a declined proposal is a plain step (counted in ``declined``,
+never a park). A key declined again and again is re-tried with one token now and then
+(``explore_after`` declines, doubling while the retries land nothing), so it is not judged
+for good on its first few samples. Zero-accept streaks of keyed steps do not park: the
+per-key decision already declines the drafts that lose, and a bursty drafter (right inside
+copied spans, wrong between them) would otherwise park its good keys at every span's end.
+Keyed drafting parks only when its verified steps lose against plain ones by measured cost
+(the rolling comparison above).
 """
 
 from __future__ import annotations
 
 import collections
 import math
-from typing import Deque
+from typing import Deque, Hashable
 
-from .economics import DraftEconomics
+from .economics import MAX_KEYS, DraftEconomics
 
 PROBE, HOLD, PARKED = "probe", "hold", "parked"
 DECISIVE_SAMPLES = 2  # samples per side behind an early (decisive) decision
@@ -97,6 +109,8 @@ class SpeculationCostGovernor:
         decisive_ratio: float = 2.0,
         probe_draft: int = 1,
         size_drafts: bool = True,
+        explore_after: int = 8,
+        cost_shape=None,
     ):
         self.enabled = enabled
         self.min_samples = min_samples
@@ -109,7 +123,12 @@ class SpeculationCostGovernor:
         self.decisive_ratio = decisive_ratio
         self.probe_draft = probe_draft
         self.size_drafts = size_drafts  # draft length from measured economics (else: the window)
-        self.economics = DraftEconomics()
+        self.explore_after = explore_after  # declines of one key before it is re-tried
+        self.economics = DraftEconomics(cost_shape)  # cost_shape: the target's measured cost by rows
+        self.keyed = False  # a proposal carried evidence: drafts are sized after proposing
+        self.declined = 0  # proposals not verified because their key's drafts do not pay
+        self._declines: dict[Hashable, int] = {}  # key -> declines since it was last verified
+        self._explore_gap: dict[Hashable, int] = {}  # key -> declines before the next re-try
         self.carried: tuple[int, int] | None = None  # a park to start the next sequence with (reset)
         self.probe_landed = False  # has a step of this probe accepted a drafted token?
         self.zero_run = 0  # consecutive speculative steps (in PROBE) that accepted nothing
@@ -155,10 +174,39 @@ class SpeculationCostGovernor:
         has not yet landed a drafted token."""
         if not self.enabled:
             return window
-        limit = self.economics.best(window) if self.size_drafts else window
+        limit = self.economics.best(window) if self.size_drafts and not self.keyed else window
         if self.state == PROBE and not self.probe_landed:
             return min(limit, self.probe_draft)
         return limit
+
+    def size_proposal(self, proposed: int, evidence: Hashable | None) -> int:
+        """How many of a proposal's ``proposed`` drafts to verify, given its ``evidence`` key:
+        the length that pays for that key (0: decline, the step is a plain one), one token
+        when a key declined ``explore_after`` times in a row is re-tried, capped at
+        ``probe_draft`` while a probe has landed nothing. Unkeyed proposals (None), a
+        disabled governor or ``size_drafts`` off: all of them."""
+        if evidence is None or not (self.enabled and self.size_drafts) or proposed <= 0:
+            return proposed
+        self.keyed = True
+        keep = self.economics.best(proposed, evidence, decline=True)
+        if keep == 0:
+            if len(self._declines) >= MAX_KEYS and evidence not in self._declines:
+                self._declines.clear()  # a drafter inventing keys: forget the oldest counts
+            declines = self._declines.get(evidence, 0) + 1
+            if declines < self._explore_gap.get(evidence, self.explore_after):
+                self._declines[evidence] = declines
+                self.declined += 1
+                return 0
+            keep = 1  # re-try the key with one token: its estimate moves only when verified
+            if len(self._explore_gap) >= MAX_KEYS:
+                self._explore_gap.clear()
+            self._explore_gap[evidence] = min(self.max_backoff, 2 * self._explore_gap.get(evidence, self.explore_after))
+        else:
+            self._explore_gap.pop(evidence, None)
+        self._declines.pop(evidence, None)
+        if self.state == PROBE and not self.probe_landed:
+            keep = min(keep, self.probe_draft)
+        return keep
 
     def _plain_gap(self) -> int:
         """Speculative steps between baseline samples while the baseline is short."""
@@ -175,11 +223,13 @@ class SpeculationCostGovernor:
         self.probe_steps = 0
         self.probe_tokens = 0
 
-    def record(self, speculative: bool, ms: float, tokens: int, drafted: int | None = None) -> None:
+    def record(self, speculative: bool, ms: float, tokens: int, drafted: int | None = None,
+               evidence: Hashable | None = None) -> None:
         """Report a step: speculative (drafted, verified) or plain, its ms and emitted tokens;
-        ``drafted``: how many tokens the speculative step verified (for the draft length)."""
+        ``drafted``: how many tokens the speculative step verified (for the draft length);
+        ``evidence``: its proposal's key (None: unkeyed)."""
         if speculative and drafted:
-            self.economics.record_draft(drafted, tokens - 1, ms)
+            self.economics.record_draft(drafted, tokens - 1, ms, evidence)
         elif not speculative:
             self.economics.record_plain(ms)
         if speculative:
@@ -188,7 +238,12 @@ class SpeculationCostGovernor:
             self.spec_since_check += 1
             self.probe_steps += 1
             self.probe_tokens += tokens
-            self.zero_run = self.zero_run + 1 if tokens <= 1 else 0
+            if tokens > 1:
+                self.zero_run = 0
+                if evidence is not None:
+                    self._explore_gap.pop(evidence, None)  # a re-tried key landed: judge it afresh
+            elif evidence is None:  # keyed steps are judged per key, not by streaks
+                self.zero_run += 1
             if tokens > 1:
                 self.wasted_ms = 0.0
             self.probe_landed = self.probe_landed or tokens > 1
@@ -229,6 +284,8 @@ class SpeculationCostGovernor:
         self.parked_left = 0
         self.spec_since_check = 0
         self.economics.forget_acceptance()
+        self._declines.clear()
+        self._explore_gap.clear()
         self._start_probe(reprobe=False)
         carried, self.carried = self.carried, None
         if carried is not None:

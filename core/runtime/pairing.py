@@ -22,7 +22,12 @@ memory and the next sequence probes it afresh. The primary always starts fresh (
 algorithm's gain depends on the prompt, and its probes cost next to nothing).
 
 The loop reports each step to a speculator that has ``observe_step(speculative, ms, tokens,
-drafted)`` (optional in the protocol); the pair uses it to feed its members' governors.
+drafted)`` (optional in the protocol); the pair uses it to feed its members' governors and
+passes it on to members that have it.
+
+A member's proposal that carries ``evidence`` (``tsspec.protocols.Proposal``) is sized by that
+member's governor for its key (``SpeculationCostGovernor.size_proposal``); one it declines
+counts in ``declined_drafts`` and leaves the step to the backup, as an empty one does.
 """
 
 from __future__ import annotations
@@ -33,6 +38,7 @@ from typing import Any, Callable, Sequence
 import attrs
 
 from .governor import SpeculationCostGovernor
+from .proposal import proposal_evidence
 
 PRIMARY, BACKUP = "primary", "backup"
 
@@ -64,9 +70,11 @@ class SpeculatorPair:
         self.clock = clock
         self.source: str | None = None  # who proposed this step's drafts (None: nobody)
         self.proposed = {PRIMARY: 0, BACKUP: 0}  # proposals that reached verification, by member
+        self.evidence = None  # the evidence key of this step's drafts
+        self.declined_drafts = 0  # keyed proposals a member's governor did not verify
 
     def propose(self, ctx) -> Sequence[int]:
-        self.source = None
+        self.source, self.evidence = None, None
         for role, member in ((PRIMARY, self.primary), (BACKUP, self.backup)):
             drafts = self._ask(role, member, ctx)
             if drafts:
@@ -84,8 +92,16 @@ class SpeculatorPair:
         if limit < 1:
             return []
         start = self.clock()
-        drafts = _as_list(member.propose(ctx if limit == window else attrs.evolve(ctx, max_tokens=limit)))
-        if not drafts:  # an attempt that found nothing: its cost is this member's
+        raw = member.propose(ctx if limit == window else attrs.evolve(ctx, max_tokens=limit))
+        drafts = _as_list(raw)
+        if drafts:
+            evidence, _ = proposal_evidence(raw)  # unhashable evidence: sized as unkeyed
+            keep = governor.size_proposal(len(drafts), evidence)
+            if keep < 1:
+                self.declined_drafts += 1
+            drafts = drafts[:keep]
+            self.evidence = evidence
+        if not drafts:  # an attempt that found nothing (or was declined): its cost is this member's
             governor.record_empty_proposal((self.clock() - start) * 1000.0)
         return drafts
 
@@ -97,11 +113,15 @@ class SpeculatorPair:
         """The loop's report of the step just taken (after ``propose`` and the commit)."""
         if speculative and self.source is not None:
             self.proposed[self.source] += 1
-            self.governors[self.source].record(True, ms, tokens, drafted=drafted)
+            self.governors[self.source].record(True, ms, tokens, drafted=drafted, evidence=self.evidence)
         elif not speculative:
             for governor in self.governors.values():
                 governor.record(False, ms, tokens)
-        self.source = None
+        for member in (self.primary, self.backup):
+            observe = getattr(member, "observe_step", None)
+            if observe is not None:
+                observe(speculative, ms, tokens, drafted if speculative else 0)
+        self.source, self.evidence = None, None
 
     def governor_counts(self) -> tuple[int, int, int]:
         """(wins, losses, parked steps) of both members' governors together."""

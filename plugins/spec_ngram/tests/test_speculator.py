@@ -118,21 +118,58 @@ def test_factory_reads_window_pmin_and_settings():
         make_ngram(target, SpeculationOptions(extra={"ngram": {"orders": 3}}))
 
 
-def test_value_policy_follows_a_published_cost_profile():
-    """A target that states its verify cost by rows gets the value policy with that profile;
-    one that does not keeps the adaptive policy; the operator's explicit choice wins."""
+def test_value_policy_reads_a_published_cost_profile_only_when_chosen():
+    """The loop sizes ngram's drafts by their evidence key: the value policy is the operator's
+    choice, and only then is the target's published cost by rows read (and measured)."""
 
     class Costed(ToyTarget):
-        spec_verify_row_ms = ((1, 10.0), (2, 11.0), (4, 14.0), (8, 25.0))
+        reads = 0
 
-    plain = make_ngram(ToyTarget(), SpeculationOptions())
-    assert plain._drafter.value is False
-    costed = make_ngram(Costed(), SpeculationOptions())
-    assert costed._drafter.value is True and costed._drafter.row_ms[2] == (4, 14.0)
-    chosen = make_ngram(Costed(), SpeculationOptions(extra={"ngram": {"value": False}}))
-    assert chosen._drafter.value is False
+        @property
+        def spec_verify_row_ms(self):
+            Costed.reads += 1
+            return ((1, 10.0), (2, 11.0), (4, 14.0), (8, 25.0))
+
+    default = make_ngram(Costed(), SpeculationOptions())
+    assert default._drafter.value is False and default.sizes_own_drafts is False and Costed.reads == 0
+    chosen = make_ngram(Costed(), SpeculationOptions(extra={"ngram": {"value": True}}))
+    assert chosen._drafter.value is True and chosen._drafter.row_ms[2] == (4, 14.0) and Costed.reads == 1
+    assert chosen.sizes_own_drafts is True  # it sizes its drafts itself: the loop leaves them whole
 
     class Garbled(ToyTarget):
         spec_verify_row_ms = "not a table"
 
-    assert make_ngram(Garbled(), SpeculationOptions())._drafter.value is False
+    garbled = make_ngram(Garbled(), SpeculationOptions(extra={"ngram": {"value": True}}))
+    assert garbled._drafter.row_ms == make_ngram(ToyTarget(), SpeculationOptions(extra={"ngram": {"value": True}}))._drafter.row_ms
+
+
+def test_a_proposal_carries_its_match_bucket_and_whether_the_last_drafts_all_landed():
+    """The evidence key: (2, 3, 4 or 8: the bucket of the backward match length, the last
+    verify's drafts all landed). The loop sizes each draft by it (tsspec.protocols.Proposal)."""
+    from tsspec.protocols import Proposal
+
+    spec = NGramSpeculator(8)
+    short = [7, 1, 2, 3, 4, 5, 9, 1, 2]  # (1, 2) matched: 7 != 9 before it, two tokens
+    spec.commit(short[:-1], None, 0)
+    draft = spec.propose(ctx_for(short))
+    assert isinstance(draft, Proposal) and draft == [3, 4, 5, 9, 1, 2] and draft.evidence == (2, False)
+    spec.observe_step(True, 10.0, 3, 2)  # two drafted, both landed (+ the bonus token)
+    assert spec.propose(ctx_for(short)).evidence == (2, True)
+    spec.observe_step(True, 10.0, 2, 2)  # one of two landed
+    assert spec.propose(ctx_for(short)).evidence == (2, False)
+    spec.observe_step(False, 5.0, 1, 0)  # a plain step: not inside a span it copies right
+    assert spec.propose(ctx_for(short)).evidence[1] is False
+
+    for length, bucket in ((3, 3), (5, 4), (7, 4), (8, 8), (12, 8)):
+        spec = NGramSpeculator(8)
+        gram = list(range(20, 20 + length))
+        history = [1, *gram, 5, 6, 2, *gram]  # the suffix matches `length` tokens, not the 1 before
+        spec.commit(history[:-1], None, 0)
+        draft = spec.propose(ctx_for(history))
+        assert draft[:2] == [5, 6] and draft.evidence == (bucket, False), (length, draft.evidence)
+    spec.reset()
+    spec.observe_step(True, 10.0, 2, 1)
+    spec.reset()  # a new sequence starts outside any span
+    spec.commit(history[:-1], None, 0)
+    assert spec.propose(ctx_for(history)).evidence == (8, False)
+    assert spec.propose(ctx_for([1, 2, 3])) == []  # nothing found: a plain empty list

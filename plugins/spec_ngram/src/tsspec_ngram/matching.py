@@ -49,7 +49,9 @@ Beyond the plain form (each measured, see the package README and ``scripts/accep
   by the request's outcomes) against the forward's cost by rows; 0 declines (see
   ``NGramDrafter._value_length``).
 
-The speculator turns on ``follow`` and ``adaptive``; the other two measured no gain.
+The speculator turns on ``follow`` only: it keys each draft by its match length and leaves the
+length to the loop's per-key economics (``speculator.py``); ``adaptive`` and ``value`` remain
+options, the other two measured no gain.
 """
 
 from __future__ import annotations

@@ -18,12 +18,20 @@ State and the loop's calls:
   ``ctx.last_token``, which is not committed yet), usually by appending that one token, then
   looks the suffix up: O(1) in the history length.
 
-Policy (``follow``, ``adaptive``; ``value``, ``candidates``, ``periodic`` off) is explained in
+Draft length: each proposal is a ``tsspec.Proposal`` carrying an evidence key, ``(bucket of the
+backward match length: 2, 3, 4-7 or 8+ tokens; whether the last verify's drafts all landed)``
+(``evidence``; the flag comes from the loop's ``observe_step``). The loop measures acceptance per
+key in the run and verifies as many of the copied tokens as pay for that key, or none: a long
+match inside a span the answer copies opens the window while a one-bigram guess in new text is
+declined, instead of one pooled estimate sizing both. So the speculator proposes the whole
+continuation (up to ``max_tokens``) and does not size it itself.
+
+Policy (``follow``; ``adaptive``, ``value``, ``candidates``, ``periodic`` off) is explained in
 ``matching.py``; ``SpeculationOptions.extra["ngram"]`` overrides any of ``SETTING_KEYS``.
-``value`` sizes each draft against the forward's cost by rows: ``row_ms`` (a setting), else the
-target's ``spec_verify_row_ms`` attribute when it has one, else the reference CPU profile. It is
-on by default for targets that publish ``spec_verify_row_ms`` (model_llama's block-kernel path
-does) and off otherwise.
+``adaptive`` and ``value`` size drafts inside the plugin (then ``sizes_own_drafts`` is True and
+the loop leaves the length alone); ``value`` sizes against the forward's cost by rows: ``row_ms``
+(a setting), else the target's ``spec_verify_row_ms`` attribute when it has one, else the
+reference CPU profile.
 """
 
 from __future__ import annotations
@@ -31,12 +39,13 @@ from __future__ import annotations
 from typing import Any, Mapping, Sequence
 
 from tsspec.protocols import DraftContext
-from tsspec import MAX_DRAFT_WINDOW
+from tsspec import MAX_DRAFT_WINDOW, Proposal
 
 from .matching import (
     DEFAULT_MAX_ORDER,
     DEFAULT_MIN_ORDER,
     NGramDrafter,
+    match_length,
     parse_row_cost,
     required_match_length,
 )
@@ -45,22 +54,26 @@ NAME = "ngram"
 DEFAULT_MIN_DRAFT_PROB = 0.0
 DEFAULT_WINDOW = 8  # used only when no options object is given
 # Policy defaults, from scripts/acceptance.py on the embedded model's greedy outputs (README):
-# follow raised input-grounded acceptance 0.585 -> 0.604 at equal cost; adaptive short-match
-# budgets raised it to 0.710 (bench prompts 0.277 -> 0.408) for a modelled CPU speed-up
-# 2.45x -> 2.53x (bench grounded 1.34x -> 1.38x); several candidates per key gained nothing
-# over follow, so one is kept (cheaper).
+# follow raised input-grounded acceptance 0.585 -> 0.604 at equal cost; several candidates per
+# key gained nothing over follow, so one is kept (cheaper).
 DEFAULT_CANDIDATES = 1
 DEFAULT_PERIODIC = False  # no gain measured (acceptance -0.2 points): kept as an option
 DEFAULT_FOLLOW = True
-DEFAULT_ADAPTIVE = True
-# value: draft length from evidence (per match-length acceptance, learnt online from priors)
-# against the verify cost by rows; replaces adaptive's budget when on. Off by default: on the
-# bench prompts it gains 0.03-0.12x on summary/qa/rewrite under the reference and the
-# faster-1-row profiles but loses 0.01-0.09x on code-edit and on this script's own grounded
-# prompts, and 0.1x+ when the real profile has 2-3 rows dearer than 4 and nobody says so (README)
+# adaptive (a short-match budget learnt from what landed) and value (below) size drafts inside
+# the plugin; both are off by default since the loop sizes each draft by its evidence key
+# (evidence()): per-key acceptance measured in the run against the measured cost by length
+DEFAULT_ADAPTIVE = False
+# value: draft length from per-match-length acceptance learnt online from priors measured on
+# one machine's outputs, against the verify cost by rows; replaces adaptive's budget when on.
+# Off by default: the loop's per-key economics measure the same thing in the run (README)
 DEFAULT_VALUE = False
 # keys accepted in SpeculationOptions.extra["ngram"]
 SETTING_KEYS = ("min_order", "max_order", "candidates", "periodic", "follow", "adaptive", "value", "row_ms")
+# the evidence key's match-length buckets: the lower bound of each (2; 3; 4-7; 8+ tokens of the
+# suffix equal those before the copied continuation). On the bench prompts' greedy outputs a
+# draft's first token lands 0.51 / 0.44 / 0.62 / 0.86 of the time by bucket
+# (plugins/spec_ngram/README.md); the loop measures each key's acceptance in the run itself.
+MATCH_BUCKETS = (8, 4, 3, 2, 1)
 
 
 class NGramSpeculator:
@@ -71,9 +84,6 @@ class NGramSpeculator:
     needs_hidden_state = False
     handles_own_prefill = False
     can_arm_after_prefix_reuse = True
-    # its drafts are sized by match length (matching.py's adaptive / value policies): the cost
-    # governor leaves the length to it instead of sizing by average acceptance by position
-    sizes_own_drafts = True
 
     def __init__(
         self,
@@ -107,6 +117,10 @@ class NGramSpeculator:
             modulus=modulus,
         )
         self.history_mismatches = 0  # proposals skipped because history did not end in last_token
+        # adaptive / value size the drafts here (the loop then leaves the length alone); else
+        # the loop sizes each draft from its evidence key
+        self.sizes_own_drafts = bool(adaptive or value)
+        self._last_full = False  # did the last step verify drafts that all landed?
 
     @property
     def indexed_tokens(self) -> int:
@@ -121,7 +135,24 @@ class NGramSpeculator:
         if not len(history) or history[-1] != ctx.last_token:
             self.history_mismatches += 1
             return []
-        return self._drafter.propose(history, count, self.required_match)
+        draft = self._drafter.propose(history, count, self.required_match)
+        return Proposal(draft, evidence=self.evidence()) if draft else draft
+
+    def evidence(self) -> tuple[int, bool]:
+        """The key of the draft just made: (match-length bucket, whether the previous step's
+        drafts all landed). The bucket is the lower bound of ``MATCH_BUCKETS``' range the
+        backward match falls in (2, 3, 4 or 8): how many suffix tokens equal those before the
+        copied continuation; the flag says the run is inside a span it copies right."""
+        drafter = self._drafter
+        tokens = drafter.index.tokens
+        length = match_length(tokens, drafter._match.pos, len(tokens), MATCH_BUCKETS[0])
+        bucket = next((b for b in MATCH_BUCKETS if length >= b), MATCH_BUCKETS[-1])
+        return bucket, self._last_full
+
+    def observe_step(self, speculative: bool, ms: float, tokens: int, drafted: int) -> None:
+        """The loop's report of the step just taken: a verify whose ``drafted`` tokens all
+        landed emits ``drafted + 1`` tokens."""
+        self._last_full = bool(speculative and drafted and tokens == drafted + 1)
 
     def commit(self, tokens: Sequence[int], hidden_rows: Any, start_pos: int) -> None:
         """Record what landed; ``hidden_rows`` is unused (``needs_hidden_state`` is False)."""
@@ -129,6 +160,7 @@ class NGramSpeculator:
 
     def reset(self) -> None:
         self._drafter.reset()
+        self._last_full = False
 
     def close(self) -> None:
         self._drafter.reset()
@@ -154,14 +186,10 @@ def make_ngram(target: Any, options: Any) -> NGramSpeculator:
 
         options = SpeculationOptions()
     settings = dict(_settings(options))
-    if settings.get("row_ms") is None:
-        published = getattr(target, "spec_verify_row_ms", None)
+    if settings.get("value") and settings.get("row_ms") is None:
+        published = getattr(target, "spec_verify_row_ms", None)  # read only when value asks for it
         try:  # a target's optional cost profile: used when it parses, ignored otherwise
             settings["row_ms"] = parse_row_cost(published) if published else None
         except ValueError:
             settings["row_ms"] = None
-        # a target that states its verify cost by rows gets drafts sized against it (value)
-        # unless the operator chose the policy
-        if settings["row_ms"] is not None:
-            settings.setdefault("value", True)
     return NGramSpeculator(MAX_DRAFT_WINDOW, options.min_prob(DEFAULT_MIN_DRAFT_PROB), **settings)
