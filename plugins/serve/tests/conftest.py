@@ -114,34 +114,66 @@ def _complete(live: LiveServer, prompt: str, max_tokens: int, sampling) -> tuple
             reply.model_extra["speculative"]["type"])
 
 
+# prompts with no common prefix of a whole KV block (16 tokens): no request adopts another's blocks
+VIEW_PROMPTS = (
+    "The capital of France is Paris. The capital of Spain is",
+    "def add(a, b):\n    return a + b\n\ndef sub(a, b):\n",
+    "Monday, Tuesday, Wednesday,",
+    "One, two, three, four, five,",
+)
+VIEW_MAX_TOKENS = 16
+
+
+def _serve(engine, prompts, samplings, max_tokens: int, concurrent: bool) -> dict:
+    """Every prompt's (text, drafted, accepted, algorithm) from a fresh server on ``engine``, the
+    requests sent one after the other or all at once (one client thread each)."""
+    live, results = LiveServer(engine), {}
+
+    def ask(i: int) -> None:
+        results[i] = _complete(live, prompts[i], max_tokens, samplings[i])
+
+    try:
+        if concurrent:
+            threads = [threading.Thread(target=ask, args=(i,)) for i in range(len(prompts))]
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join(300)
+        else:
+            for i in range(len(prompts)):
+                ask(i)
+    finally:
+        live.stop()
+    assert len(results) == len(prompts)
+    return results
+
+
 @pytest.fixture(scope="session")
-def serve_completions():
-    """``serve(engine, prompts, samplings, max_tokens, concurrent)``: every prompt's (text,
-    drafted, accepted, algorithm) from a fresh server on ``engine``, the requests sent one after
-    the other or all at once (one client thread each)."""
+def served_alone_and_together(engine_for):
+    """``check(target, plugin, options, algorithm, seed)``: serves ``VIEW_PROMPTS`` (odd ones
+    seeded-sampled from ``seed + i``, even ones greedy) one after the other and all at once, and
+    asserts every request ran ``algorithm``, drafted, equals plain decoding, and drafted and
+    accepted exactly as it did alone; returns the concurrent runs' (text, drafted, accepted,
+    algorithm) by request."""
+    from tsspec.runtime.generation import generate
+    from tsspec.runtime.options import SpeculationOptions
+    from tsspec.runtime.sampling import SamplingParams
 
-    def serve(engine, prompts, samplings, max_tokens: int, concurrent: bool) -> dict:
-        live, results = LiveServer(engine), {}
+    def check(target, plugin, options, algorithm: str, seed: int) -> dict:
+        samplings = [SamplingParams(temperature=0.8, seed=seed + i) if i % 2 else SamplingParams()
+                     for i in range(len(VIEW_PROMPTS))]
+        sequential, concurrent = (_serve(engine_for(target, plugin, options), VIEW_PROMPTS, samplings,
+                                         VIEW_MAX_TOKENS, concurrent=c) for c in (False, True))
+        plain = SpeculationOptions(enabled=False)
+        for i, prompt in enumerate(VIEW_PROMPTS):
+            expected = generate(target, prompt, plain, max_tokens=VIEW_MAX_TOKENS, sampling=samplings[i]).text
+            text, drafted, accepted, ran = concurrent[i]
+            assert ran == algorithm and drafted > 0
+            assert text == sequential[i][0] == expected, f"request {i} differs from plain decoding"
+            assert (drafted, accepted) == sequential[i][1:3], f"request {i} drafted differently beside the others"
+        return concurrent
 
-        def ask(i: int) -> None:
-            results[i] = _complete(live, prompts[i], max_tokens, samplings[i])
-
-        try:
-            if concurrent:
-                threads = [threading.Thread(target=ask, args=(i,)) for i in range(len(prompts))]
-                for t in threads:
-                    t.start()
-                for t in threads:
-                    t.join(300)
-            else:
-                for i in range(len(prompts)):
-                    ask(i)
-        finally:
-            live.stop()
-        assert len(results) == len(prompts)
-        return results
-
-    return serve
+    return check
 
 
 @pytest.fixture(scope="session")

@@ -6,9 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from tsspec.runtime.generation import generate
 from tsspec.runtime.options import SpeculationOptions
-from tsspec.runtime.sampling import SamplingParams
 
 openai = pytest.importorskip("openai")
 drafters = pytest.importorskip("tsspec_drafters_smollm2")
@@ -18,17 +16,7 @@ MTP_FILE = drafters.HERE / "smollm2-135m-instruct-mtp.gguf"
 # the governor off: its parks follow measured step times, which concurrency changes; with it on
 # the drafts still come from the right context, but how many are made is a matter of timing
 OPTIONS = SpeculationOptions(spec_type="draft-head", adaptive=False)
-PROMPTS = (  # no common prefix of a whole KV block (16 tokens): no request adopts another's blocks
-    "The capital of France is Paris. The capital of Spain is",
-    "def add(a, b):\n    return a + b\n\ndef sub(a, b):\n",
-    "Monday, Tuesday, Wednesday,",
-    "One, two, three, four, five,",
-)
 MAX_TOKENS = 16
-
-
-def _sampling(i: int) -> SamplingParams:
-    return SamplingParams(temperature=0.8, seed=100 + i) if i % 2 else SamplingParams()
 
 
 @pytest.fixture(scope="module")
@@ -44,20 +32,10 @@ def drafted_target(embedded_target):
     embedded_target.draft_head = previous
 
 
-def test_concurrent_requests_draft_and_accept_as_sequential_ones(drafted_target, serve_completions, engine_for):
+def test_concurrent_requests_draft_and_accept_as_sequential_ones(drafted_target, served_alone_and_together):
     import tsspec_draft_head
 
-    samplings = [_sampling(i) for i in range(len(PROMPTS))]
-    runs = {concurrent: serve_completions(engine_for(drafted_target, tsspec_draft_head, OPTIONS), PROMPTS, samplings,
-                                          MAX_TOKENS, concurrent=concurrent) for concurrent in (False, True)}
-    sequential, concurrent = runs[False], runs[True]
-    plain = SpeculationOptions(enabled=False)
-    for i, prompt in enumerate(PROMPTS):
-        expected = generate(drafted_target, prompt, plain, max_tokens=MAX_TOKENS, sampling=_sampling(i)).text
-        text, drafted, accepted, algorithm = concurrent[i]
-        assert algorithm == "draft-head" and drafted > 0
-        assert text == sequential[i][0] == expected, f"request {i} differs from plain decoding"
-        assert (drafted, accepted) == sequential[i][1:3], f"request {i} drafted differently beside the others"
+    concurrent = served_alone_and_together(drafted_target, tsspec_draft_head, OPTIONS, "draft-head", seed=100)
     assert sum(r[2] for r in concurrent.values()) > 0  # the learned drafter lands drafts
 
 
