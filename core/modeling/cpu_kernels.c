@@ -1982,6 +1982,30 @@ static void merge_share(const AttentionJob *J, int64_t g, int64_t p) {
     }
 }
 
+/* A chunk's scratch: `floats` floats of the caller's layout, then (8-byte aligned) query pointers,
+ * output pointers and key counts [n] each. 0 (and the call's out-of-memory flag set) when the
+ * scratch cannot grow. */
+typedef struct {
+    float *f;
+    const float **qs;
+    float **os;
+    int64_t *keys;
+} QueryScratch;
+
+static int query_scratch(const AttentionJob *J, size_t floats, int64_t n, QueryScratch *S) {
+    const size_t pointer_floats = (2 * sizeof(void *) + sizeof(int64_t)) / sizeof(float);
+    float *f = scratch(floats + pointer_floats * (size_t)n + 2);
+    if (f == NULL) {
+        atomic_store(J->failed, 1);
+        return 0;
+    }
+    S->f = f;
+    S->qs = (const float **)(((uintptr_t)(f + floats) + 7) & ~(uintptr_t)7);
+    S->os = (float **)(S->qs + n);
+    S->keys = (int64_t *)(S->os + n);
+    return 1;
+}
+
 static void segment_chunk(void *arg, int64_t c) { /* segment s of KV head g, queries p, p + parts, .. */
     const AttentionJob *J = (const AttentionJob *)arg;
     const int64_t group = J->heads / J->kv_heads, hd = J->hd, slot = hd + 2, all = J->rows * group;
@@ -1991,17 +2015,12 @@ static void segment_chunk(void *arg, int64_t c) { /* segment s of KV head g, que
     const int64_t most = (all - p + J->parts - 1) / J->parts;
     /* scores [most, KEY_SEGMENT], sums [most], tops [most], then (8-byte aligned) query and
      * output pointers and key counts [most] each */
-    const size_t pointer_floats = (2 * sizeof(void *) + sizeof(int64_t)) / sizeof(float);
-    float *scores = scratch((size_t)(most * (KEY_SEGMENT + 2)) + pointer_floats * (size_t)most + 2);
-    if (scores == NULL) {
-        atomic_store(J->failed, 1);
-        return;
-    }
-    float *sums = scores + most * KEY_SEGMENT, *tops = sums + most;
-    uintptr_t at = ((uintptr_t)(tops + most) + 7) & ~(uintptr_t)7;
-    const float **qs = (const float **)at;
-    float **os = (float **)(qs + most);
-    int64_t *keys = (int64_t *)(os + most);
+    QueryScratch S;
+    if (!query_scratch(J, (size_t)(most * (KEY_SEGMENT + 2)), most, &S)) return;
+    float *scores = S.f, *sums = scores + most * KEY_SEGMENT, *tops = sums + most;
+    const float **qs = S.qs;
+    float **os = S.os;
+    int64_t *keys = S.keys;
     int64_t n = 0;
     for (int64_t u = p; u < all; u += J->parts) {
         const int64_t t = u / group, h = g * group + u % group, end = J->past + t + 1;
@@ -2039,18 +2058,13 @@ static void span_chunk(void *arg, int64_t c) { /* KV head g, queries p, p + part
     const int64_t g = c / J->parts, p = c % J->parts, most = (all - p + J->parts - 1) / J->parts;
     /* scores [most, KEY_SEGMENT], sums, tops, folded tops and sums [most] each, a segment's V sums
      * [most, hd], then (8-byte aligned) query and output pointers and key counts [most] each */
-    const size_t pointer_floats = (2 * sizeof(void *) + sizeof(int64_t)) / sizeof(float);
-    float *scores = scratch((size_t)(most * (KEY_SEGMENT + 4 + hd)) + pointer_floats * (size_t)most + 2);
-    if (scores == NULL) {
-        atomic_store(J->failed, 1);
-        return;
-    }
-    float *sums = scores + most * KEY_SEGMENT, *tops = sums + most, *ms = tops + most, *ls = ms + most;
-    float *seg_o = ls + most;
-    uintptr_t at = ((uintptr_t)(seg_o + most * hd) + 7) & ~(uintptr_t)7;
-    const float **qs = (const float **)at;
-    float **os = (float **)(qs + most);
-    int64_t *keys = (int64_t *)(os + most);
+    QueryScratch S;
+    if (!query_scratch(J, (size_t)(most * (KEY_SEGMENT + 4 + hd)), most, &S)) return;
+    float *scores = S.f, *sums = scores + most * KEY_SEGMENT, *tops = sums + most, *ms = tops + most;
+    float *ls = ms + most, *seg_o = ls + most;
+    const float **qs = S.qs;
+    float **os = S.os;
+    int64_t *keys = S.keys;
     const float *kg = J->kc + g * J->cap * hd, *vg = J->vc + g * J->cap * hd;
     for (int64_t s = 0; s < J->segments; s++) {
         const int64_t a = s * KEY_SEGMENT, last = J->past + J->rows;
@@ -2127,17 +2141,12 @@ static void heads_chunk(void *arg, int64_t c) { /* KV head g: its query heads h0
     const int64_t h1 = h0 + J->per < (g + 1) * group ? h0 + J->per : (g + 1) * group, n = (h1 - h0) * J->rows;
     /* scores [n, stride], sums [n], tops [n], then (8-byte aligned) query and output pointers and
      * key counts [n] each */
-    const size_t pointer_floats = (2 * sizeof(void *) + sizeof(int64_t)) / sizeof(float);
-    float *scores = scratch((size_t)(n * stride + 2 * n) + pointer_floats * (size_t)n + 2);
-    if (scores == NULL) {
-        atomic_store(J->failed, 1);
-        return;
-    }
-    float *sums = scores + n * stride, *tops = sums + n;
-    uintptr_t at = ((uintptr_t)(tops + n) + 7) & ~(uintptr_t)7;
-    const float **qs = (const float **)at;
-    float **os = (float **)(qs + n);
-    int64_t *keys = (int64_t *)(os + n);
+    QueryScratch S;
+    if (!query_scratch(J, (size_t)(n * stride + 2 * n), n, &S)) return;
+    float *scores = S.f, *sums = scores + n * stride, *tops = sums + n;
+    const float **qs = S.qs;
+    float **os = S.os;
+    int64_t *keys = S.keys;
     const float *kg = J->kc + g * J->cap * J->hd, *vg = J->vc + g * J->cap * J->hd;
     for (int64_t t = 0, u = 0; t < J->rows; t++)
         for (int64_t h = h0; h < h1; h++, u++) {
