@@ -259,8 +259,7 @@ class SpeculativeExecution:
         with self._phase("plain") as forward:
             logits, hidden = self.trunk.forward_keep_all([last], want_hidden=seq.want_hidden and self._armed)
         self.stats.plain_steps += 1
-        if self._armed:
-            self._commit([last], None if carry is None else carry[None], p)
+        self._commit([last], None if carry is None else carry[None], p)
         seq.carry = hidden[-1] if hidden is not None else None
         token = self.sampler.sample(logits[-1], p + 1, seq.history)
         # the step's cost is the forward, the draw and the commit: what a verify step's is, but
@@ -269,8 +268,7 @@ class SpeculativeExecution:
         if attempted:
             self.governor.record_empty_proposal(draft_ms)
         self.governor.record(False, step_ms, 1)
-        if self._armed:
-            self._observe(False, step_ms, 1, 0)
+        self._observe(False, step_ms, 1, 0)
         self._emit(seq, token)
 
     def _verify_step(self, seq: SequenceState, p: int, drafts: list[int], step_start: float,
