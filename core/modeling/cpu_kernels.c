@@ -45,6 +45,12 @@
 #include <sched.h>
 #include <stdatomic.h>
 #include <time.h>
+#if defined(__linux__)
+#include <sys/mman.h>
+#ifndef MADV_COLLAPSE
+#define MADV_COLLAPSE 25 /* Linux 6.1's value (older C headers lack it; older kernels refuse it) */
+#endif
+#endif
 #if defined(__x86_64__) || defined(_M_X64)
 #include <immintrin.h>
 #define QG_X86 1
@@ -2508,6 +2514,47 @@ static PyObject *py_layers_forward(PyObject *self, PyObject *args) {
     Py_RETURN_NONE;
 }
 
+/* ---- huge pages for the weight stream (the `huge_pages` switch) --------------------------
+ * A decode step streams every weight once (~115 MB for the embedded model): on 4 KiB pages that
+ * is a TLB miss and a page walk every 4 KiB, ~28,000 a step. advise_huge_pages(addr, nbytes,
+ * collapse) asks Linux to back the 2 MiB-aligned pages inside [addr, addr + nbytes) with huge
+ * pages (MADV_HUGEPAGE: later faults take them) and, with collapse, to move the pages already
+ * there into huge pages now (MADV_COLLAPSE, Linux 6.1+; the contents stay as they are). Returns
+ * the bytes advised (collapse: collapsed), 0 where the system refuses or has no such call, or
+ * with set_huge_pages(False). Nothing computed changes: only which pages hold the bytes. */
+static int use_huge_pages = 1;
+#define HUGE_PAGE ((uintptr_t)2 << 20)
+
+static PyObject *py_advise_huge_pages(PyObject *self, PyObject *args) {
+    unsigned long long addr, nbytes;
+    int collapse;
+    if (!PyArg_ParseTuple(args, "KKp", &addr, &nbytes, &collapse)) return NULL;
+    if (nbytes > UINTPTR_MAX - addr) {
+        PyErr_SetString(PyExc_ValueError, "advise_huge_pages: the range wraps around");
+        return NULL;
+    }
+    long long advised = 0;
+#if defined(__linux__) && defined(MADV_HUGEPAGE)
+    const uintptr_t lo = ((uintptr_t)addr + HUGE_PAGE - 1) & ~(HUGE_PAGE - 1);
+    const uintptr_t hi = ((uintptr_t)addr + (uintptr_t)nbytes) & ~(HUGE_PAGE - 1);
+    if (use_huge_pages && hi > lo && madvise((void *)lo, hi - lo, MADV_HUGEPAGE) == 0) {
+        advised = (long long)(hi - lo);
+        if (collapse) {
+            int rc;
+            Py_BEGIN_ALLOW_THREADS
+            rc = madvise((void *)lo, hi - lo, MADV_COLLAPSE);
+            Py_END_ALLOW_THREADS
+            if (rc != 0) advised = 0;
+        }
+    }
+#else
+    (void)addr;
+    (void)nbytes;
+    (void)collapse;
+#endif
+    return PyLong_FromLongLong(advised);
+}
+
 /* gemm(fmt, q, d, m, N, K, x, R, out, base, threads[, int8]): out[R, N] = (base[R, N] +) x[R, K] @ W^T;
  * x, out and base are contiguous float32; base 0 means none; int8 true: x quantised per row
  * (the int8 arithmetic above; format 32 keeps float32) */
@@ -2641,6 +2688,7 @@ DEFINE_SWITCH(tree_sums, use_tree_sums)
 DEFINE_SWITCH(pair_spans, use_pair_spans)
 DEFINE_SWITCH(decode_spans, use_decode_spans)
 DEFINE_SWITCH(tile_spans, use_tile_spans)
+DEFINE_SWITCH(huge_pages, use_huge_pages)
 
 static PyObject *py_info(PyObject *self, PyObject *noargs) {
     const char *int8 = "scalar";
@@ -3139,6 +3187,10 @@ static PyMethodDef methods[] = {
      "False: attention in chunks of query heads over all keys, not of key segments (A/B runs, tests)"},
     {"set_guided", py_set_guided, METH_VARARGS,
      "False: a gemm's output rows in equal chunks (4 a thread), not shrinking ones (A/B runs, tests)"},
+    {"advise_huge_pages", py_advise_huge_pages, METH_VARARGS,
+     "advise_huge_pages(addr, nbytes, collapse): back the 2 MiB pages inside a range with huge pages; bytes advised"},
+    {"set_huge_pages", py_set_huge_pages, METH_VARARGS,
+     "False: advise_huge_pages does nothing and returns 0 (A/B runs, tests)"},
     {"info", py_info, METH_NOARGS, "which paths this build has"},
     {"probe_fma", py_probe_fma, METH_VARARGS, "roofline probe: chunks of independent FMA chains"},
     {"probe_read", py_probe_read, METH_VARARGS, "roofline probe: sum a float32 buffer (read bandwidth)"},
