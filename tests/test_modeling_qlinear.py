@@ -384,6 +384,52 @@ def test_decode_row_in_weight_row_pairs_equals_one_at_a_time(k, precision, fmt, 
     assert torch.equal(bm.linear(x, base, precision=precision)[:1], paired)
 
 
+def zero_m_gemm(bm: BlockMatrix, x: torch.Tensor, base: torch.Tensor | None, threads: int, zero_m: bool) -> torch.Tensor:
+    """x @ W^T (+ base) on the kernels' gemm, the weight described with or without zero_m."""
+    rows, n = x.shape[0], bm.shape[0]
+    out = torch.empty(rows, n)
+    native.kernels().gemm(bm.fmt, bm.q.data_ptr(), bm.d.data_ptr(), bm.m.data_ptr(), n, bm.shape[1], x.data_ptr(), rows,
+                          out.data_ptr(), 0 if base is None else base.data_ptr(), threads, False, zero_m)
+    return out
+
+
+@needs_native
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("k", [32, 576])
+def test_decode_row_skipping_a_zero_m_equals_reading_it(k, threads, scalar_path):
+    """Format 8 weights whose m are all 0 (Q8_0), described with zero_m: a decode row's pairs
+    multiply q by d and never read m; each output equals the pair kernel's fma(q, d, 0), the
+    scalar path's and a 3-row call's, bit for bit, also where products are -0 (zero q, negative
+    d, zeros and -0 in x) and with infinities in x (N = 4099: pairs and a last row alone)."""
+    kernels = native.kernels()
+    n, g = 4099, torch.Generator().manual_seed(k)
+    bm = random_blocks(8, n, k, seed=k)
+    bm.q[:, ::7] = 0  # zero weights: -0 products where d < 0
+    bm.d.mul_(torch.where(torch.rand(bm.d.shape, generator=g) < 0.5, -1.0, 1.0))
+    bm.m.zero_()
+    x = torch.randn(3, k, generator=g)
+    x[0, ::5] = 0.0
+    x[0, 1::5] = -0.0
+    base = torch.randn(3, n, generator=g)
+    for xs, bs in ((x, base), (x, None)):
+        skip = zero_m_gemm(bm, xs[:1], None if bs is None else bs[:1], threads, True)
+        read = zero_m_gemm(bm, xs[:1], None if bs is None else bs[:1], threads, False)
+        kernels.set_zero_m(False)
+        try:
+            off = zero_m_gemm(bm, xs[:1], None if bs is None else bs[:1], threads, True)
+        finally:
+            kernels.set_zero_m(True)
+        with scalar_path():
+            slow = zero_m_gemm(bm, xs[:1], None if bs is None else bs[:1], threads, True)
+        rows3 = zero_m_gemm(bm, xs, bs, threads, True)[:1]
+        for other in (read, off, slow, rows3):
+            assert torch.equal(skip.view(torch.int32), other.view(torch.int32))  # the bits, signed zeros too
+    x[0, 3] = float("inf")
+    assert torch.equal(zero_m_gemm(bm, x[:1], None, threads, True).isnan(), zero_m_gemm(bm, x[:1], None, threads, False).isnan())
+    with pytest.raises(ValueError, match="zero_m"):
+        zero_m_gemm(random_blocks(4, 8, 32), x[:1, :32], None, 1, True)
+
+
 @needs_native
 @pytest.mark.parametrize("fmt", [4, 8, 16, 32])
 @pytest.mark.parametrize("k", [32, 96, 160])  # 1, 3 and 5 blocks (a tile's step is one block)

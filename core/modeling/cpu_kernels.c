@@ -590,6 +590,45 @@ QG_AVX2 static void dot_pair_q8_span_avx2(const uint8_t *q, int64_t q_row, const
     }
 }
 
+/* a decode row against format-8 weight rows whose m is all zero (Q8_0: the LM head of most
+ * GGUFs; the `zero_m` switch, for weights described with zero_m): each weight is q * d by a
+ * multiply and m is never read, a tenth of the bytes such a matrix streams. Bit for bit
+ * dot_pair_avx2(8, ..): there w = fma(q, d, +0), the same rounded product except where it is
+ * -0 (q or d zero, signs differing), which the fma makes +0; a product w * x of -0 or +0 then
+ * adds to an accumulator that is never -0 (it starts at +0, and a sum that cancels exactly is
+ * +0), leaving it as it was either way (and 0 * inf is NaN either way). Same lanes, chains and
+ * order as the pair kernel otherwise. */
+QG_AVX2 static void dot_pair_q8z_span_avx2(const uint8_t *q, int64_t q_row, const float *d, int64_t s_row, int64_t nb,
+                                           const float *x, int64_t groups, float *out, const float *base) {
+    for (int64_t g = 0; g < groups; g++) {
+        const uint8_t *qg = q + 2 * g * q_row;
+        const float *dg = d + 2 * g * s_row;
+        __m256 a[2] = {_mm256_setzero_ps(), _mm256_setzero_ps()}, b[2] = {a[0], a[1]};
+        for (int64_t blk = 0; blk < nb; blk++) {
+            const float *xb = x + blk * QK;
+            const __m256 x0 = _mm256_loadu_ps(xb), x1 = _mm256_loadu_ps(xb + 8);
+            const __m256 x2 = _mm256_loadu_ps(xb + 16), x3 = _mm256_loadu_ps(xb + 24);
+            for (int c = 0; c < 2; c++) {
+                const uint8_t *qb = qg + c * q_row + blk * 32;
+                _mm_prefetch((const char *)qb + PREFETCH_BYTES, _MM_HINT_T0);
+                const __m256 dv = _mm256_set1_ps(dg[c * s_row + blk]);
+                __m256 w[4];
+                for (int k = 0; k < 4; k++)
+                    w[k] = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(qb + 8 * k)))),
+                                         dv);
+                a[c] = _mm256_fmadd_ps(w[0], x0, a[c]);
+                b[c] = _mm256_fmadd_ps(w[1], x1, b[c]);
+                a[c] = _mm256_fmadd_ps(w[2], x2, a[c]);
+                b[c] = _mm256_fmadd_ps(w[3], x3, b[c]);
+            }
+        }
+        for (int c = 0; c < 2; c++) {
+            const float r = hsum_avx2(a[c], b[c]);
+            out[2 * g + c] = base != NULL ? base[2 * g + c] + r : r;
+        }
+    }
+}
+
 QG_AVX2 static void dots_fused_avx2(int fmt, const uint8_t *q, const float *d, const float *m, int64_t nb,
                                     const float *x, int64_t xs, int64_t R, float *res) {
     switch (fmt) {
@@ -635,6 +674,7 @@ static int use_key_segments = 1; /* 0: attention in chunks of query heads over a
 static int use_pair_spans = 1; /* 0: a 2-row call's pair tiles one call a pair of weight rows (A/B, tests) */
 static int use_decode_spans = 1; /* 0: a decode row's quads / pairs one call a group of weight rows (A/B, tests) */
 static int use_tile_spans = 1; /* 0: 3+ rows' tiles one call a tile, not a chunk's weight rows in one (A/B, tests) */
+static int use_zero_m = 1; /* 0: a decode row reads a zero_m weight's m like any other's (A/B, tests) */
 
 static inline int simd_on(void) { return use_simd != 0 && have_avx2(); }
 
@@ -1307,6 +1347,7 @@ typedef struct {
     const uint8_t *q;
     const float *d, *m;
     int64_t N, K;
+    int zero_m; /* the caller vouches that every m is 0 (format 8): decode rows skip m (zero_m switch) */
 } QWeight;
 
 #define ROW_CHUNK 8   /* output rows per chunk (at least) */
@@ -1390,6 +1431,7 @@ static void gemm_chunk(void *arg, int64_t c) {
             const int64_t group = W->fmt == 4 ? 4 : 2, groups = (n1 - n) / group; /* a decode row: every group */
             const float *bs = J->base != NULL ? J->base + n : NULL;
             if (W->fmt == 4) dot_quad_q4_span_avx2(q, nb * bb, d, m, ns, nb, J->x, groups, J->out + n, bs);
+            else if (W->zero_m && use_zero_m) dot_pair_q8z_span_avx2(q, nb * bb, d, ns, nb, J->x, groups, J->out + n, bs);
             else dot_pair_q8_span_avx2(q, nb * bb, d, m, ns, nb, J->x, groups, J->out + n, bs);
             n += group * groups - 1; /* the rows left over go on below */
             continue;
@@ -2332,6 +2374,7 @@ static int check_weight(QWeight *W, int fmt, unsigned long long q, unsigned long
     W->m = (const float *)(uintptr_t)m;
     W->N = N;
     W->K = K;
+    W->zero_m = 0;
     return 1;
 }
 
@@ -2555,17 +2598,23 @@ static PyObject *py_advise_huge_pages(PyObject *self, PyObject *args) {
     return PyLong_FromLongLong(advised);
 }
 
-/* gemm(fmt, q, d, m, N, K, x, R, out, base, threads[, int8]): out[R, N] = (base[R, N] +) x[R, K] @ W^T;
+/* gemm(fmt, q, d, m, N, K, x, R, out, base, threads[, int8[, zero_m]]): out[R, N] = (base[R, N] +) x[R, K] @ W^T;
  * x, out and base are contiguous float32; base 0 means none; int8 true: x quantised per row
  * (the int8 arithmetic above; format 32 keeps float32) */
 static PyObject *py_gemm(PyObject *self, PyObject *args) {
     QWeight W;
-    int fmt, threads, rc, int8 = 0;
+    int fmt, threads, rc, int8 = 0, zero_m = 0;
     unsigned long long q, d, m, x, out, base;
     long long N, K, R;
-    if (!PyArg_ParseTuple(args, "iKKKLLKLKKi|p", &fmt, &q, &d, &m, &N, &K, &x, &R, &out, &base, &threads, &int8))
+    if (!PyArg_ParseTuple(args, "iKKKLLKLKKi|pp", &fmt, &q, &d, &m, &N, &K, &x, &R, &out, &base, &threads, &int8,
+                          &zero_m))
         return NULL;
     if (!check_weight(&W, fmt, q, d, m, N, K)) return NULL;
+    if (zero_m && fmt != 8) {
+        PyErr_SetString(PyExc_ValueError, "zero_m describes format 8 weights only");
+        return NULL;
+    }
+    W.zero_m = zero_m;
     if (!x || !out || R < 0) {
         PyErr_SetString(PyExc_ValueError, "bad gemm operands");
         return NULL;
@@ -2689,6 +2738,7 @@ DEFINE_SWITCH(pair_spans, use_pair_spans)
 DEFINE_SWITCH(decode_spans, use_decode_spans)
 DEFINE_SWITCH(tile_spans, use_tile_spans)
 DEFINE_SWITCH(huge_pages, use_huge_pages)
+DEFINE_SWITCH(zero_m, use_zero_m)
 
 static PyObject *py_info(PyObject *self, PyObject *noargs) {
     const char *int8 = "scalar";
@@ -2975,12 +3025,19 @@ static PyObject *py_rms_norm_torch(PyObject *self, PyObject *args) {
     Py_RETURN_NONE;
 }
 
+/* (fmt, q, d, m, N, K[, zero_m]): zero_m true vouches that every m is 0 (format 8 only) */
 static int parse_weight(PyObject *t, QWeight *W) {
-    int fmt;
+    int fmt, zero_m = 0;
     unsigned long long q, d, m;
     long long n, k;
-    if (!PyArg_ParseTuple(t, "iKKKLL", &fmt, &q, &d, &m, &n, &k)) return 0;
-    return check_weight(W, fmt, q, d, m, n, k);
+    if (!PyArg_ParseTuple(t, "iKKKLL|p", &fmt, &q, &d, &m, &n, &k, &zero_m)) return 0;
+    if (!check_weight(W, fmt, q, d, m, n, k)) return 0;
+    if (zero_m && fmt != 8) {
+        PyErr_SetString(PyExc_ValueError, "zero_m describes format 8 weights only");
+        return 0;
+    }
+    W->zero_m = zero_m;
+    return 1;
 }
 
 static void embed_rows(const QWeight *E, const long long *ids, int64_t rows, float *x) {
@@ -3189,6 +3246,8 @@ static PyMethodDef methods[] = {
      "False: a gemm's output rows in equal chunks (4 a thread), not shrinking ones (A/B runs, tests)"},
     {"advise_huge_pages", py_advise_huge_pages, METH_VARARGS,
      "advise_huge_pages(addr, nbytes, collapse): back the 2 MiB pages inside a range with huge pages; bytes advised"},
+    {"set_zero_m", py_set_zero_m, METH_VARARGS,
+     "False: a decode row reads the m of format 8 weights described with zero_m like any other's (A/B runs, tests)"},
     {"set_huge_pages", py_set_huge_pages, METH_VARARGS,
      "False: advise_huge_pages does nothing and returns 0 (A/B runs, tests)"},
     {"info", py_info, METH_NOARGS, "which paths this build has"},
