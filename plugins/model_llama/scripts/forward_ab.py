@@ -57,21 +57,25 @@ def main() -> int:
     rows_set = [int(r) for r in args.rows.split(",")]
     target = load_llama(embedded_model_path(), {"dtype": args.dtype})
     targets = {"A": target, "B": target}
-    sides = {"B": (native.kernels(), target._stack, True)}
+    sides = {"B": (native.kernels(), target._stack, True, target._step_head)}
     flips = {"A": True, "B": True}
     setters = []  # the kernels' set_NAME of a switch:NAME baseline
     if args.baseline.startswith("switch:"):
         setters = [getattr(native.kernels(), f"set_{name}") for name in args.baseline.split(":", 1)[1].split("+")]
         sides["A"], flips["A"] = sides["B"], False
     elif args.baseline == "per-op":
-        sides["A"] = (native.kernels(), target._stack, False)
+        sides["A"] = (native.kernels(), target._stack, False, target._step_head)
     elif args.baseline.startswith("dtype:"):
         targets["A"] = load_llama(embedded_model_path(), {"dtype": args.baseline.split(":", 1)[1]})
-        sides["A"] = (native.kernels(), targets["A"]._stack, True)
+        sides["A"] = (native.kernels(), targets["A"]._stack, True, targets["A"]._step_head)
     else:
         build = load_build(args.baseline)
         native._module, target._kernels = build, build
-        sides["A"] = (build, target._layer_stack(), True)
+        stack = target._layer_stack()
+        held = target._step_work  # side B's head holds its address: keep it alive
+        target._stack = stack  # the one-call step's head described for that build (its arguments)
+        sides["A"] = (build, stack, True, target._native_head())
+        target._held_work = held
 
     def switch(on: bool) -> None:
         for setter in setters:
@@ -80,9 +84,9 @@ def main() -> int:
     def use(side: str) -> None:
         nonlocal target
         target = targets[side]
-        kernels, stack, fused = sides[side]
+        kernels, stack, fused, head = sides[side]
         native._module = target._kernels = kernels
-        target._stack, target.fused_blocks = stack, fused
+        target._stack, target.fused_blocks, target._step_head = stack, fused, head
         switch(flips[side])
 
     # one thread: the caller's CPU time (every op runs on it; other processes on a shared machine

@@ -252,11 +252,12 @@ class LlamaTarget:
         def describe(w: BlockMatrix):
             return (w.fmt, w.q.data_ptr(), w.d.data_ptr(), w.m.data_ptr(), w.shape[0], w.shape[1])
 
-        # a format-8 LM head whose m are all 0 (Q8_0): the decode row's kernel reads no m
-        lm_head = self._lm_head
-        zero_m = lm_head.fmt == 8 and not bool(lm_head.m.any())
-        return (describe(self._embed), (*describe(lm_head), zero_m), lanes, self._output_norm.data_ptr(),
-                self._step_work.data_ptr())
+        # a format-8 LM head whose m are all 0 (Q8_0): the decode row's kernel reads no m (a
+        # build without the zero_m switch takes the six-item description)
+        lm_head = describe(self._lm_head)
+        if hasattr(self._kernels, "set_zero_m"):
+            lm_head += (self._lm_head.fmt == 8 and not bool(self._lm_head.m.any()),)
+        return (describe(self._embed), lm_head, lanes, self._output_norm.data_ptr(), self._step_work.data_ptr())
 
     def _step_in_one_call(self, tokens: Sequence[int], all_logits_rows: bool, want_hidden: bool):
         """``spec_forward`` in one native call (``model_step``): (logits, hidden), or None when
