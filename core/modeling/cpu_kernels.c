@@ -2463,12 +2463,24 @@ static void stack_free(PyObject *capsule) {
     }
 }
 
-static int parse_matrix(PyObject *t, QWeight *W, long long N, long long K, const char *name) {
-    int fmt;
+/* (fmt, q, d, m, N, K[, zero_m]): zero_m true vouches that every m is 0 (format 8 only) */
+static int parse_weight(PyObject *t, QWeight *W) {
+    int fmt, zero_m = 0;
     unsigned long long q, d, m;
     long long n, k;
-    if (!PyArg_ParseTuple(t, "iKKKLL", &fmt, &q, &d, &m, &n, &k)) return 0;
+    if (!PyArg_ParseTuple(t, "iKKKLL|p", &fmt, &q, &d, &m, &n, &k, &zero_m)) return 0;
     if (!check_weight(W, fmt, q, d, m, n, k)) return 0;
+    if (zero_m && fmt != 8) {
+        PyErr_SetString(PyExc_ValueError, "zero_m describes format 8 weights only");
+        return 0;
+    }
+    W->zero_m = zero_m;
+    return 1;
+}
+
+static int parse_matrix(PyObject *t, QWeight *W, long long N, long long K, const char *name) {
+    if (!parse_weight(t, W)) return 0; /* (fmt, q, d, m, N, K[, zero_m]) */
+    const long long n = W->N, k = W->K;
     if (n != N || k != K) {
         PyErr_Format(PyExc_ValueError, "%s is [%lld, %lld], the block needs [%lld, %lld]", name, n, k, N, K);
         return 0;
@@ -2478,7 +2490,7 @@ static int parse_matrix(PyObject *t, QWeight *W, long long N, long long K, const
 
 /* layers_new((H, heads, kv_heads, hd, rope_dim, ffn, eps), layers): each layer a tuple
  * (attn_norm, bqkv, bo, ffn_norm, wqkv, wo, gate_up, down): addresses (0: no bias) and four
- * matrices (fmt, q, d, m, N, K); returns a capsule the caller keeps with the tensors */
+ * matrices (fmt, q, d, m, N, K[, zero_m]); returns a capsule the caller keeps with the tensors */
 static PyObject *py_layers_new(PyObject *self, PyObject *args) {
     long long H, heads, kv_heads, hd, rope_dim, ffn;
     float eps;
@@ -3023,21 +3035,6 @@ static PyObject *py_rms_norm_torch(PyObject *self, PyObject *args) {
     rms_norm_torch_rows((const float *)(uintptr_t)x, n, (const float *)(uintptr_t)w, (float *)(uintptr_t)out, rows, n,
                         eps, lanes);
     Py_RETURN_NONE;
-}
-
-/* (fmt, q, d, m, N, K[, zero_m]): zero_m true vouches that every m is 0 (format 8 only) */
-static int parse_weight(PyObject *t, QWeight *W) {
-    int fmt, zero_m = 0;
-    unsigned long long q, d, m;
-    long long n, k;
-    if (!PyArg_ParseTuple(t, "iKKKLL|p", &fmt, &q, &d, &m, &n, &k, &zero_m)) return 0;
-    if (!check_weight(W, fmt, q, d, m, n, k)) return 0;
-    if (zero_m && fmt != 8) {
-        PyErr_SetString(PyExc_ValueError, "zero_m describes format 8 weights only");
-        return 0;
-    }
-    W->zero_m = zero_m;
-    return 1;
 }
 
 static void embed_rows(const QWeight *E, const long long *ids, int64_t rows, float *x) {

@@ -57,6 +57,27 @@ def test_fused_blocks_equal_per_op_blocks_on_tiny_llamas(tiny, shape, arithmetic
     assert_bit_equal(run_both(target, ids, [20, 9, 1], taps=[0, 1, 2]))
 
 
+@pytest.mark.parametrize("arithmetic", sorted(ARITHMETIC))
+def test_fused_blocks_equal_per_op_blocks_on_a_q8_0_llama(tiny, arithmetic):
+    """Q8_0 everywhere: the block matrices and the LM head are format 8 with every m 0, so the
+    fused path describes them with zero_m (a decode row's pairs multiply q by d and read no m)
+    while the per-op path reads m: the same bits, and the same with the switch off."""
+    from gguf import GGMLQuantizationType as T
+
+    _, target, _ = tiny(quantize={"*": T.Q8_0}, dtype=ARITHMETIC[arithmetic])
+    layer = target._layers[0]
+    assert all(w.fmt == 8 and not w.m.any() for w in (layer.wqkv, layer.wo, layer.w_gate_up, layer.w_down))
+    ids = prompt(40)
+    out = run_both(target, ids, [20, 1, 1, 4, 1], taps=None)
+    assert_bit_equal(out)
+    native.kernels().set_zero_m(False)
+    try:
+        off = run_both(target, ids, [20, 1, 1, 4, 1], taps=None)
+    finally:
+        native.kernels().set_zero_m(True)
+    assert all(torch.equal(a, b) for a, b in zip(out[True], off[True]))
+
+
 def test_dense_matrices_keep_the_per_op_path(tiny):
     """A target whose matrices are not all blocks has no layer stack (the per-op path runs)."""
     _, target, _ = tiny(dtype="float32")

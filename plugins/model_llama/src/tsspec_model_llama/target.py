@@ -206,8 +206,11 @@ class LlamaTarget:
         if not all(isinstance(w, BlockMatrix) for ws in matrices for w in ws):
             return None
 
+        zero_m = hasattr(k, "set_zero_m")  # a build that takes the flag: format 8 with every m 0
+
         def describe(w: BlockMatrix):
-            return (w.fmt, w.q.data_ptr(), w.d.data_ptr(), w.m.data_ptr(), w.shape[0], w.shape[1])
+            plain = (w.fmt, w.q.data_ptr(), w.d.data_ptr(), w.m.data_ptr(), w.shape[0], w.shape[1])
+            return plain + (w.fmt == 8 and not bool(w.m.any()),) if zero_m else plain
 
         def address(t):
             return 0 if t is None else t.contiguous().data_ptr()
