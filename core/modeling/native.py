@@ -82,9 +82,9 @@ def byte_ranges(tensors: Iterable[torch.Tensor], gap: int = PAGE_GAP) -> list[tu
 
 
 def huge_pages(tensors: Iterable[torch.Tensor], *, collapse: bool = True) -> int:
-    """Back the memory of CPU tensors that a step streams (a model's weights, its KV cache) with
-    2 MiB pages where the system allows it: fewer TLB misses per byte streamed, the same bytes
-    (no value changes). ``collapse`` moves pages already written into huge pages now (Linux
+    """Back the memory of CPU tensors that a step streams (a model's weights) with 2 MiB pages
+    where the system allows it: fewer TLB misses per byte streamed, the same bytes (no value
+    changes). ``collapse`` moves pages already written into huge pages now (Linux
     6.1+); without it only pages touched later take them (for memory not yet written: it stays
     uncommitted). Returns the bytes advised; 0 without the kernels, off Linux, where the system
     refuses, or with the kernels' ``set_huge_pages(False)``."""

@@ -73,6 +73,16 @@ def _embedding(ids: torch.Tensor, table) -> torch.Tensor:
     return table.rows(ids) if isinstance(table, BlockMatrix) else F.embedding(ids, table)
 
 
+def _describe(w: BlockMatrix, kernels) -> tuple:
+    """A block matrix as the compiled kernels take it, (fmt, q, d, m, N, K), and for a build with
+    the ``zero_m`` switch whether every m is 0 (format 8 from Q8_0: its decode rows then read no
+    m; a build without the switch takes the six items)."""
+    plain = (w.fmt, w.q.data_ptr(), w.d.data_ptr(), w.m.data_ptr(), w.shape[0], w.shape[1])
+    if not hasattr(kernels, "set_zero_m"):
+        return plain
+    return (*plain, w.fmt == 8 and not bool(w.m.any()))
+
+
 class _Layer:
     """One block's prepared tensors (plain attributes: the hot loop reads them directly)."""
 
@@ -206,11 +216,8 @@ class LlamaTarget:
         if not all(isinstance(w, BlockMatrix) for ws in matrices for w in ws):
             return None
 
-        zero_m = hasattr(k, "set_zero_m")  # a build that takes the flag: format 8 with every m 0
-
         def describe(w: BlockMatrix):
-            plain = (w.fmt, w.q.data_ptr(), w.d.data_ptr(), w.m.data_ptr(), w.shape[0], w.shape[1])
-            return plain + (w.fmt == 8 and not bool(w.m.any()),) if zero_m else plain
+            return _describe(w, k)
 
         def address(t):
             return 0 if t is None else t.contiguous().data_ptr()
@@ -252,15 +259,8 @@ class LlamaTarget:
         # the target keeps (no tensor is made for them per step), [2 * GEMM_ROWS, H]
         self._step_work = torch.empty((2 * GEMM_ROWS, self.hparams.hidden_size), dtype=torch.float32)
 
-        def describe(w: BlockMatrix):
-            return (w.fmt, w.q.data_ptr(), w.d.data_ptr(), w.m.data_ptr(), w.shape[0], w.shape[1])
-
-        # a format-8 LM head whose m are all 0 (Q8_0): the decode row's kernel reads no m (a
-        # build without the zero_m switch takes the six-item description)
-        lm_head = describe(self._lm_head)
-        if hasattr(self._kernels, "set_zero_m"):
-            lm_head += (self._lm_head.fmt == 8 and not bool(self._lm_head.m.any()),)
-        return (describe(self._embed), lm_head, lanes, self._output_norm.data_ptr(), self._step_work.data_ptr())
+        return (_describe(self._embed, self._kernels), _describe(self._lm_head, self._kernels), lanes,
+                self._output_norm.data_ptr(), self._step_work.data_ptr())
 
     def _step_in_one_call(self, tokens: Sequence[int], all_logits_rows: bool, want_hidden: bool):
         """``spec_forward`` in one native call (``model_step``): (logits, hidden), or None when
