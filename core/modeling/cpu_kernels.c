@@ -1051,6 +1051,206 @@ QG_AVX2 static void dots_q8_avx2(int fmt, const uint8_t *q, const float *d, cons
 }
 #endif
 
+/* ---- int8 verify spans: one call a chunk of weight rows, tiles specialised by row count ----
+ * A 2+ row int8 call (formats 4 and 8) hands all of a chunk's weight rows to one span function;
+ * for each weight row the rows of x go in near-equal tiles of at most 4 (9 = 3 + 3 + 3, 7 = 4 +
+ * 3), the tile sizes constants for 2-10 rows. A tile holds a group of 4 weight blocks in
+ * registers (format 4: the nibbles; format 8: |w|, the signs read again from L1 per row) while
+ * they multiply into every row of the tile. The float part of every output is the tile's above
+ * (DEFINE_Q8G_TILE): per group, acc = fma(isum, d * dx, acc), acc = fma(m, s, acc), the last
+ * nb mod 4 blocks in lanes 0 .. nt-1, result (l0 + l2) + (l1 + l3); only the integer sums are
+ * formed in another order (exact), so a span's rows equal the 1-row path and the scalar path bit
+ * for bit. Format 4 sums a group's maddubs pairs in int16 before one madd (a sum of 8 products
+ * of a nibble and an int8 is at most 8 x 15 x 127 = 15240, no saturation) and reduces the four
+ * blocks with unpacks instead of hadd. Switch: set_int8_spans (off: the per-tile driver). */
+static int use_int8_spans = 1;
+
+#ifdef QG_X86
+/* the four blocks' int32 lane vectors v[4] reduced to one int32 sum a block (block i in lane i) */
+QG_AVX2 static inline __attribute__((always_inline)) __m128i group_reduce_avx2(const __m256i *v) {
+    const __m256i a = _mm256_add_epi32(_mm256_unpacklo_epi32(v[0], v[1]), _mm256_unpackhi_epi32(v[0], v[1]));
+    const __m256i c = _mm256_add_epi32(_mm256_unpacklo_epi32(v[2], v[3]), _mm256_unpackhi_epi32(v[2], v[3]));
+    const __m256i e = _mm256_add_epi32(_mm256_unpacklo_epi64(a, c), _mm256_unpackhi_epi64(a, c));
+    return _mm_add_epi32(_mm256_castsi256_si128(e), _mm256_extracti128_si256(e, 1));
+}
+
+/* one row of xq (x: the group's first value) against a group of 4 blocks held in hw (format 4:
+ * nibbles; format 8: |w|, signs from qb), exact int sums block i in lane i */
+QG_AVX2 static inline __attribute__((always_inline)) __m128i group_sums_avx2(const int fmt, const __m256i *hw,
+                                                                             const uint8_t *qb, const int8_t *x) {
+    if (fmt == 4) {
+        __m256i p[4];
+        for (int i = 0; i < 4; i++) p[i] = _mm256_maddubs_epi16(hw[i], _mm256_loadu_si256((const __m256i *)(x + i * QK)));
+        const __m256i a = _mm256_add_epi16(_mm256_unpacklo_epi32(p[0], p[1]), _mm256_unpackhi_epi32(p[0], p[1]));
+        const __m256i c = _mm256_add_epi16(_mm256_unpacklo_epi32(p[2], p[3]), _mm256_unpackhi_epi32(p[2], p[3]));
+        const __m256i e = _mm256_add_epi16(_mm256_unpacklo_epi64(a, c), _mm256_unpackhi_epi64(a, c)); /* [16 x int16] */
+        const __m256i h = _mm256_madd_epi16(e, _mm256_set1_epi16(1));
+        return _mm_add_epi32(_mm256_castsi256_si128(h), _mm256_extracti128_si256(h, 1));
+    }
+    __m256i v[4];
+    for (int i = 0; i < 4; i++) {
+        const __m256i xs = _mm256_sign_epi8(_mm256_loadu_si256((const __m256i *)(x + i * QK)),
+                                            _mm256_loadu_si256((const __m256i *)(qb + i * QK)));
+        v[i] = _mm256_madd_epi16(_mm256_maddubs_epi16(hw[i], xs), _mm256_set1_epi16(1));
+    }
+    return group_reduce_avx2(v);
+}
+
+/* the same sums for the last nt < 4 blocks, their weights held in hw (zero past nt): the missing
+ * blocks read block 0's x and signs (in bounds) and multiply them by zero */
+QG_AVX2 static inline __attribute__((always_inline)) __m128i tail_sums_avx2(const int fmt, const __m256i *hw,
+                                                                            const uint8_t *qb, const int nt,
+                                                                            const int8_t *x) {
+    __m256i v[4];
+    for (int i = 0; i < 4; i++) {
+        const int at = i < nt ? i : 0;
+        __m256i xs = _mm256_loadu_si256((const __m256i *)(x + at * QK));
+        if (fmt != 4) xs = _mm256_sign_epi8(xs, _mm256_loadu_si256((const __m256i *)(qb + at * QK)));
+        v[i] = _mm256_madd_epi16(_mm256_maddubs_epi16(hw[i], xs), _mm256_set1_epi16(1));
+    }
+    return group_reduce_avx2(v);
+}
+
+#define QG_VNNI_SPAN __attribute__((target("avx2,fma,avx512f,avx512vl,avx512bw,avx512vnni")))
+QG_VNNI_SPAN static inline __attribute__((always_inline)) __m128i group_sums_vnni(const int fmt, const __m256i *hw,
+                                                                                  const uint8_t *qb, const int8_t *x) {
+    __m256i v[4];
+    for (int i = 0; i < 4; i++) {
+        __m256i xs = _mm256_loadu_si256((const __m256i *)(x + i * QK));
+        if (fmt != 4) xs = _mm256_sign_epi8(xs, _mm256_loadu_si256((const __m256i *)(qb + i * QK)));
+        v[i] = _mm256_dpbusd_epi32(_mm256_setzero_si256(), hw[i], xs);
+    }
+    return group_reduce_avx2(v);
+}
+
+QG_VNNI_SPAN static inline __attribute__((always_inline)) __m128i tail_sums_vnni(const int fmt, const __m256i *hw,
+                                                                                 const uint8_t *qb, const int nt,
+                                                                                 const int8_t *x) {
+    __m256i v[4];
+    for (int i = 0; i < 4; i++) {
+        const int at = i < nt ? i : 0;
+        __m256i xs = _mm256_loadu_si256((const __m256i *)(x + at * QK));
+        if (fmt != 4) xs = _mm256_sign_epi8(xs, _mm256_loadu_si256((const __m256i *)(qb + at * QK)));
+        v[i] = _mm256_dpbusd_epi32(_mm256_setzero_si256(), hw[i], xs);
+    }
+    return group_reduce_avx2(v);
+}
+
+/* rows r0 .. r0 + T - 1 of xq against weight row q (scales d, m): out[r, 0] (+ base[r, 0]) */
+#define DEFINE_Q8S_TILE(NAME, ATTR, SUMS, TAIL) \
+ATTR static inline __attribute__((always_inline)) void NAME(const int fmt, const uint8_t *q, const float *d, \
+                                                            const float *m, int64_t nb, const QAct *A, int64_t r0, \
+                                                            const int T, float *out, int64_t os, const float *base) { \
+    __m128 acc[4]; \
+    for (int t = 0; t < T; t++) acc[t] = _mm_setzero_ps(); \
+    const int64_t nb4 = nb & ~(int64_t)3, bb = fmt == 4 ? 16 : 32; \
+    for (int64_t b = 0; b < nb4; b += 4) { \
+        const uint8_t *qb = q + b * bb; \
+        _mm_prefetch((const char *)qb + PREFETCH_BYTES, _MM_HINT_T0); \
+        __m256i hw[4]; \
+        for (int i = 0; i < 4; i++) { \
+            const __m256i w = block_bytes_avx2(fmt, q, b + i); \
+            hw[i] = fmt == 4 ? w : _mm256_sign_epi8(w, w); \
+        } \
+        const __m128 dv = _mm_loadu_ps(d + b), mv = _mm_loadu_ps(m + b); \
+        for (int t = 0; t < T; t++) { \
+            const int64_t r = r0 + t; \
+            const __m128i isum = SUMS(fmt, hw, qb, A->q + r * A->K + b * QK); \
+            const __m128 scale = _mm_mul_ps(dv, _mm_loadu_ps(A->d + r * nb + b)); \
+            acc[t] = _mm_fmadd_ps(_mm_cvtepi32_ps(isum), scale, acc[t]); \
+            acc[t] = _mm_fmadd_ps(mv, _mm_loadu_ps(A->s32 + r * nb + b), acc[t]); \
+        } \
+    } \
+    if (nb4 < nb) { /* the last nb mod 4 blocks in lanes 0 .. nt-1 (b mod 4), as the scalar path */ \
+        const int nt = (int)(nb - nb4); \
+        const __m128i keep = _mm_cmpgt_epi32(_mm_set1_epi32(nt), _mm_setr_epi32(0, 1, 2, 3)); \
+        const __m128 dv = _mm_maskload_ps(d + nb4, keep), mv = _mm_maskload_ps(m + nb4, keep); \
+        const uint8_t *qb = q + nb4 * bb; \
+        __m256i hw[4]; \
+        for (int i = 0; i < 4; i++) { \
+            const __m256i w = i < nt ? block_bytes_avx2(fmt, q, nb4 + i) : _mm256_setzero_si256(); \
+            hw[i] = fmt == 4 ? w : _mm256_sign_epi8(w, w); \
+        } \
+        for (int t = 0; t < T; t++) { \
+            const int64_t r = r0 + t; \
+            const __m128i isum = TAIL(fmt, hw, qb, nt, A->q + r * A->K + nb4 * QK); \
+            const __m128 scale = _mm_mul_ps(dv, _mm_maskload_ps(A->d + r * nb + nb4, keep)); \
+            __m128 upd = _mm_fmadd_ps(_mm_cvtepi32_ps(isum), scale, acc[t]); \
+            upd = _mm_fmadd_ps(mv, _mm_maskload_ps(A->s32 + r * nb + nb4, keep), upd); \
+            acc[t] = _mm_blendv_ps(acc[t], upd, _mm_castsi128_ps(keep)); \
+        } \
+    } \
+    for (int t = 0; t < T; t++) { \
+        float lanes[4]; \
+        _mm_storeu_ps(lanes, acc[t]); \
+        const float one = (lanes[0] + lanes[2]) + (lanes[1] + lanes[3]); \
+        const int64_t at = (r0 + t) * os; \
+        out[at] = base != NULL ? base[at] + one : one; \
+    } \
+}
+
+/* every weight row of a chunk (count of them) against R rows of xq: for each weight row, tiles
+ * of T1, T2, T3 rows (constants; 0: none) or, for R > 10, near-equal tiles of at most 4 */
+#define Q8S_ROWS(TILE, FMT, T1, T2, T3) \
+    for (int64_t n = 0; n < count; n++) { \
+        const uint8_t *qn = q + n * q_row; \
+        const float *dn = d + n * s_row, *mn = m + n * s_row, *bn = base != NULL ? base + n : NULL; \
+        TILE(FMT, qn, dn, mn, nb, A, 0, T1, out + n, os, bn); \
+        if (T2) TILE(FMT, qn, dn, mn, nb, A, T1, T2, out + n, os, bn); \
+        if (T3) TILE(FMT, qn, dn, mn, nb, A, T1 + T2, T3, out + n, os, bn); \
+    }
+
+#define DEFINE_Q8S_SPAN(NAME, ATTR, TILE, FMT) \
+ATTR static void NAME(const uint8_t *q, int64_t q_row, const float *d, const float *m, int64_t s_row, int64_t nb, \
+                      const QAct *A, int64_t R, int64_t count, float *out, int64_t os, const float *base) { \
+    switch (R) { \
+        case 1: Q8S_ROWS(TILE, FMT, 1, 0, 0) return; \
+        case 2: Q8S_ROWS(TILE, FMT, 2, 0, 0) return; \
+        case 3: Q8S_ROWS(TILE, FMT, 3, 0, 0) return; \
+        case 4: Q8S_ROWS(TILE, FMT, 4, 0, 0) return; \
+        case 5: Q8S_ROWS(TILE, FMT, 3, 2, 0) return; \
+        case 6: Q8S_ROWS(TILE, FMT, 3, 3, 0) return; \
+        case 7: Q8S_ROWS(TILE, FMT, 4, 3, 0) return; \
+        case 8: Q8S_ROWS(TILE, FMT, 4, 4, 0) return; \
+        case 9: Q8S_ROWS(TILE, FMT, 3, 3, 3) return; \
+        case 10: Q8S_ROWS(TILE, FMT, 4, 3, 3) return; \
+    } \
+    const int64_t tiles = (R + 3) / 4; \
+    for (int64_t n = 0; n < count; n++) { \
+        const uint8_t *qn = q + n * q_row; \
+        const float *dn = d + n * s_row, *mn = m + n * s_row, *bn = base != NULL ? base + n : NULL; \
+        for (int64_t i = 0, r = 0; i < tiles; i++) { \
+            const int64_t rows = R / tiles + (i < R % tiles); \
+            switch (rows) { \
+                case 4: TILE(FMT, qn, dn, mn, nb, A, r, 4, out + n, os, bn); break; \
+                case 3: TILE(FMT, qn, dn, mn, nb, A, r, 3, out + n, os, bn); break; \
+                case 2: TILE(FMT, qn, dn, mn, nb, A, r, 2, out + n, os, bn); break; \
+                default: TILE(FMT, qn, dn, mn, nb, A, r, 1, out + n, os, bn); break; \
+            } \
+            r += rows; \
+        } \
+    } \
+}
+
+DEFINE_Q8S_TILE(q8s_tile_avx2, QG_AVX2, group_sums_avx2, tail_sums_avx2)
+DEFINE_Q8S_SPAN(q8s_span_q4_avx2, QG_AVX2, q8s_tile_avx2, 4)
+DEFINE_Q8S_SPAN(q8s_span_q8_avx2, QG_AVX2, q8s_tile_avx2, 8)
+DEFINE_Q8S_TILE(q8s_tile_vnni, QG_VNNI_SPAN, group_sums_vnni, tail_sums_vnni)
+DEFINE_Q8S_SPAN(q8s_span_q4_vnni, QG_VNNI_SPAN, q8s_tile_vnni, 4)
+DEFINE_Q8S_SPAN(q8s_span_q8_vnni, QG_VNNI_SPAN, q8s_tile_vnni, 8)
+
+/* rows 0 .. R-1 of xq against weight rows 0 .. count-1 (format 4 or 8), one call */
+QG_AVX2 static void q8s_span(int fmt, const uint8_t *q, int64_t q_row, const float *d, const float *m, int64_t s_row,
+                             int64_t nb, const QAct *A, int64_t R, int64_t count, float *out, int64_t os,
+                             const float *base) {
+    const int vnni = use_vnni && have_vnni();
+    if (fmt == 4)
+        (vnni ? q8s_span_q4_vnni : q8s_span_q4_avx2)(q, q_row, d, m, s_row, nb, A, R, count, out, os, base);
+    else
+        (vnni ? q8s_span_q8_vnni : q8s_span_q8_avx2)(q, q_row, d, m, s_row, nb, A, R, count, out, os, base);
+}
+#endif
+
 /* ---- thread pool ------------------------------------------------------------------------ */
 
 typedef void (*chunk_fn)(void *arg, int64_t chunk);
@@ -1341,6 +1541,12 @@ static void gemm_chunk_q8(const GemmJob *J, int64_t n0, int64_t n1, float *res) 
                     J->out[g0 * J->os + n] = J->base != NULL ? J->base[g0 * J->os + n] + res[c] : res[c];
                 n--;
                 continue;
+            }
+            if (simd && use_int8_spans && g1 - g0 > 1 && g1 - g0 == J->R && (W->fmt == 4 || W->fmt == 8)) {
+                /* every weight row left in the chunk, all rows, in one call */
+                q8s_span(W->fmt, q, nb * bb, d, m, ns, nb, A, J->R, n1 - n, J->out + n, J->os,
+                         J->base != NULL ? J->base + n : NULL);
+                break;
             }
             if (simd) {
                 for (int64_t r = g0; r < g1; r += Q8_TILE)
@@ -2630,6 +2836,7 @@ static PyObject *py_set_simd(PyObject *self, PyObject *args) {
         Py_RETURN_NONE; \
     }
 DEFINE_SWITCH(vnni, use_vnni)
+DEFINE_SWITCH(int8_spans, use_int8_spans)
 DEFINE_SWITCH(query_pairs, use_qpairs)
 DEFINE_SWITCH(wide_attention, use_wide_attn)
 DEFINE_SWITCH(guided, use_guided)
@@ -3115,6 +3322,8 @@ static PyMethodDef methods[] = {
     {"silu_mul", py_silu_mul, METH_VARARGS, "silu(gate) * up of rows"},
     {"set_simd", py_set_simd, METH_VARARGS, "False forces the scalar path (tests)"},
     {"set_vnni", py_set_vnni, METH_VARARGS, "False keeps the int8 path on AVX2 where VNNI exists (tests)"},
+    {"set_int8_spans", py_set_int8_spans, METH_VARARGS,
+     "False: int8 verify rows one call a weight row and tile, not a chunk's weight rows in one (A/B, tests)"},
     {"layers_new", py_layers_new, METH_VARARGS, "describe a stack of llama blocks once (a capsule)"},
     {"layers_forward", py_layers_forward, METH_VARARGS, "run blocks of a layer stack on residual rows, in place"},
     {"set_query_pairs", py_set_query_pairs, METH_VARARGS,
