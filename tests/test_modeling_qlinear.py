@@ -471,6 +471,40 @@ def test_unknown_precision_is_an_error():
 
 
 @needs_native
+@pytest.mark.parametrize("kind", TYPES)
+@pytest.mark.parametrize("k", [128, 160, 224])  # groups of four blocks only, tails of 1 and 3 blocks
+def test_int8_verify_spans_equal_per_tile_path_scalar_and_one_row(kind, k, scalar_path):
+    """int8 verify rows in one span call a chunk (set_int8_spans, on by default: tiles by row
+    count, 9 = 3 + 3 + 3, over 10 rows near-equal tiles of at most 4) give every row the value
+    of the per-tile driver, of the scalar path and of the row alone, bit for bit, for every row
+    count 1..13, with and without a base, on gguf's own Q4_0 / Q4_1 / Q8_0 blocks (N = 19: a
+    chunk's last weight row alone) and on the VNNI path where the CPU has it."""
+    kernels = native.kernels()
+    w = np.random.default_rng(k).standard_normal((19, k)).astype(np.float32)
+    bm = pack_tensor(quants.quantize(w, kind).reshape(-1), kind, (19, k))
+    x = torch.randn(13, k, generator=torch.Generator().manual_seed(k))
+    x[5] = 0.0  # an all-zero row quantises with a zero scale
+    base = torch.randn(13, 19)
+    alone = torch.cat([bm.linear(x[r : r + 1], base[r : r + 1], precision="int8") for r in range(13)])
+    bare = torch.cat([bm.linear(x[r : r + 1], precision="int8") for r in range(13)])
+    with scalar_path():
+        assert torch.equal(bm.linear(x, base, precision="int8"), alone)
+    vnni_options = (True, False) if native.info()["int8"] == "avx512-vnni" else (True,)
+    try:
+        for spans, vnni in itertools.product((True, False), vnni_options):
+            kernels.set_int8_spans(spans)
+            kernels.set_vnni(vnni)
+            for rows in range(1, 14):
+                got = bm.linear(x[:rows], base[:rows], precision="int8")
+                assert torch.equal(got, alone[:rows]), (spans, vnni, rows)
+                assert torch.equal(bm.linear(x[:rows], precision="int8"), bare[:rows]), (spans, vnni, rows, "no base")
+            assert torch.equal(bm.linear(x[2:11], base[2:11], precision="int8"), alone[2:11])  # 9 rows, offset
+    finally:
+        kernels.set_int8_spans(True)
+        kernels.set_vnni(True)
+
+
+@needs_native
 def test_int8_vnni_path_equals_the_avx2_path():
     """Where the CPU has AVX-512 VNNI, vpdpbusd forms the same integer lanes as AVX2's
     maddubs + madd: the two paths (and the scalar one) agree bit for bit."""
