@@ -538,6 +538,11 @@ def test_roofline_probes_do_their_work_and_refuse_bad_operands():
     for chunks, threads in ((1, 1), (5, 2), (256, 2)):
         assert kernels.probe_read(buf.data_ptr(), buf.numel(), chunks, threads) == expected
     assert kernels.probe_fma(10, 3, 2) > 0
+    kernels.probe_int8(10, 3, 2)  # its checksum is the lanes' low bytes: any value
+    assert native.int8_rate(1000, 2) > 0
+    for bad in ((0, 3, 1), (10, 0, 1)):
+        with pytest.raises(ValueError, match="probe_int8"):
+            kernels.probe_int8(*bad)
     for bad in ((0, 3, 1), (10, 0, 1)):
         with pytest.raises(ValueError, match="probe_fma"):
             kernels.probe_fma(*bad)

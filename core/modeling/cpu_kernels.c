@@ -2516,6 +2516,42 @@ QG_AVX2 static void probe_read_chunk(void *arg, int64_t c) {
     for (; i < i1; i++) s += J->buf[i];
     J->sums[c % 256] = s;
 }
+
+/* probe_int8: the int8 path's multiply-add peak. PROBE_CHAINS independent int32 accumulators,
+ * each step one 32-byte dot of unsigned bytes and int8 bytes added in (AVX2: vpmaddubsw +
+ * vpmaddwd + vpaddd, as the int8 tiles; VNNI: one vpdpbusd): 32 multiply-adds a step. The
+ * operands pass an empty asm each step, so the compiler cannot hoist the dots out of the loop;
+ * the chains run through the adds only (1 cycle), so the multipliers' throughput is measured. */
+QG_AVX2 static void probe_int8_chunk_avx2(void *arg, int64_t c) {
+    ProbeJob *J = (ProbeJob *)arg;
+    __m256i acc[PROBE_CHAINS];
+    __m256i u = _mm256_set1_epi8(3), x = _mm256_set1_epi8((char)(5 + c));
+    const __m256i ones = _mm256_set1_epi16(1);
+    for (int i = 0; i < PROBE_CHAINS; i++) acc[i] = _mm256_set1_epi32(i + (int)c);
+    for (int64_t it = 0; it < J->iters; it++)
+        for (int i = 0; i < PROBE_CHAINS; i++) {
+            __asm__ volatile("" : "+x"(u), "+x"(x));
+            acc[i] = _mm256_add_epi32(acc[i], _mm256_madd_epi16(_mm256_maddubs_epi16(u, x), ones));
+        }
+    __m256i t = acc[0];
+    for (int i = 1; i < PROBE_CHAINS; i++) t = _mm256_xor_si256(t, acc[i]);
+    J->sums[c % 256] = (float)(_mm256_extract_epi32(t, 0) & 0xFF);
+}
+
+QG_VNNI_SPAN static void probe_int8_chunk_vnni(void *arg, int64_t c) {
+    ProbeJob *J = (ProbeJob *)arg;
+    __m256i acc[PROBE_CHAINS];
+    __m256i u = _mm256_set1_epi8(3), x = _mm256_set1_epi8((char)(5 + c));
+    for (int i = 0; i < PROBE_CHAINS; i++) acc[i] = _mm256_set1_epi32(i + (int)c);
+    for (int64_t it = 0; it < J->iters; it++)
+        for (int i = 0; i < PROBE_CHAINS; i++) {
+            __asm__ volatile("" : "+x"(u), "+x"(x));
+            acc[i] = _mm256_dpbusd_epi32(acc[i], u, x); /* latency-bound on Zen 4 / Ice Lake: 12 chains cover it */
+        }
+    __m256i t = acc[0];
+    for (int i = 1; i < PROBE_CHAINS; i++) t = _mm256_xor_si256(t, acc[i]);
+    J->sums[c % 256] = (float)(_mm256_extract_epi32(t, 0) & 0xFF);
+}
 #endif
 
 /* ---- python surface: raw addresses of torch tensors (qlinear.py checks every shape) ------- */
@@ -2884,6 +2920,37 @@ static PyObject *py_probe_fma(PyObject *self, PyObject *args) {
     return PyFloat_FromDouble(total);
 #else
     PyErr_SetString(PyExc_RuntimeError, "probe_fma needs AVX2 + FMA");
+    return NULL;
+#endif
+}
+
+/* probe_int8(iters, chunks, threads): chunks x iters x 12 steps of 32 int8 multiply-adds on the
+ * int8 path's instructions (VNNI where it runs, else AVX2); returns a checksum (AVX2 builds only) */
+static PyObject *py_probe_int8(PyObject *self, PyObject *args) {
+    long long iters, chunks;
+    int threads;
+    if (!PyArg_ParseTuple(args, "LLi", &iters, &chunks, &threads)) return NULL;
+    if (iters < 1 || chunks < 1) {
+        PyErr_SetString(PyExc_ValueError, "bad probe_int8 operands");
+        return NULL;
+    }
+#ifdef QG_X86
+    if (!have_avx2()) {
+        PyErr_SetString(PyExc_RuntimeError, "probe_int8 needs AVX2");
+        return NULL;
+    }
+    ProbeJob *J = (ProbeJob *)calloc(1, sizeof(ProbeJob));
+    if (J == NULL) return PyErr_NoMemory();
+    J->iters = iters;
+    Py_BEGIN_ALLOW_THREADS
+    run_chunks(use_vnni && have_vnni() ? probe_int8_chunk_vnni : probe_int8_chunk_avx2, J, chunks, threads);
+    Py_END_ALLOW_THREADS
+    double total = 0;
+    for (int i = 0; i < 256; i++) total += J->sums[i];
+    free(J);
+    return PyFloat_FromDouble(total);
+#else
+    PyErr_SetString(PyExc_RuntimeError, "probe_int8 needs AVX2");
     return NULL;
 #endif
 }
@@ -3351,6 +3418,7 @@ static PyMethodDef methods[] = {
     {"info", py_info, METH_NOARGS, "which paths this build has"},
     {"probe_fma", py_probe_fma, METH_VARARGS, "roofline probe: chunks of independent FMA chains"},
     {"probe_read", py_probe_read, METH_VARARGS, "roofline probe: sum a float32 buffer (read bandwidth)"},
+    {"probe_int8", py_probe_int8, METH_VARARGS, "roofline probe: chunks of independent int8 dot chains"},
     {"set_pool_stats", py_set_pool_stats, METH_VARARGS, "zero the pool statistics; True counts from now on"},
     {"pool_stats", py_pool_stats, METH_NOARGS, "the pool statistics by kind of region (counts, nanoseconds)"},
     {"probe_handshake", py_probe_handshake, METH_VARARGS,

@@ -9,6 +9,7 @@ from types import ModuleType
 
 FMA_LANES = 8  # float32 lanes of one AVX2 register
 FMA_CHAINS = 12  # independent FMA chains per probe iteration (PROBE_CHAINS in cpu_kernels.c)
+INT8_LANES = 32  # int8 multiply-adds of one 32-byte dot step (probe_int8)
 
 _module: ModuleType | None = None
 _checked = False
@@ -56,3 +57,20 @@ def fma_rate(iters: int, chunks: int) -> float | None:
         return None
     seconds = time.process_time() - cpu
     return chunks * iters * FMA_CHAINS * FMA_LANES / seconds if seconds > 0 else None
+
+
+def int8_rate(iters: int, chunks: int) -> float | None:
+    """int8 multiply-adds per CPU second of one core on the int8 path's instructions (AVX2's
+    vpmaddubsw + vpmaddwd, or VNNI's vpdpbusd where the int8 path uses it), from one run of the
+    kernels' ``probe_int8`` (``chunks`` x ``iters`` steps of independent accumulators on one
+    thread, CPU time); None where the kernels, their AVX2 path or the probe are absent."""
+    module = kernels()
+    if module is None or not hasattr(module, "probe_int8"):
+        return None
+    cpu = time.process_time()
+    try:
+        module.probe_int8(iters, chunks, 1)
+    except RuntimeError:  # a build without AVX2
+        return None
+    seconds = time.process_time() - cpu
+    return chunks * iters * FMA_CHAINS * INT8_LANES / seconds if seconds > 0 else None
