@@ -1053,8 +1053,9 @@ QG_AVX2 static void dots_q8_avx2(int fmt, const uint8_t *q, const float *d, cons
 
 /* ---- int8 verify spans: one call a chunk of weight rows, tiles specialised by row count ----
  * A 2+ row int8 call (formats 4 and 8) hands all of a chunk's weight rows to one span function;
- * for each weight row the rows of x go in near-equal tiles of at most 4 (9 = 3 + 3 + 3, 7 = 4 +
- * 3), the tile sizes constants for 2-10 rows. A tile holds a group of 4 weight blocks in
+ * for each weight row the rows of x go in one tile up to 8 rows, 9 = 5 + 4, 10 = 5 + 5, more in
+ * near-equal tiles of at most 8 (the sizes constants for 2-10 rows; measured: one tile of 5-8
+ * beat 3 + 2 .. 4 + 4 by 2-16%, one of 9 or 10 was even). A tile holds a group of 4 weight blocks in
  * registers (format 4: the nibbles; format 8: |w|, the signs read again from L1 per row) while
  * they multiply into every row of the tile. The float part of every output is the tile's above
  * (DEFINE_Q8G_TILE): per group, acc = fma(isum, d * dx, acc), acc = fma(m, s, acc), the last
@@ -1136,12 +1137,14 @@ QG_VNNI_SPAN static inline __attribute__((always_inline)) __m128i tail_sums_vnni
     return group_reduce_avx2(v);
 }
 
+#define Q8S_MOST 8 /* rows of x a span's tile takes at most */
+
 /* rows r0 .. r0 + T - 1 of xq against weight row q (scales d, m): out[r, 0] (+ base[r, 0]) */
 #define DEFINE_Q8S_TILE(NAME, ATTR, SUMS, TAIL) \
 ATTR static inline __attribute__((always_inline)) void NAME(const int fmt, const uint8_t *q, const float *d, \
                                                             const float *m, int64_t nb, const QAct *A, int64_t r0, \
                                                             const int T, float *out, int64_t os, const float *base) { \
-    __m128 acc[4]; \
+    __m128 acc[Q8S_MOST]; \
     for (int t = 0; t < T; t++) acc[t] = _mm_setzero_ps(); \
     const int64_t nb4 = nb & ~(int64_t)3, bb = fmt == 4 ? 16 : 32; \
     for (int64_t b = 0; b < nb4; b += 4) { \
@@ -1190,38 +1193,41 @@ ATTR static inline __attribute__((always_inline)) void NAME(const int fmt, const
 }
 
 /* every weight row of a chunk (count of them) against R rows of xq: for each weight row, tiles
- * of T1, T2, T3 rows (constants; 0: none) or, for R > 10, near-equal tiles of at most 4 */
-#define Q8S_ROWS(TILE, FMT, T1, T2, T3) \
+ * of T1 and T2 rows (constants; 0: none) or, for R > 10, near-equal tiles of at most Q8S_MOST */
+#define Q8S_ROWS(TILE, FMT, T1, T2) \
     for (int64_t n = 0; n < count; n++) { \
         const uint8_t *qn = q + n * q_row; \
         const float *dn = d + n * s_row, *mn = m + n * s_row, *bn = base != NULL ? base + n : NULL; \
         TILE(FMT, qn, dn, mn, nb, A, 0, T1, out + n, os, bn); \
         if (T2) TILE(FMT, qn, dn, mn, nb, A, T1, T2, out + n, os, bn); \
-        if (T3) TILE(FMT, qn, dn, mn, nb, A, T1 + T2, T3, out + n, os, bn); \
     }
 
 #define DEFINE_Q8S_SPAN(NAME, ATTR, TILE, FMT) \
 ATTR static void NAME(const uint8_t *q, int64_t q_row, const float *d, const float *m, int64_t s_row, int64_t nb, \
                       const QAct *A, int64_t R, int64_t count, float *out, int64_t os, const float *base) { \
     switch (R) { \
-        case 1: Q8S_ROWS(TILE, FMT, 1, 0, 0) return; \
-        case 2: Q8S_ROWS(TILE, FMT, 2, 0, 0) return; \
-        case 3: Q8S_ROWS(TILE, FMT, 3, 0, 0) return; \
-        case 4: Q8S_ROWS(TILE, FMT, 4, 0, 0) return; \
-        case 5: Q8S_ROWS(TILE, FMT, 3, 2, 0) return; \
-        case 6: Q8S_ROWS(TILE, FMT, 3, 3, 0) return; \
-        case 7: Q8S_ROWS(TILE, FMT, 4, 3, 0) return; \
-        case 8: Q8S_ROWS(TILE, FMT, 4, 4, 0) return; \
-        case 9: Q8S_ROWS(TILE, FMT, 3, 3, 3) return; \
-        case 10: Q8S_ROWS(TILE, FMT, 4, 3, 3) return; \
+        case 1: Q8S_ROWS(TILE, FMT, 1, 0) return; \
+        case 2: Q8S_ROWS(TILE, FMT, 2, 0) return; \
+        case 3: Q8S_ROWS(TILE, FMT, 3, 0) return; \
+        case 4: Q8S_ROWS(TILE, FMT, 4, 0) return; \
+        case 5: Q8S_ROWS(TILE, FMT, 5, 0) return; \
+        case 6: Q8S_ROWS(TILE, FMT, 6, 0) return; \
+        case 7: Q8S_ROWS(TILE, FMT, 7, 0) return; \
+        case 8: Q8S_ROWS(TILE, FMT, 8, 0) return; \
+        case 9: Q8S_ROWS(TILE, FMT, 5, 4) return; \
+        case 10: Q8S_ROWS(TILE, FMT, 5, 5) return; \
     } \
-    const int64_t tiles = (R + 3) / 4; \
+    const int64_t tiles = (R + Q8S_MOST - 1) / Q8S_MOST; \
     for (int64_t n = 0; n < count; n++) { \
         const uint8_t *qn = q + n * q_row; \
         const float *dn = d + n * s_row, *mn = m + n * s_row, *bn = base != NULL ? base + n : NULL; \
         for (int64_t i = 0, r = 0; i < tiles; i++) { \
             const int64_t rows = R / tiles + (i < R % tiles); \
             switch (rows) { \
+                case 8: TILE(FMT, qn, dn, mn, nb, A, r, 8, out + n, os, bn); break; \
+                case 7: TILE(FMT, qn, dn, mn, nb, A, r, 7, out + n, os, bn); break; \
+                case 6: TILE(FMT, qn, dn, mn, nb, A, r, 6, out + n, os, bn); break; \
+                case 5: TILE(FMT, qn, dn, mn, nb, A, r, 5, out + n, os, bn); break; \
                 case 4: TILE(FMT, qn, dn, mn, nb, A, r, 4, out + n, os, bn); break; \
                 case 3: TILE(FMT, qn, dn, mn, nb, A, r, 3, out + n, os, bn); break; \
                 case 2: TILE(FMT, qn, dn, mn, nb, A, r, 2, out + n, os, bn); break; \
