@@ -477,7 +477,7 @@ def test_int8_verify_spans_equal_per_tile_path_scalar_and_one_row(kind, k, scala
     """int8 verify rows in one span call a chunk (set_int8_spans, on by default: tiles by row
     count: one tile up to 8, 9 = 5 + 4, 10 = 5 + 5, over 10 near-equal tiles of at most 8) give every row the value
     of the per-tile driver, of the scalar path and of the row alone, bit for bit, for every row
-    count 1..13, with and without a base, on gguf's own Q4_0 / Q4_1 / Q8_0 blocks (N = 19: a
+    count 1..13 and for 65 and 70 rows (the driver's groups of 64), with and without a base, on gguf's own Q4_0 / Q4_1 / Q8_0 blocks (N = 19: a
     chunk's last weight row alone) and on the VNNI path where the CPU has it."""
     kernels = native.kernels()
     w = np.random.default_rng(k).standard_normal((19, k)).astype(np.float32)
@@ -499,6 +499,18 @@ def test_int8_verify_spans_equal_per_tile_path_scalar_and_one_row(kind, k, scala
                 assert torch.equal(got, alone[:rows]), (spans, vnni, rows)
                 assert torch.equal(bm.linear(x[:rows], precision="int8"), bare[:rows]), (spans, vnni, rows, "no base")
             assert torch.equal(bm.linear(x[2:11], base[2:11], precision="int8"), alone[2:11])  # 9 rows, offset
+        # more rows than one group of the driver (64), still on the kernel (qlinear.GEMM_ROWS):
+        # groups of 64 + 6 and 64 + a lone row
+        assert qlinear.GEMM_ROWS >= 70
+        many = torch.randn(70, k, generator=torch.Generator().manual_seed(1))
+        many_base = torch.randn(70, 19)
+        kernels.set_int8_spans(True)
+        spans_on = bm.linear(many, many_base, precision="int8")
+        assert torch.equal(bm.linear(many[:65], many_base[:65], precision="int8"), spans_on[:65])
+        kernels.set_int8_spans(False)
+        assert torch.equal(bm.linear(many, many_base, precision="int8"), spans_on)
+        for r in (0, 63, 64, 65, 69):
+            assert torch.equal(bm.linear(many[r : r + 1], many_base[r : r + 1], precision="int8")[0], spans_on[r]), r
     finally:
         kernels.set_int8_spans(True)
         kernels.set_vnni(True)

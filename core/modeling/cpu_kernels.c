@@ -1139,11 +1139,12 @@ QG_VNNI_SPAN static inline __attribute__((always_inline)) __m128i tail_sums_vnni
 
 #define Q8S_MOST 8 /* rows of x a span's tile takes at most */
 
-/* rows r0 .. r0 + T - 1 of xq against weight row q (scales d, m): out[r, 0] (+ base[r, 0]) */
+/* rows a0 + r0 .. a0 + r0 + T - 1 of xq against weight row q (scales d, m): out[r0 + t, 0] (+ base) */
 #define DEFINE_Q8S_TILE(NAME, ATTR, SUMS, TAIL) \
 ATTR static inline __attribute__((always_inline)) void NAME(const int fmt, const uint8_t *q, const float *d, \
-                                                            const float *m, int64_t nb, const QAct *A, int64_t r0, \
-                                                            const int T, float *out, int64_t os, const float *base) { \
+                                                            const float *m, int64_t nb, const QAct *A, int64_t a0, \
+                                                            int64_t r0, const int T, float *out, int64_t os, \
+                                                            const float *base) { \
     __m128 acc[Q8S_MOST]; \
     for (int t = 0; t < T; t++) acc[t] = _mm_setzero_ps(); \
     const int64_t nb4 = nb & ~(int64_t)3, bb = fmt == 4 ? 16 : 32; \
@@ -1157,7 +1158,7 @@ ATTR static inline __attribute__((always_inline)) void NAME(const int fmt, const
         } \
         const __m128 dv = _mm_loadu_ps(d + b), mv = _mm_loadu_ps(m + b); \
         for (int t = 0; t < T; t++) { \
-            const int64_t r = r0 + t; \
+            const int64_t r = a0 + r0 + t; \
             const __m128i isum = SUMS(fmt, hw, qb, A->q + r * A->K + b * QK); \
             const __m128 scale = _mm_mul_ps(dv, _mm_loadu_ps(A->d + r * nb + b)); \
             acc[t] = _mm_fmadd_ps(_mm_cvtepi32_ps(isum), scale, acc[t]); \
@@ -1175,7 +1176,7 @@ ATTR static inline __attribute__((always_inline)) void NAME(const int fmt, const
             hw[i] = fmt == 4 ? w : _mm256_sign_epi8(w, w); \
         } \
         for (int t = 0; t < T; t++) { \
-            const int64_t r = r0 + t; \
+            const int64_t r = a0 + r0 + t; \
             const __m128i isum = TAIL(fmt, hw, qb, nt, A->q + r * A->K + nb4 * QK); \
             const __m128 scale = _mm_mul_ps(dv, _mm_maskload_ps(A->d + r * nb + nb4, keep)); \
             __m128 upd = _mm_fmadd_ps(_mm_cvtepi32_ps(isum), scale, acc[t]); \
@@ -1198,13 +1199,14 @@ ATTR static inline __attribute__((always_inline)) void NAME(const int fmt, const
     for (int64_t n = 0; n < count; n++) { \
         const uint8_t *qn = q + n * q_row; \
         const float *dn = d + n * s_row, *mn = m + n * s_row, *bn = base != NULL ? base + n : NULL; \
-        TILE(FMT, qn, dn, mn, nb, A, 0, T1, out + n, os, bn); \
-        if (T2) TILE(FMT, qn, dn, mn, nb, A, T1, T2, out + n, os, bn); \
+        TILE(FMT, qn, dn, mn, nb, A, a0, 0, T1, out + n, os, bn); \
+        if (T2) TILE(FMT, qn, dn, mn, nb, A, a0, T1, T2, out + n, os, bn); \
     }
 
 #define DEFINE_Q8S_SPAN(NAME, ATTR, TILE, FMT) \
 ATTR static void NAME(const uint8_t *q, int64_t q_row, const float *d, const float *m, int64_t s_row, int64_t nb, \
-                      const QAct *A, int64_t R, int64_t count, float *out, int64_t os, const float *base) { \
+                      const QAct *A, int64_t a0, int64_t R, int64_t count, float *out, int64_t os, \
+                      const float *base) { \
     switch (R) { \
         case 1: Q8S_ROWS(TILE, FMT, 1, 0) return; \
         case 2: Q8S_ROWS(TILE, FMT, 2, 0) return; \
@@ -1224,14 +1226,14 @@ ATTR static void NAME(const uint8_t *q, int64_t q_row, const float *d, const flo
         for (int64_t i = 0, r = 0; i < tiles; i++) { \
             const int64_t rows = R / tiles + (i < R % tiles); \
             switch (rows) { \
-                case 8: TILE(FMT, qn, dn, mn, nb, A, r, 8, out + n, os, bn); break; \
-                case 7: TILE(FMT, qn, dn, mn, nb, A, r, 7, out + n, os, bn); break; \
-                case 6: TILE(FMT, qn, dn, mn, nb, A, r, 6, out + n, os, bn); break; \
-                case 5: TILE(FMT, qn, dn, mn, nb, A, r, 5, out + n, os, bn); break; \
-                case 4: TILE(FMT, qn, dn, mn, nb, A, r, 4, out + n, os, bn); break; \
-                case 3: TILE(FMT, qn, dn, mn, nb, A, r, 3, out + n, os, bn); break; \
-                case 2: TILE(FMT, qn, dn, mn, nb, A, r, 2, out + n, os, bn); break; \
-                default: TILE(FMT, qn, dn, mn, nb, A, r, 1, out + n, os, bn); break; \
+                case 8: TILE(FMT, qn, dn, mn, nb, A, a0, r, 8, out + n, os, bn); break; \
+                case 7: TILE(FMT, qn, dn, mn, nb, A, a0, r, 7, out + n, os, bn); break; \
+                case 6: TILE(FMT, qn, dn, mn, nb, A, a0, r, 6, out + n, os, bn); break; \
+                case 5: TILE(FMT, qn, dn, mn, nb, A, a0, r, 5, out + n, os, bn); break; \
+                case 4: TILE(FMT, qn, dn, mn, nb, A, a0, r, 4, out + n, os, bn); break; \
+                case 3: TILE(FMT, qn, dn, mn, nb, A, a0, r, 3, out + n, os, bn); break; \
+                case 2: TILE(FMT, qn, dn, mn, nb, A, a0, r, 2, out + n, os, bn); break; \
+                default: TILE(FMT, qn, dn, mn, nb, A, a0, r, 1, out + n, os, bn); break; \
             } \
             r += rows; \
         } \
@@ -1245,15 +1247,16 @@ DEFINE_Q8S_TILE(q8s_tile_vnni, QG_VNNI_SPAN, group_sums_vnni, tail_sums_vnni)
 DEFINE_Q8S_SPAN(q8s_span_q4_vnni, QG_VNNI_SPAN, q8s_tile_vnni, 4)
 DEFINE_Q8S_SPAN(q8s_span_q8_vnni, QG_VNNI_SPAN, q8s_tile_vnni, 8)
 
-/* rows 0 .. R-1 of xq against weight rows 0 .. count-1 (format 4 or 8), one call */
+/* rows a0 .. a0 + R - 1 of xq against weight rows 0 .. count-1 (format 4 or 8), one call; out
+ * and base point at row a0's outputs */
 QG_AVX2 static void q8s_span(int fmt, const uint8_t *q, int64_t q_row, const float *d, const float *m, int64_t s_row,
-                             int64_t nb, const QAct *A, int64_t R, int64_t count, float *out, int64_t os,
+                             int64_t nb, const QAct *A, int64_t a0, int64_t R, int64_t count, float *out, int64_t os,
                              const float *base) {
     const int vnni = use_vnni && have_vnni();
     if (fmt == 4)
-        (vnni ? q8s_span_q4_vnni : q8s_span_q4_avx2)(q, q_row, d, m, s_row, nb, A, R, count, out, os, base);
+        (vnni ? q8s_span_q4_vnni : q8s_span_q4_avx2)(q, q_row, d, m, s_row, nb, A, a0, R, count, out, os, base);
     else
-        (vnni ? q8s_span_q8_vnni : q8s_span_q8_avx2)(q, q_row, d, m, s_row, nb, A, R, count, out, os, base);
+        (vnni ? q8s_span_q8_vnni : q8s_span_q8_avx2)(q, q_row, d, m, s_row, nb, A, a0, R, count, out, os, base);
 }
 #endif
 
@@ -1548,10 +1551,10 @@ static void gemm_chunk_q8(const GemmJob *J, int64_t n0, int64_t n1, float *res) 
                 n--;
                 continue;
             }
-            if (simd && use_int8_spans && g1 - g0 > 1 && g1 - g0 == J->R && (W->fmt == 4 || W->fmt == 8)) {
-                /* every weight row left in the chunk, all rows, in one call */
-                q8s_span(W->fmt, q, nb * bb, d, m, ns, nb, A, J->R, n1 - n, J->out + n, J->os,
-                         J->base != NULL ? J->base + n : NULL);
+            if (simd && use_int8_spans && g1 - g0 > 1 && (W->fmt == 4 || W->fmt == 8)) {
+                /* every weight row left in the chunk, the group's rows, in one call */
+                q8s_span(W->fmt, q, nb * bb, d, m, ns, nb, A, g0, g1 - g0, n1 - n, J->out + g0 * J->os + n, J->os,
+                         J->base != NULL ? J->base + g0 * J->os + n : NULL);
                 break;
             }
             if (simd) {
