@@ -478,7 +478,8 @@ def test_int8_verify_spans_equal_per_tile_path_scalar_and_one_row(kind, k, scala
     count: one tile up to 8, 9 = 5 + 4, 10 = 5 + 5, over 10 near-equal tiles of at most 8) give every row the value
     of the per-tile driver, of the scalar path and of the row alone, bit for bit, for every row
     count 1..13 and for 65 and 70 rows (the driver's groups of 64), with and without a base, on gguf's own Q4_0 / Q4_1 / Q8_0 blocks (N = 19: a
-    chunk's last weight row alone) and on the VNNI path where the CPU has it."""
+    chunk's last weight row alone) and on the VNNI path where the CPU has it; the spans' tiles
+    with their rows two at a time in one register (set_int8_row_pairs, on) and one at a time."""
     kernels = native.kernels()
     w = np.random.default_rng(k).standard_normal((19, k)).astype(np.float32)
     bm = pack_tensor(quants.quantize(w, kind).reshape(-1), kind, (19, k))
@@ -491,13 +492,14 @@ def test_int8_verify_spans_equal_per_tile_path_scalar_and_one_row(kind, k, scala
         assert torch.equal(bm.linear(x, base, precision="int8"), alone)
     vnni_options = (True, False) if native.info()["int8"] == "avx512-vnni" else (True,)
     try:
-        for spans, vnni in itertools.product((True, False), vnni_options):
+        for spans, pairs, vnni in itertools.product((True, False), (True, False), vnni_options):
             kernels.set_int8_spans(spans)
+            kernels.set_int8_row_pairs(pairs)
             kernels.set_vnni(vnni)
             for rows in range(1, 14):
                 got = bm.linear(x[:rows], base[:rows], precision="int8")
-                assert torch.equal(got, alone[:rows]), (spans, vnni, rows)
-                assert torch.equal(bm.linear(x[:rows], precision="int8"), bare[:rows]), (spans, vnni, rows, "no base")
+                assert torch.equal(got, alone[:rows]), (spans, pairs, vnni, rows)
+                assert torch.equal(bm.linear(x[:rows], precision="int8"), bare[:rows]), (spans, pairs, vnni, rows, "no base")
             assert torch.equal(bm.linear(x[2:11], base[2:11], precision="int8"), alone[2:11])  # 9 rows, offset
         # more rows than one group of the driver (64), still on the kernel (qlinear.GEMM_ROWS):
         # groups of 64 + 6 and 64 + a lone row
@@ -505,6 +507,7 @@ def test_int8_verify_spans_equal_per_tile_path_scalar_and_one_row(kind, k, scala
         many = torch.randn(70, k, generator=torch.Generator().manual_seed(1))
         many_base = torch.randn(70, 19)
         kernels.set_int8_spans(True)
+        kernels.set_int8_row_pairs(True)
         spans_on = bm.linear(many, many_base, precision="int8")
         assert torch.equal(bm.linear(many[:65], many_base[:65], precision="int8"), spans_on[:65])
         kernels.set_int8_spans(False)
@@ -513,6 +516,7 @@ def test_int8_verify_spans_equal_per_tile_path_scalar_and_one_row(kind, k, scala
             assert torch.equal(bm.linear(many[r : r + 1], many_base[r : r + 1], precision="int8")[0], spans_on[r]), r
     finally:
         kernels.set_int8_spans(True)
+        kernels.set_int8_row_pairs(True)
         kernels.set_vnni(True)
 
 

@@ -1065,6 +1065,7 @@ QG_AVX2 static void dots_q8_avx2(int fmt, const uint8_t *q, const float *d, cons
  * of a nibble and an int8 is at most 8 x 15 x 127 = 15240, no saturation) and reduces the four
  * blocks with unpacks instead of hadd. Switch: set_int8_spans (off: the per-tile driver). */
 static int use_int8_spans = 1;
+static int use_int8_row_pairs = 1; /* 0: a span's tiles take their rows one at a time (A/B, tests) */
 
 #ifdef QG_X86
 /* the four blocks' int32 lane vectors v[4] reduced to one int32 sum a block (block i in lane i) */
@@ -1137,6 +1138,105 @@ QG_VNNI_SPAN static inline __attribute__((always_inline)) __m128i tail_sums_vnni
     return group_reduce_avx2(v);
 }
 
+/* two rows at once (x and y, the same group): the four block sums of x in the low 128 bits, of y
+ * in the high ones. Format 4 on AVX2 adds the two halves of each row in int16 (at most 2 x 15240)
+ * before one madd for both rows; otherwise the int32 lanes' halves are added. */
+QG_AVX2 static inline __attribute__((always_inline)) __m256i fold_pair_i32(__m256i ex, __m256i ey) {
+    return _mm256_add_epi32(_mm256_permute2x128_si256(ex, ey, 0x20), _mm256_permute2x128_si256(ex, ey, 0x31));
+}
+
+/* the four blocks' lane vectors v[4] folded to [b0 b1 b2 b3 | b0 b1 b2 b3] partial int32 sums */
+QG_AVX2 static inline __attribute__((always_inline)) __m256i group_fold_i32(const __m256i *v) {
+    const __m256i a = _mm256_add_epi32(_mm256_unpacklo_epi32(v[0], v[1]), _mm256_unpackhi_epi32(v[0], v[1]));
+    const __m256i c = _mm256_add_epi32(_mm256_unpacklo_epi32(v[2], v[3]), _mm256_unpackhi_epi32(v[2], v[3]));
+    return _mm256_add_epi32(_mm256_unpacklo_epi64(a, c), _mm256_unpackhi_epi64(a, c));
+}
+
+QG_AVX2 static inline __attribute__((always_inline)) __m256i group_pair_avx2(const int fmt, const __m256i *hw,
+                                                                             const uint8_t *qb, const int8_t *x,
+                                                                             const int8_t *y) {
+    if (fmt == 4) {
+        __m256i e[2];
+        for (int k = 0; k < 2; k++) {
+            const int8_t *z = k == 0 ? x : y;
+            __m256i p[4];
+            for (int i = 0; i < 4; i++)
+                p[i] = _mm256_maddubs_epi16(hw[i], _mm256_loadu_si256((const __m256i *)(z + i * QK)));
+            const __m256i a = _mm256_add_epi16(_mm256_unpacklo_epi32(p[0], p[1]), _mm256_unpackhi_epi32(p[0], p[1]));
+            const __m256i c = _mm256_add_epi16(_mm256_unpacklo_epi32(p[2], p[3]), _mm256_unpackhi_epi32(p[2], p[3]));
+            e[k] = _mm256_add_epi16(_mm256_unpacklo_epi64(a, c), _mm256_unpackhi_epi64(a, c));
+        }
+        const __m256i f = _mm256_add_epi16(_mm256_permute2x128_si256(e[0], e[1], 0x20),
+                                           _mm256_permute2x128_si256(e[0], e[1], 0x31));
+        return _mm256_madd_epi16(f, _mm256_set1_epi16(1));
+    }
+    __m256i e[2];
+    for (int k = 0; k < 2; k++) {
+        const int8_t *z = k == 0 ? x : y;
+        __m256i v[4];
+        for (int i = 0; i < 4; i++) {
+            const __m256i xs = _mm256_sign_epi8(_mm256_loadu_si256((const __m256i *)(z + i * QK)),
+                                                _mm256_loadu_si256((const __m256i *)(qb + i * QK)));
+            v[i] = _mm256_madd_epi16(_mm256_maddubs_epi16(hw[i], xs), _mm256_set1_epi16(1));
+        }
+        e[k] = group_fold_i32(v);
+    }
+    return fold_pair_i32(e[0], e[1]);
+}
+
+QG_AVX2 static inline __attribute__((always_inline)) __m256i tail_pair_avx2(const int fmt, const __m256i *hw,
+                                                                            const uint8_t *qb, const int nt,
+                                                                            const int8_t *x, const int8_t *y) {
+    __m256i e[2];
+    for (int k = 0; k < 2; k++) {
+        const int8_t *z = k == 0 ? x : y;
+        __m256i v[4];
+        for (int i = 0; i < 4; i++) {
+            const int at = i < nt ? i : 0;
+            __m256i xs = _mm256_loadu_si256((const __m256i *)(z + at * QK));
+            if (fmt != 4) xs = _mm256_sign_epi8(xs, _mm256_loadu_si256((const __m256i *)(qb + at * QK)));
+            v[i] = _mm256_madd_epi16(_mm256_maddubs_epi16(hw[i], xs), _mm256_set1_epi16(1));
+        }
+        e[k] = group_fold_i32(v);
+    }
+    return fold_pair_i32(e[0], e[1]);
+}
+
+QG_VNNI_SPAN static inline __attribute__((always_inline)) __m256i group_pair_vnni(const int fmt, const __m256i *hw,
+                                                                                  const uint8_t *qb, const int8_t *x,
+                                                                                  const int8_t *y) {
+    __m256i e[2];
+    for (int k = 0; k < 2; k++) {
+        const int8_t *z = k == 0 ? x : y;
+        __m256i v[4];
+        for (int i = 0; i < 4; i++) {
+            __m256i xs = _mm256_loadu_si256((const __m256i *)(z + i * QK));
+            if (fmt != 4) xs = _mm256_sign_epi8(xs, _mm256_loadu_si256((const __m256i *)(qb + i * QK)));
+            v[i] = _mm256_dpbusd_epi32(_mm256_setzero_si256(), hw[i], xs);
+        }
+        e[k] = group_fold_i32(v);
+    }
+    return fold_pair_i32(e[0], e[1]);
+}
+
+QG_VNNI_SPAN static inline __attribute__((always_inline)) __m256i tail_pair_vnni(const int fmt, const __m256i *hw,
+                                                                                 const uint8_t *qb, const int nt,
+                                                                                 const int8_t *x, const int8_t *y) {
+    __m256i e[2];
+    for (int k = 0; k < 2; k++) {
+        const int8_t *z = k == 0 ? x : y;
+        __m256i v[4];
+        for (int i = 0; i < 4; i++) {
+            const int at = i < nt ? i : 0;
+            __m256i xs = _mm256_loadu_si256((const __m256i *)(z + at * QK));
+            if (fmt != 4) xs = _mm256_sign_epi8(xs, _mm256_loadu_si256((const __m256i *)(qb + at * QK)));
+            v[i] = _mm256_dpbusd_epi32(_mm256_setzero_si256(), hw[i], xs);
+        }
+        e[k] = group_fold_i32(v);
+    }
+    return fold_pair_i32(e[0], e[1]);
+}
+
 #define Q8S_MOST 8 /* rows of x a span's tile takes at most */
 
 /* rows a0 + r0 .. a0 + r0 + T - 1 of xq against weight row q (scales d, m): out[r0 + t, 0] (+ base) */
@@ -1193,6 +1293,91 @@ ATTR static inline __attribute__((always_inline)) void NAME(const int fmt, const
     } \
 }
 
+/* the same tile with its rows two at a time (T / 2 pairs, then a lone row as above): a pair's
+ * four block sums in one vector, its float steps on both rows' 4 lanes in one 8-lane register;
+ * every lane takes the operations of the one-row tile in the same order (scale = d * dx, fma,
+ * fma, the tail blended), so the outputs are the same bit for bit */
+#define DEFINE_Q8P_TILE(NAME, ATTR, SUMS, TAIL, PAIR, PTAIL) \
+ATTR static inline __attribute__((always_inline)) void NAME(const int fmt, const uint8_t *q, const float *d, \
+                                                            const float *m, int64_t nb, const QAct *A, int64_t a0, \
+                                                            int64_t r0, const int T, float *out, int64_t os, \
+                                                            const float *base) { \
+    const int P = T / 2; \
+    __m256 acc[Q8S_MOST / 2]; \
+    __m128 one = _mm_setzero_ps(); \
+    for (int p = 0; p < P; p++) acc[p] = _mm256_setzero_ps(); \
+    const int64_t nb4 = nb & ~(int64_t)3, bb = fmt == 4 ? 16 : 32, K = A->K; \
+    const int64_t r1 = a0 + r0; /* the tile's first row of xq */ \
+    for (int64_t b = 0; b < nb4; b += 4) { \
+        const uint8_t *qb = q + b * bb; \
+        _mm_prefetch((const char *)qb + PREFETCH_BYTES, _MM_HINT_T0); \
+        __m256i hw[4]; \
+        for (int i = 0; i < 4; i++) { \
+            const __m256i w = block_bytes_avx2(fmt, q, b + i); \
+            hw[i] = fmt == 4 ? w : _mm256_sign_epi8(w, w); \
+        } \
+        const __m128 dv = _mm_loadu_ps(d + b), mv = _mm_loadu_ps(m + b); \
+        const __m256 dv2 = _mm256_set_m128(dv, dv), mv2 = _mm256_set_m128(mv, mv); \
+        for (int p = 0; p < P; p++) { \
+            const int64_t r = r1 + 2 * p; \
+            const __m256i isum = PAIR(fmt, hw, qb, A->q + r * K + b * QK, A->q + (r + 1) * K + b * QK); \
+            const __m256 dx = _mm256_loadu2_m128(A->d + (r + 1) * nb + b, A->d + r * nb + b); \
+            const __m256 sx = _mm256_loadu2_m128(A->s32 + (r + 1) * nb + b, A->s32 + r * nb + b); \
+            acc[p] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), _mm256_mul_ps(dv2, dx), acc[p]); \
+            acc[p] = _mm256_fmadd_ps(mv2, sx, acc[p]); \
+        } \
+        if (T % 2) { \
+            const int64_t r = r1 + T - 1; \
+            const __m128i isum = SUMS(fmt, hw, qb, A->q + r * K + b * QK); \
+            one = _mm_fmadd_ps(_mm_cvtepi32_ps(isum), _mm_mul_ps(dv, _mm_loadu_ps(A->d + r * nb + b)), one); \
+            one = _mm_fmadd_ps(mv, _mm_loadu_ps(A->s32 + r * nb + b), one); \
+        } \
+    } \
+    if (nb4 < nb) { /* the last nb mod 4 blocks in lanes 0 .. nt-1 (b mod 4), as the scalar path */ \
+        const int nt = (int)(nb - nb4); \
+        const __m128i keep = _mm_cmpgt_epi32(_mm_set1_epi32(nt), _mm_setr_epi32(0, 1, 2, 3)); \
+        const __m256 keep2 = _mm256_castsi256_ps(_mm256_set_m128i(keep, keep)); \
+        const __m128 dv = _mm_maskload_ps(d + nb4, keep), mv = _mm_maskload_ps(m + nb4, keep); \
+        const __m256 dv2 = _mm256_set_m128(dv, dv), mv2 = _mm256_set_m128(mv, mv); \
+        const uint8_t *qb = q + nb4 * bb; \
+        __m256i hw[4]; \
+        for (int i = 0; i < 4; i++) { \
+            const __m256i w = i < nt ? block_bytes_avx2(fmt, q, nb4 + i) : _mm256_setzero_si256(); \
+            hw[i] = fmt == 4 ? w : _mm256_sign_epi8(w, w); \
+        } \
+        for (int p = 0; p < P; p++) { \
+            const int64_t r = r1 + 2 * p; \
+            const __m256i isum = PTAIL(fmt, hw, qb, nt, A->q + r * K + nb4 * QK, A->q + (r + 1) * K + nb4 * QK); \
+            const __m256 dx = _mm256_set_m128(_mm_maskload_ps(A->d + (r + 1) * nb + nb4, keep), \
+                                              _mm_maskload_ps(A->d + r * nb + nb4, keep)); \
+            const __m256 sx = _mm256_set_m128(_mm_maskload_ps(A->s32 + (r + 1) * nb + nb4, keep), \
+                                              _mm_maskload_ps(A->s32 + r * nb + nb4, keep)); \
+            __m256 upd = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), _mm256_mul_ps(dv2, dx), acc[p]); \
+            upd = _mm256_fmadd_ps(mv2, sx, upd); \
+            acc[p] = _mm256_blendv_ps(acc[p], upd, keep2); \
+        } \
+        if (T % 2) { \
+            const int64_t r = r1 + T - 1; \
+            const __m128i isum = TAIL(fmt, hw, qb, nt, A->q + r * K + nb4 * QK); \
+            const __m128 scale = _mm_mul_ps(dv, _mm_maskload_ps(A->d + r * nb + nb4, keep)); \
+            __m128 upd = _mm_fmadd_ps(_mm_cvtepi32_ps(isum), scale, one); \
+            upd = _mm_fmadd_ps(mv, _mm_maskload_ps(A->s32 + r * nb + nb4, keep), upd); \
+            one = _mm_blendv_ps(one, upd, _mm_castsi128_ps(keep)); \
+        } \
+    } \
+    for (int t = 0; t < T; t++) { \
+        float lanes[8]; \
+        if (t / 2 < P) \
+            _mm256_storeu_ps(lanes, acc[t / 2]); \
+        else \
+            _mm_storeu_ps(lanes, one); \
+        const float *l = lanes + (t / 2 < P ? 4 * (t % 2) : 0); \
+        const float v = (l[0] + l[2]) + (l[1] + l[3]); \
+        const int64_t at = (r0 + t) * os; \
+        out[at] = base != NULL ? base[at] + v : v; \
+    } \
+}
+
 /* every weight row of a chunk (count of them) against R rows of xq: for each weight row, tiles
  * of T1 and T2 rows (constants; 0: none) or, for R > 10, near-equal tiles of at most Q8S_MOST */
 #define Q8S_ROWS(TILE, FMT, T1, T2) \
@@ -1246,6 +1431,12 @@ DEFINE_Q8S_SPAN(q8s_span_q8_avx2, QG_AVX2, q8s_tile_avx2, 8)
 DEFINE_Q8S_TILE(q8s_tile_vnni, QG_VNNI_SPAN, group_sums_vnni, tail_sums_vnni)
 DEFINE_Q8S_SPAN(q8s_span_q4_vnni, QG_VNNI_SPAN, q8s_tile_vnni, 4)
 DEFINE_Q8S_SPAN(q8s_span_q8_vnni, QG_VNNI_SPAN, q8s_tile_vnni, 8)
+DEFINE_Q8P_TILE(q8p_tile_avx2, QG_AVX2, group_sums_avx2, tail_sums_avx2, group_pair_avx2, tail_pair_avx2)
+DEFINE_Q8S_SPAN(q8p_span_q4_avx2, QG_AVX2, q8p_tile_avx2, 4)
+DEFINE_Q8S_SPAN(q8p_span_q8_avx2, QG_AVX2, q8p_tile_avx2, 8)
+DEFINE_Q8P_TILE(q8p_tile_vnni, QG_VNNI_SPAN, group_sums_vnni, tail_sums_vnni, group_pair_vnni, tail_pair_vnni)
+DEFINE_Q8S_SPAN(q8p_span_q4_vnni, QG_VNNI_SPAN, q8p_tile_vnni, 4)
+DEFINE_Q8S_SPAN(q8p_span_q8_vnni, QG_VNNI_SPAN, q8p_tile_vnni, 8)
 
 /* rows a0 .. a0 + R - 1 of xq against weight rows 0 .. count-1 (format 4 or 8), one call; out
  * and base point at row a0's outputs */
@@ -1253,7 +1444,11 @@ QG_AVX2 static void q8s_span(int fmt, const uint8_t *q, int64_t q_row, const flo
                              int64_t nb, const QAct *A, int64_t a0, int64_t R, int64_t count, float *out, int64_t os,
                              const float *base) {
     const int vnni = use_vnni && have_vnni();
-    if (fmt == 4)
+    if (use_int8_row_pairs && fmt == 4)
+        (vnni ? q8p_span_q4_vnni : q8p_span_q4_avx2)(q, q_row, d, m, s_row, nb, A, a0, R, count, out, os, base);
+    else if (use_int8_row_pairs)
+        (vnni ? q8p_span_q8_vnni : q8p_span_q8_avx2)(q, q_row, d, m, s_row, nb, A, a0, R, count, out, os, base);
+    else if (fmt == 4)
         (vnni ? q8s_span_q4_vnni : q8s_span_q4_avx2)(q, q_row, d, m, s_row, nb, A, a0, R, count, out, os, base);
     else
         (vnni ? q8s_span_q8_vnni : q8s_span_q8_avx2)(q, q_row, d, m, s_row, nb, A, a0, R, count, out, os, base);
@@ -2882,6 +3077,7 @@ static PyObject *py_set_simd(PyObject *self, PyObject *args) {
     }
 DEFINE_SWITCH(vnni, use_vnni)
 DEFINE_SWITCH(int8_spans, use_int8_spans)
+DEFINE_SWITCH(int8_row_pairs, use_int8_row_pairs)
 DEFINE_SWITCH(query_pairs, use_qpairs)
 DEFINE_SWITCH(wide_attention, use_wide_attn)
 DEFINE_SWITCH(guided, use_guided)
@@ -3400,6 +3596,8 @@ static PyMethodDef methods[] = {
     {"set_vnni", py_set_vnni, METH_VARARGS, "False keeps the int8 path on AVX2 where VNNI exists (tests)"},
     {"set_int8_spans", py_set_int8_spans, METH_VARARGS,
      "False: int8 verify rows one call a weight row and tile, not a chunk's weight rows in one (A/B, tests)"},
+    {"set_int8_row_pairs", py_set_int8_row_pairs, METH_VARARGS,
+     "False: an int8 span's tiles take their rows one at a time, not two in one register (A/B, tests)"},
     {"layers_new", py_layers_new, METH_VARARGS, "describe a stack of llama blocks once (a capsule)"},
     {"layers_forward", py_layers_forward, METH_VARARGS, "run blocks of a layer stack on residual rows, in place"},
     {"set_query_pairs", py_set_query_pairs, METH_VARARGS,
