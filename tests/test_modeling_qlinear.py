@@ -475,7 +475,7 @@ def test_unknown_precision_is_an_error():
 @pytest.mark.parametrize("k", [128, 160, 224])  # groups of four blocks only, tails of 1 and 3 blocks
 def test_int8_verify_spans_equal_per_tile_path_scalar_and_one_row(kind, k, scalar_path):
     """int8 verify rows in one span call a chunk (set_int8_spans, on by default: tiles by row
-    count: one tile up to 8, 9 = 5 + 4, 10 = 5 + 5, over 10 near-equal tiles of at most 8) give every row the value
+    count: one tile up to 10 rows, more in near-equal tiles of at most 10) give every row the value
     of the per-tile driver, of the scalar path and of the row alone, bit for bit, for every row
     count 1..13 and for 65 and 70 rows (the driver's groups of 64), with and without a base, on gguf's own Q4_0 / Q4_1 / Q8_0 blocks (N = 19: a
     chunk's last weight row alone) and on the VNNI path where the CPU has it; the spans' tiles

@@ -1053,17 +1053,19 @@ QG_AVX2 static void dots_q8_avx2(int fmt, const uint8_t *q, const float *d, cons
 
 /* ---- int8 verify spans: one call a chunk of weight rows, tiles specialised by row count ----
  * A 2+ row int8 call (formats 4 and 8) hands all of a chunk's weight rows to one span function;
- * for each weight row the rows of x go in one tile up to 8 rows, 9 = 5 + 4, 10 = 5 + 5, more in
- * near-equal tiles of at most 8 (the sizes constants for 2-10 rows; measured: one tile of 5-8
- * beat 3 + 2 .. 4 + 4 by 2-16%, one of 9 or 10 was even). A tile holds a group of 4 weight blocks in
- * registers (format 4: the nibbles; format 8: |w|, the signs read again from L1 per row) while
- * they multiply into every row of the tile. The float part of every output is the tile's above
+ * for each weight row the rows of x go in one tile up to 10 rows, more in near-equal tiles of at
+ * most 10 (the sizes constants for 2-10 rows; measured: one tile of 5-8 beat 3 + 2 .. 4 + 4 by
+ * 2-16%; with the rows in pairs, 9 and 10 in one tile beat 5 + 4 and 5 + 5 by 1-9%). A tile
+ * holds a group of 4 weight blocks in registers (format 4: the nibbles; format 8: |w|, the signs
+ * read again from L1 per row) while they multiply into every row of the tile. The float part of every output is the tile's above
  * (DEFINE_Q8G_TILE): per group, acc = fma(isum, d * dx, acc), acc = fma(m, s, acc), the last
  * nb mod 4 blocks in lanes 0 .. nt-1, result (l0 + l2) + (l1 + l3); only the integer sums are
  * formed in another order (exact), so a span's rows equal the 1-row path and the scalar path bit
  * for bit. Format 4 sums a group's maddubs pairs in int16 before one madd (a sum of 8 products
  * of a nibble and an int8 is at most 8 x 15 x 127 = 15240, no saturation) and reduces the four
- * blocks with unpacks instead of hadd. Switch: set_int8_spans (off: the per-tile driver). */
+ * blocks with unpacks instead of hadd. Switches: set_int8_spans (off: the per-tile driver),
+ * set_int8_row_pairs (off: a tile's rows one at a time, DEFINE_Q8S_TILE; on: two in one
+ * register, DEFINE_Q8P_TILE). */
 static int use_int8_spans = 1;
 static int use_int8_row_pairs = 1; /* 0: a span's tiles take their rows one at a time (A/B, tests) */
 
@@ -1237,7 +1239,7 @@ QG_VNNI_SPAN static inline __attribute__((always_inline)) __m256i tail_pair_vnni
     return fold_pair_i32(e[0], e[1]);
 }
 
-#define Q8S_MOST 8 /* rows of x a span's tile takes at most */
+#define Q8S_MOST 10 /* rows of x a span's tile takes at most */
 
 /* rows a0 + r0 .. a0 + r0 + T - 1 of xq against weight row q (scales d, m): out[r0 + t, 0] (+ base) */
 #define DEFINE_Q8S_TILE(NAME, ATTR, SUMS, TAIL) \
@@ -1401,8 +1403,8 @@ ATTR static void NAME(const uint8_t *q, int64_t q_row, const float *d, const flo
         case 6: Q8S_ROWS(TILE, FMT, 6, 0) return; \
         case 7: Q8S_ROWS(TILE, FMT, 7, 0) return; \
         case 8: Q8S_ROWS(TILE, FMT, 8, 0) return; \
-        case 9: Q8S_ROWS(TILE, FMT, 5, 4) return; \
-        case 10: Q8S_ROWS(TILE, FMT, 5, 5) return; \
+        case 9: Q8S_ROWS(TILE, FMT, 9, 0) return; \
+        case 10: Q8S_ROWS(TILE, FMT, 10, 0) return; \
     } \
     const int64_t tiles = (R + Q8S_MOST - 1) / Q8S_MOST; \
     for (int64_t n = 0; n < count; n++) { \
@@ -1411,6 +1413,8 @@ ATTR static void NAME(const uint8_t *q, int64_t q_row, const float *d, const flo
         for (int64_t i = 0, r = 0; i < tiles; i++) { \
             const int64_t rows = R / tiles + (i < R % tiles); \
             switch (rows) { \
+                case 10: TILE(FMT, qn, dn, mn, nb, A, a0, r, 10, out + n, os, bn); break; \
+                case 9: TILE(FMT, qn, dn, mn, nb, A, a0, r, 9, out + n, os, bn); break; \
                 case 8: TILE(FMT, qn, dn, mn, nb, A, a0, r, 8, out + n, os, bn); break; \
                 case 7: TILE(FMT, qn, dn, mn, nb, A, a0, r, 7, out + n, os, bn); break; \
                 case 6: TILE(FMT, qn, dn, mn, nb, A, a0, r, 6, out + n, os, bn); break; \

@@ -140,7 +140,7 @@ def test_verify_rows_reproduce_one_row_decode_bit_for_bit(embedded_path, dtype):
     """Every arithmetic of the block kernel is batch-invariant on the real model: a 2-, 5- or
     9-row verify (a two-row tile against weight-row pairs, one 5-row tile, 5 + 4) gives each
     row exactly the logits of the one-row decode step (the lossless guarantee); int8 for every
-    verify of 2-10 rows (its spans: one tile up to 8 rows, 5 + 4, 5 + 5)."""
+    verify of 2-10 rows (its spans: one tile of 2-10 rows, in pairs and a lone last row)."""
     from tsspec.modeling import native
     from tsspec_model_llama import load_llama
 
