@@ -1070,179 +1070,95 @@ static int use_int8_spans = 1;
 static int use_int8_row_pairs = 1; /* 0: a span's tiles take their rows one at a time (A/B, tests) */
 
 #ifdef QG_X86
-/* the four blocks' int32 lane vectors v[4] reduced to one int32 sum a block (block i in lane i) */
-QG_AVX2 static inline __attribute__((always_inline)) __m128i group_reduce_avx2(const __m256i *v) {
-    const __m256i a = _mm256_add_epi32(_mm256_unpacklo_epi32(v[0], v[1]), _mm256_unpackhi_epi32(v[0], v[1]));
-    const __m256i c = _mm256_add_epi32(_mm256_unpacklo_epi32(v[2], v[3]), _mm256_unpackhi_epi32(v[2], v[3]));
-    const __m256i e = _mm256_add_epi32(_mm256_unpacklo_epi64(a, c), _mm256_unpackhi_epi64(a, c));
-    return _mm_add_epi32(_mm256_castsi256_si128(e), _mm256_extracti128_si256(e, 1));
-}
-
-/* one row of xq (x: the group's first value) against a group of 4 blocks held in hw (format 4:
- * nibbles; format 8: |w|, signs from qb), exact int sums block i in lane i */
-QG_AVX2 static inline __attribute__((always_inline)) __m128i group_sums_avx2(const int fmt, const __m256i *hw,
-                                                                             const uint8_t *qb, const int8_t *x) {
-    if (fmt == 4) {
-        __m256i p[4];
-        for (int i = 0; i < 4; i++) p[i] = _mm256_maddubs_epi16(hw[i], _mm256_loadu_si256((const __m256i *)(x + i * QK)));
-        const __m256i a = _mm256_add_epi16(_mm256_unpacklo_epi32(p[0], p[1]), _mm256_unpackhi_epi32(p[0], p[1]));
-        const __m256i c = _mm256_add_epi16(_mm256_unpacklo_epi32(p[2], p[3]), _mm256_unpackhi_epi32(p[2], p[3]));
-        const __m256i e = _mm256_add_epi16(_mm256_unpacklo_epi64(a, c), _mm256_unpackhi_epi64(a, c)); /* [16 x int16] */
-        const __m256i h = _mm256_madd_epi16(e, _mm256_set1_epi16(1));
-        return _mm_add_epi32(_mm256_castsi256_si128(h), _mm256_extracti128_si256(h, 1));
+/* The exact int sums of one group of 4 weight blocks (held in hw: format 4 the nibbles, format 8
+ * |w| with the signs read from qb) against one row of xq (x: the group's first value), block i in
+ * lane i. nt: the blocks present (4, or the last nb mod 4: hw is zero past nt, and the missing
+ * blocks read block 0's x and signs, in bounds, and multiply them by zero).
+ * group_lanes_*: the four blocks' lane vectors folded to one, [b0 b1 b2 b3 | b0 b1 b2 b3] (each
+ * half a partial sum); on AVX2 format 4 keeps int16 lanes (8 products of a nibble and an int8:
+ * at most 15240, no saturation) and needs one madd to finish, else int32 lanes. */
+QG_AVX2 static inline __attribute__((always_inline)) __m256i lanes_fold(const int i16, const __m256i *v) {
+    if (i16) {
+        const __m256i a = _mm256_add_epi16(_mm256_unpacklo_epi32(v[0], v[1]), _mm256_unpackhi_epi32(v[0], v[1]));
+        const __m256i c = _mm256_add_epi16(_mm256_unpacklo_epi32(v[2], v[3]), _mm256_unpackhi_epi32(v[2], v[3]));
+        return _mm256_add_epi16(_mm256_unpacklo_epi64(a, c), _mm256_unpackhi_epi64(a, c));
     }
-    __m256i v[4];
-    for (int i = 0; i < 4; i++) {
-        const __m256i xs = _mm256_sign_epi8(_mm256_loadu_si256((const __m256i *)(x + i * QK)),
-                                            _mm256_loadu_si256((const __m256i *)(qb + i * QK)));
-        v[i] = _mm256_madd_epi16(_mm256_maddubs_epi16(hw[i], xs), _mm256_set1_epi16(1));
-    }
-    return group_reduce_avx2(v);
-}
-
-/* the same sums for the last nt < 4 blocks, their weights held in hw (zero past nt): the missing
- * blocks read block 0's x and signs (in bounds) and multiply them by zero */
-QG_AVX2 static inline __attribute__((always_inline)) __m128i tail_sums_avx2(const int fmt, const __m256i *hw,
-                                                                            const uint8_t *qb, const int nt,
-                                                                            const int8_t *x) {
-    __m256i v[4];
-    for (int i = 0; i < 4; i++) {
-        const int at = i < nt ? i : 0;
-        __m256i xs = _mm256_loadu_si256((const __m256i *)(x + at * QK));
-        if (fmt != 4) xs = _mm256_sign_epi8(xs, _mm256_loadu_si256((const __m256i *)(qb + at * QK)));
-        v[i] = _mm256_madd_epi16(_mm256_maddubs_epi16(hw[i], xs), _mm256_set1_epi16(1));
-    }
-    return group_reduce_avx2(v);
-}
-
-#define QG_VNNI_SPAN __attribute__((target("avx2,fma,avx512f,avx512vl,avx512bw,avx512vnni")))
-QG_VNNI_SPAN static inline __attribute__((always_inline)) __m128i group_sums_vnni(const int fmt, const __m256i *hw,
-                                                                                  const uint8_t *qb, const int8_t *x) {
-    __m256i v[4];
-    for (int i = 0; i < 4; i++) {
-        __m256i xs = _mm256_loadu_si256((const __m256i *)(x + i * QK));
-        if (fmt != 4) xs = _mm256_sign_epi8(xs, _mm256_loadu_si256((const __m256i *)(qb + i * QK)));
-        v[i] = _mm256_dpbusd_epi32(_mm256_setzero_si256(), hw[i], xs);
-    }
-    return group_reduce_avx2(v);
-}
-
-QG_VNNI_SPAN static inline __attribute__((always_inline)) __m128i tail_sums_vnni(const int fmt, const __m256i *hw,
-                                                                                 const uint8_t *qb, const int nt,
-                                                                                 const int8_t *x) {
-    __m256i v[4];
-    for (int i = 0; i < 4; i++) {
-        const int at = i < nt ? i : 0;
-        __m256i xs = _mm256_loadu_si256((const __m256i *)(x + at * QK));
-        if (fmt != 4) xs = _mm256_sign_epi8(xs, _mm256_loadu_si256((const __m256i *)(qb + at * QK)));
-        v[i] = _mm256_dpbusd_epi32(_mm256_setzero_si256(), hw[i], xs);
-    }
-    return group_reduce_avx2(v);
-}
-
-/* two rows at once (x and y, the same group): the four block sums of x in the low 128 bits, of y
- * in the high ones. Format 4 on AVX2 adds the two halves of each row in int16 (at most 2 x 15240)
- * before one madd for both rows; otherwise the int32 lanes' halves are added. */
-QG_AVX2 static inline __attribute__((always_inline)) __m256i fold_pair_i32(__m256i ex, __m256i ey) {
-    return _mm256_add_epi32(_mm256_permute2x128_si256(ex, ey, 0x20), _mm256_permute2x128_si256(ex, ey, 0x31));
-}
-
-/* the four blocks' lane vectors v[4] folded to [b0 b1 b2 b3 | b0 b1 b2 b3] partial int32 sums */
-QG_AVX2 static inline __attribute__((always_inline)) __m256i group_fold_i32(const __m256i *v) {
     const __m256i a = _mm256_add_epi32(_mm256_unpacklo_epi32(v[0], v[1]), _mm256_unpackhi_epi32(v[0], v[1]));
     const __m256i c = _mm256_add_epi32(_mm256_unpacklo_epi32(v[2], v[3]), _mm256_unpackhi_epi32(v[2], v[3]));
     return _mm256_add_epi32(_mm256_unpacklo_epi64(a, c), _mm256_unpackhi_epi64(a, c));
 }
 
-QG_AVX2 static inline __attribute__((always_inline)) __m256i group_pair_avx2(const int fmt, const __m256i *hw,
-                                                                             const uint8_t *qb, const int8_t *x,
-                                                                             const int8_t *y) {
-    if (fmt == 4) {
-        __m256i e[2];
-        for (int k = 0; k < 2; k++) {
-            const int8_t *z = k == 0 ? x : y;
-            __m256i p[4];
-            for (int i = 0; i < 4; i++)
-                p[i] = _mm256_maddubs_epi16(hw[i], _mm256_loadu_si256((const __m256i *)(z + i * QK)));
-            const __m256i a = _mm256_add_epi16(_mm256_unpacklo_epi32(p[0], p[1]), _mm256_unpackhi_epi32(p[0], p[1]));
-            const __m256i c = _mm256_add_epi16(_mm256_unpacklo_epi32(p[2], p[3]), _mm256_unpackhi_epi32(p[2], p[3]));
-            e[k] = _mm256_add_epi16(_mm256_unpacklo_epi64(a, c), _mm256_unpackhi_epi64(a, c));
-        }
-        const __m256i f = _mm256_add_epi16(_mm256_permute2x128_si256(e[0], e[1], 0x20),
-                                           _mm256_permute2x128_si256(e[0], e[1], 0x31));
-        return _mm256_madd_epi16(f, _mm256_set1_epi16(1));
-    }
-    __m256i e[2];
-    for (int k = 0; k < 2; k++) {
-        const int8_t *z = k == 0 ? x : y;
-        __m256i v[4];
-        for (int i = 0; i < 4; i++) {
-            const __m256i xs = _mm256_sign_epi8(_mm256_loadu_si256((const __m256i *)(z + i * QK)),
-                                                _mm256_loadu_si256((const __m256i *)(qb + i * QK)));
-            v[i] = _mm256_madd_epi16(_mm256_maddubs_epi16(hw[i], xs), _mm256_set1_epi16(1));
-        }
-        e[k] = group_fold_i32(v);
-    }
-    return fold_pair_i32(e[0], e[1]);
+/* one row's folded lanes to its four block sums */
+QG_AVX2 static inline __attribute__((always_inline)) __m128i sums_one(const int i16, __m256i e) {
+    if (i16) e = _mm256_madd_epi16(e, _mm256_set1_epi16(1));
+    return _mm_add_epi32(_mm256_castsi256_si128(e), _mm256_extracti128_si256(e, 1));
 }
 
-QG_AVX2 static inline __attribute__((always_inline)) __m256i tail_pair_avx2(const int fmt, const __m256i *hw,
-                                                                            const uint8_t *qb, const int nt,
-                                                                            const int8_t *x, const int8_t *y) {
-    __m256i e[2];
-    for (int k = 0; k < 2; k++) {
-        const int8_t *z = k == 0 ? x : y;
-        __m256i v[4];
-        for (int i = 0; i < 4; i++) {
-            const int at = i < nt ? i : 0;
-            __m256i xs = _mm256_loadu_si256((const __m256i *)(z + at * QK));
-            if (fmt != 4) xs = _mm256_sign_epi8(xs, _mm256_loadu_si256((const __m256i *)(qb + at * QK)));
-            v[i] = _mm256_madd_epi16(_mm256_maddubs_epi16(hw[i], xs), _mm256_set1_epi16(1));
-        }
-        e[k] = group_fold_i32(v);
+/* two rows' folded lanes to their block sums, row x in the low 128 bits and row y in the high
+ * (format 4 on AVX2 adds each row's halves in int16, at most 2 x 15240, before one madd) */
+QG_AVX2 static inline __attribute__((always_inline)) __m256i sums_pair(const int i16, __m256i ex, __m256i ey) {
+    const __m256i lo = _mm256_permute2x128_si256(ex, ey, 0x20), hi = _mm256_permute2x128_si256(ex, ey, 0x31);
+    if (i16) return _mm256_madd_epi16(_mm256_add_epi16(lo, hi), _mm256_set1_epi16(1));
+    return _mm256_add_epi32(lo, hi);
+}
+
+QG_AVX2 static inline __attribute__((always_inline)) __m256i group_lanes_avx2(const int fmt, const __m256i *hw,
+                                                                              const uint8_t *qb, const int nt,
+                                                                              const int8_t *x) {
+    __m256i v[4];
+    for (int i = 0; i < 4; i++) {
+        const int at = i < nt ? i : 0;
+        __m256i xs = _mm256_loadu_si256((const __m256i *)(x + at * QK));
+        if (fmt != 4) xs = _mm256_sign_epi8(xs, _mm256_loadu_si256((const __m256i *)(qb + at * QK)));
+        v[i] = _mm256_maddubs_epi16(hw[i], xs);
+        if (fmt != 4) v[i] = _mm256_madd_epi16(v[i], _mm256_set1_epi16(1));
     }
-    return fold_pair_i32(e[0], e[1]);
+    return lanes_fold(fmt == 4, v);
+}
+
+QG_AVX2 static inline __attribute__((always_inline)) __m128i group_sums_avx2(const int fmt, const __m256i *hw,
+                                                                             const uint8_t *qb, const int nt,
+                                                                             const int8_t *x) {
+    return sums_one(fmt == 4, group_lanes_avx2(fmt, hw, qb, nt, x));
+}
+
+QG_AVX2 static inline __attribute__((always_inline)) __m256i group_pair_avx2(const int fmt, const __m256i *hw,
+                                                                             const uint8_t *qb, const int nt,
+                                                                             const int8_t *x, const int8_t *y) {
+    return sums_pair(fmt == 4, group_lanes_avx2(fmt, hw, qb, nt, x), group_lanes_avx2(fmt, hw, qb, nt, y));
+}
+
+/* VNNI: vpdpbusd forms each block's int32 lanes in one instruction */
+#define QG_VNNI_SPAN __attribute__((target("avx2,fma,avx512f,avx512vl,avx512bw,avx512vnni")))
+QG_VNNI_SPAN static inline __attribute__((always_inline)) __m256i group_lanes_vnni(const int fmt, const __m256i *hw,
+                                                                                   const uint8_t *qb, const int nt,
+                                                                                   const int8_t *x) {
+    __m256i v[4];
+    for (int i = 0; i < 4; i++) {
+        const int at = i < nt ? i : 0;
+        __m256i xs = _mm256_loadu_si256((const __m256i *)(x + at * QK));
+        if (fmt != 4) xs = _mm256_sign_epi8(xs, _mm256_loadu_si256((const __m256i *)(qb + at * QK)));
+        v[i] = _mm256_dpbusd_epi32(_mm256_setzero_si256(), hw[i], xs);
+    }
+    return lanes_fold(0, v);
+}
+
+QG_VNNI_SPAN static inline __attribute__((always_inline)) __m128i group_sums_vnni(const int fmt, const __m256i *hw,
+                                                                                  const uint8_t *qb, const int nt,
+                                                                                  const int8_t *x) {
+    return sums_one(0, group_lanes_vnni(fmt, hw, qb, nt, x));
 }
 
 QG_VNNI_SPAN static inline __attribute__((always_inline)) __m256i group_pair_vnni(const int fmt, const __m256i *hw,
-                                                                                  const uint8_t *qb, const int8_t *x,
-                                                                                  const int8_t *y) {
-    __m256i e[2];
-    for (int k = 0; k < 2; k++) {
-        const int8_t *z = k == 0 ? x : y;
-        __m256i v[4];
-        for (int i = 0; i < 4; i++) {
-            __m256i xs = _mm256_loadu_si256((const __m256i *)(z + i * QK));
-            if (fmt != 4) xs = _mm256_sign_epi8(xs, _mm256_loadu_si256((const __m256i *)(qb + i * QK)));
-            v[i] = _mm256_dpbusd_epi32(_mm256_setzero_si256(), hw[i], xs);
-        }
-        e[k] = group_fold_i32(v);
-    }
-    return fold_pair_i32(e[0], e[1]);
-}
-
-QG_VNNI_SPAN static inline __attribute__((always_inline)) __m256i tail_pair_vnni(const int fmt, const __m256i *hw,
-                                                                                 const uint8_t *qb, const int nt,
-                                                                                 const int8_t *x, const int8_t *y) {
-    __m256i e[2];
-    for (int k = 0; k < 2; k++) {
-        const int8_t *z = k == 0 ? x : y;
-        __m256i v[4];
-        for (int i = 0; i < 4; i++) {
-            const int at = i < nt ? i : 0;
-            __m256i xs = _mm256_loadu_si256((const __m256i *)(z + at * QK));
-            if (fmt != 4) xs = _mm256_sign_epi8(xs, _mm256_loadu_si256((const __m256i *)(qb + at * QK)));
-            v[i] = _mm256_dpbusd_epi32(_mm256_setzero_si256(), hw[i], xs);
-        }
-        e[k] = group_fold_i32(v);
-    }
-    return fold_pair_i32(e[0], e[1]);
+                                                                                  const uint8_t *qb, const int nt,
+                                                                                  const int8_t *x, const int8_t *y) {
+    return sums_pair(0, group_lanes_vnni(fmt, hw, qb, nt, x), group_lanes_vnni(fmt, hw, qb, nt, y));
 }
 
 #define Q8S_MOST 10 /* rows of x a span's tile takes at most */
 
 /* rows a0 + r0 .. a0 + r0 + T - 1 of xq against weight row q (scales d, m): out[r0 + t, 0] (+ base) */
-#define DEFINE_Q8S_TILE(NAME, ATTR, SUMS, TAIL) \
+#define DEFINE_Q8S_TILE(NAME, ATTR, SUMS) \
 ATTR static inline __attribute__((always_inline)) void NAME(const int fmt, const uint8_t *q, const float *d, \
                                                             const float *m, int64_t nb, const QAct *A, int64_t a0, \
                                                             int64_t r0, const int T, float *out, int64_t os, \
@@ -1261,7 +1177,7 @@ ATTR static inline __attribute__((always_inline)) void NAME(const int fmt, const
         const __m128 dv = _mm_loadu_ps(d + b), mv = _mm_loadu_ps(m + b); \
         for (int t = 0; t < T; t++) { \
             const int64_t r = a0 + r0 + t; \
-            const __m128i isum = SUMS(fmt, hw, qb, A->q + r * A->K + b * QK); \
+            const __m128i isum = SUMS(fmt, hw, qb, 4, A->q + r * A->K + b * QK); \
             const __m128 scale = _mm_mul_ps(dv, _mm_loadu_ps(A->d + r * nb + b)); \
             acc[t] = _mm_fmadd_ps(_mm_cvtepi32_ps(isum), scale, acc[t]); \
             acc[t] = _mm_fmadd_ps(mv, _mm_loadu_ps(A->s32 + r * nb + b), acc[t]); \
@@ -1279,7 +1195,7 @@ ATTR static inline __attribute__((always_inline)) void NAME(const int fmt, const
         } \
         for (int t = 0; t < T; t++) { \
             const int64_t r = a0 + r0 + t; \
-            const __m128i isum = TAIL(fmt, hw, qb, nt, A->q + r * A->K + nb4 * QK); \
+            const __m128i isum = SUMS(fmt, hw, qb, nt, A->q + r * A->K + nb4 * QK); \
             const __m128 scale = _mm_mul_ps(dv, _mm_maskload_ps(A->d + r * nb + nb4, keep)); \
             __m128 upd = _mm_fmadd_ps(_mm_cvtepi32_ps(isum), scale, acc[t]); \
             upd = _mm_fmadd_ps(mv, _mm_maskload_ps(A->s32 + r * nb + nb4, keep), upd); \
@@ -1299,7 +1215,7 @@ ATTR static inline __attribute__((always_inline)) void NAME(const int fmt, const
  * four block sums in one vector, its float steps on both rows' 4 lanes in one 8-lane register;
  * every lane takes the operations of the one-row tile in the same order (scale = d * dx, fma,
  * fma, the tail blended), so the outputs are the same bit for bit */
-#define DEFINE_Q8P_TILE(NAME, ATTR, SUMS, TAIL, PAIR, PTAIL) \
+#define DEFINE_Q8P_TILE(NAME, ATTR, SUMS, PAIR) \
 ATTR static inline __attribute__((always_inline)) void NAME(const int fmt, const uint8_t *q, const float *d, \
                                                             const float *m, int64_t nb, const QAct *A, int64_t a0, \
                                                             int64_t r0, const int T, float *out, int64_t os, \
@@ -1322,7 +1238,7 @@ ATTR static inline __attribute__((always_inline)) void NAME(const int fmt, const
         const __m256 dv2 = _mm256_set_m128(dv, dv), mv2 = _mm256_set_m128(mv, mv); \
         for (int p = 0; p < P; p++) { \
             const int64_t r = r1 + 2 * p; \
-            const __m256i isum = PAIR(fmt, hw, qb, A->q + r * K + b * QK, A->q + (r + 1) * K + b * QK); \
+            const __m256i isum = PAIR(fmt, hw, qb, 4, A->q + r * K + b * QK, A->q + (r + 1) * K + b * QK); \
             const __m256 dx = _mm256_loadu2_m128(A->d + (r + 1) * nb + b, A->d + r * nb + b); \
             const __m256 sx = _mm256_loadu2_m128(A->s32 + (r + 1) * nb + b, A->s32 + r * nb + b); \
             acc[p] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), _mm256_mul_ps(dv2, dx), acc[p]); \
@@ -1330,7 +1246,7 @@ ATTR static inline __attribute__((always_inline)) void NAME(const int fmt, const
         } \
         if (T % 2) { \
             const int64_t r = r1 + T - 1; \
-            const __m128i isum = SUMS(fmt, hw, qb, A->q + r * K + b * QK); \
+            const __m128i isum = SUMS(fmt, hw, qb, 4, A->q + r * K + b * QK); \
             one = _mm_fmadd_ps(_mm_cvtepi32_ps(isum), _mm_mul_ps(dv, _mm_loadu_ps(A->d + r * nb + b)), one); \
             one = _mm_fmadd_ps(mv, _mm_loadu_ps(A->s32 + r * nb + b), one); \
         } \
@@ -1349,7 +1265,7 @@ ATTR static inline __attribute__((always_inline)) void NAME(const int fmt, const
         } \
         for (int p = 0; p < P; p++) { \
             const int64_t r = r1 + 2 * p; \
-            const __m256i isum = PTAIL(fmt, hw, qb, nt, A->q + r * K + nb4 * QK, A->q + (r + 1) * K + nb4 * QK); \
+            const __m256i isum = PAIR(fmt, hw, qb, nt, A->q + r * K + nb4 * QK, A->q + (r + 1) * K + nb4 * QK); \
             const __m256 dx = _mm256_set_m128(_mm_maskload_ps(A->d + (r + 1) * nb + nb4, keep), \
                                               _mm_maskload_ps(A->d + r * nb + nb4, keep)); \
             const __m256 sx = _mm256_set_m128(_mm_maskload_ps(A->s32 + (r + 1) * nb + nb4, keep), \
@@ -1360,7 +1276,7 @@ ATTR static inline __attribute__((always_inline)) void NAME(const int fmt, const
         } \
         if (T % 2) { \
             const int64_t r = r1 + T - 1; \
-            const __m128i isum = TAIL(fmt, hw, qb, nt, A->q + r * K + nb4 * QK); \
+            const __m128i isum = SUMS(fmt, hw, qb, nt, A->q + r * K + nb4 * QK); \
             const __m128 scale = _mm_mul_ps(dv, _mm_maskload_ps(A->d + r * nb + nb4, keep)); \
             __m128 upd = _mm_fmadd_ps(_mm_cvtepi32_ps(isum), scale, one); \
             upd = _mm_fmadd_ps(mv, _mm_maskload_ps(A->s32 + r * nb + nb4, keep), upd); \
@@ -1429,16 +1345,16 @@ ATTR static void NAME(const uint8_t *q, int64_t q_row, const float *d, const flo
     } \
 }
 
-DEFINE_Q8S_TILE(q8s_tile_avx2, QG_AVX2, group_sums_avx2, tail_sums_avx2)
+DEFINE_Q8S_TILE(q8s_tile_avx2, QG_AVX2, group_sums_avx2)
 DEFINE_Q8S_SPAN(q8s_span_q4_avx2, QG_AVX2, q8s_tile_avx2, 4)
 DEFINE_Q8S_SPAN(q8s_span_q8_avx2, QG_AVX2, q8s_tile_avx2, 8)
-DEFINE_Q8S_TILE(q8s_tile_vnni, QG_VNNI_SPAN, group_sums_vnni, tail_sums_vnni)
+DEFINE_Q8S_TILE(q8s_tile_vnni, QG_VNNI_SPAN, group_sums_vnni)
 DEFINE_Q8S_SPAN(q8s_span_q4_vnni, QG_VNNI_SPAN, q8s_tile_vnni, 4)
 DEFINE_Q8S_SPAN(q8s_span_q8_vnni, QG_VNNI_SPAN, q8s_tile_vnni, 8)
-DEFINE_Q8P_TILE(q8p_tile_avx2, QG_AVX2, group_sums_avx2, tail_sums_avx2, group_pair_avx2, tail_pair_avx2)
+DEFINE_Q8P_TILE(q8p_tile_avx2, QG_AVX2, group_sums_avx2, group_pair_avx2)
 DEFINE_Q8S_SPAN(q8p_span_q4_avx2, QG_AVX2, q8p_tile_avx2, 4)
 DEFINE_Q8S_SPAN(q8p_span_q8_avx2, QG_AVX2, q8p_tile_avx2, 8)
-DEFINE_Q8P_TILE(q8p_tile_vnni, QG_VNNI_SPAN, group_sums_vnni, tail_sums_vnni, group_pair_vnni, tail_pair_vnni)
+DEFINE_Q8P_TILE(q8p_tile_vnni, QG_VNNI_SPAN, group_sums_vnni, group_pair_vnni)
 DEFINE_Q8S_SPAN(q8p_span_q4_vnni, QG_VNNI_SPAN, q8p_tile_vnni, 4)
 DEFINE_Q8S_SPAN(q8p_span_q8_vnni, QG_VNNI_SPAN, q8p_tile_vnni, 8)
 
