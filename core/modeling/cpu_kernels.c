@@ -1064,8 +1064,7 @@ QG_AVX2 static void dots_q8_avx2(int fmt, const uint8_t *q, const float *d, cons
  * for bit. Format 4 sums a group's maddubs pairs in int16 before one madd (a sum of 8 products
  * of a nibble and an int8 is at most 8 x 15 x 127 = 15240, no saturation) and reduces the four
  * blocks with unpacks instead of hadd. Switches: set_int8_spans (off: the per-tile driver),
- * set_int8_row_pairs (off: a tile's rows one at a time, DEFINE_Q8S_TILE; on: two in one
- * register, DEFINE_Q8P_TILE). */
+ * set_int8_row_pairs (off: a tile's rows one at a time; on: two in one register). */
 static int use_int8_spans = 1;
 static int use_int8_row_pairs = 1; /* 0: a span's tiles take their rows one at a time (A/B, tests) */
 
@@ -1157,73 +1156,22 @@ QG_VNNI_SPAN static inline __attribute__((always_inline)) __m256i group_pair_vnn
 
 #define Q8S_MOST 10 /* rows of x a span's tile takes at most */
 
-/* rows a0 + r0 .. a0 + r0 + T - 1 of xq against weight row q (scales d, m): out[r0 + t, 0] (+ base) */
-#define DEFINE_Q8S_TILE(NAME, ATTR, SUMS) \
+/* rows a0 + r0 .. a0 + r0 + T - 1 of xq against weight row q (scales d, m): out[r0 + t, 0] (+ base).
+ * With PAIRS (set_int8_row_pairs) the rows go two at a time, T / 2 pairs and a lone last row: a
+ * pair's four block sums in one vector, its float steps on both rows' 4 lanes in one 8-lane
+ * register (row x in lanes 0-3, y in 4-7); without, every row alone in a 4-lane register. Every
+ * lane takes the same operations in the same order (scale = d * dx, fma, fma, the tail blended),
+ * so both give the same bits. */
+#define DEFINE_Q8S_TILE(NAME, ATTR, SUMS, PAIR, PAIRS) \
 ATTR static inline __attribute__((always_inline)) void NAME(const int fmt, const uint8_t *q, const float *d, \
                                                             const float *m, int64_t nb, const QAct *A, int64_t a0, \
                                                             int64_t r0, const int T, float *out, int64_t os, \
                                                             const float *base) { \
-    __m128 acc[Q8S_MOST]; \
-    for (int t = 0; t < T; t++) acc[t] = _mm_setzero_ps(); \
-    const int64_t nb4 = nb & ~(int64_t)3, bb = fmt == 4 ? 16 : 32; \
-    for (int64_t b = 0; b < nb4; b += 4) { \
-        const uint8_t *qb = q + b * bb; \
-        _mm_prefetch((const char *)qb + PREFETCH_BYTES, _MM_HINT_T0); \
-        __m256i hw[4]; \
-        for (int i = 0; i < 4; i++) { \
-            const __m256i w = block_bytes_avx2(fmt, q, b + i); \
-            hw[i] = fmt == 4 ? w : _mm256_sign_epi8(w, w); \
-        } \
-        const __m128 dv = _mm_loadu_ps(d + b), mv = _mm_loadu_ps(m + b); \
-        for (int t = 0; t < T; t++) { \
-            const int64_t r = a0 + r0 + t; \
-            const __m128i isum = SUMS(fmt, hw, qb, 4, A->q + r * A->K + b * QK); \
-            const __m128 scale = _mm_mul_ps(dv, _mm_loadu_ps(A->d + r * nb + b)); \
-            acc[t] = _mm_fmadd_ps(_mm_cvtepi32_ps(isum), scale, acc[t]); \
-            acc[t] = _mm_fmadd_ps(mv, _mm_loadu_ps(A->s32 + r * nb + b), acc[t]); \
-        } \
-    } \
-    if (nb4 < nb) { /* the last nb mod 4 blocks in lanes 0 .. nt-1 (b mod 4), as the scalar path */ \
-        const int nt = (int)(nb - nb4); \
-        const __m128i keep = _mm_cmpgt_epi32(_mm_set1_epi32(nt), _mm_setr_epi32(0, 1, 2, 3)); \
-        const __m128 dv = _mm_maskload_ps(d + nb4, keep), mv = _mm_maskload_ps(m + nb4, keep); \
-        const uint8_t *qb = q + nb4 * bb; \
-        __m256i hw[4]; \
-        for (int i = 0; i < 4; i++) { \
-            const __m256i w = i < nt ? block_bytes_avx2(fmt, q, nb4 + i) : _mm256_setzero_si256(); \
-            hw[i] = fmt == 4 ? w : _mm256_sign_epi8(w, w); \
-        } \
-        for (int t = 0; t < T; t++) { \
-            const int64_t r = a0 + r0 + t; \
-            const __m128i isum = SUMS(fmt, hw, qb, nt, A->q + r * A->K + nb4 * QK); \
-            const __m128 scale = _mm_mul_ps(dv, _mm_maskload_ps(A->d + r * nb + nb4, keep)); \
-            __m128 upd = _mm_fmadd_ps(_mm_cvtepi32_ps(isum), scale, acc[t]); \
-            upd = _mm_fmadd_ps(mv, _mm_maskload_ps(A->s32 + r * nb + nb4, keep), upd); \
-            acc[t] = _mm_blendv_ps(acc[t], upd, _mm_castsi128_ps(keep)); \
-        } \
-    } \
-    for (int t = 0; t < T; t++) { \
-        float lanes[4]; \
-        _mm_storeu_ps(lanes, acc[t]); \
-        const float one = (lanes[0] + lanes[2]) + (lanes[1] + lanes[3]); \
-        const int64_t at = (r0 + t) * os; \
-        out[at] = base != NULL ? base[at] + one : one; \
-    } \
-}
-
-/* the same tile with its rows two at a time (T / 2 pairs, then a lone row as above): a pair's
- * four block sums in one vector, its float steps on both rows' 4 lanes in one 8-lane register;
- * every lane takes the operations of the one-row tile in the same order (scale = d * dx, fma,
- * fma, the tail blended), so the outputs are the same bit for bit */
-#define DEFINE_Q8P_TILE(NAME, ATTR, SUMS, PAIR) \
-ATTR static inline __attribute__((always_inline)) void NAME(const int fmt, const uint8_t *q, const float *d, \
-                                                            const float *m, int64_t nb, const QAct *A, int64_t a0, \
-                                                            int64_t r0, const int T, float *out, int64_t os, \
-                                                            const float *base) { \
-    const int P = T / 2; \
+    const int P = PAIRS ? T / 2 : 0; /* rows 2P .. T-1 alone */ \
     __m256 acc[Q8S_MOST / 2]; \
-    __m128 one = _mm_setzero_ps(); \
+    __m128 one[Q8S_MOST]; \
     for (int p = 0; p < P; p++) acc[p] = _mm256_setzero_ps(); \
+    for (int t = 2 * P; t < T; t++) one[t] = _mm_setzero_ps(); \
     const int64_t nb4 = nb & ~(int64_t)3, bb = fmt == 4 ? 16 : 32, K = A->K; \
     const int64_t r1 = a0 + r0; /* the tile's first row of xq */ \
     for (int64_t b = 0; b < nb4; b += 4) { \
@@ -1244,11 +1192,11 @@ ATTR static inline __attribute__((always_inline)) void NAME(const int fmt, const
             acc[p] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), _mm256_mul_ps(dv2, dx), acc[p]); \
             acc[p] = _mm256_fmadd_ps(mv2, sx, acc[p]); \
         } \
-        if (T % 2) { \
-            const int64_t r = r1 + T - 1; \
+        for (int t = 2 * P; t < T; t++) { \
+            const int64_t r = r1 + t; \
             const __m128i isum = SUMS(fmt, hw, qb, 4, A->q + r * K + b * QK); \
-            one = _mm_fmadd_ps(_mm_cvtepi32_ps(isum), _mm_mul_ps(dv, _mm_loadu_ps(A->d + r * nb + b)), one); \
-            one = _mm_fmadd_ps(mv, _mm_loadu_ps(A->s32 + r * nb + b), one); \
+            one[t] = _mm_fmadd_ps(_mm_cvtepi32_ps(isum), _mm_mul_ps(dv, _mm_loadu_ps(A->d + r * nb + b)), one[t]); \
+            one[t] = _mm_fmadd_ps(mv, _mm_loadu_ps(A->s32 + r * nb + b), one[t]); \
         } \
     } \
     if (nb4 < nb) { /* the last nb mod 4 blocks in lanes 0 .. nt-1 (b mod 4), as the scalar path */ \
@@ -1274,22 +1222,22 @@ ATTR static inline __attribute__((always_inline)) void NAME(const int fmt, const
             upd = _mm256_fmadd_ps(mv2, sx, upd); \
             acc[p] = _mm256_blendv_ps(acc[p], upd, keep2); \
         } \
-        if (T % 2) { \
-            const int64_t r = r1 + T - 1; \
+        for (int t = 2 * P; t < T; t++) { \
+            const int64_t r = r1 + t; \
             const __m128i isum = SUMS(fmt, hw, qb, nt, A->q + r * K + nb4 * QK); \
             const __m128 scale = _mm_mul_ps(dv, _mm_maskload_ps(A->d + r * nb + nb4, keep)); \
-            __m128 upd = _mm_fmadd_ps(_mm_cvtepi32_ps(isum), scale, one); \
+            __m128 upd = _mm_fmadd_ps(_mm_cvtepi32_ps(isum), scale, one[t]); \
             upd = _mm_fmadd_ps(mv, _mm_maskload_ps(A->s32 + r * nb + nb4, keep), upd); \
-            one = _mm_blendv_ps(one, upd, _mm_castsi128_ps(keep)); \
+            one[t] = _mm_blendv_ps(one[t], upd, _mm_castsi128_ps(keep)); \
         } \
     } \
     for (int t = 0; t < T; t++) { \
         float lanes[8]; \
-        if (t / 2 < P) \
+        if (t < 2 * P) \
             _mm256_storeu_ps(lanes, acc[t / 2]); \
         else \
-            _mm_storeu_ps(lanes, one); \
-        const float *l = lanes + (t / 2 < P ? 4 * (t % 2) : 0); \
+            _mm_storeu_ps(lanes, one[t]); \
+        const float *l = lanes + (t < 2 * P ? 4 * (t % 2) : 0); \
         const float v = (l[0] + l[2]) + (l[1] + l[3]); \
         const int64_t at = (r0 + t) * os; \
         out[at] = base != NULL ? base[at] + v : v; \
@@ -1345,16 +1293,16 @@ ATTR static void NAME(const uint8_t *q, int64_t q_row, const float *d, const flo
     } \
 }
 
-DEFINE_Q8S_TILE(q8s_tile_avx2, QG_AVX2, group_sums_avx2)
+DEFINE_Q8S_TILE(q8s_tile_avx2, QG_AVX2, group_sums_avx2, group_pair_avx2, 0)
 DEFINE_Q8S_SPAN(q8s_span_q4_avx2, QG_AVX2, q8s_tile_avx2, 4)
 DEFINE_Q8S_SPAN(q8s_span_q8_avx2, QG_AVX2, q8s_tile_avx2, 8)
-DEFINE_Q8S_TILE(q8s_tile_vnni, QG_VNNI_SPAN, group_sums_vnni)
+DEFINE_Q8S_TILE(q8s_tile_vnni, QG_VNNI_SPAN, group_sums_vnni, group_pair_vnni, 0)
 DEFINE_Q8S_SPAN(q8s_span_q4_vnni, QG_VNNI_SPAN, q8s_tile_vnni, 4)
 DEFINE_Q8S_SPAN(q8s_span_q8_vnni, QG_VNNI_SPAN, q8s_tile_vnni, 8)
-DEFINE_Q8P_TILE(q8p_tile_avx2, QG_AVX2, group_sums_avx2, group_pair_avx2)
+DEFINE_Q8S_TILE(q8p_tile_avx2, QG_AVX2, group_sums_avx2, group_pair_avx2, 1)
 DEFINE_Q8S_SPAN(q8p_span_q4_avx2, QG_AVX2, q8p_tile_avx2, 4)
 DEFINE_Q8S_SPAN(q8p_span_q8_avx2, QG_AVX2, q8p_tile_avx2, 8)
-DEFINE_Q8P_TILE(q8p_tile_vnni, QG_VNNI_SPAN, group_sums_vnni, group_pair_vnni)
+DEFINE_Q8S_TILE(q8p_tile_vnni, QG_VNNI_SPAN, group_sums_vnni, group_pair_vnni, 1)
 DEFINE_Q8S_SPAN(q8p_span_q4_vnni, QG_VNNI_SPAN, q8p_tile_vnni, 4)
 DEFINE_Q8S_SPAN(q8p_span_q8_vnni, QG_VNNI_SPAN, q8p_tile_vnni, 8)
 
@@ -3019,64 +2967,49 @@ static PyObject *py_info(PyObject *self, PyObject *noargs) {
                          pool.started);
 }
 
-/* probe_fma(iters, chunks, threads): chunks x iters x 12 eight-lane FMAs (AVX2 builds only) */
-static PyObject *py_probe_fma(PyObject *self, PyObject *args) {
+/* a probe's call: chunks x iters steps of chunk function fn on `threads` threads (args: iters,
+ * chunks, threads); fn NULL (a build without x86 SIMD) or a CPU without AVX2: RuntimeError */
+static PyObject *run_probe(PyObject *args, const char *bad, const char *needs, chunk_fn fn) {
     long long iters, chunks;
     int threads;
     if (!PyArg_ParseTuple(args, "LLi", &iters, &chunks, &threads)) return NULL;
     if (iters < 1 || chunks < 1) {
-        PyErr_SetString(PyExc_ValueError, "bad probe_fma operands");
+        PyErr_SetString(PyExc_ValueError, bad);
         return NULL;
     }
-#ifdef QG_X86
-    if (!have_avx2()) {
-        PyErr_SetString(PyExc_RuntimeError, "probe_fma needs AVX2 + FMA");
+    if (fn == NULL || !have_avx2()) {
+        PyErr_SetString(PyExc_RuntimeError, needs);
         return NULL;
     }
     ProbeJob *J = (ProbeJob *)calloc(1, sizeof(ProbeJob));
     if (J == NULL) return PyErr_NoMemory();
     J->iters = iters;
     Py_BEGIN_ALLOW_THREADS
-    run_chunks(probe_fma_chunk, J, chunks, threads);
+    run_chunks(fn, J, chunks, threads);
     Py_END_ALLOW_THREADS
     double total = 0;
     for (int i = 0; i < 256; i++) total += J->sums[i];
     free(J);
     return PyFloat_FromDouble(total);
+}
+
+/* probe_fma(iters, chunks, threads): chunks x iters x 12 eight-lane FMAs (AVX2 builds only) */
+static PyObject *py_probe_fma(PyObject *self, PyObject *args) {
+#ifdef QG_X86
+    return run_probe(args, "bad probe_fma operands", "probe_fma needs AVX2 + FMA", probe_fma_chunk);
 #else
-    PyErr_SetString(PyExc_RuntimeError, "probe_fma needs AVX2 + FMA");
-    return NULL;
+    return run_probe(args, "bad probe_fma operands", "probe_fma needs AVX2 + FMA", NULL);
 #endif
 }
 
 /* probe_int8(iters, chunks, threads): chunks x iters x 12 steps of 32 int8 multiply-adds on the
  * int8 path's instructions (VNNI where it runs, else AVX2); returns a checksum (AVX2 builds only) */
 static PyObject *py_probe_int8(PyObject *self, PyObject *args) {
-    long long iters, chunks;
-    int threads;
-    if (!PyArg_ParseTuple(args, "LLi", &iters, &chunks, &threads)) return NULL;
-    if (iters < 1 || chunks < 1) {
-        PyErr_SetString(PyExc_ValueError, "bad probe_int8 operands");
-        return NULL;
-    }
 #ifdef QG_X86
-    if (!have_avx2()) {
-        PyErr_SetString(PyExc_RuntimeError, "probe_int8 needs AVX2");
-        return NULL;
-    }
-    ProbeJob *J = (ProbeJob *)calloc(1, sizeof(ProbeJob));
-    if (J == NULL) return PyErr_NoMemory();
-    J->iters = iters;
-    Py_BEGIN_ALLOW_THREADS
-    run_chunks(use_vnni && have_vnni() ? probe_int8_chunk_vnni : probe_int8_chunk_avx2, J, chunks, threads);
-    Py_END_ALLOW_THREADS
-    double total = 0;
-    for (int i = 0; i < 256; i++) total += J->sums[i];
-    free(J);
-    return PyFloat_FromDouble(total);
+    return run_probe(args, "bad probe_int8 operands", "probe_int8 needs AVX2",
+                     use_vnni && have_vnni() ? probe_int8_chunk_vnni : probe_int8_chunk_avx2);
 #else
-    PyErr_SetString(PyExc_RuntimeError, "probe_int8 needs AVX2");
-    return NULL;
+    return run_probe(args, "bad probe_int8 operands", "probe_int8 needs AVX2", NULL);
 #endif
 }
 
