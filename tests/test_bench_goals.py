@@ -63,8 +63,13 @@ def test_goals_and_paired_peers_in_one_run(monkeypatch, cases, fake_llama_env):
         ("w1", "plain", "plain"), ("w1", "prompt-lookup", "ngram")]
     assert all(r.tsspec_tps and r.variant for r in timed)
     rows = report.goal_rows()
-    assert [g.number for g in rows] == [1, 2, 2, 3, 3, 4]
+    assert [g.number for g in rows] == [1, 1, 2, 2, 3, 3, 4]
     assert rows[0].ratio is not None and rows[0].met in (True, False)  # measured on the toy
+    # goal 1 again on the second (int8) target: its own 1-row and 9-row forwards
+    assert rows[1].name == "verify cost by rows with --dtype int8" and rows[1].ratio is not None
+    v2 = report.goals["verify_second"]
+    assert v2["dtype"] == "int8" and v2["rows"] == 9 and v2["one_row_ms"] > 0 and v2["ratio"] == rows[1].ratio
+    rows = rows[:1] + rows[2:]  # the rest as without the second goal-1 row
     assert rows[1].ratio is not None and rows[5].ratio is not None
     # the int8 row: a second target's plain run after each llama.cpp plain run (warm-up included)
     assert second_loads == ["int8"]
@@ -89,5 +94,10 @@ def test_goals_and_paired_peers_in_one_run(monkeypatch, cases, fake_llama_env):
     section = markdown[markdown.index("### The physical picture"):markdown.index("Prefill, llama.cpp")]
     assert "{" not in section and "a 9-row verify does" in section  # every figure formatted
     assert "- Plain decoding in this run: a one-row step takes" in section
+    from tsspec.modeling import native
+
+    if str(native.info().get("simd") or "").startswith("avx2"):  # the int8 probe runs: its floor and goal 1 in int8
+        assert physics["ratio_floor_int8"] >= 1.0 and physics["int8_ops"] > 0
+        assert "- int8 multiply-add peak" in section and "measured with --dtype int8: 1 row" in section
     data = report.to_json()
-    assert len(data["goals"]["rows"]) == 6 and data["goals"]["measured"]["prefill"]["tokens"] == 40
+    assert len(data["goals"]["rows"]) == 7 and data["goals"]["measured"]["prefill"]["tokens"] == 40

@@ -76,6 +76,23 @@ def test_fma_peak_is_the_kernels_probe_and_the_floor_uses_the_best_rate():
     assert physics.picture(without, {"bytes": 100e6, "weights": 100e6})["float32_flops"] == 2e9
 
 
+def test_int8_peak_is_the_kernels_probe_and_gives_the_int8_floors():
+    from tsspec.modeling import native
+
+    peak = physics.int8_peak(2, reps=1)
+    if native.kernels() is None or not str(native.info().get("simd") or "").startswith("avx2"):
+        assert peak is None  # no compiled AVX2 kernels: no int8 floor
+        return
+    one = physics.int8_peak(1, reps=1)
+    assert peak > 0 and one > 0 and peak == pytest.approx(2 * one, rel=0.5)
+    machine = {"threads": 2, "read_bytes_per_s": 10e9, "float32_flops_1": 50e9, "float32_flops_n": 100e9,
+               "int8_peak_ops_n": 400e9}
+    p = physics.picture(machine, {"bytes": 100e6, "weights": 100e6}, rows=9)
+    assert p["compute_ms_k_int8"] == pytest.approx(4.5) and p["ratio_floor_int8"] == pytest.approx(1.0)
+    assert p["ratio_floor"] == pytest.approx(1.8)  # the float32 floor is unchanged
+    assert "ratio_floor_int8" not in physics.picture(dict(machine, int8_peak_ops_n=None), {"bytes": 1e6, "weights": 1e6})
+
+
 def test_picture_floors():
     machine = {"threads": 2, "read_bytes_per_s": 20e9, "float32_flops_1": 50e9, "float32_flops_n": 100e9}
     p = physics.picture(machine, {"bytes": 100e6, "weights": 100e6}, one_row_ms=10.0, rows=9, rows_ms=30.0)

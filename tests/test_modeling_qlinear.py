@@ -517,6 +517,56 @@ def test_unknown_precision_is_an_error():
 
 
 @needs_native
+@pytest.mark.parametrize("kind", TYPES)
+@pytest.mark.parametrize("k", [128, 160, 224])  # groups of four blocks only, tails of 1 and 3 blocks
+def test_int8_verify_spans_equal_per_tile_path_scalar_and_one_row(kind, k, scalar_path):
+    """int8 verify rows in one span call a chunk (set_int8_spans, on by default: tiles by row
+    count: one tile up to 10 rows, more in near-equal tiles of at most 10) give every row the value
+    of the per-tile driver, of the scalar path and of the row alone, bit for bit, for every row
+    count 1..13 and for 65 and 70 rows (the driver's groups of 64), with and without a base, on gguf's own Q4_0 / Q4_1 / Q8_0 blocks (N = 19: a
+    chunk's last weight row alone) and on the VNNI path where the CPU has it; the spans' tiles
+    with their rows two at a time in one register (set_int8_row_pairs, on) and one at a time."""
+    kernels = native.kernels()
+    w = np.random.default_rng(k).standard_normal((19, k)).astype(np.float32)
+    bm = pack_tensor(quants.quantize(w, kind).reshape(-1), kind, (19, k))
+    x = torch.randn(13, k, generator=torch.Generator().manual_seed(k))
+    x[5] = 0.0  # an all-zero row quantises with a zero scale
+    base = torch.randn(13, 19)
+    alone = torch.cat([bm.linear(x[r : r + 1], base[r : r + 1], precision="int8") for r in range(13)])
+    bare = torch.cat([bm.linear(x[r : r + 1], precision="int8") for r in range(13)])
+    with scalar_path():
+        assert torch.equal(bm.linear(x, base, precision="int8"), alone)
+    vnni_options = (True, False) if native.info()["int8"] == "avx512-vnni" else (True,)
+    try:
+        for spans, pairs, vnni in itertools.product((True, False), (True, False), vnni_options):
+            kernels.set_int8_spans(spans)
+            kernels.set_int8_row_pairs(pairs)
+            kernels.set_vnni(vnni)
+            for rows in range(1, 14):
+                got = bm.linear(x[:rows], base[:rows], precision="int8")
+                assert torch.equal(got, alone[:rows]), (spans, pairs, vnni, rows)
+                assert torch.equal(bm.linear(x[:rows], precision="int8"), bare[:rows]), (spans, pairs, vnni, rows, "no base")
+            assert torch.equal(bm.linear(x[2:11], base[2:11], precision="int8"), alone[2:11])  # 9 rows, offset
+        # more rows than one group of the driver (64), still on the kernel (qlinear.GEMM_ROWS):
+        # groups of 64 + 6 and 64 + a lone row
+        assert qlinear.GEMM_ROWS >= 70
+        many = torch.randn(70, k, generator=torch.Generator().manual_seed(1))
+        many_base = torch.randn(70, 19)
+        kernels.set_int8_spans(True)
+        kernels.set_int8_row_pairs(True)
+        spans_on = bm.linear(many, many_base, precision="int8")
+        assert torch.equal(bm.linear(many[:65], many_base[:65], precision="int8"), spans_on[:65])
+        kernels.set_int8_spans(False)
+        assert torch.equal(bm.linear(many, many_base, precision="int8"), spans_on)
+        for r in (0, 63, 64, 65, 69):
+            assert torch.equal(bm.linear(many[r : r + 1], many_base[r : r + 1], precision="int8")[0], spans_on[r]), r
+    finally:
+        kernels.set_int8_spans(True)
+        kernels.set_int8_row_pairs(True)
+        kernels.set_vnni(True)
+
+
+@needs_native
 def test_int8_vnni_path_equals_the_avx2_path():
     """Where the CPU has AVX-512 VNNI, vpdpbusd forms the same integer lanes as AVX2's
     maddubs + madd: the two paths (and the scalar one) agree bit for bit."""
@@ -550,6 +600,11 @@ def test_roofline_probes_do_their_work_and_refuse_bad_operands():
     for chunks, threads in ((1, 1), (5, 2), (256, 2)):
         assert kernels.probe_read(buf.data_ptr(), buf.numel(), chunks, threads) == expected
     assert kernels.probe_fma(10, 3, 2) > 0
+    kernels.probe_int8(10, 3, 2)  # its checksum is the lanes' low bytes: any value
+    assert native.int8_rate(1000, 2) > 0
+    for bad in ((0, 3, 1), (10, 0, 1)):
+        with pytest.raises(ValueError, match="probe_int8"):
+            kernels.probe_int8(*bad)
     for bad in ((0, 3, 1), (10, 0, 1)):
         with pytest.raises(ValueError, match="probe_fma"):
             kernels.probe_fma(*bad)

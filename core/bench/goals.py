@@ -125,10 +125,12 @@ def file_tensor_bytes(path: str | None) -> int | None:
 
 
 def measure_goals(target, cases, peers: dict, *, progress=None, model_path: str | None = None,
-                  footprint: dict | None = None) -> dict:
+                  footprint: dict | None = None, second=None) -> dict:
     """Goals 1 and 4 (the in-process parts) and the physical picture beside goal 1; 2 and 3
     come from the run's paired records. ``footprint``: physics.weight_footprint of the target
-    (measured now when not given)."""
+    (measured now when not given). ``second``: (target, dtype, arithmetic) of the model loaded
+    in a second arithmetic (the bench's int8 row): goal 1 is measured on it too
+    (``verify_second``)."""
     from . import physics
 
     report = progress or (lambda phase, done, total, text: None)
@@ -136,6 +138,11 @@ def measure_goals(target, cases, peers: dict, *, progress=None, model_path: str 
     report("goals", 0, 3, "verify cost by rows")
     verify = verify_cost(target, stream)
     report("goals", 1, 3, f"9 rows / 1 row: {verify['ratio']:.2f}x")
+    verify_second = None
+    if second is not None:
+        other, dtype, arithmetic = second
+        verify_second = {**verify_cost(other, stream), "dtype": dtype, "arithmetic": arithmetic}
+        report("goals", 1, 3, f"--dtype {dtype}: 9 rows / 1 row: {verify_second['ratio']:.2f}x")
     import torch
 
     machine = physics.measure_machine(torch.get_num_threads())
@@ -147,7 +154,10 @@ def measure_goals(target, cases, peers: dict, *, progress=None, model_path: str 
                           f"float32 {machine['float32_flops_n'] / 1e9:.0f} GFLOP/s")
     prefill = prefill_pairs(target, peers, stream[:PREFILL_TOKENS], progress=lambda t: report("goals", 2, 3, t))
     report("goals", 3, 3, f"prefill {prefill['tsspec_median_tps']:.0f} tok/s")
-    return {"verify": verify, "prefill": prefill, "machine": machine, "physics": picture}
+    out = {"verify": verify, "prefill": prefill, "machine": machine, "physics": picture}
+    if verify_second is not None:
+        out["verify_second"] = verify_second
+    return out
 
 
 @attrs.frozen
@@ -180,6 +190,12 @@ def goal_rows(report) -> list[GoalRow]:
                             v["ratio"], f"<= {GOAL_VERIFY}x", v["ratio"] <= GOAL_VERIFY))
     else:
         rows.append(GoalRow(1, "verify cost by rows", "not measured (--goals)", None, f"<= {GOAL_VERIFY}x", None))
+    v2 = goals.get("verify_second")
+    if v2:
+        rows.append(GoalRow(1, f"verify cost by rows with --dtype {v2['dtype']}",
+                            f"({v2['arithmetic'] or v2['dtype']} arithmetic) {v2['rows']} rows {v2['rows_ms']:.1f} ms "
+                            f"vs 1 row {v2['one_row_ms']:.1f} ms at {v2['context']} tokens of context",
+                            v2["ratio"], f"<= {GOAL_VERIFY}x", v2["ratio"] <= GOAL_VERIFY))
     llama = [r for r in report.peer_records if r.engine == "llama.cpp" and r.rep >= 0]
     plain = [r.tsspec_tps / r.tokens_per_second for r in llama
              if r.config == "plain" and r.tsspec_tps and r.tokens_per_second]

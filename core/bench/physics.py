@@ -7,9 +7,11 @@ the bench runs with (a torch sum over a buffer far larger than the caches, best 
 the float32 multiply-add rate: the hardware's fused multiply-add peak where tsspec's compiled
 kernels can probe it (independent FMA chains timed in CPU seconds of one core, times the
 threads), else a large torch float32 matmul (best of a few, 1 thread and all), which runs below
-the peak and so gives a floor that is too high.
+the peak and so gives a floor that is too high. Where the kernels can probe it, a third: the
+int8 path's multiply-add peak (its own dot instructions, independent accumulators, CPU seconds).
 From them and the target's weight bytes come the streaming floor of a step and the lowest
-9-row / 1-row cost ratio a float32 kernel can reach here: nothing is assumed about the CPU.
+9-row / 1-row cost ratio a float32 kernel (and an int8 one) can reach here: nothing is assumed
+about the CPU.
 
 Every figure is measured when the bench runs (a few seconds); nothing here is a constant taken
 from another machine.
@@ -87,6 +89,18 @@ def fma_peak(threads: int, *, reps: int = BANDWIDTH_REPS) -> float | None:
     return 2.0 * best * threads if best else None
 
 
+def int8_peak(threads: int, *, reps: int = BANDWIDTH_REPS) -> float | None:
+    """int8 ops per second (a multiply-add counts 2, as for float32) at the int8 path's peak on
+    ``threads`` cores: the best of ``reps`` runs of the kernels' probe on one core
+    (``native.int8_rate``), times ``threads``; None where the probe is absent."""
+    from tsspec.modeling import native
+
+    if native.int8_rate(1000, FMA_CHUNKS) is None:  # also the untimed warm-up
+        return None
+    best = max((native.int8_rate(FMA_ITERS, FMA_CHUNKS) or 0.0) for _ in range(reps))
+    return 2.0 * best * threads if best else None
+
+
 def weight_footprint(target) -> dict:
     """Bytes and multiply-add weights of the matrices reachable from ``target`` (its loaded
     tensors of at most 2 dimensions: dense matrices and vectors, and objects holding block
@@ -154,6 +168,7 @@ def measure_machine(threads: int) -> dict:
         "float32_flops_1": float32_rate(1, size=MATMUL_SIZE),
         "float32_flops_n": float32_rate(threads, size=MATMUL_SIZE),
         "fma_peak_flops_n": fma_peak(threads),
+        "int8_peak_ops_n": int8_peak(threads),
         "bandwidth_buffer_mib": BANDWIDTH_MIB,
         "matmul_size": MATMUL_SIZE,
     }
@@ -170,6 +185,10 @@ def picture(machine: dict, footprint: dict, *, one_row_ms: float | None = None, 
     (10.0, 2.0, 18.0)
     >>> round(p["ratio_floor"], 2)
     1.8
+    >>> p8 = picture({"threads": 2, "read_bytes_per_s": 10e9, "float32_flops_1": 50e9,
+    ...               "float32_flops_n": 100e9, "int8_peak_ops_n": 200e9}, {"bytes": 100e6, "weights": 100e6})
+    >>> round(p8["compute_ms_k_int8"], 3), round(p8["ratio_floor_int8"], 2)
+    (9.0, 1.0)
     """
     # the best rates measured: on a shared machine the all-thread figures can come out below the
     # one-thread ones (another process held a core), and a floor must not be raised by that
@@ -189,6 +208,12 @@ def picture(machine: dict, footprint: dict, *, one_row_ms: float | None = None, 
         # the lowest k-row / 1-row ratio a float32 kernel can reach here: both steps at their floors
         "ratio_floor": floor_k / floor_1,
     }
+    int8 = machine.get("int8_peak_ops_n")
+    if int8:  # the same floors with the int8 path's multiply-add peak (its matmuls only)
+        c1, ck = flops_1 / int8 * 1e3, rows * flops_1 / int8 * 1e3
+        out.update({"int8_ops": int8, "compute_ms_1_int8": c1, "compute_ms_k_int8": ck,
+                    "floor_1_ms_int8": max(stream_ms, c1), "floor_k_ms_int8": max(stream_ms, ck),
+                    "ratio_floor_int8": max(stream_ms, ck) / max(stream_ms, c1)})
     if one_row_ms:
         out["one_row_ms"] = one_row_ms
         out["one_row_over_floor"] = one_row_ms / floor_1

@@ -536,6 +536,16 @@ def _physics_lines(report: BenchReport) -> list[str]:
         lines.append(f"- Measured at {goals['verify']['context']} tokens of context: 1 row {ph['one_row_ms']:.1f} ms "
                      f"({ph['one_row_over_floor']:.2f}x its floor), {k} rows {ph.get('rows_ms', 0):.1f} ms "
                      f"({ph.get('rows_over_floor', 0):.2f}x its floor).")
+    if ph.get("ratio_floor_int8"):
+        v2 = goals.get("verify_second")
+        lines.append(f"- int8 multiply-add peak (the compiled kernels' probe: the int8 path's own dot instructions, "
+                     f"independent accumulators, per CPU second of a core, times {m['threads']}): "
+                     f"{ph['int8_ops'] / gb:.0f} GOP/s, {ph['int8_ops'] / ph['float32_flops']:.2f}x the float32 rate "
+                     f"above. A {k}-row verify's multiply-adds take {ph['compute_ms_k_int8']:.2f} ms at it; floors "
+                     f"with int8 arithmetic: 1 row {ph['floor_1_ms_int8']:.2f} ms, {k} rows {ph['floor_k_ms_int8']:.2f} ms, "
+                     f"{k}-row / 1-row >= {ph['ratio_floor_int8']:.2f}x"
+                     + (f"; measured with --dtype {v2['dtype']}: 1 row {v2['one_row_ms']:.1f} ms, {k} rows "
+                        f"{v2['rows_ms']:.1f} ms ({v2['ratio']:.2f}x paired)." if v2 else "."))
     step = plain_step_ms(report)
     if step:
         lines.append(f"- Plain decoding in this run: a one-row step takes {step:.2f} ms on average (plain runs, all "

@@ -243,7 +243,9 @@ def run_plan(
             from .goals import measure_goals
 
             goals = measure_goals(target, cases, peers, progress=report_progress, model_path=plan.model_path,
-                                  footprint=footprint)
+                                  footprint=footprint,
+                                  second=None if second is None else (second.runner.target, second.dtype,
+                                                                      second.arithmetic))
             if second is not None:
                 from .precision import summarise as summarise_precision
 

@@ -1097,6 +1097,278 @@ QG_AVX2 static void dots_q8_avx2(int fmt, const uint8_t *q, const float *d, cons
 }
 #endif
 
+/* ---- int8 verify spans: one call a chunk of weight rows, tiles specialised by row count ----
+ * A 2+ row int8 call (formats 4 and 8) hands all of a chunk's weight rows to one span function;
+ * for each weight row the rows of x go in one tile up to 10 rows, more in near-equal tiles of at
+ * most 10 (the sizes constants for 2-10 rows; measured: one tile of 5-8 beat 3 + 2 .. 4 + 4 by
+ * 2-16%; with the rows in pairs, 9 and 10 in one tile beat 5 + 4 and 5 + 5 by 1-9%). A tile
+ * holds a group of 4 weight blocks in registers (format 4: the nibbles; format 8: |w|, the signs
+ * read again from L1 per row) while they multiply into every row of the tile. The float part of every output is the tile's above
+ * (DEFINE_Q8G_TILE): per group, acc = fma(isum, d * dx, acc), acc = fma(m, s, acc), the last
+ * nb mod 4 blocks in lanes 0 .. nt-1, result (l0 + l2) + (l1 + l3); only the integer sums are
+ * formed in another order (exact), so a span's rows equal the 1-row path and the scalar path bit
+ * for bit. Format 4 sums a group's maddubs pairs in int16 before one madd (a sum of 8 products
+ * of a nibble and an int8 is at most 8 x 15 x 127 = 15240, no saturation) and reduces the four
+ * blocks with unpacks instead of hadd. Switches: set_int8_spans (off: the per-tile driver),
+ * set_int8_row_pairs (off: a tile's rows one at a time; on: two in one register). */
+static int use_int8_spans = 1;
+static int use_int8_row_pairs = 1; /* 0: a span's tiles take their rows one at a time (A/B, tests) */
+
+#ifdef QG_X86
+/* The exact int sums of one group of 4 weight blocks (held in hw: format 4 the nibbles, format 8
+ * |w| with the signs read from qb) against one row of xq (x: the group's first value), block i in
+ * lane i. nt: the blocks present (4, or the last nb mod 4: hw is zero past nt, and the missing
+ * blocks read block 0's x and signs, in bounds, and multiply them by zero).
+ * group_lanes_*: the four blocks' lane vectors folded to one, [b0 b1 b2 b3 | b0 b1 b2 b3] (each
+ * half a partial sum); on AVX2 format 4 keeps int16 lanes (8 products of a nibble and an int8:
+ * at most 15240, no saturation) and needs one madd to finish, else int32 lanes. */
+QG_AVX2 static inline __attribute__((always_inline)) __m256i lanes_fold(const int i16, const __m256i *v) {
+    if (i16) {
+        const __m256i a = _mm256_add_epi16(_mm256_unpacklo_epi32(v[0], v[1]), _mm256_unpackhi_epi32(v[0], v[1]));
+        const __m256i c = _mm256_add_epi16(_mm256_unpacklo_epi32(v[2], v[3]), _mm256_unpackhi_epi32(v[2], v[3]));
+        return _mm256_add_epi16(_mm256_unpacklo_epi64(a, c), _mm256_unpackhi_epi64(a, c));
+    }
+    const __m256i a = _mm256_add_epi32(_mm256_unpacklo_epi32(v[0], v[1]), _mm256_unpackhi_epi32(v[0], v[1]));
+    const __m256i c = _mm256_add_epi32(_mm256_unpacklo_epi32(v[2], v[3]), _mm256_unpackhi_epi32(v[2], v[3]));
+    return _mm256_add_epi32(_mm256_unpacklo_epi64(a, c), _mm256_unpackhi_epi64(a, c));
+}
+
+/* one row's folded lanes to its four block sums */
+QG_AVX2 static inline __attribute__((always_inline)) __m128i sums_one(const int i16, __m256i e) {
+    if (i16) e = _mm256_madd_epi16(e, _mm256_set1_epi16(1));
+    return _mm_add_epi32(_mm256_castsi256_si128(e), _mm256_extracti128_si256(e, 1));
+}
+
+/* two rows' folded lanes to their block sums, row x in the low 128 bits and row y in the high
+ * (format 4 on AVX2 adds each row's halves in int16, at most 2 x 15240, before one madd) */
+QG_AVX2 static inline __attribute__((always_inline)) __m256i sums_pair(const int i16, __m256i ex, __m256i ey) {
+    const __m256i lo = _mm256_permute2x128_si256(ex, ey, 0x20), hi = _mm256_permute2x128_si256(ex, ey, 0x31);
+    if (i16) return _mm256_madd_epi16(_mm256_add_epi16(lo, hi), _mm256_set1_epi16(1));
+    return _mm256_add_epi32(lo, hi);
+}
+
+QG_AVX2 static inline __attribute__((always_inline)) __m256i group_lanes_avx2(const int fmt, const __m256i *hw,
+                                                                              const uint8_t *qb, const int nt,
+                                                                              const int8_t *x) {
+    __m256i v[4];
+    for (int i = 0; i < 4; i++) {
+        const int at = i < nt ? i : 0;
+        __m256i xs = _mm256_loadu_si256((const __m256i *)(x + at * QK));
+        if (fmt != 4) xs = _mm256_sign_epi8(xs, _mm256_loadu_si256((const __m256i *)(qb + at * QK)));
+        v[i] = _mm256_maddubs_epi16(hw[i], xs);
+        if (fmt != 4) v[i] = _mm256_madd_epi16(v[i], _mm256_set1_epi16(1));
+    }
+    return lanes_fold(fmt == 4, v);
+}
+
+QG_AVX2 static inline __attribute__((always_inline)) __m128i group_sums_avx2(const int fmt, const __m256i *hw,
+                                                                             const uint8_t *qb, const int nt,
+                                                                             const int8_t *x) {
+    return sums_one(fmt == 4, group_lanes_avx2(fmt, hw, qb, nt, x));
+}
+
+QG_AVX2 static inline __attribute__((always_inline)) __m256i group_pair_avx2(const int fmt, const __m256i *hw,
+                                                                             const uint8_t *qb, const int nt,
+                                                                             const int8_t *x, const int8_t *y) {
+    return sums_pair(fmt == 4, group_lanes_avx2(fmt, hw, qb, nt, x), group_lanes_avx2(fmt, hw, qb, nt, y));
+}
+
+/* VNNI: vpdpbusd forms each block's int32 lanes in one instruction */
+#define QG_VNNI_SPAN __attribute__((target("avx2,fma,avx512f,avx512vl,avx512bw,avx512vnni")))
+QG_VNNI_SPAN static inline __attribute__((always_inline)) __m256i group_lanes_vnni(const int fmt, const __m256i *hw,
+                                                                                   const uint8_t *qb, const int nt,
+                                                                                   const int8_t *x) {
+    __m256i v[4];
+    for (int i = 0; i < 4; i++) {
+        const int at = i < nt ? i : 0;
+        __m256i xs = _mm256_loadu_si256((const __m256i *)(x + at * QK));
+        if (fmt != 4) xs = _mm256_sign_epi8(xs, _mm256_loadu_si256((const __m256i *)(qb + at * QK)));
+        v[i] = _mm256_dpbusd_epi32(_mm256_setzero_si256(), hw[i], xs);
+    }
+    return lanes_fold(0, v);
+}
+
+QG_VNNI_SPAN static inline __attribute__((always_inline)) __m128i group_sums_vnni(const int fmt, const __m256i *hw,
+                                                                                  const uint8_t *qb, const int nt,
+                                                                                  const int8_t *x) {
+    return sums_one(0, group_lanes_vnni(fmt, hw, qb, nt, x));
+}
+
+QG_VNNI_SPAN static inline __attribute__((always_inline)) __m256i group_pair_vnni(const int fmt, const __m256i *hw,
+                                                                                  const uint8_t *qb, const int nt,
+                                                                                  const int8_t *x, const int8_t *y) {
+    return sums_pair(0, group_lanes_vnni(fmt, hw, qb, nt, x), group_lanes_vnni(fmt, hw, qb, nt, y));
+}
+
+#define Q8S_MOST 10 /* rows of x a span's tile takes at most */
+
+/* rows a0 + r0 .. a0 + r0 + T - 1 of xq against weight row q (scales d, m): out[r0 + t, 0] (+ base).
+ * With PAIRS (set_int8_row_pairs) the rows go two at a time, T / 2 pairs and a lone last row: a
+ * pair's four block sums in one vector, its float steps on both rows' 4 lanes in one 8-lane
+ * register (row x in lanes 0-3, y in 4-7); without, every row alone in a 4-lane register. Every
+ * lane takes the same operations in the same order (scale = d * dx, fma, fma, the tail blended),
+ * so both give the same bits. */
+#define DEFINE_Q8S_TILE(NAME, ATTR, SUMS, PAIR, PAIRS) \
+ATTR static inline __attribute__((always_inline)) void NAME(const int fmt, const uint8_t *q, const float *d, \
+                                                            const float *m, int64_t nb, const QAct *A, int64_t a0, \
+                                                            int64_t r0, const int T, float *out, int64_t os, \
+                                                            const float *base) { \
+    const int P = PAIRS ? T / 2 : 0; /* rows 2P .. T-1 alone */ \
+    __m256 acc[Q8S_MOST / 2]; \
+    __m128 one[Q8S_MOST]; \
+    for (int p = 0; p < P; p++) acc[p] = _mm256_setzero_ps(); \
+    for (int t = 2 * P; t < T; t++) one[t] = _mm_setzero_ps(); \
+    const int64_t nb4 = nb & ~(int64_t)3, bb = fmt == 4 ? 16 : 32, K = A->K; \
+    const int64_t r1 = a0 + r0; /* the tile's first row of xq */ \
+    for (int64_t b = 0; b < nb4; b += 4) { \
+        const uint8_t *qb = q + b * bb; \
+        _mm_prefetch((const char *)qb + PREFETCH_BYTES, _MM_HINT_T0); \
+        __m256i hw[4]; \
+        for (int i = 0; i < 4; i++) { \
+            const __m256i w = block_bytes_avx2(fmt, q, b + i); \
+            hw[i] = fmt == 4 ? w : _mm256_sign_epi8(w, w); \
+        } \
+        const __m128 dv = _mm_loadu_ps(d + b), mv = _mm_loadu_ps(m + b); \
+        const __m256 dv2 = _mm256_set_m128(dv, dv), mv2 = _mm256_set_m128(mv, mv); \
+        for (int p = 0; p < P; p++) { \
+            const int64_t r = r1 + 2 * p; \
+            const __m256i isum = PAIR(fmt, hw, qb, 4, A->q + r * K + b * QK, A->q + (r + 1) * K + b * QK); \
+            const __m256 dx = _mm256_loadu2_m128(A->d + (r + 1) * nb + b, A->d + r * nb + b); \
+            const __m256 sx = _mm256_loadu2_m128(A->s32 + (r + 1) * nb + b, A->s32 + r * nb + b); \
+            acc[p] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), _mm256_mul_ps(dv2, dx), acc[p]); \
+            acc[p] = _mm256_fmadd_ps(mv2, sx, acc[p]); \
+        } \
+        for (int t = 2 * P; t < T; t++) { \
+            const int64_t r = r1 + t; \
+            const __m128i isum = SUMS(fmt, hw, qb, 4, A->q + r * K + b * QK); \
+            one[t] = _mm_fmadd_ps(_mm_cvtepi32_ps(isum), _mm_mul_ps(dv, _mm_loadu_ps(A->d + r * nb + b)), one[t]); \
+            one[t] = _mm_fmadd_ps(mv, _mm_loadu_ps(A->s32 + r * nb + b), one[t]); \
+        } \
+    } \
+    if (nb4 < nb) { /* the last nb mod 4 blocks in lanes 0 .. nt-1 (b mod 4), as the scalar path */ \
+        const int nt = (int)(nb - nb4); \
+        const __m128i keep = _mm_cmpgt_epi32(_mm_set1_epi32(nt), _mm_setr_epi32(0, 1, 2, 3)); \
+        const __m256 keep2 = _mm256_castsi256_ps(_mm256_set_m128i(keep, keep)); \
+        const __m128 dv = _mm_maskload_ps(d + nb4, keep), mv = _mm_maskload_ps(m + nb4, keep); \
+        const __m256 dv2 = _mm256_set_m128(dv, dv), mv2 = _mm256_set_m128(mv, mv); \
+        const uint8_t *qb = q + nb4 * bb; \
+        __m256i hw[4]; \
+        for (int i = 0; i < 4; i++) { \
+            const __m256i w = i < nt ? block_bytes_avx2(fmt, q, nb4 + i) : _mm256_setzero_si256(); \
+            hw[i] = fmt == 4 ? w : _mm256_sign_epi8(w, w); \
+        } \
+        for (int p = 0; p < P; p++) { \
+            const int64_t r = r1 + 2 * p; \
+            const __m256i isum = PAIR(fmt, hw, qb, nt, A->q + r * K + nb4 * QK, A->q + (r + 1) * K + nb4 * QK); \
+            const __m256 dx = _mm256_set_m128(_mm_maskload_ps(A->d + (r + 1) * nb + nb4, keep), \
+                                              _mm_maskload_ps(A->d + r * nb + nb4, keep)); \
+            const __m256 sx = _mm256_set_m128(_mm_maskload_ps(A->s32 + (r + 1) * nb + nb4, keep), \
+                                              _mm_maskload_ps(A->s32 + r * nb + nb4, keep)); \
+            __m256 upd = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), _mm256_mul_ps(dv2, dx), acc[p]); \
+            upd = _mm256_fmadd_ps(mv2, sx, upd); \
+            acc[p] = _mm256_blendv_ps(acc[p], upd, keep2); \
+        } \
+        for (int t = 2 * P; t < T; t++) { \
+            const int64_t r = r1 + t; \
+            const __m128i isum = SUMS(fmt, hw, qb, nt, A->q + r * K + nb4 * QK); \
+            const __m128 scale = _mm_mul_ps(dv, _mm_maskload_ps(A->d + r * nb + nb4, keep)); \
+            __m128 upd = _mm_fmadd_ps(_mm_cvtepi32_ps(isum), scale, one[t]); \
+            upd = _mm_fmadd_ps(mv, _mm_maskload_ps(A->s32 + r * nb + nb4, keep), upd); \
+            one[t] = _mm_blendv_ps(one[t], upd, _mm_castsi128_ps(keep)); \
+        } \
+    } \
+    for (int t = 0; t < T; t++) { \
+        float lanes[8]; \
+        if (t < 2 * P) \
+            _mm256_storeu_ps(lanes, acc[t / 2]); \
+        else \
+            _mm_storeu_ps(lanes, one[t]); \
+        const float *l = lanes + (t < 2 * P ? 4 * (t % 2) : 0); \
+        const float v = (l[0] + l[2]) + (l[1] + l[3]); \
+        const int64_t at = (r0 + t) * os; \
+        out[at] = base != NULL ? base[at] + v : v; \
+    } \
+}
+
+/* every weight row of a chunk (count of them) against R rows of xq: for each weight row, tiles
+ * of T1 and T2 rows (constants; 0: none) or, for R > 10, near-equal tiles of at most Q8S_MOST */
+#define Q8S_ROWS(TILE, FMT, T1, T2) \
+    for (int64_t n = 0; n < count; n++) { \
+        const uint8_t *qn = q + n * q_row; \
+        const float *dn = d + n * s_row, *mn = m + n * s_row, *bn = base != NULL ? base + n : NULL; \
+        TILE(FMT, qn, dn, mn, nb, A, a0, 0, T1, out + n, os, bn); \
+        if (T2) TILE(FMT, qn, dn, mn, nb, A, a0, T1, T2, out + n, os, bn); \
+    }
+
+#define DEFINE_Q8S_SPAN(NAME, ATTR, TILE, FMT) \
+ATTR static void NAME(const uint8_t *q, int64_t q_row, const float *d, const float *m, int64_t s_row, int64_t nb, \
+                      const QAct *A, int64_t a0, int64_t R, int64_t count, float *out, int64_t os, \
+                      const float *base) { \
+    switch (R) { \
+        case 1: Q8S_ROWS(TILE, FMT, 1, 0) return; \
+        case 2: Q8S_ROWS(TILE, FMT, 2, 0) return; \
+        case 3: Q8S_ROWS(TILE, FMT, 3, 0) return; \
+        case 4: Q8S_ROWS(TILE, FMT, 4, 0) return; \
+        case 5: Q8S_ROWS(TILE, FMT, 5, 0) return; \
+        case 6: Q8S_ROWS(TILE, FMT, 6, 0) return; \
+        case 7: Q8S_ROWS(TILE, FMT, 7, 0) return; \
+        case 8: Q8S_ROWS(TILE, FMT, 8, 0) return; \
+        case 9: Q8S_ROWS(TILE, FMT, 9, 0) return; \
+        case 10: Q8S_ROWS(TILE, FMT, 10, 0) return; \
+    } \
+    const int64_t tiles = (R + Q8S_MOST - 1) / Q8S_MOST; \
+    for (int64_t n = 0; n < count; n++) { \
+        const uint8_t *qn = q + n * q_row; \
+        const float *dn = d + n * s_row, *mn = m + n * s_row, *bn = base != NULL ? base + n : NULL; \
+        for (int64_t i = 0, r = 0; i < tiles; i++) { \
+            const int64_t rows = R / tiles + (i < R % tiles); \
+            switch (rows) { \
+                case 10: TILE(FMT, qn, dn, mn, nb, A, a0, r, 10, out + n, os, bn); break; \
+                case 9: TILE(FMT, qn, dn, mn, nb, A, a0, r, 9, out + n, os, bn); break; \
+                case 8: TILE(FMT, qn, dn, mn, nb, A, a0, r, 8, out + n, os, bn); break; \
+                case 7: TILE(FMT, qn, dn, mn, nb, A, a0, r, 7, out + n, os, bn); break; \
+                case 6: TILE(FMT, qn, dn, mn, nb, A, a0, r, 6, out + n, os, bn); break; \
+                case 5: TILE(FMT, qn, dn, mn, nb, A, a0, r, 5, out + n, os, bn); break; \
+                case 4: TILE(FMT, qn, dn, mn, nb, A, a0, r, 4, out + n, os, bn); break; \
+                case 3: TILE(FMT, qn, dn, mn, nb, A, a0, r, 3, out + n, os, bn); break; \
+                case 2: TILE(FMT, qn, dn, mn, nb, A, a0, r, 2, out + n, os, bn); break; \
+                default: TILE(FMT, qn, dn, mn, nb, A, a0, r, 1, out + n, os, bn); break; \
+            } \
+            r += rows; \
+        } \
+    } \
+}
+
+DEFINE_Q8S_TILE(q8s_tile_avx2, QG_AVX2, group_sums_avx2, group_pair_avx2, 0)
+DEFINE_Q8S_SPAN(q8s_span_q4_avx2, QG_AVX2, q8s_tile_avx2, 4)
+DEFINE_Q8S_SPAN(q8s_span_q8_avx2, QG_AVX2, q8s_tile_avx2, 8)
+DEFINE_Q8S_TILE(q8s_tile_vnni, QG_VNNI_SPAN, group_sums_vnni, group_pair_vnni, 0)
+DEFINE_Q8S_SPAN(q8s_span_q4_vnni, QG_VNNI_SPAN, q8s_tile_vnni, 4)
+DEFINE_Q8S_SPAN(q8s_span_q8_vnni, QG_VNNI_SPAN, q8s_tile_vnni, 8)
+DEFINE_Q8S_TILE(q8p_tile_avx2, QG_AVX2, group_sums_avx2, group_pair_avx2, 1)
+DEFINE_Q8S_SPAN(q8p_span_q4_avx2, QG_AVX2, q8p_tile_avx2, 4)
+DEFINE_Q8S_SPAN(q8p_span_q8_avx2, QG_AVX2, q8p_tile_avx2, 8)
+DEFINE_Q8S_TILE(q8p_tile_vnni, QG_VNNI_SPAN, group_sums_vnni, group_pair_vnni, 1)
+DEFINE_Q8S_SPAN(q8p_span_q4_vnni, QG_VNNI_SPAN, q8p_tile_vnni, 4)
+DEFINE_Q8S_SPAN(q8p_span_q8_vnni, QG_VNNI_SPAN, q8p_tile_vnni, 8)
+
+/* rows a0 .. a0 + R - 1 of xq against weight rows 0 .. count-1 (format 4 or 8), one call; out
+ * and base point at row a0's outputs */
+QG_AVX2 static void q8s_span(int fmt, const uint8_t *q, int64_t q_row, const float *d, const float *m, int64_t s_row,
+                             int64_t nb, const QAct *A, int64_t a0, int64_t R, int64_t count, float *out, int64_t os,
+                             const float *base) {
+    const int vnni = use_vnni && have_vnni();
+    if (use_int8_row_pairs && fmt == 4)
+        (vnni ? q8p_span_q4_vnni : q8p_span_q4_avx2)(q, q_row, d, m, s_row, nb, A, a0, R, count, out, os, base);
+    else if (use_int8_row_pairs)
+        (vnni ? q8p_span_q8_vnni : q8p_span_q8_avx2)(q, q_row, d, m, s_row, nb, A, a0, R, count, out, os, base);
+    else if (fmt == 4)
+        (vnni ? q8s_span_q4_vnni : q8s_span_q4_avx2)(q, q_row, d, m, s_row, nb, A, a0, R, count, out, os, base);
+    else
+        (vnni ? q8s_span_q8_vnni : q8s_span_q8_avx2)(q, q_row, d, m, s_row, nb, A, a0, R, count, out, os, base);
+}
+#endif
+
 /* ---- thread pool ------------------------------------------------------------------------ */
 
 typedef void (*chunk_fn)(void *arg, int64_t chunk);
@@ -1388,6 +1660,12 @@ static void gemm_chunk_q8(const GemmJob *J, int64_t n0, int64_t n1, float *res) 
                     J->out[g0 * J->os + n] = J->base != NULL ? J->base[g0 * J->os + n] + res[c] : res[c];
                 n--;
                 continue;
+            }
+            if (simd && use_int8_spans && g1 - g0 > 1 && (W->fmt == 4 || W->fmt == 8)) {
+                /* every weight row left in the chunk, the group's rows, in one call */
+                q8s_span(W->fmt, q, nb * bb, d, m, ns, nb, A, g0, g1 - g0, n1 - n, J->out + g0 * J->os + n, J->os,
+                         J->base != NULL ? J->base + g0 * J->os + n : NULL);
+                break;
             }
             if (simd) {
                 for (int64_t r = g0; r < g1; r += Q8_TILE)
@@ -2358,6 +2636,42 @@ QG_AVX2 static void probe_read_chunk(void *arg, int64_t c) {
     for (; i < i1; i++) s += J->buf[i];
     J->sums[c % 256] = s;
 }
+
+/* probe_int8: the int8 path's multiply-add peak. PROBE_CHAINS independent int32 accumulators,
+ * each step one 32-byte dot of unsigned bytes and int8 bytes added in (AVX2: vpmaddubsw +
+ * vpmaddwd + vpaddd, as the int8 tiles; VNNI: one vpdpbusd): 32 multiply-adds a step. The
+ * operands pass an empty asm each step, so the compiler cannot hoist the dots out of the loop;
+ * the chains run through the adds only (1 cycle), so the multipliers' throughput is measured. */
+QG_AVX2 static void probe_int8_chunk_avx2(void *arg, int64_t c) {
+    ProbeJob *J = (ProbeJob *)arg;
+    __m256i acc[PROBE_CHAINS];
+    __m256i u = _mm256_set1_epi8(3), x = _mm256_set1_epi8((char)(5 + c));
+    const __m256i ones = _mm256_set1_epi16(1);
+    for (int i = 0; i < PROBE_CHAINS; i++) acc[i] = _mm256_set1_epi32(i + (int)c);
+    for (int64_t it = 0; it < J->iters; it++)
+        for (int i = 0; i < PROBE_CHAINS; i++) {
+            __asm__ volatile("" : "+x"(u), "+x"(x));
+            acc[i] = _mm256_add_epi32(acc[i], _mm256_madd_epi16(_mm256_maddubs_epi16(u, x), ones));
+        }
+    __m256i t = acc[0];
+    for (int i = 1; i < PROBE_CHAINS; i++) t = _mm256_xor_si256(t, acc[i]);
+    J->sums[c % 256] = (float)(_mm256_extract_epi32(t, 0) & 0xFF);
+}
+
+QG_VNNI_SPAN static void probe_int8_chunk_vnni(void *arg, int64_t c) {
+    ProbeJob *J = (ProbeJob *)arg;
+    __m256i acc[PROBE_CHAINS];
+    __m256i u = _mm256_set1_epi8(3), x = _mm256_set1_epi8((char)(5 + c));
+    for (int i = 0; i < PROBE_CHAINS; i++) acc[i] = _mm256_set1_epi32(i + (int)c);
+    for (int64_t it = 0; it < J->iters; it++)
+        for (int i = 0; i < PROBE_CHAINS; i++) {
+            __asm__ volatile("" : "+x"(u), "+x"(x));
+            acc[i] = _mm256_dpbusd_epi32(acc[i], u, x); /* latency-bound on Zen 4 / Ice Lake: 12 chains cover it */
+        }
+    __m256i t = acc[0];
+    for (int i = 1; i < PROBE_CHAINS; i++) t = _mm256_xor_si256(t, acc[i]);
+    J->sums[c % 256] = (float)(_mm256_extract_epi32(t, 0) & 0xFF);
+}
 #endif
 
 /* ---- python surface: raw addresses of torch tensors (qlinear.py checks every shape) ------- */
@@ -2738,6 +3052,8 @@ static PyObject *py_set_simd(PyObject *self, PyObject *args) {
         Py_RETURN_NONE; \
     }
 DEFINE_SWITCH(vnni, use_vnni)
+DEFINE_SWITCH(int8_spans, use_int8_spans)
+DEFINE_SWITCH(int8_row_pairs, use_int8_row_pairs)
 DEFINE_SWITCH(query_pairs, use_qpairs)
 DEFINE_SWITCH(wide_attention, use_wide_attn)
 DEFINE_SWITCH(guided, use_guided)
@@ -2761,33 +3077,49 @@ static PyObject *py_info(PyObject *self, PyObject *noargs) {
                          pool.started);
 }
 
-/* probe_fma(iters, chunks, threads): chunks x iters x 12 eight-lane FMAs (AVX2 builds only) */
-static PyObject *py_probe_fma(PyObject *self, PyObject *args) {
+/* a probe's call: chunks x iters steps of chunk function fn on `threads` threads (args: iters,
+ * chunks, threads); fn NULL (a build without x86 SIMD) or a CPU without AVX2: RuntimeError */
+static PyObject *run_probe(PyObject *args, const char *bad, const char *needs, chunk_fn fn) {
     long long iters, chunks;
     int threads;
     if (!PyArg_ParseTuple(args, "LLi", &iters, &chunks, &threads)) return NULL;
     if (iters < 1 || chunks < 1) {
-        PyErr_SetString(PyExc_ValueError, "bad probe_fma operands");
+        PyErr_SetString(PyExc_ValueError, bad);
         return NULL;
     }
-#ifdef QG_X86
-    if (!have_avx2()) {
-        PyErr_SetString(PyExc_RuntimeError, "probe_fma needs AVX2 + FMA");
+    if (fn == NULL || !have_avx2()) {
+        PyErr_SetString(PyExc_RuntimeError, needs);
         return NULL;
     }
     ProbeJob *J = (ProbeJob *)calloc(1, sizeof(ProbeJob));
     if (J == NULL) return PyErr_NoMemory();
     J->iters = iters;
     Py_BEGIN_ALLOW_THREADS
-    run_chunks(probe_fma_chunk, J, chunks, threads);
+    run_chunks(fn, J, chunks, threads);
     Py_END_ALLOW_THREADS
     double total = 0;
     for (int i = 0; i < 256; i++) total += J->sums[i];
     free(J);
     return PyFloat_FromDouble(total);
+}
+
+/* probe_fma(iters, chunks, threads): chunks x iters x 12 eight-lane FMAs (AVX2 builds only) */
+static PyObject *py_probe_fma(PyObject *self, PyObject *args) {
+#ifdef QG_X86
+    return run_probe(args, "bad probe_fma operands", "probe_fma needs AVX2 + FMA", probe_fma_chunk);
 #else
-    PyErr_SetString(PyExc_RuntimeError, "probe_fma needs AVX2 + FMA");
-    return NULL;
+    return run_probe(args, "bad probe_fma operands", "probe_fma needs AVX2 + FMA", NULL);
+#endif
+}
+
+/* probe_int8(iters, chunks, threads): chunks x iters x 12 steps of 32 int8 multiply-adds on the
+ * int8 path's instructions (VNNI where it runs, else AVX2); returns a checksum (AVX2 builds only) */
+static PyObject *py_probe_int8(PyObject *self, PyObject *args) {
+#ifdef QG_X86
+    return run_probe(args, "bad probe_int8 operands", "probe_int8 needs AVX2",
+                     use_vnni && have_vnni() ? probe_int8_chunk_vnni : probe_int8_chunk_avx2);
+#else
+    return run_probe(args, "bad probe_int8 operands", "probe_int8 needs AVX2", NULL);
 #endif
 }
 
@@ -3217,6 +3549,10 @@ static PyMethodDef methods[] = {
     {"silu_mul", py_silu_mul, METH_VARARGS, "silu(gate) * up of rows"},
     {"set_simd", py_set_simd, METH_VARARGS, "False forces the scalar path (tests)"},
     {"set_vnni", py_set_vnni, METH_VARARGS, "False keeps the int8 path on AVX2 where VNNI exists (tests)"},
+    {"set_int8_spans", py_set_int8_spans, METH_VARARGS,
+     "False: int8 verify rows one call a weight row and tile, not a chunk's weight rows in one (A/B, tests)"},
+    {"set_int8_row_pairs", py_set_int8_row_pairs, METH_VARARGS,
+     "False: an int8 span's tiles take their rows one at a time, not two in one register (A/B, tests)"},
     {"layers_new", py_layers_new, METH_VARARGS, "describe a stack of llama blocks once (a capsule)"},
     {"layers_forward", py_layers_forward, METH_VARARGS, "run blocks of a layer stack on residual rows, in place"},
     {"set_query_pairs", py_set_query_pairs, METH_VARARGS,
@@ -3250,6 +3586,7 @@ static PyMethodDef methods[] = {
     {"info", py_info, METH_NOARGS, "which paths this build has"},
     {"probe_fma", py_probe_fma, METH_VARARGS, "roofline probe: chunks of independent FMA chains"},
     {"probe_read", py_probe_read, METH_VARARGS, "roofline probe: sum a float32 buffer (read bandwidth)"},
+    {"probe_int8", py_probe_int8, METH_VARARGS, "roofline probe: chunks of independent int8 dot chains"},
     {"set_pool_stats", py_set_pool_stats, METH_VARARGS, "zero the pool statistics; True counts from now on"},
     {"pool_stats", py_pool_stats, METH_NOARGS, "the pool statistics by kind of region (counts, nanoseconds)"},
     {"probe_handshake", py_probe_handshake, METH_VARARGS,

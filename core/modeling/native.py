@@ -14,6 +14,7 @@ if TYPE_CHECKING:
 
 FMA_LANES = 8  # float32 lanes of one AVX2 register
 FMA_CHAINS = 12  # independent FMA chains per probe iteration (PROBE_CHAINS in cpu_kernels.c)
+INT8_LANES = 32  # int8 multiply-adds of one 32-byte dot step (probe_int8)
 # byte ranges at most this far apart are one range for huge_pages (an allocator's headers and
 # alignment padding between two tensors; all of it this process's own memory)
 PAGE_GAP = 4096
@@ -49,21 +50,34 @@ def info() -> dict[str, object]:
     return {"simd": None, "int8": None, "pool_workers": 0} if module is None else dict(module.info())
 
 
-def fma_rate(iters: int, chunks: int) -> float | None:
-    """float32 multiply-adds (lanes, not instructions) per CPU second of one core at the fused
-    multiply-add peak, from one run of the kernels' ``probe_fma`` (``chunks`` x ``iters``
-    iterations of independent chains on one thread; CPU time, so another job holding the core
-    does not lower it); None where the kernels or their AVX2 path are absent."""
+def _probe_rate(name: str, iters: int, chunks: int, lanes: int) -> float | None:
+    """Multiply-adds per CPU second of one core from one run of the kernels' probe ``name``
+    (``chunks`` x ``iters`` iterations of FMA_CHAINS independent chains of ``lanes`` each, on one
+    thread; CPU time, so another job holding the core does not lower it); None where the kernels,
+    their AVX2 path or the probe are absent."""
     module = kernels()
-    if module is None or not hasattr(module, "probe_fma"):
+    if module is None or not hasattr(module, name):
         return None
     cpu = time.process_time()
     try:
-        module.probe_fma(iters, chunks, 1)
-    except RuntimeError:  # a build without AVX2 + FMA
+        getattr(module, name)(iters, chunks, 1)
+    except RuntimeError:  # a build or CPU without AVX2
         return None
     seconds = time.process_time() - cpu
-    return chunks * iters * FMA_CHAINS * FMA_LANES / seconds if seconds > 0 else None
+    return chunks * iters * FMA_CHAINS * lanes / seconds if seconds > 0 else None
+
+
+def fma_rate(iters: int, chunks: int) -> float | None:
+    """float32 multiply-adds (lanes, not instructions) per CPU second of one core at the fused
+    multiply-add peak: the kernels' ``probe_fma`` (see _probe_rate)."""
+    return _probe_rate("probe_fma", iters, chunks, FMA_LANES)
+
+
+def int8_rate(iters: int, chunks: int) -> float | None:
+    """int8 multiply-adds per CPU second of one core on the int8 path's instructions (AVX2's
+    vpmaddubsw + vpmaddwd, or VNNI's vpdpbusd where the int8 path uses it): the kernels'
+    ``probe_int8`` (see _probe_rate)."""
+    return _probe_rate("probe_int8", iters, chunks, INT8_LANES)
 
 
 def byte_ranges(tensors: Iterable[torch.Tensor], gap: int = PAGE_GAP) -> list[tuple[int, int]]:

@@ -9,9 +9,12 @@ the FMA peak per CPU-second of one core times the threads, and the best wall-tim
 any thread count measured.
 A k-row forward streams the weights once and does k times the arithmetic, so its bound is
 max(bytes / bandwidth, k x multiply-adds / FMA peak); the ratio of the k-row bound to the 1-row
-bound is the least verify-to-decode cost ratio the float32 arithmetic allows here.
+bound is the least verify-to-decode cost ratio the float32 arithmetic allows here. The int8
+path's own multiply-add peak (``probe_int8``: its dot instructions, independent accumulators,
+CPU time) is printed beside it; with ``--dtype int8`` the matmuls' bound uses it (attention stays
+float32) and the forwards run the int8 arithmetic.
 
-    python plugins/model_llama/scripts/roofline.py [--threads 2] [--rows 9] [--context 500] [--reps 7]
+    python plugins/model_llama/scripts/roofline.py [--threads 2] [--rows 9] [--context 500] [--reps 7] [--dtype int8]
 """
 
 from __future__ import annotations
@@ -36,6 +39,16 @@ def fma_peak(reps: int) -> tuple[float, float]:
     return max(rates), statistics.median(rates)
 
 
+def int8_peak(reps: int) -> tuple[float, float] | None:
+    """int8 multiply-adds per CPU-second of one core on the int8 path's instructions: (best,
+    median) over reps of ``native.int8_rate``; None without the probe."""
+    iters, chunks = 1_000_000, 8
+    if native.int8_rate(1000, chunks) is None:
+        return None
+    rates = [native.int8_rate(iters, chunks) for _ in range(reps)]
+    return max(rates), statistics.median(rates)
+
+
 def read_bandwidth(kernels, threads: int, reps: int, mib: int = 512) -> tuple[float, float]:
     """Bytes per second summing a buffer far larger than the caches, wall time: (best, median)."""
     buf = torch.ones(mib * 2**20 // 4)
@@ -57,6 +70,7 @@ def main() -> int:
     ap.add_argument("--context", type=int, default=500)
     ap.add_argument("--reps", type=int, default=7)
     ap.add_argument("--steps", type=int, default=10, help="forwards timed together per measurement")
+    ap.add_argument("--dtype", default="float32-blocks", help="the target's arithmetic: float32-blocks or int8")
     args = ap.parse_args()
     kernels = native.kernels()
     if kernels is None or not hasattr(kernels, "probe_fma"):
@@ -67,11 +81,18 @@ def main() -> int:
     print(f"float32 FMA peak per core (CPU time): best {core_best / 1e9:.1f}, median {core_median / 1e9:.1f} "
           f"G multiply-adds/s ({2 * core_best / 1e9:.1f} GFLOP/s); {args.threads} idle cores: "
           f"{args.threads * core_best / 1e9:.1f} G multiply-adds/s")
+    int8 = int8_peak(args.reps)
+    if int8 is not None:
+        print(f"int8 multiply-add peak per core (CPU time, {native.info()['int8']}): best {int8[0] / 1e9:.1f}, "
+              f"median {int8[1] / 1e9:.1f} G multiply-adds/s ({int8[0] / core_best:.2f}x float32's); "
+              f"{args.threads} idle cores: {args.threads * int8[0] / 1e9:.1f} G multiply-adds/s")
+    if args.dtype == "int8" and int8 is None:
+        raise SystemExit("roofline: --dtype int8 needs the kernels' int8 probe")
     bands = {t: read_bandwidth(kernels, t, args.reps) for t in sorted({1, args.threads})}
     for t, (best, median) in bands.items():
         print(f"read bandwidth, {t} thread(s) (wall time): best {best / 1e9:.1f}, median {median / 1e9:.1f} GB/s")
 
-    target = load_llama(embedded_model_path())
+    target = load_llama(embedded_model_path(), {"dtype": args.dtype})
     hp = target.hparams
     matrices = [m for layer in target._layers for m in (layer.wqkv, layer.wo, layer.w_gate_up, layer.w_down)]
     matrices.append(target._lm_head)
@@ -81,16 +102,17 @@ def main() -> int:
     attn_macs = hp.n_layers * hp.n_heads * hp.head_dim * 2 * args.context
     # the best observed (a forward on `threads` threads can stream at least as fast as on fewer)
     peak, band = args.threads * core_best, max(best for best, _ in bands.values())
+    mat_peak = args.threads * int8[0] if args.dtype == "int8" else peak  # the matmuls' arithmetic
 
     def bound_ms(rows: int) -> float:
-        return max(weight_bytes / band, rows * (macs + attn_macs) / peak) * 1000
+        return max(weight_bytes / band, rows * (macs / mat_peak + attn_macs / peak)) * 1000
 
     one, many = bound_ms(1), bound_ms(args.rows)
     print(f"embedded model: {weight_bytes / 1e6:.1f} MB of weights as the kernels hold them, "
           f"{macs / 1e6:.1f} M multiply-adds per row in matmuls + {attn_macs / 1e6:.1f} M in attention "
           f"at {args.context} tokens")
     print(f"bounds on {args.threads} threads at {band / 1e9:.1f} GB/s: 1 row {one:.2f} ms (weights {weight_bytes / band * 1000:.2f} ms, "
-          f"arithmetic {(macs + attn_macs) / peak * 1000:.2f} ms); {args.rows} rows {many:.2f} ms; "
+          f"arithmetic {(macs / mat_peak + attn_macs / peak) * 1000:.2f} ms, matmuls in {args.dtype}); {args.rows} rows {many:.2f} ms; "
           f"{args.rows} rows / 1 row >= {many / one:.2f}x")
 
     target.reset()
