@@ -225,19 +225,20 @@ def test_a_clock_that_never_ticks_changes_nothing():
 
 def test_a_park_that_ran_out_carries_its_backoff():
     """A sequence that ends parked with no parked steps left (the next step would re-probe):
-    the next sequence re-probes at once, as a re-probe, with the backoff still grown."""
+    the next sequence re-probes at once, as a re-probe, with the backoff still grown (x4: the
+    probe landed nothing)."""
     first = SpeculationCostGovernor(min_samples=2, initial_backoff=4)
     first._park()
     while first.parked_left:
         assert not first.want_speculation()
     carried = first.carry_over()
-    assert carried == (0, 8)
+    assert carried == (0, 16)
     second = SpeculationCostGovernor(min_samples=2, initial_backoff=4)
     second.carried = carried
     second.reset()
     assert second.want_speculation() and second.state == PROBE and second.reprobing
     second.record(True, 30.0, 1)  # a re-probe that lands nothing parks at once, for the grown backoff
-    assert second.state == PARKED and second.parked_left == 8 and second.backoff == 16
+    assert second.state == PARKED and second.parked_left == 16 and second.backoff == 64
 
 
 # -- evidence keys -----------------------------------------------------------------------------
