@@ -399,3 +399,24 @@ def test_a_prefill_after_a_reused_prefix_does_not_feed_its_missing_row(fold):
     spec.reset()  # a new sequence from position 0: its row 0 is the head's own business
     spec.commit([1, 2], torch.zeros(2, HIDDEN, dtype=torch.float64), 0)
     assert spec.counters.skipped_rows == 1
+
+
+def test_withheld_park_commits_leave_the_same_drafts_as_every_commit():
+    """A verify that landed two drafts, then a park: told every commit, or only the last
+    ``catch_up_rows`` (what the loop sends a parked speculator), the head makes the same calls
+    and the probe proposes the same drafts."""
+    results = []
+    for withheld in (False, True):
+        spec = DraftHeadSpeculator(ToyPerTokenHead(VOCAB, HIDDEN, seed=3), max_draft_tokens=3, feature_size=HIDDEN,
+                                   min_draft_prob=0.0, fold_catch_up=True, catch_up_rows=4)
+        rows = _rows(64, 7)  # rows[p]: the trunk row of position p
+        history = [int(t) % VOCAB for t in range(1, 41)]
+        spec.commit(history[:10], torch.cat([torch.zeros(1, HIDDEN, dtype=torch.float64), rows[:9]]), 0)
+        spec.propose(_ctx(history[:11], rows[9]))
+        spec.commit(history[10:13], rows[9:12], 10)  # `last` and two accepted drafts
+        for p in range(13, 40):  # parked plain steps; the probe comes at 40
+            if not withheld or p >= 40 - 4:
+                spec.commit([history[p]], rows[p - 1 : p], p)
+        drafts = spec.propose(_ctx(history + [5], rows[39]))
+        results.append((drafts, list(spec.head.cache_positions), spec.counters.catch_ups, spec.counters.fused))
+    assert results[0] == results[1] and len(results[0][0]) == 3
