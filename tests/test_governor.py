@@ -463,3 +463,22 @@ def test_empty_attempts_before_the_baseline_count_once_it_exists():
     assert gov.zero_run == 1 and gov.state == PROBE
     gov.record_empty_proposal(9.0)  # 17 ms: the second failed draft parks
     assert gov.state == PARKED and gov.losses == 1
+
+
+def test_keyed_drafting_backs_off_by_doubling():
+    """Keyed drafting (ngram's) parks only by measured cost, and its park doubles even when the
+    probe landed nothing: a copy span may start any time and its probes cost little."""
+    gov = SpeculationCostGovernor(min_samples=2, initial_backoff=4, max_backoff=64)
+    lengths, run = [], 0
+    for _ in range(300):
+        if gov.want_speculation():
+            if run:
+                lengths.append(run)
+                run = 0
+            assert gov.size_proposal(1, "key") in (0, 1)
+            gov.record(True, 30.0, 1, drafted=1, evidence="key")
+        else:
+            if gov.state == PARKED or gov.parked_left:
+                run += 1
+            gov.record(False, PLAIN_MS, 1)
+    assert gov.keyed and lengths[:4] == [4, 8, 16, 32]

@@ -8,9 +8,9 @@ exponential backoff, and watches a won state, dropping it when it degrades.
 
 States: PROBE (speculate, and take a few plain samples for a baseline) -> HOLD (won) or
 PARKED (lost, plain steps for ``backoff`` steps) -> PROBE again with the backoff grown: doubled
-after a probe that landed a drafted token, ``landless_growth`` times (4) after one that landed
-none (the strongest evidence a drafter cannot win here), up to ``max_backoff``; a win (or a won
-state that degraded) starts it again from ``initial_backoff``. A drafter that loses every probe
+after a probe that landed a drafted token (or of keyed drafting), ``landless_growth`` times (4)
+after an unkeyed one that landed none (the strongest evidence a drafter cannot win here), up to
+``max_backoff``; a win (or a won state that degraded) starts it again from ``initial_backoff``. A drafter that loses every probe
 of a sequence thus probes at steps ~0, ~24, ~120, ~620, ... instead of ~0, ~24, ~72, ~168.
 A proposal that came back empty is charged to the speculative side as cost with no tokens, so
 a drafter that mostly finds nothing is judged by what its attempts cost.
@@ -363,11 +363,14 @@ class SpeculationCostGovernor:
                 self._park()
 
     def _park(self) -> None:
-        """Park for ``backoff`` plain steps and grow the next park: x2 after a probe that landed
-        a drafted token (or a won state that degraded), x``landless_growth`` after one that
-        landed none; capped at ``max_backoff``. A win resets it (``_decide``)."""
+        """Park for ``backoff`` plain steps and grow the next park: x``landless_growth`` after an
+        unkeyed probe that landed no drafted token, else x2 (a probe that landed some, a won
+        state that degraded, keyed drafting: its probes cost little, its per-key declines
+        already cut the losing drafts, and a copy span may start any time); capped at
+        ``max_backoff``. A win resets it (``_decide``)."""
         self.losses += 1
-        growth = 2 if self.probe_landed or self.state == HOLD else self.landless_growth
+        landless = not (self.probe_landed or self.keyed or self.state == HOLD)
+        growth = self.landless_growth if landless else 2
         self.state = PARKED
         self.parked_left = self.backoff
         self.backoff = min(self.max_backoff, self.backoff * growth)
