@@ -10,8 +10,9 @@ States: PROBE (speculate, and take a few plain samples for a baseline) -> HOLD (
 PARKED (lost, plain steps for ``backoff`` steps) -> PROBE again with the backoff grown: doubled
 after a probe that landed a drafted token (or of keyed drafting), ``landless_growth`` times (4)
 after an unkeyed one that landed none (the strongest evidence a drafter cannot win here), up to
-``max_backoff``; a win (or a won state that degraded) starts it again from ``initial_backoff``. A drafter that loses every probe
-of a sequence thus probes at steps ~0, ~24, ~120, ~620, ... instead of ~0, ~24, ~72, ~168.
+``max_backoff``; a win (or a won state that degraded) starts it again from
+``initial_backoff``. An unkeyed drafter that loses every probe of a sequence thus probes at
+steps ~0, ~25, ~125, ~510 (parks 24, 96, 384) instead of ~0, ~25, ~75, ~170 (24, 48, 96).
 A proposal that came back empty is charged to the speculative side as cost with no tokens, so
 a drafter that mostly finds nothing is judged by what its attempts cost.
 
