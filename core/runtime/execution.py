@@ -344,7 +344,8 @@ class SpeculativeExecution:
         the next probe (after this one) and a catch-up bound ``N``: this step's commit (of the
         token at its position) is among the N before the probe when ``r < N``; its row is the
         next step's commit row, or the probe's ``carry_hidden`` at ``r == 0``, so it is needed
-        when ``r <= N``. Not parked, or no bound: both."""
+        when ``r <= N``. Not parked, or no bound: both. (A step that did not ask the governor,
+        ``k_max`` 0, is the sequence's last: its ``r`` is one step stale, and nothing follows.)"""
         bound = self._catch_up
         if bound is None:
             return True, True
