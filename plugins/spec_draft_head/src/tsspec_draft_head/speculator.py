@@ -19,7 +19,11 @@ the embedded model's CPU path, so a 500-step park would make the next probe pay 
 the newest ``catch_up_rows`` pending rows are kept; the head sees a gap before them and
 restarts its cache there (every per-token head restarts on a catch-up that starts past its end).
 A probe after a park then costs a bounded catch-up whatever the park's length; the drafts after
-it see less context, the output never changes (verification decides). The bound applies to any
+it see less context, the output never changes (verification decides). ``catch_up_rows`` is also
+what the speculator declares to the loop: while the governor parks drafting, the loop withholds
+the commits of all but the last ``catch_up_rows`` plain steps before the next probe, and the
+pending rows before such a gap are dropped unseen (the bound would have dropped them had every
+commit come), so the drafts after the park are the same as with every commit. The bound applies to any
 commit the head has not yet seen, the prompt's at prefill included: the first proposal of a
 sequence sees the prompt's last ``catch_up_rows`` rows only. After a reused KV prefix (the
 prefill commits only the prompt's new part, its first row zeros: the loop lacks that row's
@@ -270,6 +274,12 @@ class DraftHeadSpeculator:
             self.head.draft_catch_up(tokens, hidden_rows, int(start_pos))
             return
         pending, limit = self._pending, self.catch_up_rows
+        if pending is not None and limit is not None and start_pos > pending.end:
+            # a gap (the loop withheld a park's commits, up to the newest catch_up_rows): the
+            # rows before it are older than any the bound keeps, and the head restarts at a gap
+            # anyway; dropped unseen, as the bound would have dropped them had every commit come
+            self.counters.skipped_rows += len(pending.tokens)
+            pending = self._pending = None
         if pending is not None and not pending.start <= start_pos <= pending.end:
             self._flush()  # a gap: catch up on what we had, then start again
             pending = None
