@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from tsspec.runtime.execution import catch_up_bound
 from tsspec.protocols import DraftContext, Speculator
 from tsspec.toy_heads import ToyPerTokenHead
 from tsspec_draft_head import FOLD_ENV, DraftHeadSpeculator, fold_enabled
@@ -420,3 +421,14 @@ def test_withheld_park_commits_leave_the_same_drafts_as_every_commit():
         drafts = spec.propose(_ctx(history + [5], rows[39]))
         results.append((drafts, list(spec.head.cache_positions), spec.counters.catch_ups, spec.counters.fused))
     assert results[0] == results[1] and len(results[0][0]) == 3
+
+
+def test_only_the_folded_path_declares_its_catch_up_bound_to_the_loop():
+    """The unfolded path feeds each commit to the head at once, so the head keeps its whole
+    context through a park: withheld commits would change its drafts, and it declares nothing."""
+    folded = DraftHeadSpeculator(ToyPerTokenHead(VOCAB, HIDDEN), max_draft_tokens=1, feature_size=HIDDEN,
+                                 fold_catch_up=True, catch_up_rows=5)
+    unfolded = DraftHeadSpeculator(ToyPerTokenHead(VOCAB, HIDDEN), max_draft_tokens=1, feature_size=HIDDEN,
+                                   fold_catch_up=False, catch_up_rows=5)
+    assert folded.catch_up_rows == 5 and catch_up_bound(folded) == 5
+    assert unfolded.catch_up_rows is None and catch_up_bound(unfolded) is None
