@@ -404,6 +404,18 @@ def test_a_probe_that_landed_but_lost_doubles_the_next_park():
     assert lengths[:5] == [4, 8, 16, 32, 64] and gov.backoff == 64
 
 
+def test_a_middling_drafter_whose_reprobe_misses_keeps_doubling():
+    """x4 needs a sequence in which nothing ever landed: a drafter that landed drafts but
+    loses, then misses on a one-step re-probe, grows its park x2, not x4."""
+    gov = SpeculationCostGovernor(min_samples=2, initial_backoff=4, max_backoff=4096)
+    # lands drafts, loses on cost: parks 4, 8, 16, and 17 steps into the park of 32
+    assert _park_lengths(gov, 60, 30.0, 2) == [4, 8, 16] and gov.landed and gov.backoff == 64
+    # now every re-probe misses: the park ends (its 15 steps left), then 64, 128, 256
+    assert _park_lengths(gov, 600, 12.0, 1)[:4] == [15, 64, 128, 256]
+    gov.reset()  # a new sequence: nothing has landed in it yet
+    assert not gov.landed and _park_lengths(gov, 400, 12.0, 1)[:3] == [4, 16, 64]
+
+
 def test_a_win_resets_the_backoff():
     gov = SpeculationCostGovernor(min_samples=2, initial_backoff=4, max_backoff=64)
     _park_lengths(gov, 40, 12.0, 1)  # two landless losses: the backoff has grown

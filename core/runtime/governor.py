@@ -8,9 +8,10 @@ exponential backoff, and watches a won state, dropping it when it degrades.
 
 States: PROBE (speculate, and take a few plain samples for a baseline) -> HOLD (won) or
 PARKED (lost, plain steps for ``backoff`` steps) -> PROBE again with the backoff grown: doubled
-after a probe that landed a drafted token (or of keyed drafting), ``landless_growth`` times (4)
-after an unkeyed one that landed none (the strongest evidence a drafter cannot win here), up to
-``max_backoff``; a win (or a won state that degraded) starts it again from
+after a probe that lost although some step of the sequence landed a drafted token (or of keyed
+drafting), ``landless_growth`` times (4) while no step of the sequence has landed one (the
+strongest evidence an unkeyed drafter cannot win here: a middling drafter whose one-step
+re-probe happens to miss keeps doubling), up to ``max_backoff``; a win (or a won state that degraded) starts it again from
 ``initial_backoff``. An unkeyed drafter that loses every probe of a sequence thus probes at
 steps ~0, ~25, ~125, ~510 (parks 24, 96, 384) instead of ~0, ~25, ~75, ~170 (24, 48, 96).
 A proposal that came back empty is charged to the speculative side as cost with no tokens, so
@@ -143,6 +144,7 @@ class SpeculationCostGovernor:
         self._explore_gap: dict[Hashable, int] = {}  # key -> declines before the next re-try
         self.carried: tuple[int, int] | None = None  # a park to start the next sequence with (reset)
         self.probe_landed = False  # has a step of this probe accepted a drafted token?
+        self.landed = False  # has any step of this sequence accepted one (the x4 backoff's test)
         self.zero_run = 0  # consecutive speculative steps (in PROBE) that accepted nothing
         self.wasted_ms = 0.0  # empty draft attempts' ms (in PROBE) not yet counted in zero_run
         self.reprobing = False  # the current probe follows a park
@@ -259,6 +261,7 @@ class SpeculationCostGovernor:
             if tokens > 1:
                 self.wasted_ms = 0.0
             self.probe_landed = self.probe_landed or tokens > 1
+            self.landed = self.landed or tokens > 1
         else:
             self.plain.add(ms, tokens)
             self.since_plain = 0
@@ -307,6 +310,7 @@ class SpeculationCostGovernor:
         self.parked_left = 0
         self.spec_since_check = 0
         self.economics.forget_acceptance()
+        self.landed = False
         self._declines.clear()
         self._explore_gap.clear()
         self._start_probe(reprobe=False)
@@ -364,13 +368,13 @@ class SpeculationCostGovernor:
                 self._park()
 
     def _park(self) -> None:
-        """Park for ``backoff`` plain steps and grow the next park: x``landless_growth`` after an
-        unkeyed probe that landed no drafted token, else x2 (a probe that landed some, a won
-        state that degraded, keyed drafting: its probes cost little, its per-key declines
-        already cut the losing drafts, and a copy span may start any time); capped at
-        ``max_backoff``. A win resets it (``_decide``)."""
+        """Park for ``backoff`` plain steps and grow the next park: x``landless_growth`` while
+        no step of this sequence has landed a drafted token (unkeyed drafting), else x2 (a
+        drafter that landed some, a won state that degraded, keyed drafting: its probes cost
+        little, its per-key declines already cut the losing drafts, and a copy span may start
+        any time); capped at ``max_backoff``. A win resets it (``_decide``)."""
         self.losses += 1
-        landless = not (self.probe_landed or self.keyed or self.state == HOLD)
+        landless = not (self.landed or self.keyed or self.state == HOLD)
         growth = self.landless_growth if landless else 2
         self.state = PARKED
         self.parked_left = self.backoff
