@@ -71,8 +71,9 @@ def _drive(gov, spec_ms, spec_tokens, steps):
 def test_zero_acceptance_parks_after_two_steps_and_reprobes_with_one():
     gov = SpeculationCostGovernor(initial_backoff=4)
     choices = _drive(gov, 17.0, 1, 40)
-    # S P S (parked 4) S (parked 8) S (parked 16) ...: no timing baseline needed to park
-    assert choices.startswith("SPS" + "P" * 4 + "S" + "P" * 8 + "S")
+    # S P S (parked 4) S (parked 16) S (parked 64) ...: no timing baseline needed to park, and
+    # a probe that landed nothing grows the next park four times
+    assert choices.startswith("SPS" + "P" * 4 + "S" + "P" * 16 + "S")
     assert gov.losses >= 3 and gov.wins == 0
 
 

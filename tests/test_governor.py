@@ -225,19 +225,20 @@ def test_a_clock_that_never_ticks_changes_nothing():
 
 def test_a_park_that_ran_out_carries_its_backoff():
     """A sequence that ends parked with no parked steps left (the next step would re-probe):
-    the next sequence re-probes at once, as a re-probe, with the backoff still grown."""
+    the next sequence re-probes at once, as a re-probe, with the backoff still grown (x4: the
+    probe landed nothing)."""
     first = SpeculationCostGovernor(min_samples=2, initial_backoff=4)
     first._park()
     while first.parked_left:
         assert not first.want_speculation()
     carried = first.carry_over()
-    assert carried == (0, 8)
+    assert carried == (0, 16)
     second = SpeculationCostGovernor(min_samples=2, initial_backoff=4)
     second.carried = carried
     second.reset()
     assert second.want_speculation() and second.state == PROBE and second.reprobing
     second.record(True, 30.0, 1)  # a re-probe that lands nothing parks at once, for the grown backoff
-    assert second.state == PARKED and second.parked_left == 8 and second.backoff == 16
+    assert second.state == PARKED and second.parked_left == 16 and second.backoff == 64
 
 
 # -- evidence keys -----------------------------------------------------------------------------
@@ -367,3 +368,129 @@ def test_a_keyed_drafter_that_never_lands_costs_under_three_percent():
     assert keyed.tokens == plain.tokens and keyed.stats.accepted_tokens == 0
     assert keyed.stats.decode_ms <= plain.stats.decode_ms / 0.97
     assert keyed.stats.declined_drafts + keyed.stats.governor_parked_steps > 0.8 * n
+
+
+# -- probes that back off, and the park's countdown (issue 17) ---------------------------------
+
+
+def _park_lengths(gov, steps, spec_ms, spec_tokens):
+    """Drive ``steps`` steps of a drafter that costs ``spec_ms`` for ``spec_tokens`` tokens a
+    verify; returns the length of each parked stretch."""
+    lengths, run = [], 0
+    for _ in range(steps):
+        if gov.want_speculation():
+            if run:
+                lengths.append(run)
+                run = 0
+            gov.record(True, spec_ms, spec_tokens)
+        else:
+            if gov.state == PARKED or gov.parked_left:
+                run += 1
+            gov.record(False, PLAIN_MS, 1)
+    return lengths
+
+
+def test_a_probe_that_landed_nothing_grows_the_next_park_four_times_up_to_the_cap():
+    gov = SpeculationCostGovernor(min_samples=2, initial_backoff=4, max_backoff=64)
+    # every verify keeps only its bonus token: each probe lands nothing
+    assert _park_lengths(gov, 400, 12.0, 1)[:5] == [4, 16, 64, 64, 64]
+    assert gov.wins == 0 and gov.backoff == 64
+
+
+def test_a_probe_that_landed_but_lost_doubles_the_next_park():
+    gov = SpeculationCostGovernor(min_samples=2, initial_backoff=4, max_backoff=64)
+    # every verify lands a draft (2 tokens) but costs 30 ms: 15 ms a token against 10 plain
+    lengths = _park_lengths(gov, 600, 30.0, 2)
+    assert lengths[:5] == [4, 8, 16, 32, 64] and gov.backoff == 64
+
+
+def test_a_middling_drafter_whose_reprobe_misses_keeps_doubling():
+    """x4 needs a sequence in which nothing ever landed: a drafter that landed drafts but
+    loses, then misses on a one-step re-probe, grows its park x2, not x4."""
+    gov = SpeculationCostGovernor(min_samples=2, initial_backoff=4, max_backoff=4096)
+    # lands drafts, loses on cost: parks 4, 8, 16, and 17 steps into the park of 32
+    assert _park_lengths(gov, 60, 30.0, 2) == [4, 8, 16] and gov.landed and gov.backoff == 64
+    # now every re-probe misses: the park ends (its 15 steps left), then 64, 128, 256
+    assert _park_lengths(gov, 600, 12.0, 1)[:4] == [15, 64, 128, 256]
+    gov.reset()  # a new sequence: nothing has landed in it yet
+    assert not gov.landed and _park_lengths(gov, 400, 12.0, 1)[:3] == [4, 16, 64]
+
+
+def test_a_win_resets_the_backoff():
+    gov = SpeculationCostGovernor(min_samples=2, initial_backoff=4, max_backoff=64)
+    _park_lengths(gov, 40, 12.0, 1)  # two landless losses: the backoff has grown
+    assert gov.losses >= 2 and gov.backoff > 4
+    for _ in range(200):  # the drafter turns good: 3 tokens for 12 ms
+        if gov.want_speculation():
+            gov.record(True, 12.0, 3)
+        else:
+            gov.record(False, PLAIN_MS, 1)
+        if gov.state == HOLD:
+            break
+    assert gov.state == HOLD and gov.wins == 1 and gov.backoff == 4
+    gov.record(True, 40.0, 1)  # it degrades again: parked for the initial backoff
+    for _ in range(8):
+        gov.record(True, 40.0, 1)
+    assert gov.state == PARKED and gov.parked_left == 4
+
+
+def test_a_drafter_that_loses_then_wins_is_not_held_back():
+    """The backoff never outgrows its cap: a drafter that loses its first 60 steps and then wins
+    is back to speculating within the cap's length, and keeps speculating."""
+    gov = SpeculationCostGovernor(initial_backoff=24, max_backoff=128)
+    choices = []
+    for step in range(600):
+        good = step >= 60
+        if gov.want_speculation():
+            gov.record(True, 12.0, 4 if good else 1)
+            choices.append("S")
+        else:
+            gov.record(False, PLAIN_MS, 1)
+            choices.append("P")
+    first_hold = choices.index("S", 60 + 128 + 8)  # after at most one full park
+    assert gov.state == HOLD and gov.wins >= 1
+    assert choices[first_hold:].count("S") >= 0.9 * len(choices[first_hold:])
+
+
+def test_plain_steps_before_probe_counts_the_park_down():
+    gov = SpeculationCostGovernor(min_samples=2, initial_backoff=5)
+    assert gov.plain_steps_before_probe() is None  # probing: any step may draft
+    gov._park()
+    seen = []
+    while not gov.want_speculation():
+        seen.append(gov.plain_steps_before_probe())
+    assert seen == [4, 3, 2, 1, 0] and gov.state == PROBE and gov.plain_steps_before_probe() is None
+    assert SpeculationCostGovernor(enabled=False).plain_steps_before_probe() is None
+
+
+def test_empty_attempts_before_the_baseline_count_once_it_exists():
+    """A drafter gated shut from the first step: its attempts before a plain baseline exists are
+    not forgotten; the first baseline sample turns them into failed drafts."""
+    gov = SpeculationCostGovernor()
+    gov.record_empty_proposal(9.0)
+    gov.record(False, PLAIN_MS, 1)  # warm-up sample: discarded, no baseline yet
+    gov.record_empty_proposal(9.0)
+    assert gov.state == PROBE and gov.zero_run == 0 and gov.wasted_ms == 18.0
+    gov.record(False, PLAIN_MS, 1)  # the baseline: 18 ms of attempts = one failed draft
+    assert gov.zero_run == 1 and gov.state == PROBE
+    gov.record_empty_proposal(9.0)  # 17 ms: the second failed draft parks
+    assert gov.state == PARKED and gov.losses == 1
+
+
+def test_keyed_drafting_backs_off_by_doubling():
+    """Keyed drafting (ngram's) parks only by measured cost, and its park doubles even when the
+    probe landed nothing: a copy span may start any time and its probes cost little."""
+    gov = SpeculationCostGovernor(min_samples=2, initial_backoff=4, max_backoff=64)
+    lengths, run = [], 0
+    for _ in range(300):
+        if gov.want_speculation():
+            if run:
+                lengths.append(run)
+                run = 0
+            assert gov.size_proposal(1, "key") in (0, 1)
+            gov.record(True, 30.0, 1, drafted=1, evidence="key")
+        else:
+            if gov.state == PARKED or gov.parked_left:
+                run += 1
+            gov.record(False, PLAIN_MS, 1)
+    assert gov.keyed and lengths[:4] == [4, 8, 16, 32]

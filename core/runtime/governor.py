@@ -7,7 +7,13 @@ each side discarded as warm-up), parks drafting while speculation loses, re-prob
 exponential backoff, and watches a won state, dropping it when it degrades.
 
 States: PROBE (speculate, and take a few plain samples for a baseline) -> HOLD (won) or
-PARKED (lost, plain steps for ``backoff`` steps) -> PROBE again with the backoff doubled.
+PARKED (lost, plain steps for ``backoff`` steps) -> PROBE again with the backoff grown: doubled
+after a probe that lost although some step of the sequence landed a drafted token (or of keyed
+drafting), ``landless_growth`` times (4) while no step of the sequence has landed one (the
+strongest evidence an unkeyed drafter cannot win here: a middling drafter whose one-step
+re-probe happens to miss keeps doubling), up to ``max_backoff``; a win (or a won state that degraded) starts it again from
+``initial_backoff``. An unkeyed drafter that loses every probe of a sequence thus probes at
+steps ~0, ~25, ~125, ~510 (parks 24, 96, 384) instead of ~0, ~25, ~75, ~170 (24, 48, 96).
 A proposal that came back empty is charged to the speculative side as cost with no tokens, so
 a drafter that mostly finds nothing is judged by what its attempts cost.
 
@@ -21,7 +27,8 @@ Three rules keep the governor's own cost under 3% at both extremes (measured by
   milliseconds (the measured plain baseline) since the probe last landed a token counts as one
   such step, so a drafter whose every attempt costs a real forward (a learned head gated shut)
   parks as fast as one whose drafts fail, and one whose attempts cost microseconds (a lookup
-  that finds no match) is never parked for them.
+  that finds no match) is never parked for them. Attempts made before the baseline exists
+  (a sequence's first steps) are counted as soon as it does, not forgotten.
 * The baseline costs what speculation would have emitted: a plain sample taken while
   speculation emits T tokens per step gives up (T - 1) / T of a step, so baseline samples are
   spaced ``plain_spacing * (T - 1)`` speculative steps apart (every step when T is ~1).
@@ -38,6 +45,10 @@ most tokens per millisecond under this run's own acceptance by position and cost
 (``size_drafts``; a speculator that sizes its drafts itself says ``sizes_own_drafts`` and the
 loop turns this off for it). A weak drafter thus drafts one token where one pays, a strong one
 opens the window, and the park decision above judges what the chosen length achieves.
+
+Skipped commits. While parked, ``plain_steps_before_probe`` says how many plain steps remain
+before the next probe; the loop uses it to withhold a parked speculator's commits (and the
+target's hidden rows) until the catch-up window the speculator declares (``catch_up_rows``).
 
 Evidence-conditioned drafting. A proposal may carry an ``evidence`` key (what the drafter knew
 when it proposed; ``tsspec.protocols.Proposal``). Then ``draft_limit`` gives the window (the
@@ -102,6 +113,7 @@ class SpeculationCostGovernor:
         window: int = 64,
         initial_backoff: int = 24,
         max_backoff: int = 512,
+        landless_growth: int = 4,
         plain_refresh_interval: int = 48,
         margin: float = 1.0,
         zero_accept_limit: int = 2,
@@ -116,6 +128,7 @@ class SpeculationCostGovernor:
         self.min_samples = min_samples
         self.initial_backoff = initial_backoff
         self.max_backoff = max_backoff
+        self.landless_growth = max(2, int(landless_growth))  # backoff growth after a probe that landed nothing
         self.plain_refresh_interval = plain_refresh_interval
         self.margin = margin  # speculation wins when spec_cost < plain_cost * margin
         self.zero_accept_limit = zero_accept_limit
@@ -131,6 +144,7 @@ class SpeculationCostGovernor:
         self._explore_gap: dict[Hashable, int] = {}  # key -> declines before the next re-try
         self.carried: tuple[int, int] | None = None  # a park to start the next sequence with (reset)
         self.probe_landed = False  # has a step of this probe accepted a drafted token?
+        self.landed = False  # has any step of this sequence accepted one (the x4 backoff's test)
         self.zero_run = 0  # consecutive speculative steps (in PROBE) that accepted nothing
         self.wasted_ms = 0.0  # empty draft attempts' ms (in PROBE) not yet counted in zero_run
         self.reprobing = False  # the current probe follows a park
@@ -247,6 +261,7 @@ class SpeculationCostGovernor:
             if tokens > 1:
                 self.wasted_ms = 0.0
             self.probe_landed = self.probe_landed or tokens > 1
+            self.landed = self.landed or tokens > 1
         else:
             self.plain.add(ms, tokens)
             self.since_plain = 0
@@ -254,6 +269,10 @@ class SpeculationCostGovernor:
             if speculative and self.state == PROBE and self.zero_run >= self._zero_limit():
                 self._park()  # nothing accepted: these steps cannot have beaten plain ones
                 return
+            if not speculative and self.state == PROBE and self.wasted_ms > 0:
+                self._count_waste()  # attempts made before this baseline sample existed
+                if self.state == PARKED:
+                    return
             self._decide()
 
     def _zero_limit(self) -> int:
@@ -264,16 +283,23 @@ class SpeculationCostGovernor:
         if not (self.enabled and self.state != PARKED):
             return
         self.spec.add(ms, 0)
-        plain = self.plain.ms_per_token
-        if self.state != PROBE or plain is None or plain <= 0:
+        if self.state != PROBE:
             return
-        self.wasted_ms += max(0.0, float(ms))
-        if self.wasted_ms >= plain:  # a plain step's worth of attempts that found nothing
-            steps = int(self.wasted_ms // plain)
-            self.wasted_ms -= steps * plain
-            self.zero_run += steps
-            if self.zero_run >= self._zero_limit():
-                self._park()
+        self.wasted_ms += max(0.0, float(ms))  # counted now, or once a baseline exists
+        self._count_waste()
+
+    def _count_waste(self) -> None:
+        """Turn the probe's wasted attempt milliseconds into zero-accept steps, one per plain
+        step's worth (the measured baseline; nothing happens until it exists), parking at the
+        zero-accept limit."""
+        plain = self.plain.ms_per_token
+        if plain is None or plain <= 0 or self.wasted_ms < plain:
+            return
+        steps = int(self.wasted_ms // plain)  # a plain step's worth of attempts that found nothing
+        self.wasted_ms -= steps * plain
+        self.zero_run += steps
+        if self.zero_run >= self._zero_limit():
+            self._park()
 
     def reset(self) -> None:
         """A new sequence: acceptance depends on the prompt, so re-probe; keep the plain
@@ -284,6 +310,7 @@ class SpeculationCostGovernor:
         self.parked_left = 0
         self.spec_since_check = 0
         self.economics.forget_acceptance()
+        self.landed = False
         self._declines.clear()
         self._explore_gap.clear()
         self._start_probe(reprobe=False)
@@ -341,8 +368,23 @@ class SpeculationCostGovernor:
                 self._park()
 
     def _park(self) -> None:
+        """Park for ``backoff`` plain steps and grow the next park: x``landless_growth`` while
+        no step of this sequence has landed a drafted token (unkeyed drafting), else x2 (a
+        drafter that landed some, a won state that degraded, keyed drafting: its probes cost
+        little, its per-key declines already cut the losing drafts, and a copy span may start
+        any time); capped at ``max_backoff``. A win resets it (``_decide``)."""
         self.losses += 1
+        landless = not (self.landed or self.keyed or self.state == HOLD)
+        growth = self.landless_growth if landless else 2
         self.state = PARKED
         self.parked_left = self.backoff
-        self.backoff = min(self.max_backoff, self.backoff * 2)
+        self.backoff = min(self.max_backoff, self.backoff * growth)
         self.spec.clear()
+
+    def plain_steps_before_probe(self) -> int | None:
+        """While parked: how many plain steps remain before the next probe (asked after
+        ``want_speculation`` said no for this step; 0: the next step probes). None when
+        drafting is not parked (any step may draft) or the governor is off."""
+        if not self.enabled or self.state != PARKED:
+            return None
+        return self.parked_left

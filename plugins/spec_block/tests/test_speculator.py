@@ -102,6 +102,50 @@ def test_parked_commits_reach_the_head_in_one_call_before_the_next_proposal():
     assert all(c[1] != [1, 2] for c in head.calls if c[0] == "catch_up")
 
 
+def _catch_ups(head):
+    return [(c[1], c[2], c[3]) for c in head.calls if c[0] == "catch_up"]
+
+
+def test_a_proposal_injects_only_the_newest_catch_up_rows():
+    """A 100-token prefill (or a long park) reaches the head as its newest ``catch_up_rows``
+    rows only, in one call; the older ones are counted as skipped."""
+    head = RecordingHead()
+    spec = BlockDraftSpeculator(head, feature_size=4, catch_up_rows=6)
+    rows = torch.arange(100.0)[:, None].expand(100, 4)
+    spec.commit(list(range(60)), rows[:60], 0)
+    spec.commit(list(range(60, 100)), rows[60:], 60)
+    spec.propose(_ctx(4, torch.zeros(4)))
+    [(tokens, injected, start)] = _catch_ups(head)
+    assert tokens == list(range(94, 100)) and start == 94 and torch.equal(injected, rows[94:])
+    assert spec.skipped_rows == 94
+    unbounded = BlockDraftSpeculator(RecordingHead(), feature_size=4, catch_up_rows=None)
+    unbounded.commit(list(range(100)), rows, 0)
+    unbounded.propose(_ctx(4, torch.zeros(4)))
+    assert _catch_ups(unbounded.head)[0][1].shape[0] == 100 and unbounded.skipped_rows == 0
+    with pytest.raises(ValueError, match="catch_up_rows"):
+        BlockDraftSpeculator(RecordingHead(), catch_up_rows=0)
+
+
+def test_rows_before_a_gap_are_dropped_as_the_bound_drops_them_with_every_commit():
+    """A verify's accepted rows, then a park whose commits the loop withheld up to the last
+    ``catch_up_rows`` steps: the head gets exactly the calls it gets when told every commit."""
+    def row(p):
+        return torch.full((1, 4), float(p))
+
+    told_all, withheld = RecordingHead(), RecordingHead()
+    for head, gap in ((told_all, False), (withheld, True)):
+        spec = BlockDraftSpeculator(head, feature_size=4, catch_up_rows=3)
+        spec.commit([5, 6, 7], torch.cat([row(19), row(20), row(21)]), 20)  # last + two accepted drafts
+        for p in range(23, 40):  # parked plain steps; the probe comes at 40
+            if not gap or p >= 40 - 3:
+                spec.commit([p], row(p - 1), p)
+        spec.propose(_ctx(4, torch.zeros(4)))
+        assert spec.skipped_rows == (3 if gap else 17)  # what it was told and did not inject
+    want, got = _catch_ups(told_all), _catch_ups(withheld)
+    assert [(t, s) for t, _, s in got] == [(t, s) for t, _, s in want] == [([37, 38, 39], 37)]
+    assert all(torch.equal(a[1], b[1]) for a, b in zip(got, want))
+
+
 def test_protocol_fields():
     spec = BlockDraftSpeculator(RecordingHead())
     assert spec.name == "block" and spec.needs_hidden_state and spec.can_arm_after_prefix_reuse

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from tsspec.runtime.execution import catch_up_bound
 from tsspec.protocols import DraftContext, Speculator
 from tsspec.toy_heads import ToyPerTokenHead
 from tsspec_draft_head import FOLD_ENV, DraftHeadSpeculator, fold_enabled
@@ -157,13 +158,18 @@ def test_no_carry_hidden_means_no_proposal_and_no_head_call():
 
 
 def test_gap_in_commits_does_not_crash():
-    for fold in (True, False):
-        spec = _spec(fold=fold, pmin=0.0)
+    """A gap in the commits: unfolded, every commit reached the head as it came; folded with a
+    catch-up bound, the pending rows before the gap are dropped unseen (the bound would have
+    dropped them had every commit come); folded without a bound, they are caught up first."""
+    for fold, bound, held in ((False, 8, [0, 1, 2, 20, 21]), (True, 8, [20, 21, 22]),
+                              (True, None, [0, 1, 2, 20, 21])):
+        spec = DraftHeadSpeculator(ToyPerTokenHead(VOCAB, HIDDEN, seed=3), max_draft_tokens=4, feature_size=HIDDEN,
+                                   min_draft_prob=0.0, fold_catch_up=fold, catch_up_rows=bound)
         spec.commit([1, 2, 3], _rows(3, 0), 0)
         spec.commit([7, 8], _rows(2, 1), 20)  # positions 3..19 never seen
         drafts = spec.propose(_ctx([0] * 22 + [9], _rows(1, 2)[0]))
         assert len(drafts) == 4
-        assert spec.head.cache_positions[:5] == [0, 1, 2, 20, 21]
+        assert spec.head.cache_positions[: len(held)] == held
 
 
 def test_pending_rows_not_leading_to_the_proposal_are_flushed():
@@ -311,8 +317,8 @@ def test_folded_commits_keep_the_newest_rows_through_appends_overlaps_and_gaps()
     long.zero_()  # the kept rows are copies
     assert torch.equal(torch.stack(pending.rows), _rows(6, 30)[3:])
     calls = spec.counters.catch_ups
-    spec.commit([37, 38], _rows(2, 40), 30)  # a gap: the pending rows are caught up first
-    assert spec.counters.catch_ups == calls + 1 and spec.head.cache_positions[-3:] == [15, 16, 17]
+    spec.commit([37, 38], _rows(2, 40), 30)  # a gap: the pending rows before it are dropped unseen
+    assert spec.counters.catch_ups == calls and spec.counters.skipped_rows == 18
     assert (spec._pending.start, spec._pending.tokens) == (30, [37, 38])
 
 
@@ -394,3 +400,35 @@ def test_a_prefill_after_a_reused_prefix_does_not_feed_its_missing_row(fold):
     spec.reset()  # a new sequence from position 0: its row 0 is the head's own business
     spec.commit([1, 2], torch.zeros(2, HIDDEN, dtype=torch.float64), 0)
     assert spec.counters.skipped_rows == 1
+
+
+def test_withheld_park_commits_leave_the_same_drafts_as_every_commit():
+    """A verify that landed two drafts, then a park: told every commit, or only the last
+    ``catch_up_rows`` (what the loop sends a parked speculator), the head makes the same calls
+    and the probe proposes the same drafts."""
+    results = []
+    for withheld in (False, True):
+        spec = DraftHeadSpeculator(ToyPerTokenHead(VOCAB, HIDDEN, seed=3), max_draft_tokens=3, feature_size=HIDDEN,
+                                   min_draft_prob=0.0, fold_catch_up=True, catch_up_rows=4)
+        rows = _rows(64, 7)  # rows[p]: the trunk row of position p
+        history = [int(t) % VOCAB for t in range(1, 41)]
+        spec.commit(history[:10], torch.cat([torch.zeros(1, HIDDEN, dtype=torch.float64), rows[:9]]), 0)
+        spec.propose(_ctx(history[:11], rows[9]))
+        spec.commit(history[10:13], rows[9:12], 10)  # `last` and two accepted drafts
+        for p in range(13, 40):  # parked plain steps; the probe comes at 40
+            if not withheld or p >= 40 - 4:
+                spec.commit([history[p]], rows[p - 1 : p], p)
+        drafts = spec.propose(_ctx(history + [5], rows[39]))
+        results.append((drafts, list(spec.head.cache_positions), spec.counters.catch_ups, spec.counters.fused))
+    assert results[0] == results[1] and len(results[0][0]) == 3
+
+
+def test_only_the_folded_path_declares_its_catch_up_bound_to_the_loop():
+    """The unfolded path feeds each commit to the head at once, so the head keeps its whole
+    context through a park: withheld commits would change its drafts, and it declares nothing."""
+    folded = DraftHeadSpeculator(ToyPerTokenHead(VOCAB, HIDDEN), max_draft_tokens=1, feature_size=HIDDEN,
+                                 fold_catch_up=True, catch_up_rows=5)
+    unfolded = DraftHeadSpeculator(ToyPerTokenHead(VOCAB, HIDDEN), max_draft_tokens=1, feature_size=HIDDEN,
+                                   fold_catch_up=False, catch_up_rows=5)
+    assert folded.catch_up_rows == 5 and catch_up_bound(folded) == 5
+    assert unfolded.catch_up_rows is None and catch_up_bound(unfolded) is None

@@ -7,6 +7,15 @@ per-token head, which gates each token alone). Example, pmin 0.35, confidences
 ``[0.9, 0.8, 0.6, 0.95]``: products 0.9, 0.72, 0.432, 0.41 -> all four kept; with a fifth
 confidence of 0.5 the product falls to 0.205 and the fifth draft is dropped.
 
+Bounded catch-up: a proposal catches the head up on at most the newest ``catch_up_rows``
+committed rows it has not seen (``DEFAULT_CATCH_UP_ROWS``, or the drafter's sliding window when
+every layer slides: then the bound changes no draft). The first proposal of a sequence thus
+injects the prompt's last rows, not the whole prompt, and a probe after a park its last rows,
+whatever the park's length. The loop reads the same number (the speculator's ``catch_up_rows``)
+to withhold a parked speculator's commits until that many steps before the next probe; rows
+committed before such a gap are dropped unseen, as the bound would have dropped them had every
+commit come, so the drafts are the same either way. Output never changes (verification decides).
+
 The head owns the drafter's context (a sliding KV ring fed by every commit); the factory takes a
 per-sequence view of it when the head offers one (``for_sequence``), so sequences served at once
 do not share a context. The speculator survives a reused KV prefix: the ring refills from the
@@ -20,13 +29,18 @@ from typing import Any, Sequence
 
 from tsspec.protocols import DraftContext, DraftHeadKind, SpeculatorDeclined, require_feature_width
 
-__all__ = ["ALGORITHM", "DEFAULT_MIN_DRAFT_PROB", "BlockDraftSpeculator", "gate_cumulative", "make_block_speculator"]
+__all__ = ["ALGORITHM", "DEFAULT_CATCH_UP_ROWS", "DEFAULT_MIN_DRAFT_PROB", "BlockDraftSpeculator", "context_rows",
+           "gate_cumulative", "make_block_speculator"]
 
 log = logging.getLogger("tsspec.block")
 
 ALGORITHM = "block"
 DEFAULT_MIN_DRAFT_PROB = 0.35
 DEFAULT_WINDOW = 8
+# newest unseen committed rows a proposal injects (full-attention drafters; a sliding one uses its
+# window): a context bound, like draft-head's 8, that makes a probe's catch-up cost the same
+# after a 400-token prompt or a 500-step park as after a short one
+DEFAULT_CATCH_UP_ROWS = 64
 DESCRIPTION = (
     "block drafter (DFlash / DFlash2 / DSpark): one drafter pass proposes a whole window, gated "
     "on the cumulative prefix probability"
@@ -62,7 +76,8 @@ class BlockDraftSpeculator:
     can_arm_after_prefix_reuse = True
 
     def __init__(self, head: Any, *, window: int = DEFAULT_WINDOW, min_draft_prob: float = DEFAULT_MIN_DRAFT_PROB,
-                 feature_size: int | None = None, owns_head: bool = False):
+                 feature_size: int | None = None, owns_head: bool = False,
+                 catch_up_rows: int | None = DEFAULT_CATCH_UP_ROWS):
         self.head = head
         # head is a per-sequence view made for this speculator (for_sequence): close frees it
         self.owns_head = bool(owns_head)
@@ -70,6 +85,11 @@ class BlockDraftSpeculator:
         self.min_draft_prob = float(min_draft_prob)
         self.feature_size = feature_size  # expected width of the hidden rows, when known
         self._warned = False
+        if catch_up_rows is not None and int(catch_up_rows) < 1:
+            raise ValueError(f"catch_up_rows must be >= 1 or None, got {catch_up_rows}")
+        # the newest unseen rows a proposal injects (None: all); the loop reads it too
+        self.catch_up_rows = None if catch_up_rows is None else int(catch_up_rows)
+        self.skipped_rows = 0  # committed rows never injected (the bound, or before a gap)
         # commits not yet injected: (tokens, rows [n, F] or None, start_pos), contiguous. They are
         # injected in one call when the next proposal needs them, so while the cost governor
         # parks drafting the per-token commit costs nothing, and a probe after N parked steps
@@ -93,17 +113,34 @@ class BlockDraftSpeculator:
             return
         if self._pending:
             last_tokens, last_rows, last_start = self._pending[-1]
-            joins = last_start + len(last_tokens) == start and (last_rows is None) == (hidden_rows is None)
-            if not joins:
+            end = last_start + len(last_tokens)
+            if self.catch_up_rows is not None and start > end:
+                # a gap (the loop withheld a park's commits): what came before it is older than
+                # the newest catch_up_rows rows the next proposal injects; dropped unseen
+                self.skipped_rows += sum(len(part[0]) for part in self._pending)
+                self._pending = []
+            elif not (end == start and (last_rows is None) == (hidden_rows is None)):
                 self._flush()
         self._pending.append((tokens, hidden_rows, start))
 
     def _flush(self) -> None:
-        """Inject the pending commits (one catch-up call per run of rows, or of None)."""
+        """Inject the pending commits (one catch-up call per run of rows, or of None), the
+        newest ``catch_up_rows`` of a run of rows only."""
         pending, self._pending = self._pending, []
         if not pending:
             return
         import torch
+        limit = self.catch_up_rows
+        if limit is not None and pending[0][1] is not None:
+            total = sum(len(part[0]) for part in pending)
+            if total > limit:  # keep the newest rows: drop whole old parts, then cut the first
+                drop = total - limit
+                self.skipped_rows += drop
+                while drop >= len(pending[0][0]):
+                    drop -= len(pending.pop(0)[0])
+                if drop:
+                    tokens, rows, start = pending[0]
+                    pending[0] = (tokens[drop:], rows[drop:], start + drop)
         tokens = [t for part in pending for t in part[0]]
         rows = None if pending[0][1] is None else (
             pending[0][1] if len(pending) == 1 else torch.cat([part[1] for part in pending], dim=0))
@@ -179,4 +216,17 @@ def make_block_speculator(target: Any, options: Any = None) -> BlockDraftSpecula
     view = make_view() if callable(make_view) else head
     # the block size is this algorithm's own limit; the loop narrows it to the sequence's window
     return BlockDraftSpeculator(view, window=int(head.block_size), min_draft_prob=pmin, feature_size=feature_size,
-                                owns_head=view is not head)
+                                owns_head=view is not head, catch_up_rows=context_rows(head))
+
+
+def context_rows(head: Any) -> int:
+    """The newest committed rows a proposal of ``head`` needs: its sliding window when every
+    layer slides (no row older than that is attended: the bound changes no draft), else
+    ``DEFAULT_CATCH_UP_ROWS``."""
+    config = getattr(head, "config", None)
+    window = getattr(config, "sliding_window", None)
+    layers = int(getattr(config, "num_layers", 0) or 0)
+    sliding = getattr(config, "layer_is_sliding", None)
+    if window and layers and callable(sliding) and all(sliding(i) for i in range(layers)):
+        return int(window)
+    return DEFAULT_CATCH_UP_ROWS

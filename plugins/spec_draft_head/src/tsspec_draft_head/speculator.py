@@ -16,15 +16,22 @@ only records the rows, and the next proposal's first step carries them (its own 
 The catch-up is bounded: while the cost governor parks drafting, plain steps keep committing and
 the pending rows would grow with the park (a head row costs about a quarter of a millisecond on
 the embedded model's CPU path, so a 500-step park would make the next probe pay ~130 ms). Only
-the newest ``catch_up_rows`` pending rows are kept; the head sees a gap before them and
-restarts its cache there (every per-token head restarts on a catch-up that starts past its end).
-A probe after a park then costs a bounded catch-up whatever the park's length; the drafts after
-it see less context, the output never changes (verification decides). The bound applies to any
-commit the head has not yet seen, the prompt's at prefill included: the first proposal of a
-sequence sees the prompt's last ``catch_up_rows`` rows only. After a reused KV prefix (the
-prefill commits only the prompt's new part, its first row zeros: the loop lacks that row's
-predecessor) the zero row is not fed, so a head that resumes after a gap drafts from the same
-newest rows as without the reuse whenever the new part is longer than ``catch_up_rows``.
+the newest ``catch_up_rows`` pending rows are kept; the head sees a gap before them and restarts
+its cache there (every per-token head restarts on a catch-up that starts past its end). A probe
+after a park then costs a bounded catch-up whatever the park's length; the drafts after it see
+less context, the output never changes (verification decides). On the folded path
+``catch_up_rows`` is also what the speculator declares to the loop: while the governor parks
+drafting, the loop withholds the commits of all but the last ``catch_up_rows`` plain steps
+before the next probe, and the pending rows before such a gap are dropped unseen (the bound
+would have dropped them had every commit come), so the drafts after the park are the same as
+with every commit. The unfolded path declares nothing (``catch_up_rows`` is None to the loop):
+there each commit reaches the head at once, so the head keeps its whole context through a park,
+and withheld commits would change its drafts. The bound applies to any commit the head has not
+yet seen, the prompt's at prefill included: the first proposal of a sequence sees the prompt's
+last ``catch_up_rows`` rows only. After a reused KV prefix (the prefill commits only the
+prompt's new part, its first row zeros: the loop lacks that row's predecessor) the zero row is
+not fed, so a head that resumes after a gap drafts from the same newest rows as without the
+reuse whenever the new part is longer than ``catch_up_rows``.
 
 The gate on compact logits: a head that offers ``draft_vocab_ids`` (a NextN drafter file's draft
 vocabulary, ascending ids) returns logits over those K ids only when asked (``compact=True``),
@@ -141,13 +148,19 @@ class DraftHeadSpeculator:
         self.fold_catch_up = wants_fold and callable(getattr(head, "draft_catch_up_and_step", None))
         if catch_up_rows is not None and int(catch_up_rows) < 1:
             raise ValueError(f"catch_up_rows must be >= 1 or None, got {catch_up_rows}")
-        self.catch_up_rows = None if catch_up_rows is None else int(catch_up_rows)
+        self._keep_rows = None if catch_up_rows is None else int(catch_up_rows)  # the pending rows kept
         self.counters = HeadCallCounters()
         self._pending: _Pending | None = None
         self._fresh = True  # no commit since the sequence began (see commit)
         ids = getattr(head, "draft_vocab_ids", None)  # [K] ascending target ids, or None
         self._draft_ids = None if ids is None else ids.reshape(-1).to(torch.long)
         self._cut = (None, 0)  # (vocab_size, how many draft ids lie under it), cached
+
+    @property
+    def catch_up_rows(self) -> int | None:
+        """What the loop may withhold commits to (see the module docstring): the bound on the
+        folded path; None on the unfolded one, whose head sees each commit as it comes."""
+        return self._keep_rows if self.fold_catch_up else None
 
     # -- proposing ---------------------------------------------------------------------------
     def propose(self, ctx) -> list[int]:
@@ -237,7 +250,7 @@ class DraftHeadSpeculator:
             # as it runs after every forward (a copy: the target may reuse its output buffer)
             pending.tokens.append(int(tokens[0]))
             pending.rows.append(hidden_rows[0].clone())  # [F]
-            limit = self.catch_up_rows
+            limit = self._keep_rows
             if limit is not None and len(pending.tokens) > limit:
                 del pending.tokens[0], pending.rows[0]
                 pending.start += 1
@@ -261,7 +274,7 @@ class DraftHeadSpeculator:
             if not tokens:
                 return
         if not self.fold_catch_up:
-            limit = self.catch_up_rows
+            limit = self._keep_rows
             if limit is not None and len(tokens) > limit:  # the same bound as the folded path
                 drop = len(tokens) - limit
                 tokens, hidden_rows, start_pos = tokens[drop:], hidden_rows[drop:], int(start_pos) + drop
@@ -269,7 +282,13 @@ class DraftHeadSpeculator:
             self.counters.catch_ups += 1
             self.head.draft_catch_up(tokens, hidden_rows, int(start_pos))
             return
-        pending, limit = self._pending, self.catch_up_rows
+        pending, limit = self._pending, self._keep_rows
+        if pending is not None and limit is not None and start_pos > pending.end:
+            # a gap (the loop withheld a park's commits, up to the newest catch_up_rows): the
+            # rows before it are older than any the bound keeps, and the head restarts at a gap
+            # anyway; dropped unseen, as the bound would have dropped them had every commit come
+            self.counters.skipped_rows += len(pending.tokens)
+            pending = self._pending = None
         if pending is not None and not pending.start <= start_pos <= pending.end:
             self._flush()  # a gap: catch up on what we had, then start again
             pending = None
@@ -295,7 +314,7 @@ class DraftHeadSpeculator:
 
     def _bound(self) -> None:
         """Keep only the newest ``catch_up_rows`` pending rows (the older ones are skipped)."""
-        pending, limit = self._pending, self.catch_up_rows
+        pending, limit = self._pending, self._keep_rows
         if pending is None or limit is None or len(pending.tokens) <= limit:
             return
         drop = len(pending.tokens) - limit
