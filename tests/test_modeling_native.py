@@ -70,3 +70,13 @@ def test_a_matmul_on_huge_pages_equals_the_one_before():
     before = w.linear(x)
     native.huge_pages([w.q, w.d, w.m])
     assert torch.equal(w.linear(x), before)
+
+
+def test_byte_ranges_keep_a_whole_page_gap_apart():
+    """A gap of a whole page may be unmapped: madvise would refuse a range joined across it."""
+    t = torch.zeros(4 * native.PAGE_GAP, dtype=torch.uint8)
+    base = t.data_ptr()
+    a, b = t[:100], t[100 + native.PAGE_GAP : 200 + native.PAGE_GAP]
+    assert native.byte_ranges([a, b]) == [(base, base + 100), (base + 100 + native.PAGE_GAP, base + 200 + native.PAGE_GAP)]
+    c = t[99 + native.PAGE_GAP : 200 + native.PAGE_GAP]  # one byte closer: joined
+    assert native.byte_ranges([a, c]) == [(base, base + 200 + native.PAGE_GAP)]
