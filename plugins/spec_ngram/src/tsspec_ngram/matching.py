@@ -45,13 +45,17 @@ Beyond the plain form (each measured, see the package README and ``scripts/accep
 * ``candidates > 1``: several continuations per key; among the re-checked ones take the
   longest backward match (up to ``EXTENDED_MATCH``), most recent on a tie.
 * ``periodic``: the self-referential continuation above.
+* ``fallback``: when the last ``min_order`` tokens never occurred before, the last token alone
+  drafts, if every earlier occurrence of it had the same follower (``NGramIndex.mixed``, kept
+  for order 1) and a draft's copy agreed with the text at most ``FALLBACK_RECENT`` tokens ago:
+  a copied span that broke on one reworded token (``NGramDrafter._fallback_match``).
 * ``value`` (opt-in): the draft length from evidence, per match-length acceptance (priors moved
   by the request's outcomes) against the forward's cost by rows; 0 declines (see
   ``NGramDrafter._value_length``).
 
-The speculator turns on ``follow`` only: it keys each draft by its match length and leaves the
-length to the loop's per-key economics (``speculator.py``); ``adaptive`` and ``value`` remain
-options, the other two measured no gain.
+The speculator turns on ``follow`` and ``fallback``: it keys each draft by its match length and
+leaves the length to the loop's per-key economics (``speculator.py``); ``adaptive`` and
+``value`` remain options, ``candidates`` and ``periodic`` measured no gain.
 """
 
 from __future__ import annotations

@@ -19,15 +19,16 @@ State and the loop's calls:
   looks the suffix up: O(1) in the history length.
 
 Draft length: each proposal is a ``tsspec.Proposal`` carrying an evidence key, ``(bucket of the
-backward match length: 2, 3, 4-7 or 8+ tokens; whether the last verify's drafts all landed)``
+backward match length: 1 (the fallback), 2, 3, 4-7 or 8+ tokens; whether the last verify's drafts all landed)``
 (``evidence``; the flag comes from the loop's ``observe_step``). The loop measures acceptance per
 key in the run and verifies as many of the copied tokens as pay for that key, or none: a long
 match inside a span the answer copies opens the window while a one-bigram guess in new text is
 declined, instead of one pooled estimate sizing both. So the speculator proposes the whole
 continuation (up to ``max_tokens``) and does not size it itself.
 
-Policy (``follow``; ``adaptive``, ``value``, ``candidates``, ``periodic`` off) is explained in
-``matching.py``; ``SpeculationOptions.extra["ngram"]`` overrides any of ``SETTING_KEYS``.
+Policy (``follow`` and ``fallback`` on; ``adaptive``, ``value``, ``candidates``, ``periodic``
+off) is explained in ``matching.py``; a ``fallback`` draft (the last token alone, when no earlier
+bigram exists) is keyed with match bucket 1; ``SpeculationOptions.extra["ngram"]`` overrides any of ``SETTING_KEYS``.
 ``adaptive`` and ``value`` size drafts inside the plugin (then ``sizes_own_drafts`` is True and
 the loop leaves the length alone); ``value`` sizes against the forward's cost by rows: ``row_ms``
 (a setting), else the target's ``spec_verify_row_ms`` attribute when it has one, else the
@@ -77,7 +78,7 @@ DEFAULT_FALLBACK = True
 SETTING_KEYS = (
     "min_order", "max_order", "candidates", "periodic", "follow", "adaptive", "value", "row_ms", "fallback",
 )
-# the evidence key's match-length buckets: the lower bound of each (2; 3; 4-7; 8+ tokens of the
+# the evidence key's match-length buckets: the lower bound of each (1: the fallback; 2; 3; 4-7; 8+ tokens of the
 # suffix equal those before the copied continuation). On the bench prompts' greedy outputs a
 # draft's first token lands 0.51 / 0.44 / 0.62 / 0.86 of the time by bucket
 # (plugins/spec_ngram/README.md); the loop measures each key's acceptance in the run itself.
