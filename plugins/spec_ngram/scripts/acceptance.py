@@ -54,9 +54,11 @@ POLICIES = {
     "+value": dict(candidates=1, periodic=False, follow=False, adaptive=False, value=True),
     "follow+value": dict(candidates=1, periodic=False, follow=True, adaptive=False, value=True),
     "all": dict(candidates=4, periodic=True, follow=True, adaptive=False, value=True),
+    "follow+fallback": dict(candidates=1, periodic=False, follow=True, adaptive=False, fallback=True),
 }
 for _kwargs in POLICIES.values():  # a policy leaves off what it does not name
     _kwargs.setdefault("value", False)
+    _kwargs.setdefault("fallback", False)
 # named cost profiles for --row-ms
 ROW_MS_PRESETS = {
     "reference": "1:52.7,2:52.9,4:71.1,8:90.9,16:98.7",

@@ -13,6 +13,16 @@ Sequences: the bench prompt set's greedy outputs on the embedded model, decoded 
 the profile the governor check simulates (``tsspec.bench.governor_check.VERIFY_COST_PROFILE``),
 or ``--measured`` for the one the target measures on this machine (``spec_verify_row_ms``).
 
+Oracle (``--oracle``): the ceiling of ngram's proposals under the same settings. Each proposal
+is cut to exactly the tokens of it that land (the oracle reads the recorded future) and an
+empty cut declines the step, and the loop leaves the cut whole (``sizes_own_drafts``): what a
+perfect sizing of today's candidates would reach; a better candidate rule raises this ceiling,
+a better key or sizing only moves the policy towards it.
+
+Keys (``--keys``): per evidence key of the policy's proposals, how many were made, how many the
+loop verified, and of the verified the share whose first token landed and the tokens landed
+per verified draft: whether the key separates drafts that land from drafts that do not.
+
 Run::
 
     python plugins/spec_ngram/scripts/loop_replay.py --cache /tmp/ngram_bench.json
@@ -28,16 +38,58 @@ from pathlib import Path
 
 import torch
 
+from tsspec import Proposal
 from tsspec.bench.governor_check import VERIFY_COST_PROFILE, VirtualClock
 from tsspec.runtime.generation import generate
 from tsspec.runtime.options import SpeculationOptions
 from tsspec.testing import ToyTarget
+from tsspec_ngram.speculator import NGramSpeculator
 
 sys.path.insert(0, str(Path(__file__).parent))
 from acceptance import bench_sequences, parse_row_ms, verify_ms  # noqa: E402
 
 GROUNDED = ("code-edit", "summary", "qa", "rewrite")
 BASE_MS = 10.0  # one row's cost; only ratios are reported
+# issue 16's goal for the verify: 9 rows at most 1.5x one row (linear between)
+GOAL_PROFILE = ((1, 1.0), (9, 1.5))
+
+
+class Watch:
+    """Wraps ``NGramSpeculator.propose`` for one replayed sequence: with ``oracle``, cuts each
+    proposal to the tokens of it that land (read from the recorded ``sequence``); always
+    records (key, proposed tokens, tokens that would land) per proposal, for ``--keys``."""
+
+    def __init__(self) -> None:
+        self.sequence: list[int] | None = None
+        self.oracle = False
+        self.proposals: list[tuple[object, int, int]] = []
+        self._plain = NGramSpeculator.propose
+        self._init = NGramSpeculator.__init__
+
+    def install(self) -> None:
+        watch = self
+
+        def propose(speculator, ctx):
+            draft = watch._plain(speculator, ctx)
+            if not draft or watch.sequence is None:
+                return draft
+            future = watch.sequence[len(ctx.history):]
+            landed = 0
+            while landed < len(draft) and landed < len(future) and draft[landed] == future[landed]:
+                landed += 1
+            key = getattr(draft, "evidence", None)
+            watch.proposals.append((key, len(draft), landed))
+            if not watch.oracle:
+                return draft
+            return Proposal(list(draft[:landed]), evidence=key) if landed else []
+
+        def init(speculator, *args, **kwargs):
+            watch._init(speculator, *args, **kwargs)
+            if watch.oracle:
+                speculator.sizes_own_drafts = True  # the loop must not cut the oracle's cut
+
+        NGramSpeculator.propose = propose
+        NGramSpeculator.__init__ = init
 
 
 class ReplayTarget(ToyTarget):
@@ -61,9 +113,13 @@ class ReplayTarget(ToyTarget):
         return out, hidden
 
 
+WATCH = Watch()
+
+
 def replay(item: dict, options: SpeculationOptions, row_ms) -> tuple[float, object]:
     """(decode ms on the virtual clock, stats) of one recorded sequence under ``options``."""
     sequence = item["prompt"] + item["output"]
+    WATCH.sequence = sequence
     clock = VirtualClock()
     target = ReplayTarget(sequence, max(sequence) + 1, clock, row_ms)
     gen = generate(target, list(item["prompt"]), options, max_tokens=len(item["output"]), clock=clock)
@@ -79,8 +135,14 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--measured", action="store_true", help="the target's own measured cost by rows")
     parser.add_argument("--settings", default="{}", help='ngram settings as JSON, e.g. \'{"adaptive": true}\'')
     parser.add_argument("--classes", default=None, metavar="A,B")
+    parser.add_argument("--goal", action="store_true", help="issue 16's goal cost: 9 rows 1.5x one row")
+    parser.add_argument("--oracle", action="store_true", help="cut every proposal to what lands (the ceiling)")
+    parser.add_argument("--keys", action="store_true", help="per evidence key: proposals, verified, landing")
+    parser.add_argument("--quiet", action="store_true", help="no line per prompt")
     args = parser.parse_args(argv)
-    row_ms = args.row_ms or VERIFY_COST_PROFILE
+    row_ms = args.row_ms or (GOAL_PROFILE if args.goal else VERIFY_COST_PROFILE)
+    WATCH.install()
+    WATCH.oracle = args.oracle
     if args.measured:
         from tsspec.modeling.embedded import embedded_model_path
         from tsspec.runtime.loading import load_model
@@ -90,13 +152,21 @@ def main(argv: list[str] | None = None) -> None:
     classes = set(args.classes.split(",")) if args.classes else None
     options = SpeculationOptions(spec_type="ngram", extra={"ngram": json.loads(args.settings)})
     ratios: dict[str, list[float]] = {}
+    key_stats: dict[tuple[bool, object], list[int]] = {}  # (grounded?, key) -> proposals, first landed, landed
     for item in bench_sequences(args.cache, None):
         if classes and item["class"] not in classes:
             continue
         plain_ms, _ = replay(item, SpeculationOptions(enabled=False), row_ms)
+        start = len(WATCH.proposals)
         spec_ms, st = replay(item, options, row_ms)
+        for key, proposed, landed in WATCH.proposals[start:]:
+            per_key = key_stats.setdefault((item["class"] in GROUNDED, key), [0, 0, 0])
+            per_key[0] += 1
+            per_key[1] += landed > 0
+            per_key[2] += landed
         ratios.setdefault(item["class"], []).append(plain_ms / spec_ms)
-        print(f"{item['name']:12s} {plain_ms / spec_ms:.3f}x  verify {st.verify_steps}/{st.steps} steps, accepted "
+        if not args.quiet:
+            print(f"{item['name']:12s} {plain_ms / spec_ms:.3f}x  verify {st.verify_steps}/{st.steps} steps, accepted "
               f"{st.accepted_tokens}/{st.draft_tokens}, governor {st.governor_wins}/{st.governor_losses}/"
               f"{st.governor_parked_steps}, declined {st.declined_drafts}")
     for cls, values in ratios.items():
@@ -106,6 +176,10 @@ def main(argv: list[str] | None = None) -> None:
     if grounded:
         print(f"grounded   median {statistics.median(grounded):.3f}x")
     print(f"all        median {statistics.median(every):.3f}x")
+    if args.keys:
+        print("proposals by key (grounded / other classes): count, first token lands, tokens landing per proposal")
+        for (grounded, key), (count, first, landed) in sorted(key_stats.items(), key=lambda kv: (not kv[0][0], str(kv[0][1]))):
+            print(f"  {'grounded' if grounded else 'other   '} {str(key):16s} {count:5d}  {first / count:.2f}  {landed / count:.2f}")
 
 
 if __name__ == "__main__":

@@ -76,3 +76,67 @@ def test_lossless_after_prefix_reuse():
     spec, stats = _run_twice(NGramSpeculator(6), prompts)
     assert spec == plain
     assert stats.drafts > 0  # armed after the reused prefix (can_arm_after_prefix_reuse)
+
+
+class CopyEditTarget(ToyTarget):
+    """A pure-KV toy whose logits add a large bonus on a scripted answer at each position: the
+    answer copies spans of the prompt and jumps between them on a token seen once before, which
+    is where the single-token fallback drafts. Its own (KV-dependent) logits stay underneath."""
+
+    BONUS = 40.0  # the toy's own logits span about +-17
+
+    def __init__(self, script: list[int], seed: int):
+        super().__init__(vocab_size=64, seed=seed, recurrent=False)
+        self.script = script
+
+    def spec_forward(self, tokens, *, all_logits_rows: bool, want_hidden: bool):
+        start = self.cache_seq_len
+        logits, hidden = super().spec_forward(tokens, all_logits_rows=all_logits_rows, want_hidden=want_hidden)
+        logits = logits.clone()  # [rows, vocab]
+        first = start + len(tokens) - logits.shape[0]
+        for row in range(logits.shape[0]):
+            pos = first + row + 1
+            if pos < len(self.script):
+                logits[row, self.script[pos]] += self.BONUS
+        return logits, hidden
+
+
+SOURCE = list(range(10, 30))
+ELSEWHERE = list(range(40, 60))
+COPY_PROMPT = [1, *SOURCE, 2, *ELSEWHERE, 3]
+# copies 10..15, jumps to 45.. (15 -> 45 never occurred; 45 alone did, once), back to 20.., ...
+COPY_ANSWER = [*SOURCE[:6], *ELSEWHERE[5:12], *SOURCE[10:16], *ELSEWHERE[14:19], *SOURCE[2:8]]
+
+
+class KeyRecorder(NGramSpeculator):
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.keys = []
+
+    def propose(self, ctx):
+        draft = super().propose(ctx)
+        self.keys.append(getattr(draft, "evidence", None))
+        return draft
+
+
+@pytest.mark.parametrize("sampling", [GREEDY, SAMPLED], ids=["greedy", "sampled"])
+@pytest.mark.parametrize("seed", [1, 2])
+def test_lossless_with_single_token_fallback_drafts(sampling, seed):
+    made = []
+
+    def make(target):
+        made.append(KeyRecorder(8))
+        return made[-1]
+
+    plain, spec = assert_lossless(
+        lambda: CopyEditTarget(COPY_PROMPT + COPY_ANSWER, seed),
+        make,
+        COPY_PROMPT,
+        max_tokens=len(COPY_ANSWER),
+        sampling=sampling,
+    )
+    assert spec.stats.faults == 0
+    if sampling is GREEDY:
+        assert plain.tokens == COPY_ANSWER  # the bonus decides every greedy token
+        assert any(key and key[0] == 1 for key in made[0].keys)  # the fallback drafted
+        assert spec.stats.accepted_tokens > 0

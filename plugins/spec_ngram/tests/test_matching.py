@@ -385,3 +385,81 @@ def test_value_keeps_drafting_a_source_that_lands():
     drafts = _replay(NGramDrafter(value=True), prompt, output)
     assert sum(good for _, _, good in drafts) >= 45
     assert all(good == len(draft) for _, draft, good in drafts)
+
+
+# -- the single-token fallback ------------------------------------------------------------------
+# a source [10..17] then 7 16 17 elsewhere; the text copies the source, then rewords 13 as 7
+FALLBACK_PROMPT = [10, 11, 12, 13, 14, 15, 7, 16, 17, 0]
+
+
+def _drafter_after_a_copy(fallback: bool, prompt=FALLBACK_PROMPT) -> NGramDrafter:
+    """The copy 10 11 -> draft [12, 13, ..]; then 12 landed and 7 came instead of 13."""
+    drafter = NGramDrafter(2, 8, follow=True, fallback=fallback)
+    drafter.sync(prompt + [10, 11])
+    assert drafter.draft(4) == [12, 13, 14, 15]
+    drafter.sync(prompt + [10, 11, 12, 7])
+    return drafter
+
+
+def test_fallback_drafts_from_the_last_token_where_no_bigram_occurred():
+    assert _drafter_after_a_copy(False).draft(3) == []  # (12, 7) never occurred: the old rule stops
+    drafter = _drafter_after_a_copy(True)
+    assert drafter.draft(3) == [16, 17, 0]
+    assert drafter._match == (7, 1)  # 7 alone, seen once, followed by 16
+
+
+def test_fallback_needs_one_follower_and_a_copy_that_agreed_lately():
+    # 7 occurred twice before, followed by 16 and by 3: which one comes is a guess
+    mixed = FALLBACK_PROMPT[:-1] + [7, 3, 0]
+    assert _drafter_after_a_copy(True, mixed).draft(3) == []
+    # the same follower twice is no guess
+    same = FALLBACK_PROMPT[:-1] + [7, 16, 0]
+    assert _drafter_after_a_copy(True, same).draft(2) == [16, 0]
+    # no draft agreed with the text lately (a fresh drafter, or one far past its last copy)
+    fresh = NGramDrafter(2, 8, follow=True, fallback=True)
+    fresh.sync(FALLBACK_PROMPT + [10, 11, 12, 7])
+    assert fresh.draft(3) == []
+    late = _drafter_after_a_copy(True)
+    late.sync(FALLBACK_PROMPT + [10, 11, 12, 40, 41, 42, 43, 7])
+    assert late.draft(3) == []
+    # a required match longer than the shortest order (--spec-pmin) never falls back
+    assert _drafter_after_a_copy(True).draft(3, min_length=3) == []
+
+
+def brute_mixed(toks: list[int]) -> dict[int, int]:
+    """Per token: how many of its occurrences were followed otherwise than the one before."""
+    mixed: dict[int, int] = {}
+    last_follower: dict[int, int] = {}
+    for c in range(1, len(toks)):
+        context = toks[c - 1]
+        if context in last_follower and last_follower[context] != toks[c]:
+            mixed[context] = mixed.get(context, 0) + 1
+        last_follower[context] = toks[c]
+    return mixed
+
+
+@settings(max_examples=80, deadline=None)
+@given(ops=ops)
+def test_followers_of_single_tokens_stay_exact_after_commit_and_rewind(ops):
+    index = NGramIndex(1, 4)
+    model: list[int] = []
+    for op, arg in ops:
+        if op == "extend":
+            index.extend(arg)
+            model.extend(arg)
+        elif op == "truncate":
+            index.truncate(arg)
+            del model[arg:]
+        elif index.write(*arg):
+            tokens, start = arg
+            model[start:] = tokens
+        assert index.tokens == model
+        assert index.maps == brute_maps(index)
+        assert index.mixed == brute_mixed(model)
+        assert all(index.agreed(t) == (t not in brute_mixed(model)) for t in set(model))
+
+
+def test_a_colliding_single_token_key_counts_as_mixed():
+    index = NGramIndex(1, 3, modulus=1)  # every key collides
+    index.extend([4, 5, 6, 7])
+    assert not index.agreed(5)  # 6 follows 5, but the map's previous entry was 4's: never trusted

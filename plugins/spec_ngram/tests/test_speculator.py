@@ -173,3 +173,23 @@ def test_a_proposal_carries_its_match_bucket_and_whether_the_last_drafts_all_lan
     spec.commit(history[:-1], None, 0)
     assert spec.propose(ctx_for(history)).evidence == (8, False)
     assert spec.propose(ctx_for([1, 2, 3])) == []  # nothing found: a plain empty list
+
+
+def test_a_single_token_fallback_proposal_has_match_bucket_one():
+    """When no bigram occurred earlier, the fallback's proposal is keyed apart: bucket 1."""
+    spec = NGramSpeculator(8)
+    prompt = [10, 11, 12, 13, 14, 15, 7, 16, 17, 0]
+    spec.commit(prompt + [10], None, 0)
+    history = prompt + [10, 11]
+    draft = spec.propose(ctx_for(history))
+    assert draft[:2] == [12, 13] and draft.evidence == (2, False)
+    spec.commit([11, 12], None, len(history) - 1)  # 12 landed, then 7 came instead of 13
+    spec.observe_step(True, 10.0, 2, 8)
+    history = history + [12, 7]
+    draft = spec.propose(ctx_for(history))
+    assert draft == [16, 17, 0, 10, 11, 12, 7] and draft.evidence == (1, False)
+    off = NGramSpeculator(8, fallback=False)
+    off.commit(prompt + [10], None, 0)
+    off.propose(ctx_for(prompt + [10, 11]))
+    off.commit([11, 12], None, len(prompt) + 1)
+    assert off.propose(ctx_for(history)) == []

@@ -45,13 +45,17 @@ Beyond the plain form (each measured, see the package README and ``scripts/accep
 * ``candidates > 1``: several continuations per key; among the re-checked ones take the
   longest backward match (up to ``EXTENDED_MATCH``), most recent on a tie.
 * ``periodic``: the self-referential continuation above.
+* ``fallback``: when the last ``min_order`` tokens never occurred before, the last token alone
+  drafts, if every earlier occurrence of it had the same follower (``NGramIndex.mixed``, kept
+  for order 1) and a draft's copy agreed with the text at most ``FALLBACK_RECENT`` tokens ago:
+  a copied span that broke on one reworded token (``NGramDrafter._fallback_match``).
 * ``value`` (opt-in): the draft length from evidence, per match-length acceptance (priors moved
   by the request's outcomes) against the forward's cost by rows; 0 declines (see
   ``NGramDrafter._value_length``).
 
-The speculator turns on ``follow`` only: it keys each draft by its match length and leaves the
-length to the loop's per-key economics (``speculator.py``); ``adaptive`` and ``value`` remain
-options, the other two measured no gain.
+The speculator turns on ``follow`` and ``fallback``: it keys each draft by its match length and
+leaves the length to the loop's per-key economics (``speculator.py``); ``adaptive`` and
+``value`` remain options, ``candidates`` and ``periodic`` measured no gain.
 """
 
 from __future__ import annotations
@@ -94,6 +98,9 @@ RATE_PRIOR_STEPS = 8
 # Dense float32 GEMMs on a CPU (1 row 52.7 ms, 2: 52.9, 4: 71.1, 8: 90.9, 16: 98.7; linear
 # between); only its shape matters, and the running tokens-per-ms price corrects its scale.
 REFERENCE_ROW_MS = ((1, 52.7), (2, 52.9), (4, 71.1), (8, 90.9), (16, 98.7))
+# fallback: a single-token match may draft only this many tokens after a draft's copy last
+# agreed with the text (inside a copied span that broke on a reworded token)
+FALLBACK_RECENT = 3
 PMIN_ORDER_SCALE = 8  # --spec-pmin p asks for a match of ceil(p * 8) tokens (clamped to the orders)
 
 __all__ = [
@@ -186,6 +193,11 @@ class NGramIndex:
         self._undo: list[list[int | tuple[int, ...] | None]] = []
         # how many times each token occurs (the value policy's evidence on short matches)
         self.counts: dict[int, int] = {}
+        # order 1 only (min_order 1): token -> how many of its occurrences were followed by
+        # another token than the occurrence before them; absent: every earlier occurrence of
+        # the token was followed by the same token (the fallback rule's evidence)
+        self.mixed: dict[int, int] = {}
+        self._mixed_undo: list[int | None] = []  # per appended token: the context it marked mixed
 
     def __len__(self) -> int:
         return len(self.tokens)
@@ -228,6 +240,8 @@ class NGramIndex:
             for table, key in zip(maps, self._tail_keys):
                 prevs.append(table.get(key))
                 table[key] = c
+            if self.min_order == 1 and c:
+                self._note_continuation(c, prevs[0] if prevs else None)
         else:
             limit = self.candidates
             for table, key in zip(maps, self._tail_keys):
@@ -235,7 +249,26 @@ class NGramIndex:
                 prevs.append(prev)
                 table[key] = (c,) if prev is None else ((c,) + prev)[:limit]
         self._undo.append(prevs)
+        if len(self._mixed_undo) < len(self._undo):
+            self._mixed_undo.append(None)
         self._tail_keys = self._keys_ending_at(c)
+
+    def _note_continuation(self, c: int, prev: int | None) -> None:
+        """Order 1: token ``c`` follows ``tokens[c-1]``, whose previous occurrence was followed
+        by ``tokens[prev]`` (``prev`` None: none). A different follower, or a key that only
+        collided (``modulus``), marks the context mixed."""
+        toks = self.tokens
+        context = toks[c - 1]
+        if prev is None or (toks[prev - 1] == context and toks[prev] == toks[c]):
+            self._mixed_undo.append(None)
+            return
+        self.mixed[context] = self.mixed.get(context, 0) + 1
+        self._mixed_undo.append(context)
+
+    def agreed(self, token: int) -> bool:
+        """Order 1 (min_order 1): was every earlier occurrence of ``token`` followed by the same
+        token? (True for a token seen once before.)"""
+        return token not in self.mixed
 
     def extend(self, tokens: Sequence[int]) -> None:
         for token in tokens:
@@ -255,6 +288,13 @@ class NGramIndex:
                     del table[key]
                 else:
                     table[key] = prev
+            context = self._mixed_undo.pop()
+            if context is not None:
+                left = self.mixed[context] - 1
+                if left:
+                    self.mixed[context] = left
+                else:
+                    del self.mixed[context]
             gone = toks.pop()
             left = self.counts[gone] - 1
             if left:
@@ -269,6 +309,8 @@ class NGramIndex:
         self._tail_keys = []
         self._undo = []
         self.counts = {}
+        self.mixed = {}
+        self._mixed_undo = []
 
     def write(self, tokens: Sequence[int], start: int) -> bool:
         """Make ``tokens`` the sequence from ``start`` on and end the sequence after them.
@@ -370,8 +412,13 @@ class NGramDrafter:
         value: bool = False,
         row_ms: Sequence[tuple[int, float]] | None = None,
         modulus: int | None = None,
+        fallback: bool = False,
     ) -> None:
-        self.index = NGramIndex(min_order, max_order, candidates=candidates, modulus=modulus)
+        # fallback: the index also keeps order 1, consulted only when no longer match exists
+        self.min_order = min_order
+        self.fallback = bool(fallback) and min_order > 1
+        lowest = 1 if self.fallback else min_order
+        self.index = NGramIndex(lowest, max_order, candidates=candidates, modulus=modulus)
         self.periodic = periodic
         self.follow = follow
         self.adaptive = adaptive
@@ -391,6 +438,7 @@ class NGramDrafter:
         # value: outcomes by match bucket, [first tried, first landed, later tried, later landed]
         self._outcomes = [[0, 0, 0, 0] for _ in VALUE_FIRST_PRIOR]
         self._bucket = 0  # the bucket of the last draft's match
+        self._agreed_end = -FALLBACK_RECENT - 1  # history length where a draft last agreed
         self._step_end = -1  # index length at the last draft call (-1: none yet)
         self._step_rows = 1  # rows its verify had
         one = self._row_cost[1]
@@ -477,7 +525,7 @@ class NGramDrafter:
     def find(self, min_length: int | None = None) -> Match | None:
         """The match a draft would copy from (see ``NGramIndex.lookup`` and ``follow``)."""
         index = self.index
-        low = index.min_order if min_length is None else max(index.min_order, min_length)
+        low = self.min_order if min_length is None else max(self.min_order, min_length)
         found = index.lookup(low)
         if self.follow:
             followed = self._follow_match(low)
@@ -488,7 +536,23 @@ class NGramDrafter:
                 length = match_length(index.tokens, found.pos, end, EXTENDED_MATCH)
                 if followed.length >= length:  # a tie goes to the source that agreed last
                     return followed
+        if found is None and self.fallback and low == self.min_order:
+            found = self._fallback_match()
         return found
+
+    def _fallback_match(self) -> Match | None:
+        """No earlier occurrence of the last ``min_order`` tokens: the most recent earlier
+        occurrence of the last token alone, when every earlier occurrence of it was followed by
+        the same token and a draft's source agreed with the text at most ``FALLBACK_RECENT``
+        tokens ago (a copied span that broke on a reworded token). Both conditions select the
+        single-token matches that land about as often as a shared bigram on grounded prompts
+        (README); the match has length 1, so its evidence key prices it apart."""
+        index = self.index
+        toks = index.tokens
+        end = len(toks)
+        if end - self._agreed_end > FALLBACK_RECENT or not index.agreed(toks[-1]):
+            return None
+        return index.lookup(1)
 
     def _learn(self) -> None:
         """Learn from the previous draft call, now that the tokens after it are known: with
@@ -497,6 +561,11 @@ class NGramDrafter:
         updates the per-bucket acceptance and the running tokens per ms."""
         draft, self._draft = self._draft, []
         toks, start = self.index.tokens, self._source_end
+        if draft and start < len(toks) <= start + len(draft) + 1 and toks[start] == draft[0]:
+            agreed = 1
+            while agreed < len(draft) and start + agreed < len(toks) and toks[start + agreed] == draft[agreed]:
+                agreed += 1
+            self._agreed_end = start + agreed  # where the copy stopped agreeing with the text
         if self.value:
             gained = len(toks) - self._step_end
             if self._step_end >= 0 and 1 <= gained <= self._step_rows:
