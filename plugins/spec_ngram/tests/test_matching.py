@@ -439,9 +439,9 @@ def brute_mixed(toks: list[int]) -> dict[int, int]:
 
 
 @settings(max_examples=80, deadline=None)
-@given(ops=ops)
-def test_followers_of_single_tokens_stay_exact_after_commit_and_rewind(ops):
-    index = NGramIndex(1, 4)
+@given(ops=ops, candidates=st.sampled_from([1, 2]))
+def test_followers_of_single_tokens_stay_exact_after_commit_and_rewind(ops, candidates):
+    index = NGramIndex(1, 4, candidates=candidates)  # several candidates per key too
     model: list[int] = []
     for op, arg in ops:
         if op == "extend":

@@ -248,6 +248,9 @@ class NGramIndex:
                 prev = table.get(key)
                 prevs.append(prev)
                 table[key] = (c,) if prev is None else ((c,) + prev)[:limit]
+            if self.min_order == 1 and c:
+                first = prevs[0] if prevs else None  # order 1's positions, the newest first
+                self._note_continuation(c, first[0] if first else None)
         self._undo.append(prevs)
         if len(self._mixed_undo) < len(self._undo):
             self._mixed_undo.append(None)
