@@ -3407,6 +3407,10 @@ static int parse_taps(PyObject *obj, int64_t n_layers, Taps *T) {
     if (obj == Py_None) return 1;
     PyObject *layers;
     unsigned long long out;
+    if (!PyTuple_Check(obj)) { /* PyArg_ParseTuple would raise SystemError on a non-tuple */
+        PyErr_SetString(PyExc_TypeError, "model_step: taps must be None or a (layer ids, address) tuple");
+        return 0;
+    }
     if (!PyArg_ParseTuple(obj, "OK", &layers, &out)) return 0;
     PyObject *seq = PySequence_Fast(layers, "model_step: taps must be a sequence of layer ids");
     if (seq == NULL) return 0;

@@ -198,6 +198,8 @@ def test_model_step_refuses_bad_operands(embedded_target):
     for taps in (([31], x.data_ptr()), ([-1], x.data_ptr()), ([], x.data_ptr()), ([1], 0)):  # 30 blocks
         with pytest.raises(ValueError, match="taps"):
             t._kernels.model_step(*args, None, taps)
+    with pytest.raises(TypeError, match="taps must be None or a"):  # not a tuple
+        t._kernels.model_step(*args, None, [[1], x.data_ptr()])
 
 
 @pytest.mark.parametrize("all_rows", [False, True])
