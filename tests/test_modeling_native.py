@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pathlib
+import shutil
 import sys
 
 import pytest
@@ -80,3 +81,15 @@ def test_byte_ranges_keep_a_whole_page_gap_apart():
     assert native.byte_ranges([a, b]) == [(base, base + 100), (base + 100 + native.PAGE_GAP, base + 200 + native.PAGE_GAP)]
     c = t[99 + native.PAGE_GAP : 200 + native.PAGE_GAP]  # one byte closer: joined
     assert native.byte_ranges([a, c]) == [(base, base + 200 + native.PAGE_GAP)]
+
+
+def test_load_build_loads_another_copy_of_the_kernels(tmp_path):
+    module = native.kernels()
+    if module is None:
+        pytest.skip("the kernels were not built")
+    copy = tmp_path / pathlib.Path(module.__file__).name
+    shutil.copyfile(module.__file__, copy)
+    other = native.load_build(str(copy))
+    assert other is not module and other.info() == module.info()
+    with pytest.raises(ImportError, match="no kernels build"):
+        native.load_build(str(tmp_path / "missing.txt"))

@@ -38,6 +38,19 @@ def kernels() -> ModuleType | None:
     return _module
 
 
+def load_build(path: str) -> ModuleType:
+    """Another build of the kernels (a ``_cpu_kernels*.so`` at ``path``, e.g. main's), loaded
+    beside the installed one: the A side of the A/B scripts."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("_cpu_kernels", path)
+    if spec is None or spec.loader is None:
+        raise ImportError(f"no kernels build at {path}")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
 def available() -> bool:
     """True when the compiled kernels were built and import."""
     return kernels() is not None

@@ -24,7 +24,6 @@ side A with the kernels' ``set_NAME(False)``, side B with ``set_NAME(True)`` (th
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import statistics
 import time
 
@@ -32,13 +31,6 @@ import torch
 
 from tsspec.modeling import native
 from tsspec.modeling.embedded import embedded_model_path
-
-
-def load_build(path: str):
-    spec = importlib.util.spec_from_file_location("_cpu_kernels", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 def main() -> int:
@@ -69,7 +61,7 @@ def main() -> int:
         targets["A"] = load_llama(embedded_model_path(), {"dtype": args.baseline.split(":", 1)[1]})
         sides["A"] = (native.kernels(), targets["A"]._stack, True, targets["A"]._step_head)
     else:
-        build = load_build(args.baseline)
+        build = native.load_build(args.baseline)
         native._module, target._kernels = build, build
         stack = target._layer_stack()
         held = target._step_work  # side B's head holds its address: keep it alive

@@ -15,7 +15,6 @@ time (less disturbed by other processes on a shared machine), else wall time.
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import statistics
 import time
 
@@ -23,13 +22,6 @@ import torch
 
 from tsspec.modeling import native
 from tsspec.modeling.embedded import embedded_model_path
-
-
-def load_build(path: str):
-    spec = importlib.util.spec_from_file_location("_cpu_kernels", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 def main() -> int:
@@ -67,7 +59,7 @@ def main() -> int:
         names = ("float32", "int8")
     else:
         int8 = args.dtype == "int8"
-        sides = {"A": (load_build(args.baseline), int8), "B": (kernels, int8)}
+        sides = {"A": (native.load_build(args.baseline), int8), "B": (kernels, int8)}
         names = (f"baseline {args.dtype}", f"installed {args.dtype}")
     print(f"kernels: {native.info()}; threads {args.threads}")
     print(f"matrix (fmt, N x K, MiB) | rows | A = {names[0]} ms (GB/s) | B = {names[1]} ms (GB/s) | A/B "

@@ -17,7 +17,6 @@ step, B/A as the ratio of medians and the median of the paired round ratios.
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import statistics
 import time
 
@@ -25,13 +24,6 @@ import torch
 
 from tsspec.modeling import native
 from tsspec.modeling.embedded import embedded_model_path
-
-
-def load_build(path: str):
-    spec = importlib.util.spec_from_file_location("_cpu_kernels", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 def main() -> int:
@@ -49,7 +41,7 @@ def main() -> int:
     kernels = native.kernels()
     if kernels is None or not hasattr(kernels, "set_huge_pages"):
         raise SystemExit("target_ab: these kernels have no huge-pages switch")
-    build = load_build(args.baseline) if args.baseline else None
+    build = native.load_build(args.baseline) if args.baseline else None
     targets = {}
     try:
         for side in args.order:
