@@ -188,10 +188,9 @@ ops = st.lists(
 )
 
 
-@settings(max_examples=80, deadline=None)
-@given(ops=ops, modulus=st.sampled_from([3, None]), candidates=st.sampled_from([1, 2]))
-def test_index_consistent_after_random_commit_and_rewind(ops, modulus, candidates):
-    index = NGramIndex(2, 5, candidates=candidates, modulus=modulus)
+def _apply_ops(index, ops):
+    """Apply ``ops`` to ``index`` and to a plain list; yields the list after each op (a write
+    the index refuses must start past the end)."""
     model: list[int] = []
     for op, arg in ops:
         if op == "extend":
@@ -206,6 +205,14 @@ def test_index_consistent_after_random_commit_and_rewind(ops, modulus, candidate
                 model[start:] = tokens
             else:
                 assert start > len(model)
+        yield model
+
+
+@settings(max_examples=80, deadline=None)
+@given(ops=ops, modulus=st.sampled_from([3, None]), candidates=st.sampled_from([1, 2]))
+def test_index_consistent_after_random_commit_and_rewind(ops, modulus, candidates):
+    index = NGramIndex(2, 5, candidates=candidates, modulus=modulus)
+    for model in _apply_ops(index, ops):
         assert index.tokens == model
         assert index.maps == brute_maps(index)
         assert index.counts == {t: model.count(t) for t in set(model)}
@@ -442,17 +449,7 @@ def brute_mixed(toks: list[int]) -> dict[int, int]:
 @given(ops=ops, candidates=st.sampled_from([1, 2]))
 def test_followers_of_single_tokens_stay_exact_after_commit_and_rewind(ops, candidates):
     index = NGramIndex(1, 4, candidates=candidates)  # several candidates per key too
-    model: list[int] = []
-    for op, arg in ops:
-        if op == "extend":
-            index.extend(arg)
-            model.extend(arg)
-        elif op == "truncate":
-            index.truncate(arg)
-            del model[arg:]
-        elif index.write(*arg):
-            tokens, start = arg
-            model[start:] = tokens
+    for model in _apply_ops(index, ops):
         assert index.tokens == model
         assert index.maps == brute_maps(index)
         assert index.mixed == brute_mixed(model)
