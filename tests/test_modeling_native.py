@@ -90,6 +90,8 @@ def test_load_build_loads_another_copy_of_the_kernels(tmp_path):
     copy = tmp_path / pathlib.Path(module.__file__).name
     shutil.copyfile(module.__file__, copy)
     other = native.load_build(str(copy))
-    assert other is not module and other.info() == module.info()
+    assert other is not module
+    same = ("simd", "int8")  # pool_workers: a pool starts at first use, per loaded copy
+    assert {k: other.info()[k] for k in same} == {k: module.info()[k] for k in same}
     with pytest.raises(ImportError, match="no kernels build"):
         native.load_build(str(tmp_path / "missing.txt"))
