@@ -38,7 +38,7 @@ from typing import Any, Callable, Sequence
 import attrs
 
 from .governor import SpeculationCostGovernor
-from .proposal import proposal_evidence
+from .proposal import proposal_confidence, proposal_evidence
 
 PRIMARY, BACKUP = "primary", "backup"
 
@@ -71,10 +71,11 @@ class SpeculatorPair:
         self.source: str | None = None  # who proposed this step's drafts (None: nobody)
         self.proposed = {PRIMARY: 0, BACKUP: 0}  # proposals that reached verification, by member
         self.evidence = None  # the evidence key of this step's drafts
+        self.confidence = None  # their per-draft confidence (None: not given)
         self.declined_drafts = 0  # keyed proposals a member's governor did not verify
 
     def propose(self, ctx) -> Sequence[int]:
-        self.source, self.evidence = None, None
+        self.source, self.evidence, self.confidence = None, None, None
         for role, member in ((PRIMARY, self.primary), (BACKUP, self.backup)):
             drafts = self._ask(role, member, ctx)
             if drafts:
@@ -92,15 +93,17 @@ class SpeculatorPair:
         if limit < 1:
             return []
         start = self.clock()
-        raw = member.propose(ctx if limit == window else attrs.evolve(ctx, max_tokens=limit))
+        raw = member.propose(attrs.evolve(ctx, max_tokens=limit, worth=governor.chain_worth()))
         drafts = _as_list(raw)
         if drafts:
             evidence, _ = proposal_evidence(raw)  # unhashable evidence: sized as unkeyed
-            keep = governor.size_proposal(len(drafts), evidence)
+            confidence, _ = proposal_confidence(raw, len(drafts))  # malformed: sized without it
+            keep = governor.size_proposal(len(drafts), evidence, confidence)
             if keep < 1:
                 self.declined_drafts += 1
             drafts = drafts[:keep]
             self.evidence = evidence
+            self.confidence = None if confidence is None else confidence[:keep]
         if not drafts:  # an attempt that found nothing (or was declined): its cost is this member's
             governor.record_empty_proposal((self.clock() - start) * 1000.0)
         return drafts
@@ -113,7 +116,8 @@ class SpeculatorPair:
         """The loop's report of the step just taken (after ``propose`` and the commit)."""
         if speculative and self.source is not None:
             self.proposed[self.source] += 1
-            self.governors[self.source].record(True, ms, tokens, drafted=drafted, evidence=self.evidence)
+            self.governors[self.source].record(True, ms, tokens, drafted=drafted, evidence=self.evidence,
+                                               confidence=self.confidence)
         elif not speculative:
             for governor in self.governors.values():
                 governor.record(False, ms, tokens)
@@ -121,7 +125,7 @@ class SpeculatorPair:
             observe = getattr(member, "observe_step", None)
             if observe is not None:
                 observe(speculative, ms, tokens, drafted if speculative else 0)
-        self.source, self.evidence = None, None
+        self.source, self.evidence, self.confidence = None, None, None
 
     def governor_counts(self) -> tuple[int, int, int]:
         """(wins, losses, parked steps) of both members' governors together."""
