@@ -181,10 +181,16 @@ def test_a_keyed_member_proposal_is_sized_by_its_governor_and_a_declined_one_goe
     assert gp.state != PARKED and gp.size_proposal(3, "k") == 0
     gp._declines.clear()
     assert pair.propose(_ctx()) == [5] and pair.source == BACKUP and pair.declined_drafts == 1
-    seen = []
-    primary.observe_step = lambda *args: seen.append(args)  # members hear every step too
-    pair.observe_step(True, 9.0, 2, 1)
-    assert seen == [(True, 9.0, 2, 1)] and pair.evidence is None
+    seen, heard = [], []
+    primary.observe_step = lambda *args: seen.append(args)  # members hear every step too...
+    backup.observe_step = lambda *args: heard.append(args)
+    pair.observe_step(True, 9.0, 2, 1)  # ...the backup's verify as its own, the primary's as not
+    assert seen == [(False, 9.0, 2, 0)] and heard == [(True, 9.0, 2, 1)] and pair.evidence is None
+    primary.propose = lambda ctx: Proposal([7, 8], evidence="w")
+    assert pair.propose(_ctx()) and pair.source == PRIMARY
+    pair.observe_step(True, 8.0, 3, 2)
+    pair.observe_step(False, 7.0, 1, 0)
+    assert seen[1:] == [(True, 8.0, 3, 2), (False, 7.0, 1, 0)] and heard[1:] == [(False, 8.0, 3, 0), (False, 7.0, 1, 0)]
 
 
 def test_a_confident_backup_reads_its_governors_worth_and_teaches_its_calibration():

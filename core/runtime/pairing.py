@@ -23,7 +23,10 @@ algorithm's gain depends on the prompt, and its probes cost next to nothing).
 
 The loop reports each step to a speculator that has ``observe_step(speculative, ms, tokens,
 drafted)`` (optional in the protocol); the pair uses it to feed its members' governors and
-passes it on to members that have it.
+passes it on to members that have it: a member hears its own verifies as verifies and every
+other step (the other member's verifies included) as a step it did not draft, so its state is
+what it would be drafting alone (ngram keys its next proposal by whether ITS last drafts all
+landed; hearing the backup's failed verifies as its own declined its good matches).
 
 A member's proposal that carries ``evidence`` (``tsspec.protocols.Proposal``) is sized by that
 member's governor for its key (``SpeculationCostGovernor.size_proposal``); one it declines
@@ -121,10 +124,14 @@ class SpeculatorPair:
         elif not speculative:
             for governor in self.governors.values():
                 governor.record(False, ms, tokens)
-        for member in (self.primary, self.backup):
+        for role, member in ((PRIMARY, self.primary), (BACKUP, self.backup)):
             observe = getattr(member, "observe_step", None)
-            if observe is not None:
-                observe(speculative, ms, tokens, drafted if speculative else 0)
+            if observe is None:
+                continue
+            if speculative and role == self.source:
+                observe(True, ms, tokens, drafted)
+            else:  # the other member's verify is, to this one, a step it did not draft
+                observe(False, ms, tokens, 0)
         self.source, self.evidence, self.confidence = None, None, None
 
     def governor_counts(self) -> tuple[int, int, int]:
