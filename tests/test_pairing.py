@@ -209,3 +209,19 @@ def test_a_confident_backup_reads_its_governors_worth_and_teaches_its_calibratio
     assert pair.confidence is None
     backup.propose = lambda ctx: Proposal([5, 6], confidence=[0.95])  # malformed: sized without it
     assert pair.propose(_ctx()) == [5, 6] and pair.confidence is None
+
+
+def test_auto_plan_names_what_auto_runs_without_building_it():
+    target = ToyTarget()
+    assert _registry().auto_plan(target) == "ngram"
+    target.draft_head = FallbackHead()
+    assert _registry().auto_plan(target) == "ngram+draft-head"
+    assert SpeculatorRegistry().auto_plan(ToyTarget()).code == "no_draft_head"
+
+
+def test_the_listing_says_what_auto_runs_and_with_which_drafter():
+    from tsspec.cli.plugins_cmd import _auto_line
+
+    line = _auto_line("ngram+draft-head", "/x/mtp.gguf")
+    assert line.startswith("ngram+draft-head: ngram proposes first, draft-head (drafter /x/mtp.gguf) where ngram")
+    assert _auto_line("ngram", None) == "ngram" and _auto_line("draft-head", "/x/h.gguf") == "draft-head (drafter /x/h.gguf)"
