@@ -586,3 +586,18 @@ def test_a_drafter_whose_every_bucket_loses_is_parked():
     assert run.tokens == plain.tokens and run.stats.accepted_tokens == 0
     assert run.stats.governor_losses >= 1 and run.stats.governor_parked_steps > 0.5 * len(run.tokens)
     assert run.stats.decode_ms <= plain.stats.decode_ms / 0.97
+
+
+@pytest.mark.parametrize("samples", [4, 12])
+def test_a_calibrated_drafter_near_break_even_gets_a_fair_trial(samples):
+    """Confidence-sized steps are the ones worth verifying, so a probe sits near break-even:
+    four unlucky landings park it at min_samples, twelve give it the verdict its landing earns."""
+    gov = SpeculationCostGovernor(cost_shape=((1, 10.0), (2, 12.0)), calibrated_samples=samples)
+    for _ in range(6):
+        gov.record(False, PLAIN_MS, 1)
+    for tokens in [2, 1, 1, 1, 2, 2, 2, 2, 2, 2, 2, 2, 2]:  # the first is the warm-up sample
+        if gov.state == PARKED:
+            break
+        assert gov.size_proposal(1, None, [0.9]) == 1
+        gov.record(True, 12.5, tokens, drafted=1, confidence=[0.9])
+    assert gov.state == (PARKED if samples == 4 else HOLD)

@@ -125,6 +125,7 @@ class SpeculationCostGovernor:
         size_drafts: bool = True,
         explore_after: int = 8,
         cost_shape=None,
+        calibrated_samples: int = 12,
     ):
         self.enabled = enabled
         self.min_samples = min_samples
@@ -139,6 +140,12 @@ class SpeculationCostGovernor:
         self.probe_draft = probe_draft
         self.size_drafts = size_drafts  # draft length from measured economics (else: the window)
         self.explore_after = explore_after  # declines of one key before it is re-tried
+        # verified steps a probe of confidence-sized drafting that has landed a token in this
+        # sequence needs before a (non-decisive) verdict: its steps are the ones worth
+        # verifying, so it sits near break-even where a few Bernoulli landings decide nothing;
+        # a clear loser is still parked by decisive_ratio, one that never lands by min_samples
+        self.calibrated_samples = max(min_samples, int(calibrated_samples))
+        self.calibrated = False  # a proposal carried confidence
         self.economics = DraftEconomics(cost_shape)  # cost_shape: the target's measured cost by rows
         self.calibration = ConfidenceCalibration()  # landing by confidence bucket, this sequence
         self.worth = ChainWorth(self.calibration, self.economics)
@@ -210,6 +217,7 @@ class SpeculationCostGovernor:
             return proposed
         self.keyed = True
         if confidence is not None:
+            self.calibrated = True
             keep = self.worth.length(list(confidence)[:proposed])
             evidence = evidence if evidence is not None else (CONFIDENCE_KEY, bucket(confidence[0]))
         else:
@@ -367,7 +375,9 @@ class SpeculationCostGovernor:
         spec_cost, plain_cost = self.spec.ms_per_token, self.plain.ms_per_token
         if spec_cost is None or plain_cost is None or plain_cost <= 0:
             return  # no baseline yet, or one a clock could not resolve: nothing to compare
-        enough = self.spec.count >= self.min_samples and self.plain.count >= self.min_samples
+        near = self.calibrated and self.landed and self.state == PROBE  # a landless one is judged as before
+        spec_samples = self.calibrated_samples if near else self.min_samples
+        enough = self.spec.count >= spec_samples and self.plain.count >= self.min_samples
         decisive = (
             self.state == PROBE
             and min(self.spec.count, self.plain.count) >= DECISIVE_SAMPLES
