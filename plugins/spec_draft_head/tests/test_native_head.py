@@ -149,6 +149,10 @@ class _HoldingKernels:
         self._during(k, v, table)
         return self._real.layers_forward(stack, l0, l1, x, rows, past, k, v, cap, table, threads, int8)
 
+    def head_forward(self, desc, emb, slots, h, past, k, v, cap, table, threads, out, logits):
+        self._during(k, v, table)
+        return self._real.head_forward(desc, emb, slots, h, past, k, v, cap, table, threads, out, logits)
+
 
 @needs_kernels
 def test_a_head_shared_by_two_threads_never_frees_a_cache_a_native_call_holds():

@@ -45,7 +45,8 @@ __all__ = ["NativeNextN", "available"]
 # the kernels' int8 flag: activation rows stay float32 (weights int8, float32 sums), the same
 # arithmetic as the torch path's int8 copies, so both engines' drafts agree
 INT8_ROWS = False
-EMBED_CACHE_ROWS = 4096  # token embeddings kept (exact copies of the target's rows; 9 MiB at H=576)
+EMBED_CACHE_ROWS = 4096  # token embeddings kept besides the draft vocabulary's (exact copies of the
+# target's rows; 9 MiB at H=576, as many again for a 4,096-id draft vocabulary)
 
 
 def available(module: NextNModule) -> bool:
@@ -79,9 +80,10 @@ def _describe(w) -> tuple:
 
 
 class EmbeddingRows:
-    """The target's embedding rows of recently seen token ids (exact copies, looked up once),
-    shared by every sequence view of one head: a lock guards the table, and the rows handed
-    out are copies, so another sequence refilling the table never changes them."""
+    """The target's embedding rows of the token ids seen so far (exact copies, looked up once),
+    shared by every sequence view of one head. The table only grows: a row, once written, is
+    never moved or overwritten (a lock guards the adding), so a native call may read it by slot
+    while another sequence adds rows. Once it is full, ids it lacks are looked up per call."""
 
     def __init__(self, embed, width: int, slots: int = EMBED_CACHE_ROWS):
         self._embed = embed  # target.embed: ids -> [n, H]
@@ -90,26 +92,35 @@ class EmbeddingRows:
         self._free = 0
         self._lock = threading.Lock()
 
-    def __call__(self, tokens: list[int]) -> torch.Tensor:
-        """[n, H] float32, a tensor of the caller's own."""
-        unique = list(dict.fromkeys(tokens))
-        if len(unique) > self._rows.shape[0]:
-            return self._embed(tokens).to(torch.float32).contiguous()  # a catch-up wider than the cache
+    def fill(self, tokens: list[int]) -> None:
+        """Look ``tokens`` up now, in one ``embed`` call (as many as there is room for)."""
+        self.slots(list(dict.fromkeys(tokens))[: self._rows.shape[0] - self._free])
+
+    def slots(self, tokens: list[int]) -> tuple[torch.Tensor, list[int]]:
+        """(a table [*, H], the row of each token in it): the shared table once every token is
+        in it (rows are added, never moved or overwritten, so a slot handed out stays valid
+        while another sequence adds rows), or, once the table is full, a table of this call's
+        own."""
+        ids = self._ids
+        try:
+            return self._rows, [ids[t] for t in tokens]
+        except KeyError:
+            pass
         with self._lock:
-            missing = [t for t in unique if t not in self._ids]
-            if missing:
-                if self._free + len(missing) > self._rows.shape[0]:
-                    self._ids.clear()
-                    self._free = 0
-                    missing = unique
+            missing = [t for t in dict.fromkeys(tokens) if t not in ids]
+            if self._free + len(missing) <= self._rows.shape[0]:
                 rows = self._embed(missing).to(torch.float32)  # [m, H]
                 self._rows[self._free : self._free + len(missing)] = rows
-                for i, t in enumerate(missing):
-                    self._ids[t] = self._free + i
+                for i, t in enumerate(missing):  # published once the row is written
+                    ids[t] = self._free + i
                 self._free += len(missing)
-            if len(tokens) == 1:
-                return self._rows[self._ids[tokens[0]]].unsqueeze(0).clone()  # [1, H]
-            return self._rows[[self._ids[t] for t in tokens]]  # [n, H] (indexing copies)
+                return self._rows, [ids[t] for t in tokens]
+        return self._embed(list(tokens)).to(torch.float32).contiguous(), list(range(len(tokens)))  # [n, H]
+
+    def __call__(self, tokens: list[int]) -> torch.Tensor:
+        """[n, H] float32, a tensor of the caller's own."""
+        table, slots = self.slots(tokens)
+        return table[slots]  # [n, H] (indexing copies)
 
 
 class NativeNextN:
@@ -145,7 +156,15 @@ class NativeNextN:
                 float(cfg.rms_eps))
         layer = (self._attn_norm.data_ptr(), 0, 0, self._ffn_norm.data_ptr(), *map(_describe, self._layer))
         self._stack = self._k.layers_new(dims, [layer])  # holds addresses: the tensors above stay alive
-        self.embeddings = EmbeddingRows(embed, H)  # shared with the sequence views
+        norms = (self._enorm.data_ptr(), self._hnorm.data_ptr(), self._head_norm.data_ptr())
+        self._desc = self._k.head_new(self._stack, float(cfg.rms_eps), norms, _describe(self._e_emb),
+                                      _describe(self._e_hid), _describe(self._head))  # the whole call, described once
+        # shared with the views. The draft vocabulary's rows are looked up now, in one call
+        # (most tokens a head is fed are ones it can propose): in generation a new token's
+        # lookup would cost a target.embed call (~0.16 ms) inside that step's draft phase
+        draft_ids = module.draft_ids.tolist()  # [K]
+        self.embeddings = EmbeddingRows(embed, H, EMBED_CACHE_ROWS + len(draft_ids))
+        self.embeddings.fill(draft_ids)
         self.release()
 
     def for_sequence(self) -> "NativeNextN":
@@ -190,7 +209,7 @@ class NativeNextN:
 
     # -- running -----------------------------------------------------------------------------
     def forward(self, tokens: list[int], h_rows: torch.Tensor, at: int, base: int, *, want_last: bool):
-        """Feed ``tokens`` with their predecessor rows ``h_rows`` [n, H] at cache slots
+        """The per-op reference of ``step`` (seven kernel calls). Feed ``tokens`` with their predecessor rows ``h_rows`` [n, H] at cache slots
         ``at..at+n-1`` (position ``base + slot``); the cache must hold ``at + n`` slots
         (``ensure``). Returns the head's output for the last row ([H], after head_norm) when
         ``want_last``, else None."""
@@ -217,6 +236,24 @@ class NativeNextN:
         out = torch.empty(H)  # [H]: returned (chained as the next step's h), so never reused
         k.rms_norm(u[n - 1].data_ptr(), self._head_norm.data_ptr(), out.data_ptr(), 1, H, eps)
         return out
+
+    def step(self, tokens: list[int], h_rows: torch.Tensor, at: int, base: int, *, want_last: bool):
+        """What ``forward`` and then ``logits`` compute, bit for bit, in ONE native call
+        (``head_forward``: the same kernels in the same order): (the last row's output [H],
+        its draft-vocabulary logits [K]) when ``want_last``, else (None, None)."""
+        n = len(tokens)
+        table, slots = self.embeddings.slots(tokens)
+        h = h_rows if h_rows.dtype == torch.float32 and h_rows.is_contiguous() else h_rows.to(torch.float32).contiguous()
+        rope = self._rope_from(base, base + at + n)
+        out = logits = None
+        out_at = logits_at = 0
+        if want_last:
+            out, logits = torch.empty(self.H), torch.empty(self._head.shape[0])  # [H], [K]: the caller's to keep
+            out_at, logits_at = out.data_ptr(), logits.data_ptr()
+        self._k.head_forward(self._desc, table.data_ptr(), slots, h.data_ptr(), at, self._kc.data_ptr(),
+                             self._vc.data_ptr(), self.capacity, rope, self.threads or torch.get_num_threads(),
+                             out_at, logits_at)
+        return out, logits
 
     def logits(self, out: torch.Tensor) -> torch.Tensor:
         """Draft-vocabulary logits [K] of one output row [H]."""
