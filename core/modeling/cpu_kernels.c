@@ -3565,6 +3565,7 @@ typedef struct {
     QWeight e_emb, e_hid, head;
     const LayerStack *S;
     PyObject *stack; /* the layer stack's capsule: a reference held */
+    int int8;        /* the rows quantised per row for every matrix (the gemms' int8 flag) */
 } HeadDesc;
 
 static void head_free(PyObject *capsule) {
@@ -3575,13 +3576,16 @@ static void head_free(PyObject *capsule) {
     }
 }
 
-/* head_new(stack, eps, (enorm, hnorm, head_norm), e_emb, e_hid, head): the matrices as
- * (fmt, q, d, m, N, K[, zero_m]); e_emb, e_hid [H, H], head [K, H]; the stack one block of width H */
+/* head_new(stack, eps, (enorm, hnorm, head_norm), e_emb, e_hid, head[, int8]): the matrices as
+ * (fmt, q, d, m, N, K[, zero_m]); e_emb, e_hid [H, H], head [K, H]; the stack one block of width H;
+ * int8: every gemm of the call quantises its rows (the int8 arithmetic), else float32 rows */
 static PyObject *py_head_new(PyObject *self, PyObject *args) {
     PyObject *stack, *mats[3];
     float eps;
     unsigned long long en, hn, hdn;
-    if (!PyArg_ParseTuple(args, "Of(KKK)OOO", &stack, &eps, &en, &hn, &hdn, &mats[0], &mats[1], &mats[2])) return NULL;
+    int int8 = 0;
+    if (!PyArg_ParseTuple(args, "Of(KKK)OOO|p", &stack, &eps, &en, &hn, &hdn, &mats[0], &mats[1], &mats[2], &int8))
+        return NULL;
     const LayerStack *S = (const LayerStack *)PyCapsule_GetPointer(stack, "tsspec.LayerStack");
     if (S == NULL) return NULL;
     if (S->n_layers != 1 || !en || !hn || !hdn) {
@@ -3607,6 +3611,7 @@ static PyObject *py_head_new(PyObject *self, PyObject *args) {
     D->hnorm = (const float *)(uintptr_t)hn;
     D->head_norm = (const float *)(uintptr_t)hdn;
     D->S = S;
+    D->int8 = int8;
     D->stack = stack;
     Py_INCREF(stack);
     PyObject *capsule = PyCapsule_New(D, "tsspec.HeadDesc", head_free);
@@ -3675,18 +3680,18 @@ static PyObject *py_head_forward(PyObject *self, PyObject *args) {
     rms_norm_rows(emb, D->enorm, ne, n, H, D->eps);
     rms_norm_rows((const float *)(uintptr_t)h, D->hnorm, nh, n, H, D->eps);
     region_kind = KIND_GEMM;
-    rc = gemm(&D->e_emb, ne, H, n, u, H, NULL, threads, 0);
-    if (rc == 0) rc = gemm(&D->e_hid, nh, H, n, u, H, u, threads, 0);
+    rc = gemm(&D->e_emb, ne, H, n, u, H, NULL, threads, D->int8);
+    if (rc == 0) rc = gemm(&D->e_hid, nh, H, n, u, H, u, threads, D->int8);
     region_kind = KIND_OTHER;
     if (rc == 0)
         rc = stack_forward(D->S, 0, 1, u, n, past, (float *)(uintptr_t)k, (float *)(uintptr_t)v, cap,
-                           (const float *)(uintptr_t)rope, threads, 0);
+                           (const float *)(uintptr_t)rope, threads, D->int8);
     if (rc == 0 && out) {
         rms_norm_rows(u + (n - 1) * H, D->head_norm, (float *)(uintptr_t)out, 1, H, D->eps);
         if (logits) {
             region_kind = KIND_GEMM;
             rc = gemm(&D->head, (const float *)(uintptr_t)out, H, 1, (float *)(uintptr_t)logits, D->head.N, NULL,
-                      threads, 0);
+                      threads, D->int8);
             region_kind = KIND_OTHER;
         }
     }
