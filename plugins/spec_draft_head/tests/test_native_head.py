@@ -353,3 +353,27 @@ def test_native_logits_match_the_torch_module_on_real_rows_of_the_embedded_model
             assert int(lt.argmax()) == int(ln.argmax())
         agree += int(lt.argmax()) == int(ln.argmax())
     assert agree >= len(results[True]) - 1  # measured: every one of 22 (max difference 5e-7 of the scale)
+
+
+def test_thread_choice_keeps_the_faster_count_and_measures_again_later():
+    from tsspec_draft_head.native_head import ThreadChoice
+
+    choice = ThreadChoice()
+    assert choice.pick(1) == (1, False)  # one thread: nothing to choose
+    cost = {1: 300, 2: 500}  # ns a call: one thread wins here
+    seen = []
+    while not choice.chosen:
+        threads, timed = choice.pick(2)
+        assert timed
+        seen.append(threads)
+        choice.record(threads, cost[threads], 2)
+    assert seen == [1, 2] * ThreadChoice.TRIALS and choice.chosen == 1
+    assert all(choice.pick(2) == (1, False) for _ in range(ThreadChoice.EVERY))
+    cost = {1: 900, 2: 400}  # the load changed: the next round picks two
+    while True:
+        threads, timed = choice.pick(2)
+        assert timed
+        choice.record(threads, cost[threads], 2)
+        if choice.pick(2) == (2, False):
+            break
+    assert choice.chosen == 2

@@ -34,7 +34,9 @@ otherwise or with ``TS_MTP_NATIVE=0``.
 from __future__ import annotations
 
 import copy
+import statistics
 import threading
+import time
 
 import torch
 
@@ -126,6 +128,50 @@ class EmbeddingRows:
         return table[slots]  # [n, H] (indexing copies)
 
 
+class ThreadChoice:
+    """How many kernel threads a head call runs on: measured while drafting, not assumed.
+
+    A head call is small (on the embedded model ~1/20 of a target step): split over two threads
+    it may finish sooner (two cores pulling its weights, cold after the target's step, from
+    memory) or later (the second thread must be woken, and on a busy machine it may wait for a
+    core). Which one wins depends on the machine and its load, so each round times
+    ``TRIALS`` calls per candidate (1 and torch's thread count, alternating) and keeps the
+    lower median until the next round, ``EVERY`` calls later. Drafts do not depend on it: the
+    kernels give the same bits on any thread count (tests/test_native_head.py)."""
+
+    TRIALS = 8  # timed calls per candidate in a round
+    EVERY = 512  # calls between rounds (the machine's load changes)
+
+    def __init__(self):
+        self._best = 0  # 0: not chosen yet
+        self._times: dict[int, list[int]] = {}
+        self._calls = 0  # calls since the round ended
+
+    def pick(self, most: int) -> tuple[int, bool]:
+        """(threads for this call, whether to time it); ``most``: torch's thread count."""
+        if most <= 1:
+            return 1, False
+        if self._best and self._calls < self.EVERY:
+            self._calls += 1
+            return self._best, False
+        candidates = (1, most)
+        done = sum(len(self._times.get(c, ())) for c in candidates)
+        return candidates[done % 2], True
+
+    def record(self, threads: int, ns: int, most: int) -> None:
+        """The wall time of a timed call; ends the round when every candidate has its trials."""
+        self._times.setdefault(threads, []).append(ns)
+        candidates = (1, most)
+        if all(len(self._times.get(c, ())) >= self.TRIALS for c in candidates):
+            self._best = min(candidates, key=lambda c: (statistics.median(self._times[c]), c))
+            self._times, self._calls = {}, 0
+
+    @property
+    def chosen(self) -> int:
+        """The thread count of the last round (0: none finished yet)."""
+        return self._best
+
+
 class NativeNextN:
     """The compiled forward of one ``NextNModule`` with its own KV cache (see the module
     docstring). ``forward`` feeds rows at cache slots ``at..`` and returns the head's output rows
@@ -140,7 +186,8 @@ class NativeNextN:
         cfg = module.cfg
         self.cfg = cfg
         self.H = H = cfg.hidden_size
-        self.threads = threads  # None: torch's thread count at each call (as the target's gemms)
+        self.threads = threads  # None: chosen by measuring (ThreadChoice), up to torch's thread count
+        self.thread_choice = ThreadChoice()  # shared with the sequence views
         eh = module.eh_proj.detach()  # [H, 2H]: columns 0..H-1 read norm(emb), H.. read norm(h)
         self._e_emb, self._e_hid = _q8(eh[:, :H].contiguous()), _q8(eh[:, H:].contiguous())
         self._head = _q8(module.head)  # [K, H]
@@ -253,9 +300,13 @@ class NativeNextN:
         if want_last:
             out, logits = torch.empty(self.H), torch.empty(self._head.shape[0])  # [H], [K]: the caller's to keep
             out_at, logits_at = out.data_ptr(), logits.data_ptr()
+        most = torch.get_num_threads()
+        threads, timed = (self.threads, False) if self.threads else self.thread_choice.pick(most)
+        start = time.perf_counter_ns() if timed else 0
         self._k.head_forward(self._desc, table.data_ptr(), slots, h.data_ptr(), at, self._kc.data_ptr(),
-                             self._vc.data_ptr(), self.capacity, rope, self.threads or torch.get_num_threads(),
-                             out_at, logits_at)
+                             self._vc.data_ptr(), self.capacity, rope, threads, out_at, logits_at)
+        if timed:
+            self.thread_choice.record(threads, time.perf_counter_ns() - start, most)
         return out, logits
 
     def logits(self, out: torch.Tensor) -> torch.Tensor:
