@@ -377,3 +377,21 @@ def test_thread_choice_keeps_the_faster_count_and_measures_again_later():
         if choice.pick(2) == (2, False):
             break
     assert choice.chosen == 2
+
+
+@needs_kernels
+def test_switches_one_call_and_thread_choice_off_draft_the_same_bits(monkeypatch):
+    from tsspec_draft_head.native_head import ONE_CALL_ENV, THREAD_CHOICE_ENV
+
+    module = _module(8)
+    table = torch.randn(V, H, generator=torch.Generator().manual_seed(58))
+    default = NextNFileHead(module, _Target(table))
+    monkeypatch.setenv(ONE_CALL_ENV, "0")
+    monkeypatch.setenv(THREAD_CHOICE_ENV, "0")
+    switched = NextNFileHead(module, _Target(table))
+    assert not switched._native.one_call and switched._native.thread_choice is None
+    assert default._native.one_call and default._native.thread_choice is not None
+    tokens, rows = [3, 9, 27, 81 % V], _rows(4, 8)
+    a = default.draft_catch_up_and_step(tokens, rows, 5, compact=True)
+    b = switched.draft_catch_up_and_step(tokens, rows, 5, compact=True)
+    assert torch.equal(a[0], b[0]) and torch.equal(a[1], b[1])

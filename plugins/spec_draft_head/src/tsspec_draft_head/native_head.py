@@ -1,13 +1,20 @@
-"""A NextN head's forward on the compiled CPU kernels: a handful of native calls per head call.
+"""A NextN head's forward on the compiled CPU kernels: ONE native call per head call.
 
 The torch module (``NextNModule``) runs a head call as ~25 small torch ops; on the embedded
 model that glue cost several times the arithmetic. Here the same math runs as:
 
-    ne, nh = rms_norm(emb, enorm), rms_norm(h, hnorm)          # 2 calls
-    u      = nh @ E_h^T + (ne @ E_e^T)                         # 2 gemm calls (eh_proj's halves)
-    layers_forward(one-layer stack, u, KV cache, RoPE table)   # 1 call: the whole decoder layer
-    out    = rms_norm(u[-1], head_norm)                        # 1 call (last row only)
-    logits = out @ head^T                                      # 1 gemm call, draft vocabulary
+    ne, nh = rms_norm(emb, enorm), rms_norm(h, hnorm)
+    u      = nh @ E_h^T + (ne @ E_e^T)                         # eh_proj's two halves
+    layers_forward(one-layer stack, u, KV cache, RoPE table)   # the whole decoder layer
+    out    = rms_norm(u[-1], head_norm)                        # last row only
+    logits = out @ head^T                                      # draft vocabulary [K]
+
+``step`` runs all of it as one ``head_forward`` call (the head described once by ``head_new``;
+the embedding rows read by slot from the shared ``EmbeddingRows`` table, in which the draft
+vocabulary's rows are looked up at attach). ``forward`` + ``logits`` run the same kernels one
+call each (seven calls): the reference ``step`` is held to bit for bit
+(tests/test_native_head.py). How many kernel threads a call takes is measured while drafting
+(``ThreadChoice``); the bits do not depend on it.
 
 The decoder layer is described once to the kernels (``layers_new``: fused QKV and gate+up
 matrices as int8 blocks, format 8, the ``BlockMatrix.quantize_int8`` copies drafting already
@@ -40,9 +47,14 @@ import time
 
 import torch
 
+from tsspec.switches import switch_on
+
 from .nextn_model import NextNModule, rope_tables
 
-__all__ = ["NativeNextN", "available"]
+__all__ = ["NativeNextN", "ThreadChoice", "available"]
+
+ONE_CALL_ENV = "TS_MTP_ONE_CALL"  # 0: a head call as the seven per-op kernel calls (attribution)
+THREAD_CHOICE_ENV = "TS_MTP_THREAD_CHOICE"  # 0: torch's thread count, not the measured one
 
 # the kernels' int8 flag: activation rows stay float32 (weights int8, float32 sums), the same
 # arithmetic as the torch path's int8 copies, so both engines' drafts agree
@@ -187,7 +199,8 @@ class NativeNextN:
         self.cfg = cfg
         self.H = H = cfg.hidden_size
         self.threads = threads  # None: chosen by measuring (ThreadChoice), up to torch's thread count
-        self.thread_choice = ThreadChoice()  # shared with the sequence views
+        self.thread_choice = ThreadChoice() if switch_on(THREAD_CHOICE_ENV) else None  # shared with the views
+        self.one_call = switch_on(ONE_CALL_ENV)  # False: step runs the seven per-op calls (attribution)
         eh = module.eh_proj.detach()  # [H, 2H]: columns 0..H-1 read norm(emb), H.. read norm(h)
         self._e_emb, self._e_hid = _q8(eh[:, :H].contiguous()), _q8(eh[:, H:].contiguous())
         self._head = _q8(module.head)  # [K, H]
@@ -291,6 +304,9 @@ class NativeNextN:
         """What ``forward`` and then ``logits`` compute, bit for bit, in ONE native call
         (``head_forward``: the same kernels in the same order): (the last row's output [H],
         its draft-vocabulary logits [K]) when ``want_last``, else (None, None)."""
+        if not self.one_call:
+            out = self.forward(tokens, h_rows, at, base, want_last=want_last)
+            return (out, self.logits(out)) if want_last else (None, None)
         n = len(tokens)
         table, slots = self.embeddings.slots(tokens)
         h = h_rows if h_rows.dtype == torch.float32 and h_rows.is_contiguous() else h_rows.to(torch.float32).contiguous()
@@ -301,7 +317,10 @@ class NativeNextN:
             out, logits = torch.empty(self.H), torch.empty(self._head.shape[0])  # [H], [K]: the caller's to keep
             out_at, logits_at = out.data_ptr(), logits.data_ptr()
         most = torch.get_num_threads()
-        threads, timed = (self.threads, False) if self.threads else self.thread_choice.pick(most)
+        if self.threads or self.thread_choice is None:
+            threads, timed = self.threads or most, False
+        else:
+            threads, timed = self.thread_choice.pick(most)
         start = time.perf_counter_ns() if timed else 0
         self._k.head_forward(self._desc, table.data_ptr(), slots, h.data_ptr(), at, self._kc.data_ptr(),
                              self._vc.data_ptr(), self.capacity, rope, threads, out_at, logits_at)
