@@ -21,6 +21,9 @@ import statistics
 import time
 
 PROMPT = "Write a short story about a lighthouse keeper."
+PROPOSE = "loop: _propose (validate, evidence, glue)"
+REPLAY = "replay"
+ROOTS = (PROPOSE, REPLAY)  # what a sample is: one draft phase, or one replayed head call + gate
 
 
 class Timers:
@@ -47,8 +50,9 @@ class Timers:
                 timers.current[name] += (spent - frame[2]) / 1000.0
                 if timers.stack:
                     timers.stack[-1][2] += spent
-                else:
-                    timers.samples.append(dict(timers.current))
+                else:  # an outermost call: one sample if it is a draft phase or a replayed call
+                    if name in ROOTS:
+                        timers.samples.append(dict(timers.current))
                     timers.current.clear()
 
         return timed
@@ -86,7 +90,7 @@ def install(timers: Timers, record: list):
 
     S, H, N, E = speculator.DraftHeadSpeculator, nextn_file.NextNFileHead, native_head.NativeNextN, native_head.EmbeddingRows
     X = execution.SpeculativeExecution
-    X._propose = timers.wrap("loop: _propose (validate, evidence, glue)", X._propose)
+    X._propose = timers.wrap(PROPOSE, X._propose)
     execution.validate_proposal = timers.wrap("loop: validate_proposal", execution.validate_proposal)
     execution.proposal_evidence = timers.wrap("loop: proposal_evidence", execution.proposal_evidence)
     S.propose = timers.wrap("spec: propose (glue)", S.propose)
@@ -181,7 +185,7 @@ def main() -> None:
         gate(logits)
 
     gate = timers.wrap("spec: _gate (top-1 over top-10)", lambda logits: top1_over_topk(logits))
-    call = timers.wrap("replay", replay)
+    call = timers.wrap(REPLAY, replay)
     for rep in range(3):
         for head, tokens, rows, start, kw in record:
             call(head, tokens, rows, start, kw)
