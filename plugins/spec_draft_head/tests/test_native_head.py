@@ -353,6 +353,16 @@ def test_native_logits_match_the_torch_module_on_real_rows_of_the_embedded_model
             assert int(lt.argmax()) == int(ln.argmax())
         agree += int(lt.argmax()) == int(ln.argmax())
     assert agree >= len(results[True]) - 1  # measured: every one of 22 (max difference 5e-7 of the scale)
+    # the kernel thread count (ThreadChoice picks it by timing) never changes a bit
+    by_threads = {}
+    for threads in (1, 2):
+        head.reset()
+        head._native.threads = threads
+        by_threads[threads] = [head.draft_catch_up_and_step(ids[p : p + 2], hidden[p - 1 : p + 1], p, compact=True)
+                               for p in range(1, len(ids) - 1, 2)]
+    head._native.threads = None
+    for (la, oa), (lb, ob) in zip(by_threads[1], by_threads[2]):
+        assert torch.equal(la, lb) and torch.equal(oa, ob)
 
 
 def test_thread_choice_keeps_the_faster_count_and_measures_again_later():

@@ -149,7 +149,8 @@ class ThreadChoice:
     core). Which one wins depends on the machine and its load, so each round times
     ``TRIALS`` calls per candidate (1 and torch's thread count, alternating) and keeps the
     lower median until the next round, ``EVERY`` calls later. Drafts do not depend on it: the
-    kernels give the same bits on any thread count (tests/test_native_head.py)."""
+    kernels give the same bits on any thread count (tests/test_native_head.py, on the
+    embedded model's real rows)."""
 
     TRIALS = 8  # timed calls per candidate in a round
     EVERY = 512  # calls between rounds (the machine's load changes)
@@ -172,10 +173,11 @@ class ThreadChoice:
 
     def record(self, threads: int, ns: int, most: int) -> None:
         """The wall time of a timed call; ends the round when every candidate has its trials."""
-        self._times.setdefault(threads, []).append(ns)
+        times = self._times  # this round's (sequence views in other threads may end it meanwhile)
+        times.setdefault(threads, []).append(ns)
         candidates = (1, most)
-        if all(len(self._times.get(c, ())) >= self.TRIALS for c in candidates):
-            self._best = min(candidates, key=lambda c: (statistics.median(self._times[c]), c))
+        if all(len(times.get(c, ())) >= self.TRIALS for c in candidates):
+            self._best = min(candidates, key=lambda c: (statistics.median(times[c]), c))
             self._times, self._calls = {}, 0
 
     @property
