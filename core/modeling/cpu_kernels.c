@@ -3624,18 +3624,19 @@ static PyObject *py_head_new(PyObject *self, PyObject *args) {
 
 #define HEAD_MAX_ROWS 4096
 
-/* head_forward(head, table, slots, h, past, k, v, cap, rope_table, threads, out, logits):
- * rows n = len(slots); table [*, H] float32 (row slots[r] is row r's token embedding); h [n, H]
+/* head_forward(head, table, table_rows, slots, h, past, k, v, cap, rope_table, threads, out, logits):
+ * rows n = len(slots); table [table_rows, H] float32 (row slots[r] is row r's token embedding,
+ * 0 <= slots[r] < table_rows); h [n, H]
  * the rows before them; k, v [kv_heads, cap, hd] (the block's cache; rows go to past..);
  * rope_table covers past + n positions. out [H] (0: none) gets the last row after head_norm;
  * logits [K] (0: none, needs out) its draft-vocabulary logits. */
 static PyObject *py_head_forward(PyObject *self, PyObject *args) {
     PyObject *capsule, *slots_obj;
     unsigned long long table, h, k, v, rope, out, logits;
-    long long past, cap;
+    long long table_rows, past, cap;
     int threads;
-    if (!PyArg_ParseTuple(args, "OKOKLKKLKiKK", &capsule, &table, &slots_obj, &h, &past, &k, &v, &cap, &rope, &threads,
-                          &out, &logits))
+    if (!PyArg_ParseTuple(args, "OKLOKLKKLKiKK", &capsule, &table, &table_rows, &slots_obj, &h, &past, &k, &v, &cap, &rope,
+                          &threads, &out, &logits))
         return NULL;
     const HeadDesc *D = (const HeadDesc *)PyCapsule_GetPointer(capsule, "tsspec.HeadDesc");
     if (D == NULL) return NULL;
@@ -3661,8 +3662,8 @@ static PyObject *py_head_forward(PyObject *self, PyObject *args) {
     for (Py_ssize_t i = 0; ok && i < n; i++) {
         slots[i] = PyLong_AsLongLong(PySequence_Fast_GET_ITEM(seq, i));
         if (slots[i] == -1 && PyErr_Occurred()) ok = 0;
-        else if (slots[i] < 0) {
-            PyErr_SetString(PyExc_ValueError, "head_forward: slots must be >= 0");
+        else if (slots[i] < 0 || slots[i] >= table_rows) {
+            PyErr_SetString(PyExc_ValueError, "head_forward: a slot outside the embedding table");
             ok = 0;
         }
     }

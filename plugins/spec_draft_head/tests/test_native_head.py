@@ -149,9 +149,9 @@ class _HoldingKernels:
         self._during(k, v, table)
         return self._real.layers_forward(stack, l0, l1, x, rows, past, k, v, cap, table, threads, int8)
 
-    def head_forward(self, desc, emb, slots, h, past, k, v, cap, table, threads, out, logits):
+    def head_forward(self, desc, emb, emb_rows, slots, h, past, k, v, cap, table, threads, out, logits):
         self._during(k, v, table)
-        return self._real.head_forward(desc, emb, slots, h, past, k, v, cap, table, threads, out, logits)
+        return self._real.head_forward(desc, emb, emb_rows, slots, h, past, k, v, cap, table, threads, out, logits)
 
 
 @needs_kernels
@@ -289,10 +289,11 @@ def test_head_forward_rejects_bad_operands():
     h = _rows(2, 1)
     out, logits = torch.empty(H), torch.empty(K)
     table = eng.embeddings.slots([1, 2])[0]
-    args = [eng._desc, table.data_ptr(), [0, 1], h.data_ptr(), 0, eng._kc.data_ptr(), eng._vc.data_ptr(),
-            eng.capacity, eng._rope_from(0, 2), 1, out.data_ptr(), logits.data_ptr()]
+    args = [eng._desc, table.data_ptr(), table.shape[0], [0, 1], h.data_ptr(), 0, eng._kc.data_ptr(),
+            eng._vc.data_ptr(), eng.capacity, eng._rope_from(0, 2), 1, out.data_ptr(), logits.data_ptr()]
     eng._k.head_forward(*args)
-    for i, bad in ((2, []), (2, [0, -1]), (4, eng.capacity), (10, 0)):  # no rows, a bad slot, past the cache, logits without out
+    # no rows, a negative slot, a slot past the table, past the cache, logits without out
+    for i, bad in ((3, []), (3, [0, -1]), (3, [0, table.shape[0]]), (5, eng.capacity), (11, 0)):
         wrong = list(args)
         wrong[i] = bad
         with pytest.raises(ValueError):

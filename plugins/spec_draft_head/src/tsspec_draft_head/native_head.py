@@ -59,6 +59,7 @@ THREAD_CHOICE_ENV = "TS_MTP_THREAD_CHOICE"  # 0: torch's thread count, not the m
 # the kernels' int8 flag: activation rows stay float32 (weights int8, float32 sums), the same
 # arithmetic as the torch path's int8 copies, so both engines' drafts agree
 INT8_ROWS = False
+PREFILL_MAX_IDS = 16384  # draft vocabularies up to this size are looked up at attach (36 MiB at H=576)
 EMBED_CACHE_ROWS = 4096  # token embeddings kept besides the draft vocabulary's (exact copies of the
 # target's rows; 9 MiB at H=576, as many again for a 4,096-id draft vocabulary)
 
@@ -159,26 +160,29 @@ class ThreadChoice:
         self._best = 0  # 0: not chosen yet
         self._times: dict[int, list[int]] = {}
         self._calls = 0  # calls since the round ended
+        self._lock = threading.Lock()  # sequence views in other threads pick and record too
 
     def pick(self, most: int) -> tuple[int, bool]:
         """(threads for this call, whether to time it); ``most``: torch's thread count."""
         if most <= 1:
             return 1, False
-        if self._best and self._calls < self.EVERY:
-            self._calls += 1
-            return self._best, False
-        candidates = (1, most)
-        done = sum(len(self._times.get(c, ())) for c in candidates)
-        return candidates[done % 2], True
+        with self._lock:
+            if self._best and self._calls < self.EVERY:
+                self._calls += 1
+                return self._best, False
+            candidates = (1, most)
+            done = sum(len(self._times.get(c, ())) for c in candidates)
+            return candidates[done % 2], True
 
     def record(self, threads: int, ns: int, most: int) -> None:
         """The wall time of a timed call; ends the round when every candidate has its trials."""
-        times = self._times  # this round's (sequence views in other threads may end it meanwhile)
-        times.setdefault(threads, []).append(ns)
         candidates = (1, most)
-        if all(len(times.get(c, ())) >= self.TRIALS for c in candidates):
-            self._best = min(candidates, key=lambda c: (statistics.median(times[c]), c))
-            self._times, self._calls = {}, 0
+        with self._lock:
+            times = self._times
+            times.setdefault(threads, []).append(ns)
+            if all(len(times.get(c, ())) >= self.TRIALS for c in candidates):
+                self._best = min(candidates, key=lambda c: (statistics.median(times[c]), c))
+                self._times, self._calls = {}, 0
 
     @property
     def chosen(self) -> int:
@@ -227,9 +231,11 @@ class NativeNextN:
         # shared with the views. The draft vocabulary's rows are looked up now, in one call
         # (most tokens a head is fed are ones it can propose): in generation a new token's
         # lookup would cost a target.embed call (~0.16 ms) inside that step's draft phase
+        # (a full-vocabulary head's ids are not prefilled: its table would take vocab x H floats)
         draft_ids = module.draft_ids.tolist()  # [K]
-        self.embeddings = EmbeddingRows(embed, H, EMBED_CACHE_ROWS + len(draft_ids))
-        self.embeddings.fill(draft_ids)
+        prefill = draft_ids if len(draft_ids) <= PREFILL_MAX_IDS else []
+        self.embeddings = EmbeddingRows(embed, H, EMBED_CACHE_ROWS + len(prefill))
+        self.embeddings.fill(prefill)
         self.release()
 
     def for_sequence(self) -> "NativeNextN":
@@ -324,7 +330,7 @@ class NativeNextN:
         else:
             threads, timed = self.thread_choice.pick(most)
         start = time.perf_counter_ns() if timed else 0
-        self._k.head_forward(self._desc, table.data_ptr(), slots, h.data_ptr(), at, self._kc.data_ptr(),
+        self._k.head_forward(self._desc, table.data_ptr(), table.shape[0], slots, h.data_ptr(), at, self._kc.data_ptr(),
                              self._vc.data_ptr(), self.capacity, rope, threads, out_at, logits_at)
         if timed:
             self.thread_choice.record(threads, time.perf_counter_ns() - start, most)
