@@ -588,6 +588,28 @@ def test_a_drafter_whose_every_bucket_loses_is_parked():
     assert run.stats.decode_ms <= plain.stats.decode_ms / 0.97
 
 
+@pytest.mark.parametrize("verify_ms, verdict", [(16.0, HOLD), (21.0, PARKED)])
+def test_a_landed_probe_of_mostly_declined_attempts_still_gets_a_verdict(verify_ms, verdict):
+    """calibrated_samples counts verified steps in the rolling window; where most attempts are
+    declined (empty, costing the head's milliseconds) the window fills before twelve verified
+    steps: the probe is then judged at min_samples, not left in PROBE without a verdict."""
+    gov = SpeculationCostGovernor(cost_shape=((1, 10.0), (2, 12.0)), window=16)
+    for _ in range(6):
+        gov.record(False, PLAIN_MS, 1)
+    gov.size_proposal(1, None, [0.9])
+    gov.record(True, 12.5, 2, drafted=1, confidence=[0.9])  # the warm-up sample
+    steps = 0
+    while gov.state == PROBE and steps < 200:
+        steps += 1
+        if steps % 5 == 0:  # one verified step in five, landing its draft
+            assert gov.size_proposal(1, None, [0.9]) == 1
+            gov.record(True, verify_ms, 2, drafted=1, confidence=[0.9])
+        else:  # declined: the head's call is spent, a plain step emits
+            gov.record_empty_proposal(0.2)
+            gov.record(False, PLAIN_MS, 1)
+    assert gov.landed and gov.state == verdict and steps < 40
+
+
 @pytest.mark.parametrize("samples", [4, 12])
 def test_a_calibrated_drafter_near_break_even_gets_a_fair_trial(samples):
     """Confidence-sized steps are the ones worth verifying, so a probe sits near break-even:

@@ -94,6 +94,11 @@ class _Window:
         self.samples.clear()
 
     @property
+    def full(self) -> bool:
+        """The window holds its most samples (older ones are dropped from now on)."""
+        return len(self.samples) == self.samples.maxlen
+
+    @property
     def count(self) -> int:
         """Samples that emitted tokens (empty-proposal costs ride along but do not count)."""
         return sum(1 for _, t in self.samples if t > 0)
@@ -375,7 +380,9 @@ class SpeculationCostGovernor:
         spec_cost, plain_cost = self.spec.ms_per_token, self.plain.ms_per_token
         if spec_cost is None or plain_cost is None or plain_cost <= 0:
             return  # no baseline yet, or one a clock could not resolve: nothing to compare
-        near = self.calibrated and self.landed and self.state == PROBE  # a landless one is judged as before
+        # a landless one is judged as before; so is one whose window filled (mostly declined
+        # attempts) before it gathered calibrated_samples verified steps: no verdict-less probe
+        near = self.calibrated and self.landed and self.state == PROBE and not self.spec.full
         spec_samples = self.calibrated_samples if near else self.min_samples
         enough = self.spec.count >= spec_samples and self.plain.count >= self.min_samples
         decisive = (
