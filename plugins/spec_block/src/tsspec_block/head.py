@@ -54,6 +54,8 @@ from .weights import ConvWeights, DFlashWeights, LayerWeights, map_weights
 
 __all__ = ["DFlashDraftHead"]
 
+NATIVE_OP = "cpu_int8_matrices"  # the name kernels_in_use reports for the native pass
+NATIVE_ENV = "TS_DFLASH_NATIVE"  # "0": the torch reference path even where the kernels can run
 INJECT_MAX_ROWS = 32  # rows one fused inject launch takes (commits are k+1 rows; prefills go in torch)
 
 
@@ -74,6 +76,7 @@ class DFlashDraftHead:
         dtype: torch.dtype = torch.float32,
         source: str | None = None,
         kernels: dict | None = None,
+        native: bool | None = None,
     ):
         self.config = config
         self.device = torch.device(getattr(target, "device", None) or "cpu")
@@ -93,6 +96,23 @@ class DFlashDraftHead:
             torch.tensor(config.draft_vocab, dtype=torch.long, device=self.device) if config.draft_vocab else None
         )
         self.kernels_used: set[str] = set()
+        # the matrices on the compiled CPU kernels as int8 blocks (native_pass.py); None: torch.
+        # native None: wherever supported unless TS_DFLASH_NATIVE=0; False: never; True: required
+        self.native = self._native_pass(native)
+
+    def _native_pass(self, wanted: bool | None):
+        from tsspec.switches import switch_on
+
+        from .native_pass import NativeBlockPass, supports
+
+        if wanted is False or (wanted is None and not switch_on(NATIVE_ENV)):
+            return None
+        if not supports(self.config, self.weights, dtype=self.dtype, device=self.device, use_conv=self.use_conv):
+            if wanted:
+                raise ValueError("the compiled kernels cannot run this drafter (not built, not a float32 CPU "
+                                 "drafter, a DFlash2 convolution, or matrices not in whole 32-weight blocks)")
+            return None
+        return NativeBlockPass(self.config, self.weights)
 
     def _new_context(self) -> None:
         """Fresh sequence state: empty K/V stores per layer, nothing injected."""
@@ -247,6 +267,12 @@ class DFlashDraftHead:
             inject(features.contiguous(), w.fc, w.enc_norm, layers, rings, positions, eps=cfg.eps,
                    rope_base=cfg.rope_base)
             return
+        if self.native is not None:
+            self.kernels_used.add(NATIVE_OP)
+            context = self.native.encode(features)  # [n, H]
+            for layer, store in enumerate(self._stores):
+                store.write(positions, *self.native.context_kv(layer, context, positions))
+            return
         context = rms_norm(F.linear(features, w.fc), w.enc_norm, cfg.eps)  # [n, H]
         n = context.shape[0]
         for lw, store in zip(w.layers, self._stores):
@@ -267,10 +293,18 @@ class DFlashDraftHead:
         ids[0] = int(anchor)
         x = self._embed(ids)  # [B, H]
         positions = torch.arange(position, position + self.block_size, dtype=torch.long, device=self.device)  # [B]
+        native = self.native
+        if native is not None:
+            self.kernels_used.add(NATIVE_OP)
         for layer, (lw, store) in enumerate(zip(self.weights.layers, self._stores)):
             window = cfg.sliding_window if cfg.layer_is_sliding(layer) else None
-            x = self._layer(x, lw, store, positions, window)
-        return rms_norm(x, self.weights.out_norm, cfg.eps)
+            if native is not None:
+                x = native.layer(layer, x, positions,
+                                 lambda q, k, v, store=store, window=window: self._attend(q, k, v, store, positions,
+                                                                                        window))
+            else:
+                x = self._layer(x, lw, store, positions, window)
+        return native.final(x) if native is not None else rms_norm(x, self.weights.out_norm, cfg.eps)
 
     def _layer(
         self, x: torch.Tensor, lw: LayerWeights, store: ContextKV, positions: torch.Tensor, window: int | None
@@ -284,13 +318,20 @@ class DFlashDraftHead:
         k = F.linear(h, lw.wk, lw.bk).view(rows, cfg.n_head_kv, cfg.head_dim)
         k = rope_neox(rms_norm(k, lw.k_norm, cfg.eps), positions, cfg.rope_base)
         v = F.linear(h, lw.wv, lw.bv).view(rows, cfg.n_head_kv, cfg.value_dim)
+        attn = self._attend(q, k, v, store, positions, window)  # [B, nh*vd]
+        out = F.linear(attn, lw.wo, lw.bo)  # [B, H]
+        return self._ffn(self._conv_out(out, lw.attn_conv, out_taps, residual=x), lw)
+
+    def _attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, store: ContextKV, positions: torch.Tensor,
+                window: int | None) -> torch.Tensor:
+        """The block rows' attention [B, nh*vd] over the context store and the block itself
+        (q [B, nh, hd], k [B, nkv, hd], v [B, nkv, vd]): non-causal inside the block."""
+        rows = q.shape[0]
         start = int(positions[0])
         attention = self._op("dflash_block_attention")
         if attention is not None:  # one pass over the store: no gather, no mask tensor
-            attn = attention(q.contiguous(), store.keys, store.values, store.positions, k.contiguous(), v.contiguous(),
-                             start=start, window=window, scale=self._scale)
-            out = F.linear(attn, lw.wo, lw.bo)  # [B, H]
-            return self._ffn(self._conv_out(out, lw.attn_conv, out_taps, residual=x), lw)
+            return attention(q.contiguous(), store.keys, store.values, store.positions, k.contiguous(),
+                             v.contiguous(), start=start, window=window, scale=self._scale)
         lo = start - window if window is not None else 0
         ctx_k, ctx_v, ctx_pos = store.gather(lo, start)  # [m, nkv, hd], [m, nkv, vd], [m]
         keys = torch.cat([ctx_k, k])  # [m+B, nkv, hd]
@@ -300,9 +341,7 @@ class DFlashDraftHead:
             visible = torch.ones((rows, keys.shape[0]), dtype=torch.bool, device=keys.device)
         else:  # HF's bidirectional sliding window: |q - k| <= window (inclusive)
             visible = (positions[:, None] - key_pos[None, :]).abs() <= window  # [B, m+B]
-        attn = block_attention(q, keys, values, visible, self._scale)  # [B, nh*vd]
-        out = F.linear(attn, lw.wo, lw.bo)  # [B, H]
-        return self._ffn(self._conv_out(out, lw.attn_conv, out_taps, residual=x), lw)
+        return block_attention(q, keys, values, visible, self._scale)  # [B, nh*vd]
 
     def _ffn(self, x: torch.Tensor, lw: LayerWeights) -> torch.Tensor:
         """The layer's second half: x + (conv'd) SwiGLU((conv'd) RMSNorm(x))."""
@@ -348,6 +387,8 @@ class DFlashDraftHead:
         """[n, K] over the draft vocabulary when the file has one, else the target's [n, vocab]."""
         if self.weights.draft_head is None:
             return self._lm_head(rows)
+        if self.native is not None:
+            return self.native.scores(rows)
         return F.linear(rows.to(self.dtype), self.weights.draft_head)
 
     def _vocab_logits(self, rows: torch.Tensor) -> torch.Tensor:
