@@ -23,6 +23,8 @@ SWITCHES = {
     "candidate selector",
     "TS_MTP_NATIVE": "NextN drafter files draft on the torch module instead of the compiled "
     "CPU kernels",
+    "TS_DFLASH_NATIVE": "DFlash block drafters run their matrices in torch (float32) instead of "
+    "as int8 blocks on the compiled CPU kernels",
 }
 
 
