@@ -162,3 +162,25 @@ def test_the_shipped_drafter_on_the_native_pass_is_lossless(shipped, sampling):
                     speculator=make_block_speculator(target, options))
     assert spec.tokens == plain.tokens
     assert spec.stats.draft_tokens > 0 and NATIVE_OP in head.kernels_in_use
+
+
+def test_a_prepared_block_gives_any_subset_of_its_rows(tmp_path, drafter_file):
+    """``finish`` computes only the rows asked for (the last layer's queries, attention and FFN
+    of those rows): the same rows as the whole block's, for two layers (the first runs every
+    row) and a sliding window; and a lazy draft that stops after row 1 drafts row 1 alike."""
+    target = _tiny_llama(tmp_path)()
+    path = drafter_file(tmp_path / "d.gguf", hidden_size=32, target_layers=[1, 3], mask_token_id=63, num_layers=2,
+                        block_size=6, sliding_window=4, vocab_size=128)
+    head = attach_dflash(target, path, LoadOptions(dtype="float32"))
+    g = torch.Generator().manual_seed(2)
+    head.draft_catch_up(list(range(20)), torch.randn(20, head.feature_size, generator=g), 1)
+    whole = head.block_hidden(7, 20)  # [B, H]
+    state = head._native_block(7, 20)
+    for lo, hi in ((1, 2), (2, 6), (0, 3)):
+        assert torch.allclose(head.native.finish(state, lo, hi), whole[lo:hi], atol=1e-5, rtol=1e-5)
+    tokens, conf = head.draft_block(7, None, 20, 5)
+    asked = []
+    first, first_conf = head.draft_block(7, None, 20, 5, more=lambda c: asked.append(c) or False)
+    assert first == tokens[:1] and asked == [pytest.approx(conf[0], rel=1e-5)]
+    again, _ = head.draft_block(7, None, 20, 5, more=lambda c: True)
+    assert again == tokens

@@ -31,7 +31,9 @@ drafter whose matrices are whole 32-weight blocks; ``supports`` says whether it 
 from __future__ import annotations
 
 import threading
+from typing import Any
 
+import attrs
 import torch
 
 from .config import DFlashConfig
@@ -40,6 +42,10 @@ from .weights import DFlashWeights
 __all__ = ["NativeBlockPass", "supports"]
 
 QK = 32  # weights per int8 block
+# the rows stay float32 against the int8 weights (the NextN native head's arithmetic): on the
+# shipped drafter's real rows the logits then move by ~1.4% of their range against the torch
+# pass, with int8 rows (llama.cpp's arithmetic) ~3.4%, for no clear gain in a pass's time
+ROW_PRECISION = "float32"
 
 
 def supports(config: DFlashConfig, weights: DFlashWeights, *, dtype: torch.dtype, device: torch.device,
@@ -72,17 +78,16 @@ class _Layer:
     def __init__(self, lw) -> None:
         from tsspec.modeling.qlinear import BlockMatrix
 
-        self.qkv = BlockMatrix.concat([_q8(lw.wq), _q8(lw.wk), _q8(lw.wv)])  # [q + k + v, H]
-        self.kv = BlockMatrix.concat([_q8(lw.wk), _q8(lw.wv)])  # [k + v, H]: pass B
+        self.q = _q8(lw.wq)  # [nh*hd, H]
+        self.kv = BlockMatrix.concat([_q8(lw.wk), _q8(lw.wv)])  # [k + v, H]: pass B and the block's own
         self.wo = _q8(lw.wo)  # [H, nh*vd]
         self.gate_up = BlockMatrix.concat([_q8(lw.w_gate), _q8(lw.w_up)])  # [2F, H]
         self.down = _q8(lw.w_down)  # [H, F]
         self.attn_norm, self.ffn_norm = _f32(lw.attn_norm), _f32(lw.ffn_norm)
         self.q_norm, self.k_norm = _f32(lw.q_norm), _f32(lw.k_norm)
-        biases = [lw.bq, lw.bk, lw.bv]
-        self.bqkv = None if all(b is None for b in biases) else torch.cat([  # [q + k + v]
-            _f32(b) if b is not None else torch.zeros(int(w.shape[0]))
-            for b, w in zip(biases, (lw.wq, lw.wk, lw.wv))])
+        self.bq = _f32(lw.bq)  # [nh*hd] or None
+        self.bkv = None if lw.bk is None and lw.bv is None else torch.cat([  # [k + v]
+            _f32(b) if b is not None else torch.zeros(int(w.shape[0])) for b, w in ((lw.bk, lw.wk), (lw.bv, lw.wv))])
         self.bo = _f32(lw.bo)
 
 
@@ -94,6 +99,7 @@ class NativeBlockPass:
 
         self._k = native.kernels()
         self.config = config
+        self.precision = ROW_PRECISION
         self.fc = _q8(weights.fc)  # [H, taps * H_target]
         self.enc_norm, self.out_norm = _f32(weights.enc_norm), _f32(weights.out_norm)
         self.layers = [_Layer(lw) for lw in weights.layers]
@@ -104,7 +110,7 @@ class NativeBlockPass:
     @property
     def nbytes(self) -> int:
         """Bytes of the int8 copies (what a pass streams, the draft head included)."""
-        mats = [self.fc, *(m for layer in self.layers for m in (layer.qkv, layer.wo, layer.gate_up, layer.down))]
+        mats = [self.fc, *(m for layer in self.layers for m in (layer.q, layer.kv, layer.wo, layer.gate_up, layer.down))]
         if self.draft_head is not None:
             mats.append(self.draft_head)
         return sum(m.nbytes for m in mats)
@@ -155,44 +161,71 @@ class NativeBlockPass:
     # -- passes --------------------------------------------------------------------------------
     def encode(self, features: torch.Tensor) -> torch.Tensor:
         """Pass A: the context rows [n, H] of feature rows [n, taps * H_target]."""
-        return self._norm(self.fc.linear(features.to(torch.float32).contiguous()), self.enc_norm)
+        return self._norm(self.fc.linear(features.to(torch.float32).contiguous(), precision=self.precision), self.enc_norm)
 
     def context_kv(self, layer: int, context: torch.Tensor, positions: torch.Tensor):
-        """Pass B for one layer: (k [n, nkv, hd] normed and turned, v [n, nkv, vd])."""
+        """Pass B for one layer (and a block's own keys): (k [n, nkv, hd] normed and turned,
+        v [n, nkv, vd]) of rows [n, H] at ``positions`` [n]."""
         cfg, lw = self.config, self.layers[layer]
         n, kd = context.shape[0], cfg.n_head_kv * cfg.head_dim
-        kv = lw.kv.linear(context)  # [n, k + v]
-        if lw.bqkv is not None:
-            kv = kv + lw.bqkv[cfg.n_head * cfg.head_dim:]
+        kv = lw.kv.linear(context, precision=self.precision)  # [n, k + v]
+        if lw.bkv is not None:
+            kv = kv + lw.bkv
         k = self.rope(self._head_norm(kv[:, :kd].view(n, cfg.n_head_kv, cfg.head_dim), lw.k_norm), positions)
         return k, kv[:, kd:].reshape(n, cfg.n_head_kv, cfg.value_dim)
 
-    def layer(self, layer: int, x: torch.Tensor, positions: torch.Tensor, attend) -> torch.Tensor:
-        """Pass C through one layer: x [B, H] -> [B, H]; ``attend(q, k, v)`` -> [B, nh*vd] is the
-        head's attention over its context store and the block."""
-        cfg, lw = self.config, self.layers[layer]
-        rows = x.shape[0]
-        qd, kd = cfg.n_head * cfg.head_dim, cfg.n_head_kv * cfg.head_dim
-        qkv = lw.qkv.linear(self._norm(x, lw.attn_norm))  # [B, q + k + v]
-        if lw.bqkv is not None:
-            qkv = qkv + lw.bqkv
-        q = self.rope(self._head_norm(qkv[:, :qd].view(rows, cfg.n_head, cfg.head_dim), lw.q_norm), positions)
-        k = self.rope(self._head_norm(qkv[:, qd:qd + kd].view(rows, cfg.n_head_kv, cfg.head_dim), lw.k_norm),
-                      positions)
-        v = qkv[:, qd + kd:].reshape(rows, cfg.n_head_kv, cfg.value_dim)
-        attn = attend(q, k, v).contiguous()  # [B, nh*vd]
-        x = lw.wo.linear(attn, x)  # [B, H]: x + W_o attn
+    def prepare(self, x: torch.Tensor, positions: torch.Tensor, attends: list) -> "BlockState":
+        """Pass C on the block's rows x [B, H] at ``positions`` [B] through every layer but the
+        last, then the last layer's keys and values of every row: what ``finish`` needs to
+        compute any subset of output rows. ``attends[layer](q, k, v, query_positions)`` ->
+        [rows, nh*vd] is the head's attention over that layer's context store and the block."""
+        last = len(self.layers) - 1
+        for layer in range(last):
+            x = self._rows(self._state(layer, x, positions, attends[layer]), 0, x.shape[0])
+        return self._state(last, x, positions, attends[last])
+
+    def finish(self, state: "BlockState", lo: int, hi: int) -> torch.Tensor:
+        """Final-normed output rows ``lo..hi-1`` [hi - lo, H] of a prepared block: only those
+        rows' queries, attention and FFN are computed (the last layer's output of a row needs
+        every row's keys and values, which ``prepare`` made, and nothing else of theirs)."""
+        return self._norm(self._rows(state, lo, hi), self.out_norm)
+
+    def _state(self, layer: int, x: torch.Tensor, positions: torch.Tensor, attend) -> "BlockState":
+        h = self._norm(x, self.layers[layer].attn_norm)  # [B, H]
+        k, v = self.context_kv(layer, h, positions)
+        return BlockState(layer, x, h, k, v, positions, attend)
+
+    def _rows(self, state: "BlockState", lo: int, hi: int) -> torch.Tensor:
+        """The residual rows ``lo..hi-1`` [n, H] after ``state``'s layer."""
+        cfg, lw = self.config, self.layers[state.layer]
+        rows, where = hi - lo, state.positions[lo:hi]
+        q = lw.q.linear(state.h[lo:hi], precision=self.precision)  # [n, nh*hd]
+        if lw.bq is not None:
+            q = q + lw.bq
+        q = self.rope(self._head_norm(q.view(rows, cfg.n_head, cfg.head_dim), lw.q_norm), where)
+        attn = state.attend(q, state.k, state.v, where).contiguous()  # [n, nh*vd]
+        x = lw.wo.linear(attn, state.x[lo:hi], precision=self.precision)  # [n, H]: x + W_o attn
         if lw.bo is not None:
             x = x + lw.bo
-        gate_up = lw.gate_up.linear(self._norm(x, lw.ffn_norm))  # [B, 2F]
-        act = torch.empty(rows, cfg.ffn_size)  # [B, F]
+        gate_up = lw.gate_up.linear(self._norm(x, lw.ffn_norm), precision=self.precision)  # [n, 2F]
+        act = torch.empty(rows, cfg.ffn_size)  # [n, F]
         self._k.silu_mul(gate_up.data_ptr(), act.data_ptr(), rows, cfg.ffn_size)
-        return lw.down.linear(act, x)  # [B, H]: x + W_down act
-
-    def final(self, x: torch.Tensor) -> torch.Tensor:
-        """The final RMSNorm of rows x [n, H]."""
-        return self._norm(x.contiguous(), self.out_norm)
+        return lw.down.linear(act, x, precision=self.precision)  # [n, H]: x + W_down act
 
     def scores(self, rows: torch.Tensor) -> torch.Tensor:
         """Draft-vocabulary logits [n, K] of final-normed rows [n, H] (a file with a draft head)."""
-        return self.draft_head.linear(rows.to(torch.float32).contiguous())
+        return self.draft_head.linear(rows.to(torch.float32).contiguous(), precision=self.precision)
+
+
+@attrs.frozen
+class BlockState:
+    """A block pass stopped inside one layer: its input rows, their attention norm, every
+    row's keys and values, and the layer's attention."""
+
+    layer: int
+    x: torch.Tensor  # [B, H] the layer's input (the residual)
+    h: torch.Tensor  # [B, H] RMSNorm(x) for attention
+    k: torch.Tensor  # [B, nkv, hd] normed and turned
+    v: torch.Tensor  # [B, nkv, vd]
+    positions: torch.Tensor  # [B]
+    attend: Any  # (q, k, v, query_positions) -> [rows, nh*vd]

@@ -25,9 +25,12 @@ freshly forwarded suffix (``can_arm_after_prefix_reuse``).
 from __future__ import annotations
 
 import logging
+import weakref
 from typing import Any, Sequence
 
 from tsspec.protocols import DraftContext, DraftHeadKind, SpeculatorDeclined, require_feature_width
+
+from .prefix_value import Calibration, PrefixValue, shape_ratios
 
 __all__ = ["ALGORITHM", "DEFAULT_CATCH_UP_ROWS", "DEFAULT_MIN_DRAFT_PROB", "BlockDraftSpeculator", "context_rows",
            "gate_cumulative", "make_block_speculator"]
@@ -41,6 +44,7 @@ DEFAULT_WINDOW = 8
 # window): a context bound, like draft-head's 8, that makes a probe's catch-up cost the same
 # after a 400-token prompt or a 500-step park as after a short one
 DEFAULT_CATCH_UP_ROWS = 64
+VALUE_ENV = "TS_BLOCK_VALUE"  # "0": propose the gated prefix whole (no expected-value cut)
 DESCRIPTION = (
     "block drafter (DFlash / DFlash2 / DSpark): one drafter pass proposes a whole window, gated "
     "on the cumulative prefix probability"
@@ -77,8 +81,14 @@ class BlockDraftSpeculator:
 
     def __init__(self, head: Any, *, window: int = DEFAULT_WINDOW, min_draft_prob: float = DEFAULT_MIN_DRAFT_PROB,
                  feature_size: int | None = None, owns_head: bool = False,
-                 catch_up_rows: int | None = DEFAULT_CATCH_UP_ROWS):
+                 catch_up_rows: int | None = DEFAULT_CATCH_UP_ROWS, value: PrefixValue | None = None):
         self.head = head
+        # the prefix worth verifying by expected landing against the verify rows' cost (None:
+        # the confidence gate alone); it learns from what each verified proposal landed
+        self.value = value
+        self._lazy = bool(getattr(head, "scores_rows_lazily", False))
+        self._proposed: tuple[int, list[float]] | None = None  # (position, confidences) awaiting its verify
+        self.declined_by_value = 0  # proposals the value rule cut to nothing
         # head is a per-sequence view made for this speculator (for_sequence): close frees it
         self.owns_head = bool(owns_head)
         self.max_draft_tokens = max(0, min(int(window), int(head.block_size) - 1))
@@ -101,11 +111,31 @@ class BlockDraftSpeculator:
         if count <= 0:
             return []
         self._flush()
+        self._proposed = None
         carry = ctx.carry_hidden if self._row_ok(ctx.carry_hidden) else None
-        tokens, confidences = self.head.draft_block(ctx.last_token, carry, ctx.position, count)
-        return gate_cumulative(list(tokens)[:count], list(confidences)[:count], self.min_draft_prob)
+        value = self.value
+        if value is not None and self._lazy:
+            tokens, confidences = self.head.draft_block(ctx.last_token, carry, ctx.position, count,
+                                                        more=lambda first: value.worth_more(first, count))
+        else:
+            tokens, confidences = self.head.draft_block(ctx.last_token, carry, ctx.position, count)
+        confidences = [float(c) for c in list(confidences)[:count]]
+        kept = gate_cumulative(list(tokens)[:count], confidences, self.min_draft_prob)
+        if value is not None and kept:
+            length = value.length(confidences[: len(kept)])
+            if length == 0:
+                self.declined_by_value += 1
+            kept = kept[:length]
+        if kept:
+            self._proposed = (int(ctx.position), confidences[: len(kept)])
+        return kept
 
     def commit(self, tokens: Sequence[int], hidden_rows: Any, start_pos: int) -> None:
+        if self._proposed is not None:  # the verify of the last proposal: what landed of it
+            position, confidences = self._proposed
+            self._proposed = None
+            if int(start_pos) == position and tokens and self.value is not None:
+                self.value.record(confidences, min(len(tokens) - 1, len(confidences)))
         if hidden_rows is not None and not self._row_ok(hidden_rows):
             hidden_rows = None  # the drafter forgets those positions rather than read wrong rows
         tokens, start = list(tokens), int(start_pos)
@@ -148,12 +178,14 @@ class BlockDraftSpeculator:
 
     def reset(self) -> None:
         self._pending = []
+        self._proposed = None
         self.head.reset()
 
     def close(self) -> None:
         """The sequence is over: a view this speculator owns frees its context (its ``close``);
         a shared head is reset, as before views existed."""
         self._pending = []
+        self._proposed = None
         release = getattr(self.head, "close", None) if self.owns_head else None
         if callable(release):
             release()
@@ -216,7 +248,35 @@ def make_block_speculator(target: Any, options: Any = None) -> BlockDraftSpecula
     view = make_view() if callable(make_view) else head
     # the block size is this algorithm's own limit; the loop narrows it to the sequence's window
     return BlockDraftSpeculator(view, window=int(head.block_size), min_draft_prob=pmin, feature_size=feature_size,
-                                owns_head=view is not head, catch_up_rows=context_rows(head))
+                                owns_head=view is not head, catch_up_rows=context_rows(head),
+                                value=prefix_value_for(target, head))
+
+
+# one calibration per drafter head, kept while the head lives: what its confidences are worth is
+# the drafter's (and the target's), not one sequence's
+_CALIBRATIONS: "weakref.WeakKeyDictionary[Any, Calibration]" = weakref.WeakKeyDictionary()
+
+
+def prefix_value_for(target: Any, head: Any) -> PrefixValue | None:
+    """The value rule for ``head`` on ``target``: None when the target publishes no cost by
+    rows (``spec_verify_row_ms``) or the value rule is switched off (``VALUE_ENV``)."""
+    from tsspec.switches import switch_on
+
+    if not switch_on(VALUE_ENV):
+        return None
+    try:
+        ratios = shape_ratios(getattr(target, "spec_verify_row_ms", None), int(head.block_size))
+    except Exception:  # a target's optional measurement that fails: no value rule
+        ratios = None
+    if ratios is None:
+        return None
+    try:
+        calibration = _CALIBRATIONS.get(head)
+        if calibration is None:
+            calibration = _CALIBRATIONS[head] = Calibration()
+    except TypeError:  # a head that cannot be weakly referenced: a calibration per sequence
+        calibration = Calibration()
+    return PrefixValue(ratios, calibration)
 
 
 def context_rows(head: Any) -> int:
