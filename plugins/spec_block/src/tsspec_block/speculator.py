@@ -7,6 +7,14 @@ per-token head, which gates each token alone). Example, pmin 0.35, confidences
 ``[0.9, 0.8, 0.6, 0.95]``: products 0.9, 0.72, 0.432, 0.41 -> all four kept; with a fifth
 confidence of 0.5 the product falls to 0.205 and the fifth draft is dropped.
 
+Draft only what pays (``prefix_value.PrefixValue``; on when the target publishes its forward
+cost by rows, ``spec_verify_row_ms``, and ``TS_BLOCK_VALUE`` is not 0): of the gated prefix, the
+speculator proposes the length whose expected landing (the confidences calibrated online by
+what each verify kept) buys the most tokens per unit of verify cost, none when a plain step is
+worth more. A head that scores rows lazily (``scores_rows_lazily``) scores row 1 first and the
+rest only when a longer prefix could pay. The calibration is the drafter's: one per head,
+shared by its sequences.
+
 Bounded catch-up: a proposal catches the head up on at most the newest ``catch_up_rows``
 committed rows it has not seen (``DEFAULT_CATCH_UP_ROWS``, or the drafter's sliding window when
 every layer slides: then the bound changes no draft). The first proposal of a sequence thus
