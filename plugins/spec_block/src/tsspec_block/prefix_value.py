@@ -29,6 +29,14 @@ with every later row at the rate later rows have landed at so far (pooled over c
 optimistic until measured): if not, the drafter need not score rows 2.. at all (their draft
 head rows and, on the compiled kernels, their last layer: most of a CPU pass).
 
+Whether a pass is worth running at all: every pass is charged its own milliseconds against a
+plain step's (both timed where it runs), and credited what its chosen prefix is expected to
+earn (``pass_gain``: ``E(k) - shape(k + 1) / shape(1)`` plain steps); a running mean of that
+per drafter says whether passes pay (``passes_pay``). The speculator skips passes while they
+do not (a skipped step proposes nothing at no cost), trying one again after 1, 2, 4 .. 64
+skipped steps, so a drafter that is rarely sure costs a pass every 64 steps, and one that
+starts to pay is back within that.
+
 This is a speculator-local decision behind two calls (``length``, ``record``) so that a shared
 confidence-keyed mechanism in the runtime can take its place later.
 """
@@ -46,6 +54,7 @@ BINS = 10  # confidence bins of width 0.1
 PRIOR_WEIGHT = 2.0  # pseudo-samples at the raw confidence behind each bin's estimate
 MAX_COUNT = 256  # a bin's counts are halved past this: recent behaviour weighs more
 FIRST, LATER = 0, 1  # row groups
+PASS_WEIGHT = 1.0 / 16  # weight of the newest pass in the running mean of what passes earn
 
 
 def shape_ratios(cost_shape, rows: int) -> list[float] | None:
@@ -74,7 +83,14 @@ class Calibration:
     def __init__(self) -> None:
         self.reached = [[0.0] * BINS for _ in range(2)]
         self.landed = [[0.0] * BINS for _ in range(2)]
+        self.pass_gain: float | None = None  # running mean of what a pass earned, in plain steps
         self._lock = threading.Lock()
+
+    def note_pass(self, gain: float) -> None:
+        """What one block pass earned, in plain steps (``PrefixValue.pass_gain``)."""
+        with self._lock:
+            g = float(gain)
+            self.pass_gain = g if self.pass_gain is None else self.pass_gain + (g - self.pass_gain) * PASS_WEIGHT
 
     @staticmethod
     def bin(confidence: float) -> int:
@@ -147,3 +163,21 @@ class PrefixValue:
     def record(self, confidences: Sequence[float], landed: int) -> None:
         """What a proposal of these confidences landed (``landed`` of ``len(confidences)``)."""
         self.calibration.record(confidences, int(landed))
+
+    def pass_gain(self, confidences: Sequence[float], length: int, pass_cost: float) -> float:
+        """What a pass whose prefix of ``length`` guesses is proposed earns, in plain steps:
+        the expected tokens less the verify's cost (``E(k) - shape(k + 1) / shape(1)``: the
+        plain steps those tokens would have taken, less the verify's cost in plain steps; 0 for
+        a prefix of none), less the pass's own cost ``pass_cost`` (its ms over a plain step's)."""
+        cal = self.calibration
+        expected, chain = 1.0, 1.0
+        for i, conf in enumerate(confidences[:length]):
+            chain *= cal.rate(i, conf)
+            expected += chain
+        return (expected - self._ratio(length + 1) if length > 0 else 0.0) - float(pass_cost)
+
+    def passes_pay(self) -> bool:
+        """Do this drafter's passes earn more than they cost, on the running mean (True until
+        one was measured)?"""
+        gain = self.calibration.pass_gain
+        return gain is None or gain >= 0.0

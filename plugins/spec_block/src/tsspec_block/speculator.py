@@ -32,7 +32,9 @@ freshly forwarded suffix (``can_arm_after_prefix_reuse``).
 
 from __future__ import annotations
 
+import collections
 import logging
+import time
 import weakref
 from typing import Any, Sequence
 
@@ -52,6 +54,8 @@ DEFAULT_WINDOW = 8
 # window): a context bound, like draft-head's 8, that makes a probe's catch-up cost the same
 # after a 400-token prompt or a 500-step park as after a short one
 DEFAULT_CATCH_UP_ROWS = 64
+MAX_SKIP = 64  # the longest run of steps without a pass while passes do not pay (then one is tried)
+PLAIN_SAMPLES = 16  # recent plain steps whose median prices a pass
 VALUE_ENV = "TS_BLOCK_VALUE"  # "0": propose the gated prefix whole (no expected-value cut)
 DESCRIPTION = (
     "block drafter (DFlash / DFlash2 / DSpark): one drafter pass proposes a whole window, gated "
@@ -97,6 +101,10 @@ class BlockDraftSpeculator:
         self._lazy = bool(getattr(head, "scores_rows_lazily", False))
         self._proposed: tuple[int, list[float]] | None = None  # (position, confidences) awaiting its verify
         self.declined_by_value = 0  # proposals the value rule cut to nothing
+        self.skipped_passes = 0  # steps that ran no pass because passes did not pay
+        self._skip_left = 0  # steps to skip before the next pass
+        self._skip_next = 1  # the next skip's length (doubles while passes do not pay)
+        self._plain_ms: collections.deque[float] = collections.deque(maxlen=PLAIN_SAMPLES)  # recent plain steps
         # head is a per-sequence view made for this speculator (for_sequence): close frees it
         self.owns_head = bool(owns_head)
         self.max_draft_tokens = max(0, min(int(window), int(head.block_size) - 1))
@@ -118,10 +126,15 @@ class BlockDraftSpeculator:
         count = min(self.max_draft_tokens, int(ctx.max_tokens))
         if count <= 0:
             return []
-        self._flush()
         self._proposed = None
-        carry = ctx.carry_hidden if self._row_ok(ctx.carry_hidden) else None
         value = self.value
+        if value is not None and self._skip_left > 0:  # passes do not pay: this step runs none
+            self._skip_left -= 1
+            self.skipped_passes += 1
+            return []
+        start = time.perf_counter()
+        self._flush()
+        carry = ctx.carry_hidden if self._row_ok(ctx.carry_hidden) else None
         if value is not None and self._lazy:
             tokens, confidences = self.head.draft_block(ctx.last_token, carry, ctx.position, count,
                                                         more=lambda first: value.worth_more(first, count))
@@ -129,14 +142,34 @@ class BlockDraftSpeculator:
             tokens, confidences = self.head.draft_block(ctx.last_token, carry, ctx.position, count)
         confidences = [float(c) for c in list(confidences)[:count]]
         kept = gate_cumulative(list(tokens)[:count], confidences, self.min_draft_prob)
-        if value is not None and kept:
-            length = value.length(confidences[: len(kept)])
-            if length == 0:
+        if value is not None:
+            length = value.length(confidences[: len(kept)]) if kept else 0
+            if kept and length == 0:
                 self.declined_by_value += 1
             kept = kept[:length]
+            self._judge_pass(value, confidences, length, (time.perf_counter() - start) * 1000.0)
         if kept:
             self._proposed = (int(ctx.position), confidences[: len(kept)])
         return kept
+
+    def _judge_pass(self, value: PrefixValue, confidences: list[float], length: int, pass_ms: float) -> None:
+        """Credit the pass what its prefix is expected to earn, charge it its milliseconds over
+        a plain step's (once a plain step was timed), and skip the next passes while the
+        drafter's passes do not pay: 1, 2, 4 .. ``MAX_SKIP`` steps, reset once they do."""
+        plain = sorted(self._plain_ms)[len(self._plain_ms) // 2] if self._plain_ms else 0.0
+        if plain <= 0.0:
+            return  # nothing to price the pass against yet (or a clock that does not move)
+        value.calibration.note_pass(value.pass_gain(confidences, length, pass_ms / plain))
+        if value.passes_pay():
+            self._skip_next = 1
+        else:
+            self._skip_left = self._skip_next
+            self._skip_next = min(MAX_SKIP, 2 * self._skip_next)
+
+    def observe_step(self, speculative: bool, ms: float, tokens: int, drafted: int) -> None:
+        """The loop's report of each step: plain steps' milliseconds price a pass."""
+        if not speculative and ms > 0:
+            self._plain_ms.append(float(ms))
 
     def commit(self, tokens: Sequence[int], hidden_rows: Any, start_pos: int) -> None:
         if self._proposed is not None:  # the verify of the last proposal: what landed of it
@@ -187,6 +220,7 @@ class BlockDraftSpeculator:
     def reset(self) -> None:
         self._pending = []
         self._proposed = None
+        self._skip_left, self._skip_next = 0, 1
         self.head.reset()
 
     def close(self) -> None:
