@@ -126,3 +126,47 @@ def test_the_factory_prices_by_the_targets_measured_rows_and_shares_a_calibratio
     assert prefix_value_for(measured, _Head([0.5] * 7, True)).calibration is not one.calibration
     monkeypatch.setenv(VALUE_ENV, "0")
     assert prefix_value_for(measured, head) is None
+
+
+def test_passes_are_skipped_while_they_do_not_pay_and_resume_once_they_do():
+    head = _Head([0.12] * 7, True)  # declined by the value rule: a pass that earns nothing
+    spec = BlockDraftSpeculator(head, window=7, min_draft_prob=0.0, value=PrefixValue(RATIOS))
+    assert spec.propose(_ctx(10)) == [] and spec.skipped_passes == 0  # no plain step timed: no judging
+    assert spec.value.calibration.pass_gain is None
+    spec.observe_step(False, 10.0, 1, 0)  # a plain step of 10 ms prices the passes now
+    ran = []
+    for step in range(11):
+        before = spec.skipped_passes
+        spec.propose(_ctx(11 + step))
+        ran.append(spec.skipped_passes == before)
+    # a pass, skip 1, a pass, skip 2, a pass, skip 4, a pass
+    assert ran == [True, False, True, False, False, True, False, False, False, False, True]
+    assert spec.value.calibration.pass_gain < 0 and not spec.value.passes_pay()
+    head.confidences = [0.95] * 7  # now sure: a pass earns E(k) - shape ratio > 0 plain steps
+    for step in range(8):  # the skip of 8 runs out, then passes pay again
+        spec.propose(_ctx(30 + step))
+    assert spec.propose(_ctx(40)) == list(range(100, 107))  # later rows unmeasured: optimistic
+    assert spec.value.passes_pay() and spec._skip_left == 0 and spec.value.calibration.skip_next == 1
+    before = spec.skipped_passes
+    spec.propose(_ctx(41))
+    assert spec.skipped_passes == before  # paying: a pass every step
+
+
+def test_observe_step_keeps_plain_steps_only():
+    spec = BlockDraftSpeculator(_Head([0.5] * 7, True), window=7, value=PrefixValue(RATIOS))
+    spec.observe_step(True, 30.0, 2, 1)
+    spec.observe_step(False, 0.0, 1, 0)  # a clock that did not move
+    assert list(spec._plain_ms) == []
+    spec.observe_step(False, 8.0, 1, 0)
+    assert list(spec._plain_ms) == [8.0]
+
+
+def test_a_new_sequence_on_the_drafter_resumes_its_backoff():
+    cal = Calibration()
+    for sequence in range(2):
+        spec = BlockDraftSpeculator(_Head([0.12] * 7, True), window=7, min_draft_prob=0.0,
+                                    value=PrefixValue(RATIOS, cal))
+        spec.observe_step(False, 10.0, 1, 0)
+        spec.propose(_ctx(10))  # judged: does not pay
+        assert spec._skip_left == (1 if sequence == 0 else 2)  # the second sequence goes on doubling
+        assert cal.skip_next == 2 * spec._skip_left

@@ -1,17 +1,25 @@
 """NativeBlockPass: the DFlash drafter's matrices on the compiled CPU kernels, as int8 blocks.
 
-A block pass of the shipped SmolLM2 drafter (8 rows, 1 layer, a 4,096-row draft head) streams
-~23 MB of float32 weights, and on a CPU it is bound by that stream, not by its arithmetic: at 8
-rows every weight is used 8 times. Here every matrix is an int8 block copy (format 8, one
-float32 scale per 32 weights: ``BlockMatrix.quantize_int8``, the copies the NextN native head
-uses) multiplied by the kernels' ``gemm`` with float32 rows, a quarter of the bytes:
+A block pass of the shipped SmolLM2 drafter (8 rows, 1 layer, a 4,096-row draft head) ran its
+matrices as float32 torch ops (~23 MB of weights; ~5 ms a pass, ``aten::mm`` 69% of it). Here
+every matrix is an int8 block copy (format 8, one float32 scale per 32 weights:
+``BlockMatrix.quantize_int8``, the copies the NextN native head uses) multiplied by the kernels'
+``gemm`` with float32 rows: a quarter of the bytes, and one call per matrix instead of a chain
+of torch ops. At 8 rows the kernels' gemm is bound by its arithmetic more than by the bytes
+(every weight is used 8 times), so the larger saving is computing fewer rows (below):
 
     pass A  context = rms_norm(fc @ features)                       1 gemm + 1 norm call
     pass B  k, v    = (W_k; W_v) @ context                          1 gemm (k, v fused), per layer
-    pass C  h = rms_norm(x); q, k, v = (W_q; W_k; W_v) @ h          1 norm + 1 gemm
+    pass C  h = rms_norm(x); q = W_q @ h; k, v = (W_k; W_v) @ h     1 norm + 2 gemms
             x = x + W_o @ attention(q, k, v)                        1 gemm (residual as its base)
             x = x + W_down @ silu_mul((W_gate; W_up) @ rms_norm(x)) 1 norm + 2 gemms + 1 silu_mul
             logits = draft_head @ rms_norm(x[rows])                 1 norm + 1 gemm
+
+In the LAST layer a row's output needs every row's keys and values but nothing else of the
+other rows, so ``prepare`` runs the earlier layers on every row and the last layer's keys and
+values, and ``finish(state, lo, hi)`` computes only rows lo..hi-1's queries, attention, output
+projection and FFN: a 1-layer drafter whose caller wants row 1 first pays ~1/4 of the block's
+matrix work for it, and the rest only when it asks for them.
 
 The pieces with no matrix stay in torch on purpose: the per-head q/k norms and the NeoX RoPE
 (from a float32 table whose angles were computed in float64, the reference's values), and the

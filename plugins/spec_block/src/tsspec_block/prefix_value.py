@@ -34,8 +34,9 @@ plain step's (both timed where it runs), and credited what its chosen prefix is 
 earn (``pass_gain``: ``E(k) - shape(k + 1) / shape(1)`` plain steps); a running mean of that
 per drafter says whether passes pay (``passes_pay``). The speculator skips passes while they
 do not (a skipped step proposes nothing at no cost), trying one again after 1, 2, 4 .. 64
-skipped steps, so a drafter that is rarely sure costs a pass every 64 steps, and one that
-starts to pay is back within that.
+skipped steps (a backoff kept with the calibration, so a new sequence on the drafter resumes
+it), so a drafter that is rarely sure costs a pass every 64 steps, and one that starts to pay
+is back within that.
 
 This is a speculator-local decision behind two calls (``length``, ``record``) so that a shared
 confidence-keyed mechanism in the runtime can take its place later.
@@ -84,6 +85,7 @@ class Calibration:
         self.reached = [[0.0] * BINS for _ in range(2)]
         self.landed = [[0.0] * BINS for _ in range(2)]
         self.pass_gain: float | None = None  # running mean of what a pass earned, in plain steps
+        self.skip_next = 1  # steps the block speculator runs no pass after a pass that did not pay
         self._lock = threading.Lock()
 
     def note_pass(self, gain: float) -> None:

@@ -13,7 +13,11 @@ speculator proposes the length whose expected landing (the confidences calibrate
 what each verify kept) buys the most tokens per unit of verify cost, none when a plain step is
 worth more. A head that scores rows lazily (``scores_rows_lazily``) scores row 1 first and the
 rest only when a longer prefix could pay. The calibration is the drafter's: one per head,
-shared by its sequences.
+shared by its sequences. A pass itself must pay too: each is charged its milliseconds over a
+plain step's (the median of the loop's recent plain steps, ``observe_step``) and credited its
+prefix's expected gain; while the drafter's running mean is negative the speculator runs no
+pass for 1, 2, 4 .. ``MAX_SKIP`` steps between tries (those steps propose nothing, at no cost),
+so a drafter that is rarely sure stays out of the way and one that starts to pay comes back.
 
 Bounded catch-up: a proposal catches the head up on at most the newest ``catch_up_rows``
 committed rows it has not seen (``DEFAULT_CATCH_UP_ROWS``, or the drafter's sliding window when
@@ -102,8 +106,7 @@ class BlockDraftSpeculator:
         self._proposed: tuple[int, list[float]] | None = None  # (position, confidences) awaiting its verify
         self.declined_by_value = 0  # proposals the value rule cut to nothing
         self.skipped_passes = 0  # steps that ran no pass because passes did not pay
-        self._skip_left = 0  # steps to skip before the next pass
-        self._skip_next = 1  # the next skip's length (doubles while passes do not pay)
+        self._skip_left = 0  # steps to skip before the next pass (the next skip's length is the drafter's)
         self._plain_ms: collections.deque[float] = collections.deque(maxlen=PLAIN_SAMPLES)  # recent plain steps
         # head is a per-sequence view made for this speculator (for_sequence): close frees it
         self.owns_head = bool(owns_head)
@@ -155,16 +158,19 @@ class BlockDraftSpeculator:
     def _judge_pass(self, value: PrefixValue, confidences: list[float], length: int, pass_ms: float) -> None:
         """Credit the pass what its prefix is expected to earn, charge it its milliseconds over
         a plain step's (once a plain step was timed), and skip the next passes while the
-        drafter's passes do not pay: 1, 2, 4 .. ``MAX_SKIP`` steps, reset once they do."""
+        drafter's passes do not pay: 1, 2, 4 .. ``MAX_SKIP`` steps, reset once they do. The
+        backoff lives with the calibration (the drafter's), so the next sequence on this
+        drafter skips as long after its first judged pass as the last one did."""
         plain = sorted(self._plain_ms)[len(self._plain_ms) // 2] if self._plain_ms else 0.0
         if plain <= 0.0:
             return  # nothing to price the pass against yet (or a clock that does not move)
-        value.calibration.note_pass(value.pass_gain(confidences, length, pass_ms / plain))
+        cal = value.calibration
+        cal.note_pass(value.pass_gain(confidences, length, pass_ms / plain))
         if value.passes_pay():
-            self._skip_next = 1
-        else:
-            self._skip_left = self._skip_next
-            self._skip_next = min(MAX_SKIP, 2 * self._skip_next)
+            cal.skip_next = 1
+        else:  # the backoff is the drafter's: a new sequence on it resumes it
+            self._skip_left = cal.skip_next
+            cal.skip_next = min(MAX_SKIP, 2 * cal.skip_next)
 
     def observe_step(self, speculative: bool, ms: float, tokens: int, drafted: int) -> None:
         """The loop's report of each step: plain steps' milliseconds price a pass."""
@@ -220,7 +226,7 @@ class BlockDraftSpeculator:
     def reset(self) -> None:
         self._pending = []
         self._proposed = None
-        self._skip_left, self._skip_next = 0, 1
+        self._skip_left = 0
         self.head.reset()
 
     def close(self) -> None:
