@@ -8,7 +8,7 @@ per-token head, which gates each token alone). Example, pmin 0.35, confidences
 confidence of 0.5 the product falls to 0.205 and the fifth draft is dropped.
 
 Draft only what pays (``prefix_value.PrefixValue``; on when the target publishes its forward
-cost by rows, ``spec_verify_row_ms``, and ``TS_BLOCK_VALUE`` is not 0): of the gated prefix, the
+cost by rows, ``spec_verify_row_ms``, the cost governor is on and ``TS_BLOCK_VALUE`` is not 0): of the gated prefix, the
 speculator proposes the length whose expected landing (the confidences calibrated online by
 what each verify kept) buys the most tokens per unit of verify cost, none when a plain step is
 worth more. A head that scores rows lazily (``scores_rows_lazily``) scores row 1 first and the
@@ -322,7 +322,14 @@ def make_block_speculator(target: Any, options: Any = None) -> BlockDraftSpecula
     # the block size is this algorithm's own limit; the loop narrows it to the sequence's window
     return BlockDraftSpeculator(view, window=int(head.block_size), min_draft_prob=pmin, feature_size=feature_size,
                                 owns_head=view is not head, catch_up_rows=context_rows(head),
-                                value=prefix_value_for(target, head))
+                                value=prefix_value_for(target, head) if _governed(options) else None)
+
+
+def _governed(options: Any) -> bool:
+    """Is the cost governor on (``--spec-adaptive``, the default)? The value rule and the pass
+    backoff are cost governance (timed, shared by the drafter's sequences): with the governor
+    off the gate alone decides, and a sequence drafts the same alone or beside others."""
+    return options is None or getattr(options, "adaptive", True) is not False
 
 
 # one calibration per drafter head, kept while the head lives: what its confidences are worth is
