@@ -107,7 +107,7 @@ def test_the_speculator_proposes_what_pays_and_learns_from_the_verify(lazy):
     spec.commit([7], None, 12)  # a plain step's commit: nothing was proposed, nothing recorded
     assert cal.reached[0][9] == 1
     low = BlockDraftSpeculator(_Head([0.12] * 7, lazy), window=7, min_draft_prob=0.0, value=PrefixValue(RATIOS))
-    assert low.propose(_ctx(10)) == [] and low.declined_by_value == 1
+    assert low.propose(_ctx(10)) == [] and low.declined_drafts == 1
 
 
 def test_without_a_value_rule_the_gate_alone_decides():

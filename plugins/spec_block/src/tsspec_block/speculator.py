@@ -110,7 +110,7 @@ class BlockDraftSpeculator:
         self.value = value
         self._lazy = bool(getattr(head, "scores_rows_lazily", False))
         self._proposed: tuple[int, list[float]] | None = None  # (position, confidences) awaiting its verify
-        self.declined_by_value = 0  # proposals the value rule cut to nothing
+        self.declined_drafts = 0  # proposals the value rule cut to nothing (the loop adds them to its stats)
         self.skipped_passes = 0  # steps that ran no pass because passes did not pay
         self._skip_left = 0  # steps to skip before the next pass (the next skip's length is the drafter's)
         self._plain_ms: collections.deque[float] = collections.deque(maxlen=PLAIN_SAMPLES)  # recent plain steps
@@ -164,7 +164,7 @@ class BlockDraftSpeculator:
         elif kept and value is not None:
             length = value.length(confidences[:length])
         if kept and length == 0:
-            self.declined_by_value += 1
+            self.declined_drafts += 1
         kept = kept[:length]
         if value is not None:
             self._judge_pass(value, confidences, length, (time.perf_counter() - start) * 1000.0)
