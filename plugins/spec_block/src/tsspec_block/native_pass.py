@@ -115,14 +115,6 @@ class NativeBlockPass:
         self._rope = torch.zeros(0, config.head_dim)  # [positions, hd]: cos | sin halves, see rope
         self._lock = threading.Lock()
 
-    @property
-    def nbytes(self) -> int:
-        """Bytes of the int8 copies (what a pass streams, the draft head included)."""
-        mats = [self.fc, *(m for layer in self.layers for m in (layer.q, layer.kv, layer.wo, layer.gate_up, layer.down))]
-        if self.draft_head is not None:
-            mats.append(self.draft_head)
-        return sum(m.nbytes for m in mats)
-
     # -- small pieces --------------------------------------------------------------------------
     def _norm(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
         """RMSNorm of the rows of a contiguous float32 [n, H] (the kernels' rms_norm)."""
