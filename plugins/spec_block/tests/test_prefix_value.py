@@ -203,3 +203,8 @@ def test_the_runtimes_worth_decides_where_the_core_offers_one(extend):
     assert getattr(got, "confidence", None) in (None, [0.9, 0.8] if extend else [0.9])
     spec.commit([5, 100], None, 10)  # its own calibration still learns (it judges the passes)
     assert spec.value.calibration.landed[0][9] == 1
+
+
+def test_malformed_cost_shapes_give_no_value_rule():
+    for bad in ("fast", ((1, 1.0),), ((1, 1.0), (1, 2.0)), ((1, 0.0), (2, 1.0)), ((1, float("nan")), (2, 1.0))):
+        assert shape_ratios(bad, 3) is None

@@ -47,8 +47,6 @@ from __future__ import annotations
 import threading
 from typing import Sequence
 
-from tsspec.runtime.economics import parse_cost_shape
-
 __all__ = ["BINS", "PRIOR_WEIGHT", "Calibration", "PrefixValue", "shape_ratios"]
 
 BINS = 10  # confidence bins of width 0.1
@@ -58,11 +56,27 @@ FIRST, LATER = 0, 1  # row groups
 PASS_WEIGHT = 1.0 / 16  # weight of the newest pass in the running mean of what passes earn
 
 
+def _parse_shape(value) -> tuple[tuple[int, float], ...] | None:
+    """A target's ``spec_verify_row_ms`` as sorted ``((rows, ms), ..)`` from one row up, or None
+    for anything else (missing, malformed, a repeated row count, a cost that is not positive)."""
+    if value is None:
+        return None
+    try:
+        pairs = tuple(sorted((int(r), float(ms)) for r, ms in value))
+    except (TypeError, ValueError):
+        return None
+    if len(pairs) < 2 or pairs[0][0] != 1 or len({r for r, _ in pairs}) != len(pairs):
+        return None
+    if any(not ms > 0 for _, ms in pairs):  # NaN fails too
+        return None
+    return pairs
+
+
 def shape_ratios(cost_shape, rows: int) -> list[float] | None:
     """``[shape(1)/shape(1), shape(2)/shape(1), ..., shape(rows)/shape(1)]`` from a target's
     cost by rows (linear between its points, the last slope past its end, never below the last
     point), or None for a missing or malformed one."""
-    shape = parse_cost_shape(cost_shape)
+    shape = _parse_shape(cost_shape)
     if shape is None:
         return None
 
