@@ -172,39 +172,6 @@ def test_a_new_sequence_on_the_drafter_resumes_its_backoff():
         assert cal.skip_next == 2 * spec._skip_left
 
 
-class _Worth:
-    """A runtime's calibrated worth of a confidence (``DraftContext.worth`` in a newer core)."""
-
-    def __init__(self, keep: int, extend: bool):
-        self.keep, self.more, self.asked = keep, extend, []
-
-    def chance(self, confidence):
-        return confidence
-
-    def length(self, confidences):
-        self.asked.append(list(confidences))
-        return self.keep
-
-    def extend(self, confidences, step_ms=0.0):
-        return self.more
-
-
-@pytest.mark.parametrize("extend", [False, True])
-def test_the_runtimes_worth_decides_where_the_core_offers_one(extend):
-    head = _Head([0.9, 0.8, 0.7, 0.6, 0.5, 0.4, 0.3], True)
-    spec = BlockDraftSpeculator(head, window=7, min_draft_prob=0.0, value=PrefixValue(RATIOS))
-    worth = _Worth(keep=2, extend=extend)
-    ctx = types.SimpleNamespace(last_token=5, position=10, max_tokens=7, history=[5], carry_hidden=None,
-                                worth=worth)
-    got = spec.propose(ctx)
-    assert list(got) == ([100, 101] if extend else [100])  # row 1 alone when no longer chain is worth it
-    assert worth.asked == [[0.9, 0.8, 0.7, 0.6, 0.5, 0.4, 0.3] if extend else [0.9]]
-    assert head.mores == [extend]
-    assert getattr(got, "confidence", None) in (None, [0.9, 0.8] if extend else [0.9])
-    spec.commit([5, 100], None, 10)  # its own calibration still learns (it judges the passes)
-    assert spec.value.calibration.landed[0][9] == 1
-
-
 def test_malformed_cost_shapes_give_no_value_rule():
     for bad in ("fast", ((1, 1.0),), ((1, 1.0), (1, 2.0)), ((1, 0.0), (2, 1.0)), ((1, float("nan")), (2, 1.0))):
         assert shape_ratios(bad, 3) is None

@@ -19,11 +19,11 @@ prefix's expected gain; while the drafter's running mean is negative the specula
 pass for 1, 2, 4 .. ``MAX_SKIP`` steps between tries (those steps propose nothing, at no cost),
 so a drafter that is rarely sure stays out of the way and one that starts to pay comes back.
 
-Where the runtime offers its own calibrated worth of a confidence (``DraftContext.worth``: a
-core with confidence-sized drafting), the speculator uses it instead of its own rule to cut the
-prefix and to decide whether to score rows past the first, and returns a
-``Proposal(tokens, confidence=...)`` so the runtime measures what each confidence lands; its
-own calibration still judges whether passes pay.
+The proposals stay unkeyed lists (no ``Proposal(confidence=...)``, and ``DraftContext.worth``
+is not read): the runtime's confidence-sized drafting does not park on zero-accept streaks,
+which is how a losing block drafter gets out of the way (``test_generation``'s parked-drafter
+test); pointing ``PrefixValue``'s two calls (``length``, ``worth_more``) at ``ctx.worth`` is
+left until that is settled.
 
 Bounded catch-up: a proposal catches the head up on at most the newest ``catch_up_rows``
 committed rows it has not seen (``DEFAULT_CATCH_UP_ROWS``, or the drafter's sliding window when
@@ -144,13 +144,8 @@ class BlockDraftSpeculator:
         start = time.perf_counter()
         self._flush()
         carry = ctx.carry_hidden if self._row_ok(ctx.carry_hidden) else None
-        # the runtime's calibrated worth of a confidence (``DraftContext.worth``, where the core
-        # offers one) decides the prefix; else this plugin's own value rule
-        worth = getattr(ctx, "worth", None)
         more = None
-        if self._lazy and worth is not None:
-            more = lambda first: bool(worth.extend([first]))  # noqa: E731
-        elif self._lazy and value is not None:
+        if self._lazy and value is not None:
             more = lambda first: value.worth_more(first, count)  # noqa: E731
         if more is not None:
             tokens, confidences = self.head.draft_block(ctx.last_token, carry, ctx.position, count, more=more)
@@ -159,25 +154,15 @@ class BlockDraftSpeculator:
         confidences = [float(c) for c in list(confidences)[:count]]
         kept = gate_cumulative(list(tokens)[:count], confidences, self.min_draft_prob)
         length = len(kept)
-        if kept and worth is not None:
-            length = max(0, min(length, int(worth.length(confidences[:length]))))
-        elif kept and value is not None:
+        if kept and value is not None:
             length = value.length(confidences[:length])
         if kept and length == 0:
             self.declined_drafts += 1
         kept = kept[:length]
         if value is not None:
             self._judge_pass(value, confidences, length, (time.perf_counter() - start) * 1000.0)
-        if not kept:
-            return kept
-        self._proposed = (int(ctx.position), confidences[: len(kept)])
-        if worth is not None:  # the runtime measures how tokens of each confidence land
-            from tsspec.protocols import Proposal
-
-            try:
-                return Proposal(kept, confidence=confidences[: len(kept)])
-            except TypeError:  # a core whose proposals carry no confidence
-                return kept
+        if kept:
+            self._proposed = (int(ctx.position), confidences[: len(kept)])
         return kept
 
     def _judge_pass(self, value: PrefixValue, confidences: list[float], length: int, pass_ms: float) -> None:
