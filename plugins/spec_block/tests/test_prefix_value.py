@@ -53,6 +53,28 @@ def test_later_rows_are_calibrated_apart_and_stop_the_head_scoring():
     assert not value.worth_more(0.9, 1)  # nothing after row 1 to score
 
 
+def test_a_declined_bin_and_unscored_later_rows_are_retried_with_a_doubling_wait():
+    """Counts move only for verified rows: a refused bin or never-scored later rows would keep
+    their estimate for the drafter's life. Retries come after 8, then 16, 32 .. refusals, and a
+    landing starts the wait over."""
+    value = PrefixValue(RATIOS)
+    for _ in range(30):
+        value.record([0.55], 0)
+    proposed = [i for i in range(1, 60) if value.length([0.55]) == 1]
+    assert proposed == [8, 24, 56]  # waits of 8, 16, 32 refusals
+    value.record([0.55], 1)  # a retry landed: the wait starts over
+    assert [i for i in range(1, 9) if value.length([0.55]) == 1] == [8]
+    for _ in range(40):  # row 2 never lands: rows 2.. are not worth scoring
+        value.record([0.9, 0.9], 1)
+    asked = [value.worth_more(0.9, 7) for _ in range(8)]
+    assert asked == [False] * 7 + [True]
+    assert value.length([0.9, 0.9]) == 2  # the retry's row 2 is proposed, so it is measured
+    assert value.length([0.9, 0.9]) == 1
+    before = value.calibration.reached[1][9]
+    value.record([0.9, 0.9], 2)
+    assert value.calibration.reached[1][9] == before + 1
+
+
 def test_counts_halve_so_recent_behaviour_weighs_more():
     cal = Calibration()
     for _ in range(600):

@@ -38,6 +38,13 @@ skipped steps (a backoff kept with the calibration, so a new sequence on the dra
 it), so a drafter that is rarely sure costs a pass every 64 steps, and one that starts to pay
 is back within that.
 
+Nothing is condemned for good on early evidence: counts change only for rows that are
+proposed and verified, so a row-1 bin that proposes nothing, or later rows that are never
+scored, would keep their estimate forever (and a calibration outlives its sequences). So a
+declined bin proposes its first guess anyway after ``EXPLORE_AFTER`` declines, and unscored
+later rows are scored anyway after as many refusals, the wait doubling while the retries land
+nothing (up to ``EXPLORE_MAX``) and starting over once one lands.
+
 This is a speculator-local decision behind two calls (``length``, ``record``) so that a shared
 confidence-keyed mechanism in the runtime can take its place later.
 """
@@ -54,6 +61,8 @@ PRIOR_WEIGHT = 2.0  # pseudo-samples at the raw confidence behind each bin's est
 MAX_COUNT = 256  # a bin's counts are halved past this: recent behaviour weighs more
 FIRST, LATER = 0, 1  # row groups
 PASS_WEIGHT = 1.0 / 16  # weight of the newest pass in the running mean of what passes earn
+EXPLORE_AFTER = 8  # declines of a bin (or refusals to score later rows) before a retry
+EXPLORE_MAX = 512  # the longest wait between retries (it doubles while retries land nothing)
 
 
 def _parse_shape(value) -> tuple[tuple[int, float], ...] | None:
@@ -100,7 +109,21 @@ class Calibration:
         self.landed = [[0.0] * BINS for _ in range(2)]
         self.pass_gain: float | None = None  # running mean of what a pass earned, in plain steps
         self.skip_next = 1  # steps the block speculator runs no pass after a pass that did not pay
+        # retries of what the rule refuses: [declines, wait] per row-1 bin, and for later rows
+        self._explore = [[0, EXPLORE_AFTER] for _ in range(BINS)]
+        self._explore_later = [0, EXPLORE_AFTER]
         self._lock = threading.Lock()
+
+    def retry(self, confidence: float | None) -> bool:
+        """A refusal of the rule: True when it should be overridden now (the row-1 bin of
+        ``confidence``, or later rows when None), after its current wait of refusals."""
+        with self._lock:
+            slot = self._explore_later if confidence is None else self._explore[self.bin(confidence)]
+            slot[0] += 1
+            if slot[0] < slot[1]:
+                return False
+            slot[0], slot[1] = 0, min(EXPLORE_MAX, 2 * slot[1])
+            return True
 
     def note_pass(self, gain: float) -> None:
         """What one block pass earned, in plain steps (``PrefixValue.pass_gain``)."""
@@ -135,6 +158,9 @@ class Calibration:
                 b = self.bin(conf if conf == conf else 0.0)
                 self.reached[group][b] += 1
                 self.landed[group][b] += row < landed
+                if row < landed:  # a landing: retries of what it belongs to start over
+                    slot = self._explore_later if group == LATER else self._explore[b]
+                    slot[0], slot[1] = 0, EXPLORE_AFTER
                 if self.reached[group][b] > MAX_COUNT:
                     self.reached[group][b] /= 2
                     self.landed[group][b] /= 2
@@ -146,6 +172,7 @@ class PrefixValue:
     def __init__(self, ratios: Sequence[float], calibration: Calibration | None = None) -> None:
         self.ratios = [float(r) for r in ratios]  # [rows]: cost of 1.. rows over one row's
         self.calibration = calibration or Calibration()
+        self._later_retry: bool | None = None  # worth_more's answer on a refusal, for length()
 
     def _ratio(self, rows: int) -> float:
         return self.ratios[min(rows, len(self.ratios)) - 1]
@@ -165,7 +192,16 @@ class PrefixValue:
     def length(self, confidences: Sequence[float]) -> int:
         """How many of the block's guesses (confidences of rows 1..) to propose."""
         cal = self.calibration
-        return self._best([cal.rate(i, c) for i, c in enumerate(confidences)])[0]
+        k = self._best([cal.rate(i, c) for i, c in enumerate(confidences)])[0]
+        if k == 0 and confidences and cal.retry(confidences[0]):
+            k = 1  # a retry of a declined bin (see the module docstring)
+        later, self._later_retry = self._later_retry, None
+        if k == 1 and len(confidences) >= 2:
+            if later is None:  # worth_more was not asked on this pass
+                later = cal.retry(None)
+            if later:
+                k = 2  # a retry of the later rows: row 2 is verified, so its counts move
+        return k
 
     def worth_more(self, first: float, rows: int) -> bool:
         """Would a prefix longer than one of ``rows`` guesses pay, row 1 at confidence ``first``
@@ -174,7 +210,11 @@ class PrefixValue:
             return False
         cal = self.calibration
         k, _ = self._best([cal.rate(0, first)] + [cal.later_rate()] * (rows - 1))
-        return k > 1
+        if k > 1:
+            self._later_retry = None
+            return True
+        self._later_retry = cal.retry(None)  # length() proposes row 2 on a retry
+        return self._later_retry
 
     def record(self, confidences: Sequence[float], landed: int) -> None:
         """What a proposal of these confidences landed (``landed`` of ``len(confidences)``)."""

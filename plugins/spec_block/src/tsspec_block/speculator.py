@@ -141,8 +141,8 @@ class BlockDraftSpeculator:
             self._skip_left -= 1
             self.skipped_passes += 1
             return []
+        self._flush()  # the catch-up is not the pass's cost: a long skip would price every retry out
         start = time.perf_counter()
-        self._flush()
         carry = ctx.carry_hidden if self._row_ok(ctx.carry_hidden) else None
         more = None
         if self._lazy and value is not None:
