@@ -40,9 +40,9 @@ PROMPTS = [  # (label, text or held-out index)
 BUCKETS = (0.0, 0.3, 0.5, 0.7, 0.9, 1.0001)  # gate confidence edges (top-1 over the top-10)
 
 
-def calibration(module, batches, data, *, edges=BUCKETS) -> list[dict]:
-    """First drafts on the held-out answer tokens by gate confidence: per bucket [lo, hi) the
-    share of all answer tokens it holds and the share of its drafts that land (teacher-forced)."""
+def first_drafts(module, batches, data) -> tuple[torch.Tensor, torch.Tensor]:
+    """(gate confidence [n], landed [n]) of the head's first draft at every held-out answer token
+    (teacher-forced, the head's context from the sequence's start)."""
     from tsspec_draft_head.confidence import GATE_TOP_K
 
     confs, hits = [], []
@@ -58,7 +58,12 @@ def calibration(module, batches, data, *, edges=BUCKETS) -> list[dict]:
             top = torch.topk(logits, min(GATE_TOP_K, logits.shape[-1]), dim=-1).values  # [n, 10]
             confs.append(torch.softmax(top, dim=-1)[:, 0])
             hits.append(logits.argmax(-1) == labels)
-    conf, hit = torch.cat(confs), torch.cat(hits)
+    return torch.cat(confs), torch.cat(hits)
+
+
+def calibration(conf: torch.Tensor, hit: torch.Tensor, *, edges=BUCKETS) -> list[dict]:
+    """First drafts by gate confidence: per bucket [lo, hi) the share of all answer tokens it
+    holds and the share of its drafts that land."""
     rows = []
     for lo, hi in zip(edges[:-1], edges[1:]):
         inside = (conf >= lo) & (conf < hi)
@@ -128,7 +133,7 @@ def _score(args) -> int:
     V = int(target.config.vocab_size)
     with torch.inference_mode():
         embed = target.embed(list(range(V))).float().clone()  # [V, H]
-    results = []
+    results, first = [], None
     for file in args.files:
         module, _, manifest = read_nextn(file)
         module = module.float().eval()
@@ -136,7 +141,13 @@ def _score(args) -> int:
         row = {"file": file, "recipe": {k: manifest.get("recipe", {}).get(k) for k in ("steps", "lr", "unroll", "kl_weight")},
                "answers": answer_accuracy(module, batches, held, 2),
                "answers_served": answer_accuracy(module, batches, held, 2, context_rows=DEFAULT_CATCH_UP_ROWS),
-               "calibration": calibration(module, batches, held)}
+               }
+        conf, hit = first_drafts(module, batches, held)
+        row["calibration"] = calibration(conf, hit)
+        if first is None:
+            first = hit
+        else:  # paired against the first file: tokens only this one lands, tokens only the first lands
+            row["vs_first"] = (int((hit & ~first).sum()), int((first & ~hit).sum()))
         if not args.no_generation:
             row["landing"] = landing(path, file)
         results.append(row)
@@ -153,6 +164,9 @@ def _text(row: dict) -> str:
     lines.append("  calibration (gate bucket: share of tokens, lands): " + "; ".join(
         f"{c['bucket']}: {c['share']:.2f}, {'-' if c['lands'] is None else format(c['lands'], '.2f')}"
         for c in row["calibration"]))
+    if "vs_first" in row:
+        lines.append(f"  first drafts against the first file, teacher-forced: +{row['vs_first'][0]} "
+                     f"-{row['vs_first'][1]} tokens")
     if "landing" in row:
         lines.append("  first drafts landed: " + ", ".join(f"{k} {v[0]}/{v[1]}" for k, v in row["landing"].items())
                      + f" = {row['landing']['all'][0] / max(1, row['landing']['all'][1]):.3f}")
