@@ -38,6 +38,7 @@ PROMPTS = [  # (label, text or held-out index)
     ("lighthouse", "Write a short story about a lighthouse keeper."),
 ]
 BUCKETS = (0.0, 0.3, 0.5, 0.7, 0.9, 1.0001)  # gate confidence edges (top-1 over the top-10)
+GATES = (0.3, 0.5, 0.7)  # --spec-pmin values whose pass / land shares are reported
 
 
 def first_drafts(module, batches, data) -> tuple[torch.Tensor, torch.Tensor]:
@@ -70,6 +71,20 @@ def calibration(conf: torch.Tensor, hit: torch.Tensor, *, edges=BUCKETS) -> list
         n = int(inside.sum())
         rows.append({"bucket": f"{lo:.1f}-{min(hi, 1.0):.1f}", "share": n / max(1, conf.numel()),
                      "lands": float(hit[inside].float().mean()) if n else None, "tokens": n})
+    return rows
+
+
+def at_gates(conf: torch.Tensor, hit: torch.Tensor, gates=GATES) -> list[dict]:
+    """What a gate at each ``--spec-pmin`` does with these first drafts: the share of tokens
+    whose draft passes, the share of passed drafts that land, and landed drafts per token
+    (pass x land: what the gate's per-step decision earns)."""
+    rows = []
+    for p in gates:
+        passed = conf >= p
+        n = int(passed.sum())
+        rows.append({"pmin": p, "passes": n / max(1, conf.numel()),
+                     "lands": float(hit[passed].float().mean()) if n else None,
+                     "landed_per_token": int((hit & passed).sum()) / max(1, conf.numel())})
     return rows
 
 
@@ -144,6 +159,7 @@ def _score(args) -> int:
                }
         conf, hit = first_drafts(module, batches, held)
         row["calibration"] = calibration(conf, hit)
+        row["gates"] = at_gates(conf, hit)
         if first is None:
             first = hit
         else:  # paired against the first file: tokens only this one lands, tokens only the first lands
@@ -164,6 +180,9 @@ def _text(row: dict) -> str:
     lines.append("  calibration (gate bucket: share of tokens, lands): " + "; ".join(
         f"{c['bucket']}: {c['share']:.2f}, {'-' if c['lands'] is None else format(c['lands'], '.2f')}"
         for c in row["calibration"]))
+    lines.append("  at gate pmin (passes, lands, landed per token): " + "; ".join(
+        f"{g['pmin']}: {g['passes']:.2f}, {'-' if g['lands'] is None else format(g['lands'], '.2f')}, "
+        f"{g['landed_per_token']:.3f}" for g in row["gates"]))
     if "vs_first" in row:
         lines.append(f"  first drafts against the first file, teacher-forced: +{row['vs_first'][0]} "
                      f"-{row['vs_first'][1]} tokens")

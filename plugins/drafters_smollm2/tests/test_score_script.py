@@ -31,6 +31,16 @@ def test_calibration_buckets_count_shares_and_landing(score):
     assert sum(r["tokens"] for r in rows.values()) == conf.numel()
 
 
+def test_gate_shares_are_what_passes_and_lands(score):
+    conf = torch.tensor([0.1, 0.4, 0.6, 0.8])
+    hit = torch.tensor([True, False, True, True])
+    rows = {r["pmin"]: r for r in score.at_gates(conf, hit, gates=(0.3, 0.7, 0.9))}
+    assert rows[0.3]["passes"] == pytest.approx(0.75) and rows[0.3]["lands"] == pytest.approx(2 / 3)
+    assert rows[0.3]["landed_per_token"] == pytest.approx(0.5)  # the hit at 0.1 never passed
+    assert rows[0.7]["passes"] == pytest.approx(0.25) and rows[0.7]["lands"] == 1.0
+    assert rows[0.9]["passes"] == 0.0 and rows[0.9]["lands"] is None
+
+
 def test_first_drafts_agree_with_the_trainers_answer_accuracy(score):
     from tsspec_draft_head.nextn_model import NextNConfig, NextNModule
     from tsspec_draft_head.trainer import _Batches, answer_accuracy
