@@ -155,23 +155,51 @@ class PrecedingTokens(Sequence[int]):
 
 class Proposal(list):
     """A draft (a list of token ids) with the ``evidence`` its speculator had when proposing:
-    a small hashable key, e.g. ngram's ``(match-length bucket, last draft landed in full)``.
+    a small hashable key, e.g. ngram's ``(match-length bucket, last draft landed in full)``,
+    and/or its ``confidence``: one float in [0, 1] per draft token, the drafter's own estimate
+    that the token is right (a learned head's top-1 probability).
 
     The loop measures acceptance per key and verifies only as many drafts as pay for that key,
-    possibly none (the step is then a plain one). ``evidence`` None (a plain list) keeps the
-    pooled sizing through ``DraftContext.max_tokens``. Keep keys few (a handful of values): each
-    distinct key is measured apart, and past 64 in one run new keys count only in the pool.
+    possibly none (the step is then a plain one). With ``confidence`` it measures instead how
+    often tokens of each confidence land in this run (``runtime.calibration``) and verifies the
+    prefix with the most expected tokens per measured millisecond. ``evidence`` and
+    ``confidence`` None (a plain list) keep the pooled sizing through
+    ``DraftContext.max_tokens``. Keep keys few (a handful of values): each distinct key is
+    measured apart, and past 64 in one run new keys count only in the pool.
 
     >>> p = Proposal([5, 6], evidence=("long", True))
-    >>> p, p.evidence
-    ([5, 6], ('long', True))
+    >>> p, p.evidence, p.confidence
+    ([5, 6], ('long', True), None)
+    >>> Proposal([5, 6], confidence=[0.9, 0.4]).confidence
+    [0.9, 0.4]
     """
 
-    __slots__ = ("evidence",)
+    __slots__ = ("evidence", "confidence")
 
-    def __init__(self, tokens: Sequence[int] = (), evidence: Hashable | None = None):
+    def __init__(self, tokens: Sequence[int] = (), evidence: Hashable | None = None,
+                 confidence: Sequence[float] | None = None):
         super().__init__(tokens)
         self.evidence = evidence
+        self.confidence = None if confidence is None else list(confidence)
+
+
+@runtime_checkable
+class DraftWorth(Protocol):
+    """``DraftContext.worth``: the cost governor's calibrated view for a drafter that knows its
+    confidence (``runtime.calibration.ChainWorth``): what a token of a given confidence is
+    worth in this run, against this run's measured cost by draft length."""
+
+    def chance(self, confidence: float) -> float:
+        """The measured chance that a draft token of this confidence lands (all before it landed)."""
+        ...
+
+    def length(self, confidences: Sequence[float]) -> int:
+        """How many of a chain with these confidences pay to verify (0: a plain step pays more)."""
+        ...
+
+    def extend(self, confidences: Sequence[float], step_ms: float = 0.0) -> bool:
+        """Whether one more draft token, costing ``step_ms`` ms to make, is worth drafting."""
+        ...
 
 
 @attrs.frozen
@@ -205,6 +233,9 @@ class DraftContext:
     # changes logits (a bias) must report a lookback of at least 1.
     adjust_lookback: int = 0
     window: int = 0  # the sequence's draft window (0 when the context was built by hand: use max_tokens)
+    # the cost governor's calibrated chances and measured costs (a DraftWorth), for a drafter
+    # that proposes with confidence: None when the governor is off (then gate by your own)
+    worth: "DraftWorth | None" = None
 
     def preceding(self, drafts: Sequence[int] = ()) -> Sequence[int]:
         """The tokens before the next draft: ``history`` then ``drafts`` (no copy of history)."""

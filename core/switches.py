@@ -23,6 +23,14 @@ SWITCHES = {
     "candidate selector",
     "TS_MTP_NATIVE": "NextN drafter files draft on the torch module instead of the compiled "
     "CPU kernels",
+    "TS_MTP_ONE_CALL": "a NextN head call on the compiled kernels runs as seven kernel calls "
+    "(norms, gemms, layer, head) instead of one",
+    "TS_MTP_THREAD_CHOICE": "a NextN head call on the compiled kernels takes torch's thread "
+    "count instead of the count measured fastest while drafting",
+    "TS_DFLASH_NATIVE": "DFlash block drafters run their matrices in torch (float32) instead of "
+    "as int8 blocks on the compiled CPU kernels",
+    "TS_BLOCK_VALUE": "the block algorithm proposes its whole gated prefix instead of the prefix "
+    "whose calibrated expected landing pays for its verify rows",
 }
 
 

@@ -1,6 +1,8 @@
 """SpeculationCostGovernor with synthetic costs: parks on loss, backs off, re-probes, holds a
 win and drops it when it degrades. No clock is involved: costs are fed in directly."""
 
+import pytest
+
 from tsspec.runtime.governor import HOLD, PARKED, PROBE, SpeculationCostGovernor
 
 PLAIN_MS = 10.0
@@ -494,3 +496,130 @@ def test_keyed_drafting_backs_off_by_doubling():
                 run += 1
             gov.record(False, PLAIN_MS, 1)
     assert gov.keyed and lengths[:4] == [4, 8, 16, 32]
+
+
+# -- confidence-sized proposals (issue 17: a learned drafter decides each step by its worth) ------
+
+
+def _confident_run(sure, *, head_ms=0.5, n=300, prompt=(5, 9, 2, 7, 1, 3, 8, 4), seed=5, sampling=None):
+    """A drafter on the embedded model's cost profile (virtual clock) that proposes with
+    confidence: ``sure(position)`` -> (right?, confidence) for the token at that position; each
+    drafted token costs ``head_ms`` (a head call). Returns (its generation, plain's)."""
+    from tsspec.bench.governor_check import CostProfileToy, VirtualClock
+    from tsspec.protocols import Proposal
+    from tsspec.runtime.generation import generate
+    from tsspec.runtime.options import SpeculationOptions
+    from tsspec.testing import OracleSpeculator
+
+    clock = VirtualClock()
+    target = CostProfileToy(base_ms=10.0, seed=seed, recurrent=False, clock=clock, max_context=512)
+
+    class Confident(OracleSpeculator):
+        def propose(self, ctx):
+            p, drafts, confidence = ctx.position, [], []
+            for i, truth in enumerate(self.sequence[p + 1 : p + 1 + ctx.max_tokens]):
+                clock.advance(head_ms / 1000.0)
+                right, c = sure(p + 1 + i)
+                drafts.append(truth if right else (truth + 1) % self.vocab_size)
+                confidence.append(c)
+                if ctx.worth is not None and i + 1 < ctx.max_tokens and not ctx.worth.extend(confidence, head_ms):
+                    break
+            return Proposal(drafts, confidence=confidence)
+
+    spec = Confident.from_plain_run(target, list(prompt), n, max_draft_tokens=8, sampling=sampling)
+    options = SpeculationOptions(spec_type="oracle", draft=8)
+    run = generate(target, list(prompt), options, max_tokens=n, speculator=spec, clock=clock, sampling=sampling)
+    plain = generate(target, list(prompt), SpeculationOptions(enabled=False), max_tokens=n, clock=clock,
+                     sampling=sampling)
+    return run, plain
+
+
+def test_size_proposal_by_confidence_keeps_the_sure_and_declines_the_unsure():
+    gov = SpeculationCostGovernor(cost_shape=((1, 10.0), (2, 12.0), (3, 14.0), (9, 26.0)))
+    for _ in range(6):
+        gov.record(False, PLAIN_MS, 1)
+    for _ in range(12):  # the run's evidence: ~0.9 lands, ~0.3 does not
+        gov.record(True, 12.0, 2, drafted=1, confidence=[0.93])
+        gov.record(True, 12.0, 1, drafted=1, confidence=[0.33])
+    assert gov.state != PARKED
+    assert gov.size_proposal(3, None, [0.93, 0.94, 0.92]) == 3 and gov.keyed
+    assert gov.size_proposal(3, None, [0.93, 0.33, 0.92]) == 1
+    declined = gov.declined
+    assert gov.size_proposal(2, None, [0.33, 0.93]) == 0 and gov.declined == declined + 1
+    assert gov.chain_worth() is gov.worth
+    assert SpeculationCostGovernor(enabled=False).chain_worth() is None
+
+
+def test_a_declined_confidence_bucket_is_retried_now_and_then():
+    gov = SpeculationCostGovernor(cost_shape=((1, 10.0), (2, 12.0)), explore_after=4)
+    for _ in range(6):
+        gov.record(False, PLAIN_MS, 1)
+    for _ in range(10):
+        gov.record(True, 12.0, 1, drafted=1, confidence=[0.15])
+    sizes = [gov.size_proposal(1, None, [0.15]) for _ in range(12)]
+    assert sizes.count(0) >= 9 and 1 in sizes
+
+
+@pytest.mark.parametrize("sampling", [None, "seeded"])
+def test_a_drafter_whose_confidence_is_informative_wins_and_is_not_parked(sampling):
+    """Right and sure inside 16-token spans, wrong and unsure (0.3) between them: its unsure
+    drafts are declined, its sure ones verified in long chains, drafting is never parked, and
+    decoding beats plain (virtual clock, the embedded model's verify cost profile). Output is
+    plain decoding's, greedy and sampled."""
+    from tsspec.runtime.sampling import SamplingParams
+
+    params = SamplingParams(temperature=0.8, top_k=20, seed=3) if sampling else None
+    in_span = lambda pos: (pos // 16) % 2 == 0
+    run, plain = _confident_run(lambda pos: (True, 0.95) if in_span(pos) else (False, 0.3), sampling=params)
+    assert run.tokens == plain.tokens
+    assert run.stats.governor_losses == 0 and run.stats.governor_parked_steps == 0
+    assert run.stats.declined_drafts > 50
+    assert run.stats.tokens_per_verify > 3.0 and run.stats.acceptance_rate > 0.8
+    assert run.stats.decode_ms < 0.75 * plain.stats.decode_ms  # half the tokens lie between spans
+
+
+def test_a_drafter_whose_every_bucket_loses_is_parked():
+    """Always wrong, at confidences spread over [0, 1]: the calibration learns that no bucket
+    lands, its proposals are declined and their head calls park drafting; decoding stays within
+    3% of plain."""
+    run, plain = _confident_run(lambda pos: (False, ((pos * 37) % 100) / 100.0), head_ms=1.0)
+    assert run.tokens == plain.tokens and run.stats.accepted_tokens == 0
+    assert run.stats.governor_losses >= 1 and run.stats.governor_parked_steps > 0.5 * len(run.tokens)
+    assert run.stats.decode_ms <= plain.stats.decode_ms / 0.97
+
+
+@pytest.mark.parametrize("verify_ms, verdict", [(16.0, HOLD), (21.0, PARKED)])
+def test_a_landed_probe_of_mostly_declined_attempts_still_gets_a_verdict(verify_ms, verdict):
+    """calibrated_samples counts verified steps in the rolling window; where most attempts are
+    declined (empty, costing the head's milliseconds) the window fills before twelve verified
+    steps: the probe is then judged at min_samples, not left in PROBE without a verdict."""
+    gov = SpeculationCostGovernor(cost_shape=((1, 10.0), (2, 12.0)), window=16)
+    for _ in range(6):
+        gov.record(False, PLAIN_MS, 1)
+    gov.size_proposal(1, None, [0.9])
+    gov.record(True, 12.5, 2, drafted=1, confidence=[0.9])  # the warm-up sample
+    steps = 0
+    while gov.state == PROBE and steps < 200:
+        steps += 1
+        if steps % 5 == 0:  # one verified step in five, landing its draft
+            assert gov.size_proposal(1, None, [0.9]) == 1
+            gov.record(True, verify_ms, 2, drafted=1, confidence=[0.9])
+        else:  # declined: the head's call is spent, a plain step emits
+            gov.record_empty_proposal(0.2)
+            gov.record(False, PLAIN_MS, 1)
+    assert gov.landed and gov.state == verdict and steps < 40
+
+
+@pytest.mark.parametrize("samples", [4, 12])
+def test_a_calibrated_drafter_near_break_even_gets_a_fair_trial(samples):
+    """Confidence-sized steps are the ones worth verifying, so a probe sits near break-even:
+    four unlucky landings park it at min_samples, twelve give it the verdict its landing earns."""
+    gov = SpeculationCostGovernor(cost_shape=((1, 10.0), (2, 12.0)), calibrated_samples=samples)
+    for _ in range(6):
+        gov.record(False, PLAIN_MS, 1)
+    for tokens in [2, 1, 1, 1, 2, 2, 2, 2, 2, 2, 2, 2, 2]:  # the first is the warm-up sample
+        if gov.state == PARKED:
+            break
+        assert gov.size_proposal(1, None, [0.9]) == 1
+        gov.record(True, 12.5, tokens, drafted=1, confidence=[0.9])
+    assert gov.state == (PARKED if samples == 4 else HOLD)

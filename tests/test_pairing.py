@@ -181,7 +181,47 @@ def test_a_keyed_member_proposal_is_sized_by_its_governor_and_a_declined_one_goe
     assert gp.state != PARKED and gp.size_proposal(3, "k") == 0
     gp._declines.clear()
     assert pair.propose(_ctx()) == [5] and pair.source == BACKUP and pair.declined_drafts == 1
+    seen, heard = [], []
+    primary.observe_step = lambda *args: seen.append(args)  # members hear every step too...
+    backup.observe_step = lambda *args: heard.append(args)
+    pair.observe_step(True, 9.0, 2, 1)  # ...the backup's verify as its own, the primary's as not
+    assert seen == [(False, 9.0, 2, 0)] and heard == [(True, 9.0, 2, 1)] and pair.evidence is None
+    primary.propose = lambda ctx: Proposal([7, 8], evidence="w")
+    assert pair.propose(_ctx()) and pair.source == PRIMARY
+    pair.observe_step(True, 8.0, 3, 2)
+    pair.observe_step(False, 7.0, 1, 0)
+    assert seen[1:] == [(True, 8.0, 3, 2), (False, 7.0, 1, 0)] and heard[1:] == [(False, 8.0, 3, 0), (False, 7.0, 1, 0)]
+
+
+def test_a_confident_backup_reads_its_governors_worth_and_teaches_its_calibration():
+    from tsspec.protocols import Proposal
+
+    primary, backup = Every("p", None, [0]), Every("b", None, [0])
+    pair = SpeculatorPair(primary, backup)
+    gb = pair.governors[BACKUP]
     seen = []
-    primary.observe_step = lambda *args: seen.append(args)  # members hear every step too
-    pair.observe_step(True, 9.0, 2, 1)
-    assert seen == [(True, 9.0, 2, 1)] and pair.evidence is None
+    primary.propose = lambda ctx: []
+    backup.propose = lambda ctx: seen.append(ctx.worth) or Proposal([5, 6], confidence=[0.95, 0.9])
+    assert pair.propose(_ctx()) == [5] and pair.confidence == [0.95]  # a probe: one token
+    assert seen == [gb.worth]
+    pair.observe_step(True, 12.0, 2, 1)
+    assert gb.calibration.reached[9] == 1 and gb.calibration.landed[9] == 1
+    assert pair.confidence is None
+    backup.propose = lambda ctx: Proposal([5, 6], confidence=[0.95])  # malformed: sized without it
+    assert pair.propose(_ctx()) == [5, 6] and pair.confidence is None
+
+
+def test_auto_plan_names_what_auto_runs_without_building_it():
+    target = ToyTarget()
+    assert _registry().auto_plan(target) == "ngram"
+    target.draft_head = FallbackHead()
+    assert _registry().auto_plan(target) == "ngram+draft-head"
+    assert SpeculatorRegistry().auto_plan(ToyTarget()).code == "no_draft_head"
+
+
+def test_the_listing_says_what_auto_runs_and_with_which_drafter():
+    from tsspec.cli.plugins_cmd import _auto_line
+
+    line = _auto_line("ngram+draft-head", "/x/mtp.gguf")
+    assert line.startswith("ngram+draft-head: ngram proposes first, draft-head (drafter /x/mtp.gguf) where ngram")
+    assert _auto_line("ngram", None) == "ngram" and _auto_line("draft-head", "/x/h.gguf") == "draft-head (drafter /x/h.gguf)"

@@ -60,6 +60,20 @@ def plugins(as_json: JsonFlag = False) -> None:
             typer.echo(f"    kernels {_kernel_summary(r['kernels'])}")
 
 
+def _auto_line(plan, source) -> str:
+    """What ``auto`` runs, and with which drafter file, in one line."""
+    from ..runtime.registry import Decline
+
+    if isinstance(plan, Decline):
+        return f"{plan.code}: {plan.reason}"
+    drafter = f" (drafter {source})" if source else ""
+    if "+" in plan:
+        primary, backup = plan.split("+", 1)
+        return (f"{plan}: {primary} proposes first, {backup}{drafter} where {primary} finds nothing "
+                f"or its draft does not pay")
+    return f"{plan}{drafter}" if plan != "auto" else plan
+
+
 def list_speculators(
     model: Annotated[Optional[str], typer.Option("--model", help="GGUF file: say whether each algorithm serves it.")] = None,
     draft_model: Annotated[Optional[str], typer.Option("--draft-model", "--spec-draft-model", help="Drafter file to attach.")] = None,
@@ -102,8 +116,17 @@ def list_speculators(
                 when = "--spec-type auto or " if record.auto else ""
                 typer.echo(f"shipped drafter for this model file: {record.path} (plugin {record.plugin}; "
                            f"attached under {when}--spec-type {record.algorithm})")
-        auto = catalog.speculators.resolve_name(target, "auto")
-        text = f"{auto.code}: {auto.reason}" if isinstance(auto, Decline) else auto
-        typer.echo(f"auto -> {text}")
+        planned = target
+        if draft_model is not None:  # auto with the operator's drafter attached, as generate would run it
+            from ..errors import TsspecError
+
+            try:
+                planned = load_model(model, catalog=catalog, options=options)
+            except TsspecError as exc:
+                typer.echo(f"auto -> (the drafter does not attach: {exc})")
+                planned = None
+        if planned is not None:
+            source = getattr(getattr(planned, "draft_head", None), "source", None)
+            typer.echo(f"auto -> {_auto_line(catalog.speculators.auto_plan(planned), source)}")
     for conflict in catalog.speculators.conflicts:
         typer.echo(f"warning: {conflict}", err=True)

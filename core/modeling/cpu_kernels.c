@@ -3544,6 +3544,205 @@ static PyObject *py_model_step(PyObject *self, PyObject *args) {
     Py_RETURN_NONE;
 }
 
+/* ---- a NextN draft head's whole call in one crossing ---------------------------------------
+ * A per-token draft head (one llama block over [rms_norm(emb); rms_norm(h)] @ Eh^T, the NextN
+ * layout) is small: on the embedded model its arithmetic is ~1/20 of a target step, and the
+ * seven Python-side kernel calls, tensor allocations and glue of a head call cost as much as
+ * the arithmetic. head_new describes the head once (a capsule of raw addresses that keeps the
+ * layer stack's capsule alive; the caller keeps the tensors alive); head_forward runs
+ *     ne, nh = rms_norm(E[slot], enorm), rms_norm(h, hnorm)
+ *     u      = nh @ Eh_hid^T + (ne @ Eh_emb^T)               (the two halves of eh_proj)
+ *     u      = block(u)                                        (stack_forward, KV cache at past..)
+ *     out    = rms_norm(u[-1], head_norm); logits = out @ head^T   (draft vocabulary)
+ * with the same static kernels, arguments and order as those seven calls, so every value is bit
+ * for bit theirs. The embedding rows come from a table [slots, H] of the caller's (exact copies
+ * of the target's rows), by slot. */
+
+typedef struct {
+    int64_t H;
+    float eps;
+    const float *enorm, *hnorm, *head_norm;
+    QWeight e_emb, e_hid, head;
+    const LayerStack *S;
+    PyObject *stack; /* the layer stack's capsule: a reference held */
+    int int8;        /* the rows quantised per row for every matrix (the gemms' int8 flag) */
+} HeadDesc;
+
+static void head_free(PyObject *capsule) {
+    HeadDesc *D = (HeadDesc *)PyCapsule_GetPointer(capsule, "tsspec.HeadDesc");
+    if (D != NULL) {
+        Py_XDECREF(D->stack);
+        free(D);
+    }
+}
+
+/* head_new(stack, eps, (enorm, hnorm, head_norm), e_emb, e_hid, head[, int8]): the matrices as
+ * (fmt, q, d, m, N, K[, zero_m]); e_emb, e_hid [H, H], head [K, H]; the stack one block of width H;
+ * int8: every gemm of the call quantises its rows (the int8 arithmetic), else float32 rows */
+static PyObject *py_head_new(PyObject *self, PyObject *args) {
+    PyObject *stack, *mats[3];
+    float eps;
+    unsigned long long en, hn, hdn;
+    int int8 = 0;
+    if (!PyArg_ParseTuple(args, "Of(KKK)OOO|p", &stack, &eps, &en, &hn, &hdn, &mats[0], &mats[1], &mats[2], &int8))
+        return NULL;
+    const LayerStack *S = (const LayerStack *)PyCapsule_GetPointer(stack, "tsspec.LayerStack");
+    if (S == NULL) return NULL;
+    if (S->n_layers != 1 || !en || !hn || !hdn) {
+        PyErr_SetString(PyExc_ValueError, "head_new: a one-block stack and three norm weights are needed");
+        return NULL;
+    }
+    HeadDesc *D = (HeadDesc *)calloc(1, sizeof(HeadDesc));
+    if (D == NULL) return PyErr_NoMemory();
+    const long long H = S->H;
+    if (!parse_matrix(mats[0], &D->e_emb, H, H, "eh_proj (embedding half)") ||
+        !parse_matrix(mats[1], &D->e_hid, H, H, "eh_proj (hidden half)") || !parse_weight(mats[2], &D->head)) {
+        free(D);
+        return NULL;
+    }
+    if (D->head.K != H || D->head.N < 1) {
+        PyErr_SetString(PyExc_ValueError, "head_new: the head's rows are not the stack's width");
+        free(D);
+        return NULL;
+    }
+    D->H = H;
+    D->eps = eps;
+    D->enorm = (const float *)(uintptr_t)en;
+    D->hnorm = (const float *)(uintptr_t)hn;
+    D->head_norm = (const float *)(uintptr_t)hdn;
+    D->S = S;
+    D->int8 = int8;
+    D->stack = stack;
+    Py_INCREF(stack);
+    PyObject *capsule = PyCapsule_New(D, "tsspec.HeadDesc", head_free);
+    if (capsule == NULL) {
+        Py_DECREF(stack);
+        free(D);
+    }
+    return capsule;
+}
+
+#define HEAD_MAX_ROWS 4096
+
+/* head_forward(head, table, table_rows, slots, h, past, k, v, cap, rope_table, threads, out, logits):
+ * rows n = len(slots); table [table_rows, H] float32 (row slots[r] is row r's token embedding,
+ * 0 <= slots[r] < table_rows); h [n, H]
+ * the rows before them; k, v [kv_heads, cap, hd] (the block's cache; rows go to past..);
+ * rope_table covers past + n positions. out [H] (0: none) gets the last row after head_norm;
+ * logits [K] (0: none, needs out) its draft-vocabulary logits. */
+static PyObject *py_head_forward(PyObject *self, PyObject *args) {
+    PyObject *capsule, *slots_obj;
+    unsigned long long table, h, k, v, rope, out, logits;
+    long long table_rows, past, cap;
+    int threads;
+    if (!PyArg_ParseTuple(args, "OKLOKLKKLKiKK", &capsule, &table, &table_rows, &slots_obj, &h, &past, &k, &v, &cap, &rope,
+                          &threads, &out, &logits))
+        return NULL;
+    const HeadDesc *D = (const HeadDesc *)PyCapsule_GetPointer(capsule, "tsspec.HeadDesc");
+    if (D == NULL) return NULL;
+    PyObject *seq = PySequence_Fast(slots_obj, "head_forward: slots must be a sequence of ints");
+    if (seq == NULL) return NULL;
+    const Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
+    if (n < 1 || n > HEAD_MAX_ROWS || !table || !h || !k || !v || !rope || past < 0 || past + n > cap ||
+        (logits && !out)) {
+        Py_DECREF(seq);
+        PyErr_SetString(PyExc_ValueError, "bad head_forward operands");
+        return NULL;
+    }
+    const int64_t H = D->H;
+    long long *slots = (long long *)malloc(sizeof(long long) * (size_t)n);
+    float *buf = (float *)malloc(sizeof(float) * (size_t)(4 * n * H)); /* emb, normed emb, normed h, u */
+    if (slots == NULL || buf == NULL) {
+        Py_DECREF(seq);
+        free(slots);
+        free(buf);
+        return PyErr_NoMemory();
+    }
+    int ok = 1;
+    for (Py_ssize_t i = 0; ok && i < n; i++) {
+        slots[i] = PyLong_AsLongLong(PySequence_Fast_GET_ITEM(seq, i));
+        if (slots[i] == -1 && PyErr_Occurred()) ok = 0;
+        else if (slots[i] < 0 || slots[i] >= table_rows) {
+            PyErr_SetString(PyExc_ValueError, "head_forward: a slot outside the embedding table");
+            ok = 0;
+        }
+    }
+    Py_DECREF(seq);
+    if (!ok) {
+        free(slots);
+        free(buf);
+        return NULL;
+    }
+    const float *tab = (const float *)(uintptr_t)table;
+    float *emb = buf, *ne = emb + n * H, *nh = ne + n * H, *u = nh + n * H;
+    int rc;
+    Py_BEGIN_ALLOW_THREADS
+    for (Py_ssize_t r = 0; r < n; r++) memcpy(emb + r * H, tab + slots[r] * H, sizeof(float) * (size_t)H);
+    rms_norm_rows(emb, D->enorm, ne, n, H, D->eps);
+    rms_norm_rows((const float *)(uintptr_t)h, D->hnorm, nh, n, H, D->eps);
+    region_kind = KIND_GEMM;
+    rc = gemm(&D->e_emb, ne, H, n, u, H, NULL, threads, D->int8);
+    if (rc == 0) rc = gemm(&D->e_hid, nh, H, n, u, H, u, threads, D->int8);
+    region_kind = KIND_OTHER;
+    if (rc == 0)
+        rc = stack_forward(D->S, 0, 1, u, n, past, (float *)(uintptr_t)k, (float *)(uintptr_t)v, cap,
+                           (const float *)(uintptr_t)rope, threads, D->int8);
+    if (rc == 0 && out) {
+        rms_norm_rows(u + (n - 1) * H, D->head_norm, (float *)(uintptr_t)out, 1, H, D->eps);
+        if (logits) {
+            region_kind = KIND_GEMM;
+            rc = gemm(&D->head, (const float *)(uintptr_t)out, H, 1, (float *)(uintptr_t)logits, D->head.N, NULL,
+                      threads, D->int8);
+            region_kind = KIND_OTHER;
+        }
+    }
+    Py_END_ALLOW_THREADS
+    free(slots);
+    free(buf);
+    if (rc != 0) return PyErr_NoMemory();
+    Py_RETURN_NONE;
+}
+
+/* ---- the draft-head gate: top-1 over the top-k ---------------------------------------------
+ * top1_topk(x, n, k) over float32 x[0..n-1]: (the first index of the maximum, the softmax
+ * probability of the largest value among the k largest, in double: 1 / sum_i exp(v_i - v_0)).
+ * None where x holds a NaN or its maximum is not finite (the caller's reference path decides
+ * those). The speculator's gate (confidence.top1_over_topk) on one crossing instead of a
+ * handful of torch ops. */
+#define TOPK_MAX 64
+
+static PyObject *py_top1_topk(PyObject *self, PyObject *args) {
+    unsigned long long addr;
+    long long n;
+    int k;
+    if (!PyArg_ParseTuple(args, "KLi", &addr, &n, &k)) return NULL;
+    if (!addr || n < 1 || k < 1 || k > TOPK_MAX) {
+        PyErr_SetString(PyExc_ValueError, "bad top1_topk operands");
+        return NULL;
+    }
+    const float *x = (const float *)(uintptr_t)addr;
+    if (k > n) k = (int)n;
+    float top[TOPK_MAX]; /* descending */
+    int have = 0;
+    long long best = 0;
+    for (long long i = 0; i < n; i++) {
+        const float v = x[i];
+        if (v != v) Py_RETURN_NONE; /* NaN */
+        if (v > x[best]) best = i;
+        if (have == k && !(v > top[k - 1])) continue;
+        int j = have < k ? have++ : k - 1;
+        while (j > 0 && top[j - 1] < v) {
+            top[j] = top[j - 1];
+            j--;
+        }
+        top[j] = v;
+    }
+    if (!isfinite(top[0])) Py_RETURN_NONE;
+    double sum = 0.0;
+    for (int j = 0; j < k; j++) sum += exp((double)top[j] - (double)top[0]);
+    return Py_BuildValue("Ld", best, 1.0 / sum);
+}
+
 static PyMethodDef methods[] = {
     {"gemm", py_gemm, METH_VARARGS, "out[R, N] (+)= x[R, K] @ W[N, K]^T on quantised blocks"},
     {"dequant", py_dequant, METH_VARARGS, "W[N, K] -> float32"},
@@ -3596,6 +3795,10 @@ static PyMethodDef methods[] = {
     {"probe_handshake", py_probe_handshake, METH_VARARGS,
      "wall nanoseconds of each of a number of regions that bring every thread in and out"},
     {"rms_norm_torch", py_rms_norm_torch, METH_VARARGS, "RMSNorm of rows in torch's summation order (F.rms_norm bit for bit)"},
+    {"head_new", py_head_new, METH_VARARGS, "describe a NextN draft head once (a capsule)"},
+    {"head_forward", py_head_forward, METH_VARARGS,
+     "a NextN draft head's call: input norms, eh_proj, its block, head norm, draft-vocabulary logits"},
+    {"top1_topk", py_top1_topk, METH_VARARGS, "(argmax, softmax probability of the top-1 among the top-k) of a row"},
     {"model_step", py_model_step, METH_VARARGS,
      "embedding rows, every block, the final norm and the LM head of one step in one call"},
     {NULL, NULL, 0, NULL},

@@ -208,6 +208,13 @@ class DraftEconomics:
         slope = (means[hi] - means[lo]) / (hi - lo)
         return max(means[lo] + slope * (length - lo), MIN_COST_MS)
 
+    def costs(self, longest: int) -> list[float] | None:
+        """[cost(0) .. cost(``longest``)] in ms, or None when nothing is measured yet."""
+        means = self._means()
+        if not means:
+            return None
+        return [self.cost(k, means) for k in range(longest + 1)]
+
     def _scale(self) -> float:
         if self._median is None:
             ordered = sorted(self._scales)

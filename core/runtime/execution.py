@@ -42,6 +42,7 @@ import torch
 from ..protocols import DraftContext
 from .governor import SpeculationCostGovernor
 from .proposal import (  # noqa: F401  (the fault kinds are part of this module's surface)
+    BAD_CONFIDENCE,
     BAD_EVIDENCE,
     BAD_ID,
     BAD_TYPE,
@@ -51,6 +52,7 @@ from .proposal import (  # noqa: F401  (the fault kinds are part of this module'
     PROPOSE_RAISED,
     TOO_MANY,
     HistoryView,
+    proposal_confidence,
     proposal_evidence,
     validate_proposal,
 )
@@ -204,12 +206,12 @@ class SpeculativeExecution:
         step_start = self.clock()
         k_max = min(self.window, max_ctx - p - 1, seq.max_tokens - len(seq.emitted) - 1)
         attempted = self._armed and k_max > 0 and self.governor.want_speculation()
-        drafts, evidence = self._propose(self._context(seq, p, k_max)) if attempted else ([], None)
-        if drafts and evidence is not None:  # keyed: verify only what pays for this key
-            drafts = drafts[: self.governor.size_proposal(len(drafts), evidence)]
+        drafts, evidence, confidence = self._propose(self._context(seq, p, k_max)) if attempted else ([], None, None)
+        if drafts and (evidence is not None or confidence is not None):  # verify only what pays
+            drafts = drafts[: self.governor.size_proposal(len(drafts), evidence, confidence)]
         self.stats.steps += 1
         if drafts:
-            self._verify_step(seq, p, drafts, step_start, evidence)
+            self._verify_step(seq, p, drafts, step_start, evidence, confidence)
         else:
             self._plain_step(seq, p, attempted, self._ms(step_start))
 
@@ -302,7 +304,7 @@ class SpeculativeExecution:
         self._emit(seq, token)
 
     def _verify_step(self, seq: SequenceState, p: int, drafts: list[int], step_start: float,
-                     evidence=None) -> None:
+                     evidence=None, confidence: list[float] | None = None) -> None:
         """Verify ``[last, *drafts]`` in one forward, emit what it accepts, keep those rows."""
         stats, sampler = self.stats, self.sampler
         rows_in = [seq.history[-1], *drafts]
@@ -335,7 +337,8 @@ class SpeculativeExecution:
         self._commit(rows_in[:kept], rows, p)
         # a batched trunk also charges what the verify's extra rows cost the rest of its batch
         ms = self._ms(step_start) + float(getattr(self.trunk, "extra_cost_ms", 0.0))
-        self.governor.record(True, ms, kept, drafted=len(drafts), evidence=evidence)
+        self.governor.record(True, ms, kept, drafted=len(drafts), evidence=evidence,
+                             confidence=None if confidence is None else confidence[: len(drafts)])
         self._observe(True, ms, kept, len(drafts))
 
     # -- helpers -----------------------------------------------------------------------------
@@ -376,6 +379,7 @@ class SpeculativeExecution:
             vocab_size=self.vocab_size,
             adjust_lookback=self.sampler.lookback,
             window=self.window,
+            worth=self.governor.chain_worth(),
         )
 
     def _emit(self, seq: SequenceState, token: int) -> bool:
@@ -434,20 +438,23 @@ class SpeculativeExecution:
         except Exception as exc:
             self._fault(COMMIT_RAISED, repr(exc))
 
-    def _propose(self, ctx: DraftContext) -> tuple[list[int], object | None]:
-        """The checked drafts and the proposal's evidence key (None: unkeyed)."""
-        drafts, evidence, fault = [], None, None
+    def _propose(self, ctx: DraftContext) -> tuple[list[int], object | None, list[float] | None]:
+        """The checked drafts, the proposal's evidence key and its per-draft confidence (None:
+        none given)."""
+        drafts, evidence, confidence, fault = [], None, None, None
         with self._phase("draft"):
-            try:  # validate_proposal and proposal_evidence are total: only the speculator's own code raises
+            try:  # the checks are total: only the speculator's own code raises
                 raw = self.speculator.propose(ctx)
                 drafts, kind = validate_proposal(raw, ctx.max_tokens, self.vocab_size)
                 if drafts and not kind:
                     evidence, kind = proposal_evidence(raw)
-                    if kind:
-                        drafts = []
+                if drafts and not kind:
+                    confidence, kind = proposal_confidence(raw, len(drafts))
+                if kind:
+                    drafts, evidence, confidence = [], None, None
                 fault = (kind, "") if kind else None
             except Exception as exc:
                 fault = (PROPOSE_RAISED, repr(exc))
         if fault:
             self._fault(*fault)
-        return drafts, evidence
+        return drafts, evidence, confidence

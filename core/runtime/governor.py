@@ -67,12 +67,14 @@ from __future__ import annotations
 
 import collections
 import math
-from typing import Deque, Hashable
+from typing import Deque, Hashable, Sequence
 
+from .calibration import ChainWorth, ConfidenceCalibration, bucket
 from .economics import MAX_KEYS, DraftEconomics
 
 PROBE, HOLD, PARKED = "probe", "hold", "parked"
 DECISIVE_SAMPLES = 2  # samples per side behind an early (decisive) decision
+CONFIDENCE_KEY = "confidence"  # the key of a proposal sized by its confidence: (this, first bucket)
 
 
 class _Window:
@@ -90,6 +92,11 @@ class _Window:
 
     def clear(self) -> None:
         self.samples.clear()
+
+    @property
+    def full(self) -> bool:
+        """The window holds its most samples (older ones are dropped from now on)."""
+        return len(self.samples) == self.samples.maxlen
 
     @property
     def count(self) -> int:
@@ -123,6 +130,7 @@ class SpeculationCostGovernor:
         size_drafts: bool = True,
         explore_after: int = 8,
         cost_shape=None,
+        calibrated_samples: int = 12,
     ):
         self.enabled = enabled
         self.min_samples = min_samples
@@ -137,7 +145,15 @@ class SpeculationCostGovernor:
         self.probe_draft = probe_draft
         self.size_drafts = size_drafts  # draft length from measured economics (else: the window)
         self.explore_after = explore_after  # declines of one key before it is re-tried
+        # verified steps a probe of confidence-sized drafting that has landed a token in this
+        # sequence needs before a (non-decisive) verdict: its steps are the ones worth
+        # verifying, so it sits near break-even where a few Bernoulli landings decide nothing;
+        # a clear loser is still parked by decisive_ratio, one that never lands by min_samples
+        self.calibrated_samples = max(min_samples, int(calibrated_samples))
+        self.calibrated = False  # a proposal carried confidence
         self.economics = DraftEconomics(cost_shape)  # cost_shape: the target's measured cost by rows
+        self.calibration = ConfidenceCalibration()  # landing by confidence bucket, this sequence
+        self.worth = ChainWorth(self.calibration, self.economics)
         self.keyed = False  # a proposal carried evidence: drafts are sized after proposing
         self.declined = 0  # proposals not verified because their key's drafts do not pay
         self._declines: dict[Hashable, int] = {}  # key -> declines since it was last verified
@@ -193,16 +209,24 @@ class SpeculationCostGovernor:
             return min(limit, self.probe_draft)
         return limit
 
-    def size_proposal(self, proposed: int, evidence: Hashable | None) -> int:
-        """How many of a proposal's ``proposed`` drafts to verify, given its ``evidence`` key:
-        the length that pays for that key (0: decline, the step is a plain one), one token
-        when a key declined ``explore_after`` times in a row is re-tried, capped at
-        ``probe_draft`` while a probe has landed nothing. Unkeyed proposals (None), a
-        disabled governor or ``size_drafts`` off: all of them."""
-        if evidence is None or not (self.enabled and self.size_drafts) or proposed <= 0:
+    def size_proposal(self, proposed: int, evidence: Hashable | None,
+                      confidence: Sequence[float] | None = None) -> int:
+        """How many of a proposal's ``proposed`` drafts to verify, given its ``evidence`` key
+        or its per-draft ``confidence``: the length that pays (0: decline, the step is a plain
+        one), one token when a key declined ``explore_after`` times in a row is re-tried,
+        capped at ``probe_draft`` while a probe has landed nothing. With ``confidence`` the
+        length comes from the calibrated chances (``ChainWorth.length``) and the key is the
+        first draft's confidence bucket unless ``evidence`` names one. Unkeyed proposals
+        (both None), a disabled governor or ``size_drafts`` off: all of them."""
+        if (evidence is None and confidence is None) or not (self.enabled and self.size_drafts) or proposed <= 0:
             return proposed
         self.keyed = True
-        keep = self.economics.best(proposed, evidence, decline=True)
+        if confidence is not None:
+            self.calibrated = True
+            keep = self.worth.length(list(confidence)[:proposed])
+            evidence = evidence if evidence is not None else (CONFIDENCE_KEY, bucket(confidence[0]))
+        else:
+            keep = self.economics.best(proposed, evidence, decline=True)
         if keep == 0:
             if len(self._declines) >= MAX_KEYS and evidence not in self._declines:
                 self._declines.clear()  # a drafter inventing keys: forget the oldest counts
@@ -222,6 +246,12 @@ class SpeculationCostGovernor:
             keep = min(keep, self.probe_draft)
         return keep
 
+    def chain_worth(self) -> ChainWorth | None:
+        """What a drafter that knows its confidence may read while proposing
+        (``DraftContext.worth``): this run's calibrated chances and measured costs. None when
+        the governor is off or does not size drafts (the drafter then gates by its own)."""
+        return self.worth if self.enabled and self.size_drafts else None
+
     def _plain_gap(self) -> int:
         """Speculative steps between baseline samples while the baseline is short."""
         if not self.probe_steps:
@@ -238,10 +268,15 @@ class SpeculationCostGovernor:
         self.probe_tokens = 0
 
     def record(self, speculative: bool, ms: float, tokens: int, drafted: int | None = None,
-               evidence: Hashable | None = None) -> None:
+               evidence: Hashable | None = None, confidence: Sequence[float] | None = None) -> None:
         """Report a step: speculative (drafted, verified) or plain, its ms and emitted tokens;
         ``drafted``: how many tokens the speculative step verified (for the draft length);
-        ``evidence``: its proposal's key (None: unkeyed)."""
+        ``evidence``: its proposal's key (None: unkeyed); ``confidence``: the verified drafts'
+        confidences (the calibration learns what landed by bucket; such a step is keyed)."""
+        if confidence is not None and speculative and drafted:
+            self.calibration.record(list(confidence)[:drafted], tokens - 1)
+            if evidence is None:
+                evidence = (CONFIDENCE_KEY, bucket(confidence[0]))
         if speculative and drafted:
             self.economics.record_draft(drafted, tokens - 1, ms, evidence)
         elif not speculative:
@@ -310,6 +345,7 @@ class SpeculationCostGovernor:
         self.parked_left = 0
         self.spec_since_check = 0
         self.economics.forget_acceptance()
+        self.calibration.clear()
         self.landed = False
         self._declines.clear()
         self._explore_gap.clear()
@@ -344,7 +380,11 @@ class SpeculationCostGovernor:
         spec_cost, plain_cost = self.spec.ms_per_token, self.plain.ms_per_token
         if spec_cost is None or plain_cost is None or plain_cost <= 0:
             return  # no baseline yet, or one a clock could not resolve: nothing to compare
-        enough = self.spec.count >= self.min_samples and self.plain.count >= self.min_samples
+        # a landless one is judged as before; so is one whose window filled (mostly declined
+        # attempts) before it gathered calibrated_samples verified steps: no verdict-less probe
+        near = self.calibrated and self.landed and self.state == PROBE and not self.spec.full
+        spec_samples = self.calibrated_samples if near else self.min_samples
+        enough = self.spec.count >= spec_samples and self.plain.count >= self.min_samples
         decisive = (
             self.state == PROBE
             and min(self.spec.count, self.plain.count) >= DECISIVE_SAMPLES

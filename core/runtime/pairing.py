@@ -23,7 +23,10 @@ algorithm's gain depends on the prompt, and its probes cost next to nothing).
 
 The loop reports each step to a speculator that has ``observe_step(speculative, ms, tokens,
 drafted)`` (optional in the protocol); the pair uses it to feed its members' governors and
-passes it on to members that have it.
+passes it on to members that have it: a member hears its own verifies as verifies and every
+other step (the other member's verifies included) as a step it did not draft, so its state is
+what it would be drafting alone (ngram keys its next proposal by whether ITS last drafts all
+landed; hearing the backup's failed verifies as its own declined its good matches).
 
 A member's proposal that carries ``evidence`` (``tsspec.protocols.Proposal``) is sized by that
 member's governor for its key (``SpeculationCostGovernor.size_proposal``); one it declines
@@ -38,7 +41,7 @@ from typing import Any, Callable, Sequence
 import attrs
 
 from .governor import SpeculationCostGovernor
-from .proposal import proposal_evidence
+from .proposal import proposal_confidence, proposal_evidence
 
 PRIMARY, BACKUP = "primary", "backup"
 
@@ -71,10 +74,11 @@ class SpeculatorPair:
         self.source: str | None = None  # who proposed this step's drafts (None: nobody)
         self.proposed = {PRIMARY: 0, BACKUP: 0}  # proposals that reached verification, by member
         self.evidence = None  # the evidence key of this step's drafts
+        self.confidence = None  # their per-draft confidence (None: not given)
         self.declined_drafts = 0  # keyed proposals a member's governor did not verify
 
     def propose(self, ctx) -> Sequence[int]:
-        self.source, self.evidence = None, None
+        self.source, self.evidence, self.confidence = None, None, None
         for role, member in ((PRIMARY, self.primary), (BACKUP, self.backup)):
             drafts = self._ask(role, member, ctx)
             if drafts:
@@ -92,15 +96,17 @@ class SpeculatorPair:
         if limit < 1:
             return []
         start = self.clock()
-        raw = member.propose(ctx if limit == window else attrs.evolve(ctx, max_tokens=limit))
+        raw = member.propose(attrs.evolve(ctx, max_tokens=limit, worth=governor.chain_worth()))
         drafts = _as_list(raw)
         if drafts:
             evidence, _ = proposal_evidence(raw)  # unhashable evidence: sized as unkeyed
-            keep = governor.size_proposal(len(drafts), evidence)
+            confidence, _ = proposal_confidence(raw, len(drafts))  # malformed: sized without it
+            keep = governor.size_proposal(len(drafts), evidence, confidence)
             if keep < 1:
                 self.declined_drafts += 1
             drafts = drafts[:keep]
             self.evidence = evidence
+            self.confidence = None if confidence is None else confidence[:keep]
         if not drafts:  # an attempt that found nothing (or was declined): its cost is this member's
             governor.record_empty_proposal((self.clock() - start) * 1000.0)
         return drafts
@@ -113,15 +119,20 @@ class SpeculatorPair:
         """The loop's report of the step just taken (after ``propose`` and the commit)."""
         if speculative and self.source is not None:
             self.proposed[self.source] += 1
-            self.governors[self.source].record(True, ms, tokens, drafted=drafted, evidence=self.evidence)
+            self.governors[self.source].record(True, ms, tokens, drafted=drafted, evidence=self.evidence,
+                                               confidence=self.confidence)
         elif not speculative:
             for governor in self.governors.values():
                 governor.record(False, ms, tokens)
-        for member in (self.primary, self.backup):
+        for role, member in ((PRIMARY, self.primary), (BACKUP, self.backup)):
             observe = getattr(member, "observe_step", None)
-            if observe is not None:
-                observe(speculative, ms, tokens, drafted if speculative else 0)
-        self.source, self.evidence = None, None
+            if observe is None:
+                continue
+            if speculative and role == self.source:
+                observe(True, ms, tokens, drafted)
+            else:  # the other member's verify is, to this one, a step it did not draft
+                observe(False, ms, tokens, 0)
+        self.source, self.evidence, self.confidence = None, None, None
 
     def governor_counts(self) -> tuple[int, int, int]:
         """(wins, losses, parked steps) of both members' governors together."""

@@ -8,6 +8,8 @@ import itertools
 import operator
 from typing import Sequence
 
+from .calibration import valid_confidences
+
 MAX_FAULTS = 3  # faults in one sequence before the speculator is parked for it
 
 # fault kinds, as counted in SpecStats.fault_kinds
@@ -18,6 +20,7 @@ BAD_ID = "bad_id"
 OUT_OF_VOCAB = "out_of_vocab"
 TOO_MANY = "too_many_tokens"
 BAD_EVIDENCE = "bad_evidence"
+BAD_CONFIDENCE = "bad_confidence"
 
 
 def proposal_evidence(raw: object) -> tuple[object | None, str | None]:
@@ -41,6 +44,28 @@ def proposal_evidence(raw: object) -> tuple[object | None, str | None]:
     except Exception:
         return None, BAD_EVIDENCE
     return evidence, None
+
+
+def proposal_confidence(raw: object, length: int) -> tuple[list[float] | None, str | None]:
+    """The per-draft ``confidence`` an untrusted proposal carries (None: none), or (None, fault
+    kind) when it is not ``length`` floats in [0, 1] or reading it raises. Total.
+
+    >>> from tsspec.protocols import Proposal
+    >>> proposal_confidence(Proposal([1, 2], confidence=[0.9, 0.5]), 2)
+    ([0.9, 0.5], None)
+    >>> proposal_confidence(Proposal([1, 2], confidence=[0.9]), 2)
+    (None, 'bad_confidence')
+    """
+    if raw is None or isinstance(raw, list) and type(raw) is list:
+        return None, None
+    try:
+        values = getattr(raw, "confidence", None)
+    except Exception:
+        return None, BAD_CONFIDENCE
+    if values is None:
+        return None, None
+    checked = valid_confidences(values, length)
+    return (checked, None) if checked is not None else (None, BAD_CONFIDENCE)
 
 
 def validate_proposal(raw: object, max_tokens: int, vocab_size: int) -> tuple[list[int], str | None]:

@@ -255,17 +255,34 @@ class SpeculatorRegistry:
         made = self._create_one(target, options)
         if isinstance(made, Decline) or getattr(options, "spec_type", AUTO) != AUTO:
             return made
-        head = getattr(target, "draft_head", None)
-        free = self.weight_free()
-        if head is None or getattr(head, "auto_fallback", False) is not True or not free or free[0] == getattr(made, "name", None):
+        free = self._pair_primary(target, getattr(made, "name", None))
+        if free is None:
             return made
-        primary = self._create_one(target, attrs.evolve(options, spec_type=free[0]))
+        primary = self._create_one(target, attrs.evolve(options, spec_type=free))
         if isinstance(primary, Decline):
             return made  # the weight-free algorithm cannot serve: the drafter alone
         from .pairing import SpeculatorPair
 
-        memory = self.memory(target, f"pair:{free[0]}+{getattr(made, 'name', '')}")
+        memory = self.memory(target, f"pair:{free}+{getattr(made, 'name', '')}")
         return SpeculatorPair(primary, made, adaptive=bool(getattr(options, "adaptive", True)), memory=memory)
+
+    def _pair_primary(self, target: Any, chosen: str | None) -> str | None:
+        """The weight-free algorithm ``auto`` puts in front of ``chosen`` (the drafter's
+        algorithm) when the target's head says ``auto_fallback``; None: ``chosen`` runs alone."""
+        head = getattr(target, "draft_head", None)
+        free = self.weight_free()
+        if head is None or getattr(head, "auto_fallback", False) is not True or not free or free[0] == chosen:
+            return None
+        return free[0]
+
+    def auto_plan(self, target: Any) -> str | Decline:
+        """What ``auto`` runs on ``target``, in words: an algorithm's name, ``primary+backup``
+        for a pair, or the Decline (no factory is called)."""
+        name = self.resolve_name(target, AUTO)
+        if isinstance(name, Decline):
+            return name
+        primary = self._pair_primary(target, name)
+        return name if primary is None else f"{primary}+{name}"
 
     def _create_one(self, target: Any, options: Any) -> Any:
         name = self.resolve_name(target, getattr(options, "spec_type", AUTO))

@@ -152,3 +152,20 @@ def test_sequence_views_of_the_mtp_drafter_share_its_weights_in_memory(targets):
     assert grown < 4 * weights, f"16 views grew RSS by {grown >> 20} MiB; the drafter's weights are {weights >> 20} MiB"
     for view in views:
         view.close()
+
+
+def test_list_speculators_says_what_auto_runs_and_with_which_drafter_file(capsys):
+    from tsspec.cli.app import main
+    from tsspec_drafters_smollm2 import DRAFTERS
+
+    mtp = "smollm2-135m-instruct-mtp.gguf"
+    for extra in ([], ["--draft-model", str(tsspec_drafters_smollm2.HERE / mtp)]):
+        try:
+            main(["list-speculators", "--model", str(embedded_model_path()), *extra])
+        except SystemExit as exc:
+            assert not exc.code
+        line = [x for x in capsys.readouterr().out.splitlines() if x.startswith("auto -> ")][-1]
+        if DRAFTERS[mtp][2] or extra:  # attached under auto: the pair, naming the file
+            assert line.startswith("auto -> ngram+draft-head: ") and mtp in line
+        else:
+            assert line == "auto -> ngram"

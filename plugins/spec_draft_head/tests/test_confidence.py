@@ -47,3 +47,20 @@ def test_rejects_non_vectors():
         top1_over_topk(torch.zeros(2, 3))
     with pytest.raises(ValueError):
         top1_over_topk(torch.zeros(0))
+
+
+@pytest.mark.parametrize("make", [
+    lambda g: torch.randn(4096, generator=g) * 3,  # the compact logits: the native gate
+    lambda g: torch.randn(8192, generator=g)[::2],  # not contiguous: torch
+    lambda g: torch.randn(300, generator=g, dtype=torch.float64),  # float64: torch
+    lambda g: torch.tensor([1.0, float("nan"), 2.0]),  # a NaN: torch decides
+    lambda g: torch.full((5,), float("-inf")),  # no finite maximum: torch decides
+])
+def test_the_native_gate_gives_the_torch_gates_answer(make):
+    from tsspec_draft_head.confidence import top1_over_topk_torch
+
+    logits = make(torch.Generator().manual_seed(3))
+    token, p = top1_over_topk(logits)
+    want_token, want_p = top1_over_topk_torch(logits)
+    assert token == want_token
+    assert p == pytest.approx(want_p, rel=1e-12, abs=0, nan_ok=True)

@@ -249,3 +249,27 @@ def test_a_losing_head_under_the_governor_is_lossless_and_its_park_skips_commits
     (skipping, proposals), (told_all, reference) = runs
     assert skipping.governor_losses >= 3 and skipping.skipped_commits > 30 and told_all.skipped_commits == 0
     assert proposals == reference and len(proposals) >= 4
+
+
+@pytest.mark.parametrize("sampling", [GREEDY, SAMPLED], ids=["greedy", "sampled"])
+@pytest.mark.parametrize("head", sorted(HEADS))
+def test_lossless_under_the_governors_calibrated_gate(head, sampling, monkeypatch):
+    """No --spec-pmin and the cost governor on: the chain follows the run's calibration and the
+    proposals carry their confidences for the loop to size. Output: plain decoding's."""
+    from tsspec.protocols import Proposal
+    from tsspec.testing import plain_tokens
+
+    monkeypatch.setenv(FOLD_ENV, "1")
+    want = plain_tokens(_target("kv"), PROMPT, 80, sampling=sampling)
+    target = _target("kv")
+    _attach(target, "kv", head)
+    options = SpeculationOptions(draft=4)
+    spec = Recorder(make_draft_head(target, options))
+    proposed = []
+    inner = spec.inner.propose
+    spec.inner.propose = lambda ctx: proposed.append(inner(ctx)) or proposed[-1]
+    gen = generate(target, PROMPT, options, max_tokens=80, sampling=sampling, speculator=spec)
+    assert gen.tokens == want
+    assert proposed and all(isinstance(p, Proposal) and len(p.confidence) == len(p) for p in proposed)
+    if head == "oracle":
+        assert gen.stats.accepted_tokens > 0

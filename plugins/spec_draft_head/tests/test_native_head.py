@@ -149,6 +149,10 @@ class _HoldingKernels:
         self._during(k, v, table)
         return self._real.layers_forward(stack, l0, l1, x, rows, past, k, v, cap, table, threads, int8)
 
+    def head_forward(self, desc, emb, emb_rows, slots, h, past, k, v, cap, table, threads, out, logits):
+        self._during(k, v, table)
+        return self._real.head_forward(desc, emb, emb_rows, slots, h, past, k, v, cap, table, threads, out, logits)
+
 
 @needs_kernels
 def test_a_head_shared_by_two_threads_never_frees_a_cache_a_native_call_holds():
@@ -246,3 +250,159 @@ def test_speculative_equals_plain_with_the_native_head_on_the_embedded_model(emb
     spec = generate(with_drafter, list(ids), options, max_tokens=20, sampling=params, registry=catalog.speculators)
     assert spec.tokens == plain.tokens
     assert spec.stats.draft_tokens > 0 and head.counts.calls > calls and head.native
+
+
+# -- the one-call head (head_forward) against the per-op kernels -------------------------------
+@needs_kernels
+@pytest.mark.parametrize("seed", [0, 3])
+def test_one_native_call_equals_the_seven_per_op_calls_bit_for_bit(seed):
+    """``NativeNextN.step`` (one ``head_forward`` call) and ``forward`` + ``logits`` (rms_norm,
+    gemm, layers_forward calls): the same kernels in the same order, so the same bits, through a
+    catch-up without output, chained steps and a rewind."""
+    module = _module(seed)
+    table = torch.randn(V, H, generator=torch.Generator().manual_seed(seed + 50))
+    one, per_op = (NextNFileHead(module, _Target(table)) for _ in range(2))
+    assert one.native and per_op.native
+    tokens = torch.randint(V, (14,), generator=torch.Generator().manual_seed(seed + 9)).tolist()
+    rows = torch.cat([torch.zeros(1, H), _rows(13, seed)])  # [14, H]
+    calls = [(tokens[:6], rows[:6], 0, False), (tokens[6:9], rows[6:9], 6, True), (tokens[9:10], rows[9:10], 9, True),
+             (tokens[7:12], rows[7:12], 7, True), (tokens[12:14], rows[12:14], 12, True)]  # the 4th rewinds
+    for toks, h, start, want in calls:
+        a = one._advance_native(toks, h, start, want_last=want)  # (out, logits) or (None, None)
+        out = per_op._advance(toks, h, start, want_last=want)  # the per-op path on the same engine kind
+        b = (out, per_op._native.logits(out)) if want else (None, None)
+        if want:
+            assert torch.equal(a[0], b[0]) and torch.equal(a[1], b[1])
+        else:
+            assert a == (None, None) and b == (None, None)
+        assert one.end == per_op.end and one.base == per_op.base
+    n = one.end - one.base
+    assert torch.equal(one._native._kc[:, :, :n], per_op._native._kc[:, :, :n])
+    assert torch.equal(one._native._vc[:, :, :n], per_op._native._vc[:, :, :n])
+
+
+@needs_kernels
+def test_head_forward_rejects_bad_operands():
+    _, fast = _heads(4)
+    eng = fast._native
+    eng.ensure(4, 64)
+    h = _rows(2, 1)
+    out, logits = torch.empty(H), torch.empty(K)
+    table = eng.embeddings.slots([1, 2])[0]
+    args = [eng._desc, table.data_ptr(), table.shape[0], [0, 1], h.data_ptr(), 0, eng._kc.data_ptr(),
+            eng._vc.data_ptr(), eng.capacity, eng._rope_from(0, 2), 1, out.data_ptr(), logits.data_ptr()]
+    eng._k.head_forward(*args)
+    # no rows, a negative slot, a slot past the table, past the cache, logits without out
+    for i, bad in ((3, []), (3, [0, -1]), (3, [0, table.shape[0]]), (5, eng.capacity), (11, 0)):
+        wrong = list(args)
+        wrong[i] = bad
+        with pytest.raises(ValueError):
+            eng._k.head_forward(*wrong)
+    with pytest.raises(ValueError, match="one-block stack"):
+        eng._k.head_new(eng._k.layers_new((H, 4, 2, 16, 16, 96, 1e-6), []), 1e-6, (1, 1, 1), (8, 1, 1, 1, H, H),
+                        (8, 1, 1, 1, H, H), (8, 1, 1, 1, K, H))
+
+
+def test_embedding_rows_only_grow_and_a_full_table_serves_a_call_of_its_own():
+    from tsspec_draft_head.native_head import EmbeddingRows
+
+    table = torch.randn(V, H)
+    calls = []
+
+    def embed(ids):
+        calls.append(list(ids))
+        return table[torch.as_tensor(ids, dtype=torch.long)]
+
+    rows = EmbeddingRows(embed, H, slots=4)
+    rows.fill([7, 3, 7])
+    shared, slots = rows.slots([3, 7])
+    assert calls == [[7, 3]] and slots == [1, 0] and torch.equal(shared[slots], table[[3, 7]])
+    assert rows.slots([9, 3])[1] == [2, 1] and calls[-1] == [9]  # one more row; the old ones stay put
+    before = shared[:3].clone()
+    own, slots = rows.slots([11, 12, 3])  # two new ids, one slot left: this call's own table
+    assert own is not shared and slots == [0, 1, 2] and torch.equal(own, table[[11, 12, 3]])
+    assert torch.equal(shared[:3], before) and torch.equal(rows([9, 3, 7]), table[[9, 3, 7]])
+
+
+@needs_kernels
+def test_native_logits_match_the_torch_module_on_real_rows_of_the_embedded_model(embedded):
+    """The shipped drafter on the embedded model's own hidden rows: the one-call kernels'
+    compact logits within TOLERANCE of their scale of the torch module's, and the same top-1
+    wherever the torch module's top two logits are further apart than that."""
+    _, with_drafter, _ = embedded
+    head = with_drafter.draft_head
+    tok = with_drafter.tokenizer
+    ids = [int(i) for i in tok.encode("The lighthouse keeper climbed the stairs at dusk to light the lamp, "
+                                      "as he had done every evening for thirty years.")]
+    _, hidden = with_drafter.spec_forward(ids, all_logits_rows=True, want_hidden=True)  # [n, H]
+    try:
+        results = {}
+        for native_on in (False, True):
+            assert head.use_native(native_on) == native_on
+            got = []
+            for p in range(1, len(ids)):  # row p-1 predicted ids[p]
+                got.append(head.draft_catch_up_and_step([ids[p]], hidden[p - 1 : p], p, compact=True))
+            results[native_on] = got
+    finally:
+        head.use_native(True)
+    agree = 0
+    for (lt, _), (ln, _) in zip(results[False], results[True]):
+        scale = float(lt.abs().max())
+        assert torch.allclose(lt, ln, atol=TOLERANCE * scale, rtol=0), float((lt - ln).abs().max()) / scale
+        top2 = torch.topk(lt, 2).values
+        if float(top2[0] - top2[1]) > 2 * TOLERANCE * scale:
+            assert int(lt.argmax()) == int(ln.argmax())
+        agree += int(lt.argmax()) == int(ln.argmax())
+    assert agree >= len(results[True]) - 1  # measured: every one of 22 (max difference 5e-7 of the scale)
+    # the kernel thread count (ThreadChoice picks it by timing) never changes a bit
+    by_threads = {}
+    for threads in (1, 2):
+        head.reset()
+        head._native.threads = threads
+        by_threads[threads] = [head.draft_catch_up_and_step(ids[p : p + 2], hidden[p - 1 : p + 1], p, compact=True)
+                               for p in range(1, len(ids) - 1, 2)]
+    head._native.threads = None
+    for (la, oa), (lb, ob) in zip(by_threads[1], by_threads[2]):
+        assert torch.equal(la, lb) and torch.equal(oa, ob)
+
+
+def test_thread_choice_keeps_the_faster_count_and_measures_again_later():
+    from tsspec_draft_head.native_head import ThreadChoice
+
+    choice = ThreadChoice()
+    assert choice.pick(1) == (1, False)  # one thread: nothing to choose
+    cost = {1: 300, 2: 500}  # ns a call: one thread wins here
+    seen = []
+    while not choice.chosen:
+        threads, timed = choice.pick(2)
+        assert timed
+        seen.append(threads)
+        choice.record(threads, cost[threads], 2)
+    assert seen == [1, 2] * ThreadChoice.TRIALS and choice.chosen == 1
+    assert all(choice.pick(2) == (1, False) for _ in range(ThreadChoice.EVERY))
+    cost = {1: 900, 2: 400}  # the load changed: the next round picks two
+    while True:
+        threads, timed = choice.pick(2)
+        assert timed
+        choice.record(threads, cost[threads], 2)
+        if choice.pick(2) == (2, False):
+            break
+    assert choice.chosen == 2
+
+
+@needs_kernels
+def test_switches_one_call_and_thread_choice_off_draft_the_same_bits(monkeypatch):
+    from tsspec_draft_head.native_head import ONE_CALL_ENV, THREAD_CHOICE_ENV
+
+    module = _module(8)
+    table = torch.randn(V, H, generator=torch.Generator().manual_seed(58))
+    default = NextNFileHead(module, _Target(table))
+    monkeypatch.setenv(ONE_CALL_ENV, "0")
+    monkeypatch.setenv(THREAD_CHOICE_ENV, "0")
+    switched = NextNFileHead(module, _Target(table))
+    assert not switched._native.one_call and switched._native.thread_choice is None
+    assert default._native.one_call and default._native.thread_choice is not None
+    tokens, rows = [3, 9, 27, 81 % V], _rows(4, 8)
+    a = default.draft_catch_up_and_step(tokens, rows, 5, compact=True)
+    b = switched.draft_catch_up_and_step(tokens, rows, 5, compact=True)
+    assert torch.equal(a[0], b[0]) and torch.equal(a[1], b[1])

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import attrs
 import pytest
 import torch
 
@@ -432,3 +433,87 @@ def test_only_the_folded_path_declares_its_catch_up_bound_to_the_loop():
                                    fold_catch_up=False, catch_up_rows=5)
     assert folded.catch_up_rows == 5 and catch_up_bound(folded) == 5
     assert unfolded.catch_up_rows is None and catch_up_bound(unfolded) is None
+
+
+# -- the chain under the governor's calibrated worth (issue 17) --------------------------------
+
+
+class ScriptedHead:
+    """A per-token head that drafts ``truth(p)`` for position p, sure (a sharp peak) where
+    ``sure(p)`` and unsure (a slight lead over nine rivals) elsewhere; it counts its calls."""
+
+    from tsspec.protocols import DraftHeadKind as _Kind
+
+    kind = _Kind.PER_TOKEN
+    block_size = 1
+    resumes_after_gap = False
+    vocab_size = VOCAB
+
+    def __init__(self, truth, sure):
+        self.truth, self.sure, self.calls = truth, sure, 0
+
+    def draft_step(self, token, h_prev, position):
+        self.calls += 1
+        logits = torch.zeros(VOCAB, dtype=torch.float64)
+        logits[:10] = 1.5  # rivals
+        logits[self.truth(position + 1)] = 12.0 if self.sure(position + 1) else 2.0
+        return logits, torch.zeros(HIDDEN, dtype=torch.float64)
+
+    def draft_catch_up(self, tokens, rows, start):
+        pass
+
+    def reset(self):
+        pass
+
+
+def _worth():
+    """A run's calibration in which sure tokens (~1.0) land and unsure ones (~0.15) do not,
+    on a target whose verify rows cost a fifth of a plain step each."""
+    from tsspec.runtime.calibration import ChainWorth, ConfidenceCalibration
+    from tsspec.runtime.economics import DraftEconomics
+
+    calibration, economics = ConfidenceCalibration(), DraftEconomics(((1, 10.0), (2, 12.0), (9, 26.0)))
+    for _ in range(4):
+        economics.record_plain(10.0)
+    for _ in range(20):
+        calibration.record([0.99], 1)
+        calibration.record([0.15], 0)
+    return ChainWorth(calibration, economics)
+
+
+def test_an_informative_head_drafts_long_where_it_is_sure_and_not_where_it_is_not():
+    from tsspec.protocols import Proposal
+
+    head = ScriptedHead(truth=lambda p: (p * 7) % 30 + 10, sure=lambda p: p < 20)
+    spec = DraftHeadSpeculator(head, max_draft_tokens=8, feature_size=HIDDEN, fold_catch_up=False)
+    worth = _worth()
+    history = list(range(10, 20))  # last token at position 9: positions 10.. are sure up to 19
+    sure = spec.propose(attrs.evolve(_ctx(history, _rows(1, 0)[0], max_tokens=6), worth=worth))
+    assert isinstance(sure, Proposal) and len(sure) == 6 and min(sure.confidence) > 0.9
+    assert list(sure) == [(p * 7) % 30 + 10 for p in range(10, 16)]
+    assert worth.length(sure.confidence) == 6
+    history = list(range(10, 30))  # position 20 on: unsure
+    calls = head.calls
+    unsure = spec.propose(attrs.evolve(_ctx(history, _rows(1, 0)[0], max_tokens=6), worth=worth))
+    # the first token always goes to the loop (which declines it, or now and then re-tries its
+    # bucket); no further head call is made for a chain that cannot pay
+    assert len(unsure) == 1 and unsure.confidence[0] < 0.3 and head.calls == calls + 1
+    assert worth.length(unsure.confidence) == 0
+    # where the chain crosses from sure to unsure it stops at the last sure token
+    history = list(range(10, 27))  # position 16: sure 17..19, unsure from 20
+    crossing = spec.propose(attrs.evolve(_ctx(history, _rows(1, 0)[0], max_tokens=6), worth=worth))
+    assert len(crossing) == 3
+
+
+def test_without_a_governor_or_with_the_operators_pmin_the_fixed_gate_decides():
+    head = ScriptedHead(truth=lambda p: 11, sure=lambda p: p < 20)
+    history = list(range(10, 20))
+    gated = DraftHeadSpeculator(head, max_draft_tokens=8, feature_size=HIDDEN, fold_catch_up=False,
+                                min_draft_prob=0.75, chain_limit=2)
+    out = gated.propose(_ctx(history, _rows(1, 0)[0], max_tokens=6))  # ctx.worth None: no governor
+    assert type(out) is list and out == [11, 11]  # the file's chain limit
+    fixed = DraftHeadSpeculator(head, max_draft_tokens=8, feature_size=HIDDEN, fold_catch_up=False,
+                                min_draft_prob=0.75, fixed_gate=True)
+    out = fixed.propose(attrs.evolve(_ctx(history, _rows(1, 0)[0], max_tokens=6), worth=_worth()))
+    assert type(out) is list and out == [11] * 6  # the operator's gate, the window
+    assert fixed.propose(attrs.evolve(_ctx(list(range(10, 30)), _rows(1, 0)[0]), worth=_worth())) == []

@@ -39,7 +39,8 @@ cached position. The drafter's context is exactly the set of positions it was gi
 from __future__ import annotations
 
 import copy
-from typing import Any, Sequence
+from functools import partial
+from typing import Any, Callable, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -54,6 +55,8 @@ from .weights import ConvWeights, DFlashWeights, LayerWeights, map_weights
 
 __all__ = ["DFlashDraftHead"]
 
+NATIVE_OP = "cpu_int8_matrices"  # the name kernels_in_use reports for the native pass
+NATIVE_ENV = "TS_DFLASH_NATIVE"  # "0": the torch reference path even where the kernels can run
 INJECT_MAX_ROWS = 32  # rows one fused inject launch takes (commits are k+1 rows; prefills go in torch)
 
 
@@ -62,6 +65,7 @@ class DFlashDraftHead:
 
     kind = DraftHeadKind.BLOCK
     resumes_after_gap = True  # its ring refills from every commit
+    scores_rows_lazily = True  # draft_block takes ``more``: rows after the first scored on demand
 
     def __init__(
         self,
@@ -74,6 +78,7 @@ class DFlashDraftHead:
         dtype: torch.dtype = torch.float32,
         source: str | None = None,
         kernels: dict | None = None,
+        native: bool | None = None,
     ):
         self.config = config
         self.device = torch.device(getattr(target, "device", None) or "cpu")
@@ -93,6 +98,23 @@ class DFlashDraftHead:
             torch.tensor(config.draft_vocab, dtype=torch.long, device=self.device) if config.draft_vocab else None
         )
         self.kernels_used: set[str] = set()
+        # the matrices on the compiled CPU kernels as int8 blocks (native_pass.py); None: torch.
+        # native None: wherever supported unless TS_DFLASH_NATIVE=0; False: never; True: required
+        self.native = self._native_pass(native)
+
+    def _native_pass(self, wanted: bool | None):
+        from tsspec.switches import switch_on
+
+        from .native_pass import NativeBlockPass, supports
+
+        if wanted is False or (wanted is None and not switch_on(NATIVE_ENV)):
+            return None
+        if not supports(self.config, self.weights, dtype=self.dtype, device=self.device, use_conv=self.use_conv):
+            if wanted:
+                raise ValueError("the compiled kernels cannot run this drafter (not built, not a float32 CPU "
+                                 "drafter, a DFlash2 convolution, or matrices not in whole 32-weight blocks)")
+            return None
+        return NativeBlockPass(self.config, self.weights)
 
     def _new_context(self) -> None:
         """Fresh sequence state: empty K/V stores per layer, nothing injected."""
@@ -161,27 +183,53 @@ class DFlashDraftHead:
         self._inject(first, h_rows)
 
     def draft_block(
-        self, last_token: int, h_prev: "torch.Tensor | None", position: int, max_tokens: int
+        self, last_token: int, h_prev: "torch.Tensor | None", position: int, max_tokens: int, *,
+        more: "Callable[[float], bool] | None" = None,
     ) -> tuple[list[int], list[float]]:
-        """Up to ``min(max_tokens, block_size - 1)`` drafts after ``last_token`` at ``position``."""
+        """Up to ``min(max_tokens, block_size - 1)`` drafts after ``last_token`` at ``position``.
+
+        ``more`` (optional; not with the selector, which walks every row): called with row 1's
+        confidence once row 1 alone is scored; False returns row 1's draft only, and the rows
+        after it are never scored (``scores_rows_lazily``)."""
         count = min(int(max_tokens), self.block_size - 1)
         if count <= 0:
             return [], []
         if h_prev is not None and position >= 1:
             self._inject(position - 1, h_prev.reshape(1, -1))
+        if self.native is not None and not self.use_selector:
+            # only the rows asked for leave the last layer: row 1 first when ``more`` may stop there
+            state = self._native_block(last_token, position)
+            first = 2 if more is not None and count > 1 else 1 + count
+            tokens, conf = self._argmax_rows(self.native.finish(state, 1, first))
+            if first < 1 + count and more(conf[0]):
+                rest_tokens, rest_conf = self._argmax_rows(self.native.finish(state, first, 1 + count))
+                tokens, conf = tokens + rest_tokens, conf + rest_conf
+            return tokens, conf
         hidden = self.block_hidden(last_token, position)  # [B, H]
+        if more is not None and not self.use_selector and count > 1:
+            tokens, conf = self._argmax_rows(hidden[1:2])
+            if not more(conf[0]):
+                return tokens, conf
+            rest_tokens, rest_conf = self._argmax_rows(hidden[2 : 1 + count])
+            return tokens + rest_tokens, conf + rest_conf
         rows = hidden[1 : 1 + count]  # [n, H]: row i predicts the token at position + i
+        if not self.use_selector:
+            return self._argmax_rows(rows)
+        logits = self._scores(rows)  # [n, vocab] (the selector reads the whole vocabulary)
+        transformed = logit_transform(logits, self.config.logit_scale, self.config.logit_softcap)
+        transformed = transformed.to(self.device)  # a target may hand logits back on the host
+        lattice = self._op("selector_lattice")
+        if lattice is None:
+            return select_tokens(self.weights.selector, rows, transformed, int(last_token))
+        sel = self.weights.selector
+        compact = lattice(transformed.to(torch.float32).contiguous(), rows.contiguous(), sel.hidden,
+                          sel.predecessor, sel.successor, int(last_token), sel.top_k)
+        return walk_lattice(*(t.cpu() for t in compact))  # the compact readback
+
+    def _argmax_rows(self, rows: torch.Tensor) -> tuple[list[int], list[float]]:
+        """Each final-normed row's argmax token (a target id) and its softmax probability."""
         logits = self._scores(rows)  # [n, vocab] or [n, K] over the draft vocabulary
         transformed = logit_transform(logits, self.config.logit_scale, self.config.logit_softcap)
-        if self.use_selector:
-            transformed = transformed.to(self.device)  # a target may hand logits back on the host
-            lattice = self._op("selector_lattice")
-            if lattice is None:
-                return select_tokens(self.weights.selector, rows, transformed, int(last_token))
-            sel = self.weights.selector
-            compact = lattice(transformed.to(torch.float32).contiguous(), rows.contiguous(), sel.hidden,
-                              sel.predecessor, sel.successor, int(last_token), sel.top_k)
-            return walk_lattice(*(t.cpu() for t in compact))  # the compact readback
         top, tokens = transformed.max(dim=-1)  # [n] each
         conf = torch.exp(top - torch.logsumexp(transformed, dim=-1))  # softmax at the argmax
         if self._draft_ids is not None:
@@ -247,6 +295,14 @@ class DFlashDraftHead:
             inject(features.contiguous(), w.fc, w.enc_norm, layers, rings, positions, eps=cfg.eps,
                    rope_base=cfg.rope_base)
             return
+        if self.native is not None and features.shape[0] <= self.block_size:
+            # a commit (at most a block's rows) on the kernels; a longer catch-up (the prompt's
+            # last rows, a park's) in torch below, whose float32 gemm is made for many rows
+            self.kernels_used.add(NATIVE_OP)
+            context = self.native.encode(features)  # [n, H]
+            for layer, store in enumerate(self._stores):
+                store.write(positions, *self.native.context_kv(layer, context, positions))
+            return
         context = rms_norm(F.linear(features, w.fc), w.enc_norm, cfg.eps)  # [n, H]
         n = context.shape[0]
         for lw, store in zip(w.layers, self._stores):
@@ -261,16 +317,35 @@ class DFlashDraftHead:
 
     def block_hidden(self, anchor: int, position: int) -> torch.Tensor:
         """Pass C up to the final norm: the drafter rows [B, H] of ``[anchor, MASK x (B-1)]``."""
+        if self.native is not None:
+            return self.native.finish(self._native_block(anchor, position), 0, self.block_size)
         cfg = self.config
-        self.counts.add(self.block_size)
-        ids = torch.full((self.block_size,), cfg.mask_token_id, dtype=torch.long)
-        ids[0] = int(anchor)
-        x = self._embed(ids)  # [B, H]
-        positions = torch.arange(position, position + self.block_size, dtype=torch.long, device=self.device)  # [B]
+        x, positions = self._block_input(anchor, position)
         for layer, (lw, store) in enumerate(zip(self.weights.layers, self._stores)):
             window = cfg.sliding_window if cfg.layer_is_sliding(layer) else None
             x = self._layer(x, lw, store, positions, window)
         return rms_norm(x, self.weights.out_norm, cfg.eps)
+
+    def _block_input(self, anchor: int, position: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """The block's input rows [B, H] (embedded ``[anchor, MASK x (B-1)]``) and positions [B]."""
+        self.counts.add(self.block_size)
+        ids = torch.full((self.block_size,), self.config.mask_token_id, dtype=torch.long)
+        ids[0] = int(anchor)
+        positions = torch.arange(position, position + self.block_size, dtype=torch.long, device=self.device)  # [B]
+        return self._embed(ids), positions
+
+    def _native_block(self, anchor: int, position: int):
+        """The native pass up to the last layer's keys and values (``NativeBlockPass.prepare``):
+        its ``finish`` then computes only the output rows asked for."""
+        cfg = self.config
+        self.kernels_used.add(NATIVE_OP)
+        x, positions = self._block_input(anchor, position)
+        attends = [
+            partial(self._attend_torch, store=store, key_positions=positions,
+                    window=cfg.sliding_window if cfg.layer_is_sliding(layer) else None)
+            for layer, store in enumerate(self._stores)
+        ]
+        return self.native.prepare(x, positions, attends)
 
     def _layer(
         self, x: torch.Tensor, lw: LayerWeights, store: ContextKV, positions: torch.Tensor, window: int | None
@@ -284,25 +359,37 @@ class DFlashDraftHead:
         k = F.linear(h, lw.wk, lw.bk).view(rows, cfg.n_head_kv, cfg.head_dim)
         k = rope_neox(rms_norm(k, lw.k_norm, cfg.eps), positions, cfg.rope_base)
         v = F.linear(h, lw.wv, lw.bv).view(rows, cfg.n_head_kv, cfg.value_dim)
+        attn = self._attend(q, k, v, store, positions, window)  # [B, nh*vd]
+        out = F.linear(attn, lw.wo, lw.bo)  # [B, H]
+        return self._ffn(self._conv_out(out, lw.attn_conv, out_taps, residual=x), lw)
+
+    def _attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, store: ContextKV, positions: torch.Tensor,
+                window: int | None) -> torch.Tensor:
+        """The block rows' attention [B, nh*vd] over the context store and the block itself
+        (q [B, nh, hd], k [B, nkv, hd], v [B, nkv, vd]): non-causal inside the block."""
         start = int(positions[0])
         attention = self._op("dflash_block_attention")
         if attention is not None:  # one pass over the store: no gather, no mask tensor
-            attn = attention(q.contiguous(), store.keys, store.values, store.positions, k.contiguous(), v.contiguous(),
-                             start=start, window=window, scale=self._scale)
-            out = F.linear(attn, lw.wo, lw.bo)  # [B, H]
-            return self._ffn(self._conv_out(out, lw.attn_conv, out_taps, residual=x), lw)
+            return attention(q.contiguous(), store.keys, store.values, store.positions, k.contiguous(),
+                             v.contiguous(), start=start, window=window, scale=self._scale)
+        return self._attend_torch(q, k, v, positions, store=store, key_positions=positions, window=window)
+
+    def _attend_torch(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, query_positions: torch.Tensor, *,
+                      store: ContextKV, key_positions: torch.Tensor, window: int | None) -> torch.Tensor:
+        """Attention [rows, nh*vd] of query rows q [rows, nh, hd] at ``query_positions`` (some
+        or all of the block's) over the context store and the block's keys k [B, nkv, hd] and
+        values v [B, nkv, vd] at ``key_positions`` [B]; non-causal inside the block."""
+        start = int(key_positions[0])
         lo = start - window if window is not None else 0
         ctx_k, ctx_v, ctx_pos = store.gather(lo, start)  # [m, nkv, hd], [m, nkv, vd], [m]
         keys = torch.cat([ctx_k, k])  # [m+B, nkv, hd]
         values = torch.cat([ctx_v, v])
-        key_pos = torch.cat([ctx_pos, positions])  # [m+B]
+        key_pos = torch.cat([ctx_pos, key_positions])  # [m+B]
         if window is None:
-            visible = torch.ones((rows, keys.shape[0]), dtype=torch.bool, device=keys.device)
+            visible = torch.ones((q.shape[0], keys.shape[0]), dtype=torch.bool, device=keys.device)
         else:  # HF's bidirectional sliding window: |q - k| <= window (inclusive)
-            visible = (positions[:, None] - key_pos[None, :]).abs() <= window  # [B, m+B]
-        attn = block_attention(q, keys, values, visible, self._scale)  # [B, nh*vd]
-        out = F.linear(attn, lw.wo, lw.bo)  # [B, H]
-        return self._ffn(self._conv_out(out, lw.attn_conv, out_taps, residual=x), lw)
+            visible = (query_positions[:, None] - key_pos[None, :]).abs() <= window  # [rows, m+B]
+        return block_attention(q, keys, values, visible, self._scale)  # [rows, nh*vd]
 
     def _ffn(self, x: torch.Tensor, lw: LayerWeights) -> torch.Tensor:
         """The layer's second half: x + (conv'd) SwiGLU((conv'd) RMSNorm(x))."""
@@ -348,6 +435,8 @@ class DFlashDraftHead:
         """[n, K] over the draft vocabulary when the file has one, else the target's [n, vocab]."""
         if self.weights.draft_head is None:
             return self._lm_head(rows)
+        if self.native is not None:
+            return self.native.scores(rows)
         return F.linear(rows.to(self.dtype), self.weights.draft_head)
 
     def _vocab_logits(self, rows: torch.Tensor) -> torch.Tensor:

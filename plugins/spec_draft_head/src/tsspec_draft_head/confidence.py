@@ -24,12 +24,49 @@ def top1_over_topk(logits: torch.Tensor, top_k: int = GATE_TOP_K) -> tuple[int, 
     """
     if logits.dim() != 1 or logits.shape[0] == 0:
         raise ValueError(f"logits must be a non-empty [vocab] vector, got shape {tuple(logits.shape)}")
+    fast = _native_gate(logits, top_k)
+    if fast is not None:
+        return fast
+    return top1_over_topk_torch(logits, top_k)
+
+
+def top1_over_topk_torch(logits: torch.Tensor, top_k: int = GATE_TOP_K) -> tuple[int, float]:
+    """``top1_over_topk`` in torch ops: the reference, and the path for what the native gate
+    leaves (another dtype or device, a NaN, a maximum that is not finite)."""
     # top-k in the logits' own float type (the cast to float64 is exact and keeps the order, so
     # this is the same set as on float64 logits without copying a vocabulary-sized vector)
     source = logits if logits.dtype in (torch.float32, torch.float64) else logits.to(torch.float64)
     values = torch.topk(source, min(top_k, logits.shape[0])).values.to(torch.float64)  # [k], descending
     probs = torch.softmax(values, dim=0)  # [k]
     return int(torch.argmax(logits).item()), float(probs[0].item())
+
+
+def _native_gate(logits: torch.Tensor, top_k: int):
+    """The gate in one kernel call (``top1_topk``) for a contiguous float32 CPU vector: the same
+    argmax (the first maximum) and top-k set; the probability summed in float64 in another
+    order than torch's softmax (equal within ~1e-15). None: the caller takes the torch path."""
+    if (logits.dtype != torch.float32 or logits.device.type != "cpu" or not logits.is_contiguous()
+            or not 1 <= top_k <= 64):
+        return None
+    kernels = _kernels()
+    if kernels is None:
+        return None
+    return kernels.top1_topk(logits.data_ptr(), logits.shape[0], top_k)
+
+
+def _kernels():
+    """The compiled kernels with ``top1_topk``, or None (looked up once)."""
+    global _KERNELS
+    if _KERNELS is _UNSET:
+        from tsspec.modeling import native
+
+        k = native.kernels()
+        _KERNELS = k if k is not None and hasattr(k, "top1_topk") else None
+    return _KERNELS
+
+
+_UNSET = object()
+_KERNELS = _UNSET
 
 
 def passes_gate(probability: float, min_draft_prob: float) -> bool:

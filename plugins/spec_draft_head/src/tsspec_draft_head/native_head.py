@@ -1,13 +1,20 @@
-"""A NextN head's forward on the compiled CPU kernels: a handful of native calls per head call.
+"""A NextN head's forward on the compiled CPU kernels: ONE native call per head call.
 
 The torch module (``NextNModule``) runs a head call as ~25 small torch ops; on the embedded
 model that glue cost several times the arithmetic. Here the same math runs as:
 
-    ne, nh = rms_norm(emb, enorm), rms_norm(h, hnorm)          # 2 calls
-    u      = nh @ E_h^T + (ne @ E_e^T)                         # 2 gemm calls (eh_proj's halves)
-    layers_forward(one-layer stack, u, KV cache, RoPE table)   # 1 call: the whole decoder layer
-    out    = rms_norm(u[-1], head_norm)                        # 1 call (last row only)
-    logits = out @ head^T                                      # 1 gemm call, draft vocabulary
+    ne, nh = rms_norm(emb, enorm), rms_norm(h, hnorm)
+    u      = nh @ E_h^T + (ne @ E_e^T)                         # eh_proj's two halves
+    layers_forward(one-layer stack, u, KV cache, RoPE table)   # the whole decoder layer
+    out    = rms_norm(u[-1], head_norm)                        # last row only
+    logits = out @ head^T                                      # draft vocabulary [K]
+
+``step`` runs all of it as one ``head_forward`` call (the head described once by ``head_new``;
+the embedding rows read by slot from the shared ``EmbeddingRows`` table, in which the draft
+vocabulary's rows are looked up at attach). ``forward`` + ``logits`` run the same kernels one
+call each (seven calls): the reference ``step`` is held to bit for bit
+(tests/test_native_head.py). How many kernel threads a call takes is measured while drafting
+(``ThreadChoice``); the bits do not depend on it.
 
 The decoder layer is described once to the kernels (``layers_new``: fused QKV and gate+up
 matrices as int8 blocks, format 8, the ``BlockMatrix.quantize_int8`` copies drafting already
@@ -34,18 +41,27 @@ otherwise or with ``TS_MTP_NATIVE=0``.
 from __future__ import annotations
 
 import copy
+import statistics
 import threading
+import time
 
 import torch
 
+from tsspec.switches import switch_on
+
 from .nextn_model import NextNModule, rope_tables
 
-__all__ = ["NativeNextN", "available"]
+__all__ = ["NativeNextN", "ThreadChoice", "available"]
+
+ONE_CALL_ENV = "TS_MTP_ONE_CALL"  # 0: a head call as the seven per-op kernel calls (attribution)
+THREAD_CHOICE_ENV = "TS_MTP_THREAD_CHOICE"  # 0: torch's thread count, not the measured one
 
 # the kernels' int8 flag: activation rows stay float32 (weights int8, float32 sums), the same
 # arithmetic as the torch path's int8 copies, so both engines' drafts agree
 INT8_ROWS = False
-EMBED_CACHE_ROWS = 4096  # token embeddings kept (exact copies of the target's rows; 9 MiB at H=576)
+PREFILL_MAX_IDS = 16384  # draft vocabularies up to this size are looked up at attach (36 MiB at H=576)
+EMBED_CACHE_ROWS = 4096  # token embeddings kept besides the draft vocabulary's (exact copies of the
+# target's rows; 9 MiB at H=576, as many again for a 4,096-id draft vocabulary)
 
 
 def available(module: NextNModule) -> bool:
@@ -74,14 +90,18 @@ def _f32(t: torch.Tensor) -> torch.Tensor:
 
 
 def _describe(w) -> tuple:
-    """(fmt, q, d, m, N, K) of a BlockMatrix, as the kernels take it."""
-    return (w.fmt, w.q.data_ptr(), w.d.data_ptr(), w.m.data_ptr(), w.shape[0], w.shape[1])
+    """(fmt, q, d, m, N, K, zero_m) of a BlockMatrix, as the kernels take it. zero_m vouches
+    that every m is 0 (``quantize_int8``'s blocks): a one-row call then skips reading them (a
+    tenth of the bytes of format 8), with the same result bit for bit."""
+    zero_m = w.fmt == 8 and not bool(w.m.any())
+    return (w.fmt, w.q.data_ptr(), w.d.data_ptr(), w.m.data_ptr(), w.shape[0], w.shape[1], zero_m)
 
 
 class EmbeddingRows:
-    """The target's embedding rows of recently seen token ids (exact copies, looked up once),
-    shared by every sequence view of one head: a lock guards the table, and the rows handed
-    out are copies, so another sequence refilling the table never changes them."""
+    """The target's embedding rows of the token ids seen so far (exact copies, looked up once),
+    shared by every sequence view of one head. The table only grows: a row, once written, is
+    never moved or overwritten (a lock guards the adding), so a native call may read it by slot
+    while another sequence adds rows. Once it is full, ids it lacks are looked up per call."""
 
     def __init__(self, embed, width: int, slots: int = EMBED_CACHE_ROWS):
         self._embed = embed  # target.embed: ids -> [n, H]
@@ -90,26 +110,84 @@ class EmbeddingRows:
         self._free = 0
         self._lock = threading.Lock()
 
-    def __call__(self, tokens: list[int]) -> torch.Tensor:
-        """[n, H] float32, a tensor of the caller's own."""
-        unique = list(dict.fromkeys(tokens))
-        if len(unique) > self._rows.shape[0]:
-            return self._embed(tokens).to(torch.float32).contiguous()  # a catch-up wider than the cache
+    def fill(self, tokens: list[int]) -> None:
+        """Look ``tokens`` up now, in one ``embed`` call (as many as there is room for)."""
+        self.slots(list(dict.fromkeys(tokens))[: self._rows.shape[0] - self._free])
+
+    def slots(self, tokens: list[int]) -> tuple[torch.Tensor, list[int]]:
+        """(a table [*, H], the row of each token in it): the shared table once every token is
+        in it (rows are added, never moved or overwritten, so a slot handed out stays valid
+        while another sequence adds rows), or, once the table is full, a table of this call's
+        own."""
+        ids = self._ids
+        try:
+            return self._rows, [ids[t] for t in tokens]
+        except KeyError:
+            pass
         with self._lock:
-            missing = [t for t in unique if t not in self._ids]
-            if missing:
-                if self._free + len(missing) > self._rows.shape[0]:
-                    self._ids.clear()
-                    self._free = 0
-                    missing = unique
+            missing = [t for t in dict.fromkeys(tokens) if t not in ids]
+            if self._free + len(missing) <= self._rows.shape[0]:
                 rows = self._embed(missing).to(torch.float32)  # [m, H]
                 self._rows[self._free : self._free + len(missing)] = rows
-                for i, t in enumerate(missing):
-                    self._ids[t] = self._free + i
+                for i, t in enumerate(missing):  # published once the row is written
+                    ids[t] = self._free + i
                 self._free += len(missing)
-            if len(tokens) == 1:
-                return self._rows[self._ids[tokens[0]]].unsqueeze(0).clone()  # [1, H]
-            return self._rows[[self._ids[t] for t in tokens]]  # [n, H] (indexing copies)
+                return self._rows, [ids[t] for t in tokens]
+        return self._embed(list(tokens)).to(torch.float32).contiguous(), list(range(len(tokens)))  # [n, H]
+
+    def __call__(self, tokens: list[int]) -> torch.Tensor:
+        """[n, H] float32, a tensor of the caller's own."""
+        table, slots = self.slots(tokens)
+        return table[slots]  # [n, H] (indexing copies)
+
+
+class ThreadChoice:
+    """How many kernel threads a head call runs on: measured while drafting, not assumed.
+
+    A head call is small (on the embedded model ~1/20 of a target step): split over two threads
+    it may finish sooner (two cores pulling its weights, cold after the target's step, from
+    memory) or later (the second thread must be woken, and on a busy machine it may wait for a
+    core). Which one wins depends on the machine and its load, so each round times
+    ``TRIALS`` calls per candidate (1 and torch's thread count, alternating) and keeps the
+    lower median until the next round, ``EVERY`` calls later. Drafts do not depend on it: the
+    kernels give the same bits on any thread count (tests/test_native_head.py, on the
+    embedded model's real rows)."""
+
+    TRIALS = 8  # timed calls per candidate in a round
+    EVERY = 512  # calls between rounds (the machine's load changes)
+
+    def __init__(self):
+        self._best = 0  # 0: not chosen yet
+        self._times: dict[int, list[int]] = {}
+        self._calls = 0  # calls since the round ended
+        self._lock = threading.Lock()  # sequence views in other threads pick and record too
+
+    def pick(self, most: int) -> tuple[int, bool]:
+        """(threads for this call, whether to time it); ``most``: torch's thread count."""
+        if most <= 1:
+            return 1, False
+        with self._lock:
+            if self._best and self._calls < self.EVERY:
+                self._calls += 1
+                return self._best, False
+            candidates = (1, most)
+            done = sum(len(self._times.get(c, ())) for c in candidates)
+            return candidates[done % 2], True
+
+    def record(self, threads: int, ns: int, most: int) -> None:
+        """The wall time of a timed call; ends the round when every candidate has its trials."""
+        candidates = (1, most)
+        with self._lock:
+            times = self._times
+            times.setdefault(threads, []).append(ns)
+            if all(len(times.get(c, ())) >= self.TRIALS for c in candidates):
+                self._best = min(candidates, key=lambda c: (statistics.median(times[c]), c))
+                self._times, self._calls = {}, 0
+
+    @property
+    def chosen(self) -> int:
+        """The thread count of the last round (0: none finished yet)."""
+        return self._best
 
 
 class NativeNextN:
@@ -126,7 +204,9 @@ class NativeNextN:
         cfg = module.cfg
         self.cfg = cfg
         self.H = H = cfg.hidden_size
-        self.threads = threads  # None: torch's thread count at each call (as the target's gemms)
+        self.threads = threads  # None: chosen by measuring (ThreadChoice), up to torch's thread count
+        self.thread_choice = ThreadChoice() if switch_on(THREAD_CHOICE_ENV) else None  # shared with the views
+        self.one_call = switch_on(ONE_CALL_ENV)  # False: step runs the seven per-op calls (attribution)
         eh = module.eh_proj.detach()  # [H, 2H]: columns 0..H-1 read norm(emb), H.. read norm(h)
         self._e_emb, self._e_hid = _q8(eh[:, :H].contiguous()), _q8(eh[:, H:].contiguous())
         self._head = _q8(module.head)  # [K, H]
@@ -145,7 +225,17 @@ class NativeNextN:
                 float(cfg.rms_eps))
         layer = (self._attn_norm.data_ptr(), 0, 0, self._ffn_norm.data_ptr(), *map(_describe, self._layer))
         self._stack = self._k.layers_new(dims, [layer])  # holds addresses: the tensors above stay alive
-        self.embeddings = EmbeddingRows(embed, H)  # shared with the sequence views
+        norms = (self._enorm.data_ptr(), self._hnorm.data_ptr(), self._head_norm.data_ptr())
+        self._desc = self._k.head_new(self._stack, float(cfg.rms_eps), norms, _describe(self._e_emb),
+                                      _describe(self._e_hid), _describe(self._head), INT8_ROWS)  # the whole call
+        # shared with the views. The draft vocabulary's rows are looked up now, in one call
+        # (most tokens a head is fed are ones it can propose): in generation a new token's
+        # lookup would cost a target.embed call (~0.16 ms) inside that step's draft phase
+        # (a full-vocabulary head's ids are not prefilled: its table would take vocab x H floats)
+        draft_ids = module.draft_ids.tolist()  # [K]
+        prefill = draft_ids if len(draft_ids) <= PREFILL_MAX_IDS else []
+        self.embeddings = EmbeddingRows(embed, H, EMBED_CACHE_ROWS + len(prefill))
+        self.embeddings.fill(prefill)
         self.release()
 
     def for_sequence(self) -> "NativeNextN":
@@ -190,7 +280,7 @@ class NativeNextN:
 
     # -- running -----------------------------------------------------------------------------
     def forward(self, tokens: list[int], h_rows: torch.Tensor, at: int, base: int, *, want_last: bool):
-        """Feed ``tokens`` with their predecessor rows ``h_rows`` [n, H] at cache slots
+        """The per-op reference of ``step`` (seven kernel calls). Feed ``tokens`` with their predecessor rows ``h_rows`` [n, H] at cache slots
         ``at..at+n-1`` (position ``base + slot``); the cache must hold ``at + n`` slots
         (``ensure``). Returns the head's output for the last row ([H], after head_norm) when
         ``want_last``, else None."""
@@ -217,6 +307,34 @@ class NativeNextN:
         out = torch.empty(H)  # [H]: returned (chained as the next step's h), so never reused
         k.rms_norm(u[n - 1].data_ptr(), self._head_norm.data_ptr(), out.data_ptr(), 1, H, eps)
         return out
+
+    def step(self, tokens: list[int], h_rows: torch.Tensor, at: int, base: int, *, want_last: bool):
+        """What ``forward`` and then ``logits`` compute, bit for bit, in ONE native call
+        (``head_forward``: the same kernels in the same order): (the last row's output [H],
+        its draft-vocabulary logits [K]) when ``want_last``, else (None, None)."""
+        if not self.one_call:
+            out = self.forward(tokens, h_rows, at, base, want_last=want_last)
+            return (out, self.logits(out)) if want_last else (None, None)
+        n = len(tokens)
+        table, slots = self.embeddings.slots(tokens)
+        h = h_rows if h_rows.dtype == torch.float32 and h_rows.is_contiguous() else h_rows.to(torch.float32).contiguous()
+        rope = self._rope_from(base, base + at + n)
+        out = logits = None
+        out_at = logits_at = 0
+        if want_last:
+            out, logits = torch.empty(self.H), torch.empty(self._head.shape[0])  # [H], [K]: the caller's to keep
+            out_at, logits_at = out.data_ptr(), logits.data_ptr()
+        most = torch.get_num_threads()
+        if self.threads or self.thread_choice is None:
+            threads, timed = self.threads or most, False
+        else:
+            threads, timed = self.thread_choice.pick(most)
+        start = time.perf_counter_ns() if timed else 0
+        self._k.head_forward(self._desc, table.data_ptr(), table.shape[0], slots, h.data_ptr(), at, self._kc.data_ptr(),
+                             self._vc.data_ptr(), self.capacity, rope, threads, out_at, logits_at)
+        if timed:
+            self.thread_choice.record(threads, time.perf_counter_ns() - start, most)
+        return out, logits
 
     def logits(self, out: torch.Tensor) -> torch.Tensor:
         """Draft-vocabulary logits [K] of one output row [H]."""

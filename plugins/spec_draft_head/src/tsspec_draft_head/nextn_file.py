@@ -319,16 +319,18 @@ class NextNFileHead:
 
     def draft_catch_up(self, tokens: Sequence[int], h_rows: torch.Tensor, start_pos: int) -> None:
         with self._busy:
-            self._advance([int(t) for t in tokens], h_rows, int(start_pos), want_last=False)
+            if self._native is not None:
+                self._advance_native([int(t) for t in tokens], h_rows, int(start_pos), want_last=False)
+            else:
+                self._advance([int(t) for t in tokens], h_rows, int(start_pos), want_last=False)
 
     def draft_catch_up_and_step(self, tokens: Sequence[int], h_rows: torch.Tensor, start_pos: int, *,
                                 compact: bool = False):
         """(logits for the position after the last token, the head's output row [H]); logits
         [K] over ``draft_vocab_ids`` with ``compact``, else [vocab] with -inf elsewhere."""
         with self._busy:
-            if self._native is not None:  # the kernels' gemms take torch's thread count, as the target's do
-                last = self._advance([int(t) for t in tokens], h_rows, int(start_pos), want_last=True)  # [H]
-                small = self._native.logits(last)  # [K]
+            if self._native is not None:  # one native call (the kernels take torch's thread count, as the target's do)
+                last, small = self._advance_native([int(t) for t in tokens], h_rows, int(start_pos), want_last=True)
             else:
                 with _single_thread(), torch.inference_mode():
                     last = self._advance([int(t) for t in tokens], h_rows, int(start_pos), want_last=True)  # [H]
@@ -359,9 +361,9 @@ class NextNFileHead:
         v[: self._v.shape[0]] = self._v
         self._k, self._v = k, v
 
-    @torch.inference_mode()
-    def _advance(self, tokens: list[int], h_rows: torch.Tensor, start: int, *, want_last: bool):
-        """Feed the rows; the head's output for the last one ([H]) when ``want_last``."""
+    def _inputs(self, tokens: list[int], h_rows: torch.Tensor, start: int, want_last: bool):
+        """The rows to feed, checked: (tokens, h_rows [n, H], start), or None when nothing is
+        left to feed (a lone position-0 row, which has no predecessor; the head starts at 1)."""
         if h_rows.dim() != 2 or h_rows.shape[0] != len(tokens) or h_rows.shape[1] != self.hidden_size:
             raise ValueError(
                 f"the NextN head needs one trunk hidden row of width {self.hidden_size} per token "
@@ -369,17 +371,39 @@ class NextNFileHead:
             )
         if not tokens:
             raise ValueError("no tokens to feed the NextN head")
-        h_rows = h_rows.float()
         if start == 0 and (len(tokens) > 1 or not want_last):
             tokens, h_rows, start = tokens[1:], h_rows[1:], 1  # position 0 has no predecessor row
             if not tokens:
                 self._place(1)
                 return None
         self._place(start)
+        self.counts.add(len(tokens))
+        return tokens, h_rows, start
+
+    def _advance_native(self, tokens: list[int], h_rows: torch.Tensor, start: int, *, want_last: bool):
+        """``_advance`` on the compiled kernels, in one native call: (the head's output for the
+        last row [H], its draft-vocabulary logits [K]) when ``want_last``, else (None, None)."""
+        fed = self._inputs(tokens, h_rows, start, want_last)
+        if fed is None:
+            return None, None
+        tokens, h_rows, start = fed
+        at = start - self.base
+        self._native.ensure(at + len(tokens), self.max_context)
+        out = self._native.step(tokens, h_rows, at, self.base, want_last=want_last)
+        self.end = start + len(tokens)
+        return out
+
+    @torch.inference_mode()
+    def _advance(self, tokens: list[int], h_rows: torch.Tensor, start: int, *, want_last: bool):
+        """Feed the rows (the torch module); the head's output for the last one ([H]) when
+        ``want_last``."""
+        fed = self._inputs(tokens, h_rows.float(), start, want_last)
+        if fed is None:
+            return None
+        tokens, h_rows, start = fed
         n = len(tokens)
         at = start - self.base
-        self.counts.add(n)
-        if self._native is not None:
+        if self._native is not None:  # the per-op kernels path (the one-call path's reference)
             self._native.ensure(at + n, self.max_context)
             out = self._native.forward(tokens, h_rows, at, self.base, want_last=want_last)
             self.end = start + n
