@@ -110,6 +110,10 @@ def test_train_drafter_names_installed_kinds_on_an_unknown_kind(monkeypatch):
     (["--vocab-answer-share", "2"], "--vocab-answer-share must be between 0 and 1"),
     (["--more-prompts", "-3"], "--more-prompts"),
     (["--init-from", "no-such-drafter.gguf"], "--init-from no-such-drafter.gguf: no such file"),
+    (["--ce-weight", "0"], "--ce-weight 0 needs --kl-weight > 0"),
+    (["--ce-weight", "-1"], "--ce-weight, --kl-weight and --confident-weight must be at least 0"),
+    (["--confident-weight", "1", "--soft-k", "0"], "--confident-weight reads the target's top-k logits"),
+    (["--layer-lr-scale", "0"], "--layer-lr-scale must be above 0"),
 ])
 def test_train_drafter_refuses_bad_recommendations_in_one_line(monkeypatch, flags, named):
     from typer.testing import CliRunner

@@ -46,6 +46,10 @@ def train_drafter(
     vocab_answer_share: Annotated[float, typer.Option("--vocab-answer-share", help="Per-token heads: the chat answers' share of the label counts that choose the draft vocabulary (0: every label alike; the --answer-share value counts them as the batches draw them).", rich_help_panel=PANEL_TRAIN)] = 0.0,
     restart_share: Annotated[float, typer.Option("--restart-share", help="Per-token heads: share of sampled sequences cut to a random start row (the head learns to draft from a cache that restarts, as after serving's bounded catch-up).", rich_help_panel=PANEL_TRAIN)] = 0.0,
     kl_weight: Annotated[float, typer.Option("--kl-weight", help="Weight of the soft (top-k KL) loss; 0: argmax labels only.", rich_help_panel=PANEL_TRAIN)] = 0.0,
+    ce_weight: Annotated[float, typer.Option("--ce-weight", help="Weight of the hard-label (argmax) loss; 0 with --kl-weight > 0: the target's soft top-k labels alone.", rich_help_panel=PANEL_TRAIN)] = 1.0,
+    confident_weight: Annotated[float, typer.Option("--confident-weight", help="Per-token heads: weigh each position by the target's top-1 probability (among its --soft-k logits) to this power, toward the tokens it is sure of (0: all alike).", rich_help_panel=PANEL_TRAIN)] = 0.0,
+    layer_lr_scale: Annotated[float, typer.Option("--layer-lr-scale", help="Per-token heads: the copied decoder layer's learning rate as a fraction of the input projection's and norms' (1: all alike).", rich_help_panel=PANEL_TRAIN)] = 1.0,
+    init_layer: Annotated[Optional[int], typer.Option("--init-layer", help="Per-token heads: the target layer the head's decoder layer is copied from (default: the last; negative counts from the end).", rich_help_panel=PANEL_TRAIN)] = None,
     seed: Annotated[int, typer.Option("--seed", help="Seed of data sampling and initialisation.", rich_help_panel=PANEL_TRAIN)] = 0,
     threads: Annotated[Optional[int], typer.Option("--threads", help="torch intra-op threads (default: torch's).", rich_help_panel=PANEL_TRAIN)] = None,
     device: Annotated[str, typer.Option("--device", help="auto (cuda when present), cpu or cuda.", rich_help_panel=PANEL_TRAIN)] = "auto",
@@ -93,6 +97,15 @@ def train_drafter(
                         ("--vocab-answer-share", vocab_answer_share)):
         if not 0.0 <= value <= 1.0:
             raise OptionsError(f"{name} must be between 0 and 1, got {value}")
+    if ce_weight < 0 or kl_weight < 0 or confident_weight < 0:
+        raise OptionsError(f"--ce-weight, --kl-weight and --confident-weight must be at least 0, got {ce_weight}, "
+                           f"{kl_weight} and {confident_weight}")
+    if ce_weight == 0 and kl_weight == 0:
+        raise OptionsError("--ce-weight 0 needs --kl-weight > 0: nothing would be learned")
+    if confident_weight > 0 and soft_k < 1:
+        raise OptionsError("--confident-weight reads the target's top-k logits: --soft-k must be at least 1")
+    if not 0.0 < layer_lr_scale <= 10.0:
+        raise OptionsError(f"--layer-lr-scale must be above 0 and at most 10, got {layer_lr_scale}")
     if init_from is not None and not Path(init_from).is_file():
         raise OptionsError(f"--init-from {init_from}: no such file")
     if held_out < 0 or warmup < 0 or more_prompts < 0:
@@ -107,6 +120,9 @@ def train_drafter(
 
         model = str(embedded_model_path())
     target = load_model(model, catalog=catalog, options=SpeculationOptions(enabled=False))
+    n_layers = int(target.config.num_layers)
+    if init_layer is not None and not -n_layers <= init_layer < n_layers:
+        raise OptionsError(f"--init-layer {init_layer}: the target has {n_layers} layers (0..{n_layers - 1}, or -1..-{n_layers})")
     identity = identify(model).to_json() if not str(model).startswith("toy") else {
         "architecture": target.config.architecture, "shape_digest": "toy", "sha256": str(model)}
     request = TrainRequest(
@@ -117,6 +133,7 @@ def train_drafter(
         loop=LoopSpec(steps=steps, lr=lr, warmup=warmup, seed=seed, device=device, checkpoint=checkpoint or out + ".ckpt"),
         identity=identity, layers=layers, block_size=block_size, taps=_taps(taps), draft_vocab=draft_vocab,
         unroll=unroll, batch=batch, kl_weight=kl_weight, outtype=outtype, freeze_layer=freeze_layer, init_from=init_from,
+        ce_weight=ce_weight, confident_weight=confident_weight, layer_lr_scale=layer_lr_scale, init_layer=init_layer,
         held_out_prompts=held_out, answer_share=answer_share, vocab_answer_share=vocab_answer_share, restart_share=restart_share,
         recommended={k: v for k, v in (("pmin", recommend_pmin), ("draft_max", recommend_draft)) if v is not None},
     )

@@ -1,7 +1,8 @@
 """A small, seeded, resumable training loop shared by every drafter kind.
 
 ``run(module, spec, sample, loss, log)`` optimises ``module``'s trainable parameters with AdamW
-(linear warm-up, cosine decay) for ``spec.steps`` steps. ``sample(step, generator)`` returns the
+(linear warm-up, cosine decay) for ``spec.steps`` steps; ``lr_scales`` (parameter name ->
+factor) gives named parameters a rate that is that fraction of the schedule's. ``sample(step, generator)`` returns the
 batch of a step from a generator seeded by ``(seed, step)``, so a resumed run draws exactly the
 batches the uninterrupted one would have; ``loss(batch)`` returns ``(loss, metrics)``.
 
@@ -35,6 +36,9 @@ class LoopSpec:
     checkpoint_every: int = 25
     log_every: int = 10
     grad_clip: float = 1.0
+    # parameter name -> factor on the scheduled rate (absent: 1), e.g. a copied layer learning
+    # slower than the new projection; part of the schedule a checkpoint must share
+    lr_scales: tuple[tuple[str, float], ...] = ()
 
 
 def resolve_device(name: str | None) -> torch.device:
@@ -53,8 +57,22 @@ def _lr_at(step: int, spec: LoopSpec) -> float:
 
 def _schedule(spec: LoopSpec) -> dict:
     """What a checkpoint must share with the run resuming it."""
-    return {"steps": spec.steps, "lr": spec.lr, "warmup": spec.warmup, "seed": spec.seed,
+    mine = {"steps": spec.steps, "lr": spec.lr, "warmup": spec.warmup, "seed": spec.seed,
             "weight_decay": spec.weight_decay}
+    if spec.lr_scales:  # absent when unused, so checkpoints written before the field still match
+        mine["lr_scales"] = [list(item) for item in spec.lr_scales]
+    return mine
+
+
+def _param_groups(module: torch.nn.Module, spec: LoopSpec) -> list[dict]:
+    """The trainable parameters, one optimiser group per distinct rate factor (in first-seen
+    order, so a checkpoint's groups line up with a resumed run's)."""
+    scales = dict(spec.lr_scales)
+    groups: dict[float, list[torch.nn.Parameter]] = {}
+    for name, p in module.named_parameters():
+        if p.requires_grad:
+            groups.setdefault(float(scales.get(name, 1.0)), []).append(p)
+    return [{"params": ps, "lr_scale": scale} for scale, ps in groups.items()]
 
 
 def run(
@@ -68,8 +86,9 @@ def run(
 ) -> list[dict[str, float]]:
     """Train; returns the per-step history (loss and metrics)."""
     torch.manual_seed(spec.seed)
-    params = [p for p in module.parameters() if p.requires_grad]
-    optimiser = torch.optim.AdamW(params, lr=spec.lr, weight_decay=spec.weight_decay)
+    groups = _param_groups(module, spec)
+    params = [p for g in groups for p in g["params"]]
+    optimiser = torch.optim.AdamW(groups, lr=spec.lr, weight_decay=spec.weight_decay)
     history: list[dict[str, float]] = []
     start = 0
     ckpt = Path(spec.checkpoint) if spec.checkpoint else None
@@ -80,7 +99,8 @@ def run(
         if theirs != mine:
             from ..errors import OptionsError
 
-            diff = ", ".join(f"{k} {theirs.get(k)} vs {v}" for k, v in mine.items() if theirs.get(k) != v)
+            keys = list(mine) + [k for k in theirs if k not in mine]
+            diff = ", ".join(f"{k} {theirs.get(k)} vs {mine.get(k)}" for k in keys if theirs.get(k) != mine.get(k))
             raise OptionsError(f"checkpoint {ckpt} belongs to another schedule ({diff}): delete it or choose another")
         module.load_state_dict(state["module"])
         optimiser.load_state_dict(state["optimiser"])
@@ -104,7 +124,7 @@ def run(
         generator = torch.Generator().manual_seed(spec.seed * 1_000_003 + step)
         batch = sample(step, generator)
         for group in optimiser.param_groups:
-            group["lr"] = _lr_at(step, spec)
+            group["lr"] = _lr_at(step, spec) * group["lr_scale"]
         value, metrics = loss(batch)
         optimiser.zero_grad(set_to_none=True)
         value.backward()

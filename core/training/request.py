@@ -39,6 +39,18 @@ class TrainRequest:
     # per-token heads: continue from this trained drafter file (its layer, projection and norms)
     init_from: str | None = None
     freeze_layer: bool = False  # per-token heads: train only the input projection and norms
+    # per-token heads: the copied decoder layer's rate as a fraction of the schedule's (the input
+    # projection and norms keep the full rate; 1: all alike)
+    layer_lr_scale: float = 1.0
+    # per-token heads: which target layer the head's decoder layer is copied from (None: the
+    # last; negative counts from the end)
+    init_layer: int | None = None
+    # weight of the hard-label cross-entropy (the target's argmax); 0 with kl_weight > 0 trains
+    # on the target's soft top-k distribution alone
+    ce_weight: float = 1.0
+    # per-token heads: g > 0 weighs each position's loss by the target's top-1 probability (among
+    # its top-k logits) to the power g, toward the tokens the target is sure of (needs soft_k > 0)
+    confident_weight: float = 0.0
     # acceptance check: the target's answers to held-out generated prompts (never trained on),
     # teacher-forced and scored before and after training (0: none)
     held_out_prompts: int = 0

@@ -63,3 +63,18 @@ def test_a_checkpoint_of_another_schedule_is_refused(tmp_path):
     run(model, LoopSpec(steps=5, log_every=0, checkpoint=str(ckpt)), sample, loss, log=lambda _: None)
     with pytest.raises(OptionsError, match="steps 5 vs 6"):
         run(model, LoopSpec(steps=6, log_every=0, checkpoint=str(ckpt)), sample, loss, log=lambda _: None)
+
+
+def test_a_rate_scale_applies_to_the_named_parameters_only(tmp_path):
+    model, sample, loss = _trainer()
+    weight, bias = model.weight.detach().clone(), model.bias.detach().clone()
+    spec = LoopSpec(steps=10, lr=0.05, warmup=2, log_every=0, lr_scales=(("weight", 0.0),),
+                    checkpoint=str(tmp_path / "ckpt.pt"))
+    run(model, spec, sample, loss, log=lambda _: None)
+    assert torch.equal(model.weight, weight)  # rate 0: never moves
+    assert not torch.equal(model.bias, bias)
+    from tsspec.errors import OptionsError
+
+    with pytest.raises(OptionsError, match="lr_scales"):  # another scale is another schedule
+        run(model, LoopSpec(steps=10, lr=0.05, warmup=2, log_every=0, checkpoint=str(tmp_path / "ckpt.pt")),
+            sample, loss, log=lambda _: None)

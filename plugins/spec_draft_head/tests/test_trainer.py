@@ -30,7 +30,8 @@ from tsspec_draft_head import make_draft_head  # noqa: E402
 from tsspec_draft_head.nextn_file import NextNFileHead, read_nextn  # noqa: E402
 from tsspec_draft_head.nextn_model import NextNModule  # noqa: E402
 from tsspec_draft_head.trainer import (  # noqa: E402
-    WARM, _Batches, _draft_vocabulary, _warm_start, answer_accuracy, evaluate, restarted, train_mtp,
+    LAYER, WARM, _Batches, _draft_vocabulary, _initialise, _losses, _warm_start, answer_accuracy,
+    confidence_weights, evaluate, restarted, train_mtp,
 )
 
 
@@ -215,3 +216,93 @@ def test_a_warm_start_takes_the_trained_layer_and_the_runs_own_head_rows(trained
     assert torch.equal(fresh.head, head)  # the head rows are the run's own
     with pytest.raises(OptionsError, match="--init-from"):
         _warm_start(fresh, model)  # the target itself is no drafter file
+
+
+@pytest.mark.parametrize("options", [
+    {"ce_weight": 0.0, "kl_weight": 1.0},  # the target's soft top-k labels alone
+    {"confident_weight": 1.0},  # positions weighed by the target's top-1 probability
+    {"layer_lr_scale": 0.1},  # the copied layer learns at a tenth of the rate
+    {"init_layer": 0},  # the target's first layer copied instead of its last
+], ids=["soft-labels-only", "confident-weight", "layer-lr-scale", "init-first-layer"])
+def test_each_training_option_learns_and_is_recorded(trained, tmp_path, options):
+    model, _, request = trained
+    target = load_model(model, options=SpeculationOptions(enabled=False))
+    run = attrs.evolve(request, out_path=str(tmp_path / "opt.gguf"), **options,
+                       loop=attrs.evolve(request.loop, steps=30, checkpoint=str(tmp_path / "opt.ckpt")))
+    summary = train_mtp(run, target, log=lambda _: None)
+    losses = [h["loss"] for h in summary["history"]]
+    assert sum(losses[-5:]) / 5 < 0.8 * sum(losses[:5]) / 5
+    _, _, manifest = read_nextn(summary["path"])
+    for key, value in options.items():
+        assert manifest["recipe"][key] == value
+
+
+def test_the_first_layer_is_copied_when_asked(trained):
+    from tsspec.modeling.gguf_file import GGUFFile
+
+    model, summary, _ = trained
+    trained_module, _, _ = read_nextn(summary["path"])
+    fresh = NextNModule(trained_module.cfg, VOCAB)
+    assert "layer 0" in _initialise(fresh, model, 2, 0, from_target=True, layer=0)
+    with GGUFFile(model) as f:
+        assert torch.equal(fresh.wq, f.tensor("blk.0.attn_q.weight").float())
+        assert not torch.equal(fresh.wq, f.tensor("blk.1.attn_q.weight").float())
+    _initialise(fresh, model, 2, 0, from_target=True, layer=-1)  # negative: from the end
+    with GGUFFile(model) as f:
+        assert torch.equal(fresh.wq, f.tensor("blk.1.attn_q.weight").float())
+
+
+def test_confidence_weights_follow_the_targets_top1_probability():
+    soft = torch.tensor([[[2.0, 0.0], [0.0, 0.0], [float("-inf"), float("-inf")]]])  # [1, 3, 2]: sure, torn, padding
+    w = confidence_weights(soft, 1.0)
+    assert w[0, 0] == pytest.approx(torch.sigmoid(torch.tensor(2.0)).item()) and w[0, 1] == pytest.approx(0.5)
+    assert w[0, 2] == 0.0
+    assert confidence_weights(soft, 2.0)[0, 1] == pytest.approx(0.25)
+
+
+def _tiny_batch(module, top1_logit: torch.Tensor):
+    """A batch of 2 sequences of 6 rows whose teacher top-2 logits are (top1_logit, 0) per row."""
+    g = torch.Generator().manual_seed(0)
+    H = module.cfg.hidden_size
+    labels = torch.randint(module.cfg.draft_vocab, (2, 6), generator=g)
+    soft_ids = torch.stack([labels, (labels + 1) % module.cfg.draft_vocab], dim=-1)  # [2, 6, 2]
+    soft_logits = torch.stack([top1_logit.expand(2, 6), torch.zeros(2, 6)], dim=-1)  # [2, 6, 2]
+    return {"emb": torch.randn(2, 6, H, generator=g), "hidden": torch.randn(2, 6, H, generator=g),
+            "labels": labels, "soft_ids": soft_ids, "soft_logits": soft_logits}
+
+
+def test_the_weighted_loss_is_the_plain_one_when_every_position_weighs_alike_and_differs_otherwise(trained):
+    _, summary, _ = trained
+    module, _, _ = read_nextn(summary["path"])
+    module = module.float()
+    even = _tiny_batch(module, torch.tensor(1.5))
+    plain, _ = _losses(module, even, 2, 0.5)
+    weighted, _ = _losses(module, even, 2, 0.5, confident_weight=2.0)
+    assert weighted.item() == pytest.approx(plain.item(), rel=1e-5)
+    uneven = _tiny_batch(module, torch.linspace(-3, 3, 6))  # [6]: every row its own confidence
+    plain, _ = _losses(module, uneven, 2, 0.5)
+    weighted, _ = _losses(module, uneven, 2, 0.5, confident_weight=2.0)
+    assert weighted.item() != pytest.approx(plain.item(), rel=1e-3)
+    # soft labels alone: the hard-label term is gone
+    soft_only, _ = _losses(module, even, 1, 1.0, ce_weight=0.0)
+    hard_only, _ = _losses(module, even, 1, 0.0)
+    both, _ = _losses(module, even, 1, 1.0)
+    assert both.item() == pytest.approx(hard_only.item() + soft_only.item(), rel=1e-5)
+
+
+def test_the_layer_rate_scale_reaches_only_the_layer(trained, tmp_path):
+    model, _, request = trained
+    target = load_model(model, options=SpeculationOptions(enabled=False))
+    moved = {}
+    for scale in (1.0, 0.01):
+        run = attrs.evolve(request, out_path=str(tmp_path / f"s{scale}.gguf"), layer_lr_scale=scale,
+                           loop=attrs.evolve(request.loop, steps=5, checkpoint=str(tmp_path / f"s{scale}.ckpt")))
+        summary = train_mtp(run, target, log=lambda _: None)
+        module, _, _ = read_nextn(summary["path"])
+        fresh = NextNModule(module.cfg, VOCAB)
+        fresh.draft_ids.copy_(module.draft_ids)
+        _initialise(fresh, model, 2, 0, from_target=True)
+        moved[scale] = {n: float((getattr(module, n).detach().float() - getattr(fresh, n).detach()).abs().max()) for n in ("wq", "eh_proj")}
+    assert moved[0.01]["wq"] < 0.2 * moved[1.0]["wq"]  # the layer barely moves
+    assert moved[0.01]["eh_proj"] > 0.2 * moved[1.0]["eh_proj"]  # the projection learns at its rate
+    assert set(LAYER) >= {"wq", "w_down"}

@@ -6,7 +6,12 @@ and the LM-head rows of the draft vocabulary, when the file has llama.cpp's tens
 trained with multi-step unrolling: step 1 reads the trunk's true rows, steps 2..k read the
 head's own chained output (``NextNModule.unrolled``), with the attention mask the chain sees at
 drafting time, so acceptance holds up past the first token. The loss at step j is weighted
-``0.8 ** (j - 1)``; ``kl_weight`` > 0 adds a soft cross-entropy on the target's top-k logits.
+``0.8 ** (j - 1)``; ``kl_weight`` > 0 adds a soft cross-entropy on the target's top-k logits
+(``ce_weight`` 0 with it: soft labels alone); ``confident_weight`` g > 0 weighs each position by
+the target's top-1 probability to the power g (among its top-k logits), toward the tokens the
+target is sure of, where a confident head's drafts pass the gate and land;
+``layer_lr_scale`` lets the copied decoder layer learn at that fraction of the rate of the new
+input projection and norms; ``init_layer`` chooses which target layer is copied.
 ``answer_share`` weights batches toward the target's own chat answers (what the head serves);
 ``restart_share`` cuts sequences at random rows (the head's cache restarting, as after
 serving's bounded catch-up). Held-out prompts are scored on their answer tokens too
@@ -19,6 +24,7 @@ import math
 from pathlib import Path
 from typing import Callable, Sequence
 
+import attrs
 import torch
 import torch.nn.functional as F
 
@@ -52,8 +58,13 @@ def _config(target, draft_vocab: int) -> NextNConfig:
     )
 
 
-def _initialise(module: NextNModule, model_path: str, num_layers: int, seed: int, *, from_target: bool) -> str:
-    """Random init, then the target's last layer / final norm / head rows when readable."""
+LAYER = ("wq", "wk", "wv", "wo", "w_gate", "w_up", "w_down")  # the decoder layer's matrices
+
+
+def _initialise(module: NextNModule, model_path: str, num_layers: int, seed: int, *, from_target: bool,
+                layer: int | None = None) -> str:
+    """Random init, then the target's layer ``layer`` (None: the last; negative counts from the
+    end) / final norm / head rows when readable."""
     g = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         for name in ("eh_proj", "wq", "wk", "wv", "wo", "w_gate", "w_up", "w_down", "head"):
@@ -66,7 +77,8 @@ def _initialise(module: NextNModule, model_path: str, num_layers: int, seed: int
             return "random"
         from tsspec.modeling.gguf_file import GGUFFile
 
-        last = f"blk.{num_layers - 1}."
+        index = num_layers - 1 if layer is None else layer % num_layers
+        last = f"blk.{index}."
         names = {"attn_norm": "attn_norm", "wq": "attn_q", "wk": "attn_k", "wv": "attn_v", "wo": "attn_output",
                  "ffn_norm": "ffn_norm", "w_gate": "ffn_gate", "w_up": "ffn_up", "w_down": "ffn_down"}
         with GGUFFile(model_path) as f:
@@ -83,7 +95,8 @@ def _initialise(module: NextNModule, model_path: str, num_layers: int, seed: int
             if f.has_tensor(head_name):
                 module.head.copy_(f.tensor(head_name)[module.draft_ids])
                 copied.append("head")
-    return f"target ({', '.join(copied) or 'nothing matched'})"
+    which = "" if layer is None else f"layer {index}: "
+    return f"target ({which}{', '.join(copied) or 'nothing matched'})"
 
 
 def _draft_vocabulary(train: Sequence[TeacherSequence], vocab_size: int, k: int, answer_share: float,
@@ -201,28 +214,57 @@ class _Batches:
         return self.make(items)
 
 
-def _losses(module: NextNModule, batch, unroll: int, kl_weight: float):
+def confidence_weights(soft_logits: torch.Tensor, gamma: float) -> torch.Tensor:
+    """[B, L] weights: the target's top-1 probability among its top-k logits, to the power
+    ``gamma`` (rows without logits, the padding, weigh 0). soft_logits [B, L, k]."""
+    top1 = torch.nan_to_num(torch.softmax(soft_logits.float(), dim=-1)[..., 0])  # [B, L]
+    return top1.clamp(min=0.0) ** gamma
+
+
+def _weighted_mean(values: torch.Tensor, weights: torch.Tensor | None, rows: torch.Tensor):
+    """Mean of ``values`` over the ``rows`` that count, weighted when ``weights`` is given."""
+    if not rows.any():
+        return values.sum() * 0.0
+    if weights is None:
+        return values[rows].mean()
+    w = weights[rows]
+    return (values[rows] * w).sum() / w.sum().clamp(min=1e-8)
+
+
+def _losses(module: NextNModule, batch, unroll: int, kl_weight: float, *, ce_weight: float = 1.0,
+            confident_weight: float = 0.0):
     outs = module.unrolled(batch["emb"], batch["hidden"], unroll)
     labels = batch["labels"]  # [B, L] draft rows or IGNORE
     L = labels.shape[1]
     total = 0.0
     metrics: dict[str, float] = {}
     weight_sum = 0.0
+    weights = None  # [B, L] per-position loss weights (None: every position alike)
+    if confident_weight > 0 and "soft_logits" in batch:
+        weights = confidence_weights(batch["soft_logits"], confident_weight)
     for j, out in enumerate(outs, start=1):
         logits = module.logits(out)  # [B, L, K]
         valid = torch.arange(L, device=labels.device)[None, :] >= max(1, j)  # the head never reads position 0
         target = torch.where(valid, labels, torch.full_like(labels, IGNORE))
-        ce = F.cross_entropy(logits.flatten(0, 1), target.flatten(), ignore_index=IGNORE)
-        loss = ce
+        if weights is None:
+            ce = F.cross_entropy(logits.flatten(0, 1), target.flatten(), ignore_index=IGNORE)
+        else:
+            per_row = F.cross_entropy(logits.flatten(0, 1), target.flatten(), ignore_index=IGNORE,
+                                      reduction="none").view_as(target)  # [B, L]
+            ce = _weighted_mean(per_row, weights, target != IGNORE)
+        loss = ce if ce_weight == 1.0 else ce_weight * ce
         if kl_weight > 0 and "soft_ids" in batch:
             ids = batch["soft_ids"]  # [B, L, k]
             known = (ids != IGNORE) & valid[..., None]
             teacher = torch.softmax(batch["soft_logits"].masked_fill(~known, float("-inf")), dim=-1)
             teacher = torch.nan_to_num(teacher)  # rows with no known id
             logp = torch.log_softmax(logits, dim=-1).gather(-1, ids.clamp(min=0))  # [B, L, k]
-            soft = -(teacher * logp.masked_fill(~known, 0.0)).sum(-1)
+            soft = -(teacher * logp.masked_fill(~known, 0.0)).sum(-1)  # [B, L]
             rows = known.any(-1)
-            loss = ce + kl_weight * (soft[rows].mean() if rows.any() else 0.0)
+            if weights is None:
+                loss = loss + kl_weight * (soft[rows].mean() if rows.any() else 0.0)
+            else:
+                loss = loss + kl_weight * _weighted_mean(soft, weights, rows)
         w = STEP_DECAY ** (j - 1)
         total = total + w * loss
         weight_sum += w
@@ -301,7 +343,7 @@ def train_mtp(request: TrainRequest, target, log: Callable[[str], None] = print,
     module = NextNModule(cfg, V)
     module.draft_ids.copy_(draft_ids)
     init = _initialise(module, request.model_path, int(target.config.num_layers), request.loop.seed,
-                       from_target=request.init_from_target)
+                       from_target=request.init_from_target, layer=request.init_layer)
     if request.init_from:
         init = _warm_start(module, request.init_from) + f"; head rows: {init}"
     log(f"initialised from {init}")
@@ -309,7 +351,7 @@ def train_mtp(request: TrainRequest, target, log: Callable[[str], None] = print,
     if request.freeze_layer:
         # keep the target's last layer as copied: only eh_proj and the norms learn (a small
         # corpus cannot overfit 0.7M weights the way it overfits 4M)
-        for name in ("wq", "wk", "wv", "wo", "w_gate", "w_up", "w_down"):
+        for name in LAYER:
             getattr(module, name).requires_grad_(False)
     module.to(device)
     with torch.inference_mode():
@@ -320,9 +362,13 @@ def train_mtp(request: TrainRequest, target, log: Callable[[str], None] = print,
     before = evaluate(module, batches, valid, request.unroll) if valid else {}
     held_before = evaluate(module, batches, held_out, request.unroll) if held_out else {}
     answers_before = answer_accuracy(module, batches, held_out, request.unroll) if held_out else {}
+    spec = request.loop
+    if request.layer_lr_scale != 1.0:
+        spec = attrs.evolve(spec, lr_scales=tuple((name, float(request.layer_lr_scale)) for name in LAYER))
     history = loop.run(
-        module, request.loop, batches.sample,
-        lambda batch: _losses(module, batch, request.unroll, request.kl_weight),
+        module, spec, batches.sample,
+        lambda batch: _losses(module, batch, request.unroll, request.kl_weight, ce_weight=request.ce_weight,
+                              confident_weight=request.confident_weight),
         log=log, progress=progress,
     )
     after = evaluate(module, batches, valid, request.unroll) if valid else {}
@@ -344,6 +390,8 @@ def train_mtp(request: TrainRequest, target, log: Callable[[str], None] = print,
     recipe = {
         "kind": KIND, "steps": request.loop.steps, "lr": request.loop.lr, "batch": request.batch,
         "unroll": request.unroll, "draft_vocab": int(draft_ids.numel()), "kl_weight": request.kl_weight,
+        "ce_weight": request.ce_weight, "confident_weight": request.confident_weight,
+        "layer_lr_scale": request.layer_lr_scale, "init_layer": request.init_layer,
         "seed": request.loop.seed, "init": init, "freeze_layer": request.freeze_layer, "draft_vocab_coverage": round(cover, 4),
         "draft_vocab_answer_share": vocab_share, "draft_vocab_answer_coverage": None if answer_cover is None else round(answer_cover, 4),
         "valid_accuracy": {k: round(v, 4) for k, v in after.items()},
