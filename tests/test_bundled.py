@@ -113,6 +113,7 @@ def test_train_drafter_names_installed_kinds_on_an_unknown_kind(monkeypatch):
     (["--ce-weight", "0"], "--ce-weight 0 needs --kl-weight > 0"),
     (["--ce-weight", "-1"], "--ce-weight, --kl-weight and --confident-weight must be at least 0"),
     (["--confident-weight", "1", "--soft-k", "0"], "--confident-weight reads the target's top-k logits"),
+    (["--ce-weight", "0", "--kl-weight", "0.5", "--soft-k", "0"], "--soft-k must be at least 1"),
     (["--layer-lr-scale", "0"], "--layer-lr-scale must be above 0"),
 ])
 def test_train_drafter_refuses_bad_recommendations_in_one_line(monkeypatch, flags, named):

@@ -102,6 +102,8 @@ def train_drafter(
                            f"{kl_weight} and {confident_weight}")
     if ce_weight == 0 and kl_weight == 0:
         raise OptionsError("--ce-weight 0 needs --kl-weight > 0: nothing would be learned")
+    if ce_weight == 0 and soft_k < 1:
+        raise OptionsError("--ce-weight 0 trains on the target's top-k logits alone: --soft-k must be at least 1")
     if confident_weight > 0 and soft_k < 1:
         raise OptionsError("--confident-weight reads the target's top-k logits: --soft-k must be at least 1")
     if not 0.0 < layer_lr_scale <= 10.0:

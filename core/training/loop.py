@@ -124,7 +124,7 @@ def run(
         generator = torch.Generator().manual_seed(spec.seed * 1_000_003 + step)
         batch = sample(step, generator)
         for group in optimiser.param_groups:
-            group["lr"] = _lr_at(step, spec) * group["lr_scale"]
+            group["lr"] = _lr_at(step, spec) * group.get("lr_scale", 1.0)  # absent in older checkpoints
         value, metrics = loss(batch)
         optimiser.zero_grad(set_to_none=True)
         value.backward()

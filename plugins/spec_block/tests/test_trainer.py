@@ -154,7 +154,9 @@ def _request(tmp_path, model, **changes):
 
 
 @pytest.mark.parametrize("changes, words", [({"taps": (1, 9)}, "--taps [1, 9]: layer 9 is outside 0..3"),
-                                            ({"block_size": 1}, "--block-size must be at least 2")])
+                                            ({"block_size": 1}, "--block-size must be at least 2"),
+                                            ({"kl_weight": 0.5, "init_layer": 0},
+                                             "--kl-weight, --init-layer: options of the per-token head trainer")])
 def test_bad_settings_are_one_line_option_errors(tmp_path, changes, words):
     from tsspec.errors import OptionsError
 

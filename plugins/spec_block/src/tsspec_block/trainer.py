@@ -180,6 +180,13 @@ def evaluate(module: BlockDrafterModule, batches: _Batches, embed: torch.Tensor,
 
 def train_dflash(request: TrainRequest, target, log: Callable[[str], None] = print, progress=None) -> dict:
     """Train and write a ``dflash`` drafter for ``target``; returns a summary."""
+    ignored = [name for name, value, default in (
+        ("--ce-weight", request.ce_weight, 1.0), ("--kl-weight", request.kl_weight, 0.0),
+        ("--confident-weight", request.confident_weight, 0.0), ("--layer-lr-scale", request.layer_lr_scale, 1.0),
+        ("--init-layer", request.init_layer, None)) if value != default]
+    if ignored:
+        raise OptionsError(f"{', '.join(ignored)}: options of the per-token head trainer (--kind mtp); "
+                           "the block trainer's loss is the block-diffusion cross-entropy")
     if request.block_size < 2:
         raise OptionsError(f"--block-size must be at least 2 (anchor + one draft), got {request.block_size}")
     device = loop.resolve_device(request.loop.device)
