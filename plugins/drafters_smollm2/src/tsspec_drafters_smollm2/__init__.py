@@ -27,7 +27,7 @@ DRAFTERS = {
     # that pair measured no clear gain over ngram on this CPU (README), so auto does not attach it
     "smollm2-135m-instruct-mtp.gguf": ("draft-head", "nextn", False),
     # DFlash block drafter (tsspec train-drafter --kind dflash; recipe and figures in
-    # plugins/spec_block/trained/README.md): row-1 landing ~0.2 on chat, 0.81-0.96x of plain
+    # plugins/spec_block/trained/README.md): row-1 landing ~0.3-0.4 where it is sure, below plain
     "smollm2-135m-instruct-dflash.gguf": ("block", "dflash", False),
 }
 
