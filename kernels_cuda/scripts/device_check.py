@@ -178,7 +178,8 @@ def dflash_block_vs_decode(impl, device, bandwidth) -> dict:
     results = {}
     feats = torch.randn(s.context + 64, s.taps * H, generator=g, device=device)
     for name, kernels in (("kernels", impl), ("torch", {})):
-        head = DFlashDraftHead(cfg, weights, Target(), kernels=kernels)
+        # the torch side is the reference: no registered kernels and no native CPU pass
+        head = DFlashDraftHead(cfg, weights, Target(), kernels=kernels, **({} if kernels else {"native": False}))
         head.draft_catch_up(list(range(s.context)), feats[: s.context], 1)
         pos = [s.context]
 
