@@ -122,7 +122,7 @@ class DraftEconomics:
         if self._shape is not None:
             for length, samples in self._costs.items():
                 for ms in samples:
-                    self._scales.append(max(ms, MIN_COST_MS) / _rows_cost(self._shape, length + 1))
+                    self._scales.append(max(ms, MIN_COST_MS) / rows_cost(self._shape, length + 1))
 
     # -- evidence --------------------------------------------------------------------------
     def record_plain(self, ms: float) -> None:
@@ -169,7 +169,7 @@ class DraftEconomics:
         samples.append(float(ms))
         self._sums[length] += float(ms)
         if self._shape is not None:
-            self._scales.append(max(float(ms), MIN_COST_MS) / _rows_cost(self._shape, length + 1))
+            self._scales.append(max(float(ms), MIN_COST_MS) / rows_cost(self._shape, length + 1))
             self._median = None
 
     # -- estimates -------------------------------------------------------------------------
@@ -192,7 +192,7 @@ class DraftEconomics:
         if not means:
             return None
         if self._scales:  # the target's shape, scaled by the median step of this run
-            return max(self._scale() * _rows_cost(self._shape, length + 1), MIN_COST_MS)
+            return max(self._scale() * rows_cost(self._shape, length + 1), MIN_COST_MS)
         if length in means:
             return means[length]
         below = [k for k in means if k < length]
@@ -275,7 +275,7 @@ def parse_cost_shape(value) -> tuple[tuple[int, float], ...] | None:
     return pairs
 
 
-def _rows_cost(shape: tuple[tuple[int, float], ...], rows: int) -> float:
+def rows_cost(shape: tuple[tuple[int, float], ...], rows: int) -> float:
     """The shape's cost of a forward of ``rows`` rows: linear between its points, the last
     segment's slope past its end (never below the last point's cost)."""
     for (r0, m0), (r1, m1) in zip(shape, shape[1:]):

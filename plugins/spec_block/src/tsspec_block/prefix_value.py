@@ -54,6 +54,8 @@ from __future__ import annotations
 import threading
 from typing import Sequence
 
+from tsspec.runtime.economics import parse_cost_shape, rows_cost
+
 __all__ = ["BINS", "PRIOR_WEIGHT", "Calibration", "PrefixValue", "shape_ratios"]
 
 BINS = 10  # confidence bins of width 0.1
@@ -65,39 +67,15 @@ EXPLORE_AFTER = 8  # declines of a bin (or refusals to score later rows) before 
 EXPLORE_MAX = 512  # the longest wait between retries (it doubles while retries land nothing)
 
 
-def _parse_shape(value) -> tuple[tuple[int, float], ...] | None:
-    """A target's ``spec_verify_row_ms`` as sorted ``((rows, ms), ..)`` from one row up, or None
-    for anything else (missing, malformed, a repeated row count, a cost that is not positive)."""
-    if value is None:
-        return None
-    try:
-        pairs = tuple(sorted((int(r), float(ms)) for r, ms in value))
-    except (TypeError, ValueError):
-        return None
-    if len(pairs) < 2 or pairs[0][0] != 1 or len({r for r, _ in pairs}) != len(pairs):
-        return None
-    if any(not ms > 0 for _, ms in pairs):  # NaN fails too
-        return None
-    return pairs
-
-
 def shape_ratios(cost_shape, rows: int) -> list[float] | None:
     """``[shape(1)/shape(1), shape(2)/shape(1), ..., shape(rows)/shape(1)]`` from a target's
     cost by rows (linear between its points, the last slope past its end, never below the last
     point), or None for a missing or malformed one."""
-    shape = _parse_shape(cost_shape)
+    shape = parse_cost_shape(cost_shape)
     if shape is None:
         return None
-
-    def cost(n: int) -> float:
-        for (r0, m0), (r1, m1) in zip(shape, shape[1:]):
-            if n <= r1:
-                return m0 + (m1 - m0) * (max(n, r0) - r0) / (r1 - r0)
-        (r0, m0), (r1, m1) = shape[-2], shape[-1]
-        return max(m1, m1 + (m1 - m0) / (r1 - r0) * (n - r1))
-
-    one = cost(1)
-    return [cost(n) / one for n in range(1, rows + 1)]
+    one = rows_cost(shape, 1)
+    return [rows_cost(shape, n) / one for n in range(1, rows + 1)]
 
 
 class Calibration:
