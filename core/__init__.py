@@ -10,6 +10,7 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
+from .cost_shape import parse_cost_shape, rows_cost
 from .errors import ConfigError, GenerationError, ModelLoadError, OptionsError, TsspecError
 from .hookspecs import hookimpl, hookspec
 from .protocols import (
@@ -78,6 +79,9 @@ __all__ = [
     "SpeculatorDeclined",
     "require_feature_width",
     "resolve_feature_taps",
+    # a target's cost by rows (spec_verify_row_ms) as a cost shape
+    "parse_cost_shape",
+    "rows_cost",
     # registry and options
     "SpeculatorRegistry",
     "Decline",

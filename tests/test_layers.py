@@ -10,7 +10,7 @@ import tsspec
 
 ROOT = Path(tsspec.__file__).resolve().parent
 # docs/architecture.md, "Packages and the direction of imports"
-LAYER = {"errors": 0, "protocols": 0, "hookspecs": 0, "switches": 0, "config": 0, "data": 0,
+LAYER = {"errors": 0, "protocols": 0, "hookspecs": 0, "switches": 0, "config": 0, "data": 0, "cost_shape": 0,
          "plugins": 1, "modeling": 1, "runtime": 2, "training": 2, "testing": 3, "toy_heads": 3, "bench": 4, "cli": 5}
 REPO = ROOT.parent  # the checkout: core/ is the package, plugins/ and kernels_cuda/ beside it
 INTERNAL = ("tsspec.runtime", "tsspec.bench", "tsspec.cli")

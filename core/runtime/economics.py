@@ -49,6 +49,8 @@ from __future__ import annotations
 import collections
 from typing import Deque, Hashable
 
+from ..cost_shape import parse_cost_shape, rows_cost
+
 FIRST_PRIOR = 0.5  # acceptance at position 1 before any evidence (one pseudo-sample)
 PRIOR_WEIGHT = 2.0  # pseudo-samples pulling an estimate toward its prior (neighbour or pool)
 COST_SAMPLES = 16  # rolling samples kept per draft length (context growth changes costs)
@@ -257,29 +259,3 @@ class DraftEconomics:
             return None
         rates = self.acceptance(length, evidence)
         return self.expected_tokens(length, rates) / cost * self.cost(0)
-
-
-def parse_cost_shape(value) -> tuple[tuple[int, float], ...] | None:
-    """A target's forward cost by rows, ``((rows, ms), ..)`` from 1 row up, as a cost shape; None
-    for anything else (a missing, malformed or non-increasing profile is simply not used)."""
-    if value is None:
-        return None
-    try:
-        pairs = tuple(sorted((int(r), float(ms)) for r, ms in value))
-    except (TypeError, ValueError):
-        return None
-    if len(pairs) < 2 or pairs[0][0] != 1 or any(ms <= 0 or ms != ms for _, ms in pairs):
-        return None
-    if len({r for r, _ in pairs}) != len(pairs):
-        return None
-    return pairs
-
-
-def rows_cost(shape: tuple[tuple[int, float], ...], rows: int) -> float:
-    """The shape's cost of a forward of ``rows`` rows: linear between its points, the last
-    segment's slope past its end (never below the last point's cost)."""
-    for (r0, m0), (r1, m1) in zip(shape, shape[1:]):
-        if rows <= r1:
-            return m0 + (m1 - m0) * (max(rows, r0) - r0) / (r1 - r0)
-    (r0, m0), (r1, m1) = shape[-2], shape[-1]
-    return max(m1, m1 + (m1 - m0) / (r1 - r0) * (rows - r1))

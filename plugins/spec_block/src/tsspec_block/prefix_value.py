@@ -54,7 +54,7 @@ from __future__ import annotations
 import threading
 from typing import Sequence
 
-from tsspec.runtime.economics import parse_cost_shape, rows_cost
+from tsspec.cost_shape import parse_cost_shape, rows_cost
 
 __all__ = ["BINS", "PRIOR_WEIGHT", "Calibration", "PrefixValue", "shape_ratios"]
 
