@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import itertools
+
 import pytest
 import torch
 
@@ -110,8 +112,12 @@ def test_each_run_starts_fresh_no_park_carries_from_the_run_before():
                                                                                max_draft_tokens=3),
                       requires_draft_head=False, weight_free=False, description="test")
     target = ToyTarget(seed=2)
+    # a clock that advances 1 ms a reading: the governor's choices do not hang on how busy the
+    # machine is (under load the runs' timings, and so their drafts, differed)
+    ticks = itertools.count()
     runner = BenchRunner(target, _cases(target, n=1, max_tokens=40), [BenchConfig.plain(),
-                         BenchConfig.for_algorithm("learned-test")], reps=3, registry=registry)
+                         BenchConfig.for_algorithm("learned-test")], reps=3, registry=registry,
+                         clock=lambda: next(ticks) / 1000.0)
     records = [r for r in runner.run() if r.config == "learned-test"]
     assert len(records) >= 3 and all(r.verdict.status == IDENTICAL for r in records)
     assert len({r.stats.drafts for r in records}) == 1  # every run probed afresh: the same drafts
