@@ -14,11 +14,11 @@ from typing import Sequence
 
 import attrs
 
+from ..runtime.registry import AUTO
 from .lossless import MISMATCH, TIE
 from .machine import machine_line
 from .peers import LOOKUP, PeerRecord, PeerRow
 from .runner import ALGORITHM, ORACLE, PLAIN, RunRecord
-from ..runtime.registry import AUTO
 from .needs import (DrafterMeasure, DrafterNeeds, draft_lengths, drafter_needs, relative_costs, rounded_length,
                     shape_from_steps)
 from .summary import ALL_CLASSES, SummaryRow
@@ -450,14 +450,7 @@ def _oracle_section(report: BenchReport) -> list[str]:
     header = ["P", "governor", "accept", "tok/verify", "tok/s", "plain tok/s", "speed-up (min-max)", "verify ms/step",
               "rollback ms/run", "governor wins/losses/parked steps"]
     rows = sorted(rows, key=lambda r: (not report.oracle_governed(r), r.acceptance_target))
-    body = [[
-        f"{r.acceptance_target:.2f}", "on" if report.oracle_governed(r) else "off",
-        f"{r.acceptance_rate:.2f}", f"{r.tokens_per_verify:.2f}",
-        f"{r.tokens_per_second:.1f}", f"{r.plain_tokens_per_second:.1f}", _ratio_text(r),
-        f"{r.verify_ms_per_step:.1f}", f"{r.phase_ms.get('rollback', 0.0):.1f}",
-        f"{r.governor_wins}/{r.governor_losses}/{r.governor_parked_steps}",
-    ] for r in rows]
-    lines += _table(header, body)
+    lines += _table(header, [_sweep_cells(report, r) for r in rows])
     plain_ms = plain_step_ms(report, classes)
     if plain_ms:
         lines += ["", f"A one-row plain step on these prompts takes {plain_ms:.1f} ms (plain runs, same classes)."]
@@ -475,13 +468,7 @@ def _oracle_section(report: BenchReport) -> list[str]:
                   f"(a verify of {cap + 1} rows) and the cost governor off, so every step drafts the cap (on, the "
                   "governor would shorten drafts by what it measures): the mechanics a drafter of that length "
                   "meets.", ""]
-        lines += _table(header, [[
-            f"{r.acceptance_target:.2f}", "on" if report.oracle_governed(r) else "off",
-            f"{r.acceptance_rate:.2f}", f"{r.tokens_per_verify:.2f}",
-            f"{r.tokens_per_second:.1f}", f"{r.plain_tokens_per_second:.1f}", _ratio_text(r),
-            f"{r.verify_ms_per_step:.1f}", f"{r.phase_ms.get('rollback', 0.0):.1f}",
-            f"{r.governor_wins}/{r.governor_losses}/{r.governor_parked_steps}",
-        ] for r in capped])
+        lines += _table(header, [_sweep_cells(report, r) for r in capped])
         be_cap = break_even_acceptance(report.sweep_rows(cap))
         lines += ["", f"Break-even at {cap} token{'s' if cap != 1 else ''} a draft: speculation pays from P ~ "
                   f"{be_cap:.2f} upward." if be_cap is not None else
@@ -489,7 +476,8 @@ def _oracle_section(report: BenchReport) -> list[str]:
                   "the sweep.", ""]
     placed = placements(report)
     if placed:
-        lines += ["The measured algorithms placed on the P axis (P = the share of their drafts whose first token "
+        lines += ["### The measured algorithms on the P axis", "",
+                  "The measured algorithms placed on the P axis (P = the share of their drafts whose first token "
                   "landed, all classes), each read off the sweep whose draft length matches how it drafts (its mean "
                   "drafted tokens per verify, rounded; the nearest sweep that ran"
                   + ("" if report.capped_lengths() else f": only the one at the window, {window} tokens; "
@@ -614,6 +602,15 @@ def _needs_section(report: BenchReport) -> list[str]:
     lines.append("")
     lines += [f"- **{d.measure.name}**: {d.verdict}" for d in needs.drafters]
     return lines + [""]
+
+
+def _sweep_cells(report: BenchReport, r: SummaryRow) -> list[str]:
+    """One row of a sweep table."""
+    return [f"{r.acceptance_target:.2f}", "on" if report.oracle_governed(r) else "off",
+            f"{r.acceptance_rate:.2f}", f"{r.tokens_per_verify:.2f}",
+            f"{r.tokens_per_second:.1f}", f"{r.plain_tokens_per_second:.1f}", _ratio_text(r),
+            f"{r.verify_ms_per_step:.1f}", f"{r.phase_ms.get('rollback', 0.0):.1f}",
+            f"{r.governor_wins}/{r.governor_losses}/{r.governor_parked_steps}"]
 
 
 def _peer_section(report: BenchReport) -> list[str]:
