@@ -11,12 +11,13 @@ import pytest
 from tsspec.bench import needs
 from tsspec.bench.needs import (DrafterMeasure, acceptance_for, draft_lengths, drafter_needs, expected_tokens,
                                 length_needs, relative_costs, shape_from_steps)
-from tsspec.bench.report import BenchReport, drafter_needs_of, placements, sweep_length_for
-from tsspec.bench.runner import BenchConfig
+from tsspec.bench.report import BenchReport, drafter_needs_of, loop_verify_cost, placements, sweep_length_for
+from tsspec.bench.runner import BenchConfig, RunRecord
 from tsspec.bench.suite import build_configs, check_oracle_draft
 from tsspec.bench.summary import SummaryRow
 from tsspec.cli.app import main
 from tsspec.errors import OptionsError
+from tsspec.runtime.stats import SpecStats
 
 # a CPU like the one the issue describes: 2 rows 1.22x one row, 3 rows 1.5x, 9 rows 3.9x
 PROFILE = ((1, 8.0), (2, 9.76), (3, 12.0), (4, 14.0), (9, 31.2))
@@ -77,7 +78,7 @@ def test_length_needs_with_free_and_with_costly_drafting():
 
 def test_a_weak_drafter_is_stopped_by_its_acceptance():
     costs = relative_costs(PROFILE, (2, 3, 4, 9))
-    head = DrafterMeasure("head", 0.8, 1.2, [0.41, 0.05], 0.97)
+    head = DrafterMeasure("head", 0.8, 1.2, [0.41, 0.05], 0.97, 80, 1.43)
     section = drafter_needs(costs, "profile", 8, 8.0, [head])
     d = section.drafters[0]
     assert d.draft_share == pytest.approx(0.1)
@@ -85,13 +86,13 @@ def test_a_weak_drafter_is_stopped_by_its_acceptance():
     assert d.verdict.startswith(f"1.4x needs a >= {least.goal:.2f} at k = {least.k} at its draft cost (0.10 of")
     assert "lands 0.41" in d.verdict and "acceptance stops it (free drafting would still need a >= 0.6" in d.verdict
     assert "break-even" not in d.verdict  # 0.41 clears the break-even at k = 1 (0.22 + 0.1)
-    weaker = drafter_needs(costs, "profile", 8, 8.0, [DrafterMeasure("head", 0.8, 1.0, [0.1], 0.8)])
+    weaker = drafter_needs(costs, "profile", 8, 8.0, [DrafterMeasure("head", 0.8, 1.0, [0.1], 0.8, 80, 1.1)])
     assert "below even the break-even" in weaker.drafters[0].verdict
 
 
 def test_a_perfect_short_drafter_is_stopped_by_the_verify_cost():
     costs = {2: 1.6, 3: 2.3, 4: 3.0}  # a steep machine: a perfect 1-token drafter reaches 1.25x
-    section = drafter_needs(costs, "profile", 3, 8.0, [DrafterMeasure("head", 0.0, 1.0, [0.99], 1.1)])
+    section = drafter_needs(costs, "profile", 3, 8.0, [DrafterMeasure("head", 0.0, 1.0, [0.99], 1.1, 80, 1.99)])
     assert section.machine[0].ceiling == pytest.approx(2 / 1.6)
     assert "the verify cost by rows stops every drafter" in section.machine_verdict
     assert "the verify cost by rows stops it" in section.drafters[0].verdict
@@ -99,7 +100,7 @@ def test_a_perfect_short_drafter_is_stopped_by_the_verify_cost():
 
 def test_a_drafter_whose_draft_cost_stops_it():
     costs = relative_costs(PROFILE, (2, 3, 4))
-    section = drafter_needs(costs, "profile", 3, 8.0, [DrafterMeasure("slow", 8.0, 1.0, [0.95], 0.6)])
+    section = drafter_needs(costs, "profile", 3, 8.0, [DrafterMeasure("slow", 8.0, 1.0, [0.95], 0.6, 80, 1.95)])
     d = section.drafters[0]
     assert d.draft_share == pytest.approx(1.0)
     assert all(n.goal is None for n in d.needs)
@@ -109,14 +110,14 @@ def test_a_drafter_whose_draft_cost_stops_it():
 def test_a_drafter_with_enough_acceptance_for_free_drafting_is_stopped_by_its_draft_cost():
     costs = relative_costs(PROFILE, (2, 3, 4, 9))
     free_least = min(n.goal for n in length_needs(costs, [1, 2, 3, 8]) if n.goal is not None)
-    d = drafter_needs(costs, "profile", 8, 8.0, [DrafterMeasure("slowish", 2.4, 1.0, [0.8], 1.0)]).drafters[0]
+    d = drafter_needs(costs, "profile", 8, 8.0, [DrafterMeasure("slowish", 2.4, 1.0, [0.8], 1.0, 80, 1.8)]).drafters[0]
     assert free_least <= 0.8 < min(n.goal for n in d.needs if n.goal is not None)
     assert "its draft cost stops it (with free drafting" in d.verdict
 
 
 def test_a_good_drafter_clears_the_goal():
     costs = relative_costs(PROFILE, (2, 3, 4, 9))
-    one = drafter_needs(costs, "profile", 8, 8.0, [DrafterMeasure("good", 0.0, 1.0, [0.9], 1.5)]).drafters[0]
+    one = drafter_needs(costs, "profile", 8, 8.0, [DrafterMeasure("good", 0.0, 1.0, [0.9], 1.5, 80, 1.9)]).drafters[0]
     least = min((n for n in one.needs if n.goal is not None), key=lambda n: n.goal)
     assert 0.9 >= least.goal and "acceptance stops it" not in one.verdict
 
@@ -131,8 +132,29 @@ def test_no_cost_profile_and_no_algorithm_are_said_plainly():
     assert json.loads(json.dumps(section.to_json()))["relative_cost_by_rows"] is None
     nothing_drafted = drafter_needs(relative_costs(PROFILE, (2, 3)), "profile", 2, None,
                                     [DrafterMeasure("idle", None, 0.0, [], None)])
-    assert nothing_drafted.drafters[0].draft_share is None
-    assert "no draft verified" in nothing_drafted.drafters[0].verdict
+    assert nothing_drafted.drafters[0].draft_share is None and nothing_drafted.drafters[0].worth is None
+    assert "only 0 of its drafts reached a verify in this run: too few to weigh" in nothing_drafted.drafters[0].verdict
+
+
+def test_a_drafter_with_too_few_verified_drafts_gets_no_verdict_on_its_cost_or_acceptance():
+    costs = relative_costs(PROFILE, (2, 3, 4, 9))
+    # one verified draft that landed, after many passes cut to nothing: its d is meaningless
+    d = drafter_needs(costs, "profile", 8, 8.0, [DrafterMeasure("block", 36.0, 1.0, [1.0], 0.9, 1, 2.0)]).drafters[0]
+    assert d.verdict.endswith("only 1 of its drafts reached a verify in this run: too few to weigh.")
+    assert "stops it" not in d.verdict
+
+
+def test_cost_at_a_fractional_length_and_the_worth_of_a_drafters_steps():
+    costs = relative_costs(PROFILE, range(2, 10))
+    assert needs.cost_at(costs, 2.0) == pytest.approx(1.22)
+    assert needs.cost_at(costs, 2.5) == pytest.approx((1.22 + 1.5) / 2)
+    assert needs.cost_at(costs, 10.5) is None
+    m = DrafterMeasure("head", 0.8, 1.5, [0.4, 0.1], 1.0, 60, 1.5)
+    section = drafter_needs(costs, "profile", 8, 8.0, [m])
+    assert section.drafters[0].worth == pytest.approx(1.5 / ((1.22 + 1.5) / 2 + 1.5 * 0.1))
+    assert "worth" not in section.drafters[0].verdict  # acceptance stops it: no claim about its worth
+    good = drafter_needs(costs, "profile", 8, 8.0, [DrafterMeasure("good", 0.0, 1.0, [0.9], 1.2, 60, 1.9)])
+    assert "Its verify steps are worth 1.56x by these costs; it measured 1.20x" in good.drafters[0].verdict
 
 
 # -- the report's section and placements, from rows -----------------------------------------
@@ -162,16 +184,37 @@ def test_the_section_reads_the_profile_and_leaves_auto_out():
     assert section.plain_ms is None and section.drafters[0].draft_share is None  # no plain runs recorded
 
 
-def test_the_section_falls_back_to_the_oracles_own_steps(monkeypatch):
-    from tsspec.bench import report as report_module
+def _record(config, kind, rep, *, plain=(0.0, 0), verify=(0.0, 0), case="q1"):
+    stats = SpecStats(plain_steps=plain[1], verify_steps=verify[1])
+    stats.phase_ms.update(plain=plain[0], verify=verify[0])
+    return RunRecord(case, "qa", config, kind, rep, 0, [], stats, None)
 
-    rows = [_row("oracle@1.00/no-governor", "oracle", verify_steps=10, verify_ms=280.0, p=1.0),
-            _row("oracle@1.00/draft2/no-governor", "oracle", verify_steps=10, verify_ms=90.0, p=1.0)]
-    rep = _report(rows, lengths={"oracle@1.00/no-governor": 8, "oracle@1.00/draft2/no-governor": 2})
-    monkeypatch.setattr(report_module, "plain_step_ms", lambda report, classes=None: 7.0)
+
+def test_the_loop_steps_are_paired_with_the_plain_run_of_their_round_and_preferred_to_the_profile():
+    lengths = {"oracle@1.00/no-governor": 8, "oracle@1.00/draft2/no-governor": 2, "oracle@1.00": 8}
+    records = [
+        _record("plain", "plain", -1, plain=(500.0, 10)),  # warm-up: not counted
+        _record("oracle@1.00/draft2/no-governor", "oracle", -1, verify=(10.0, 10)),
+        _record("plain", "plain", 0, plain=(70.0, 10)),  # 7 ms a step
+        _record("oracle@1.00/no-governor", "oracle", 0, verify=(280.0, 10)),  # 28 ms: 4x
+        _record("oracle@1.00/draft2/no-governor", "oracle", 0, verify=(84.0, 10)),  # 8.4 ms: 1.2x
+        _record("oracle@1.00", "oracle", 0, verify=(10.0, 10)),  # governor on: drafts vary, left out
+        _record("plain", "plain", 1, plain=(140.0, 10)),  # a slow round: 14 ms a step
+        _record("oracle@1.00/no-governor", "oracle", 1, verify=(560.0, 10)),  # 4x of its own round
+        _record("oracle@1.00/draft2/no-governor", "oracle", 1, verify=(196.0, 10)),  # 1.4x
+    ]
+    rep = _report([], profile=[list(p) for p in PROFILE], lengths=lengths)
+    rep.meta["settings"]["oracle_governed"]["oracle@1.00"] = True
+    rep.records = records
+    assert loop_verify_cost(rep) == {3: pytest.approx(1.3), 9: pytest.approx(4.0)}
     section = drafter_needs_of(rep)
     assert section.source == "steps"
-    assert section.costs[3] == pytest.approx(9.0 / 7.0) and section.costs[9] == pytest.approx(28.0 / 7.0)
+    assert section.costs[3] == pytest.approx(1.3) and section.costs[9] == pytest.approx(4.0)
+    assert section.costs[2] == pytest.approx(1.15)  # linear between 1 and 3 rows
+    assert section.beside[2] == pytest.approx(1.22)  # the profile, kept for comparison
+    short = _report([], profile=[list(p) for p in PROFILE], lengths=lengths)
+    short.records = [r for r in records if "draft2" in r.config or r.kind == "plain"]
+    assert drafter_needs_of(short).source == "profile"  # the steps stop at 3 rows: no extrapolation to 9
     missing = drafter_needs_of(_report([]))
     assert missing.costs is None and missing.machine == []
 
@@ -256,7 +299,7 @@ def test_bench_with_a_capped_sweep_on_the_toy(tmp_path, prompts):
     assert all(r["lossless"]["status"] == "identical" for r in data["runs"] if r["kind"] == "oracle")
     needs_json = data["drafter_needs"]
     assert needs_json["source"] == "steps"  # the toy publishes no cost by rows: the oracle's steps
-    assert set(needs_json["relative_cost_by_rows"]) == {"2", "3", "4", "9"}
+    assert set(needs_json["relative_cost_by_rows"]) == {str(r) for r in range(2, 10)}
     assert [d["name"] for d in needs_json["drafters"]] == ["ngram"]
     assert by_config["ngram"]["verify_steps"] > 0  # governor off: ngram verifies what it finds
     md = out_md.read_text()

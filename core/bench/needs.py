@@ -32,6 +32,7 @@ from ..runtime.economics import parse_cost_shape, rows_cost
 GOAL = 1.4  # the speed-up over plain a learned drafter should reach (issue 17)
 SHORT_LENGTHS = (1, 2, 3)  # draft lengths shown beside the draft window
 BISECTION_STEPS = 60  # halvings of [0, 1] when solving E(k, a) = target (2^-60: exact in floats)
+MIN_VERIFIED = 20  # verified drafts below which a drafter's landing share is too rough to weigh (sd ~0.1)
 
 
 def expected_tokens(a: float, k: int) -> float:
@@ -155,6 +156,8 @@ class DrafterMeasure:
     drafted_per_verify: float  # mean drafted tokens per verify step
     accepted: Sequence[float]  # [i]: share of its drafts whose token i + 1 landed
     speedup: float | None  # its own median paired speed-up
+    verified: int = 0  # its drafts that reached a verify
+    tokens_per_verify: float = 0.0  # tokens a verify step emitted on average
 
 
 @attrs.frozen
@@ -165,13 +168,41 @@ class DrafterNeed:
     draft_share: float | None  # d: draft ms per drafted token over a plain step (None: unknown)
     needs: list[LengthNeed]
     verdict: str
+    worth: float | None = None  # its verify steps' speed-up by these costs (tokens per verify / C(its length))
 
     def to_json(self) -> dict:
         m = self.measure
         return {"name": m.name, "draft_ms_per_token": _round(m.draft_ms_per_token),
                 "draft_share": _round(self.draft_share), "drafted_per_verify": round(m.drafted_per_verify, 4),
+                "verified_drafts": m.verified, "tokens_per_verify": round(m.tokens_per_verify, 4),
                 "accepted_per_position": [round(x, 4) for x in m.accepted], "speedup": _round(m.speedup),
+                "verify_steps_worth": _round(self.worth),
                 "needs": [n.to_json() for n in self.needs], "verdict": self.verdict}
+
+
+def cost_at(costs: Mapping[int, float], rows: float) -> float | None:
+    """R at a fractional row count (a mean draft length + 1): linear between the neighbouring
+    whole row counts of ``costs`` (1 row costs 1); None outside them.
+
+    >>> cost_at({2: 1.2, 3: 1.5}, 2.5), cost_at({2: 1.2}, 1.5), cost_at({2: 1.2}, 4.0)
+    (1.35, 1.1, None)
+    """
+    table = {1: 1.0, **{int(r): float(c) for r, c in costs.items()}}
+    lo, hi = math.floor(rows), math.ceil(rows)
+    if lo not in table or hi not in table:
+        return None
+    return table[lo] if lo == hi else table[lo] + (table[hi] - table[lo]) * (rows - lo)
+
+
+def steps_worth(m: DrafterMeasure, costs: Mapping[int, float] | None, draft_share: float | None) -> float | None:
+    """What the drafter's verify steps are worth by these costs: its tokens per verify over the
+    cost of a step at its mean draft length (None without verified drafts or costs)."""
+    if not costs or not m.verified or m.drafted_per_verify <= 0:
+        return None
+    verify = cost_at(costs, 1.0 + m.drafted_per_verify)
+    if verify is None:
+        return None
+    return m.tokens_per_verify / (verify + m.drafted_per_verify * (draft_share or 0.0))
 
 
 @attrs.frozen
@@ -233,6 +264,8 @@ def drafter_verdict(need: DrafterNeed, free: Sequence[LengthNeed], goal: float =
     if not needs:
         return "No cost by rows was measured in this run: nothing to weigh its acceptance against."
     a1 = m.accepted[0] if m.accepted else None
+    if a1 is None or m.verified < MIN_VERIFIED:
+        return f"only {m.verified} of its drafts reached a verify in this run: too few to weigh."
     least = _least_goal(needs)
     best = max(needs, key=lambda n: n.ceiling)
     if least is None:
@@ -243,8 +276,6 @@ def drafter_verdict(need: DrafterNeed, free: Sequence[LengthNeed], goal: float =
         return (f"at its draft cost ({need.draft_share:.2f} of a plain step a token) even a perfect drafter "
                 f"reaches only {best.ceiling:.2f}x (k = {best.k}), where free drafting would reach {goal}x "
                 f"from a >= {free_least.goal:.2f} at k = {free_least.k}: its draft cost stops it.")
-    if a1 is None:
-        return f"{goal}x needs a >= {least.goal:.2f} at k = {least.k}; it had no draft verified: nothing landed to weigh."
     paid = f" at its draft cost ({need.draft_share:.2f} of a plain step a token)" if need.draft_share else ""
     text = f"{goal}x needs a >= {least.goal:.2f} at k = {least.k}{paid}; it lands {a1:.2f} of its first drafts"
     if a1 < least.goal:
@@ -260,11 +291,15 @@ def drafter_verdict(need: DrafterNeed, free: Sequence[LengthNeed], goal: float =
         if free_least is not None:
             text += f" (free drafting would still need a >= {free_least.goal:.2f} at k = {free_least.k})"
         return text + "."
+    measured = ""
+    if need.worth is not None and m.speedup is not None:
+        measured = (f" Its verify steps are worth {need.worth:.2f}x by these costs; it measured {m.speedup:.2f}x "
+                    "over plain, its undrafted steps included.")
     if least.k == 1:
-        return text + f": enough for {goal}x with one-token drafts."
+        return text + f": enough for {goal}x with one-token drafts." + measured
     later = ", ".join(f"{x:.2f}" for x in m.accepted[1:least.k])
     return (text + f": enough at position 1; {goal}x also needs positions 2..{least.k} to land that often "
-            f"given the ones before (it lands {later or 'nothing'} of its drafts there).")
+            f"given the ones before (it lands {later or 'nothing'} of its drafts there)." + measured)
 
 
 def drafter_needs(costs: Mapping[int, float] | None, source: str | None, window: int, plain_ms: float | None,
@@ -281,7 +316,7 @@ def drafter_needs(costs: Mapping[int, float] | None, source: str | None, window:
         share = (m.draft_ms_per_token / plain_ms
                  if m.draft_ms_per_token is not None and plain_ms and math.isfinite(m.draft_ms_per_token) else None)
         needs = length_needs(costs, lengths, draft_share=share or 0.0, goal=goal) if costs else []
-        partial = DrafterNeed(m, share, needs, "")
+        partial = DrafterNeed(m, share, needs, "", steps_worth(m, costs, share))
         drafters.append(attrs.evolve(partial, verdict=drafter_verdict(partial, machine, goal)))
     return DrafterNeeds(source if costs else None, costs, plain_ms, goal, machine,
                         machine_verdict(machine, goal), drafters, dict(beside) if beside else None)

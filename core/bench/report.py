@@ -19,7 +19,7 @@ from .lossless import MISMATCH, TIE
 from .machine import machine_line
 from .peers import LOOKUP, PeerRecord, PeerRow
 from .runner import ALGORITHM, ORACLE, PLAIN, RunRecord
-from .needs import (DrafterMeasure, DrafterNeeds, draft_lengths, drafter_needs, relative_costs, rounded_length,
+from .needs import (MIN_VERIFIED, DrafterMeasure, DrafterNeeds, drafter_needs, relative_costs, rounded_length,
                     shape_from_steps)
 from .summary import ALL_CLASSES, SummaryRow
 
@@ -61,10 +61,10 @@ class BenchReport:
                 if (governor is None or self.oracle_governed(r) == governor) and self.oracle_draft_length(r) == length]
         return sorted(rows, key=lambda r: (r.acceptance_target, r.config))
 
-    def oracle_governed(self, row: SummaryRow) -> bool:
+    def oracle_governed(self, row: SummaryRow | RunRecord) -> bool:
         return bool(self.meta["settings"].get("oracle_governed", {}).get(row.config, self.meta["settings"]["adaptive"]))
 
-    def oracle_draft_length(self, row: SummaryRow) -> int:
+    def oracle_draft_length(self, row: SummaryRow | RunRecord) -> int:
         """The most tokens the oracle of ``row`` drafted a step: its cap, else the window."""
         settings = self.meta["settings"]
         return int(settings.get("oracle_draft_lengths", {}).get(row.config, settings["window"]))
@@ -493,14 +493,23 @@ def _oracle_section(report: BenchReport) -> list[str]:
     return lines
 
 
-def loop_verify_ms(report: "BenchReport") -> dict[int, float]:
-    """{rows: ms}: the loop's verify phase per step in the oracle runs with the governor off,
-    where every step verifies its draft length + 1 rows (the median over the sweep's P values)."""
+def loop_verify_cost(report: "BenchReport") -> dict[int, float]:
+    """{rows: R(rows)} from the loop's own steps: for each timed oracle run with the governor off
+    (every step verifies its draft length + 1 rows), its verify phase per verify step over the
+    plain phase per step of the plain run of the same prompt and round; the median per row
+    count. Paired like every ratio of the bench, so a slow stretch of a shared machine moves
+    both sides."""
+    plain = {(r.case_id, r.rep): r.stats.phase_ms.get("plain", 0.0) / r.stats.plain_steps
+             for r in report.records if r.kind == PLAIN and not r.warmup and r.stats.plain_steps}
     by_rows: dict[int, list[float]] = {}
-    for row in report.rows_of(ORACLE, ALL_CLASSES):
-        if not report.oracle_governed(row) and row.verify_steps:
-            by_rows.setdefault(report.oracle_draft_length(row) + 1, []).append(row.verify_ms_per_step)
-    return {rows: statistics.median(ms) for rows, ms in sorted(by_rows.items())}
+    for r in report.records:
+        if r.kind != ORACLE or r.warmup or not r.stats.verify_steps:
+            continue
+        base = plain.get((r.case_id, r.rep))
+        if base and not report.oracle_governed(r):
+            by_rows.setdefault(report.oracle_draft_length(r) + 1, []).append(
+                r.stats.phase_ms.get("verify", 0.0) / r.stats.verify_steps / base)
+    return {rows: statistics.median(v) for rows, v in sorted(by_rows.items())}
 
 
 PROFILE_SOURCE, STEPS_SOURCE = "profile", "steps"
@@ -520,12 +529,12 @@ def drafter_needs_of(report: "BenchReport") -> DrafterNeeds:
     one token that never reached a verify)."""
     settings = report.meta["settings"]
     window = settings["window"]
-    rows = [k + 1 for k in draft_lengths(window)]
+    rows = list(range(2, window + 2))  # every verify width up to the window's
     profile = relative_costs(settings.get("verify_row_ms"), rows)
-    verify_ms = loop_verify_ms(report)
+    loop = loop_verify_cost(report)
     steps = None
-    if verify_ms and max(verify_ms) >= max(rows):  # measured up to the window's rows: no extrapolation
-        steps = relative_costs(shape_from_steps(plain_step_ms(report, settings.get("oracle_classes")), verify_ms), rows)
+    if loop and max(loop) >= max(rows):  # measured up to the window's rows: no extrapolation
+        steps = relative_costs(shape_from_steps(1.0, loop), rows)
     costs, source, beside = (steps, STEPS_SOURCE, profile) if steps else (profile, PROFILE_SOURCE, None)
     measures = []
     for row in report.rows_of(ALGORITHM, ALL_CLASSES):
@@ -535,7 +544,7 @@ def drafter_needs_of(report: "BenchReport") -> DrafterNeeds:
         measures.append(DrafterMeasure(
             row.config, row.phase_ms.get("draft", 0.0) * row.runs / drafted if drafted else None,
             row.draft_tokens / row.verify_steps if row.verify_steps else 0.0,
-            list(row.accepted_per_position), row.ratio_median))
+            list(row.accepted_per_position), row.ratio_median, row.verify_steps, row.tokens_per_verify))
     return drafter_needs(costs, source, window, plain_step_ms(report), measures, beside=beside)
 
 
@@ -556,14 +565,14 @@ def _needs_section(report: BenchReport) -> list[str]:
         lines += ["No cost by rows was measured in this run (the target publishes none and no oracle sweep ran "
                   "with the governor off), so there is nothing to weigh acceptance against."]
     else:
-        oracle_plain = plain_step_ms(report, report.meta["settings"].get("oracle_classes"))
-        measured = ", ".join(str(r) for r in (1, *loop_verify_ms(report)))
+        measured = ", ".join(str(r) for r in (1, *loop_verify_cost(report)))
         lines.append("Cost by rows (x one row), from "
-                     + (f"the loop's own steps in this run: the verify phase of the oracle's steps with the governor "
-                        f"off (a k-token draft verifies k + 1 rows) over a plain run's one-row step "
-                        f"({_fmt(oracle_plain)} ms) on the same prompts, overhead included; measured at {measured} "
-                        "rows, linear between them. Beside it, the target's own profile (`spec_verify_row_ms`: a bare "
-                        "forward, measured once and cached; the runtime prices drafts by it)."
+                     + ("the loop's own steps in this run: an oracle run's verify phase per step with the governor "
+                        "off (a k-token draft verifies k + 1 rows) over the plain phase per step of the plain run of "
+                        "its prompt and round, the median over those pairs, overhead included; measured at "
+                        f"{measured} rows, linear between them. Beside it, the target's own profile "
+                        "(`spec_verify_row_ms`: a bare forward, measured once and cached; the runtime prices drafts "
+                        "by it)."
                         if needs.source == STEPS_SOURCE else
                         "the target's own measurement on this machine (`spec_verify_row_ms`, the profile the runtime "
                         "prices drafts by: a bare forward, measured once and cached)."))
@@ -587,18 +596,23 @@ def _needs_section(report: BenchReport) -> list[str]:
               "declined proposal counting as one; a call that proposed nothing costs time and adds no token, so d is "
               f"an upper bound; a plain step is {_fmt(plain_ms)} ms here). Drafting k tokens is "
               "priced at k times that: a chained drafter's cost (a drafter that drafts a block in one pass pays "
-              "less at larger k). Accepted at positions 1..3: the share of its drafts whose token i landed.", ""]
+              "less at larger k). Accepted at positions 1..3: the share of its drafts whose token i landed. Its verify "
+              "steps' worth: its tokens per verify over the cost of a step at its mean draft length (what its "
+              "speculative steps gain by these costs; the measured speed-up also counts the steps it did not "
+              f"draft). A verdict needs at least {MIN_VERIFIED} verified drafts.", ""]
     body = []
     for d in needs.drafters:
         m = d.measure
         cost = "-" if m.draft_ms_per_token is None else f"{m.draft_ms_per_token:.2f} ({_fmt(d.draft_share)})"
-        body.append([m.name, f"{m.drafted_per_verify:.2f}", cost,
+        body.append([m.name, str(m.verified), f"{m.drafted_per_verify:.2f}", cost,
                      " ".join(f"{x:.2f}" for x in m.accepted[:3]) or "-",
                      " / ".join(_fmt(n.goal) for n in d.needs) or "-",
                      " / ".join(f"{n.ceiling:.2f}x" for n in d.needs) or "-",
+                     "-" if d.worth is None else f"{d.worth:.2f}x",
                      "-" if m.speedup is None else f"{m.speedup:.2f}x"])
-    lines += _table(["algorithm", "drafts / verify", "draft ms a token (x plain step)", "accepted at 1..3",
-                     f"a for {goal} at k = {ks}", f"ceiling at k = {ks}", "measured"], body)
+    lines += _table(["algorithm", "verified drafts", "drafts / verify", "draft ms a token (x plain step)",
+                     "accepted at 1..3", f"a for {goal} at k = {ks}", f"ceiling at k = {ks}",
+                     "its verify steps' worth", "measured"], body)
     lines.append("")
     lines += [f"- **{d.measure.name}**: {d.verdict}" for d in needs.drafters]
     return lines + [""]
