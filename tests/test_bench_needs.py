@@ -211,12 +211,35 @@ def test_the_loop_steps_are_paired_with_the_plain_run_of_their_round_and_preferr
     assert section.source == "steps"
     assert section.costs[3] == pytest.approx(1.3) and section.costs[9] == pytest.approx(4.0)
     assert section.costs[2] == pytest.approx(1.15)  # linear between 1 and 3 rows
-    assert section.beside[2] == pytest.approx(1.22)  # the profile, kept for comparison
+    assert section.beside == {"profile": pytest.approx(relative_costs(PROFILE, range(2, 10)))}  # for comparison
     short = _report([], profile=[list(p) for p in PROFILE], lengths=lengths)
     short.records = [r for r in records if "draft2" in r.config or r.kind == "plain"]
     assert drafter_needs_of(short).source == "profile"  # the steps stop at 3 rows: no extrapolation to 9
     missing = drafter_needs_of(_report([]))
     assert missing.costs is None and missing.machine == []
+    timed = _report([], profile=[list(p) for p in PROFILE], lengths=lengths)
+    timed.records = records
+    timed.meta["row_cost"] = {"context": 100, "rounds": 9, "one_row_ms": 6.0,
+                              "cost": {r: 1.0 + 0.1 * (r - 1) for r in range(2, 10)}}
+    first = drafter_needs_of(timed)  # the bench's own timing first, the others beside it
+    assert first.source == "bench" and first.costs[5] == pytest.approx(1.4)
+    assert list(first.beside) == ["steps", "profile"]
+    timed.meta["row_cost"]["cost"] = {2: 1.1, 3: 1.2}  # short of the window's 9 rows: not used
+    assert drafter_needs_of(timed).source == "steps"
+
+
+def test_row_costs_are_timed_on_a_target_that_rewinds_and_skipped_on_one_that_cannot():
+    from tsspec.bench.row_cost import measure_row_costs
+    from tsspec.testing import ToyTarget
+
+    target = ToyTarget(seed=0, recurrent=False)  # its state is all in the KV cache
+    stream = list(range(3, 60))
+    out = measure_row_costs(target, stream, range(2, 6), context=20, rounds=3)
+    assert out["context"] == 20 and out["rounds"] == 3 and set(out["cost"]) == {2, 3, 4, 5}
+    assert all(c > 0 for c in out["cost"].values()) and out["one_row_ms"] > 0
+    assert target.cache_seq_len == 0  # left as a fresh sequence
+    assert measure_row_costs(ToyTarget(seed=0, recurrent=True), stream, range(2, 6), context=20) is None
+    assert measure_row_costs(target, stream[:22], range(2, 6), context=20) is None  # too few tokens
 
 
 def test_placements_read_each_algorithm_off_the_sweep_of_its_draft_length():
@@ -298,7 +321,10 @@ def test_bench_with_a_capped_sweep_on_the_toy(tmp_path, prompts):
     assert capped["mismatches"] == 0 and capped["identical"] == capped["runs"]
     assert all(r["lossless"]["status"] == "identical" for r in data["runs"] if r["kind"] == "oracle")
     needs_json = data["drafter_needs"]
-    assert needs_json["source"] == "steps"  # the toy publishes no cost by rows: the oracle's steps
+    # the toy keeps recurrent state (it cannot be timed by rows after a rewind) and publishes no
+    # profile: the section reads the loop's own steps
+    assert data["meta"]["row_cost"] is None
+    assert needs_json["source"] == "steps" and needs_json["other_sources"] == {}
     assert set(needs_json["relative_cost_by_rows"]) == {str(r) for r in range(2, 10)}
     assert [d["name"] for d in needs_json["drafters"]] == ["ngram"]
     assert by_config["ngram"]["verify_steps"] > 0  # governor off: ngram verifies what it finds

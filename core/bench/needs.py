@@ -216,11 +216,12 @@ class DrafterNeeds:
     machine: list[LengthNeed]
     machine_verdict: str
     drafters: list[DrafterNeed]
-    beside: dict[int, float] | None = None  # the other source's {rows: R(rows)}, shown for comparison
+    beside: dict[str, dict[int, float]] = attrs.field(factory=dict)  # other sources' {rows: R}, for comparison
 
     def to_json(self) -> dict:
         return {"source": self.source, "goal": self.goal, "plain_ms": _round(self.plain_ms),
-                "relative_cost_by_rows": _costs_json(self.costs), "other_source_cost_by_rows": _costs_json(self.beside),
+                "relative_cost_by_rows": _costs_json(self.costs),
+                "other_sources": {name: _costs_json(c) for name, c in self.beside.items()},
                 "machine": [n.to_json() for n in self.machine], "machine_verdict": self.machine_verdict,
                 "drafters": [d.to_json() for d in self.drafters]}
 
@@ -304,10 +305,10 @@ def drafter_verdict(need: DrafterNeed, free: Sequence[LengthNeed], goal: float =
 
 def drafter_needs(costs: Mapping[int, float] | None, source: str | None, window: int, plain_ms: float | None,
                   measures: Sequence[DrafterMeasure], goal: float = GOAL,
-                  beside: Mapping[int, float] | None = None) -> DrafterNeeds:
+                  beside: Mapping[str, Mapping[int, float]] | None = None) -> DrafterNeeds:
     """The section's figures: ``costs`` {rows: R(rows)} (None: not measured), the draft
     ``window``, a plain step's ms (for the draft shares) and each algorithm's measures;
-    ``beside``: a second source's costs, kept for comparison only."""
+    ``beside``: other sources' costs by name, kept for comparison only."""
     lengths = draft_lengths(window)
     costs = dict(costs) if costs else None
     machine = length_needs(costs, lengths, goal=goal) if costs else []
@@ -319,7 +320,8 @@ def drafter_needs(costs: Mapping[int, float] | None, source: str | None, window:
         partial = DrafterNeed(m, share, needs, "", steps_worth(m, costs, share))
         drafters.append(attrs.evolve(partial, verdict=drafter_verdict(partial, machine, goal)))
     return DrafterNeeds(source if costs else None, costs, plain_ms, goal, machine,
-                        machine_verdict(machine, goal), drafters, dict(beside) if beside else None)
+                        machine_verdict(machine, goal), drafters,
+                        {name: dict(c) for name, c in (beside or {}).items()})
 
 
 def rounded_length(drafted_per_verify: float) -> int:

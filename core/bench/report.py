@@ -512,30 +512,44 @@ def loop_verify_cost(report: "BenchReport") -> dict[int, float]:
     return {rows: statistics.median(v) for rows, v in sorted(by_rows.items())}
 
 
-PROFILE_SOURCE, STEPS_SOURCE = "profile", "steps"
+BENCH_SOURCE, STEPS_SOURCE, PROFILE_SOURCE = "bench", "steps", "profile"
+SOURCE_LABELS = {BENCH_SOURCE: "measured now", STEPS_SOURCE: "loop steps", PROFILE_SOURCE: "target's profile"}
 
 
-def drafter_needs_of(report: "BenchReport") -> DrafterNeeds:
-    """The section's figures from this run: the cost by rows, a plain step's ms and each
-    measured algorithm's draft time and acceptance (``auto`` is a mix of them and is left out).
-
-    The cost by rows comes from the loop's own steps where the oracle ran with the governor off
-    up to the window (its verify steps of k + 1 rows against the plain runs' one-row steps, on
-    the same prompts: what a step costs in the loop, overhead included), else from the target's
-    own profile
-    (``spec_verify_row_ms``: a bare forward, measured once and cached); the other source, when
-    there is one, is kept beside for comparison. A drafter's draft time per token: its draft
-    phase over the tokens it drafted, a declined proposal counting as one (it drafted at least
-    one token that never reached a verify)."""
+def cost_sources(report: "BenchReport") -> dict[str, dict[int, float]]:
+    """{source: {rows: R(rows)}} for every verify width up to the window's, from each source this
+    run has, in the order the section prefers them: the bench's own timing after the runs
+    (``meta["row_cost"]``, tight and paired), the loop's steps (oracle with the governor off,
+    only when they reach the window's width: no extrapolation), the target's cached profile
+    (``spec_verify_row_ms``)."""
     settings = report.meta["settings"]
     window = settings["window"]
     rows = list(range(2, window + 2))  # every verify width up to the window's
-    profile = relative_costs(settings.get("verify_row_ms"), rows)
+    out: dict[str, dict[int, float]] = {}
+    measured = (report.meta.get("row_cost") or {}).get("cost") or {}
+    bench = relative_costs(shape_from_steps(1.0, {int(r): c for r, c in measured.items()}), rows)
+    if bench and max(int(r) for r in measured) >= max(rows):
+        out[BENCH_SOURCE] = bench
     loop = loop_verify_cost(report)
-    steps = None
-    if loop and max(loop) >= max(rows):  # measured up to the window's rows: no extrapolation
+    if loop and max(loop) >= max(rows):
         steps = relative_costs(shape_from_steps(1.0, loop), rows)
-    costs, source, beside = (steps, STEPS_SOURCE, profile) if steps else (profile, PROFILE_SOURCE, None)
+        if steps:
+            out[STEPS_SOURCE] = steps
+    profile = relative_costs(settings.get("verify_row_ms"), rows)
+    if profile:
+        out[PROFILE_SOURCE] = profile
+    return out
+
+
+def drafter_needs_of(report: "BenchReport") -> DrafterNeeds:
+    """The section's figures from this run: the cost by rows (the first of ``cost_sources``; the
+    others kept beside for comparison), a plain step's ms and each measured algorithm's draft
+    time and acceptance (``auto`` is a mix of them and is left out). A drafter's draft time per
+    token: its draft phase over the tokens it drafted, a declined proposal counting as one (it
+    drafted at least one token that never reached a verify)."""
+    sources = cost_sources(report)
+    source = next(iter(sources), None)
+    costs = sources.pop(source) if source else None
     measures = []
     for row in report.rows_of(ALGORITHM, ALL_CLASSES):
         if row.config == AUTO:
@@ -545,7 +559,24 @@ def drafter_needs_of(report: "BenchReport") -> DrafterNeeds:
             row.config, row.phase_ms.get("draft", 0.0) * row.runs / drafted if drafted else None,
             row.draft_tokens / row.verify_steps if row.verify_steps else 0.0,
             list(row.accepted_per_position), row.ratio_median, row.verify_steps, row.tokens_per_verify))
-    return drafter_needs(costs, source, window, plain_step_ms(report), measures, beside=beside)
+    return drafter_needs(costs, source, report.meta["settings"]["window"], plain_step_ms(report), measures,
+                         beside=sources)
+
+
+def _source_text(report: BenchReport, source: str) -> str:
+    """Where a cost by rows came from, in words."""
+    if source == BENCH_SOURCE:
+        rc = report.meta.get("row_cost") or {}
+        return (f"the bench's own timing after its runs (forwards of 1 to {report.meta['settings']['window'] + 1} rows "
+                f"after {rc.get('context')} tokens of its prompts, alternating, each over the 1-row forward of its "
+                f"round, the median of {rc.get('rounds')} rounds; 1 row {_fmt(rc.get('one_row_ms'))} ms)")
+    if source == STEPS_SOURCE:
+        measured = ", ".join(str(r) for r in (1, *loop_verify_cost(report)))
+        return ("the loop's own steps (an oracle run's verify phase per step with the governor off over the plain "
+                "phase per step of the plain run of its prompt and round, the median over those pairs, overhead "
+                f"included; measured at {measured} rows, linear between them)")
+    return ("the target's own profile (`spec_verify_row_ms`, what the runtime prices drafts by: a bare forward "
+            "timed in a few passes when first read, then cached per file and machine)")
 
 
 def _needs_section(report: BenchReport) -> list[str]:
@@ -562,26 +593,19 @@ def _needs_section(report: BenchReport) -> list[str]:
              f"speed-up 1; a for {goal}: issue 17's goal for a learned drafter; ceiling: a = 1, a perfect drafter "
              "of that length.", ""]
     if needs.costs is None:
-        lines += ["No cost by rows was measured in this run (the target publishes none and no oracle sweep ran "
-                  "with the governor off), so there is nothing to weigh acceptance against."]
+        lines += ["No cost by rows was measured in this run (the target could not be timed by rows, publishes no "
+                  "profile, and no oracle sweep ran with the governor off up to the window), so there is nothing to "
+                  "weigh acceptance against."]
     else:
-        measured = ", ".join(str(r) for r in (1, *loop_verify_cost(report)))
-        lines.append("Cost by rows (x one row), from "
-                     + ("the loop's own steps in this run: an oracle run's verify phase per step with the governor "
-                        "off (a k-token draft verifies k + 1 rows) over the plain phase per step of the plain run of "
-                        "its prompt and round, the median over those pairs, overhead included; measured at "
-                        f"{measured} rows, linear between them. Beside it, the target's own profile "
-                        "(`spec_verify_row_ms`: a bare forward, measured once and cached; the runtime prices drafts "
-                        "by it)."
-                        if needs.source == STEPS_SOURCE else
-                        "the target's own measurement on this machine (`spec_verify_row_ms`, the profile the runtime "
-                        "prices drafts by: a bare forward, measured once and cached)."))
+        lines.append("Cost by rows (x one row), from " + _source_text(report, needs.source) + "."
+                     + "".join(f" Beside it, {SOURCE_LABELS[name]}: {_source_text(report, name)}."
+                               for name in needs.beside))
         lines += ["", "With free drafting (d = 0):", ""]
-        beside = needs.beside or {}
-        header = ["k", "verify rows", "cost (x one row)", *(["profile's cost"] if beside else []), "break-even a",
-                  f"a for {goal}", "ceiling (a = 1)"]
+        beside = list(needs.beside or {})
+        header = ["k", "verify rows", f"cost (x one row, {SOURCE_LABELS[needs.source]})",
+                  *(SOURCE_LABELS[name] for name in beside), "break-even a", f"a for {goal}", "ceiling (a = 1)"]
         lines += _table(header, [
-            [str(n.k), str(n.k + 1), f"{n.verify_cost:.2f}", *([_fmt(beside.get(n.k + 1))] if beside else []),
+            [str(n.k), str(n.k + 1), f"{n.verify_cost:.2f}", *(_fmt(needs.beside[name].get(n.k + 1)) for name in beside),
              _fmt(n.break_even), _fmt(n.goal), f"{n.ceiling:.2f}x"]
             for n in needs.machine])
         lines += ["", needs.machine_verdict]

@@ -242,7 +242,7 @@ def run_plan(
         report_progress(f"{second.dtype} plain", len(second_runs), 0,
                         f"{case.id}: {result.stats.tokens_per_second:.1f} tok/s")
 
-    records = []
+    records, row_cost = [], None
     try:
         if len(configs) > 1 or peers:
             tick = counter("tsspec", len(runner.slots()))
@@ -260,6 +260,7 @@ def run_plan(
             records = runner.run()
             if heads is not None:
                 heads.restore()
+            row_cost = _row_cost(target, cases, window, report_progress)
         rows = summarise(records, [c.name for c in configs], classes)
         peer_rows = []
         if plan.compare:
@@ -311,6 +312,8 @@ def run_plan(
         "load_start": load_start,
         "load_end": load_average(),
         "machine": describe_machine(),
+        # the verify cost by rows measured again after the runs (row_cost.measure_row_costs)
+        "row_cost": row_cost,
         "model": {
             "name": plan.model_name,
             "path": plan.model_path,
@@ -347,6 +350,24 @@ def run_plan(
         for c in cases
     ]
     return BenchReport(meta, case_info, records, rows, classes, peer_records, peer_rows, peer_errors, governor, goals)
+
+
+def _row_cost(target, cases, window: int, report_progress) -> dict | None:
+    """The target's verify cost by rows up to the window's width, measured now on the run's own
+    prompt tokens (None where the target cannot be measured so)."""
+    from .goals import token_stream
+    from .row_cost import bench_context, measure_row_costs
+
+    if not cases:
+        return None
+    context = bench_context(cases)
+    report_progress("verify cost by rows", 0, 0, f"1..{window + 1} rows after {context} tokens")
+    try:
+        return measure_row_costs(target, token_stream(cases, context + window + 1), range(2, window + 2),
+                                 context=context)
+    except TsspecError as exc:  # the section then reads the loop's steps or the target's profile
+        report_progress("verify cost by rows", 0, 0, f"not measured: {exc}")
+        return None
 
 
 @attrs.frozen
