@@ -15,9 +15,10 @@ the step emits ``E(k, a) = 1 + a + ... + a^k`` tokens, so its speed-up over plai
 Worked example: 2 rows cost 1.22x one row, drafting free. k = 1: break-even 1 + a = 1.22,
 a = 0.22; 1.4x needs 1 + a = 1.708, a = 0.708; the ceiling is 2 / 1.22 = 1.64x.
 
-Every input is a figure the bench measured in the same run (the target's cost by rows, the
-algorithms' draft time, acceptance at positions 1..k); nothing here is a constant of a machine.
-``GOAL`` is a target to meet (issue 17's), not a measurement.
+Every input is a figure measured on the machine the bench runs on (the cost by rows, timed in the
+run itself where the target allows, else the run's own steps or the target's own profile; the
+algorithms' draft time and acceptance at positions 1..k from the run); nothing here is a
+constant of a machine. ``GOAL`` is a target to meet (issue 17's), not a measurement.
 """
 
 from __future__ import annotations

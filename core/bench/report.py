@@ -598,8 +598,7 @@ def _needs_section(report: BenchReport) -> list[str]:
                   "weigh acceptance against."]
     else:
         lines.append("Cost by rows (x one row), from " + _source_text(report, needs.source) + "."
-                     + "".join(f" Beside it, {SOURCE_LABELS[name]}: {_source_text(report, name)}."
-                               for name in needs.beside))
+                     + "".join(f" Beside it, {_source_text(report, name)}." for name in needs.beside))
         lines += ["", "With free drafting (d = 0):", ""]
         beside = list(needs.beside or {})
         header = ["k", "verify rows", f"cost (x one row, {SOURCE_LABELS[needs.source]})",
