@@ -81,12 +81,16 @@ test: setup
 # documented variants (probed first: prompt-lookup draft lengths, llama.cpp's APIs and flash
 # attention), and its runs alternate with tsspec's (paired); transformers, ~6x slower than the
 # others and no goal's partner, pairs one round per prompt to keep the run near 13 minutes.
+# --oracle-draft 1,2 runs the sweep's P values again with drafts of one and two tokens (governor
+# off; 18 more runs of one qa prompt): each drafter is read off the sweep of its own draft length,
+# and the loop's verify steps at 2, 3 and 9 rows stand beside the verify cost by rows that "What a
+# drafter needs on this machine" weighs acceptance against (timed again after the runs).
 # --goals adds the CPU speed goals (verify cost by rows, prefill of 1,000 tokens beside the
 # peers, a plain row with --dtype int8 beside goal 2) and the physical picture of a step.
 BENCH_STAMP := $(VENV)/.tsspec-bench-extras
 BENCH_ARGS := --per-class 1 --reps 2 --oracle-acceptance 0,0.5,1 --oracle-classes qa \
-	--oracle-governor both --compare transformers,llama.cpp --compare-reps 2,transformers=1 --goals \
-	--governor-check --governor-reps 2
+	--oracle-governor both --oracle-draft 1,2 --compare transformers,llama.cpp --compare-reps 2,transformers=1 \
+	--goals --governor-check --governor-reps 2
 
 $(BENCH_STAMP): $(STAMP)
 	$(PIP) install -q 'matplotlib>=3.8'

@@ -14,10 +14,13 @@ from typing import Sequence
 
 import attrs
 
+from ..runtime.registry import AUTO
 from .lossless import MISMATCH, TIE
 from .machine import machine_line
 from .peers import LOOKUP, PeerRecord, PeerRow
 from .runner import ALGORITHM, ORACLE, PLAIN, RunRecord
+from .needs import (MIN_VERIFIED, DrafterMeasure, DrafterNeeds, drafter_needs, relative_costs, rounded_length,
+                    shape_from_steps)
 from .summary import ALL_CLASSES, SummaryRow
 
 WIN, LOSE = 1.03, 0.97  # a median pair ratio outside these is a win / a loss, else break-even
@@ -49,19 +52,33 @@ class BenchReport:
     def algorithms(self) -> list[str]:
         return list(dict.fromkeys(r.config for r in self.rows if r.kind == ALGORITHM))
 
-    def oracle_rows(self, governor: bool | None = None) -> list[SummaryRow]:
-        """The sweep's 'all' rows by acceptance; ``governor`` picks one setting (None: all)."""
+    def oracle_rows(self, governor: bool | None = None, draft: int | None = None) -> list[SummaryRow]:
+        """The sweep's 'all' rows by acceptance; ``governor`` picks one setting (None: all);
+        ``draft`` the sweep whose drafts are capped at that many tokens (None: the sweep at the
+        draft window)."""
+        length = self.meta["settings"]["window"] if draft is None else draft
         rows = [r for r in self.rows_of(ORACLE, ALL_CLASSES)
-                if governor is None or self.oracle_governed(r) == governor]
+                if (governor is None or self.oracle_governed(r) == governor) and self.oracle_draft_length(r) == length]
         return sorted(rows, key=lambda r: (r.acceptance_target, r.config))
 
-    def oracle_governed(self, row: SummaryRow) -> bool:
+    def oracle_governed(self, row: SummaryRow | RunRecord) -> bool:
         return bool(self.meta["settings"].get("oracle_governed", {}).get(row.config, self.meta["settings"]["adaptive"]))
 
-    def sweep_rows(self) -> list[SummaryRow]:
-        """The rows that show the mechanics: governor off when measured, else what there is."""
-        off = self.oracle_rows(governor=False)
-        return off or self.oracle_rows()
+    def oracle_draft_length(self, row: SummaryRow | RunRecord) -> int:
+        """The most tokens the oracle of ``row`` drafted a step: its cap, else the window."""
+        settings = self.meta["settings"]
+        return int(settings.get("oracle_draft_lengths", {}).get(row.config, settings["window"]))
+
+    def capped_lengths(self) -> list[int]:
+        """The draft caps the sweep also ran at (``--oracle-draft``), shortest first."""
+        window = self.meta["settings"]["window"]
+        return sorted({self.oracle_draft_length(r) for r in self.rows_of(ORACLE, ALL_CLASSES)} - {window})
+
+    def sweep_rows(self, draft: int | None = None) -> list[SummaryRow]:
+        """The rows that show the mechanics (at the window, or capped at ``draft``): governor
+        off when measured, else what there is."""
+        off = self.oracle_rows(governor=False, draft=draft)
+        return off or self.oracle_rows(draft=draft)
 
     @property
     def mismatches(self) -> list[RunRecord]:
@@ -96,6 +113,7 @@ class BenchReport:
             },
             "governor_check": [g.to_json() for g in self.governor],
             "goals": {"measured": self.goals, "rows": [g.to_json() for g in self.goal_rows()]},
+            "drafter_needs": drafter_needs_of(self).to_json(),
             "runs": [r.to_json() for r in self.records],
         }
 
@@ -184,6 +202,10 @@ class BenchReport:
         p.write_text(self.to_markdown(rel), encoding="utf-8")
 
 
+def _fmt(x: float | None) -> str:
+    return "-" if x is None else f"{x:.2f}"
+
+
 def _ratio_text(row) -> str:
     if row.ratio_median is None:
         return "-"
@@ -224,17 +246,43 @@ def sweep_ratio_at(rows: Sequence[SummaryRow], p: float) -> float | None:
     return None
 
 
-def placements(report: "BenchReport") -> list[tuple[str, float, float | None, float | None]]:
-    """Each measured algorithm on the sweep's P axis: (name, P, the sweep's speed-up at that P,
-    the algorithm's own median speed-up), P being the share of its drafts whose first token
-    landed (all classes)."""
-    sweep = report.sweep_rows()
+@attrs.frozen
+class Placement:
+    """One measured algorithm on the sweep's P axis."""
+
+    name: str
+    p: float  # the share of its drafts whose first token landed (all classes)
+    drafted_per_verify: float  # its mean drafted tokens per verify
+    sweep_length: int  # the draft length of the sweep it is read off
+    at: float | None  # that sweep's speed-up at P
+    own: float | None  # the algorithm's own median speed-up
+
+
+def sweep_length_for(drafted_per_verify: float, lengths: Sequence[int]) -> int:
+    """The sweep to read a drafter off: the one whose draft length is its mean draft length
+    rounded, else the nearest (the shorter on a tie).
+
+    >>> sweep_length_for(1.2, [2, 8]), sweep_length_for(5.0, [2, 8]), sweep_length_for(1.6, [1, 2, 8])
+    (2, 2, 2)
+    """
+    want = rounded_length(drafted_per_verify)
+    return min(lengths, key=lambda n: (abs(n - want), n))
+
+
+def placements(report: "BenchReport") -> list[Placement]:
+    """Each measured algorithm on the P axis of the sweep whose draft length matches how it
+    drafts (its mean drafted tokens per verify, rounded; the nearest sweep that ran)."""
+    window = report.meta["settings"]["window"]
+    lengths = [*report.capped_lengths(), window]
     out = []
     for row in report.rows_of(ALGORITHM, ALL_CLASSES):
-        if not row.accepted_per_position:
+        if not row.accepted_per_position or not row.verify_steps:
             continue
         p = float(row.accepted_per_position[0])
-        out.append((row.config, p, sweep_ratio_at(sweep, p), row.ratio_median))
+        drafted = row.draft_tokens / row.verify_steps
+        length = sweep_length_for(drafted, lengths)
+        sweep = report.sweep_rows(None if length == window else length)
+        out.append(Placement(row.config, p, drafted, length, sweep_ratio_at(sweep, p), row.ratio_median))
     return out
 
 
@@ -285,6 +333,7 @@ def _markdown(report: BenchReport, plot_path: str | None) -> list[str]:
     lines += _speed_section(report)
     lines += _mechanics_section(report)
     lines += _oracle_section(report)
+    lines += _needs_section(report)
     lines += _peer_section(report)
     lines += _governor_section(report)
     lines += _lossless_section(report)
@@ -401,14 +450,7 @@ def _oracle_section(report: BenchReport) -> list[str]:
     header = ["P", "governor", "accept", "tok/verify", "tok/s", "plain tok/s", "speed-up (min-max)", "verify ms/step",
               "rollback ms/run", "governor wins/losses/parked steps"]
     rows = sorted(rows, key=lambda r: (not report.oracle_governed(r), r.acceptance_target))
-    body = [[
-        f"{r.acceptance_target:.2f}", "on" if report.oracle_governed(r) else "off",
-        f"{r.acceptance_rate:.2f}", f"{r.tokens_per_verify:.2f}",
-        f"{r.tokens_per_second:.1f}", f"{r.plain_tokens_per_second:.1f}", _ratio_text(r),
-        f"{r.verify_ms_per_step:.1f}", f"{r.phase_ms.get('rollback', 0.0):.1f}",
-        f"{r.governor_wins}/{r.governor_losses}/{r.governor_parked_steps}",
-    ] for r in rows]
-    lines += _table(header, body)
+    lines += _table(header, [_sweep_cells(report, r) for r in rows])
     plain_ms = plain_step_ms(report, classes)
     if plain_ms:
         lines += ["", f"A one-row plain step on these prompts takes {plain_ms:.1f} ms (plain runs, same classes)."]
@@ -418,17 +460,194 @@ def _oracle_section(report: BenchReport) -> list[str]:
               "The median speed-up does not cross 1.0 inside the sweep.",
               "With the governor on, measured acceptance is biased low: it parks after drafts that get nothing "
               "accepted, so fewer of the lucky verifies happen.", ""]
+    window = report.meta["settings"]["window"]
+    for cap in report.capped_lengths():
+        capped = report.oracle_rows(draft=cap)
+        lines += [f"### The sweep with drafts capped at {cap} token{'s' if cap != 1 else ''}", "",
+                  f"The same P values with the oracle drafting at most {cap} token{'s' if cap != 1 else ''} a step "
+                  f"(a verify of {cap + 1} rows) and the cost governor off, so every step drafts the cap (on, the "
+                  "governor would shorten drafts by what it measures): the mechanics a drafter of that length "
+                  "meets.", ""]
+        lines += _table(header, [_sweep_cells(report, r) for r in capped])
+        be_cap = break_even_acceptance(report.sweep_rows(cap))
+        lines += ["", f"Break-even at {cap} token{'s' if cap != 1 else ''} a draft: speculation pays from P ~ "
+                  f"{be_cap:.2f} upward." if be_cap is not None else
+                  f"At {cap} token{'s' if cap != 1 else ''} a draft the median speed-up does not cross 1.0 inside "
+                  "the sweep.", ""]
     placed = placements(report)
     if placed:
-        lines += ["The measured algorithms placed on the P axis (P = the share of their drafts whose first token "
-                  "landed, all classes; the sweep's speed-up read off at that P, against what the algorithm itself "
-                  "measured; a learned drafter's later tokens land less often than an oracle's, so it sits below "
-                  "its point):", ""]
-        lines += _table(["algorithm", "P", "sweep at P", "measured"], [
-            [name, f"{p:.2f}", "-" if at is None else f"{at:.2f}x", "-" if own is None else f"{own:.2f}x"]
-            for name, p, at, own in placed])
+        lines += ["### The measured algorithms on the P axis", "",
+                  "The measured algorithms placed on the P axis (P = the share of their drafts whose first token "
+                  "landed, all classes), each read off the sweep whose draft length matches how it drafts (its mean "
+                  "drafted tokens per verify, rounded; the nearest sweep that ran"
+                  + ("" if report.capped_lengths() else f": only the one at the window, {window} tokens; "
+                     "`--oracle-draft N` adds shorter ones") + "). The sweep's speed-up at that P stands against "
+                  "what the algorithm itself measured; a learned drafter's later tokens land less often than an "
+                  "oracle's, so it sits below its point:", ""]
+        lines += _table(["algorithm", "P", "drafts / verify", "sweep read (draft length)", "sweep at P", "measured"], [
+            [pl.name, f"{pl.p:.2f}", f"{pl.drafted_per_verify:.2f}",
+             f"{pl.sweep_length}" + (" (the window)" if pl.sweep_length == window else ""),
+             "-" if pl.at is None else f"{pl.at:.2f}x", "-" if pl.own is None else f"{pl.own:.2f}x"]
+            for pl in placed])
         lines.append("")
     return lines
+
+
+def loop_verify_cost(report: "BenchReport") -> dict[int, float]:
+    """{rows: R(rows)} from the loop's own steps: for each timed oracle run with the governor off
+    (every step verifies its draft length + 1 rows), its verify phase per verify step over the
+    plain phase per step of the plain run of the same prompt and round; the median per row
+    count. Paired like every ratio of the bench, so a slow stretch of a shared machine moves
+    both sides."""
+    plain = {(r.case_id, r.rep): r.stats.phase_ms.get("plain", 0.0) / r.stats.plain_steps
+             for r in report.records if r.kind == PLAIN and not r.warmup and r.stats.plain_steps}
+    by_rows: dict[int, list[float]] = {}
+    for r in report.records:
+        if r.kind != ORACLE or r.warmup or not r.stats.verify_steps:
+            continue
+        base = plain.get((r.case_id, r.rep))
+        if base and not report.oracle_governed(r):
+            by_rows.setdefault(report.oracle_draft_length(r) + 1, []).append(
+                r.stats.phase_ms.get("verify", 0.0) / r.stats.verify_steps / base)
+    return {rows: statistics.median(v) for rows, v in sorted(by_rows.items())}
+
+
+BENCH_SOURCE, STEPS_SOURCE, PROFILE_SOURCE = "bench", "steps", "profile"
+SOURCE_LABELS = {BENCH_SOURCE: "measured now", STEPS_SOURCE: "loop steps", PROFILE_SOURCE: "target's profile"}
+
+
+def cost_sources(report: "BenchReport") -> dict[str, dict[int, float]]:
+    """{source: {rows: R(rows)}} for every verify width up to the window's, from each source this
+    run has, in the order the section prefers them: the bench's own timing after the runs
+    (``meta["row_cost"]``, tight and paired), the loop's steps (oracle with the governor off,
+    only when they reach the window's width: no extrapolation), the target's cached profile
+    (``spec_verify_row_ms``)."""
+    settings = report.meta["settings"]
+    window = settings["window"]
+    rows = list(range(2, window + 2))  # every verify width up to the window's
+    out: dict[str, dict[int, float]] = {}
+    measured = (report.meta.get("row_cost") or {}).get("cost") or {}
+    bench = relative_costs(shape_from_steps(1.0, {int(r): c for r, c in measured.items()}), rows)
+    if bench and max(int(r) for r in measured) >= max(rows):
+        out[BENCH_SOURCE] = bench
+    loop = loop_verify_cost(report)
+    if loop and max(loop) >= max(rows):
+        steps = relative_costs(shape_from_steps(1.0, loop), rows)
+        if steps:
+            out[STEPS_SOURCE] = steps
+    profile = relative_costs(settings.get("verify_row_ms"), rows)
+    if profile:
+        out[PROFILE_SOURCE] = profile
+    return out
+
+
+def drafter_needs_of(report: "BenchReport") -> DrafterNeeds:
+    """The section's figures from this run: the cost by rows (the first of ``cost_sources``; the
+    others kept beside for comparison), a plain step's ms and each measured algorithm's draft
+    time and acceptance (``auto`` is a mix of them and is left out). A drafter's draft time per
+    token: its draft phase over the tokens it drafted, a declined proposal counting as one (it
+    drafted at least one token that never reached a verify)."""
+    sources = cost_sources(report)
+    source = next(iter(sources), None)
+    costs = sources.pop(source) if source else None
+    measures = []
+    for row in report.rows_of(ALGORITHM, ALL_CLASSES):
+        if row.config == AUTO:
+            continue
+        drafted = row.draft_tokens + row.declined_drafts
+        measures.append(DrafterMeasure(
+            row.config, row.phase_ms.get("draft", 0.0) * row.runs / drafted if drafted else None,
+            row.draft_tokens / row.verify_steps if row.verify_steps else 0.0,
+            list(row.accepted_per_position), row.ratio_median, row.verify_steps, row.tokens_per_verify))
+    return drafter_needs(costs, source, report.meta["settings"]["window"], plain_step_ms(report), measures,
+                         beside=sources)
+
+
+def _source_text(report: BenchReport, source: str) -> str:
+    """Where a cost by rows came from, in words."""
+    if source == BENCH_SOURCE:
+        rc = report.meta.get("row_cost") or {}
+        return (f"the bench's own timing after its runs (forwards of 1 to {report.meta['settings']['window'] + 1} rows "
+                f"after {rc.get('context')} tokens of its prompts, alternating, each over the 1-row forward of its "
+                f"round, the median of {rc.get('rounds')} rounds; 1 row {_fmt(rc.get('one_row_ms'))} ms)")
+    if source == STEPS_SOURCE:
+        measured = ", ".join(str(r) for r in (1, *loop_verify_cost(report)))
+        return ("the loop's own steps (an oracle run's verify phase per step with the governor off over the plain "
+                "phase per step of the plain run of its prompt and round, the median over those pairs, overhead "
+                f"included; measured at {measured} rows, linear between them)")
+    return ("the target's own profile (`spec_verify_row_ms`, what the runtime prices drafts by: a bare forward "
+            "timed in a few passes when first read, then cached per file and machine)")
+
+
+def _needs_section(report: BenchReport) -> list[str]:
+    needs = drafter_needs_of(report)
+    if not needs.machine and not needs.drafters:
+        return []
+    goal = f"{needs.goal}x"
+    lines = ["## What a drafter needs on this machine", "",
+             "Computed from this run's measurements only. A step that drafts k tokens verifies them in one forward "
+             "of k + 1 rows and costs C(k) = R(k + 1) + k d plain steps: R(r) is the target's cost of an r-row "
+             "forward over a 1-row one, d a drafter's draft time per drafted token over a plain step. If every "
+             "drafted token lands with the same chance a once the ones before it did, the step emits "
+             "1 + a + ... + a^k tokens, and its speed-up over plain decoding is that over C(k). Break-even a: "
+             f"speed-up 1; a for {goal}: issue 17's goal for a learned drafter; ceiling: a = 1, a perfect drafter "
+             "of that length.", ""]
+    if needs.costs is None:
+        lines += ["No cost by rows was measured in this run (the target could not be timed by rows, publishes no "
+                  "profile, and no oracle sweep ran with the governor off up to the window), so there is nothing to "
+                  "weigh acceptance against."]
+    else:
+        lines.append("Cost by rows (x one row), from " + _source_text(report, needs.source) + "."
+                     + "".join(f" Beside it, {_source_text(report, name)}." for name in needs.beside))
+        lines += ["", "With free drafting (d = 0):", ""]
+        beside = list(needs.beside or {})
+        header = ["k", "verify rows", f"cost (x one row, {SOURCE_LABELS[needs.source]})",
+                  *(SOURCE_LABELS[name] for name in beside), "break-even a", f"a for {goal}", "ceiling (a = 1)"]
+        lines += _table(header, [
+            [str(n.k), str(n.k + 1), f"{n.verify_cost:.2f}", *(_fmt(needs.beside[name].get(n.k + 1)) for name in beside),
+             _fmt(n.break_even), _fmt(n.goal), f"{n.ceiling:.2f}x"]
+            for n in needs.machine])
+        lines += ["", needs.machine_verdict]
+    lines.append("")
+    if not needs.drafters:
+        lines += ["No drafting algorithm was measured in this run (only the oracle): the figures above are the "
+                  "machine's alone.", ""]
+        return lines
+    ks = "/".join(str(n.k) for n in needs.machine) or "-"
+    plain_ms = needs.plain_ms
+    lines += [f"Each measured algorithm under its own draft cost (d: its draft phase over the tokens it drafted, a "
+              "declined proposal counting as one; a call that proposed nothing costs time and adds no token, so d is "
+              f"an upper bound; a plain step is {_fmt(plain_ms)} ms here). Drafting k tokens is "
+              "priced at k times that: a chained drafter's cost (a drafter that drafts a block in one pass pays "
+              "less at larger k). Accepted at positions 1..3: the share of its drafts whose token i landed. Its verify "
+              "steps' worth: its tokens per verify over the cost of a step at its mean draft length (what its "
+              "speculative steps gain by these costs; the measured speed-up also counts the steps it did not "
+              f"draft). A verdict needs at least {MIN_VERIFIED} verified drafts.", ""]
+    body = []
+    for d in needs.drafters:
+        m = d.measure
+        cost = "-" if m.draft_ms_per_token is None else f"{m.draft_ms_per_token:.2f} ({_fmt(d.draft_share)})"
+        body.append([m.name, str(m.verified), f"{m.drafted_per_verify:.2f}", cost,
+                     " ".join(f"{x:.2f}" for x in m.accepted[:3]) or "-",
+                     " / ".join(_fmt(n.goal) for n in d.needs) or "-",
+                     " / ".join(f"{n.ceiling:.2f}x" for n in d.needs) or "-",
+                     "-" if d.worth is None else f"{d.worth:.2f}x",
+                     "-" if m.speedup is None else f"{m.speedup:.2f}x"])
+    lines += _table(["algorithm", "verified drafts", "drafts / verify", "draft ms a token (x plain step)",
+                     "accepted at 1..3", f"a for {goal} at k = {ks}", f"ceiling at k = {ks}",
+                     "its verify steps' worth", "measured"], body)
+    lines.append("")
+    lines += [f"- **{d.measure.name}**: {d.verdict}" for d in needs.drafters]
+    return lines + [""]
+
+
+def _sweep_cells(report: BenchReport, r: SummaryRow) -> list[str]:
+    """One row of a sweep table."""
+    return [f"{r.acceptance_target:.2f}", "on" if report.oracle_governed(r) else "off",
+            f"{r.acceptance_rate:.2f}", f"{r.tokens_per_verify:.2f}",
+            f"{r.tokens_per_second:.1f}", f"{r.plain_tokens_per_second:.1f}", _ratio_text(r),
+            f"{r.verify_ms_per_step:.1f}", f"{r.phase_ms.get('rollback', 0.0):.1f}",
+            f"{r.governor_wins}/{r.governor_losses}/{r.governor_parked_steps}"]
 
 
 def _peer_section(report: BenchReport) -> list[str]:

@@ -28,6 +28,7 @@ from .prompts import EncodedCase
 PLAIN, ALGORITHM, ORACLE = "plain", "algorithm", "oracle"
 WARMUP_REP = -1  # the rep number of warm-up runs (untimed: not in any summary)
 NO_GOVERNOR_SUFFIX = "/no-governor"
+DRAFT_CAP_SUFFIX = "/draft"  # oracle@0.50/draft2: the oracle drafting at most 2 tokens a step
 
 
 @attrs.frozen
@@ -40,6 +41,7 @@ class BenchConfig:
     acceptance: float | None = None  # target per-token acceptance (kind oracle)
     adaptive: bool | None = None  # cost governor on/off; None: the bench's options decide
     classes: frozenset[str] | None = None  # prompt classes it runs on; None: all
+    max_draft: int | None = None  # the oracle's drafts capped at this many tokens; None: the window
 
     @classmethod
     def plain(cls) -> "BenchConfig":
@@ -51,12 +53,16 @@ class BenchConfig:
         return cls(name + suffix, ALGORITHM, algorithm=name, adaptive=adaptive)
 
     @classmethod
-    def oracle(cls, acceptance: float, *, adaptive: bool | None = None, classes=None) -> "BenchConfig":
+    def oracle(cls, acceptance: float, *, adaptive: bool | None = None, classes=None,
+               max_draft: int | None = None) -> "BenchConfig":
         if not 0.0 <= acceptance <= 1.0:
             raise ValueError(f"oracle acceptance must be between 0 and 1, got {acceptance}")
+        if max_draft is not None and max_draft < 1:
+            raise ValueError(f"an oracle's draft cap must be at least 1, got {max_draft}")
         suffix = "" if adaptive is None or adaptive else NO_GOVERNOR_SUFFIX
-        return cls(f"oracle@{acceptance:.2f}{suffix}", ORACLE, acceptance=acceptance, adaptive=adaptive,
-                   classes=None if classes is None else frozenset(classes))
+        capped = "" if max_draft is None else f"{DRAFT_CAP_SUFFIX}{max_draft}"
+        return cls(f"oracle@{acceptance:.2f}{capped}{suffix}", ORACLE, acceptance=acceptance, adaptive=adaptive,
+                   classes=None if classes is None else frozenset(classes), max_draft=max_draft)
 
     @property
     def speculative(self) -> bool:
@@ -199,6 +205,8 @@ class BenchRunner:
 
         reference = self.references[case.id]
         window = self.options.window(getattr(self.target, "spec_preferred_draft_window", None))
+        if config.max_draft is not None:  # the loop's window follows the speculator's max_draft_tokens
+            window = min(window, config.max_draft)
         return OracleSpeculator(
             list(case.prompt_ids) + reference,
             corrupt=1.0 - float(config.acceptance),

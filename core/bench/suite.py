@@ -18,6 +18,7 @@ import attrs
 
 from .. import __version__
 from ..errors import OptionsError, TsspecError
+from ..runtime.economics import parse_cost_shape
 from ..runtime.generation import draft_window
 from ..runtime.loading import LoadOptions
 from ..runtime.registry import AUTO
@@ -45,6 +46,7 @@ class BenchPlan:
     oracle_acceptance: list[float] = attrs.field(factory=list)
     oracle_classes: list[str] | None = None
     oracle_governor: tuple[bool | None, ...] = (None,)  # governor settings of the sweep (None: options')
+    oracle_draft: list[int] = attrs.field(factory=list)  # the sweep again with drafts capped at each N (governor off)
     reps: int = 5
     options: SpeculationOptions = attrs.field(factory=SpeculationOptions)
     sampling: SamplingParams = attrs.field(factory=SamplingParams)
@@ -90,11 +92,38 @@ def choose_algorithms(requested: Sequence[str] | None, serving: Sequence[str], d
 
 
 def build_configs(algorithms: Sequence[str], oracle: Sequence[float], oracle_classes,
-                  oracle_governor: Sequence[bool | None] = (None,)) -> list[BenchConfig]:
+                  oracle_governor: Sequence[bool | None] = (None,), oracle_draft: Sequence[int] = ()) -> list[BenchConfig]:
+    """Plain first, then the algorithms, the oracle sweep at the draft window, and the sweep
+    again at each draft cap of ``oracle_draft`` with the governor off (it would shorten the
+    drafts by its own measurements: off, every step drafts the cap)."""
     configs = [BenchConfig.plain()]
     configs += [BenchConfig.for_algorithm(a) for a in algorithms]
     configs += [BenchConfig.oracle(p, adaptive=g, classes=oracle_classes) for g in oracle_governor for p in oracle]
+    configs += [BenchConfig.oracle(p, adaptive=False, classes=oracle_classes, max_draft=n)
+                for n in oracle_draft for p in oracle]
     return configs
+
+
+def check_oracle_draft(oracle_draft: Sequence[int], oracle: Sequence[float], window: int) -> None:
+    """``--oracle-draft`` caps must be shorter than the draft window, with P values to run."""
+    if not oracle_draft:
+        return
+    if not oracle:
+        raise OptionsError("--oracle-draft needs --oracle-acceptance (the P values the capped sweep runs)")
+    for n in oracle_draft:
+        if not 1 <= n < window:
+            raise OptionsError(f"--oracle-draft {n}: choose 1..{window - 1} (the draft window is {window}; "
+                               "the sweep at the window runs anyway)")
+
+
+def verify_row_profile(target) -> list[list[float]] | None:
+    """The target's measured forward cost by rows (``spec_verify_row_ms``, what the runtime
+    prices drafts by) as [[rows, ms], ..], or None when it publishes none."""
+    try:
+        shape = parse_cost_shape(getattr(target, "spec_verify_row_ms", None))
+    except Exception:  # a target's optional attribute: anything it raises means no profile
+        return None
+    return None if shape is None else [[r, ms] for r, ms in shape]
 
 
 def _now() -> str:
@@ -155,7 +184,10 @@ def run_plan(
         missing = [c for c in plan.oracle_classes if c not in classes]
         if missing:
             raise OptionsError(f"--oracle-classes: no prompt of class {missing[0]!r} in this run")
-    configs = build_configs(algorithms, plan.oracle_acceptance, plan.oracle_classes, plan.oracle_governor)
+    window = draft_window(plan.options, target)
+    check_oracle_draft(plan.oracle_draft, plan.oracle_acceptance, window)
+    configs = build_configs(algorithms, plan.oracle_acceptance, plan.oracle_classes, plan.oracle_governor,
+                            plan.oracle_draft)
     runner = BenchRunner(
         target, cases, configs, reps=plan.reps, options=plan.options, sampling=plan.sampling,
         registry=None if catalog is None else catalog.speculators, on_mismatch=on_mismatch, heads=heads,
@@ -210,7 +242,7 @@ def run_plan(
         report_progress(f"{second.dtype} plain", len(second_runs), 0,
                         f"{case.id}: {result.stats.tokens_per_second:.1f} tok/s")
 
-    records = []
+    records, row_cost = [], None
     try:
         if len(configs) > 1 or peers:
             tick = counter("tsspec", len(runner.slots()))
@@ -228,6 +260,7 @@ def run_plan(
             records = runner.run()
             if heads is not None:
                 heads.restore()
+            row_cost = _row_cost(target, cases, window, report_progress)
         rows = summarise(records, [c.name for c in configs], classes)
         peer_rows = []
         if plan.compare:
@@ -279,6 +312,8 @@ def run_plan(
         "load_start": load_start,
         "load_end": load_average(),
         "machine": describe_machine(),
+        # the verify cost by rows measured again after the runs (row_cost.measure_row_costs)
+        "row_cost": row_cost,
         "model": {
             "name": plan.model_name,
             "path": plan.model_path,
@@ -293,7 +328,7 @@ def run_plan(
                           for name in plan.compare},
             "prompts": plan.prompts_label,
             "sampling": _sampling_text(plan.sampling),
-            "window": draft_window(plan.options, target),
+            "window": window,
             "adaptive": plan.options.adaptive,
             "algorithms": algorithms,
             "declined": declined,
@@ -301,6 +336,11 @@ def run_plan(
             "oracle_classes": plan.oracle_classes,
             "oracle_governed": {c.name: plan.options.adaptive if c.adaptive is None else c.adaptive
                                 for c in configs if c.kind == "oracle"},
+            "oracle_draft": list(plan.oracle_draft),
+            # each oracle configuration's draft length: its cap, else the window
+            "oracle_draft_lengths": {c.name: c.max_draft or window for c in configs if c.kind == "oracle"},
+            # the target's forward cost by rows as measured on this machine ([rows, ms]; None: not published)
+            "verify_row_ms": verify_row_profile(target),
             "compare": plan.compare,
             "peers": peer_info,
         },
@@ -310,6 +350,24 @@ def run_plan(
         for c in cases
     ]
     return BenchReport(meta, case_info, records, rows, classes, peer_records, peer_rows, peer_errors, governor, goals)
+
+
+def _row_cost(target, cases, window: int, report_progress) -> dict | None:
+    """The target's verify cost by rows up to the window's width, measured now on the run's own
+    prompt tokens (None where the target cannot be measured so)."""
+    from .goals import token_stream
+    from .row_cost import bench_context, measure_row_costs
+
+    if not cases:
+        return None
+    context = bench_context(cases)
+    report_progress("verify cost by rows", 0, 0, f"1..{window + 1} rows after {context} tokens")
+    try:
+        return measure_row_costs(target, token_stream(cases, context + window + 1), range(2, window + 2),
+                                 context=context)
+    except TsspecError as exc:  # the section then reads the loop's steps or the target's profile
+        report_progress("verify cost by rows", 0, 0, f"not measured: {exc}")
+        return None
 
 
 @attrs.frozen

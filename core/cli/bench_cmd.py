@@ -48,6 +48,24 @@ def _acceptances(text: str | None) -> list[float]:
     return sorted(set(out))
 
 
+def _draft_caps(text: str | None) -> list[int]:
+    """``--oracle-draft``: 'N[,N...]' -> sorted distinct caps, each a whole number >= 1.
+
+    >>> _draft_caps("2,1,2")
+    [1, 2]
+    """
+    out = set()
+    for item in _split(text):
+        try:
+            value = int(item)
+        except ValueError:
+            value = 0
+        if value < 1:
+            raise OptionsError(f"--oracle-draft takes whole numbers of tokens >= 1, got {item!r}")
+        out.add(value)
+    return sorted(out)
+
+
 def bench(
     model: Annotated[Optional[str], typer.Option("--model", "-m", help="GGUF file (default: the embedded SmolLM2-135M-Instruct; 'toy' = the exact test toy).")] = None,
     spec_type: Annotated[Optional[str], typer.Option("--spec-type", help="Algorithms to measure, comma separated (default: every registered one that serves the model; 'none' = only the oracle/governor parts).", rich_help_panel=flags.SPEC_PANEL)] = None,
@@ -60,6 +78,7 @@ def bench(
     oracle_acceptance: Annotated[Optional[str], typer.Option("--oracle-acceptance", help="Oracle sweep: P[,P...] = chance each drafted token is right.", rich_help_panel=BENCH_PANEL)] = None,
     oracle_classes: Annotated[Optional[str], typer.Option("--oracle-classes", help="Run the oracle sweep on these classes only.", rich_help_panel=BENCH_PANEL)] = None,
     oracle_governor: Annotated[str, typer.Option("--oracle-governor", help="The sweep's cost governor: on, off, both, or 'options' (follow --spec-adaptive).", rich_help_panel=BENCH_PANEL)] = "options",
+    oracle_draft: Annotated[Optional[str], typer.Option("--oracle-draft", help="Run the oracle sweep's P values again with drafts capped at N tokens (N[,N...], below the draft window; governor off), so a drafter that drafts N tokens is read off a sweep of its own length.", rich_help_panel=BENCH_PANEL)] = None,
     compare: Annotated[Optional[List[str]], typer.Option("--compare", help="Peer on the same GGUF: transformers, llama.cpp (repeatable or comma separated).", rich_help_panel=BENCH_PANEL)] = None,
     compare_reps: Annotated[Optional[str], typer.Option("--compare-reps", help="Paired reps for the peers (default: --reps): N, and/or ENGINE=N for one engine (e.g. 2,transformers=1).", rich_help_panel=BENCH_PANEL)] = None,
     governor_check: Annotated[bool, typer.Option("--governor-check", help="Also measure the cost governor's goals on a toy with the embedded model's cost profile.", rich_help_panel=BENCH_PANEL)] = False,
@@ -137,6 +156,7 @@ def bench(
         oracle_acceptance=_acceptances(oracle_acceptance),
         oracle_classes=_split(oracle_classes) or None,
         oracle_governor=_oracle_governor(oracle_governor),
+        oracle_draft=_draft_caps(oracle_draft),
         reps=reps,
         options=options,
         sampling=sampling,
