@@ -51,6 +51,7 @@ confidence-keyed mechanism in the runtime can take its place later.
 
 from __future__ import annotations
 
+import collections
 import threading
 from typing import Sequence
 
@@ -65,6 +66,7 @@ FIRST, LATER = 0, 1  # row groups
 PASS_WEIGHT = 1.0 / 16  # weight of the newest pass in the running mean of what passes earn
 EXPLORE_AFTER = 8  # declines of a bin (or refusals to score later rows) before a retry
 EXPLORE_MAX = 512  # the longest wait between retries (it doubles while retries land nothing)
+PLAIN_SAMPLES = 16  # recent plain steps whose median prices a pass
 
 
 def shape_ratios(cost_shape, rows: int) -> list[float] | None:
@@ -87,6 +89,11 @@ class Calibration:
         self.landed = [[0.0] * BINS for _ in range(2)]
         self.pass_gain: float | None = None  # running mean of what a pass earned, in plain steps
         self.skip_next = 1  # steps the block speculator runs no pass after a pass that did not pay
+        # skipped steps a sequence had still to go when it ended: the next sequence skips them first
+        self.skip_left = 0
+        # the target's recent plain steps (ms), which price a pass: a new sequence's first pass
+        # is judged against them instead of running unjudged before its own first plain step
+        self.plain_ms: collections.deque[float] = collections.deque(maxlen=PLAIN_SAMPLES)
         # retries of what the rule refuses: [declines, wait] per row-1 bin, and for later rows
         self._explore = [[0, EXPLORE_AFTER] for _ in range(BINS)]
         self._explore_later = [0, EXPLORE_AFTER]
@@ -102,6 +109,17 @@ class Calibration:
                 return False
             slot[0], slot[1] = 0, min(EXPLORE_MAX, 2 * slot[1])
             return True
+
+    def note_plain(self, ms: float) -> None:
+        """A plain step of the target this drafter serves took ``ms``."""
+        with self._lock:
+            self.plain_ms.append(float(ms))
+
+    def plain_step_ms(self) -> float:
+        """The median of the recent plain steps (0.0: none timed yet)."""
+        with self._lock:
+            recent = sorted(self.plain_ms)
+        return recent[len(recent) // 2] if recent else 0.0
 
     def note_pass(self, gain: float) -> None:
         """What one block pass earned, in plain steps (``PrefixValue.pass_gain``)."""
