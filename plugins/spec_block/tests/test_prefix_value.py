@@ -229,30 +229,6 @@ def test_a_new_sequence_on_the_drafter_resumes_its_backoff():
         assert cal.skip_next == 2 * spec._skip_left
 
 
-def test_passes_that_do_not_pay_past_the_longest_skip_are_left_to_the_governor():
-    """1, 2, 4 .. MAX_SKIP skipped steps between passes, then none: every attempt runs a pass,
-    charged to the cost governor as an empty proposal's ms (which parks drafting)."""
-    from tsspec_block.speculator import MAX_SKIP
-
-    head = _Head([0.12] * 7, True)
-    spec = BlockDraftSpeculator(head, window=7, min_draft_prob=0.0, value=PrefixValue(RATIOS))
-    spec.observe_step(False, 10.0, 1, 0)
-    skips, position = [], 10
-    while len(skips) < 12:
-        passes = len(head.mores)
-        spec.propose(_ctx(position))
-        position += 1
-        if len(head.mores) > passes:
-            skips.append(spec._skip_left)
-    assert skips[:7] == [1, 2, 4, 8, 16, 32, MAX_SKIP] and skips[7:] == [0] * 5
-    assert not spec.value.passes_pay()
-    head.confidences = [0.95] * 7  # sure again: passes pay, and the backoff starts over
-    for _ in range(40):
-        spec.propose(_ctx(position))
-        position += 1
-    assert spec.value.passes_pay() and spec.value.calibration.skip_next == 1
-
-
 def test_malformed_cost_shapes_give_no_value_rule():
     for bad in ("fast", ((1, 1.0),), ((1, 1.0), (1, 2.0)), ((1, 0.0), (2, 1.0)), ((1, float("nan")), (2, 1.0))):
         assert shape_ratios(bad, 3) is None

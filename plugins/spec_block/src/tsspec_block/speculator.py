@@ -16,16 +16,8 @@ rest only when a longer prefix could pay. The calibration is the drafter's: one 
 shared by its sequences. A pass itself must pay too: each is charged its milliseconds over a
 plain step's (the median of the loop's recent plain steps, ``observe_step``) and credited its
 prefix's expected gain; while the drafter's running mean is negative the speculator runs no
-pass for 1, 2, 4 .. ``MAX_SKIP`` steps between tries (those steps propose nothing), so a
-drafter that is rarely sure stays out of the way and one that starts to pay comes back. A
-drafter whose passes still do not pay after the longest skip is left to the cost governor: its
-passes run whenever the loop asks, each charged to the governor as an empty proposal's ms,
-which parks drafting. A skipped step is not free (the loop still asks, commits and has the
-target copy its feature rows) and its near-zero cost keeps the governor from parking, while a
-parked step costs what a plain one does and the governor's park grows to 512 steps and
-carries to the next sequence. The backoff, the skips a sequence left untaken and the recent
-plain steps that price a pass are the drafter's (kept with its calibration): a new sequence
-resumes them instead of running two unjudged passes and a prompt catch-up first.
+pass for 1, 2, 4 .. ``MAX_SKIP`` steps between tries (those steps propose nothing, at no cost),
+so a drafter that is rarely sure stays out of the way and one that starts to pay comes back.
 
 The proposals stay unkeyed lists (no ``Proposal(confidence=...)``, and ``DraftContext.worth``
 is not read): the runtime's confidence-sized drafting does not park on zero-accept streaks,
@@ -71,7 +63,7 @@ DEFAULT_WINDOW = 8
 # window): a context bound, like draft-head's 8, that makes a probe's catch-up cost the same
 # after a 400-token prompt or a 500-step park as after a short one
 DEFAULT_CATCH_UP_ROWS = 64
-MAX_SKIP = 64  # the longest run of steps without a pass while passes do not pay (past it: the governor's)
+MAX_SKIP = 64  # the longest run of steps without a pass while passes do not pay (then one is tried)
 VALUE_ENV = "TS_BLOCK_VALUE"  # "0": propose the gated prefix whole (no expected-value cut)
 DESCRIPTION = (
     "block drafter (DFlash / DFlash2 / DSpark): one drafter pass proposes a whole window, gated "
@@ -173,10 +165,9 @@ class BlockDraftSpeculator:
     def _judge_pass(self, value: PrefixValue, confidences: list[float], length: int, pass_ms: float) -> None:
         """Credit the pass what its prefix is expected to earn, charge it its milliseconds over
         a plain step's (once a plain step was timed), and skip the next passes while the
-        drafter's passes do not pay: 1, 2, 4 .. ``MAX_SKIP`` steps, reset once they do, none
-        past ``MAX_SKIP`` (the cost governor parks drafting then). The backoff lives with the
-        calibration (the drafter's), so the next sequence on this drafter skips as long after
-        its first judged pass as the last one did."""
+        drafter's passes do not pay: 1, 2, 4 .. ``MAX_SKIP`` steps, reset once they do. The
+        backoff lives with the calibration (the drafter's), so the next sequence on this
+        drafter skips as long after its first judged pass as the last one did."""
         cal = value.calibration
         plain = cal.plain_step_ms()  # the target's recent plain steps, this sequence's or earlier ones'
         if plain <= 0.0:
@@ -184,13 +175,9 @@ class BlockDraftSpeculator:
         cal.note_pass(value.pass_gain(confidences, length, pass_ms / plain))
         if value.passes_pay():
             cal.skip_next = 1
-        elif cal.skip_next <= MAX_SKIP:  # the backoff is the drafter's: a new sequence resumes it
+        else:  # the backoff is the drafter's: a new sequence on it resumes it
             self._skip_left = cal.skip_next
-            cal.skip_next = 2 * cal.skip_next
-        # else: passes kept not paying through the longest skip; they are left to the cost
-        # governor, which is charged each pass (an empty proposal's ms) and parks drafting: a
-        # parked step costs the loop less than a skipped one (no attempt, commit or hidden row),
-        # and its park grows longer and carries to the drafter's next sequence
+            cal.skip_next = min(MAX_SKIP, 2 * cal.skip_next)
 
     def observe_step(self, speculative: bool, ms: float, tokens: int, drafted: int) -> None:
         """The loop's report of each step: plain steps' milliseconds price a pass (kept with the
