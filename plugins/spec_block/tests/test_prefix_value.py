@@ -229,6 +229,23 @@ def test_a_new_sequence_on_the_drafter_resumes_its_backoff():
         assert cal.skip_next == 2 * spec._skip_left
 
 
+def test_the_pass_backoff_grows_to_the_governors_longest_park():
+    """Passes that keep not paying are tried after 1, 2, 4 .. 512 skipped steps, no longer."""
+    from tsspec_block.speculator import MAX_SKIP
+
+    head = _Head([0.12] * 7, True)
+    spec = BlockDraftSpeculator(head, window=7, min_draft_prob=0.0, value=PrefixValue(RATIOS))
+    spec.observe_step(False, 10.0, 1, 0)
+    skips, position = [], 10
+    while len(skips) < 12:
+        passes = len(head.mores)
+        spec.propose(_ctx(position))
+        position += 1
+        if len(head.mores) > passes:
+            skips.append(spec._skip_left)
+    assert MAX_SKIP == 512 and skips == [1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 512, 512]
+
+
 def test_malformed_cost_shapes_give_no_value_rule():
     for bad in ("fast", ((1, 1.0),), ((1, 1.0), (1, 2.0)), ((1, 0.0), (2, 1.0)), ((1, float("nan")), (2, 1.0))):
         assert shape_ratios(bad, 3) is None

@@ -33,10 +33,11 @@ Whether a pass is worth running at all: every pass is charged its own millisecon
 plain step's (both timed where it runs), and credited what its chosen prefix is expected to
 earn (``pass_gain``: ``E(k) - shape(k + 1) / shape(1)`` plain steps); a running mean of that
 per drafter says whether passes pay (``passes_pay``). The speculator skips passes while they
-do not (a skipped step proposes nothing at no cost), trying one again after 1, 2, 4 .. 64
-skipped steps (a backoff kept with the calibration, so a new sequence on the drafter resumes
-it), so a drafter that is rarely sure costs a pass every 64 steps, and one that starts to pay
-is back within that.
+do not (a skipped step proposes nothing), trying one again after 1, 2, 4 .. 512 skipped
+steps (a backoff kept with the calibration, as are the skips a sequence left untaken and the
+recent plain steps that price a pass, so a new sequence on the drafter resumes them), so a
+drafter that is rarely sure costs a pass every 512 steps, and one that starts to pay is back
+within that.
 
 Nothing is condemned for good on early evidence: counts change only for rows that are
 proposed and verified, so a row-1 bin that proposes nothing, or later rows that are never

@@ -16,8 +16,15 @@ rest only when a longer prefix could pay. The calibration is the drafter's: one 
 shared by its sequences. A pass itself must pay too: each is charged its milliseconds over a
 plain step's (the median of the loop's recent plain steps, ``observe_step``) and credited its
 prefix's expected gain; while the drafter's running mean is negative the speculator runs no
-pass for 1, 2, 4 .. ``MAX_SKIP`` steps between tries (those steps propose nothing, at no cost),
-so a drafter that is rarely sure stays out of the way and one that starts to pay comes back.
+pass for 1, 2, 4 .. ``MAX_SKIP`` (512, the cost governor's longest park) steps between tries
+(those steps propose nothing), so a drafter that is rarely sure stays out of the way and one
+that starts to pay comes back. The backoff, the skips a sequence left untaken and the recent
+plain steps that price a pass are the drafter's (kept with its calibration): a new sequence
+resumes them, instead of opening with two passes (the first unjudged: no plain step timed yet)
+and a catch-up of the prompt's last rows. A skipped step is cheap, not free: the loop still
+asks, commits and has the target copy its feature rows, and it looks free to the governor
+(which therefore does not park it); a pass with its catch-up costs a good part of a plain step on
+the shipped SmolLM2 drafter, hence the long backoff.
 
 The proposals stay unkeyed lists (no ``Proposal(confidence=...)``, and ``DraftContext.worth``
 is not read): the runtime's confidence-sized drafting does not park on zero-accept streaks,
@@ -63,7 +70,7 @@ DEFAULT_WINDOW = 8
 # window): a context bound, like draft-head's 8, that makes a probe's catch-up cost the same
 # after a 400-token prompt or a 500-step park as after a short one
 DEFAULT_CATCH_UP_ROWS = 64
-MAX_SKIP = 64  # the longest run of steps without a pass while passes do not pay (then one is tried)
+MAX_SKIP = 512  # the longest run of steps without a pass while passes do not pay (then one is tried)
 VALUE_ENV = "TS_BLOCK_VALUE"  # "0": propose the gated prefix whole (no expected-value cut)
 DESCRIPTION = (
     "block drafter (DFlash / DFlash2 / DSpark): one drafter pass proposes a whole window, gated "
