@@ -119,6 +119,40 @@ def test_probes_draft_short_until_a_draft_lands():
     assert held.draft_limit(8) == 8
 
 
+def test_a_landless_probe_caps_drafts_without_searching_lengths(monkeypatch):
+    """While a probe has landed nothing, a cap of one token decides the limit by itself: the
+    measured best length is never below one, so the search is not run on those steps."""
+    g = SpeculationCostGovernor()
+    for _ in range(6):
+        g.record(False, PLAIN_MS, 1)
+    g.record(True, 12.0, 1, drafted=1)  # one verify that landed nothing: still probing
+    searched = []
+    best = g.economics.best
+    monkeypatch.setattr(g.economics, "best", lambda *a, **k: searched.append(a) or best(*a, **k))
+    assert g.state == PROBE and not g.probe_landed
+    assert g.draft_limit(8) == 1 and g.draft_limit(1) == 1 and searched == []
+    g.probe_draft = 2  # a wider cap needs the measured length
+    assert g.draft_limit(8) == min(best(8), 2) and searched
+
+
+def test_the_rolling_window_keeps_its_totals_as_samples_come_and_go():
+    """count and ms per token equal the sums over the samples held, through warm-up, eviction
+    and clearing."""
+    import random
+
+    from tsspec.runtime.governor import _Window
+
+    rng = random.Random(7)
+    w = _Window(5)
+    for i in range(200):
+        if i % 37 == 36:
+            w.clear()
+        w.add(rng.uniform(0.1, 20.0), rng.choice([0, 0, 1, 2, 5]))
+        tokens = sum(t for _, t in w.samples)
+        assert w.count == sum(1 for _, t in w.samples if t > 0)
+        assert w.ms_per_token == (None if tokens == 0 else sum(ms for ms, _ in w.samples) / tokens)
+
+
 def test_draft_limit_follows_the_measured_economics():
     """After a landing, the limit is the length with the most tokens per ms: one token for a
     drafter whose second token rarely lands on rows that cost, the window without sizing."""

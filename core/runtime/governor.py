@@ -78,20 +78,34 @@ CONFIDENCE_KEY = "confidence"  # the key of a proposal sized by its confidence: 
 
 
 class _Window:
-    """Rolling (ms, tokens) samples; cost is the ratio of sums."""
+    """Rolling (ms, tokens) samples; cost is the ratio of sums. The governor reads it several
+    times a step, so the token total and the count are kept as samples come and go (integers:
+    exact) and the ms sum is one C-level ``sum`` over the ms in order (the same float as ever)."""
 
     def __init__(self, size: int):
         self.samples: Deque[tuple[float, int]] = collections.deque(maxlen=size)
+        self._ms: Deque[float] = collections.deque(maxlen=size)  # the samples' ms, in order
+        self._tokens = 0  # sum of the samples' tokens
+        self._counted = 0  # samples with tokens > 0
         self.seen = 0  # including the discarded warm-up sample
 
     def add(self, ms: float, tokens: int) -> None:
         self.seen += 1
         if self.seen == 1:
             return  # first sample of each side: warm-up (allocations, caches)
+        if len(self.samples) == self.samples.maxlen:
+            _, dropped = self.samples[0]
+            self._tokens -= dropped
+            self._counted -= dropped > 0
         self.samples.append((ms, tokens))
+        self._ms.append(ms)
+        self._tokens += tokens
+        self._counted += tokens > 0
 
     def clear(self) -> None:
         self.samples.clear()
+        self._ms.clear()
+        self._tokens = self._counted = 0
 
     @property
     def full(self) -> bool:
@@ -101,14 +115,13 @@ class _Window:
     @property
     def count(self) -> int:
         """Samples that emitted tokens (empty-proposal costs ride along but do not count)."""
-        return sum(1 for _, t in self.samples if t > 0)
+        return self._counted
 
     @property
     def ms_per_token(self) -> float | None:
-        tokens = sum(t for _, t in self.samples)
-        if tokens == 0:
+        if self._tokens == 0:
             return None
-        return sum(ms for ms, _ in self.samples) / tokens
+        return sum(self._ms) / self._tokens
 
 
 class SpeculationCostGovernor:
@@ -204,8 +217,13 @@ class SpeculationCostGovernor:
         has not yet landed a drafted token."""
         if not self.enabled:
             return window
+        capped = self.state == PROBE and not self.probe_landed
+        if capped and self.probe_draft <= 1 <= window:
+            # the measured best length is at least 1 whenever window is, so the cap decides:
+            # no length search on the steps of a probe that lands nothing (the common ones)
+            return self.probe_draft
         limit = self.economics.best(window) if self.size_drafts and not self.keyed else window
-        if self.state == PROBE and not self.probe_landed:
+        if capped:
             return min(limit, self.probe_draft)
         return limit
 

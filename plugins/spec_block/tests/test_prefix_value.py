@@ -178,9 +178,44 @@ def test_observe_step_keeps_plain_steps_only():
     spec = BlockDraftSpeculator(_Head([0.5] * 7, True), window=7, value=PrefixValue(RATIOS))
     spec.observe_step(True, 30.0, 2, 1)
     spec.observe_step(False, 0.0, 1, 0)  # a clock that did not move
-    assert list(spec._plain_ms) == []
+    assert list(spec.value.calibration.plain_ms) == []
     spec.observe_step(False, 8.0, 1, 0)
-    assert list(spec._plain_ms) == [8.0]
+    assert list(spec.value.calibration.plain_ms) == [8.0]
+    assert spec.value.calibration.plain_step_ms() == 8.0
+
+
+def test_a_new_sequences_first_pass_is_priced_by_the_plain_steps_of_earlier_ones():
+    cal = Calibration()
+    first = BlockDraftSpeculator(_Head([0.12] * 7, True), window=7, min_draft_prob=0.0, value=PrefixValue(RATIOS, cal))
+    first.reset()
+    first.observe_step(False, 10.0, 1, 0)
+    first.close()
+    second = BlockDraftSpeculator(_Head([0.12] * 7, True), window=7, min_draft_prob=0.0, value=PrefixValue(RATIOS, cal))
+    second.reset()
+    assert second.propose(_ctx(10)) == []  # before any plain step of its own: judged all the same
+    assert cal.pass_gain is not None and cal.pass_gain < 0 and second._skip_left == 1
+
+
+def test_the_skips_a_sequence_leaves_untaken_are_taken_by_the_next():
+    cal = Calibration()
+    head = _Head([0.12] * 7, True)
+    first = BlockDraftSpeculator(head, window=7, min_draft_prob=0.0, value=PrefixValue(RATIOS, cal))
+    first.reset()
+    first.observe_step(False, 10.0, 1, 0)
+    for step in range(4):  # a pass (skip 1), a skipped step, a pass (skip 2), a skipped step
+        first.propose(_ctx(10 + step))
+    assert first._skip_left == 1 and first.skipped_passes == 2
+    first.close()
+    assert cal.skip_left == 1
+    second = BlockDraftSpeculator(head, window=7, min_draft_prob=0.0, value=PrefixValue(RATIOS, cal))
+    second.reset()
+    assert second.propose(_ctx(5)) == [] and second.skipped_passes == 1  # the left-over skip first
+    calls = len(head.mores)
+    second.propose(_ctx(6))  # then a pass
+    assert len(head.mores) == calls + 1 and second._skip_left == 4
+    bare = BlockDraftSpeculator(head, window=7, min_draft_prob=0.0)  # no value rule: no skips at all
+    bare.reset()
+    assert bare._skip_left == 0
 
 
 def test_a_new_sequence_on_the_drafter_resumes_its_backoff():
@@ -192,6 +227,23 @@ def test_a_new_sequence_on_the_drafter_resumes_its_backoff():
         spec.propose(_ctx(10))  # judged: does not pay
         assert spec._skip_left == (1 if sequence == 0 else 2)  # the second sequence goes on doubling
         assert cal.skip_next == 2 * spec._skip_left
+
+
+def test_the_pass_backoff_grows_to_the_governors_longest_park():
+    """Passes that keep not paying are tried after 1, 2, 4 .. 512 skipped steps, no longer."""
+    from tsspec_block.speculator import MAX_SKIP
+
+    head = _Head([0.12] * 7, True)
+    spec = BlockDraftSpeculator(head, window=7, min_draft_prob=0.0, value=PrefixValue(RATIOS))
+    spec.observe_step(False, 10.0, 1, 0)
+    skips, position = [], 10
+    while len(skips) < 12:
+        passes = len(head.mores)
+        spec.propose(_ctx(position))
+        position += 1
+        if len(head.mores) > passes:
+            skips.append(spec._skip_left)
+    assert MAX_SKIP == 512 and skips == [1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 512, 512]
 
 
 def test_malformed_cost_shapes_give_no_value_rule():

@@ -33,10 +33,11 @@ Whether a pass is worth running at all: every pass is charged its own millisecon
 plain step's (both timed where it runs), and credited what its chosen prefix is expected to
 earn (``pass_gain``: ``E(k) - shape(k + 1) / shape(1)`` plain steps); a running mean of that
 per drafter says whether passes pay (``passes_pay``). The speculator skips passes while they
-do not (a skipped step proposes nothing at no cost), trying one again after 1, 2, 4 .. 64
-skipped steps (a backoff kept with the calibration, so a new sequence on the drafter resumes
-it), so a drafter that is rarely sure costs a pass every 64 steps, and one that starts to pay
-is back within that.
+do not (a skipped step proposes nothing), trying one again after 1, 2, 4 .. 512 skipped
+steps (a backoff kept with the calibration, as are the skips a sequence left untaken and the
+recent plain steps that price a pass, so a new sequence on the drafter resumes them), so a
+drafter that is rarely sure costs a pass every 512 steps, and one that starts to pay is back
+within that.
 
 Nothing is condemned for good on early evidence: counts change only for rows that are
 proposed and verified, so a row-1 bin that proposes nothing, or later rows that are never
@@ -51,6 +52,7 @@ confidence-keyed mechanism in the runtime can take its place later.
 
 from __future__ import annotations
 
+import collections
 import threading
 from typing import Sequence
 
@@ -65,6 +67,7 @@ FIRST, LATER = 0, 1  # row groups
 PASS_WEIGHT = 1.0 / 16  # weight of the newest pass in the running mean of what passes earn
 EXPLORE_AFTER = 8  # declines of a bin (or refusals to score later rows) before a retry
 EXPLORE_MAX = 512  # the longest wait between retries (it doubles while retries land nothing)
+PLAIN_SAMPLES = 16  # recent plain steps whose median prices a pass
 
 
 def shape_ratios(cost_shape, rows: int) -> list[float] | None:
@@ -87,6 +90,11 @@ class Calibration:
         self.landed = [[0.0] * BINS for _ in range(2)]
         self.pass_gain: float | None = None  # running mean of what a pass earned, in plain steps
         self.skip_next = 1  # steps the block speculator runs no pass after a pass that did not pay
+        # skipped steps a sequence had still to go when it ended: the next sequence skips them first
+        self.skip_left = 0
+        # the target's recent plain steps (ms), which price a pass: a new sequence's first pass
+        # is judged against them instead of running unjudged before its own first plain step
+        self.plain_ms: collections.deque[float] = collections.deque(maxlen=PLAIN_SAMPLES)
         # retries of what the rule refuses: [declines, wait] per row-1 bin, and for later rows
         self._explore = [[0, EXPLORE_AFTER] for _ in range(BINS)]
         self._explore_later = [0, EXPLORE_AFTER]
@@ -102,6 +110,17 @@ class Calibration:
                 return False
             slot[0], slot[1] = 0, min(EXPLORE_MAX, 2 * slot[1])
             return True
+
+    def note_plain(self, ms: float) -> None:
+        """A plain step of the target this drafter serves took ``ms``."""
+        with self._lock:
+            self.plain_ms.append(float(ms))
+
+    def plain_step_ms(self) -> float:
+        """The median of the recent plain steps (0.0: none timed yet)."""
+        with self._lock:
+            recent = sorted(self.plain_ms)
+        return recent[len(recent) // 2] if recent else 0.0
 
     def note_pass(self, gain: float) -> None:
         """What one block pass earned, in plain steps (``PrefixValue.pass_gain``)."""

@@ -16,8 +16,15 @@ rest only when a longer prefix could pay. The calibration is the drafter's: one 
 shared by its sequences. A pass itself must pay too: each is charged its milliseconds over a
 plain step's (the median of the loop's recent plain steps, ``observe_step``) and credited its
 prefix's expected gain; while the drafter's running mean is negative the speculator runs no
-pass for 1, 2, 4 .. ``MAX_SKIP`` steps between tries (those steps propose nothing, at no cost),
-so a drafter that is rarely sure stays out of the way and one that starts to pay comes back.
+pass for 1, 2, 4 .. ``MAX_SKIP`` (512, the cost governor's longest park) steps between tries
+(those steps propose nothing), so a drafter that is rarely sure stays out of the way and one
+that starts to pay comes back. The backoff, the skips a sequence left untaken and the recent
+plain steps that price a pass are the drafter's (kept with its calibration): a new sequence
+resumes them, instead of opening with two passes (the first unjudged: no plain step timed yet)
+and a catch-up of the prompt's last rows. A skipped step is cheap, not free: the loop still
+asks, commits and has the target copy its feature rows, and it looks free to the governor
+(which therefore does not park it); a pass with its catch-up costs a good part of a plain step on
+the shipped SmolLM2 drafter, hence the long backoff.
 
 The proposals stay unkeyed lists (no ``Proposal(confidence=...)``, and ``DraftContext.worth``
 is not read): the runtime's confidence-sized drafting does not park on zero-accept streaks,
@@ -42,7 +49,6 @@ freshly forwarded suffix (``can_arm_after_prefix_reuse``).
 
 from __future__ import annotations
 
-import collections
 import logging
 import time
 import weakref
@@ -64,8 +70,7 @@ DEFAULT_WINDOW = 8
 # window): a context bound, like draft-head's 8, that makes a probe's catch-up cost the same
 # after a 400-token prompt or a 500-step park as after a short one
 DEFAULT_CATCH_UP_ROWS = 64
-MAX_SKIP = 64  # the longest run of steps without a pass while passes do not pay (then one is tried)
-PLAIN_SAMPLES = 16  # recent plain steps whose median prices a pass
+MAX_SKIP = 512  # the longest run of steps without a pass while passes do not pay (then one is tried)
 VALUE_ENV = "TS_BLOCK_VALUE"  # "0": propose the gated prefix whole (no expected-value cut)
 DESCRIPTION = (
     "block drafter (DFlash / DFlash2 / DSpark): one drafter pass proposes a whole window, gated "
@@ -113,7 +118,6 @@ class BlockDraftSpeculator:
         self.declined_drafts = 0  # proposals the value rule cut to nothing (the loop adds them to its stats)
         self.skipped_passes = 0  # steps that ran no pass because passes did not pay
         self._skip_left = 0  # steps to skip before the next pass (the next skip's length is the drafter's)
-        self._plain_ms: collections.deque[float] = collections.deque(maxlen=PLAIN_SAMPLES)  # recent plain steps
         # head is a per-sequence view made for this speculator (for_sequence): close frees it
         self.owns_head = bool(owns_head)
         self.max_draft_tokens = max(0, min(int(window), int(head.block_size) - 1))
@@ -171,10 +175,10 @@ class BlockDraftSpeculator:
         drafter's passes do not pay: 1, 2, 4 .. ``MAX_SKIP`` steps, reset once they do. The
         backoff lives with the calibration (the drafter's), so the next sequence on this
         drafter skips as long after its first judged pass as the last one did."""
-        plain = sorted(self._plain_ms)[len(self._plain_ms) // 2] if self._plain_ms else 0.0
+        cal = value.calibration
+        plain = cal.plain_step_ms()  # the target's recent plain steps, this sequence's or earlier ones'
         if plain <= 0.0:
             return  # nothing to price the pass against yet (or a clock that does not move)
-        cal = value.calibration
         cal.note_pass(value.pass_gain(confidences, length, pass_ms / plain))
         if value.passes_pay():
             cal.skip_next = 1
@@ -183,9 +187,10 @@ class BlockDraftSpeculator:
             cal.skip_next = min(MAX_SKIP, 2 * cal.skip_next)
 
     def observe_step(self, speculative: bool, ms: float, tokens: int, drafted: int) -> None:
-        """The loop's report of each step: plain steps' milliseconds price a pass."""
-        if not speculative and ms > 0:
-            self._plain_ms.append(float(ms))
+        """The loop's report of each step: plain steps' milliseconds price a pass (kept with the
+        calibration: the next sequence's first pass is priced by them too)."""
+        if not speculative and ms > 0 and self.value is not None:
+            self.value.calibration.note_plain(ms)
 
     def commit(self, tokens: Sequence[int], hidden_rows: Any, start_pos: int) -> None:
         if self._proposed is not None:  # the verify of the last proposal: what landed of it
@@ -236,12 +241,17 @@ class BlockDraftSpeculator:
     def reset(self) -> None:
         self._pending = []
         self._proposed = None
-        self._skip_left = 0
+        # the skips the drafter's last sequence left untaken come first: passes that did not pay
+        # there are not retried at once because a new sequence began
+        self._skip_left = self.value.calibration.skip_left if self.value is not None else 0
         self.head.reset()
 
     def close(self) -> None:
         """The sequence is over: a view this speculator owns frees its context (its ``close``);
-        a shared head is reset, as before views existed."""
+        a shared head is reset, as before views existed. The skips still to go are left with
+        the calibration for the drafter's next sequence."""
+        if self.value is not None:
+            self.value.calibration.skip_left = self._skip_left
         self._pending = []
         self._proposed = None
         release = getattr(self.head, "close", None) if self.owns_head else None
