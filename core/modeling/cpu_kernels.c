@@ -3624,22 +3624,61 @@ static PyObject *py_head_new(PyObject *self, PyObject *args) {
 
 #define HEAD_MAX_ROWS 4096
 
-/* head_forward(head, table, table_rows, slots, h, past, k, v, cap, rope_table, threads, out, logits):
+/* top-1 over the top-k of float32 x[0..n-1] (1 <= k <= TOPK_MAX): the first index of the
+ * maximum in *best and the softmax probability of the largest of the k largest, in double
+ * (1 / sum_i exp(v_i - v_0)), in *prob. Returns 0 where x holds a NaN or its maximum is not
+ * finite (the caller's reference path decides those), else 1. Needs no GIL. */
+#define TOPK_MAX 64
+
+static int top1_topk_of(const float *x, long long n, int k, long long *best_out, double *prob) {
+    if (k > n) k = (int)n;
+    float top[TOPK_MAX]; /* descending */
+    int have = 0;
+    long long best = 0;
+    for (long long i = 0; i < n; i++) {
+        const float v = x[i];
+        if (v != v) return 0; /* NaN */
+        if (v > x[best]) best = i;
+        if (have == k && !(v > top[k - 1])) continue;
+        int j = have < k ? have++ : k - 1;
+        while (j > 0 && top[j - 1] < v) {
+            top[j] = top[j - 1];
+            j--;
+        }
+        top[j] = v;
+    }
+    if (!isfinite(top[0])) return 0;
+    double sum = 0.0;
+    for (int j = 0; j < k; j++) sum += exp((double)top[j] - (double)top[0]);
+    *best_out = best;
+    *prob = 1.0 / sum;
+    return 1;
+}
+
+/* head_forward(head, table, table_rows, slots, h, past, k, v, cap, rope_table, threads, out, logits
+ *              [, gate_n, gate_k]):
  * rows n = len(slots); table [table_rows, H] float32 (row slots[r] is row r's token embedding,
  * 0 <= slots[r] < table_rows); h [n, H]
  * the rows before them; k, v [kv_heads, cap, hd] (the block's cache; rows go to past..);
  * rope_table covers past + n positions. out [H] (0: none) gets the last row after head_norm;
- * logits [K] (0: none, needs out) its draft-vocabulary logits. */
+ * logits [K] (0: none, needs out) its draft-vocabulary logits. Returns None; with gate_k > 0
+ * (needs logits, 1 <= gate_n <= K, gate_k <= TOPK_MAX) the draft-head gate runs on
+ * logits[0..gate_n-1] in the same crossing: (index, probability) as top1_topk gives them, or
+ * None where top1_topk gives None (the logits are written either way). */
 static PyObject *py_head_forward(PyObject *self, PyObject *args) {
     PyObject *capsule, *slots_obj;
     unsigned long long table, h, k, v, rope, out, logits;
-    long long table_rows, past, cap;
-    int threads;
-    if (!PyArg_ParseTuple(args, "OKLOKLKKLKiKK", &capsule, &table, &table_rows, &slots_obj, &h, &past, &k, &v, &cap, &rope,
-                          &threads, &out, &logits))
+    long long table_rows, past, cap, gate_n = 0;
+    int threads, gate_k = 0;
+    if (!PyArg_ParseTuple(args, "OKLOKLKKLKiKK|Li", &capsule, &table, &table_rows, &slots_obj, &h, &past, &k, &v, &cap,
+                          &rope, &threads, &out, &logits, &gate_n, &gate_k))
         return NULL;
     const HeadDesc *D = (const HeadDesc *)PyCapsule_GetPointer(capsule, "tsspec.HeadDesc");
     if (D == NULL) return NULL;
+    if (gate_k < 0 || gate_k > TOPK_MAX || (gate_k && (!logits || gate_n < 1 || gate_n > D->head.N))) {
+        PyErr_SetString(PyExc_ValueError, "head_forward: the gate needs logits, 1 <= gate_n <= K and gate_k <= 64");
+        return NULL;
+    }
     PyObject *seq = PySequence_Fast(slots_obj, "head_forward: slots must be a sequence of ints");
     if (seq == NULL) return NULL;
     const Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
@@ -3675,7 +3714,9 @@ static PyObject *py_head_forward(PyObject *self, PyObject *args) {
     }
     const float *tab = (const float *)(uintptr_t)table;
     float *emb = buf, *ne = emb + n * H, *nh = ne + n * H, *u = nh + n * H;
-    int rc;
+    int rc, gated = 0;
+    long long best = 0;
+    double prob = 0.0;
     Py_BEGIN_ALLOW_THREADS
     for (Py_ssize_t r = 0; r < n; r++) memcpy(emb + r * H, tab + slots[r] * H, sizeof(float) * (size_t)H);
     rms_norm_rows(emb, D->enorm, ne, n, H, D->eps);
@@ -3696,10 +3737,12 @@ static PyObject *py_head_forward(PyObject *self, PyObject *args) {
             region_kind = KIND_OTHER;
         }
     }
+    if (rc == 0 && gate_k) gated = top1_topk_of((const float *)(uintptr_t)logits, gate_n, gate_k, &best, &prob);
     Py_END_ALLOW_THREADS
     free(slots);
     free(buf);
     if (rc != 0) return PyErr_NoMemory();
+    if (gated) return Py_BuildValue("Ld", best, prob);
     Py_RETURN_NONE;
 }
 
@@ -3709,8 +3752,6 @@ static PyObject *py_head_forward(PyObject *self, PyObject *args) {
  * None where x holds a NaN or its maximum is not finite (the caller's reference path decides
  * those). The speculator's gate (confidence.top1_over_topk) on one crossing instead of a
  * handful of torch ops. */
-#define TOPK_MAX 64
-
 static PyObject *py_top1_topk(PyObject *self, PyObject *args) {
     unsigned long long addr;
     long long n;
@@ -3720,27 +3761,10 @@ static PyObject *py_top1_topk(PyObject *self, PyObject *args) {
         PyErr_SetString(PyExc_ValueError, "bad top1_topk operands");
         return NULL;
     }
-    const float *x = (const float *)(uintptr_t)addr;
-    if (k > n) k = (int)n;
-    float top[TOPK_MAX]; /* descending */
-    int have = 0;
-    long long best = 0;
-    for (long long i = 0; i < n; i++) {
-        const float v = x[i];
-        if (v != v) Py_RETURN_NONE; /* NaN */
-        if (v > x[best]) best = i;
-        if (have == k && !(v > top[k - 1])) continue;
-        int j = have < k ? have++ : k - 1;
-        while (j > 0 && top[j - 1] < v) {
-            top[j] = top[j - 1];
-            j--;
-        }
-        top[j] = v;
-    }
-    if (!isfinite(top[0])) Py_RETURN_NONE;
-    double sum = 0.0;
-    for (int j = 0; j < k; j++) sum += exp((double)top[j] - (double)top[0]);
-    return Py_BuildValue("Ld", best, 1.0 / sum);
+    long long best;
+    double prob;
+    if (!top1_topk_of((const float *)(uintptr_t)addr, n, k, &best, &prob)) Py_RETURN_NONE;
+    return Py_BuildValue("Ld", best, prob);
 }
 
 static PyMethodDef methods[] = {

@@ -106,11 +106,21 @@ def install(timers: Timers, record: list):
             record.append((self, list(tokens), rows.clone(), int(start), kw))
         return out
 
+    gated = H.draft_gated
+
+    def recorded_gated(self, tokens, rows, start, cut, *a):
+        out = gated(self, tokens, rows, start, cut, *a)
+        if recording[0]:
+            record.append((self, list(tokens), rows.clone(), int(start), {"cut": cut}))
+        return out
+
     H.draft_catch_up_and_step = timers.wrap("head: draft_catch_up_and_step (lock, glue)", recorded)
+    H.draft_gated = timers.wrap("head: draft_gated (lock, checks, place)", recorded_gated)
     H._advance = timers.wrap("head: _advance (checks, place, ensure)", H._advance)
     H._advance_native = timers.wrap("head: _advance_native (checks, place, ensure)", H._advance_native)
     H._inputs = timers.wrap("head: _inputs (checks, place, counts)", H._inputs)
     N.step = timers.wrap("native: step (torch allocs, glue)", N.step)
+    N.step_gated = timers.wrap("native: step_gated (glue)", N.step_gated)
     E.slots = timers.wrap("native: embedding slots", E.slots)
     N.forward = timers.wrap("native: forward (torch allocs, glue)", N.forward)
     N.logits = timers.wrap("native: logits (glue)", N.logits)
@@ -181,6 +191,9 @@ def main() -> None:
     from tsspec_draft_head.confidence import top1_over_topk
 
     def replay(head, tokens, rows, start, kw):
+        if "cut" in kw:  # the head ran the gate itself (draft_gated)
+            head.draft_gated(tokens, rows, start, kw["cut"])
+            return
         logits, _ = head.draft_catch_up_and_step(tokens, rows, start, **kw)
         gate(logits)
 
