@@ -3656,7 +3656,7 @@ static int top1_topk_of(const float *x, long long n, int k, long long *best_out,
 }
 
 /* head_forward(head, table, table_rows, slots, h, past, k, v, cap, rope_table, threads, out, logits
- *              [, gate_n, gate_k]):
+ *              [, gate_n, gate_k[, h_last]]):
  * rows n = len(slots); table [table_rows, H] float32 (row slots[r] is row r's token embedding,
  * 0 <= slots[r] < table_rows); h [n, H]
  * the rows before them; k, v [kv_heads, cap, hd] (the block's cache; rows go to past..);
@@ -3664,14 +3664,16 @@ static int top1_topk_of(const float *x, long long n, int k, long long *best_out,
  * logits [K] (0: none, needs out) its draft-vocabulary logits. Returns None; with gate_k > 0
  * (needs logits, 1 <= gate_n <= K, gate_k <= TOPK_MAX) the draft-head gate runs on
  * logits[0..gate_n-1] in the same crossing: (index, probability) as top1_topk gives them, or
- * None where top1_topk gives None (the logits are written either way). */
+ * None where top1_topk gives None (the logits are written either way). h_last (0: none): the
+ * last row's predecessor [H] read from there instead of h's row n-1 (h may then be 0 when n is
+ * 1), so a caller need not copy it next to the others. */
 static PyObject *py_head_forward(PyObject *self, PyObject *args) {
     PyObject *capsule, *slots_obj;
-    unsigned long long table, h, k, v, rope, out, logits;
+    unsigned long long table, h, k, v, rope, out, logits, h_last = 0;
     long long table_rows, past, cap, gate_n = 0;
     int threads, gate_k = 0;
-    if (!PyArg_ParseTuple(args, "OKLOKLKKLKiKK|Li", &capsule, &table, &table_rows, &slots_obj, &h, &past, &k, &v, &cap,
-                          &rope, &threads, &out, &logits, &gate_n, &gate_k))
+    if (!PyArg_ParseTuple(args, "OKLOKLKKLKiKK|LiK", &capsule, &table, &table_rows, &slots_obj, &h, &past, &k, &v,
+                          &cap, &rope, &threads, &out, &logits, &gate_n, &gate_k, &h_last))
         return NULL;
     const HeadDesc *D = (const HeadDesc *)PyCapsule_GetPointer(capsule, "tsspec.HeadDesc");
     if (D == NULL) return NULL;
@@ -3682,8 +3684,8 @@ static PyObject *py_head_forward(PyObject *self, PyObject *args) {
     PyObject *seq = PySequence_Fast(slots_obj, "head_forward: slots must be a sequence of ints");
     if (seq == NULL) return NULL;
     const Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
-    if (n < 1 || n > HEAD_MAX_ROWS || !table || !h || !k || !v || !rope || past < 0 || past + n > cap ||
-        (logits && !out)) {
+    if (n < 1 || n > HEAD_MAX_ROWS || !table || (!h && !(h_last && n == 1)) || !k || !v || !rope || past < 0 ||
+        past + n > cap || (logits && !out)) {
         Py_DECREF(seq);
         PyErr_SetString(PyExc_ValueError, "bad head_forward operands");
         return NULL;
@@ -3720,7 +3722,12 @@ static PyObject *py_head_forward(PyObject *self, PyObject *args) {
     Py_BEGIN_ALLOW_THREADS
     for (Py_ssize_t r = 0; r < n; r++) memcpy(emb + r * H, tab + slots[r] * H, sizeof(float) * (size_t)H);
     rms_norm_rows(emb, D->enorm, ne, n, H, D->eps);
-    rms_norm_rows((const float *)(uintptr_t)h, D->hnorm, nh, n, H, D->eps);
+    if (h_last) { /* row by row, so the same values as one call over n rows */
+        rms_norm_rows((const float *)(uintptr_t)h, D->hnorm, nh, n - 1, H, D->eps);
+        rms_norm_rows((const float *)(uintptr_t)h_last, D->hnorm, nh + (n - 1) * H, 1, H, D->eps);
+    } else {
+        rms_norm_rows((const float *)(uintptr_t)h, D->hnorm, nh, n, H, D->eps);
+    }
     region_kind = KIND_GEMM;
     rc = gemm(&D->e_emb, ne, H, n, u, H, NULL, threads, D->int8);
     if (rc == 0) rc = gemm(&D->e_hid, nh, H, n, u, H, u, threads, D->int8);

@@ -437,6 +437,16 @@ def test_gate_in_the_native_call_equals_head_forward_then_top1_topk_bit_for_bit(
         assert none is None and torch.equal(out_a, out_b) and torch.equal(logits_a, logits_b) and torch.equal(kc_a, kc_b)
         want = k.top1_topk(logits_a.data_ptr(), gate_n, gate_k)
         assert gate == want and isinstance(gate[0], int) and 0 <= gate[0] < gate_n
+        # the last row's predecessor read from an address of its own (h_last): the same bits
+        eng._kc.copy_(kc)
+        eng._vc.copy_(vc)
+        apart = h[2].clone()
+        out_c, logits_c = torch.empty(H), torch.empty(K)
+        res = k.head_forward(eng._desc, table.data_ptr(), table.shape[0], slots, h[:2].contiguous().data_ptr(), 2,
+                             eng._kc.data_ptr(), eng._vc.data_ptr(), eng.capacity, eng._rope_from(0, 5), 1,
+                             out_c.data_ptr(), logits_c.data_ptr(), gate_n, gate_k, apart.data_ptr())
+        assert res == gate and torch.equal(out_c, out_a) and torch.equal(logits_c, logits_a)
+        assert torch.equal(eng._kc, kc_a)
 
 
 @needs_kernels
@@ -455,17 +465,28 @@ def test_head_forward_rejects_bad_gate_operands():
             eng._k.head_forward(*args, gate_n, gate_k)
     with pytest.raises(ValueError, match="gate"):  # a gate needs the logits
         eng._k.head_forward(*args[:12], 0, K, 10)
+    no_rows = list(args)
+    no_rows[4] = 0
+    with pytest.raises(ValueError):  # no rows at all
+        eng._k.head_forward(*no_rows)
+    assert eng._k.head_forward(*no_rows, K, 10, h[0].data_ptr()) is not None  # one row, read from h_last
+    two = list(no_rows)
+    two[3] = slots * 2
+    with pytest.raises(ValueError):  # two rows need h for the first
+        eng._k.head_forward(*two, K, 10, h[0].data_ptr())
 
 
 @needs_kernels
 @pytest.mark.parametrize("seed", [1, 5])
 @pytest.mark.parametrize("engine", ["native", "torch"])
-def test_draft_gated_equals_the_compact_step_and_the_gate_bit_for_bit(seed, engine):
+@pytest.mark.parametrize("form", ["rows", "last"])
+def test_draft_gated_equals_the_compact_step_and_the_gate_bit_for_bit(seed, engine, form):
     """``draft_gated`` (on the kernels: one native call, the gate inside, output rows in the
     head's buffers; on the torch engine: the two calls) against
     ``draft_catch_up_and_step(compact=True)`` + ``top1_over_topk`` on another head over the
     same module: a fused catch-up, chained steps on the returned row, a rewind, a gap, a cut
-    under K, a call from position 0."""
+    under K, a call from position 0. ``form`` "last": the last row passed apart, the others
+    as the leading rows of a longer buffer (None for one row)."""
     from tsspec_draft_head.confidence import top1_over_topk
 
     module = _module(seed)
@@ -483,7 +504,12 @@ def test_draft_gated_equals_the_compact_step_and_the_gate_bit_for_bit(seed, engi
             h_want, h_got = (row.reshape(1, -1) for row in chained[start])
         logits, out = want_head.draft_catch_up_and_step(tokens[start : start + n], h_want, start, compact=True)
         want = top1_over_topk(logits[:cut])
-        index, probability, last = got_head.draft_gated(tokens[start : start + n], h_got, start, cut)
+        if form == "rows":
+            index, probability, last = got_head.draft_gated(tokens[start : start + n], h_got, start, cut)
+        else:
+            buffer = None if n == 1 else torch.cat([h_got[: n - 1], torch.full((3, H), float("nan"))])  # [n + 2, H]
+            index, probability, last = got_head.draft_gated(tokens[start : start + n], buffer, start, cut,
+                                                            last=h_got[n - 1].clone())
         assert (index, probability) == want and torch.equal(last, out)
         assert (got_head.base, got_head.end) == (want_head.base, want_head.end)
         chained[start + n] = (out, last)

@@ -265,6 +265,7 @@ class NativeNextN:
         cfg = self.cfg
         self._kc = torch.zeros(1, cfg.num_kv_heads, 0, cfg.head_dim)  # [1, nkv, cap, hd]
         self._vc = torch.zeros(1, cfg.num_kv_heads, 0, cfg.head_dim)
+        self._kv = (self._kc.data_ptr(), self._vc.data_ptr(), 0)  # (k, v addresses, capacity): step_gated's
         self._rope = torch.zeros(0, cfg.head_dim // 2, 2)  # [positions, hd/2, (cos, sin)]
         self._rope_rows, self._rope_at = 0, 0  # the table's positions and address
         self._rope_row_bytes = (cfg.head_dim // 2) * 2 * 4
@@ -272,8 +273,9 @@ class NativeNextN:
         # two output rows [2, H] taken in turn, so the row a call returns stays valid through
         # the next call (which reads it as its predecessor row)
         self._gate_logits = torch.empty(self._head.shape[0])  # [K]
-        self._gate_outs = torch.empty(2, self.H)  # [2, H]
-        self._gate_rows = list(self._gate_outs.unbind(0))  # each [H]
+        self._gate_logits_at = self._gate_logits.data_ptr()
+        outs = torch.empty(2, self.H)  # [2, H]
+        self._gate_outs = [(row, row.data_ptr()) for row in outs.unbind(0)]  # each ([H], its address)
         self._gate_turn = 0
 
     @property
@@ -293,6 +295,7 @@ class NativeNextN:
             grown = torch.zeros(1, old.shape[1], new, old.shape[3])
             grown[:, :, :cap] = old
             setattr(self, name, grown)
+        self._kv = (self._kc.data_ptr(), self._vc.data_ptr(), new)
 
     def _rope_from(self, base: int, positions: int) -> int:
         """The address of table row ``base`` of a table covering ``positions`` positions."""
@@ -361,21 +364,25 @@ class NativeNextN:
             self.thread_choice.record(threads, time.perf_counter_ns() - start, most)
         return out, logits
 
-    def step_gated(self, tokens: list[int], h_rows: torch.Tensor, at: int, base: int, cut: int, top_k: int):
+    def step_gated(self, tokens: list[int], h_rows: torch.Tensor | None, at: int, base: int, cut: int, top_k: int,
+                   last: torch.Tensor | None = None):
         """``step`` with the draft-head gate in the same native call: (the index of the top-1
         among the first ``cut`` draft-vocabulary logits, its probability over their ``top_k``
         largest, the last row's output [H]), the index and probability bit for bit what
-        ``confidence.top1_over_topk`` gives on ``step``'s logits[:cut]. Nothing is allocated:
-        the logits stay in the view's buffer, and the output row is one of two the view takes
-        in turn, valid until the call after next (so the next call may read it as its
-        predecessor row); copy it to keep it longer."""
+        ``confidence.top1_over_topk`` gives on ``step``'s logits[:cut]. The predecessor rows:
+        ``h_rows`` [n, H]; or, with ``last`` (the last token's [H]), the other tokens' rows are
+        ``h_rows``' first n - 1 (it may hold more: a buffer; None when n is 1), read in place.
+        Both float32 and contiguous (the caller checks). Nothing is allocated: the logits stay
+        in the view's buffer, and the output row is one of two the view takes in turn, valid
+        until the call after next (so the next call may read it as its predecessor row); copy
+        it to keep it longer."""
         n = len(tokens)
         table_at, table_rows, slots, own = self.embeddings.addressed(tokens)
-        h = h_rows if h_rows.dtype == torch.float32 and h_rows.is_contiguous() else h_rows.to(torch.float32).contiguous()
         end = base + at + n
         rope = self._rope_at + base * self._rope_row_bytes if end <= self._rope_rows else self._rope_from(base, end)
         turn = self._gate_turn = 1 - self._gate_turn
-        out = self._gate_rows[turn]
+        out, out_at = self._gate_outs[turn]
+        kc, vc, cap = self._kv
         most = torch.get_num_threads()
         choice = self.thread_choice
         if self.threads or choice is None:
@@ -383,9 +390,9 @@ class NativeNextN:
         else:
             threads, timed = choice.pick(most)
         start = time.perf_counter_ns() if timed else 0
-        gate = self._k.head_forward(self._desc, table_at, table_rows, slots, h.data_ptr(), at, self._kc.data_ptr(),
-                                    self._vc.data_ptr(), self._kc.shape[2], rope, threads, out.data_ptr(),
-                                    self._gate_logits.data_ptr(), cut, top_k)
+        gate = self._k.head_forward(self._desc, table_at, table_rows, slots, 0 if h_rows is None else h_rows.data_ptr(),
+                                    at, kc, vc, cap, rope, threads, out_at, self._gate_logits_at, cut, top_k,
+                                    0 if last is None else last.data_ptr())
         if timed:
             choice.record(threads, time.perf_counter_ns() - start, most)
         del own  # this call's own embedding table (a full shared one) lived through the call

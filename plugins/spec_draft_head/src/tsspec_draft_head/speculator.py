@@ -134,6 +134,11 @@ class _Pending:
         """[n, F]: the pending rows (a view of the buffer)."""
         return self._buf[self._lo : self._lo + len(self.tokens)]
 
+    def leading(self) -> torch.Tensor:
+        """[>= n, F]: rows whose first n are the pending rows (the buffer itself when they start
+        at its first row: no view is made)."""
+        return self._buf if self._lo == 0 else self._buf[self._lo :]
+
     def rows_with(self, last: torch.Tensor) -> torch.Tensor:
         """[n + 1, F]: the pending rows and ``last`` ([F], written into the room kept for it)."""
         lo, n = self._lo, len(self.tokens)
@@ -335,13 +340,15 @@ class DraftHeadSpeculator:
             pending = None
         if pending is None:
             return self._step(token, h_prev, position, compact, cut)
-        rows = pending.rows_with(h_prev)  # [n + 1, F]
         self.counters.fused += 1
         tokens = [*pending.tokens, int(token)]
-        if cut:
-            index, probability, hidden = self.head.draft_gated(tokens, rows, pending.start, cut)
-            out = (self._draft_list[index], probability), hidden
-        elif compact:
+        if cut:  # the pending rows read in place, h_prev after them
+            index, probability, hidden = self.head.draft_gated(tokens, pending.leading(), pending.start, cut,
+                                                               last=h_prev)
+            self._pending = None  # only once the head has them: a failed call is retried whole
+            return (self._draft_list[index], probability), hidden
+        rows = pending.rows_with(h_prev)  # [n + 1, F]
+        if compact:
             out = self.head.draft_catch_up_and_step(tokens, rows, pending.start, compact=True)
         else:
             out = self.head.draft_catch_up_and_step(tokens, rows, pending.start)
@@ -351,7 +358,7 @@ class DraftHeadSpeculator:
     def _step(self, token: int, h_prev: torch.Tensor, position: int, compact: bool = False, cut: int = 0):
         self.counters.steps += 1
         if cut:
-            index, probability, hidden = self.head.draft_gated([int(token)], h_prev.reshape(1, -1), position, cut)
+            index, probability, hidden = self.head.draft_gated([int(token)], None, position, cut, last=h_prev)
             return (self._draft_list[index], probability), hidden
         if compact:
             return self.head.draft_step(int(token), h_prev, position, compact=True)
