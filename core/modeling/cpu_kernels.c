@@ -2718,10 +2718,34 @@ typedef struct {
 
 /* the block's scratch: h [rows, H], qkv [rows, (nh + 2 nkv) hd], attn [rows, nh hd],
  * gate_up [rows, 2 F], act [rows, F] */
+/* A block's first half for rows of x: attn_norm, the fused QKV (+ bias), RoPE from position
+ * past, and the K, V rows written into the block's cache kl, vl [nkv, cap, hd] at past..;
+ * h [rows, H] and qkv [rows, qkv_n] are the caller's scratch (qkv holds the turned Q, K, V). */
+static int block_qkv_cache(const LayerStack *S, const StackLayer *L, const float *x, float *h, float *qkv, int64_t rows,
+                           int64_t past, float *kl, float *vl, int64_t cap, const float *rope_table, int threads,
+                           int int8) {
+    const int64_t H = S->H, hd = S->hd, nh = S->heads, nkv = S->kv_heads;
+    const int64_t q_size = nh * hd, qk_size = (nh + nkv) * hd, qkv_n = (nh + 2 * nkv) * hd;
+    rms_norm_rows(x, L->attn_norm, h, rows, H, S->eps);
+    region_kind = KIND_QKV;
+    const int rc = gemm(&L->wqkv, h, H, rows, qkv, qkv_n, NULL, threads, int8);
+    if (rc != 0) return rc;
+    if (L->bqkv != NULL)
+        for (int64_t r = 0; r < rows; r++)
+            for (int64_t n = 0; n < qkv_n; n++) qkv[r * qkv_n + n] += L->bqkv[n];
+    rope_rows(qkv, qkv_n, rows, nh + nkv, hd, S->rope_dim, rope_table, past);
+    for (int64_t r = 0; r < rows; r++)
+        for (int64_t g = 0; g < nkv; g++) {
+            memcpy(kl + (g * cap + past + r) * hd, qkv + r * qkv_n + q_size + g * hd, sizeof(float) * (size_t)hd);
+            memcpy(vl + (g * cap + past + r) * hd, qkv + r * qkv_n + qk_size + g * hd, sizeof(float) * (size_t)hd);
+        }
+    return 0;
+}
+
 static int stack_forward(const LayerStack *S, int64_t l0, int64_t l1, float *x, int64_t rows, int64_t past, float *kc,
                          float *vc, int64_t cap, const float *rope_table, int threads, int int8) {
     const int64_t H = S->H, hd = S->hd, nh = S->heads, nkv = S->kv_heads, F = S->ffn;
-    const int64_t q_size = nh * hd, qk_size = (nh + nkv) * hd, qkv_n = (nh + 2 * nkv) * hd;
+    const int64_t q_size = nh * hd, qkv_n = (nh + 2 * nkv) * hd;
     float *buf = (float *)malloc(sizeof(float) * (size_t)(rows * (H + qkv_n + q_size + 3 * F)));
     if (buf == NULL) return -1;
     float *h = buf, *qkv = h + rows * H, *attn = qkv + rows * qkv_n, *gu = attn + rows * q_size, *act = gu + rows * 2 * F;
@@ -2730,18 +2754,7 @@ static int stack_forward(const LayerStack *S, int64_t l0, int64_t l1, float *x, 
     for (int64_t i = l0; i < l1 && rc == 0; i++) {
         const StackLayer *L = &S->layers[i];
         float *kl = kc + i * nkv * cap * hd, *vl = vc + i * nkv * cap * hd; /* [nkv, cap, hd] */
-        rms_norm_rows(x, L->attn_norm, h, rows, H, S->eps);
-        region_kind = KIND_QKV;
-        if ((rc = gemm(&L->wqkv, h, H, rows, qkv, qkv_n, NULL, threads, int8)) != 0) break;
-        if (L->bqkv != NULL)
-            for (int64_t r = 0; r < rows; r++)
-                for (int64_t n = 0; n < qkv_n; n++) qkv[r * qkv_n + n] += L->bqkv[n];
-        rope_rows(qkv, qkv_n, rows, nh + nkv, hd, S->rope_dim, rope_table, past);
-        for (int64_t r = 0; r < rows; r++)
-            for (int64_t g = 0; g < nkv; g++) {
-                memcpy(kl + (g * cap + past + r) * hd, qkv + r * qkv_n + q_size + g * hd, sizeof(float) * (size_t)hd);
-                memcpy(vl + (g * cap + past + r) * hd, qkv + r * qkv_n + qk_size + g * hd, sizeof(float) * (size_t)hd);
-            }
+        if ((rc = block_qkv_cache(S, L, x, h, qkv, rows, past, kl, vl, cap, rope_table, threads, int8)) != 0) break;
         region_kind = KIND_ATTENTION;
         for (int64_t s = 0; s < rows && rc == 0; s += ATTN_ROW_SLICE) {
             const int64_t e = s + ATTN_ROW_SLICE < rows ? s + ATTN_ROW_SLICE : rows;
@@ -3732,9 +3745,26 @@ static PyObject *py_head_forward(PyObject *self, PyObject *args) {
     rc = gemm(&D->e_emb, ne, H, n, u, H, NULL, threads, D->int8);
     if (rc == 0) rc = gemm(&D->e_hid, nh, H, n, u, H, u, threads, D->int8);
     region_kind = KIND_OTHER;
-    if (rc == 0)
-        rc = stack_forward(D->S, 0, 1, u, n, past, (float *)(uintptr_t)k, (float *)(uintptr_t)v, cap,
-                           (const float *)(uintptr_t)rope, threads, D->int8);
+    /* the block is the head's only one: a row whose output is not wanted (every row but the
+     * last, all of them without out) only feeds the cache, so it runs the block's first half
+     * alone (the rows are independent bit for bit: batch invariance); the rest run it whole */
+    const int64_t whole = out ? 1 : 0, cache_only = n - whole;
+    if (rc == 0 && cache_only) {
+        const LayerStack *S = D->S;
+        const int64_t qkv_n = (S->heads + 2 * S->kv_heads) * S->hd;
+        float *scratch = (float *)malloc(sizeof(float) * (size_t)(cache_only * (H + qkv_n)));
+        if (scratch == NULL) rc = -1;
+        else {
+            rc = block_qkv_cache(S, &S->layers[0], u, scratch, scratch + cache_only * H, cache_only, past,
+                                 (float *)(uintptr_t)k, (float *)(uintptr_t)v, cap, (const float *)(uintptr_t)rope,
+                                 threads, D->int8);
+            free(scratch);
+        }
+        region_kind = KIND_OTHER;
+    }
+    if (rc == 0 && whole)
+        rc = stack_forward(D->S, 0, 1, u + cache_only * H, whole, past + cache_only, (float *)(uintptr_t)k,
+                           (float *)(uintptr_t)v, cap, (const float *)(uintptr_t)rope, threads, D->int8);
     if (rc == 0 && out) {
         rms_norm_rows(u + (n - 1) * H, D->head_norm, (float *)(uintptr_t)out, 1, H, D->eps);
         if (logits) {

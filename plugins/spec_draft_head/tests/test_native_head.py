@@ -583,3 +583,24 @@ def test_the_speculator_drafts_the_same_with_the_gate_in_the_head(engine):
     assert runs[0] == runs[1]
     lengths = [len(d) for d in runs[0][0]]
     assert 0 in lengths and 3 in lengths and sum(lengths) > 6, lengths  # the gate stopped some chains
+
+
+@needs_kernels
+def test_rows_that_only_feed_the_cache_give_the_whole_blocks_bits():
+    """``head_forward`` runs only the block's first half (norm, QKV, RoPE, cache) on the rows
+    whose output is not wanted: the KV cache and the last row's output and logits equal the
+    per-op path's (the whole block on every row, ``layers_forward``) bit for bit, over more
+    rows than one attention slice (64) and from a past of 0 and beyond."""
+    module = _module(11)
+    table = torch.randn(V, H, generator=torch.Generator().manual_seed(61))
+    one, per_op = (NextNFileHead(module, _Target(table)) for _ in range(2))
+    tokens = torch.randint(V, (160,), generator=torch.Generator().manual_seed(12)).tolist()
+    rows = _rows(160, 13)
+    for start, n, want in ((1, 70, True), (71, 3, False), (74, 2, True), (40, 80, True)):
+        a = one._advance_native(tokens[start : start + n], rows[start : start + n], start, want_last=want)
+        out = per_op._advance(tokens[start : start + n], rows[start : start + n], start, want_last=want)
+        if want:
+            assert torch.equal(a[0], out) and torch.equal(a[1], per_op._native.logits(out))
+        filled = one.end - one.base
+        assert torch.equal(one._native._kc[:, :, :filled], per_op._native._kc[:, :, :filled])
+        assert torch.equal(one._native._vc[:, :, :filled], per_op._native._vc[:, :, :filled])
