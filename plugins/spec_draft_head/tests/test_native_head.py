@@ -322,6 +322,11 @@ def test_embedding_rows_only_grow_and_a_full_table_serves_a_call_of_its_own():
     own, slots = rows.slots([11, 12, 3])  # two new ids, one slot left: this call's own table
     assert own is not shared and slots == [0, 1, 2] and torch.equal(own, table[[11, 12, 3]])
     assert torch.equal(shared[:3], before) and torch.equal(rows([9, 3, 7]), table[[9, 3, 7]])
+    # the native call's form: the shared table's address and rows, or a table of the call's own
+    assert rows.addressed([3, 9]) == (shared.data_ptr(), 4, [1, 2], None)
+    at, count, slots, own = rows.addressed([3, 11, 12])  # two new ids, one slot left
+    assert own is not None and (at, count, slots) == (own.data_ptr(), 3, [0, 1, 2])
+    assert torch.equal(own, table[[3, 11, 12]])
 
 
 @needs_kernels

@@ -107,7 +107,7 @@ class EmbeddingRows:
         self._embed = embed  # target.embed: ids -> [n, H]
         self._ids: dict[int, int] = {}  # token id -> row of _rows
         self._rows = torch.empty(slots, width)  # [slots, H]
-        self._address = self._rows.data_ptr()  # the shared table never moves
+        self._address, self._size = self._rows.data_ptr(), slots  # the shared table never moves
         self._free = 0
         self._lock = threading.Lock()
 
@@ -141,12 +141,12 @@ class EmbeddingRows:
         when it is this call's own (keep it alive through the call), else None)."""
         ids = self._ids
         try:
-            return self._address, self._rows.shape[0], [ids[t] for t in tokens], None
+            return self._address, self._size, [ids[t] for t in tokens], None
         except KeyError:
             pass
         table, slots = self.slots(tokens)
         if table is self._rows:
-            return self._address, table.shape[0], slots, None
+            return self._address, self._size, slots, None
         return table.data_ptr(), table.shape[0], slots, table
 
     def __call__(self, tokens: list[int]) -> torch.Tensor:
@@ -377,7 +377,12 @@ class NativeNextN:
         until the call after next (so the next call may read it as its predecessor row); copy
         it to keep it longer."""
         n = len(tokens)
-        table_at, table_rows, slots, own = self.embeddings.addressed(tokens)
+        rows = self.embeddings
+        ids, own = rows._ids, None
+        try:  # EmbeddingRows.addressed's common case, inline: every token already in the shared table
+            table_at, table_rows, slots = rows._address, rows._size, [ids[t] for t in tokens]
+        except KeyError:
+            table_at, table_rows, slots, own = rows.addressed(tokens)
         end = base + at + n
         rope = self._rope_at + base * self._rope_row_bytes if end <= self._rope_rows else self._rope_from(base, end)
         turn = self._gate_turn = 1 - self._gate_turn
