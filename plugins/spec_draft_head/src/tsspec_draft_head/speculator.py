@@ -51,7 +51,10 @@ ones'. It applies when the sampler's adjustments cannot change the logits: no
 ``adjust_logits``, or one that reads no preceding token (``adjust_lookback == 0``: the runtime's
 only adjustment is the repetition penalty, off then). With a penalty the compact logits are
 spread into the [vocab] vector, adjusted, and gated as before. Ids at or past the context's
-``vocab_size`` (a padded vocabulary) are never proposed in either form.
+``vocab_size`` (a padded vocabulary) are never proposed in either form. Where the gate runs on
+compact logits and the head offers ``draft_gated`` (NextN drafter files do), the head call and
+the gate are one call that returns the top-1 and its probability (the same values; on the
+compiled kernels one native call that makes no tensor).
 
 Worked example (window 3, folding on). Prefill commits tokens [a, b, c] at 0 with rows
 [0, h_a, h_b]; the head is NOT called. propose(last=d, position=3, carry=h_c) makes one fused call
@@ -112,10 +115,11 @@ class _Pending:
     """Committed rows not yet shown to the head (folding on): contiguous from ``start``.
 
     The rows live in a buffer of their own (a copy: the target may reuse its output buffer),
-    one after another from row ``_lo``, with room kept for one more: the proposal's own row,
-    so the fused head call reads all of them as one view (``rows_with``) instead of a stack
-    made per proposal. A buffer is never reused by another ``_Pending``, so a head that keeps
-    the rows it was handed keeps what it saw."""
+    one after another from row ``_lo``, so the fused head call reads them in place instead of a
+    stack made per proposal: ``leading()`` with the proposal's own row passed apart (a head's
+    ``draft_gated``), or ``rows_with`` it, written into the room kept for one more row. A buffer
+    is never reused by another ``_Pending``, so a head that keeps the rows it was handed keeps
+    what it saw."""
 
     def __init__(self, start: int, tokens: list[int], rows: torch.Tensor):
         self.start = int(start)
