@@ -219,6 +219,32 @@ def test_validate_proposal():
     assert validate_proposal(iter([1]), 4, 10) == ([], "bad_type")
 
 
+def test_the_checks_give_the_same_answers_on_plain_lists_proposals_and_their_subclasses():
+    """A plain list or Proposal of ints in range passes without running the proposal's code;
+    anything else in them gets the general checks' answer, and a subclass (whose own code may
+    run) always takes the general checks."""
+    import numpy as np
+
+    from tsspec.protocols import Proposal
+    from tsspec.runtime.proposal import proposal_confidence
+
+    class Sub(Proposal):
+        def __len__(self):
+            return 1  # lies about its length
+
+    cases = [([3, 4], ([3, 4], None)), ([], ([], None)), ([3, 10], ([], "out_of_vocab")),
+             ([3, True], ([], "bad_id")), ([True, 99], ([], "bad_id")), ([np.int64(4), 3], ([4, 3], None)),
+             ([1] * 5, ([], "too_many_tokens")), ([2.0], ([], "bad_id"))]
+    for items, want in cases:
+        assert validate_proposal(list(items), 4, 10) == want
+        assert validate_proposal(Proposal(items, confidence=[0.5] * len(items)), 4, 10) == want
+    assert validate_proposal(Sub([1, 2]), 4, 10) == ([], "bad_type")  # iterates past its claimed length
+    for values, want in (([0.5, 1.0], ([0.5, 1.0], None)), ([0.5, 1], ([0.5, 1.0], None)), (None, (None, None)),
+                         ([0.5, float("nan")], (None, "bad_confidence")), ([0.5, 1.5], (None, "bad_confidence")),
+                         ([0.5], (None, "bad_confidence")), ([0.5, True], (None, "bad_confidence"))):
+        assert proposal_confidence(Proposal([1, 2], confidence=values), 2) == want
+
+
 def test_accept_names_accepted_corrected_and_bonus_tokens():
     from tsspec.runtime.execution import accept
 

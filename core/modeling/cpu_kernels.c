@@ -2718,10 +2718,34 @@ typedef struct {
 
 /* the block's scratch: h [rows, H], qkv [rows, (nh + 2 nkv) hd], attn [rows, nh hd],
  * gate_up [rows, 2 F], act [rows, F] */
+/* A block's first half for rows of x: attn_norm, the fused QKV (+ bias), RoPE from position
+ * past, and the K, V rows written into the block's cache kl, vl [nkv, cap, hd] at past..;
+ * h [rows, H] and qkv [rows, qkv_n] are the caller's scratch (qkv holds the turned Q, K, V). */
+static int block_qkv_cache(const LayerStack *S, const StackLayer *L, const float *x, float *h, float *qkv, int64_t rows,
+                           int64_t past, float *kl, float *vl, int64_t cap, const float *rope_table, int threads,
+                           int int8) {
+    const int64_t H = S->H, hd = S->hd, nh = S->heads, nkv = S->kv_heads;
+    const int64_t q_size = nh * hd, qk_size = (nh + nkv) * hd, qkv_n = (nh + 2 * nkv) * hd;
+    rms_norm_rows(x, L->attn_norm, h, rows, H, S->eps);
+    region_kind = KIND_QKV;
+    const int rc = gemm(&L->wqkv, h, H, rows, qkv, qkv_n, NULL, threads, int8);
+    if (rc != 0) return rc;
+    if (L->bqkv != NULL)
+        for (int64_t r = 0; r < rows; r++)
+            for (int64_t n = 0; n < qkv_n; n++) qkv[r * qkv_n + n] += L->bqkv[n];
+    rope_rows(qkv, qkv_n, rows, nh + nkv, hd, S->rope_dim, rope_table, past);
+    for (int64_t r = 0; r < rows; r++)
+        for (int64_t g = 0; g < nkv; g++) {
+            memcpy(kl + (g * cap + past + r) * hd, qkv + r * qkv_n + q_size + g * hd, sizeof(float) * (size_t)hd);
+            memcpy(vl + (g * cap + past + r) * hd, qkv + r * qkv_n + qk_size + g * hd, sizeof(float) * (size_t)hd);
+        }
+    return 0;
+}
+
 static int stack_forward(const LayerStack *S, int64_t l0, int64_t l1, float *x, int64_t rows, int64_t past, float *kc,
                          float *vc, int64_t cap, const float *rope_table, int threads, int int8) {
     const int64_t H = S->H, hd = S->hd, nh = S->heads, nkv = S->kv_heads, F = S->ffn;
-    const int64_t q_size = nh * hd, qk_size = (nh + nkv) * hd, qkv_n = (nh + 2 * nkv) * hd;
+    const int64_t q_size = nh * hd, qkv_n = (nh + 2 * nkv) * hd;
     float *buf = (float *)malloc(sizeof(float) * (size_t)(rows * (H + qkv_n + q_size + 3 * F)));
     if (buf == NULL) return -1;
     float *h = buf, *qkv = h + rows * H, *attn = qkv + rows * qkv_n, *gu = attn + rows * q_size, *act = gu + rows * 2 * F;
@@ -2730,18 +2754,7 @@ static int stack_forward(const LayerStack *S, int64_t l0, int64_t l1, float *x, 
     for (int64_t i = l0; i < l1 && rc == 0; i++) {
         const StackLayer *L = &S->layers[i];
         float *kl = kc + i * nkv * cap * hd, *vl = vc + i * nkv * cap * hd; /* [nkv, cap, hd] */
-        rms_norm_rows(x, L->attn_norm, h, rows, H, S->eps);
-        region_kind = KIND_QKV;
-        if ((rc = gemm(&L->wqkv, h, H, rows, qkv, qkv_n, NULL, threads, int8)) != 0) break;
-        if (L->bqkv != NULL)
-            for (int64_t r = 0; r < rows; r++)
-                for (int64_t n = 0; n < qkv_n; n++) qkv[r * qkv_n + n] += L->bqkv[n];
-        rope_rows(qkv, qkv_n, rows, nh + nkv, hd, S->rope_dim, rope_table, past);
-        for (int64_t r = 0; r < rows; r++)
-            for (int64_t g = 0; g < nkv; g++) {
-                memcpy(kl + (g * cap + past + r) * hd, qkv + r * qkv_n + q_size + g * hd, sizeof(float) * (size_t)hd);
-                memcpy(vl + (g * cap + past + r) * hd, qkv + r * qkv_n + qk_size + g * hd, sizeof(float) * (size_t)hd);
-            }
+        if ((rc = block_qkv_cache(S, L, x, h, qkv, rows, past, kl, vl, cap, rope_table, threads, int8)) != 0) break;
         region_kind = KIND_ATTENTION;
         for (int64_t s = 0; s < rows && rc == 0; s += ATTN_ROW_SLICE) {
             const int64_t e = s + ATTN_ROW_SLICE < rows ? s + ATTN_ROW_SLICE : rows;
@@ -3624,27 +3637,68 @@ static PyObject *py_head_new(PyObject *self, PyObject *args) {
 
 #define HEAD_MAX_ROWS 4096
 
-/* head_forward(head, table, table_rows, slots, h, past, k, v, cap, rope_table, threads, out, logits):
+/* top-1 over the top-k of float32 x[0..n-1] (1 <= k <= TOPK_MAX): the first index of the
+ * maximum in *best and the softmax probability of the largest of the k largest, in double
+ * (1 / sum_i exp(v_i - v_0)), in *prob. Returns 0 where x holds a NaN or its maximum is not
+ * finite (the caller's reference path decides those), else 1. Needs no GIL. */
+#define TOPK_MAX 64
+
+static int top1_topk_of(const float *x, long long n, int k, long long *best_out, double *prob) {
+    if (k > n) k = (int)n;
+    float top[TOPK_MAX]; /* descending */
+    int have = 0;
+    long long best = 0;
+    for (long long i = 0; i < n; i++) {
+        const float v = x[i];
+        if (v != v) return 0; /* NaN */
+        if (v > x[best]) best = i;
+        if (have == k && !(v > top[k - 1])) continue;
+        int j = have < k ? have++ : k - 1;
+        while (j > 0 && top[j - 1] < v) {
+            top[j] = top[j - 1];
+            j--;
+        }
+        top[j] = v;
+    }
+    if (!isfinite(top[0])) return 0;
+    double sum = 0.0;
+    for (int j = 0; j < k; j++) sum += exp((double)top[j] - (double)top[0]);
+    *best_out = best;
+    *prob = 1.0 / sum;
+    return 1;
+}
+
+/* head_forward(head, table, table_rows, slots, h, past, k, v, cap, rope_table, threads, out, logits
+ *              [, gate_n, gate_k[, h_last]]):
  * rows n = len(slots); table [table_rows, H] float32 (row slots[r] is row r's token embedding,
  * 0 <= slots[r] < table_rows); h [n, H]
  * the rows before them; k, v [kv_heads, cap, hd] (the block's cache; rows go to past..);
  * rope_table covers past + n positions. out [H] (0: none) gets the last row after head_norm;
- * logits [K] (0: none, needs out) its draft-vocabulary logits. */
+ * logits [K] (0: none, needs out) its draft-vocabulary logits. Returns None; with gate_k > 0
+ * (needs logits, 1 <= gate_n <= K, gate_k <= TOPK_MAX) the draft-head gate runs on
+ * logits[0..gate_n-1] in the same crossing: (index, probability) as top1_topk gives them, or
+ * None where top1_topk gives None (the logits are written either way). h_last (0: none): the
+ * last row's predecessor [H] read from there instead of h's row n-1 (h may then be 0 when n is
+ * 1), so a caller need not copy it next to the others. */
 static PyObject *py_head_forward(PyObject *self, PyObject *args) {
     PyObject *capsule, *slots_obj;
-    unsigned long long table, h, k, v, rope, out, logits;
-    long long table_rows, past, cap;
-    int threads;
-    if (!PyArg_ParseTuple(args, "OKLOKLKKLKiKK", &capsule, &table, &table_rows, &slots_obj, &h, &past, &k, &v, &cap, &rope,
-                          &threads, &out, &logits))
+    unsigned long long table, h, k, v, rope, out, logits, h_last = 0;
+    long long table_rows, past, cap, gate_n = 0;
+    int threads, gate_k = 0;
+    if (!PyArg_ParseTuple(args, "OKLOKLKKLKiKK|LiK", &capsule, &table, &table_rows, &slots_obj, &h, &past, &k, &v,
+                          &cap, &rope, &threads, &out, &logits, &gate_n, &gate_k, &h_last))
         return NULL;
     const HeadDesc *D = (const HeadDesc *)PyCapsule_GetPointer(capsule, "tsspec.HeadDesc");
     if (D == NULL) return NULL;
+    if (gate_k < 0 || gate_k > TOPK_MAX || (gate_k && (!logits || gate_n < 1 || gate_n > D->head.N))) {
+        PyErr_SetString(PyExc_ValueError, "head_forward: the gate needs logits, 1 <= gate_n <= K and gate_k <= 64");
+        return NULL;
+    }
     PyObject *seq = PySequence_Fast(slots_obj, "head_forward: slots must be a sequence of ints");
     if (seq == NULL) return NULL;
     const Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
-    if (n < 1 || n > HEAD_MAX_ROWS || !table || !h || !k || !v || !rope || past < 0 || past + n > cap ||
-        (logits && !out)) {
+    if (n < 1 || n > HEAD_MAX_ROWS || !table || (!h && !(h_last && n == 1)) || !k || !v || !rope || past < 0 ||
+        past + n > cap || (logits && !out)) {
         Py_DECREF(seq);
         PyErr_SetString(PyExc_ValueError, "bad head_forward operands");
         return NULL;
@@ -3675,18 +3729,42 @@ static PyObject *py_head_forward(PyObject *self, PyObject *args) {
     }
     const float *tab = (const float *)(uintptr_t)table;
     float *emb = buf, *ne = emb + n * H, *nh = ne + n * H, *u = nh + n * H;
-    int rc;
+    int rc, gated = 0;
+    long long best = 0;
+    double prob = 0.0;
     Py_BEGIN_ALLOW_THREADS
     for (Py_ssize_t r = 0; r < n; r++) memcpy(emb + r * H, tab + slots[r] * H, sizeof(float) * (size_t)H);
     rms_norm_rows(emb, D->enorm, ne, n, H, D->eps);
-    rms_norm_rows((const float *)(uintptr_t)h, D->hnorm, nh, n, H, D->eps);
+    if (h_last) { /* row by row, so the same values as one call over n rows */
+        rms_norm_rows((const float *)(uintptr_t)h, D->hnorm, nh, n - 1, H, D->eps);
+        rms_norm_rows((const float *)(uintptr_t)h_last, D->hnorm, nh + (n - 1) * H, 1, H, D->eps);
+    } else {
+        rms_norm_rows((const float *)(uintptr_t)h, D->hnorm, nh, n, H, D->eps);
+    }
     region_kind = KIND_GEMM;
     rc = gemm(&D->e_emb, ne, H, n, u, H, NULL, threads, D->int8);
     if (rc == 0) rc = gemm(&D->e_hid, nh, H, n, u, H, u, threads, D->int8);
     region_kind = KIND_OTHER;
-    if (rc == 0)
-        rc = stack_forward(D->S, 0, 1, u, n, past, (float *)(uintptr_t)k, (float *)(uintptr_t)v, cap,
-                           (const float *)(uintptr_t)rope, threads, D->int8);
+    /* the block is the head's only one: a row whose output is not wanted (every row but the
+     * last, all of them without out) only feeds the cache, so it runs the block's first half
+     * alone (the rows are independent bit for bit: batch invariance); the rest run it whole */
+    const int64_t whole = out ? 1 : 0, cache_only = n - whole;
+    if (rc == 0 && cache_only) {
+        const LayerStack *S = D->S;
+        const int64_t qkv_n = (S->heads + 2 * S->kv_heads) * S->hd;
+        float *scratch = (float *)malloc(sizeof(float) * (size_t)(cache_only * (H + qkv_n)));
+        if (scratch == NULL) rc = -1;
+        else {
+            rc = block_qkv_cache(S, &S->layers[0], u, scratch, scratch + cache_only * H, cache_only, past,
+                                 (float *)(uintptr_t)k, (float *)(uintptr_t)v, cap, (const float *)(uintptr_t)rope,
+                                 threads, D->int8);
+            free(scratch);
+        }
+        region_kind = KIND_OTHER;
+    }
+    if (rc == 0 && whole)
+        rc = stack_forward(D->S, 0, 1, u + cache_only * H, whole, past + cache_only, (float *)(uintptr_t)k,
+                           (float *)(uintptr_t)v, cap, (const float *)(uintptr_t)rope, threads, D->int8);
     if (rc == 0 && out) {
         rms_norm_rows(u + (n - 1) * H, D->head_norm, (float *)(uintptr_t)out, 1, H, D->eps);
         if (logits) {
@@ -3696,10 +3774,12 @@ static PyObject *py_head_forward(PyObject *self, PyObject *args) {
             region_kind = KIND_OTHER;
         }
     }
+    if (rc == 0 && gate_k) gated = top1_topk_of((const float *)(uintptr_t)logits, gate_n, gate_k, &best, &prob);
     Py_END_ALLOW_THREADS
     free(slots);
     free(buf);
     if (rc != 0) return PyErr_NoMemory();
+    if (gated) return Py_BuildValue("Ld", best, prob);
     Py_RETURN_NONE;
 }
 
@@ -3709,8 +3789,6 @@ static PyObject *py_head_forward(PyObject *self, PyObject *args) {
  * None where x holds a NaN or its maximum is not finite (the caller's reference path decides
  * those). The speculator's gate (confidence.top1_over_topk) on one crossing instead of a
  * handful of torch ops. */
-#define TOPK_MAX 64
-
 static PyObject *py_top1_topk(PyObject *self, PyObject *args) {
     unsigned long long addr;
     long long n;
@@ -3720,27 +3798,10 @@ static PyObject *py_top1_topk(PyObject *self, PyObject *args) {
         PyErr_SetString(PyExc_ValueError, "bad top1_topk operands");
         return NULL;
     }
-    const float *x = (const float *)(uintptr_t)addr;
-    if (k > n) k = (int)n;
-    float top[TOPK_MAX]; /* descending */
-    int have = 0;
-    long long best = 0;
-    for (long long i = 0; i < n; i++) {
-        const float v = x[i];
-        if (v != v) Py_RETURN_NONE; /* NaN */
-        if (v > x[best]) best = i;
-        if (have == k && !(v > top[k - 1])) continue;
-        int j = have < k ? have++ : k - 1;
-        while (j > 0 && top[j - 1] < v) {
-            top[j] = top[j - 1];
-            j--;
-        }
-        top[j] = v;
-    }
-    if (!isfinite(top[0])) Py_RETURN_NONE;
-    double sum = 0.0;
-    for (int j = 0; j < k; j++) sum += exp((double)top[j] - (double)top[0]);
-    return Py_BuildValue("Ld", best, 1.0 / sum);
+    long long best;
+    double prob;
+    if (!top1_topk_of((const float *)(uintptr_t)addr, n, k, &best, &prob)) Py_RETURN_NONE;
+    return Py_BuildValue("Ld", best, prob);
 }
 
 static PyMethodDef methods[] = {

@@ -442,19 +442,21 @@ class SpeculativeExecution:
         """The checked drafts, the proposal's evidence key and its per-draft confidence (None:
         none given)."""
         drafts, evidence, confidence, fault = [], None, None, None
-        with self._phase("draft"):
-            try:  # the checks are total: only the speculator's own code raises
-                raw = self.speculator.propose(ctx)
-                drafts, kind = validate_proposal(raw, ctx.max_tokens, self.vocab_size)
-                if drafts and not kind:
-                    evidence, kind = proposal_evidence(raw)
-                if drafts and not kind:
-                    confidence, kind = proposal_confidence(raw, len(drafts))
-                if kind:
-                    drafts, evidence, confidence = [], None, None
-                fault = (kind, "") if kind else None
-            except Exception as exc:
-                fault = (PROPOSE_RAISED, repr(exc))
+        start = self.clock()  # the "draft" phase (as _phase times it; inline: this runs every step)
+        try:  # the checks are total: only the speculator's own code raises
+            raw = self.speculator.propose(ctx)
+            drafts, kind = validate_proposal(raw, ctx.max_tokens, self.vocab_size)
+            if drafts and not kind:
+                evidence, kind = proposal_evidence(raw)
+            if drafts and not kind:
+                confidence, kind = proposal_confidence(raw, len(drafts))
+            if kind:
+                drafts, evidence, confidence = [], None, None
+            fault = (kind, "") if kind else None
+        except Exception as exc:
+            fault = (PROPOSE_RAISED, repr(exc))
+        finally:
+            self.stats.add_phase("draft", self._ms(start))
         if fault:
             self._fault(*fault)
         return drafts, evidence, confidence

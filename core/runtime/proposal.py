@@ -8,6 +8,7 @@ import itertools
 import operator
 from typing import Sequence
 
+from ..protocols import Proposal
 from .calibration import valid_confidences
 
 MAX_FAULTS = 3  # faults in one sequence before the speculator is parked for it
@@ -58,6 +59,16 @@ def proposal_confidence(raw: object, length: int) -> tuple[list[float] | None, s
     """
     if raw is None or isinstance(raw, list) and type(raw) is list:
         return None, None
+    if type(raw) is Proposal:  # its own slot, a list of floats when given (the common form)
+        values = raw.confidence
+        if values is None:
+            return None, None
+        if type(values) is list and len(values) == length:
+            for v in values:
+                if type(v) is not float or not 0.0 <= v <= 1.0:
+                    break
+            else:
+                return list(values), None
     try:
         values = getattr(raw, "confidence", None)
     except Exception:
@@ -79,6 +90,17 @@ def validate_proposal(raw: object, max_tokens: int, vocab_size: int) -> tuple[li
     """
     if raw is None:
         return [], None
+    if type(raw) is list or type(raw) is Proposal:
+        # the common forms: list's own length and iteration, so none of the proposal's code
+        # runs; ids that are plain ints in range pass here, anything else takes the checks below
+        if len(raw) > max_tokens:
+            return [], TOO_MANY
+        ids = list(raw)
+        for value in ids:
+            if type(value) is not int or not 0 <= value < vocab_size:
+                break
+        else:
+            return ids, None
     try:  # hasattr / len run the proposal's own code, which may raise anything
         if isinstance(raw, (str, bytes, dict)) or not hasattr(raw, "__len__") or not hasattr(raw, "__iter__"):
             return [], BAD_TYPE

@@ -322,6 +322,11 @@ def test_embedding_rows_only_grow_and_a_full_table_serves_a_call_of_its_own():
     own, slots = rows.slots([11, 12, 3])  # two new ids, one slot left: this call's own table
     assert own is not shared and slots == [0, 1, 2] and torch.equal(own, table[[11, 12, 3]])
     assert torch.equal(shared[:3], before) and torch.equal(rows([9, 3, 7]), table[[9, 3, 7]])
+    # the native call's form: the shared table's address and rows, or a table of the call's own
+    assert rows.addressed([3, 9]) == (shared.data_ptr(), 4, [1, 2], None)
+    at, count, slots, own = rows.addressed([3, 11, 12])  # two new ids, one slot left
+    assert own is not None and (at, count, slots) == (own.data_ptr(), 3, [0, 1, 2])
+    assert torch.equal(own, table[[3, 11, 12]])
 
 
 @needs_kernels
@@ -406,3 +411,201 @@ def test_switches_one_call_and_thread_choice_off_draft_the_same_bits(monkeypatch
     a = default.draft_catch_up_and_step(tokens, rows, 5, compact=True)
     b = switched.draft_catch_up_and_step(tokens, rows, 5, compact=True)
     assert torch.equal(a[0], b[0]) and torch.equal(a[1], b[1])
+
+
+# -- the gate inside the head's native call (head_forward's gate operands, draft_gated) -------
+@needs_kernels
+@pytest.mark.parametrize("seed", [0, 3])
+def test_gate_in_the_native_call_equals_head_forward_then_top1_topk_bit_for_bit(seed):
+    """``head_forward(..., gate_n, gate_k)`` writes the same output row and logits as without
+    the gate operands, and returns what ``top1_topk`` returns on logits[:gate_n]."""
+    _, fast = _heads(seed)
+    eng = fast._native
+    eng.ensure(8, 64)
+    k = eng._k
+    h = _rows(3, seed + 1)  # [3, H]
+    table = eng.embeddings.slots([4, 9, 17])[0]
+    slots = eng.embeddings.slots([4, 9, 17])[1]
+    for gate_n, gate_k in ((K, 10), (K - 5, 10), (1, 10), (K, 1), (7, 64)):
+        kc, vc = eng._kc.clone(), eng._vc.clone()  # each call writes the same rows from slot 2
+        outs = []
+        for gated in (False, True):
+            eng._kc.copy_(kc)
+            eng._vc.copy_(vc)
+            out, logits = torch.empty(H), torch.empty(K)
+            extra = (gate_n, gate_k) if gated else ()
+            res = k.head_forward(eng._desc, table.data_ptr(), table.shape[0], slots, h.data_ptr(), 2,
+                                 eng._kc.data_ptr(), eng._vc.data_ptr(), eng.capacity, eng._rope_from(0, 5), 1,
+                                 out.data_ptr(), logits.data_ptr(), *extra)
+            outs.append((res, out, logits, eng._kc.clone()))
+        (none, out_a, logits_a, kc_a), (gate, out_b, logits_b, kc_b) = outs
+        assert none is None and torch.equal(out_a, out_b) and torch.equal(logits_a, logits_b) and torch.equal(kc_a, kc_b)
+        want = k.top1_topk(logits_a.data_ptr(), gate_n, gate_k)
+        assert gate == want and isinstance(gate[0], int) and 0 <= gate[0] < gate_n
+        # the last row's predecessor read from an address of its own (h_last): the same bits
+        eng._kc.copy_(kc)
+        eng._vc.copy_(vc)
+        apart = h[2].clone()
+        out_c, logits_c = torch.empty(H), torch.empty(K)
+        res = k.head_forward(eng._desc, table.data_ptr(), table.shape[0], slots, h[:2].contiguous().data_ptr(), 2,
+                             eng._kc.data_ptr(), eng._vc.data_ptr(), eng.capacity, eng._rope_from(0, 5), 1,
+                             out_c.data_ptr(), logits_c.data_ptr(), gate_n, gate_k, apart.data_ptr())
+        assert res == gate and torch.equal(out_c, out_a) and torch.equal(logits_c, logits_a)
+        assert torch.equal(eng._kc, kc_a)
+
+
+@needs_kernels
+def test_head_forward_rejects_bad_gate_operands():
+    _, fast = _heads(4)
+    eng = fast._native
+    eng.ensure(4, 64)
+    h = _rows(1, 1)
+    out, logits = torch.empty(H), torch.empty(K)
+    table, slots = eng.embeddings.slots([1])
+    args = [eng._desc, table.data_ptr(), table.shape[0], slots, h.data_ptr(), 0, eng._kc.data_ptr(),
+            eng._vc.data_ptr(), eng.capacity, eng._rope_from(0, 1), 1, out.data_ptr(), logits.data_ptr()]
+    assert eng._k.head_forward(*args, 0, 0) is None  # gate_k 0: no gate
+    for gate_n, gate_k in ((0, 10), (K + 1, 10), (K, 65), (K, -1)):
+        with pytest.raises(ValueError, match="gate"):
+            eng._k.head_forward(*args, gate_n, gate_k)
+    with pytest.raises(ValueError, match="gate"):  # a gate needs the logits
+        eng._k.head_forward(*args[:12], 0, K, 10)
+    no_rows = list(args)
+    no_rows[4] = 0
+    with pytest.raises(ValueError):  # no rows at all
+        eng._k.head_forward(*no_rows)
+    assert eng._k.head_forward(*no_rows, K, 10, h[0].data_ptr()) is not None  # one row, read from h_last
+    two = list(no_rows)
+    two[3] = slots * 2
+    with pytest.raises(ValueError):  # two rows need h for the first
+        eng._k.head_forward(*two, K, 10, h[0].data_ptr())
+
+
+@needs_kernels
+@pytest.mark.parametrize("seed", [1, 5])
+@pytest.mark.parametrize("engine", ["native", "torch"])
+@pytest.mark.parametrize("form", ["rows", "last"])
+def test_draft_gated_equals_the_compact_step_and_the_gate_bit_for_bit(seed, engine, form):
+    """``draft_gated`` (on the kernels: one native call, the gate inside, output rows in the
+    head's buffers; on the torch engine: the two calls) against
+    ``draft_catch_up_and_step(compact=True)`` + ``top1_over_topk`` on another head over the
+    same module: a fused catch-up, chained steps on the returned row, a rewind, a gap, a cut
+    under K, a call from position 0. ``form`` "last": the last row passed apart, the others
+    as the leading rows of a longer buffer (None for one row)."""
+    from tsspec_draft_head.confidence import top1_over_topk
+
+    module = _module(seed)
+    table = torch.randn(V, H, generator=torch.Generator().manual_seed(seed + 50))
+    want_head, got_head = NextNFileHead(module, _Target(table)), NextNFileHead(module, _Target(table))
+    for head in (want_head, got_head):
+        assert head.use_native(engine == "native") == (engine == "native")
+    tokens = torch.randint(V, (40,), generator=torch.Generator().manual_seed(seed)).tolist()
+    rows = _rows(40, seed + 2)
+    calls = [(0, 5, K), (5, 1, K), (6, 1, K - 3), (7, 1, K), (5, 3, K), (20, 2, K), (22, 1, 1)]  # (start, rows, cut)
+    chained = {}  # position -> (the reference's output row, draft_gated's) of the call before it
+    for start, n, cut in calls:
+        h_want = h_got = rows[start : start + n]
+        if n == 1 and start in chained:  # chain the row the previous call returned, as the speculator does
+            h_want, h_got = (row.reshape(1, -1) for row in chained[start])
+        logits, out = want_head.draft_catch_up_and_step(tokens[start : start + n], h_want, start, compact=True)
+        want = top1_over_topk(logits[:cut])
+        if form == "rows":
+            index, probability, last = got_head.draft_gated(tokens[start : start + n], h_got, start, cut)
+        else:
+            buffer = None if n == 1 else torch.cat([h_got[: n - 1], torch.full((3, H), float("nan"))])  # [n + 2, H]
+            index, probability, last = got_head.draft_gated(tokens[start : start + n], buffer, start, cut,
+                                                            last=h_got[n - 1].clone())
+        assert (index, probability) == want and torch.equal(last, out)
+        assert (got_head.base, got_head.end) == (want_head.base, want_head.end)
+        chained[start + n] = (out, last)
+    assert got_head.counts.calls == want_head.counts.calls == len(calls)
+
+
+@needs_kernels
+def test_draft_gated_takes_the_reference_gate_where_the_kernel_leaves_it(monkeypatch):
+    """NaN logits: the kernel's gate returns None and the head gives the torch gate's answer."""
+    from tsspec_draft_head.confidence import top1_over_topk_torch
+
+    _, fast = _heads(2)
+    fast._native._head_norm.fill_(float("nan"))  # the engine's own copy (not the module's)
+    index, probability, _ = fast.draft_gated([3, 4], _rows(2, 0), 3, K)
+    logits = fast._native._gate_logits
+    assert torch.isnan(logits).all()
+    assert (index, probability != probability) == (top1_over_topk_torch(logits)[0], True)
+
+
+class _WithoutGatedCall:
+    """A NextN head without ``draft_gated``: the speculator gates the logits itself."""
+
+    def __init__(self, head):
+        self._head = head
+
+    def __getattr__(self, name):
+        if name == "draft_gated":
+            raise AttributeError(name)
+        return getattr(self._head, name)
+
+
+@needs_kernels
+@pytest.mark.parametrize("engine", ["native", "torch"])
+def test_the_speculator_drafts_the_same_with_the_gate_in_the_head(engine):
+    """DraftHeadSpeculator over a head with ``draft_gated`` (the head call and the gate in one)
+    and over the same weights without it: the same drafts and confidences through fused
+    catch-ups, chains of three and a bound of 2 pending rows, and the same head calls."""
+    from tsspec.protocols import DraftContext
+    from tsspec_draft_head import DraftHeadSpeculator
+
+    module = _module(9)
+    table = torch.randn(V, H, generator=torch.Generator().manual_seed(59))
+    heads = [NextNFileHead(module, _Target(table)) for _ in range(2)]
+    for head in heads:
+        assert head.use_native(engine == "native") == (engine == "native")
+    class Recording(DraftHeadSpeculator):
+        def _keeps(self, worth, confidence, probability):
+            self.probabilities.append(probability)  # every gate's probability, kept or not
+            return super()._keeps(worth, confidence, probability)
+
+    runs = []
+    for head in (heads[0], _WithoutGatedCall(heads[1])):
+        spec = Recording(head, max_draft_tokens=3, feature_size=H, min_draft_prob=0.3, catch_up_rows=2)
+        spec.probabilities = []
+        assert spec._gated == (head is heads[0])
+        gen = torch.Generator().manual_seed(4)
+        history = torch.randint(V, (6,), generator=gen).tolist()
+        rows = _rows(80, 21)  # rows[p]: the trunk row that predicted position p + 1
+        spec.commit(history[:-1], torch.cat([torch.zeros(1, H), rows[:4]]), 0)
+        seen = []
+        for _ in range(12):
+            p = len(history) - 1
+            ctx = DraftContext(last_token=history[-1], position=p, max_tokens=3, history=tuple(history),
+                               carry_hidden=rows[p - 1], vocab_size=V - 1)  # the cut leaves out the top id
+            drafts = spec.propose(ctx)
+            seen.append(list(drafts))
+            kept = [history[-1], *drafts[: p % 3]]  # 0, 1 or 2 drafts land
+            spec.commit(kept, rows[p - 1 : p - 1 + len(kept)], p)
+            history += drafts[: p % 3] + [int(torch.randint(V - 1, (1,), generator=gen))]
+        runs.append((seen, spec.probabilities, spec.counters.head_calls, head.counts.rows))
+    assert runs[0] == runs[1]
+    lengths = [len(d) for d in runs[0][0]]
+    assert 0 in lengths and 3 in lengths and sum(lengths) > 6, lengths  # the gate stopped some chains
+
+
+@needs_kernels
+def test_rows_that_only_feed_the_cache_give_the_whole_blocks_bits():
+    """``head_forward`` runs only the block's first half (norm, QKV, RoPE, cache) on the rows
+    whose output is not wanted: the KV cache and the last row's output and logits equal the
+    per-op path's (the whole block on every row, ``layers_forward``) bit for bit, over more
+    rows than one attention slice (64) and from a past of 0 and beyond."""
+    module = _module(11)
+    table = torch.randn(V, H, generator=torch.Generator().manual_seed(61))
+    one, per_op = (NextNFileHead(module, _Target(table)) for _ in range(2))
+    tokens = torch.randint(V, (160,), generator=torch.Generator().manual_seed(12)).tolist()
+    rows = _rows(160, 13)
+    for start, n, want in ((1, 70, True), (71, 3, False), (74, 2, True), (40, 80, True)):
+        a = one._advance_native(tokens[start : start + n], rows[start : start + n], start, want_last=want)
+        out = per_op._advance(tokens[start : start + n], rows[start : start + n], start, want_last=want)
+        if want:
+            assert torch.equal(a[0], out) and torch.equal(a[1], per_op._native.logits(out))
+        filled = one.end - one.base
+        assert torch.equal(one._native._kc[:, :, :filled], per_op._native._kc[:, :, :filled])
+        assert torch.equal(one._native._vc[:, :, :filled], per_op._native._vc[:, :, :filled])

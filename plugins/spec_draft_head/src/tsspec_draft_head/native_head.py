@@ -107,6 +107,7 @@ class EmbeddingRows:
         self._embed = embed  # target.embed: ids -> [n, H]
         self._ids: dict[int, int] = {}  # token id -> row of _rows
         self._rows = torch.empty(slots, width)  # [slots, H]
+        self._address, self._size = self._rows.data_ptr(), slots  # the shared table never moves
         self._free = 0
         self._lock = threading.Lock()
 
@@ -134,6 +135,19 @@ class EmbeddingRows:
                 self._free += len(missing)
                 return self._rows, [ids[t] for t in tokens]
         return self._embed(list(tokens)).to(torch.float32).contiguous(), list(range(len(tokens)))  # [n, H]
+
+    def addressed(self, tokens: list[int]) -> tuple[int, int, list[int], torch.Tensor | None]:
+        """``slots`` for a native call: (the table's address, its rows, the slots, the table
+        when it is this call's own (keep it alive through the call), else None)."""
+        ids = self._ids
+        try:
+            return self._address, self._size, [ids[t] for t in tokens], None
+        except KeyError:
+            pass
+        table, slots = self.slots(tokens)
+        if table is self._rows:
+            return self._address, self._size, slots, None
+        return table.data_ptr(), table.shape[0], slots, table
 
     def __call__(self, tokens: list[int]) -> torch.Tensor:
         """[n, H] float32, a tensor of the caller's own."""
@@ -246,11 +260,23 @@ class NativeNextN:
         return view
 
     def release(self) -> None:
-        """Drop the KV cache and the RoPE table (they regrow on the next call)."""
+        """Drop the KV cache and the RoPE table (they regrow on the next call); the view's
+        output buffers are its own from here on."""
         cfg = self.cfg
         self._kc = torch.zeros(1, cfg.num_kv_heads, 0, cfg.head_dim)  # [1, nkv, cap, hd]
         self._vc = torch.zeros(1, cfg.num_kv_heads, 0, cfg.head_dim)
+        self._kv = (self._kc.data_ptr(), self._vc.data_ptr(), 0)  # (k, v addresses, capacity): step_gated's
         self._rope = torch.zeros(0, cfg.head_dim // 2, 2)  # [positions, hd/2, (cos, sin)]
+        self._rope_rows, self._rope_at = 0, 0  # the table's positions and address
+        self._rope_row_bytes = (cfg.head_dim // 2) * 2 * 4
+        # step_gated's outputs, written in place (no tensor made per call): the logits [K] and
+        # two output rows [2, H] taken in turn, so the row a call returns stays valid through
+        # the next call (which reads it as its predecessor row)
+        self._gate_logits = torch.empty(self._head.shape[0])  # [K]
+        self._gate_logits_at = self._gate_logits.data_ptr()
+        outs = torch.empty(2, self.H)  # [2, H]
+        self._gate_outs = [(row, row.data_ptr()) for row in outs.unbind(0)]  # each ([H], its address)
+        self._gate_turn = 0
 
     @property
     def capacity(self) -> int:
@@ -269,14 +295,16 @@ class NativeNextN:
             grown = torch.zeros(1, old.shape[1], new, old.shape[3])
             grown[:, :, :cap] = old
             setattr(self, name, grown)
+        self._kv = (self._kc.data_ptr(), self._vc.data_ptr(), new)
 
     def _rope_from(self, base: int, positions: int) -> int:
         """The address of table row ``base`` of a table covering ``positions`` positions."""
-        if positions > self._rope.shape[0]:
+        if positions > self._rope_rows:
             size = max(positions, 2 * self._rope.shape[0], 512)
             cos, sin = rope_tables(torch.arange(size), self.cfg.head_dim, self.cfg.rope_theta)  # [size, 1, hd/2]
             self._rope = torch.stack([cos[:, 0], sin[:, 0]], dim=-1).contiguous()  # [size, hd/2, 2]
-        return self._rope[base].data_ptr()
+            self._rope_rows, self._rope_at = size, self._rope.data_ptr()
+        return self._rope_at + base * self._rope_row_bytes
 
     # -- running -----------------------------------------------------------------------------
     def forward(self, tokens: list[int], h_rows: torch.Tensor, at: int, base: int, *, want_last: bool):
@@ -335,6 +363,49 @@ class NativeNextN:
         if timed:
             self.thread_choice.record(threads, time.perf_counter_ns() - start, most)
         return out, logits
+
+    def step_gated(self, tokens: list[int], h_rows: torch.Tensor | None, at: int, base: int, cut: int, top_k: int,
+                   last: torch.Tensor | None = None):
+        """``step`` with the draft-head gate in the same native call: (the index of the top-1
+        among the first ``cut`` draft-vocabulary logits, its probability over their ``top_k``
+        largest, the last row's output [H]), the index and probability bit for bit what
+        ``confidence.top1_over_topk`` gives on ``step``'s logits[:cut]. The predecessor rows:
+        ``h_rows`` [n, H]; or, with ``last`` (the last token's [H]), the other tokens' rows are
+        ``h_rows``' first n - 1 (it may hold more: a buffer; None when n is 1), read in place.
+        Both float32 and contiguous (the caller checks). Nothing is allocated: the logits stay
+        in the view's buffer, and the output row is one of two the view takes in turn, valid
+        until the call after next (so the next call may read it as its predecessor row); copy
+        it to keep it longer."""
+        n = len(tokens)
+        rows = self.embeddings
+        ids, own = rows._ids, None
+        try:  # EmbeddingRows.addressed's common case, inline: every token already in the shared table
+            table_at, table_rows, slots = rows._address, rows._size, [ids[t] for t in tokens]
+        except KeyError:
+            table_at, table_rows, slots, own = rows.addressed(tokens)
+        end = base + at + n
+        rope = self._rope_at + base * self._rope_row_bytes if end <= self._rope_rows else self._rope_from(base, end)
+        turn = self._gate_turn = 1 - self._gate_turn
+        out, out_at = self._gate_outs[turn]
+        kc, vc, cap = self._kv
+        most = torch.get_num_threads()
+        choice = self.thread_choice
+        if self.threads or choice is None:
+            threads, timed = self.threads or most, False
+        else:
+            threads, timed = choice.pick(most)
+        start = time.perf_counter_ns() if timed else 0
+        gate = self._k.head_forward(self._desc, table_at, table_rows, slots, 0 if h_rows is None else h_rows.data_ptr(),
+                                    at, kc, vc, cap, rope, threads, out_at, self._gate_logits_at, cut, top_k,
+                                    0 if last is None else last.data_ptr())
+        if timed:
+            choice.record(threads, time.perf_counter_ns() - start, most)
+        del own  # this call's own embedding table (a full shared one) lived through the call
+        if gate is None:  # a NaN or a maximum that is not finite: the reference gate decides
+            from .confidence import top1_over_topk_torch
+
+            gate = top1_over_topk_torch(self._gate_logits[:cut], top_k)
+        return gate[0], gate[1], out
 
     def logits(self, out: torch.Tensor) -> torch.Tensor:
         """Draft-vocabulary logits [K] of one output row [H]."""

@@ -37,6 +37,7 @@ from tsspec.errors import ModelLoadError
 from tsspec.protocols import DraftHeadKind, HeadCounts
 from tsspec.switches import switch_on
 
+from .confidence import GATE_TOP_K, top1_over_topk
 from .nextn_model import NextNConfig, NextNModule, rope_tables
 
 __all__ = ["ARCHITECTURE", "NATIVE_ENV", "write_nextn", "read_nextn", "NextNFileHead", "attach_nextn"]
@@ -341,6 +342,44 @@ class NextNFileHead:
             logits = torch.full((self.vocab_size,), float("-inf"))
             logits.index_copy_(0, self.m.draft_ids, small)
         return logits, last
+
+    def draft_gated(self, tokens: list[int], h_rows: torch.Tensor | None, start_pos: int, cut: int,
+                    top_k: int = GATE_TOP_K, *, last: torch.Tensor | None = None) -> tuple[int, float, torch.Tensor]:
+        """``draft_catch_up_and_step(tokens, rows, start_pos, compact=True)`` and the gate
+        (``confidence.top1_over_topk``) on its logits[:cut], in one: (the top-1's index into
+        ``draft_vocab_ids``, its probability over the top ``top_k``, the output row [H] to
+        chain), the same values bit for bit. ``tokens``: ints; ``1 <= cut <= K``. The rows:
+        ``h_rows`` [n, H]; or, with ``last`` (the last token's row [H]), the first n - 1 rows of
+        ``h_rows`` (which may be longer, e.g. a buffer; None when n is 1) then ``last``, read
+        in place. On the compiled kernels (float32 contiguous rows) it is ONE native call that
+        makes no tensor, and the output row is a buffer of the head's, valid until its call
+        after next: chain it into the next call, or copy it to keep it."""
+        n, f32 = len(tokens), torch.float32
+        with self._busy:
+            native, width = self._native, self.hidden_size
+            if native is not None and start_pos > 0 and n:
+                if last is None:
+                    fits = h_rows.shape == (n, width) and h_rows.dtype == f32 and h_rows.is_contiguous()
+                else:
+                    fits = last.dtype == f32 and last.is_contiguous() and last.numel() == width and (
+                        n == 1 or (h_rows is not None and h_rows.dim() == 2 and h_rows.shape[0] >= n - 1
+                                   and h_rows.shape[1] == width and h_rows.dtype == f32 and h_rows.is_contiguous()))
+                if fits:  # _advance_native's checks and placing, inline (this runs once a draft token)
+                    if self.base is None or start_pos < self.base or start_pos > self.end:
+                        self.base = start_pos
+                    self.end = start_pos
+                    at = start_pos - self.base
+                    if at + n > native.capacity:
+                        native.ensure(at + n, self.max_context)
+                    self.counts.add(n)
+                    gated = native.step_gated(tokens, h_rows, at, self.base, cut, top_k, last)
+                    self.end = start_pos + n
+                    return gated
+        if last is not None:
+            h_rows = last.reshape(1, -1) if n == 1 else torch.cat([h_rows[: n - 1], last.reshape(1, -1).to(h_rows.dtype)])
+        logits, out = self.draft_catch_up_and_step(tokens, h_rows, start_pos, compact=True)
+        index, probability = top1_over_topk(logits[:cut], top_k)
+        return index, probability, out
 
     def draft_block(self, last_token, h_prev, position, max_tokens):
         raise NotImplementedError("a NextN head is a per-token head: use draft_step")

@@ -51,7 +51,10 @@ ones'. It applies when the sampler's adjustments cannot change the logits: no
 ``adjust_logits``, or one that reads no preceding token (``adjust_lookback == 0``: the runtime's
 only adjustment is the repetition penalty, off then). With a penalty the compact logits are
 spread into the [vocab] vector, adjusted, and gated as before. Ids at or past the context's
-``vocab_size`` (a padded vocabulary) are never proposed in either form.
+``vocab_size`` (a padded vocabulary) are never proposed in either form. Where the gate runs on
+compact logits and the head offers ``draft_gated`` (NextN drafter files do), the head call and
+the gate are one call that returns the top-1 and its probability (the same values; on the
+compiled kernels one native call that makes no tensor).
 
 Worked example (window 3, folding on). Prefill commits tokens [a, b, c] at 0 with rows
 [0, h_a, h_b]; the head is NOT called. propose(last=d, position=3, carry=h_c) makes one fused call
@@ -79,6 +82,7 @@ DEFAULT_MIN_DRAFT_PROB = 0.75  # --spec-pmin for a per-token head (registered wi
 STEP_MS_WEIGHT = 0.2  # weight of the newest head call in the running mean of a call's ms
 DEFAULT_CATCH_UP_ROWS = 8  # newest pending rows a catch-up carries after a park (None: all)
 FOLD_ENV = "TS_MTP_FOLD_CATCHUP"
+PENDING_ROOM = 16  # rows a pending buffer starts with (the bound's 8, a verify's rows, the proposal's)
 
 
 def fold_enabled(environ: Mapping[str, str] | None = None) -> bool:
@@ -107,17 +111,76 @@ class HeadCallCounters:
         return self.steps + self.catch_ups + self.fused
 
 
-@attrs.define
 class _Pending:
-    """Committed rows not yet shown to the head (folding on): contiguous from ``start``."""
+    """Committed rows not yet shown to the head (folding on): contiguous from ``start``.
 
-    start: int
-    tokens: list[int]
-    rows: list[torch.Tensor]  # each [F]
+    The rows live in a buffer of their own (a copy: the target may reuse its output buffer),
+    one after another from row ``_lo``, so the fused head call reads them in place instead of a
+    stack made per proposal: ``leading()`` with the proposal's own row passed apart (a head's
+    ``draft_gated``), or ``rows_with`` it, written into the room kept for one more row. A buffer
+    is never reused by another ``_Pending``, so a head that keeps the rows it was handed keeps
+    what it saw."""
+
+    def __init__(self, start: int, tokens: list[int], rows: torch.Tensor):
+        self.start = int(start)
+        self.tokens = tokens
+        n = len(tokens)
+        self._buf = torch.empty(max(2 * n + 2, PENDING_ROOM), rows.shape[1], dtype=rows.dtype)  # [cap, F]
+        self._buf[:n].copy_(rows[:n])
+        self._lo = 0  # buffer row of the first pending row
 
     @property
     def end(self) -> int:
         return self.start + len(self.tokens)
+
+    @property
+    def rows(self) -> torch.Tensor:
+        """[n, F]: the pending rows (a view of the buffer)."""
+        return self._buf[self._lo : self._lo + len(self.tokens)]
+
+    def leading(self) -> torch.Tensor:
+        """[>= n, F]: rows whose first n are the pending rows (the buffer itself when they start
+        at its first row: no view is made)."""
+        return self._buf if self._lo == 0 else self._buf[self._lo :]
+
+    def rows_with(self, last: torch.Tensor) -> torch.Tensor:
+        """[n + 1, F]: the pending rows and ``last`` ([F], written into the room kept for it)."""
+        lo, n = self._lo, len(self.tokens)
+        self._buf[lo + n].copy_(last.reshape(-1))
+        return self._buf[lo : lo + n + 1]
+
+    def _room(self, more: int) -> None:
+        """Room for ``more`` rows after the last, and one spare (``rows_with``)."""
+        n, lo, cap = len(self.tokens), self._lo, self._buf.shape[0]
+        if lo + n + more + 1 <= cap:
+            return
+        if n + more + 1 <= cap // 2:  # the dropped rows' room: move the rows down
+            self._buf[:n] = self._buf[lo : lo + n].clone()
+        else:
+            grown = torch.empty(2 * (n + more + 1), self._buf.shape[1], dtype=self._buf.dtype)  # [cap', F]
+            grown[:n] = self._buf[lo : lo + n]
+            self._buf = grown
+        self._lo = 0
+
+    def append(self, token: int, row: torch.Tensor) -> None:
+        """One more row [F] at the end."""
+        self._room(1)
+        self._buf[self._lo + len(self.tokens)].copy_(row)
+        self.tokens.append(token)
+
+    def replace_from(self, keep: int, tokens: list[int], rows: torch.Tensor) -> None:
+        """Keep the first ``keep`` rows; ``tokens`` and their ``rows`` [m, F] follow them."""
+        del self.tokens[keep:]
+        self._room(len(tokens))
+        at = self._lo + keep
+        self._buf[at : at + len(tokens)].copy_(rows[: len(tokens)])
+        self.tokens.extend(tokens)
+
+    def drop(self, count: int) -> None:
+        """Forget the oldest ``count`` rows."""
+        del self.tokens[:count]
+        self._lo += count
+        self.start += count
 
 
 class DraftHeadSpeculator:
@@ -173,6 +236,9 @@ class DraftHeadSpeculator:
         self._fresh = True  # no commit since the sequence began (see commit)
         ids = getattr(head, "draft_vocab_ids", None)  # [K] ascending target ids, or None
         self._draft_ids = None if ids is None else ids.reshape(-1).to(torch.long)
+        self._draft_list = None if ids is None else self._draft_ids.tolist()  # index -> id, no tensor op
+        # the head runs the gate itself (draft_gated: head call and gate in one, see _gate_cut)
+        self._gated = ids is not None and callable(getattr(head, "draft_gated", None))
         self._cut = (None, 0)  # (vocab_size, how many draft ids lie under it), cached
 
     @property
@@ -191,11 +257,12 @@ class DraftHeadSpeculator:
         worth = None if self.fixed_gate else getattr(ctx, "worth", None)
         if worth is None:  # no governor to calibrate against: the fixed gate and chain limit
             budget = min(budget, self.chain_limit or budget)
-        logits, hidden = self._first_step(ctx.last_token, ctx.carry_hidden, ctx.position, compact)
+        cut = self._gate_cut(ctx, compact)
+        scores, hidden = self._first_step(ctx.last_token, ctx.carry_hidden, ctx.position, compact, cut)
         drafts: list[int] = []
         confidence: list[float] = []
         while True:
-            token, probability = self._gate(logits, ctx, drafts, compact)
+            token, probability = scores if cut else self._gate(scores, ctx, drafts, compact)
             if token is None or not self._keeps(worth, confidence, probability):
                 self.counters.gate_stops += 1
                 break
@@ -204,7 +271,7 @@ class DraftHeadSpeculator:
             if len(drafts) == budget or (worth is not None and not worth.extend(confidence, self.step_ms or 0.0)):
                 break
             start = time.perf_counter()
-            logits, hidden = self._step(token, hidden, ctx.position + len(drafts), compact)
+            scores, hidden = self._step(token, hidden, ctx.position + len(drafts), compact, cut)
             self._time_step((time.perf_counter() - start) * 1000.0)
         self.counters.drafted += len(drafts)
         return drafts if worth is None else Proposal(drafts, confidence=confidence)
@@ -250,6 +317,15 @@ class DraftHeadSpeculator:
             logits = ctx.adjust_logits(logits, ctx.preceding(drafts))  # no copy of history
         return top1_over_topk(logits)
 
+    def _gate_cut(self, ctx, compact: bool) -> int:
+        """How many draft ids the gate reads when the head runs it (``draft_gated``: the head
+        call and the gate in one, the same (token, probability) as ``_gate`` on its compact
+        logits); 0 where ``_gate`` runs: a head without ``draft_gated``, full-vocabulary
+        logits, a sampler adjustment to apply, or no draft id under the vocabulary."""
+        if not (compact and self._gated) or (ctx.adjust_logits is not None and ctx.adjust_lookback != 0):
+            return 0
+        return self._ids_under(ctx.vocab_size)
+
     def _ids_under(self, vocab_size: int) -> int:
         """How many of the (ascending) draft ids lie under ``vocab_size`` (0: no limit)."""
         if self._cut[0] != vocab_size:
@@ -258,17 +334,24 @@ class DraftHeadSpeculator:
             self._cut = (vocab_size, count)
         return self._cut[1]
 
-    def _first_step(self, token: int, h_prev: torch.Tensor, position: int, compact: bool = False):
-        """The chain's first head call; with folding it also carries the pending catch-up."""
+    def _first_step(self, token: int, h_prev: torch.Tensor, position: int, compact: bool = False, cut: int = 0):
+        """The chain's first head call; with folding it also carries the pending catch-up.
+        Returns (logits, hidden), or ((token, probability), hidden) with a ``cut`` (the gate
+        run by the head, ``_gate_cut``)."""
         pending = self._pending
         if pending is not None and not (self.fold_catch_up and pending.end == position):
             self._flush()  # unfolded, or pending rows that do not lead up to `position`
             pending = None
         if pending is None:
-            return self._step(token, h_prev, position, compact)
-        rows = torch.stack([*pending.rows, h_prev.reshape(-1)])  # [n + 1, F]
+            return self._step(token, h_prev, position, compact, cut)
         self.counters.fused += 1
         tokens = [*pending.tokens, int(token)]
+        if cut:  # the pending rows read in place, h_prev after them
+            index, probability, hidden = self.head.draft_gated(tokens, pending.leading(), pending.start, cut,
+                                                               last=h_prev)
+            self._pending = None  # only once the head has them: a failed call is retried whole
+            return (self._draft_list[index], probability), hidden
+        rows = pending.rows_with(h_prev)  # [n + 1, F]
         if compact:
             out = self.head.draft_catch_up_and_step(tokens, rows, pending.start, compact=True)
         else:
@@ -276,8 +359,11 @@ class DraftHeadSpeculator:
         self._pending = None  # only once the head has them: a failed call is retried whole
         return out
 
-    def _step(self, token: int, h_prev: torch.Tensor, position: int, compact: bool = False):
+    def _step(self, token: int, h_prev: torch.Tensor, position: int, compact: bool = False, cut: int = 0):
         self.counters.steps += 1
+        if cut:
+            index, probability, hidden = self.head.draft_gated([int(token)], None, position, cut, last=h_prev)
+            return (self._draft_list[index], probability), hidden
         if compact:
             return self.head.draft_step(int(token), h_prev, position, compact=True)
         return self.head.draft_step(int(token), h_prev, position)
@@ -292,12 +378,10 @@ class DraftHeadSpeculator:
                 and start_pos == pending.end and hidden_rows.shape[0] >= 1):
             # the common commit (every plain step, parked or not): one row appended, kept lean
             # as it runs after every forward (a copy: the target may reuse its output buffer)
-            pending.tokens.append(int(tokens[0]))
-            pending.rows.append(hidden_rows[0].clone())  # [F]
+            pending.append(int(tokens[0]), hidden_rows[0])  # [F]
             limit = self._keep_rows
             if limit is not None and len(pending.tokens) > limit:
-                del pending.tokens[0], pending.rows[0]
-                pending.start += 1
+                pending.drop(1)
                 self.counters.skipped_rows += 1
             return
         tokens = [int(t) for t in tokens]
@@ -345,13 +429,11 @@ class DraftHeadSpeculator:
                 pending = self._pending = None
             tokens, hidden_rows, start_pos = tokens[drop:], hidden_rows[drop:], int(start_pos) + drop
             self.counters.skipped_rows += drop
-        # kept until the next proposal: a copy, in case the target reuses its output buffer
-        rows = list(hidden_rows.detach().clone().unbind(0))  # each [F]
+        # kept until the next proposal: copied into the pending buffer (the target may reuse
+        # its output buffer)
+        rows = hidden_rows.detach()  # [n, F]
         if pending is not None:
-            keep = start_pos - pending.start  # overlap: the newer rows win
-            del pending.tokens[keep:], pending.rows[keep:]
-            pending.tokens.extend(tokens)
-            pending.rows.extend(rows)
+            pending.replace_from(start_pos - pending.start, tokens, rows)  # overlap: the newer rows win
         else:
             self._pending = _Pending(int(start_pos), tokens, rows)
         self._bound()
@@ -362,8 +444,7 @@ class DraftHeadSpeculator:
         if pending is None or limit is None or len(pending.tokens) <= limit:
             return
         drop = len(pending.tokens) - limit
-        del pending.tokens[:drop], pending.rows[:drop]
-        pending.start += drop
+        pending.drop(drop)
         self.counters.skipped_rows += drop
 
     def _flush(self) -> None:
@@ -372,7 +453,7 @@ class DraftHeadSpeculator:
         if pending is None:
             return
         self.counters.catch_ups += 1
-        self.head.draft_catch_up(pending.tokens, torch.stack(pending.rows), pending.start)
+        self.head.draft_catch_up(pending.tokens, pending.rows, pending.start)
 
     # -- lifecycle ---------------------------------------------------------------------------
     def reset(self) -> None:
