@@ -5,9 +5,9 @@ Drafters and the cost governor read a target's optional ``spec_verify_row_ms``: 
 decide behaviour on another, so the target measures its own on first use, with the toolkit's
 ``tsspec.modeling.row_timing`` (each width over the one-row forward of its own round, order
 alternating, a warm-up round, medians over its ``ROUNDS`` rounds; monotone by construction), at
-``CONTEXT`` cached tokens (more when the cache already holds more): a verify's extra rows attend
-to every cached token, so a profile timed on an empty cache understates a second row's cost, and
-a few hundred tokens is where a typical request's verifies run (a prompt and part of its answer).
+``CONTEXT`` cached tokens (more when the cache already holds more): a verify's rows attend to
+every cached token, so the cost by rows moves with the context, and a few hundred tokens is where
+a typical request's verifies run (a prompt and part of its answer).
 The result is cached on disk per file and machine (the weight cache's directory; off when that
 cache is off), so a second process on the same machine pays nothing.
 """
@@ -22,8 +22,8 @@ import platform
 from pathlib import Path
 from typing import Callable
 
+from tsspec.cost_shape import parse_cost_shape
 from tsspec.modeling.cache import cache_dir
-from tsspec.modeling.row_timing import monotone
 
 log = logging.getLogger("tsspec.llama")
 
@@ -76,7 +76,7 @@ def cached(path: str | None, tag: str, measure: Callable[[], RowCost]) -> RowCos
     if entry is not None and entry.is_file():
         try:
             pairs = tuple((int(r), float(ms)) for r, ms in json.loads(entry.read_text()))
-            if pairs and pairs[0][0] == 1 and monotone(pairs) == pairs:
+            if parse_cost_shape(pairs) == pairs:  # a profile the runtime would use, as written
                 return pairs
         except (OSError, ValueError, TypeError):
             pass  # unreadable: measure again
