@@ -11,7 +11,9 @@ __all__ = ["parse_cost_shape", "rows_cost"]
 
 def parse_cost_shape(value) -> tuple[tuple[int, float], ...] | None:
     """A target's forward cost by rows, ``((rows, ms), ..)`` from 1 row up, as a cost shape; None
-    for anything else (a missing, malformed or non-increasing profile is simply not used)."""
+    for anything else: a missing or malformed profile, and one that is not increasing (a point
+    that costs less than one of fewer rows, or the widest no more than one row: a measurement
+    noise decided) is simply not used."""
     if value is None:
         return None
     try:
@@ -21,6 +23,8 @@ def parse_cost_shape(value) -> tuple[tuple[int, float], ...] | None:
     if len(pairs) < 2 or pairs[0][0] != 1 or any(ms <= 0 or ms != ms for _, ms in pairs):
         return None
     if len({r for r, _ in pairs}) != len(pairs):
+        return None
+    if any(b < a for (_, a), (_, b) in zip(pairs, pairs[1:])) or pairs[-1][1] <= pairs[0][1]:
         return None
     return pairs
 

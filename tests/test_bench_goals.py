@@ -101,3 +101,12 @@ def test_goals_and_paired_peers_in_one_run(monkeypatch, cases, fake_llama_env):
         assert "- int8 multiply-add peak" in section and "measured with --dtype int8: 1 row" in section
     data = report.to_json()
     assert len(data["goals"]["rows"]) == 7 and data["goals"]["measured"]["prefill"]["tokens"] == 40
+
+
+def test_verify_cost_is_timed_by_the_shared_row_measurer():
+    """Goal 1's ratio comes from tsspec.modeling.row_timing: paired per round, never below 1."""
+    target = load_model("toy")
+    out = goals.verify_cost(target, list(range(3, 40)), context=20, rows=9, reps=3)
+    assert out["context"] == 20 and out["rows"] == 9 and out["reps"] == 3 and out["ratio"] >= 1.0
+    assert out["rows_ms"] == pytest.approx(out["one_row_ms"] * out["ratio"])
+    assert target.cache_seq_len == 0  # left as a fresh sequence

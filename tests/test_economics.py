@@ -209,8 +209,13 @@ def test_a_cost_shape_prices_every_length_from_the_median_step():
     late.record_plain(5.0)
     late.set_cost_shape(shape)
     assert late.cost(8) == pytest.approx(20.0)
-    for bad in (None, "1:2", ((2, 5.0), (4, 6.0)), ((1, 5.0),), ((1, 5.0), (2, -1.0)), ((1, 5.0), (1, 6.0))):
+    for bad in (None, "1:2", ((2, 5.0), (4, 6.0)), ((1, 5.0),), ((1, 5.0), (2, -1.0)), ((1, 5.0), (1, 6.0)),
+                ((1, 26.2), (2, 23.5), (3, 30.8))):  # 1 row dearer than 2: timed while another job ran
         assert parse_cost_shape(bad) is None
+    noisy = DraftEconomics(cost_shape=((1, 26.2), (2, 23.5), (3, 30.8)))  # not used: each length's own mean
+    noisy.record_plain(5.0)
+    noisy.record_draft(3, 3, 400.0)
+    assert noisy.cost(3) == 400.0
 
 
 def test_generate_gives_the_governor_the_targets_measured_cost_by_rows(monkeypatch):

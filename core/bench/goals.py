@@ -21,6 +21,7 @@ from typing import Callable, Sequence
 import attrs
 
 from ..errors import TsspecError
+from ..modeling.row_timing import time_rows
 
 VERIFY_CONTEXT, VERIFY_ROWS, VERIFY_REPS = 500, 9, 9
 PREFILL_TOKENS, PREFILL_REPS = 1000, 3
@@ -46,23 +47,19 @@ def _forward(target, tokens, all_rows: bool) -> None:
 def verify_cost(target, stream: Sequence[int], *, context: int = VERIFY_CONTEXT, rows: int = VERIFY_ROWS,
                 reps: int = VERIFY_REPS) -> dict:
     """Milliseconds of a 1-row and a ``rows``-row forward (all rows' logits, as a verify) after
-    ``context`` tokens, alternating; the ratio is the median of per-round ratios."""
+    ``context`` tokens, timed by ``tsspec.modeling.row_timing`` (alternating, the ratio the median
+    of per-round ratios; ``rows_ms`` the 1-row median times that ratio)."""
     target.spec_rewind_cache(0)
     _forward(target, list(stream[:context]), False)
     new = list(stream[context:context + rows])
-    times: dict[int, list[float]] = {1: [], rows: []}
-    for rep in range(-1, reps):
-        for r in (1, rows):
-            start = time.perf_counter()
-            _forward(target, new[:r], True)
-            elapsed = time.perf_counter() - start
-            target.spec_rewind_cache(context)
-            if rep >= 0:
-                times[r].append(elapsed * 1e3)
-    ratios = [b / a for a, b in zip(times[1], times[rows])]
-    target.spec_rewind_cache(0)
-    return {"context": context, "rows": rows, "reps": reps, "one_row_ms": statistics.median(times[1]),
-            "rows_ms": statistics.median(times[rows]), "ratio": statistics.median(ratios)}
+    try:
+        timing = time_rows(lambda r: _forward(target, new[:r], True), (rows,), rounds=reps,
+                           reset=lambda: target.spec_rewind_cache(context))
+    finally:
+        target.spec_rewind_cache(0)
+    ratio = dict(timing.ratios)[rows]
+    return {"context": context, "rows": rows, "reps": reps, "one_row_ms": timing.one_row_ms,
+            "rows_ms": timing.one_row_ms * ratio, "ratio": ratio}
 
 
 def prefill_pairs(target, peers: dict, stream: Sequence[int], *, reps: int = PREFILL_REPS,

@@ -569,14 +569,14 @@ def _source_text(report: BenchReport, source: str) -> str:
         rc = report.meta.get("row_cost") or {}
         return (f"the bench's own timing after its runs (forwards of 1 to {report.meta['settings']['window'] + 1} rows "
                 f"after {rc.get('context')} tokens of its prompts, alternating, each over the 1-row forward of its "
-                f"round, the median of {rc.get('rounds')} rounds; 1 row {_fmt(rc.get('one_row_ms'))} ms)")
+                f"round, the median of {rc.get('rounds')} rounds, monotone; 1 row {_fmt(rc.get('one_row_ms'))} ms)")
     if source == STEPS_SOURCE:
         measured = ", ".join(str(r) for r in (1, *loop_verify_cost(report)))
         return ("the loop's own steps (an oracle run's verify phase per step with the governor off over the plain "
                 "phase per step of the plain run of its prompt and round, the median over those pairs, overhead "
                 f"included; measured at {measured} rows, linear between them)")
     return ("the target's own profile (`spec_verify_row_ms`, what the runtime prices drafts by: a bare forward "
-            "timed in a few passes when first read, then cached per file and machine)")
+            "timed when first read, paired per round like the bench's own timing, then cached per file and machine)")
 
 
 def _needs_section(report: BenchReport) -> list[str]:

@@ -1,23 +1,23 @@
 """The target's verify cost by rows, measured again inside the bench run.
 
 What a drafter needs turns on what a verify of k + 1 rows costs next to a one-row step, here and
-now. The target's own profile (``spec_verify_row_ms``) is measured once, in a few passes, and
-cached per file and machine, so one busy moment of a shared machine stays in it; the loop's steps
-pair runs that happen seconds apart. So the bench measures the shape once more, tight and
-paired: after ``context`` tokens of the run's own prompts, forwards of 1, 2, ... rows (every
-row's logits, as a verify) alternate, the order reversed every other round, the cache rewound
-after each; each width's time over the 1-row forward of the same round, the median over rounds.
-A second or so of forwards; targets whose state is not all in the KV cache (recurrent layers
-cannot be rewound to a length) are not measured.
+now. The target's own profile (``spec_verify_row_ms``) is measured once, at its own context, and
+cached per file and machine, so the machine's state at that moment stays in it; the loop's steps
+pair runs that happen seconds apart. So the bench measures the shape once more, in this run, at
+this run's context: after ``context`` tokens of the run's own prompts, forwards of 1, 2, ... rows (every
+row's logits, as a verify) timed by the toolkit's ``tsspec.modeling.row_timing`` (the same
+measurer as the llama target's profile: each width over the 1-row forward of the same round,
+order alternating, the median over rounds, monotone), the cache rewound after each. A second or
+so of forwards; targets whose state is not all in the KV cache (recurrent layers cannot be
+rewound to a length) are not measured.
 """
 
 from __future__ import annotations
 
 import statistics
-import time
 from typing import Sequence
 
-ROUNDS = 9  # timed rounds after one untimed warm-up round
+from ..modeling.row_timing import ROUNDS, time_rows
 
 
 def bench_context(cases) -> int:
@@ -51,19 +51,10 @@ def measure_row_costs(target, stream: Sequence[int], widths: Sequence[int], *, c
     if ensure is not None:
         ensure(context + widest)
     target.spec_forward([int(t) for t in stream[:context]], all_logits_rows=False, want_hidden=False)
-    times: dict[int, list[float]] = {w: [] for w in ordered}
     try:
-        for round_ in range(-1, rounds):
-            for w in (ordered if round_ % 2 == 0 else reversed(ordered)):
-                start = time.perf_counter()
-                target.spec_forward(new[:w], all_logits_rows=True, want_hidden=False)
-                elapsed = (time.perf_counter() - start) * 1e3
-                target.spec_rewind_cache(context)
-                if round_ >= 0:
-                    times[w].append(elapsed)
+        timing = time_rows(lambda w: target.spec_forward(new[:w], all_logits_rows=True, want_hidden=False),
+                           ordered, rounds=rounds, reset=lambda: target.spec_rewind_cache(context))
     finally:
         target.spec_rewind_cache(0)
-    one = times[1]
-    return {"context": context, "rounds": rounds, "one_row_ms": statistics.median(one),
-            "cost": {w: statistics.median(b / max(a, 1e-9) for a, b in zip(one, times[w]))
-                     for w in ordered if w > 1}}
+    return {"context": context, "rounds": rounds, "one_row_ms": timing.one_row_ms,
+            "cost": {w: c for w, c in timing.ratios if w > 1}}

@@ -13,6 +13,8 @@ changelog entry in docs/plugins.md. This package re-exports nothing, so importin
 * ``attention`` / ``rowops`` / ``native`` -- row-invariant CPU kernels and whether they are built.
 * ``cache`` -- ``WeightCache``: prepared weights kept on disk so a second load takes seconds;
   ``join_block_matrices`` joins the flat block tensors of a cache entry into ``BlockMatrix``es.
+* ``row_timing`` -- ``time_rows``: a forward's cost by rows, each width timed over the one-row
+  forward of its own round (medians, monotone); a target's ``spec_verify_row_ms`` measured so.
 * ``tokenizer`` / ``chat_template`` -- the tokenizer and chat template a GGUF describes.
 * ``embedded`` -- where the embedded default model (SmolLM2-135M-Instruct) is installed.
 """
@@ -27,6 +29,7 @@ __all__ = [
     "gguf_writer",
     "native",
     "qlinear",
+    "row_timing",
     "rowops",
     "tokenizer",
 ]

@@ -1,21 +1,22 @@
 """The forward's cost by rows is measured by the target on this machine, not a constant from
-another: measured once, cached per file and machine, and left out where it is not measured."""
+another: measured once (tsspec.modeling.row_timing, at a realistic context), cached per file and
+machine, and left out where it is not measured."""
 
 from __future__ import annotations
 
+import json
+
 from tsspec_model_llama import row_cost
 
+PROFILE = ((1, 5.0), (2, 5.5), (4, 7.0))
 
-def test_measure_takes_medians_per_row_count_with_a_fake_clock():
-    ticks = iter(range(10_000))
-    calls = []
 
-    def forward(n):
-        calls.append(n)
+def _measure(calls):
+    def measure():
+        calls.append(1)
+        return PROFILE
 
-    profile = row_cost.measure(forward, rows=(1, 2, 4), reps=3, clock=lambda: next(ticks) * 0.001)
-    assert [r for r, _ in profile] == [1, 2, 4] and all(ms == 1.0 for _, ms in profile)
-    assert calls == [1, 2, 4] + [1, 2, 4] + [4, 2, 1] + [1, 2, 4]  # warm-up, then alternating order
+    return measure
 
 
 def test_profile_is_cached_per_file_and_machine(tmp_path, monkeypatch):
@@ -23,16 +24,35 @@ def test_profile_is_cached_per_file_and_machine(tmp_path, monkeypatch):
     model = tmp_path / "m.gguf"
     model.write_bytes(b"x")
     calls = []
-    first = row_cost.cached(str(model), "tag", lambda n: calls.append(n))
-    assert calls and [r for r, _ in first] == list(row_cost.ROWS)
+    first = row_cost.cached(str(model), "tag", _measure(calls))
+    assert calls and first == PROFILE
     calls.clear()
-    assert row_cost.cached(str(model), "tag", lambda n: calls.append(n)) == first and calls == []
-    row_cost.cached(str(model), "other-layout", lambda n: calls.append(n))
+    assert row_cost.cached(str(model), "tag", _measure(calls)) == first and calls == []
+    row_cost.cached(str(model), "other-layout", _measure(calls))
     assert calls  # another key measures again
     monkeypatch.setattr(row_cost, "machine_key", lambda: "another machine")
     calls.clear()
-    row_cost.cached(str(model), "tag", lambda n: calls.append(n))
+    row_cost.cached(str(model), "tag", _measure(calls))
     assert calls
+
+
+def test_a_profile_of_an_older_format_or_where_more_rows_cost_less_is_measured_again(tmp_path, monkeypatch):
+    """Format 1's three unpaired passes left noisy profiles (1 row dearer than 2) in the cache."""
+    monkeypatch.setenv("TSSPEC_CACHE_DIR", str(tmp_path / "cache"))
+    model = tmp_path / "m.gguf"
+    model.write_bytes(b"x")
+    monkeypatch.setattr(row_cost, "FORMAT", 1)
+    old = row_cost._entry(str(model), "tag")
+    old.parent.mkdir(parents=True)
+    old.write_text(json.dumps([[1, 9.0], [2, 9.9]]))
+    monkeypatch.setattr(row_cost, "FORMAT", 2)
+    calls = []
+    assert row_cost.cached(str(model), "tag", _measure(calls)) == PROFILE and calls  # not read
+    entry = row_cost._entry(str(model), "tag")
+    entry.write_text(json.dumps([[1, 26.2], [2, 23.5], [3, 30.8]]))
+    calls.clear()
+    assert row_cost.cached(str(model), "tag", _measure(calls)) == PROFILE and calls  # not trusted
+    assert json.loads(entry.read_text()) == [list(p) for p in PROFILE]  # and replaced
 
 
 def test_embedded_target_measures_its_own_block_path(embedded_target):
@@ -43,8 +63,33 @@ def test_embedded_target_measures_its_own_block_path(embedded_target):
     before = target.cache_seq_len
     profile = target.spec_verify_row_ms
     assert [r for r, _ in profile] == list(row_cost.ROWS) and all(ms > 0 for _, ms in profile)
+    assert all(b >= a for (_, a), (_, b) in zip(profile, profile[1:]))  # monotone
     assert target.cache_seq_len == before  # the calibration rows were dropped again
     assert target.spec_verify_row_ms is profile  # measured once
+
+
+def test_embedded_target_times_its_rows_after_the_context_and_leaves_its_state(embedded_target, monkeypatch):
+    target = embedded_target
+    if not (target.block_weights and target._kernels is not None):
+        return
+    target.reset()
+    target.spec_forward([1, 2, 3], all_logits_rows=False, want_hidden=False)
+    target.spec_keep(3)
+    last = target._last_forward
+    starts = []
+    real = target.spec_forward
+
+    def spy(tokens, **kw):
+        starts.append((target.cache_seq_len, len(tokens)))
+        return real(tokens, **kw)
+
+    monkeypatch.setattr(target, "spec_forward", spy)
+    profile = target._measure_row_cost(40, (1, 2, 4))
+    assert [r for r, _ in profile] == [1, 2, 4]
+    assert starts[0] == (3, 37)  # filler from the cached tokens up to the context
+    assert {s for s, _ in starts[1:]} == {40} and len(starts) == 1 + 3 * (1 + 9)  # every timed row after it
+    assert target.cache_seq_len == 3 and target._last_forward == last  # spec_keep's state as it was
+    target.reset()
 
 
 def test_profile_is_measured_again_for_another_kernel_build(tmp_path, monkeypatch):
@@ -53,8 +98,8 @@ def test_profile_is_measured_again_for_another_kernel_build(tmp_path, monkeypatc
     model = tmp_path / "m.gguf"
     model.write_bytes(b"x")
     calls = []
-    row_cost.cached(str(model), "tag", lambda n: calls.append(n))
+    row_cost.cached(str(model), "tag", _measure(calls))
     calls.clear()
     monkeypatch.setattr(row_cost, "kernel_build", lambda: "a rebuilt kernel")
-    row_cost.cached(str(model), "tag", lambda n: calls.append(n))
+    row_cost.cached(str(model), "tag", _measure(calls))
     assert calls

@@ -1,10 +1,13 @@
 """The forward's cost by rows, measured by the target itself on the machine it runs on.
 
-Drafters that size drafts against cost (the ngram plugin's ``value`` policy) read a target's
-optional ``spec_verify_row_ms``: ``((rows, ms), ...)`` from 1 row up, of which only the shape
-matters. A profile measured on one machine must not decide behaviour on another, so the target
-measures its own on first use: a warm-up pass, then ``REPS`` passes over ``ROWS`` (the order
-reversed on every other pass, so drift does not favour any row count), the median per row count.
+Drafters and the cost governor read a target's optional ``spec_verify_row_ms``: ``((rows, ms),
+...)`` from 1 row up, of which only the shape matters. A profile measured on one machine must not
+decide behaviour on another, so the target measures its own on first use, with the toolkit's
+``tsspec.modeling.row_timing`` (each width over the one-row forward of its own round, order
+alternating, a warm-up round, medians over its ``ROUNDS`` rounds; monotone by construction), at
+``CONTEXT`` cached tokens (more when the cache already holds more): a verify's rows attend to
+every cached token, so the cost by rows moves with the context, and a few hundred tokens is where
+a typical request's verifies run (a prompt and part of its answer).
 The result is cached on disk per file and machine (the weight cache's directory; off when that
 cache is off), so a second process on the same machine pays nothing.
 """
@@ -16,34 +19,20 @@ import json
 import logging
 import os
 import platform
-import statistics
-import time
 from pathlib import Path
-from typing import Callable, Sequence
+from typing import Callable
 
+from tsspec.cost_shape import parse_cost_shape
 from tsspec.modeling.cache import cache_dir
 
 log = logging.getLogger("tsspec.llama")
 
-ROWS = (1, 2, 3, 4, 5, 8, 9, 12, 16)  # verify widths drafters choose between (1 = a plain step)
-REPS = 3
-FORMAT = 1
+ROWS = (1, 2, 3, 4, 5, 8, 9, 16)  # verify widths drafters choose between (1 = a plain step; 12 is interpolated)
+CONTEXT = 256  # cached tokens the widths are timed after (see the module docstring)
+# 2: paired rounds at CONTEXT tokens, monotone (1: three unpaired passes at whatever was cached)
+FORMAT = 2
 
 RowCost = tuple[tuple[int, float], ...]
-
-
-def measure(forward: Callable[[int], None], rows: Sequence[int] = ROWS, reps: int = REPS,
-            clock: Callable[[], float] = time.perf_counter) -> RowCost:
-    """Median milliseconds of ``forward(n)`` for each n in ``rows``."""
-    samples: dict[int, list[float]] = {n: [] for n in rows}
-    for n in rows:  # warm-up: first calls pay for allocation and page faults
-        forward(n)
-    for rep in range(reps):
-        for n in (rows if rep % 2 == 0 else tuple(reversed(rows))):
-            t0 = clock()
-            forward(n)
-            samples[n].append((clock() - t0) * 1000.0)
-    return tuple((n, round(statistics.median(samples[n]), 3)) for n in rows)
 
 
 def machine_key() -> str:
@@ -81,17 +70,17 @@ def _entry(path: str, tag: str) -> Path | None:
     return root / "row-cost" / (hashlib.sha256(ident.encode()).hexdigest()[:32] + ".json")
 
 
-def cached(path: str | None, tag: str, forward: Callable[[int], None]) -> RowCost:
-    """The profile for this file and machine: read from the cache, else measured and stored."""
+def cached(path: str | None, tag: str, measure: Callable[[], RowCost]) -> RowCost:
+    """The profile for this file and machine: read from the cache, else ``measure()`` and stored."""
     entry = _entry(path, tag) if path else None
     if entry is not None and entry.is_file():
         try:
             pairs = tuple((int(r), float(ms)) for r, ms in json.loads(entry.read_text()))
-            if pairs and pairs[0][0] == 1:
+            if parse_cost_shape(pairs) == pairs:  # a profile the runtime would use, as written
                 return pairs
         except (OSError, ValueError, TypeError):
             pass  # unreadable: measure again
-    profile = measure(forward)
+    profile = measure()
     if entry is not None:
         try:
             entry.parent.mkdir(parents=True, exist_ok=True)

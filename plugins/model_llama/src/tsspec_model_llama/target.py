@@ -326,19 +326,36 @@ class LlamaTarget:
         if not (self.block_weights and self._kernels is not None):
             return None
         if self._row_ms is None:
-            from .row_cost import ROWS, cached
+            from .row_cost import CONTEXT, ROWS, cached
 
-            if self._seq_len + max(ROWS) > self.max_context_length:
+            context = max(self._seq_len, min(CONTEXT, self.max_context_length - max(ROWS)))
+            if context + max(ROWS) > self.max_context_length:
                 return None  # no room after the cached tokens to measure in
             path_kind = "fused" if self._stack is not None and self.fused_blocks else "per-op"
-            self._row_ms = cached(self.path, f"block|{self.dtype}|{self.precision}|{path_kind}", self._calibration_forward)
+            self._row_ms = cached(self.path, f"block|{self.dtype}|{self.precision}|{path_kind}",
+                                  lambda: self._measure_row_cost(context, ROWS))
         return self._row_ms
 
-    def _calibration_forward(self, rows: int) -> None:
-        """An n-row verify after the cached tokens, dropped again (row_cost times these)."""
-        start = self._seq_len
-        self.spec_forward([0] * rows, all_logits_rows=True, want_hidden=False)
-        self.spec_rewind_cache(start)
+    def _measure_row_cost(self, context: int, widths) -> tuple[tuple[int, float], ...]:
+        """The cost by rows timed after ``context`` cached tokens (filler tokens past the cached
+        ones, dropped again with every timed row: the cache and ``spec_keep``'s state are left
+        as they were)."""
+        from tsspec.modeling.row_timing import time_rows
+
+        start, last = self._seq_len, self._last_forward
+        vocab = self.hparams.vocab_size
+        filler = [(7 + 31 * i) % vocab for i in range(start, context + max(widths))]  # any ids: cost is by rows
+        try:
+            self.spec_ensure_capacity(context + max(widths))
+            if context > start:
+                self.spec_forward(filler[: context - start], all_logits_rows=False, want_hidden=False)
+            rows = filler[context - start:]
+            timing = time_rows(lambda n: self.spec_forward(rows[:n], all_logits_rows=True, want_hidden=False),
+                               widths, reset=lambda: self.spec_rewind_cache(context))
+        finally:
+            self.spec_rewind_cache(start)
+            self._last_forward = last
+        return timing.profile()
 
     # -- SpeculativeTarget: sizes ------------------------------------------------------------
     @property
