@@ -189,7 +189,7 @@ def test_a_cost_shape_prices_every_length_from_the_median_step():
     """With the target's measured cost by rows, C(k) = scale * shape(k + 1), the scale being the
     median of ms / shape(rows) over the run's steps: untried lengths are priced by the shape
     and one slow step (a busy machine) moves no price."""
-    from tsspec.runtime.economics import parse_cost_shape
+    from tsspec.cost_shape import parse_cost_shape
 
     shape = ((1, 10.0), (2, 12.0), (4, 20.0), (9, 40.0))
     econ = DraftEconomics(cost_shape=shape)

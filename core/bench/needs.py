@@ -28,7 +28,7 @@ from typing import Mapping, Sequence
 
 import attrs
 
-from ..runtime.economics import parse_cost_shape, rows_cost
+from ..cost_shape import parse_cost_shape, rows_cost
 
 GOAL = 1.4  # the speed-up over plain a learned drafter should reach (issue 17)
 SHORT_LENGTHS = (1, 2, 3)  # draft lengths shown beside the draft window

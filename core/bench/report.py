@@ -14,6 +14,7 @@ from typing import Sequence
 
 import attrs
 
+from ..modeling.row_timing import monotone
 from ..runtime.registry import AUTO
 from .lossless import MISMATCH, TIE
 from .machine import machine_line
@@ -532,6 +533,8 @@ def cost_sources(report: "BenchReport") -> dict[str, dict[int, float]]:
         out[BENCH_SOURCE] = bench
     loop = loop_verify_cost(report)
     if loop and max(loop) >= max(rows):
+        # medians of a busy machine's steps may fall with rows: made monotone, as every profile is
+        loop = dict(monotone([(1, 1.0), *loop.items()])[1:])
         steps = relative_costs(shape_from_steps(1.0, loop), rows)
         if steps:
             out[STEPS_SOURCE] = steps

@@ -18,7 +18,7 @@ import attrs
 
 from .. import __version__
 from ..errors import OptionsError, TsspecError
-from ..runtime.economics import parse_cost_shape
+from ..cost_shape import parse_cost_shape
 from ..runtime.generation import draft_window
 from ..runtime.loading import LoadOptions
 from ..runtime.registry import AUTO
@@ -365,7 +365,7 @@ def _row_cost(target, cases, window: int, report_progress) -> dict | None:
     try:
         return measure_row_costs(target, token_stream(cases, context + window + 1), range(2, window + 2),
                                  context=context)
-    except TsspecError as exc:  # the section then reads the loop's steps or the target's profile
+    except Exception as exc:  # any failure: the section then reads the loop's steps or the target's profile
         report_progress("verify cost by rows", 0, 0, f"not measured: {exc}")
         return None
 

@@ -2716,8 +2716,6 @@ typedef struct {
 
 #define ATTN_ROW_SLICE 64 /* query rows per attention call (attention.py's ROW_SLICE) */
 
-/* the block's scratch: h [rows, H], qkv [rows, (nh + 2 nkv) hd], attn [rows, nh hd],
- * gate_up [rows, 2 F], act [rows, F] */
 /* A block's first half for rows of x: attn_norm, the fused QKV (+ bias), RoPE from position
  * past, and the K, V rows written into the block's cache kl, vl [nkv, cap, hd] at past..;
  * h [rows, H] and qkv [rows, qkv_n] are the caller's scratch (qkv holds the turned Q, K, V). */
@@ -2742,6 +2740,8 @@ static int block_qkv_cache(const LayerStack *S, const StackLayer *L, const float
     return 0;
 }
 
+/* the block's scratch: h [rows, H], qkv [rows, (nh + 2 nkv) hd], attn [rows, nh hd],
+ * gate_up [rows, 2 F], act [rows, F] */
 static int stack_forward(const LayerStack *S, int64_t l0, int64_t l1, float *x, int64_t rows, int64_t past, float *kc,
                          float *vc, int64_t cap, const float *rope_table, int threads, int int8) {
     const int64_t H = S->H, hd = S->hd, nh = S->heads, nkv = S->kv_heads, F = S->ffn;
@@ -3671,7 +3671,7 @@ static int top1_topk_of(const float *x, long long n, int k, long long *best_out,
 /* head_forward(head, table, table_rows, slots, h, past, k, v, cap, rope_table, threads, out, logits
  *              [, gate_n, gate_k[, h_last]]):
  * rows n = len(slots); table [table_rows, H] float32 (row slots[r] is row r's token embedding,
- * 0 <= slots[r] < table_rows); h [n, H]
+ * 0 <= slots[r] < table_rows); h [n, H] (its first n - 1 rows only with h_last below)
  * the rows before them; k, v [kv_heads, cap, hd] (the block's cache; rows go to past..);
  * rope_table covers past + n positions. out [H] (0: none) gets the last row after head_norm;
  * logits [K] (0: none, needs out) its draft-vocabulary logits. Returns None; with gate_k > 0

@@ -209,6 +209,7 @@ def test_the_skips_a_sequence_leaves_untaken_are_taken_by_the_next():
     assert cal.skip_left == 1
     second = BlockDraftSpeculator(head, window=7, min_draft_prob=0.0, value=PrefixValue(RATIOS, cal))
     second.reset()
+    assert cal.skip_left == 0  # taken: a sequence that ends without close leaves none behind
     assert second.propose(_ctx(5)) == [] and second.skipped_passes == 1  # the left-over skip first
     calls = len(head.mores)
     second.propose(_ctx(6))  # then a pass

@@ -534,6 +534,24 @@ def test_draft_gated_takes_the_reference_gate_where_the_kernel_leaves_it(monkeyp
     assert (index, probability != probability) == (top1_over_topk_torch(logits)[0], True)
 
 
+@needs_kernels
+@pytest.mark.parametrize("why", ["top_k", "one_call"])
+def test_draft_gated_takes_the_two_calls_where_the_native_gate_does_not_apply(why):
+    """A gate over more than the kernel's 64 candidates, or the per-op attribution mode
+    (TS_MTP_ONE_CALL=0): the same answers through the two calls, never a fault."""
+    from tsspec_draft_head.confidence import top1_over_topk
+
+    _, want_head = _heads(3)
+    _, got_head = _heads(3)  # two native heads over equal modules: the same arithmetic
+    top_k = 100 if why == "top_k" else 10
+    if why == "one_call":
+        got_head._native.one_call = False
+    rows = _rows(3, 1)
+    logits, out = want_head.draft_catch_up_and_step([3, 4, 5], rows, 3, compact=True)
+    index, probability, last = got_head.draft_gated([3, 4, 5], rows, 3, K, top_k)
+    assert (index, probability) == top1_over_topk(logits[:K], top_k) and torch.equal(last, out)
+
+
 class _WithoutGatedCall:
     """A NextN head without ``draft_gated``: the speculator gates the logits itself."""
 

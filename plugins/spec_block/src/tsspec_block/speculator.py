@@ -242,8 +242,11 @@ class BlockDraftSpeculator:
         self._pending = []
         self._proposed = None
         # the skips the drafter's last sequence left untaken come first: passes that did not pay
-        # there are not retried at once because a new sequence began
-        self._skip_left = self.value.calibration.skip_left if self.value is not None else 0
+        # there are not retried at once because a new sequence began; this sequence takes them
+        # (a sequence that ends without ``close`` leaves none behind for the next)
+        self._skip_left = 0
+        if self.value is not None:
+            self._skip_left, self.value.calibration.skip_left = self.value.calibration.skip_left, 0
         self.head.reset()
 
     def close(self) -> None:

@@ -357,7 +357,9 @@ class NextNFileHead:
         n, f32 = len(tokens), torch.float32
         with self._busy:
             native, width = self._native, self.hidden_size
-            if native is not None and start_pos > 0 and n:
+            # the native gate keeps at most 64 candidates and the per-op attribution mode
+            # (TS_MTP_ONE_CALL=0) times the head's kernels one by one: both take the two calls
+            if native is not None and start_pos > 0 and n and 1 <= top_k <= 64 and native.one_call:
                 if last is None:
                     fits = h_rows.shape == (n, width) and h_rows.dtype == f32 and h_rows.is_contiguous()
                 else:
