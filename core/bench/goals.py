@@ -21,7 +21,7 @@ from typing import Callable, Sequence
 import attrs
 
 from ..errors import TsspecError
-from ..modeling.row_timing import time_rows
+from .row_cost import time_after_context
 
 VERIFY_CONTEXT, VERIFY_ROWS, VERIFY_REPS = 500, 9, 9
 PREFILL_TOKENS, PREFILL_REPS = 1000, 3
@@ -49,14 +49,7 @@ def verify_cost(target, stream: Sequence[int], *, context: int = VERIFY_CONTEXT,
     """Milliseconds of a 1-row and a ``rows``-row forward (all rows' logits, as a verify) after
     ``context`` tokens, timed by ``tsspec.modeling.row_timing`` (alternating, the ratio the median
     of per-round ratios; ``rows_ms`` the 1-row median times that ratio)."""
-    target.spec_rewind_cache(0)
-    _forward(target, list(stream[:context]), False)
-    new = list(stream[context:context + rows])
-    try:
-        timing = time_rows(lambda r: _forward(target, new[:r], True), (rows,), rounds=reps,
-                           reset=lambda: target.spec_rewind_cache(context))
-    finally:
-        target.spec_rewind_cache(0)
+    timing = time_after_context(target, stream, (rows,), context=context, rounds=reps)
     ratio = dict(timing.ratios)[rows]
     return {"context": context, "rows": rows, "reps": reps, "one_row_ms": timing.one_row_ms,
             "rows_ms": timing.one_row_ms * ratio, "ratio": ratio}

@@ -17,7 +17,7 @@ from __future__ import annotations
 import statistics
 from typing import Sequence
 
-from ..modeling.row_timing import ROUNDS, time_rows
+from ..modeling.row_timing import ROUNDS, RowTiming, time_rows
 
 
 def bench_context(cases) -> int:
@@ -44,7 +44,18 @@ def measure_row_costs(target, stream: Sequence[int], widths: Sequence[int], *, c
     context = min(int(context), int(target.max_context_length) - widest)
     if context < 1 or len(stream) < context + widest:
         return None
-    ordered = sorted({1, *(int(w) for w in widths)})
+    timing = time_after_context(target, stream, sorted({1, *(int(w) for w in widths)}), context=context,
+                                rounds=rounds)
+    return {"context": context, "rounds": rounds, "one_row_ms": timing.one_row_ms,
+            "cost": {w: c for w, c in timing.ratios if w > 1}}
+
+
+def time_after_context(target, stream: Sequence[int], widths: Sequence[int], *, context: int,
+                       rounds: int = ROUNDS) -> RowTiming:
+    """``time_rows`` over ``widths`` forwards (every row's logits, as a verify) of the tokens of
+    ``stream`` after its first ``context``, which are forwarded first into an emptied cache;
+    each round rewinds to ``context``, and the cache is emptied again after."""
+    widest = max(widths)
     new = [int(t) for t in stream[context:context + widest]]
     target.spec_rewind_cache(0)
     ensure = getattr(target, "spec_ensure_capacity", None)
@@ -52,9 +63,7 @@ def measure_row_costs(target, stream: Sequence[int], widths: Sequence[int], *, c
         ensure(context + widest)
     target.spec_forward([int(t) for t in stream[:context]], all_logits_rows=False, want_hidden=False)
     try:
-        timing = time_rows(lambda w: target.spec_forward(new[:w], all_logits_rows=True, want_hidden=False),
-                           ordered, rounds=rounds, reset=lambda: target.spec_rewind_cache(context))
+        return time_rows(lambda w: target.spec_forward(new[:w], all_logits_rows=True, want_hidden=False),
+                         widths, rounds=rounds, reset=lambda: target.spec_rewind_cache(context))
     finally:
         target.spec_rewind_cache(0)
-    return {"context": context, "rounds": rounds, "one_row_ms": timing.one_row_ms,
-            "cost": {w: c for w, c in timing.ratios if w > 1}}

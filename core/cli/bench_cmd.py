@@ -48,6 +48,14 @@ def _acceptances(text: str | None) -> list[float]:
     return sorted(set(out))
 
 
+def _whole(text: str) -> int:
+    """``text`` as a whole number, 0 when it is not one (the callers refuse anything below 1)."""
+    try:
+        return int(text)
+    except ValueError:
+        return 0
+
+
 def _draft_caps(text: str | None) -> list[int]:
     """``--oracle-draft``: 'N[,N...]' -> sorted distinct caps, each a whole number >= 1.
 
@@ -56,10 +64,7 @@ def _draft_caps(text: str | None) -> list[int]:
     """
     out = set()
     for item in _split(text):
-        try:
-            value = int(item)
-        except ValueError:
-            value = 0
+        value = _whole(item)
         if value < 1:
             raise OptionsError(f"--oracle-draft takes whole numbers of tokens >= 1, got {item!r}")
         out.add(value)
@@ -235,10 +240,7 @@ def _peer_reps(text: str | None, names) -> tuple[int | None, dict[str, int]]:
     default, per_engine = None, {}
     for item in _split(text):
         name, _, value = item.rpartition("=")
-        try:
-            reps = int(value)
-        except ValueError:
-            reps = 0
+        reps = _whole(value)
         if reps < 1:
             raise OptionsError(f"--compare-reps takes N or ENGINE=N with N >= 1, got {item!r}")
         if not name:
