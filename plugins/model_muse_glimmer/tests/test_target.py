@@ -50,17 +50,24 @@ def _float64_exact(model):
         emb = torch.cat([position_ids[..., None].double() * inv] * 2, dim=-1)
         return emb.cos(), emb.sin()
 
-    def norm(self, x):
-        out = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
-        if hasattr(self, "with_scale"):
-            return out * self.weight if self.with_scale else out
-        return out * (1.0 + self.weight)
+    def norm_with(eps, centred):
+        def norm(self, x):
+            out = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps)
+            weight = self._parameters.get("weight")
+            if centred:
+                return out * (1.0 + weight)
+            return out if weight is None else out * weight
+
+        return norm
 
     lm.config._attn_implementation = "sdpa"  # eager attention takes its softmax in float32
     lm.rotary_emb.forward = types.MethodType(rotary, lm.rotary_emb)
-    for module in lm.modules():
-        if type(module).__name__.endswith("RMSNorm"):
-            module.forward = types.MethodType(norm, module)
+    for name, module in lm.named_modules():
+        kind = type(module).__name__
+        if kind.endswith("RMSNorm"):
+            # each norm's epsilon from its own config field: the post-norms have their own
+            eps = cfg.post_norm_eps if name.rsplit(".", 1)[-1].startswith("post_") else cfg.rms_norm_eps
+            module.forward = types.MethodType(norm_with(eps, kind.endswith("CenteredRMSNorm")), module)
     return model.double()
 
 

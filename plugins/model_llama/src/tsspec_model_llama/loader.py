@@ -106,6 +106,8 @@ def load_llama(gguf_path: str | os.PathLike[str], options: Any = None, *, cache:
     else:
         dtype = resolve_dtype(path, requested)
         blocks = requested in (None, "auto") and device.type == "cpu" and native.available()
+        if requested in (None, "auto") and device.type == "cpu" and not blocks:
+            native.warn_fallback(path)
         precision = DEFAULT_PRECISION
     with GGUFFile(path) as gguf_file:
         if gguf_file.architecture not in ARCHITECTURES:

@@ -59,6 +59,8 @@ def load_muse_glimmer(gguf_path: str | os.PathLike[str], options: Any = None) ->
         if dtype is None:
             raise ModelLoadError(path, f"--dtype {requested!r} is not supported (use float32 or float64)")
     blocks = requested in (None, "auto") and native.available() and device.type == "cpu"
+    if requested in (None, "auto") and device.type == "cpu" and not blocks:
+        native.warn_fallback(path)
     with GGUFFile(path) as gguf_file:
         if gguf_file.architecture != ARCH:
             raise ModelLoadError(path, f"architecture {gguf_file.architecture!r} is not {ARCH!r}")

@@ -1,0 +1,44 @@
+"""Suite-wide checks: with ``TSSPEC_REQUIRE_NATIVE=1`` (set by .ci/run) a build whose compiled CPU
+kernels are missing fails the run instead of skipping to the torch fallback."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+ON_WORDS = {"1", "true", "yes", "on"}
+
+
+# read once at start-up: tests clear TSSPEC_* from their own environment
+REQUIRED = os.environ.get("TSSPEC_REQUIRE_NATIVE", "").strip().lower() in ON_WORDS
+
+
+def _required() -> bool:
+    return REQUIRED
+
+
+def pytest_sessionstart(session):
+    if not _required():
+        return
+    from tsspec.modeling import native
+
+    if native.forced_off():
+        raise pytest.UsageError("TSSPEC_REQUIRE_NATIVE=1 and TSSPEC_NATIVE=0 contradict each other")
+    if not native.available():
+        raise pytest.UsageError(
+            "TSSPEC_REQUIRE_NATIVE=1 but the compiled CPU kernels (tsspec.modeling._cpu_kernels) "
+            "did not build or do not import: rebuild with `pip install -e .` and read its compiler output")
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    """Under the requirement, a skip that blames missing kernels is a failure."""
+    outcome = yield
+    report = outcome.get_result()
+    if not (_required() and report.skipped and isinstance(report.longrepr, tuple)):
+        return
+    reason = str(report.longrepr[2]).lower()
+    if "kernel" in reason and ("built" in reason or "compiled" in reason):
+        report.outcome = "failed"
+        report.longrepr = f"TSSPEC_REQUIRE_NATIVE=1 turns this skip into a failure: {report.longrepr[2]}"
