@@ -66,6 +66,8 @@ class SequenceRequest:
     on_token: Callable[[int, str], Any] | None = None
     on_done: Callable[["SequenceHandle"], None] | None = None  # runs in the worker thread too
     arm_after_reuse: bool | None = None  # None: the speculator decides; False: refuse-all rule
+    logprobs: int | None = None  # keep each token's TokenLogprob with this many alternatives
+    logprob_sink: list | None = None  # ... appended here as tokens are emitted (before on_token)
 
 
 @attrs.define(eq=False)
@@ -299,6 +301,8 @@ class Scheduler:
                 stop=request.stop,
                 trunk=handle.trunk,
                 arm_after_reuse=request.arm_after_reuse,
+                logprobs=request.logprobs,
+                logprob_sink=request.logprob_sink,
             )
             handle.result = result
             state = FINISHED
