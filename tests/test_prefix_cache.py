@@ -115,3 +115,25 @@ def test_errors():
         table.commit([1], 3)
     with pytest.raises(ValueError):
         table.truncate(2)
+
+
+def test_a_sequence_takes_the_free_block_after_its_last_one():
+    pool = BlockPool(8, 2)
+    a, _ = _run(pool, [1, 2, 3, 4, 5])  # blocks 0, 1, 2 (the last one partial)
+    assert a.blocks == [0, 1, 2]
+    a.free()  # 0 and 1 are cached (full, keyed), 2 goes back to the free list
+    b = _table(pool)
+    assert b.adopt([1, 2, 3, 4, 9, 9, 9]) == 4
+    assert pool.reserve(2)
+    b.reserved = 2
+    b.prepare_write(4, 7)
+    assert b.blocks == [0, 1, 2, 3]  # the free block after each, not the free list's last
+    b.free()
+    # a cached block after the last one is never taken out of turn: the prefix stays adoptable
+    c = _table(pool)
+    assert c.adopt([1, 2, 0]) == 2 and c.blocks == [0]
+    assert pool.reserve(1)
+    c.reserved = 1
+    c.prepare_write(2, 4)
+    assert c.blocks[1] != 1 and pool.evictions == 0
+    c.free()

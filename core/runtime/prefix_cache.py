@@ -130,9 +130,17 @@ class BlockPool:
             self._lru.pop(block, None)
         self._refs[block] += 1
 
-    def allocate(self, *, reserved: bool = True) -> int:
-        """A private block (reference 1). ``reserved``: it comes out of the caller's reservation."""
-        if self._free:
+    def allocate(self, *, reserved: bool = True, after: int | None = None) -> int:
+        """A private block (reference 1). ``reserved``: it comes out of the caller's reservation.
+        ``after``: the caller's previous block; the one after it is taken when it is free (never
+        a cached one), so a sequence's blocks tend to be consecutive and a paged forward can
+        read its keys in place."""
+        follower = None if after is None else after + 1
+        if follower is not None and follower < self.num_blocks and self._refs[follower] == 0 \
+                and follower not in self._key_of:
+            self._free.remove(follower)  # unreferenced and unkeyed: on the free list
+            block = follower
+        elif self._free:
             block = self._free.pop()
         elif self._lru:
             block, _ = self._lru.popitem(last=False)
@@ -204,17 +212,17 @@ class BlockTable:
             for index in range(start // b, min(len(self.blocks), -(-end // b))):
                 block = self.blocks[index]
                 if self.pool.is_cached_or_shared(block):
-                    fresh = self._allocate()
+                    fresh = self._allocate(self.blocks[index - 1] if index else None)
                     self.copy_block(block, fresh)
                     self.pool.release(block)
                     self.blocks[index] = fresh
                     del self.keys[index:]
         while len(self.blocks) * b < end:
-            self.blocks.append(self._allocate())
+            self.blocks.append(self._allocate(self.blocks[-1] if self.blocks else None))
 
-    def _allocate(self) -> int:
+    def _allocate(self, after: int | None = None) -> int:
         use_reserved = self.reserved > 0
-        block = self.pool.allocate(reserved=use_reserved)
+        block = self.pool.allocate(reserved=use_reserved, after=after)
         if use_reserved:
             self.reserved -= 1
         return block
