@@ -130,6 +130,18 @@ class BlockPool:
             self._lru.pop(block, None)
         self._refs[block] += 1
 
+    def free_run(self, length: int) -> int | None:
+        """The first block of ``length`` consecutive free (unreferenced, unkeyed) blocks, or None."""
+        run_start, run = None, 0
+        for block in sorted(self._free):
+            if run and block == run_start + run:
+                run += 1
+            else:
+                run_start, run = block, 1
+            if run >= length:
+                return run_start
+        return None
+
     def allocate(self, *, reserved: bool = True, after: int | None = None) -> int:
         """A private block (reference 1). ``reserved``: it comes out of the caller's reservation.
         ``after``: the caller's previous block; the one after it is taken when it is free (never
@@ -203,6 +215,30 @@ class BlockTable:
         self.tokens.extend(int(t) for t in prompt[: len(blocks) * self.pool.block_size])
         self.reused_tokens = len(self.tokens)
         return self.reused_tokens
+
+    def relocate(self, total: int) -> bool:
+        """Copy the adopted blocks to the start of a run of ``total`` free blocks when they could
+        not otherwise be followed by consecutive ones (the block after them is cached or held),
+        so that a paged forward can read the sequence's keys in place; the originals stay
+        cached. Needs a reservation of as many blocks as it copies; False when nothing moved."""
+        blocks, pool = self.blocks, self.pool
+        if not blocks or len(blocks) >= total:
+            return False
+        consecutive = all(b == blocks[0] + i for i, b in enumerate(blocks))
+        follower = blocks[-1] + 1
+        if consecutive and follower < pool.num_blocks and pool.refs(follower) == 0 and follower not in pool._key_of:
+            return False  # the block after them is free: later blocks follow on their own
+        start = pool.free_run(total)
+        if start is None or not pool.reserve(len(blocks)):
+            return False
+        fresh = []
+        for i, old in enumerate(blocks):
+            new = pool.allocate(after=start + i - 1)  # the run's next block (free: it is taken)
+            self.copy_block(old, new)
+            pool.release(old)
+            fresh.append(new)
+        self.blocks = fresh  # private copies: the keys stay with the cached originals
+        return True
 
     def prepare_write(self, start: int, end: int) -> None:
         """Make positions ``start .. end-1`` writable: allocate blocks up to ``end`` and copy any

@@ -368,6 +368,8 @@ class Scheduler:
                 self.pool.queried_tokens, self.pool.hit_tokens = counters
                 break  # first come, first served: wait until blocks come back
             table.reserved = need
+            if not self._running:  # alone: consecutive blocks let its steps take one native call
+                table.relocate(self.blocks_needed(len(request.prompt), request.max_tokens))
             self._waiting.popleft()
             handle.trunk = BatchedSpecTrunk(
                 self,
