@@ -49,7 +49,6 @@ _LAZY = {
     "SpecStats": "tsspec.runtime.stats",
     "SpeculativeExecution": "tsspec.runtime.execution",
     "SpeculationCostGovernor": "tsspec.runtime.governor",
-    "LinearSpecTrunk": "tsspec.runtime.trunk",
     "BatchedSpecTrunk": "tsspec.runtime.batched_trunk",
     "Scheduler": "tsspec.runtime.scheduler",
     "SequenceRequest": "tsspec.runtime.scheduler",

@@ -65,7 +65,7 @@ def test_prefix_reuse_arms_and_stays_lossless(random_medusa):
     target = ToyTarget(recurrent=False)  # a pure-KV trunk can rewind to a shared prefix
     speculator = make_medusa(target, tsspec.SpeculationOptions(spec_draft_model=str(random_medusa)))
     execution = tsspec.SpeculativeExecution(
-        tsspec.LinearSpecTrunk(target), tsspec.Sampler(), vocab_size=32, speculator=speculator, window=3,
+        target, tsspec.Sampler(), vocab_size=32, speculator=speculator, window=3,
     )
     first = target.tokenizer.encode(PROMPT)
     execution.run(first, 12)

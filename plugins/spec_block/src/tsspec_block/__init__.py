@@ -55,11 +55,10 @@ def attach_file(target, gguf_path, options=None):
 def tsspec_register_speculators(register):
     from tsspec.protocols import DraftHeadKind
 
-    from .speculator import ALGORITHM, DEFAULT_MIN_DRAFT_PROB, DESCRIPTION, DRAFTER_HINT
+    from .speculator import ALGORITHM, DESCRIPTION, DRAFTER_HINT
 
     register(ALGORITHM, make_speculator, requires_draft_head=True, serves_kind=DraftHeadKind.BLOCK,
-             weight_free=False, default_pmin=DEFAULT_MIN_DRAFT_PROB, description=DESCRIPTION,
-             drafter_hint=DRAFTER_HINT)
+             weight_free=False, description=DESCRIPTION, drafter_hint=DRAFTER_HINT)
 
 
 @hookimpl
