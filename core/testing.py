@@ -278,9 +278,6 @@ class OracleSpeculator:
     acceptance, independent of drafter quality."""
 
     name = "oracle"
-    default_min_draft_prob = 0.0
-    needs_hidden_state = False
-    handles_own_prefill = False
     can_arm_after_prefix_reuse = True
 
     def __init__(self, sequence: Sequence[int], *, corrupt: float = 0.0, vocab_size: int, max_draft_tokens: int = 8, seed: int = 0):
@@ -288,7 +285,6 @@ class OracleSpeculator:
         self.corrupt = corrupt
         self.vocab_size = vocab_size
         self.max_draft_tokens = max_draft_tokens
-        self.min_draft_prob = 0.0
         self.seed = seed
         self.proposals = 0
         self.commits = 0
@@ -315,30 +311,16 @@ class OracleSpeculator:
     def commit(self, tokens, hidden_rows, start_pos) -> None:
         self.commits += 1
 
-    def reset(self) -> None:
-        pass
-
-    def close(self) -> None:
-        pass
-
 
 class SilentSpeculator:
-    """A named speculator that never proposes: the least a registry or pairing test needs
-    (the members the loop calls). Equal to another of the same name."""
-
-    needs_hidden_state = False
+    """A named speculator that never proposes: the least a speculator is (``name`` and
+    ``propose``; every other member has its default). Equal to another of the same name."""
 
     def __init__(self, name: str):
         self.name = name
 
     def propose(self, ctx: DraftContext) -> list[int]:
         return []
-
-    def commit(self, tokens, hidden_rows, start_pos) -> None:
-        pass
-
-    def reset(self) -> None:
-        pass
 
     def __eq__(self, other) -> bool:
         return isinstance(other, SilentSpeculator) and other.name == self.name
@@ -350,10 +332,7 @@ class RandomSpeculator:
     """Proposes random ids: acceptance near 1/vocab. Tests that wrong drafts only cost speed."""
 
     name = "random"
-    default_min_draft_prob = 0.0
-    min_draft_prob = 0.0
     needs_hidden_state = True  # exercises the hidden-row plumbing too
-    handles_own_prefill = False
     can_arm_after_prefix_reuse = True
 
     def __init__(self, vocab_size: int, *, max_draft_tokens: int = 4, seed: int = 0):
@@ -373,9 +352,6 @@ class RandomSpeculator:
 
     def reset(self) -> None:
         self.committed.clear()
-
-    def close(self) -> None:
-        pass
 
 
 ADVERSARIAL_MODES = (
@@ -399,10 +375,6 @@ class AdversarialSpeculator:
     correct oracle drafts when ``sequence`` is given (so the good path is exercised too)."""
 
     name = "adversarial"
-    default_min_draft_prob = 0.0
-    min_draft_prob = 0.0
-    needs_hidden_state = False
-    handles_own_prefill = False
     can_arm_after_prefix_reuse = True
 
     def __init__(self, vocab_size: int, mode: str = "mixed", *, sequence: Sequence[int] | None = None,
