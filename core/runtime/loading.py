@@ -14,7 +14,7 @@ from typing import Any
 
 import attrs
 
-from ..errors import ModelLoadError
+from ..errors import ModelLoadError, TsspecError
 from .options import SpeculationOptions
 
 @attrs.frozen
@@ -117,7 +117,7 @@ def load_model(
             )
     try:
         target = entry.function(str(path), load_options)
-    except ModelLoadError:
+    except TsspecError:  # a plugin's own one-line error (ModelLoadError or its own subclass)
         raise
     except (MemoryError, KeyboardInterrupt):
         raise
@@ -152,7 +152,7 @@ def attach_drafter(target, path: object, load_options: LoadOptions, catalog=None
         raise ModelLoadError(path, f"drafter architecture {arch!r} is served by no loaded plugin (served: {served})")
     try:
         head = entry.function(target, str(path), load_options)
-    except ModelLoadError:
+    except TsspecError:  # a plugin's own one-line error (ModelLoadError or its own subclass)
         raise
     except Exception as exc:
         raise ModelLoadError(
