@@ -38,7 +38,9 @@ def tsspec_register_models(register):
 @hookspec
 def tsspec_register_drafters(register):
     """register(architectures: list[str], attach); attach(target, gguf_path, options) -> DraftHead
-    for separate drafter files (dflash, ...)."""
+    for separate drafter files (dflash, ...). ``gguf_path`` may also be an open reader with
+    ``GGUFFile``'s reading methods: a drafter carried inside a model's own file, handed over by
+    the model plugin through ``LoadOptions.attach_drafter_from`` (no import between them)."""
 
 
 @hookspec
@@ -57,7 +59,9 @@ def tsspec_register_converters(register):
     GGUF from a Hugging Face checkpoint directory (targets and drafters alike). ``outtype`` is
     "f32", "f16" or "q8_0". ``tsspec convert SRC_DIR OUT.gguf`` looks up config.json's
     ``architectures`` entries (class names), then its ``model_type``, among every registered
-    key: register a class name to claim one checkpoint class only."""
+    key: register a class name to claim one checkpoint class only. Another plugin may hand a
+    checkpoint over by type with ``tsspec.runtime.converting.convert_as(model_type, ...,
+    **settings)``: a converter that takes such settings accepts them as keywords."""
 
 
 @hookspec
