@@ -26,12 +26,11 @@ CORE = Path(__file__).resolve().parents[1] / "core"
 CAPABILITIES = (
     "max_draft_tokens", "min_draft_prob", "default_min_draft_prob", "needs_hidden_state",
     "handles_own_prefill", "can_arm_after_prefix_reuse", "catch_up_rows", "governs_itself",
-    "sizes_own_drafts", "observe_step", "declined_drafts", "governor_counts", "commit", "reset",
-    "close", "speculation_profitable", "speculation_refusal", "spec_preferred_draft_window",
+    "sizes_own_drafts", "observe_step", "declined_drafts", "governor_counts", "speculation_profitable", "speculation_refusal", "spec_preferred_draft_window",
     "spec_verify_persists_accepted_kv", "spec_verify_row_ms", "spec_open_paged", "adopted_prefix",
-    "extra_cost_ms", "auto_fallback", "resumes_after_gap", "kind", "block_size", "row_invariant",
-    "resumes_prefix", "prefix_refusal", "keep", "release",
-)
+    "extra_cost_ms", "auto_fallback", "resumes_after_gap", "row_invariant", "resumes_prefix",
+    "prefix_refusal", "release",
+)  # (commit, reset, close, keep, kind: too common a name to grep; read in capabilities.py all the same)
 
 
 class Lookup:
