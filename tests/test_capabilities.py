@@ -169,3 +169,15 @@ def test_target_drafter_and_paged_defaults():
     assert (head.kind, head.block_size, head.auto_fallback, head.resumes_after_gap) == (DraftHeadKind.BLOCK, 16, True, False)
     paged = paged_info(object())
     assert paged.row_invariant and paged.resumes_prefix and paged.keep is None and paged.release is None
+
+
+def test_the_least_speculator_runs_without_a_warning(caplog):
+    """No member the loop or generate calls is missing: no fault, no 'close raised'."""
+    import logging
+
+    from tsspec.runtime.generation import generate
+
+    with caplog.at_level(logging.WARNING):
+        gen = generate(ToyTarget(), [1, 2, 3, 1, 2, 3, 1], max_tokens=20, speculator=Lookup())
+    assert gen.stats.faults == 0 and gen.stats.draft_tokens > 0
+    assert not [r for r in caplog.records if r.levelno >= logging.WARNING]

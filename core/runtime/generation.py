@@ -242,7 +242,7 @@ def generate(
             memory["park"] = carried
         if speculator is not None:
             try:
-                speculator.close()
+                execution.info.close()  # the speculator's close, or the default (nothing)
             except Exception as exc:  # a plugin's close must not lose the output
                 log.warning("speculator %s close raised: %r", name, exc)
     if streaming:

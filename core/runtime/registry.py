@@ -330,7 +330,7 @@ class SpeculatorRegistry:
                 else:
                     row.update(status="serves")
                     try:
-                        made.close()
+                        speculator_info(made).close()
                     except Exception:
                         pass
             rows.append(row)
