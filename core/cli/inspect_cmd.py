@@ -16,7 +16,7 @@ SHOWN_KEYS = ("block_count", "embedding_length", "context_length", "attention.he
 
 
 def describe(path: str, catalog) -> dict:
-    from ..modeling.gguf_file import GGUFFile
+    from tsspec_gguf.gguf_file import GGUFFile
 
     with GGUFFile(path) as gf:
         arch = gf.architecture
