@@ -52,7 +52,6 @@ _LAZY = {
     "BatchedSpecTrunk": "tsspec.runtime.batched_trunk",
     "Scheduler": "tsspec.runtime.scheduler",
     "SequenceRequest": "tsspec.runtime.scheduler",
-    "GGUFFile": "tsspec_gguf.gguf_file",
     "PluginHost": "tsspec.plugins",
     "PluginControls": "tsspec.plugins",
     "build_catalog": "tsspec.runtime.catalog",
