@@ -71,8 +71,8 @@ def convert_as(model_type: str, src_dir: object, out_path: object, *, outtype: s
                **settings: Any) -> ConverterEntry:
     """Convert ``src_dir`` with the converter some plugin registered for ``model_type``, passing
     ``settings`` on as keywords: how one plugin's converter hands a checkpoint to another's
-    without importing it (a model plugin whose assistant is another plugin's drafter format). A ConvertError
-    names the type when no loaded plugin converts it."""
+    without importing it (a model plugin whose assistant is another plugin's drafter format).
+    A ConvertError names the type when no loaded plugin converts it."""
     if catalog is None:
         from .defaults import default_catalog
 
