@@ -30,7 +30,7 @@ CAPABILITIES = (
     "spec_verify_persists_accepted_kv", "spec_verify_row_ms", "spec_open_paged", "adopted_prefix",
     "extra_cost_ms", "auto_fallback", "resumes_after_gap", "row_invariant", "resumes_prefix",
     "prefix_refusal", "release",
-)  # (commit, reset, close, keep, kind: too common a name to grep; read in capabilities.py all the same)
+)  # commit, reset, close, keep, kind: names too common to grep for; read in capabilities.py too
 
 
 class Lookup:
@@ -166,7 +166,8 @@ def test_target_drafter_and_paged_defaults():
         kind, block_size, auto_fallback = DraftHeadKind.BLOCK, 16, True
 
     head = drafter_info(Head())
-    assert (head.kind, head.block_size, head.auto_fallback, head.resumes_after_gap) == (DraftHeadKind.BLOCK, 16, True, False)
+    facts = (head.kind, head.block_size, head.auto_fallback, head.resumes_after_gap)
+    assert facts == (DraftHeadKind.BLOCK, 16, True, False)
     paged = paged_info(object())
     assert paged.row_invariant and paged.resumes_prefix and paged.keep is None and paged.release is None
 
