@@ -134,20 +134,23 @@ def check_speculator_class(obj: Any, label: str = "speculator") -> None:
             raise ContractError(f"{owner}: {method} must be a method, got {type(value).__name__}")
 
 
-def apply_gate(spec: Any, info: SpeculatorInfo) -> None:
-    """Set the speculator's ``min_draft_prob`` (MinDraftProb) to the gate in force, when it has
-    that member: the one place the operator's ``--spec-pmin`` meets the algorithm's default."""
-    if getattr(spec, "min_draft_prob", None) is None:
-        return
-    try:
-        spec.min_draft_prob = info.min_draft_prob
-    except Exception as exc:
-        raise ContractError(f"speculator {info.name!r}: min_draft_prob cannot be set ({exc})") from None
+def apply_gate(spec: Any, info: SpeculatorInfo, pmin: float | None) -> SpeculatorInfo:
+    """Set the speculator's ``min_draft_prob`` (MinDraftProb) to the gate in force, the
+    operator's ``pmin`` else its ``default_min_draft_prob``, when it has that member: the one
+    place ``--spec-pmin`` meets the algorithm's default. Returns the info with that gate."""
+    gate = info.default_min_draft_prob if pmin is None else float(pmin)
+    if getattr(spec, "min_draft_prob", None) is not None:
+        try:
+            spec.min_draft_prob = gate
+        except Exception as exc:
+            raise ContractError(f"speculator {info.name!r}: min_draft_prob cannot be set ({exc})") from None
+    return attrs.evolve(info, min_draft_prob=gate)
 
 
-def speculator_info(spec: Any, pmin: float | None = None) -> SpeculatorInfo:
+def speculator_info(spec: Any) -> SpeculatorInfo:
     """Read a speculator once (``check_speculator_class`` first): its facts and bound methods,
-    with the defaults for what it leaves out. ``pmin``: the operator's gate, if given."""
+    with the defaults for what it leaves out; ``min_draft_prob`` is its own gate, else its
+    default (``apply_gate`` sets the operator's)."""
     check_speculator_class(spec)
     facts = {}
     for fact in _FACTS:
@@ -155,11 +158,13 @@ def speculator_info(spec: Any, pmin: float | None = None) -> SpeculatorInfo:
         if value is not None:
             facts[fact] = value
     default_gate = float(facts.get("default_min_draft_prob", 0.0))
+    own = getattr(spec, "min_draft_prob", None)
+    gate = own if _valid("prob", own) else default_gate
     methods = {m: getattr(spec, m) for m in ("commit", "reset", "close", "observe_step")
                if getattr(spec, m, None) is not None}
     return SpeculatorInfo(
         name=spec.name, propose=spec.propose, **facts, **methods,
-        min_draft_prob=default_gate if pmin is None else float(pmin),
+        min_draft_prob=float(gate),
         counts=lambda: _counts(spec),
     )
 

@@ -132,7 +132,9 @@ def test_one_gate_the_operators_pmin_else_the_speculators_default(pmin, gate):
     registry = SpeculatorRegistry()
     registry.register("gated", lambda target, options: Gated(), requires_draft_head=False)
     made = registry.create(ToyTarget(), SpeculationOptions(spec_type="gated", pmin=pmin))
-    assert made.min_draft_prob == gate
+    assert made.min_draft_prob == gate and speculator_info(made).min_draft_prob == gate
+    unbound = speculator_info(Gated())  # made by hand: its own gate, its declared default
+    assert (unbound.min_draft_prob, unbound.default_min_draft_prob) == (0.0, 0.6)
 
 
 def test_handles_own_prefill_means_the_prompt_is_not_committed():

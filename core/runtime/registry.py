@@ -301,7 +301,7 @@ class SpeculatorRegistry:
         if speculator is None:
             return Decline(name, CANNOT_SERVE, f"{name} cannot serve this model (its factory declined)")
         try:  # name and propose are required; every other member has its default (capabilities)
-            apply_gate(speculator, speculator_info(speculator, getattr(options, "pmin", None)))
+            apply_gate(speculator, speculator_info(speculator), getattr(options, "pmin", None))
             what = None
         except ContractError as exc:
             what = str(exc)
