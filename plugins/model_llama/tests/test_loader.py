@@ -73,7 +73,7 @@ def test_inconsistent_hyperparameters(tmp_path, contents, keys, expected):
 
 
 def test_other_architectures_and_moe_are_refused(tmp_path, contents):
-    assert "not a llama-family file" in load_error(rewrite(tmp_path, contents, arch="qwen2")).problem
+    assert "not a family this plugin serves" in load_error(rewrite(tmp_path, contents, arch="falcon")).problem
     moe = rewrite(tmp_path, contents, replace={"blk.0.ffn_gate_inp.weight": np.zeros((4, 64), np.float32)})
     assert "mixture-of-experts" in load_error(moe).problem
 

@@ -1,7 +1,8 @@
-"""tsspec plugin ``llama``: llama-family dense transformers loaded from GGUF.
+"""tsspec plugin ``llama``: dense transformer families loaded from GGUF.
 
-Registers ``load_llama`` for ``general.architecture == "llama"`` (SmolLM, Llama 2/3, Mistral and
-other files llama.cpp converts to the ``llama`` architecture). The target it returns,
+Registers ``load_llama`` for the architectures of ``families.FAMILIES``: ``llama`` (SmolLM,
+Llama 2/3, Mistral and other files llama.cpp converts to ``llama``), ``qwen2``, ``qwen3``,
+``phi3``, ``gemma2`` and ``gemma3``, each a row of capability fields. The target it returns,
 ``LlamaTarget``, implements ``tsspec.protocols.SpeculativeTarget`` and exposes ``embed``,
 ``final_norm``, ``lm_head`` and feature taps for drafters.
 
@@ -16,7 +17,9 @@ from typing import Any
 
 from tsspec.hookspecs import hookimpl
 
-ARCHITECTURES = ["llama"]
+from .families import FAMILIES
+
+ARCHITECTURES = list(FAMILIES)
 _LAZY = {"LlamaTarget": ".target", "load_llama": ".loader"}
 
 __all__ = ["LlamaTarget", "load_llama", "ARCHITECTURES"]
