@@ -130,7 +130,7 @@ def test_registered_as_the_llama_plugin(tmp_path, contents):
     registered = []
     tsspec_model_llama.tsspec_register_models(lambda archs, loader: registered.append((archs, loader)))
     # the hook registers a thin wrapper so importing the plugin stays free of torch
-    assert registered == [(["llama"], tsspec_model_llama._load)]
+    assert registered == [(["llama", "qwen2", "qwen3", "phi3", "gemma2", "gemma3"], tsspec_model_llama._load)]
     assert tsspec_model_llama.load_llama is load_llama
     from tsspec.runtime.loading import load_model
 
