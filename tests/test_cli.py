@@ -97,6 +97,7 @@ def test_inspect_embedded_model(capsys):
     info = json.loads(out)
     assert code == 0 and info["architecture"] == "llama" and info["tensor_count"] == 272
     assert info["has_chat_template"] and info["carries_drafter"] is False
+    assert info["weight_formats"]["Q4_1"] == "4-bit blocks" and info["weight_formats"]["F32"] == "float32"
 
 
 def test_plugin_commands_cannot_replace_taken_names():

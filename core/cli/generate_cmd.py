@@ -73,6 +73,8 @@ def describe_target(target) -> str:
     in_use = kernels_in_use(target)
     if in_use:
         parts.append(f"device kernels {', '.join(in_use)}")
+    if extra.get("weight_formats"):  # how each ggml type of the file's matrices runs
+        parts.append(f"tensor types [{extra['weight_formats']}]")
     return ", ".join(parts)
 
 

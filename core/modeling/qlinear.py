@@ -345,6 +345,20 @@ def pack_tensor(raw: np.ndarray, ggml_type, shape: Sequence[int]) -> BlockMatrix
     return BlockMatrix(fmt, qs.reshape(n, -1), d.reshape(n, nb), m.reshape(n, nb))
 
 
+BLOCK_FORMS = {T.Q4_0: "4-bit blocks", T.Q4_1: "4-bit blocks", T.Q4_K: "4-bit blocks", T.Q5_0: "int8 blocks",
+               T.Q5_1: "int8 blocks", T.Q5_K: "int8 blocks", T.Q8_0: "int8 blocks", T.Q6_K: "int8 blocks of 16"}
+
+
+def weight_format(type_name: str) -> str:
+    """How a matrix of a ggml type (by name) runs on the CPU block path: its block form, or
+    ``float32`` for a type ``pack_tensor`` does not take."""
+    try:
+        kind = T[type_name]
+    except KeyError:
+        return "float32"
+    return BLOCK_FORMS.get(kind, "float32")
+
+
 def _blocks(raw: np.ndarray, count: int, size: int) -> torch.Tensor:
     """The first ``count`` blocks of ``size`` bytes of a tensor's raw bytes, as a uint8 tensor
     [count, size] (a copy: the file's mapping is read-only)."""
