@@ -26,6 +26,7 @@ ENTRY_POINT_GROUP = "tsspec"
 HOOK_NAMES = (
     "tsspec_register_speculators",
     "tsspec_register_models",
+    "tsspec_register_named_models",
     "tsspec_register_drafters",
     "tsspec_register_converters",
     "tsspec_register_kernels",

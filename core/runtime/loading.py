@@ -79,6 +79,9 @@ def load_model(
     load_options = attrs.evolve(load_options, kernels=catalog.kernel_table(_device_type(device)))
     entry = file_less_entry(path, catalog)
     if entry is None:
+        from .named_models import resolve_model_path
+
+        path = resolve_model_path(path, catalog)
         arch = file_architecture(path)
         entry = catalog.models.get(arch)
         if entry is None:

@@ -42,6 +42,14 @@ def tsspec_register_models(register):
     register(list(ARCHITECTURES), _load)
 
 
+@hookimpl
+def tsspec_register_named_models(register):
+    from .named import NAMED_MODELS
+
+    for model in NAMED_MODELS.values():
+        register(model.name, model.resolve, description=model.description, installed=model.installed())
+
+
 def _convert(src_dir, out_path, *, outtype):
     from .convert import convert_hf_dir
 
