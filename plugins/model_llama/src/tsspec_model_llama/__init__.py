@@ -58,4 +58,8 @@ def _convert(src_dir, out_path, *, outtype):
 
 @hookimpl
 def tsspec_register_converters(register):
-    register(["llama"], _convert, description="HF llama safetensors -> GGUF llama (token ids only)")
+    from .convert_types import MODEL_TYPES
+
+    register(list(MODEL_TYPES), _convert,
+             description="HF llama / mistral / qwen2 / qwen3 / phi3 / gemma2 / gemma3 safetensors -> GGUF "
+                         "(tokenizer, special tokens and chat template included)")

@@ -22,6 +22,8 @@ import numpy as np
 
 from tsspec.modeling.gguf_writer import write_gguf
 
+from .convert_types import MODEL_TYPES
+
 __all__ = ["permute_for_gguf", "llama_gguf_contents", "write_llama_gguf", "convert_hf_dir", "family_gguf_contents",
            "write_family_gguf"]
 
@@ -115,10 +117,15 @@ def write_llama_gguf(
     return write_gguf(path, "llama", metadata, tensors, tokenizer=tokenizer)
 
 
+CONFIG_DEFAULTS = {"tie_word_embeddings": False, "max_position_embeddings": 4096, "rms_norm_eps": 1e-5}
+TIED_BY_DEFAULT = ("gemma2", "gemma3")  # transformers' default for these configs
+
+
 def convert_hf_dir(src_dir: str | os.PathLike[str], out_path: str | os.PathLike[str], *, outtype: str = "f32") -> str:
-    """A Hugging Face llama checkpoint directory (config.json + safetensors) -> a llama GGUF
-    (token ids only: the tokenizer is not converted). Matrices in ``outtype`` (f32, f16, q8_0;
-    Q8_0 only where rows split into 32-value blocks), vectors in float32."""
+    """A Hugging Face checkpoint directory (config.json, safetensors, tokenizer files) of a
+    family in ``MODEL_TYPES`` -> a GGUF with its tokenizer, special tokens and chat template.
+    Matrices in ``outtype`` (f32, f16, q8_0; Q8_0 only where rows split into 32-value
+    blocks), vectors in float32. Whatever is missing is a ModelLoadError naming it."""
     import json
     import types
     from pathlib import Path
@@ -128,27 +135,43 @@ def convert_hf_dir(src_dir: str | os.PathLike[str], out_path: str | os.PathLike[
 
     from tsspec.errors import ModelLoadError
 
+    from .tokenizer_export import tokenizer_metadata
+
     src = Path(src_dir)
     if outtype not in MATRIX_TYPES:
         raise ModelLoadError(src, f"--outtype {outtype!r}: use {', '.join(MATRIX_TYPES)}")
+    if not (src / "config.json").is_file():
+        raise ModelLoadError(src, "no config.json")
     shards = sorted(src.glob("*.safetensors"))
     if not shards:
         raise ModelLoadError(src, "no *.safetensors files")
     raw = json.loads((src / "config.json").read_text())
-    config = types.SimpleNamespace(
-        **{"tie_word_embeddings": False, "max_position_embeddings": 4096, "rms_norm_eps": 1e-5, **raw}
-    )
+    arch = MODEL_TYPES.get(raw.get("model_type"))
+    if arch is None:
+        raise ModelLoadError(src, f"model_type {raw.get('model_type')!r} is not one this converter takes "
+                                  f"({', '.join(MODEL_TYPES)})")
+    defaults = dict(CONFIG_DEFAULTS, tie_word_embeddings=arch in TIED_BY_DEFAULT)
+    config = types.SimpleNamespace(**{**defaults, **raw})
+    tokenizer = tokenizer_metadata(src)
     state: dict[str, Any] = {}
     for shard in shards:
         state.update(load_file(str(shard)))
-    metadata, tensors = llama_gguf_contents(config, state)
+    try:
+        if arch == "llama":
+            metadata, tensors = llama_gguf_contents(config, state)
+        else:
+            metadata, tensors = family_gguf_contents(arch, config, state)
+    except KeyError as exc:
+        raise ModelLoadError(src, f"the checkpoint has no tensor {exc.args[0]!r}") from None
+    except ValueError as exc:
+        raise ModelLoadError(src, str(exc)) from None
     kind = MATRIX_TYPES[outtype]
     if kind is not None:
         ggml = getattr(GGMLQuantizationType, kind)
         for name, array in list(tensors.items()):
             if array.ndim == 2 and (kind != "Q8_0" or array.shape[-1] % 32 == 0):
                 tensors[name] = (array, ggml)
-    return write_gguf(out_path, "llama", metadata, tensors)
+    return write_gguf(out_path, arch, metadata, tensors, tokenizer=tokenizer)
 
 
 # HF module name -> GGUF tensor name, per layer, for the families beyond llama
@@ -184,7 +207,12 @@ def family_gguf_contents(arch: str, config: Any, state_dict: Mapping[str, Any]) 
     rope = dict(getattr(config, "rope_parameters", None) or {})
     local_rope = rope.get("sliding_attention", {})
     rope = rope.get("full_attention", rope)
-    rope_dim = int(head_dim * float(rope.get("partial_rotary_factor", 1.0) or 1.0))
+    if "rope_theta" not in rope and getattr(config, "rope_theta", None):  # a config.json of older transformers
+        rope["rope_theta"] = config.rope_theta
+    if not local_rope and getattr(config, "rope_local_base_freq", None):
+        local_rope = {"rope_theta": config.rope_local_base_freq}
+    partial = rope.get("partial_rotary_factor", getattr(config, "partial_rotary_factor", 1.0))
+    rope_dim = int(head_dim * float(partial or 1.0))
     m = {
         "block_count": config.num_hidden_layers,
         "context_length": config.max_position_embeddings,
@@ -204,7 +232,7 @@ def family_gguf_contents(arch: str, config: Any, state_dict: Mapping[str, Any]) 
     if family.swa_period and getattr(config, "sliding_window", None):
         period = family.swa_period
         pattern = ["sliding_attention" if i % period < period - 1 else "full_attention" for i in range(config.num_hidden_layers)]
-        if list(config.layer_types) != pattern:
+        if getattr(config, "layer_types", None) and list(config.layer_types) != pattern:
             raise ValueError(f"{arch}'s layer pattern is {pattern}, the config has {config.layer_types}")
         m["attention.sliding_window"] = int(config.sliding_window)
     scalar = getattr(config, "query_pre_attn_scalar", None)
