@@ -18,7 +18,7 @@ import sys
 import tsspec
 from tsspec.bench.lossless import check_lossless
 from tsspec.bench.prompts import encode_case, load_prompt_set
-from tsspec.modeling.embedded import embedded_model_path
+from tsspec_gguf.embedded import embedded_model_path
 
 EXTRA_PROMPTS = [
     "The history of the printing press begins",

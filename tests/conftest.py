@@ -44,23 +44,6 @@ def cli_state(monkeypatch):
     return STATE
 
 
-@pytest.fixture
-def scalar_path():
-    """A context manager that runs the compiled CPU kernels on their scalar path (tests compare
-    it with the SIMD path, which comes back on exit)."""
-    from tsspec.modeling import native
-
-    @contextlib.contextmanager
-    def scalar():
-        native.kernels().set_simd(False)
-        try:
-            yield
-        finally:
-            native.kernels().set_simd(True)
-
-    return scalar
-
-
 FAKE_LLAMA_CPP = '''
 import os, time
 __version__ = "0.0-test"

@@ -10,8 +10,8 @@ import numpy as np
 
 from tsspec.bench.drafters import HeadSwitch, bundled_heads
 from tsspec.hookspecs import hookimpl
-from tsspec.modeling.gguf_writer import write_gguf
-from tsspec.modeling.identity import identify
+from tsspec_gguf.gguf_writer import write_gguf
+from tsspec_gguf.identity import identify
 from tsspec.plugins import PluginHost
 from tsspec.runtime.catalog import build_catalog
 from tsspec.runtime.loading import LoadOptions

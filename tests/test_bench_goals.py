@@ -94,7 +94,7 @@ def test_goals_and_paired_peers_in_one_run(monkeypatch, cases, fake_llama_env):
     section = markdown[markdown.index("### The physical picture"):markdown.index("Prefill, llama.cpp")]
     assert "{" not in section and "a 9-row verify does" in section  # every figure formatted
     assert "- Plain decoding in this run: a one-row step takes" in section
-    from tsspec.modeling import native
+    from tsspec_gguf import native
 
     if str(native.info().get("simd") or "").startswith("avx2"):  # the int8 probe runs: its floor and goal 1 in int8
         assert physics["ratio_floor_int8"] >= 1.0 and physics["int8_ops"] > 0
@@ -104,7 +104,7 @@ def test_goals_and_paired_peers_in_one_run(monkeypatch, cases, fake_llama_env):
 
 
 def test_verify_cost_is_timed_by_the_shared_row_measurer():
-    """Goal 1's ratio comes from tsspec.modeling.row_timing: paired per round, never below 1."""
+    """Goal 1's ratio comes from tsspec_gguf.row_timing: paired per round, never below 1."""
     target = load_model("toy")
     out = goals.verify_cost(target, list(range(3, 40)), context=20, rows=9, reps=3)
     assert out["context"] == 20 and out["rows"] == 9 and out["reps"] == 3 and out["ratio"] >= 1.0

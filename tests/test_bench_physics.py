@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from tsspec.bench import physics
-from tsspec.modeling.qlinear import BlockMatrix
+from tsspec_gguf.qlinear import BlockMatrix
 
 
 class _Layer:
@@ -39,7 +39,7 @@ def test_weight_footprint_counts_each_storage_once_and_no_cache():
 
 
 def test_weight_footprint_of_the_embedded_model_is_its_weights_not_its_cache():
-    from tsspec.modeling.embedded import embedded_model_path
+    from tsspec_gguf.embedded import embedded_model_path
     from tsspec.runtime.loading import load_model
 
     target = load_model(str(embedded_model_path()))
@@ -60,7 +60,7 @@ def test_machine_figures_are_positive_and_restore_the_thread_count():
 
 
 def test_fma_peak_is_the_kernels_probe_and_the_floor_uses_the_best_rate():
-    from tsspec.modeling import native
+    from tsspec_gguf import native
 
     kernels = native.kernels()
     peak = physics.fma_peak(2, reps=1)
@@ -77,7 +77,7 @@ def test_fma_peak_is_the_kernels_probe_and_the_floor_uses_the_best_rate():
 
 
 def test_int8_peak_is_the_kernels_probe_and_gives_the_int8_floors():
-    from tsspec.modeling import native
+    from tsspec_gguf import native
 
     peak = physics.int8_peak(2, reps=1)
     if native.kernels() is None or not str(native.info().get("simd") or "").startswith("avx2"):

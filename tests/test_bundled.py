@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 
 from tsspec.hookspecs import hookimpl
-from tsspec.modeling.gguf_writer_util import write_gguf
-from tsspec.modeling.identity import identify, shape_digest
+from tsspec_gguf.gguf_writer_util import write_gguf
+from tsspec_gguf.identity import identify, shape_digest
 from tsspec.plugins import PluginHost
 from tsspec.runtime.bundled import BUNDLED_ENV, pick
 from tsspec.runtime.catalog import build_catalog

@@ -36,10 +36,10 @@ from gguf import GGUFValueType as VT
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-import tsspec.modeling.dequant  # noqa: F401  (imported here, not inside a time-bounded case)
+import tsspec_gguf.dequant  # noqa: F401  (imported here, not inside a time-bounded case)
 from tsspec.errors import ModelLoadError
-from tsspec.modeling.gguf_file import GGUFFile
-from tsspec.modeling.gguf_writer import write_gguf
+from tsspec_gguf.gguf_file import GGUFFile
+from tsspec_gguf.gguf_writer import write_gguf
 
 # -- the seed file -----------------------------------------------------------------------------
 

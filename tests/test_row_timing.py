@@ -1,11 +1,11 @@
-"""tsspec.modeling.row_timing: a forward's cost by rows timed as ratios to the one-row forward of
+"""tsspec_gguf.row_timing: a forward's cost by rows timed as ratios to the one-row forward of
 the same round, medians over rounds, monotone whatever the timings said."""
 
 from __future__ import annotations
 
 import pytest
 
-from tsspec.modeling.row_timing import ROUNDS, RowTiming, monotone, time_rows
+from tsspec_gguf.row_timing import ROUNDS, RowTiming, monotone, time_rows
 
 
 class FakeForwards:
@@ -67,16 +67,16 @@ def test_bad_arguments_are_refused():
 
 
 def test_row_timing_is_a_public_toolkit_module():
-    import tsspec.modeling
+    import tsspec_gguf
 
-    assert "row_timing" in tsspec.modeling.__all__
+    assert "row_timing" in tsspec_gguf.__all__
     assert RowTiming(one_row_ms=2.0, ratios=((1, 1.0), (3, 1.5)), rounds=1).profile() == ((1, 2.0), (3, 3.0))
 
 
 def test_the_docstring_examples_hold():
     import doctest
 
-    from tsspec.modeling import row_timing
+    from tsspec_gguf import row_timing
 
     result = doctest.testmod(row_timing)
     assert result.attempted > 0 and result.failed == 0

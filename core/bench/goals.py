@@ -47,7 +47,7 @@ def _forward(target, tokens, all_rows: bool) -> None:
 def verify_cost(target, stream: Sequence[int], *, context: int = VERIFY_CONTEXT, rows: int = VERIFY_ROWS,
                 reps: int = VERIFY_REPS) -> dict:
     """Milliseconds of a 1-row and a ``rows``-row forward (all rows' logits, as a verify) after
-    ``context`` tokens, timed by ``tsspec.modeling.row_timing`` (alternating, the ratio the median
+    ``context`` tokens, timed by ``tsspec_gguf.row_timing`` (alternating, the ratio the median
     of per-round ratios; ``rows_ms`` the 1-row median times that ratio)."""
     timing = time_after_context(target, stream, (rows,), context=context, rounds=reps)
     ratio = dict(timing.ratios)[rows]
@@ -105,7 +105,7 @@ def file_tensor_bytes(path: str | None) -> int | None:
     reads per step), or None without a readable file."""
     if not path:
         return None
-    from ..modeling.gguf_file import GGUFFile
+    from tsspec_gguf.gguf_file import GGUFFile
 
     try:
         with GGUFFile(path) as gguf:

@@ -81,7 +81,7 @@ def fma_peak(threads: int, *, reps: int = BANDWIDTH_REPS) -> float | None:
     """float32 flops per second at the CPU's fused multiply-add peak on ``threads`` cores: the
     best of ``reps`` runs of the compiled kernels' probe on one core (``native.fma_rate``),
     times ``threads``; None where the kernels or their AVX2 path are absent."""
-    from tsspec.modeling import native
+    from tsspec_gguf import native
 
     if native.fma_rate(1000, FMA_CHUNKS) is None:  # also the untimed warm-up
         return None
@@ -93,7 +93,7 @@ def int8_peak(threads: int, *, reps: int = BANDWIDTH_REPS) -> float | None:
     """int8 ops per second (a multiply-add counts 2, as for float32) at the int8 path's peak on
     ``threads`` cores: the best of ``reps`` runs of the kernels' probe on one core
     (``native.int8_rate``), times ``threads``; None where the probe is absent."""
-    from tsspec.modeling import native
+    from tsspec_gguf import native
 
     if native.int8_rate(1000, FMA_CHUNKS) is None:  # also the untimed warm-up
         return None

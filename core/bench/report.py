@@ -14,7 +14,7 @@ from typing import Sequence
 
 import attrs
 
-from ..modeling.row_timing import monotone
+from tsspec_gguf.row_timing import monotone
 from ..runtime.registry import AUTO
 from .lossless import MISMATCH, TIE
 from .machine import machine_line

@@ -5,7 +5,7 @@ now. The target's own profile (``spec_verify_row_ms``) is measured once, at its 
 cached per file and machine, so the machine's state at that moment stays in it; the loop's steps
 pair runs that happen seconds apart. So the bench measures the shape once more, in this run, at
 this run's context: after ``context`` tokens of the run's own prompts, forwards of 1, 2, ... rows (every
-row's logits, as a verify) timed by the toolkit's ``tsspec.modeling.row_timing`` (the same
+row's logits, as a verify) timed by the toolkit's ``tsspec_gguf.row_timing`` (the same
 measurer as the llama target's profile: each width over the 1-row forward of the same round,
 order alternating, the median over rounds, monotone), the cache rewound after each. A second or
 so of forwards; targets whose state is not all in the KV cache (recurrent layers cannot be
@@ -17,7 +17,7 @@ from __future__ import annotations
 import statistics
 from typing import Sequence
 
-from ..modeling.row_timing import ROUNDS, RowTiming, time_rows
+from tsspec_gguf.row_timing import ROUNDS, RowTiming, time_rows
 
 
 def bench_context(cases) -> int:

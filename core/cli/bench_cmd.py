@@ -141,7 +141,7 @@ def bench(
 
     model_path = model
     if model is None:
-        from ..modeling.embedded import embedded_model_path
+        from tsspec_gguf.embedded import embedded_model_path
 
         model_path = str(embedded_model_path())
     from ..runtime.loading import file_less_entry

@@ -16,8 +16,8 @@ SHOWN_KEYS = ("block_count", "embedding_length", "context_length", "attention.he
 
 
 def describe(path: str, catalog) -> dict:
-    from ..modeling.gguf_file import GGUFFile
-    from ..modeling.qlinear import weight_format
+    from tsspec_gguf.gguf_file import GGUFFile
+    from tsspec_gguf.qlinear import weight_format
 
     with GGUFFile(path) as gf:
         arch = gf.architecture

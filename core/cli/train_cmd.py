@@ -69,7 +69,7 @@ def train_drafter(
     cache_dir: Annotated[Optional[str], typer.Option("--cache-dir", help="Teacher-data cache (default $TSSPEC_TRAIN_CACHE or ~/.cache/tsspec/training).", rich_help_panel=PANEL_DATA)] = None,
 ) -> None:
     """Train a drafter for MODEL by self-distillation (labels: the model's own predictions)."""
-    from ..modeling.identity import identify
+    from tsspec_gguf.identity import identify
     from ..runtime.loading import load_model
     from ..runtime.options import SpeculationOptions
     from ..training.dataset import DataSpec
@@ -118,7 +118,7 @@ def train_drafter(
         if value < 1:
             raise OptionsError(f"{name} must be at least 1, got {value}")
     if model is None:
-        from ..modeling.embedded import embedded_model_path
+        from tsspec_gguf.embedded import embedded_model_path
 
         model = str(embedded_model_path())
     target = load_model(model, catalog=catalog, options=SpeculationOptions(enabled=False))

@@ -29,7 +29,7 @@ import time
 from importlib import resources
 
 from tsspec.errors import TsspecError
-from tsspec.modeling.embedded import embedded_model_path
+from tsspec_gguf.embedded import embedded_model_path
 from tsspec.runtime.defaults import default_catalog
 from tsspec.runtime.generation import generate
 from tsspec.runtime.loading import load_model

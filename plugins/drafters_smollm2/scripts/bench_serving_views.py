@@ -35,7 +35,7 @@ import time
 from importlib import resources
 
 from tsspec import Scheduler, SequenceRequest
-from tsspec.modeling.embedded import embedded_model_path
+from tsspec_gguf.embedded import embedded_model_path
 from tsspec.runtime.defaults import default_catalog
 from tsspec.runtime.loading import load_model
 from tsspec.runtime.options import SpeculationOptions

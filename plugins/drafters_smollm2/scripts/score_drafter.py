@@ -129,8 +129,8 @@ def main(argv=None) -> int:
 
 
 def _score(args) -> int:
-    from tsspec.modeling.embedded import embedded_model_path
-    from tsspec.modeling.identity import identify
+    from tsspec_gguf.embedded import embedded_model_path
+    from tsspec_gguf.identity import identify
     from tsspec.runtime.loading import load_model
     from tsspec.runtime.options import SpeculationOptions
     from tsspec.training import dataset as datasets

@@ -56,7 +56,7 @@ def main(argv=None) -> int:
 
     import torch
 
-    from tsspec.modeling.embedded import embedded_model_path
+    from tsspec_gguf.embedded import embedded_model_path
     from tsspec.runtime.generation import generate
     from tsspec.runtime.loading import load_model
     from tsspec.runtime.options import SpeculationOptions

@@ -47,7 +47,7 @@ def main(argv=None) -> int:
     import torch
 
     os.environ["TS_BLOCK_VALUE"] = "0"  # every gated row proposed: the calibration needs them all
-    from tsspec.modeling.embedded import embedded_model_path
+    from tsspec_gguf.embedded import embedded_model_path
     from tsspec.runtime.generation import generate
     from tsspec.runtime.loading import load_model
     from tsspec.runtime.options import SpeculationOptions

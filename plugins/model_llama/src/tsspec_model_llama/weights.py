@@ -15,13 +15,13 @@ milliseconds with the tensor's name. The layout the forward wants differs from t
 * Tied embeddings (no ``output.weight``) share one tensor for the embedding and the LM head.
 
 Block mode (``blocks=True``, the CPU default): the matrices stay in the file's quantised blocks
-(``tsspec.modeling.qlinear.BlockMatrix``: Q4_0/1, Q5_0/1, Q8_0, Q4_K, Q5_K, Q6_K) and are
+(``tsspec_gguf.qlinear.BlockMatrix``: Q4_0/1, Q5_0/1, Q8_0, Q4_K, Q5_K, Q6_K) and are
 stored as their ``q``/``d``/``m`` tensors under the matrix's name (``l3.wqkv.q4``,
 ``l3.wqkv.d``, ...); a matrix with a part of another type runs as float32 weights (format 32),
-and ``SERVED_KEY`` counts such tensors per type for the loader's warning and ``--stats``. ``tsspec.modeling.cache.join_block_matrices`` turns the flat dict back
-into tensors and BlockMatrix objects.
+and ``SERVED_KEY`` counts such tensors per type for the loader's warning and ``--stats``.
+``tsspec_gguf.cache.join_block_matrices`` turns the flat dict back into tensors and BlockMatrix objects.
 
-The prepared tensors go through ``tsspec.modeling.cache.WeightCache``; a warm load maps them back.
+The prepared tensors go through ``tsspec_gguf.cache.WeightCache``; a warm load maps them back.
 """
 
 from __future__ import annotations
@@ -32,8 +32,8 @@ from typing import Iterator
 import torch
 
 from tsspec.errors import ModelLoadError
-from tsspec.modeling.cache import join_block_matrices
-from tsspec.modeling.qlinear import BlockMatrix, pack_tensor
+from tsspec_gguf.cache import join_block_matrices
+from tsspec_gguf.qlinear import BlockMatrix, pack_tensor
 
 from .hparams import LlamaHParams
 
@@ -273,7 +273,7 @@ def load_weights(
     if cache is None:
         prepared = prepare_weights(hp, gguf_file, dtype, blocks)
     else:
-        from tsspec.modeling.cache import cache_key
+        from tsspec_gguf.cache import cache_key
 
         key = cache_key(gguf_file, BLOCK_LAYOUT_TAG if blocks else LAYOUT_TAG, dtype)
         prepared = cache.load_or_build(key, lambda: prepare_weights(hp, gguf_file, dtype, blocks))

@@ -69,7 +69,7 @@ def drafter_config(target, request: TrainRequest, taps: Sequence[int], draft_ids
 def _target_tensors(model_path: str) -> "Callable[[str], torch.Tensor | None]":
     """A reader of the target GGUF's tensors by name (None when absent or unreadable)."""
     try:
-        from tsspec.modeling.gguf_file import GGUFFile
+        from tsspec_gguf.gguf_file import GGUFFile
 
         handle = GGUFFile(model_path)
     except Exception:  # a file-less target (toy) or a format the core cannot read

@@ -75,7 +75,7 @@ def _initialise(module: NextNModule, model_path: str, num_layers: int, seed: int
         module.eh_proj[:, H:] += torch.eye(H)
         if not from_target:
             return "random"
-        from tsspec.modeling.gguf_file import GGUFFile
+        from tsspec_gguf.gguf_file import GGUFFile
 
         index = num_layers - 1 if layer is None else layer % num_layers
         last = f"blk.{index}."

@@ -11,8 +11,8 @@ from gguf import GGUFReader, GGUFValueType, GGMLQuantizationType as T
 from hypothesis import HealthCheck, given, settings, strategies as st
 
 from tsspec.errors import ModelLoadError
-from tsspec.modeling.gguf_file import GGUFFile, read_architecture
-from tsspec.modeling.gguf_writer import write_gguf
+from tsspec_gguf.gguf_file import GGUFFile, read_architecture
+from tsspec_gguf.gguf_writer import write_gguf
 
 METADATA = {
     "demo.block_count": 3,
@@ -198,7 +198,7 @@ def test_random_header_corruption_never_escapes(small_gguf, tmp_path_factory, da
 
 
 def test_memory_source_reads_like_a_file():
-    from tsspec.modeling.gguf_file import MemorySource
+    from tsspec_gguf.gguf_file import MemorySource
 
     src = MemorySource("demo", {"demo.block_count": 3, "demo.ids": np.arange(3)}, {"w": np.ones((2, 4), np.float32)})
     assert src.architecture == "demo" and src.require(src.arch_key("block_count")) == 3

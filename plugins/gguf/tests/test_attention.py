@@ -1,4 +1,4 @@
-"""tsspec.modeling.attention: the compiled causal attention against torch's softmax attention."""
+"""tsspec_gguf.attention: the compiled causal attention against torch's softmax attention."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import itertools
 import pytest
 import torch
 
-from tsspec.modeling import attention, native
+from tsspec_gguf import attention, native
 
 pytestmark = [
     pytest.mark.skipif(not native.available(), reason="the compiled CPU kernels were not built"),

@@ -1,4 +1,4 @@
-"""tsspec.modeling.qlinear: block matrices and the compiled block kernel.
+"""tsspec_gguf.qlinear: block matrices and the compiled block kernel.
 
 The reference nobody here wrote is gguf's numpy quantiser/dequantiser: blocks quantised by it
 must unpack to exactly its dequantised values, and products must match a float64 matmul.
@@ -14,8 +14,8 @@ import torch
 from gguf import GGMLQuantizationType as T
 from gguf import quants
 
-from tsspec.modeling import native, qlinear
-from tsspec.modeling.qlinear import BlockMatrix, pack_tensor
+from tsspec_gguf import native, qlinear
+from tsspec_gguf.qlinear import BlockMatrix, pack_tensor
 
 TYPES = [T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q8_0]
 needs_native = pytest.mark.skipif(not native.available(), reason="the block kernel was not built")
@@ -116,7 +116,7 @@ def test_many_rows_take_the_path_measured_faster(monkeypatch):
 
 def test_without_the_kernel_everything_still_works(monkeypatch):
     bm, ref = make(T.Q8_0, n=16, k=64)
-    from tsspec.modeling import native
+    from tsspec_gguf import native
 
     monkeypatch.setattr(native, "_module", None)
     monkeypatch.setattr(native, "_checked", True)

@@ -11,11 +11,11 @@ import pytest
 from gguf import GGUFValueType as V
 from hypothesis import assume, given, settings, strategies as st
 
-from tsspec.modeling.chat_template import ChatTemplate, ChatTemplateError
-from tsspec.modeling.embedded import embedded_model_path
-from tsspec.modeling.gguf_file import GGUFFile
-from tsspec.modeling.gguf_writer import write_gguf
-from tsspec.modeling.tokenizer import GGUFTokenizer, byte_alphabet, from_gguf
+from tsspec_gguf.chat_template import ChatTemplate, ChatTemplateError
+from tsspec_gguf.embedded import embedded_model_path
+from tsspec_gguf.gguf_file import GGUFFile
+from tsspec_gguf.gguf_writer import write_gguf
+from tsspec_gguf.tokenizer import GGUFTokenizer, byte_alphabet, from_gguf
 from tsspec.protocols import Tokenizer
 
 SMOL = embedded_model_path()

@@ -3,7 +3,7 @@
 A decode step of a small model on the CPU is bound by the bytes of weights it reads: float32
 weights are 4 bytes a weight, Q4_1 blocks 0.625. ``BlockMatrix`` keeps a weight [N, K] as
 32-weight affine blocks ``w = d * q + m`` (d, m float32) and multiplies with the compiled kernel
-``tsspec.modeling._cpu_kernels`` (cpu_kernels.c, loaded by ``native.py``), which unpacks each block to the exact float32 values the
+``tsspec_gguf._cpu_kernels`` (cpu_kernels.c, loaded by ``native.py``), which unpacks each block to the exact float32 values the
 dequantiser gives and sums in a fixed order per output row:
 
 * results differ from a float32 GEMM on the dequantised matrix only in summation order;
@@ -28,7 +28,7 @@ Precision: ``linear(..., precision="int8")`` quantises each row of x per 32 valu
 multiplies exactly in integers (llama.cpp's CPU arithmetic), still batch-invariant; the default
 ``"float32"`` unpacks weights to their exact float32 values.
 
-The compiled part is optional: ``tsspec.modeling.native.available()`` is False when the build
+The compiled part is optional: ``tsspec_gguf.native.available()`` is False when the build
 had no C compiler, and loaders then keep float32 weights (``linear`` and ``dequantize`` still
 work, on torch).
 """

@@ -26,7 +26,7 @@ from __future__ import annotations
 from functools import lru_cache
 from typing import Any, Iterable, Mapping, Sequence
 
-from ..errors import ModelLoadError
+from tsspec.errors import ModelLoadError
 from .chat_template import ChatTemplate
 
 __all__ = ["GGUFTokenizer", "from_gguf", "byte_alphabet", "PRE_TOKENIZER_SPLITS"]

@@ -8,8 +8,8 @@ import torch
 from gguf import quants
 from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType as T
 
-from tsspec.modeling import dequant
-from tsspec.modeling.dequant import BLOCK_ROUTINES, UnsupportedType, dequantize
+from tsspec_gguf import dequant
+from tsspec_gguf.dequant import BLOCK_ROUTINES, UnsupportedType, dequantize
 
 # byte offsets of the fp16 scale fields in each block: random bytes there would be NaN/inf
 FP16_FIELDS = {

@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-from tsspec.modeling import native
+from tsspec_gguf import native
 
 PROMPT = "def add(a, b):\n    return a + b\n\ndef add(a, b):\n"
 

@@ -7,9 +7,9 @@ import importlib.metadata as metadata
 import pytest
 
 from tsspec.errors import ModelLoadError
-from tsspec.modeling import embedded
-from tsspec.modeling.embedded import EMBEDDED_FILE, embedded_model_path
-from tsspec.modeling.gguf_file import read_architecture
+from tsspec_gguf import embedded
+from tsspec_gguf.embedded import EMBEDDED_FILE, embedded_model_path
+from tsspec_gguf.gguf_file import read_architecture
 
 
 def test_embedded_model_is_installed_and_a_llama_gguf():

@@ -17,7 +17,7 @@ import json
 from datetime import datetime
 from typing import Any, Mapping, Sequence
 
-from ..errors import GenerationError
+from tsspec.errors import GenerationError
 
 __all__ = ["ChatTemplate", "ChatTemplateError"]
 

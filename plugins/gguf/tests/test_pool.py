@@ -7,7 +7,7 @@ import time
 import pytest
 import torch
 
-from tsspec.modeling import native, qlinear
+from tsspec_gguf import native, qlinear
 
 pytestmark = pytest.mark.skipif(not native.available(), reason="the compiled CPU kernels were not built")
 

@@ -36,7 +36,7 @@ import torch
 
 __all__ = ["WeightCache", "cache_dir", "cache_key", "join_block_matrices"]
 
-log = logging.getLogger("tsspec.modeling.cache")
+log = logging.getLogger("tsspec_gguf.cache")
 
 MAGIC = b"TSSPECW1"
 ALIGNMENT = 64
@@ -84,7 +84,7 @@ def cache_key(gguf_file, layout: str, dtype: torch.dtype) -> str:
 def join_block_matrices(tensors: Mapping[str, torch.Tensor]) -> dict:
     """A flat dict of tensors (what a cache entry holds) with every block matrix joined again.
 
-    A ``tsspec.modeling.qlinear.BlockMatrix`` is stored flat as ``STEM.q<fmt>``, ``STEM.d`` and
+    A ``tsspec_gguf.qlinear.BlockMatrix`` is stored flat as ``STEM.q<fmt>``, ``STEM.d`` and
     ``STEM.m`` (``BlockMatrix.tensors(STEM)``); this returns ``{STEM: BlockMatrix}`` for each
     such group and every other tensor under its own name, in the input's order. Model plugins
     that cache block weights call it on what ``WeightCache.load_or_build`` returns.

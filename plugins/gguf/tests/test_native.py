@@ -1,4 +1,4 @@
-"""tsspec.modeling.native: huge pages for the memory a step streams (byte_ranges, huge_pages)."""
+"""tsspec_gguf.native: huge pages for the memory a step streams (byte_ranges, huge_pages)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import sys
 import pytest
 import torch
 
-from tsspec.modeling import native, qlinear
+from tsspec_gguf import native, qlinear
 
 HUGE = 2 << 20
 THP = pathlib.Path("/sys/kernel/mm/transparent_hugepage/enabled")

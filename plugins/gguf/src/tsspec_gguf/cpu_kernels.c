@@ -1,4 +1,4 @@
-/* CPU kernels of tsspec (module tsspec.modeling._cpu_kernels): the quantised-weight matmul (1),
+/* CPU kernels of tsspec (module tsspec_gguf._cpu_kernels): the quantised-weight matmul (1),
  * causal attention over a KV cache (2), the small per-row ops of a block (3), a stack of
  * pre-norm GQA + SwiGLU blocks run from those in one call (4), and two roofline probes (5:
  * measurement only, nothing else calls them). All compute every row the same

@@ -1,11 +1,11 @@
-"""tsspec.modeling.rowops: RMSNorm, RoPE and the SiLU product on the compiled kernels against torch."""
+"""tsspec_gguf.rowops: RMSNorm, RoPE and the SiLU product on the compiled kernels against torch."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from tsspec.modeling import native
+from tsspec_gguf import native
 
 pytestmark = pytest.mark.skipif(not native.available(), reason="the compiled CPU kernels were not built")
 
@@ -13,7 +13,7 @@ pytestmark = pytest.mark.skipif(not native.available(), reason="the compiled CPU
 def test_row_ops_match_torch_and_are_row_independent():
     import torch.nn.functional as F
 
-    from tsspec.modeling import rowops
+    from tsspec_gguf import rowops
 
     g = torch.Generator().manual_seed(4)
     x, w = torch.randn(7, 96, generator=g), torch.randn(96, generator=g)
@@ -45,7 +45,7 @@ def test_silu_product_scalar_and_simd_agree_over_the_whole_range(scalar_path):
     zeros, a tail that is not a multiple of 8) and tracks torch's."""
     import torch.nn.functional as F
 
-    from tsspec.modeling import rowops
+    from tsspec_gguf import rowops
 
     g = torch.Generator().manual_seed(5)
     gate = torch.cat([torch.randn(2, 93, generator=g) * 6, torch.tensor([[-120.0, -88.0, -0.0, 0.0, 90.0] * 18 + [1.0] * 3] * 1)])
@@ -64,7 +64,7 @@ def test_rms_norm_torch_is_torchs_rms_norm_bit_for_bit(n):
     by row, on rows of every magnitude, for hidden sizes with and without a scalar tail."""
     import torch.nn.functional as F
 
-    from tsspec.modeling import rowops
+    from tsspec_gguf import rowops
 
     lanes = rowops.torch_norm_lanes(n, 1e-5)
     if lanes is None:  # another torch or CPU: the targets keep torch's op (tested in model_llama)
@@ -85,7 +85,7 @@ def test_a_wrong_lane_count_gives_other_bits():
     another width than torch's changes some rows' last bits."""
     import torch.nn.functional as F
 
-    from tsspec.modeling import rowops
+    from tsspec_gguf import rowops
 
     lanes = rowops.torch_norm_lanes(576, 1e-5)
     if lanes is None:
@@ -101,7 +101,7 @@ def test_a_wrong_lane_count_gives_other_bits():
 
 
 def test_rms_norm_torch_refuses_bad_operands():
-    from tsspec.modeling import rowops
+    from tsspec_gguf import rowops
 
     with pytest.raises(ValueError, match="weight"):
         rowops.rms_norm_torch(torch.ones(2, 8), torch.ones(9), 1e-5)

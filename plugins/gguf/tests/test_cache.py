@@ -8,10 +8,10 @@ import numpy as np
 import pytest
 import torch
 
-from tsspec.modeling import cache as cache_module
-from tsspec.modeling.cache import WeightCache, cache_dir, cache_key
-from tsspec.modeling.gguf_file import GGUFFile
-from tsspec.modeling.gguf_writer import write_gguf
+from tsspec_gguf import cache as cache_module
+from tsspec_gguf.cache import WeightCache, cache_dir, cache_key
+from tsspec_gguf.gguf_file import GGUFFile
+from tsspec_gguf.gguf_writer import write_gguf
 
 
 def sample_tensors() -> dict[str, torch.Tensor]:
@@ -124,8 +124,8 @@ def test_key_tracks_file_layout_and_dtype(tmp_path):
 
 
 def test_join_block_matrices_rebuilds_what_tensors_flattened():
-    from tsspec.modeling.cache import join_block_matrices
-    from tsspec.modeling.qlinear import BlockMatrix
+    from tsspec_gguf.cache import join_block_matrices
+    from tsspec_gguf.qlinear import BlockMatrix
 
     weight = torch.randn(4, 64, generator=torch.Generator().manual_seed(1))  # [N, K]
     flat = {"embd": torch.ones(3), **BlockMatrix.dense(weight).tensors("l0.wq"), "l0.norm": torch.zeros(2)}

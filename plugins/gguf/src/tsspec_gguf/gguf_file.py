@@ -23,7 +23,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from ..errors import ModelLoadError
+from tsspec.errors import ModelLoadError
 from .gguf_header import GGUFHeader, HeaderError, TensorInfo, parse_header
 
 __all__ = ["GGUFFile", "MISSING", "MEMORY_PATH", "MemorySource", "read_architecture"]

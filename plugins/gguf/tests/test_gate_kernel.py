@@ -9,7 +9,7 @@ import math
 import pytest
 import torch
 
-from tsspec.modeling import native
+from tsspec_gguf import native
 
 kernels = native.kernels()
 pytestmark = pytest.mark.skipif(kernels is None or not hasattr(kernels, "top1_topk"),

@@ -10,7 +10,7 @@ from __future__ import annotations
 import importlib.metadata as metadata
 from pathlib import Path
 
-from ..errors import ModelLoadError
+from tsspec.errors import ModelLoadError
 
 __all__ = ["EMBEDDED_DISTRIBUTION", "EMBEDDED_FILE", "embedded_model_path"]
 
