@@ -159,3 +159,20 @@ def test_inspect_unserved_architecture_names_no_plugin(capsys, tmp_path):
     info = json.loads(out)
     assert code == 0 and info["kind"] == "unserved" and info["served_by"] is None
     assert "'mystery' is served by no" not in info["reason"] and "no loaded plugin serves" in info["reason"]
+
+
+def test_threads_and_ctx_size(capsys):
+    import torch
+
+    before = torch.get_num_threads()
+    try:
+        code, out, err = run(capsys, "generate", "-t", "1", "-c", "64", "-p", "Hello", "-n", "4", "--no-spec")
+        assert code == 0 and torch.get_num_threads() == 1
+    finally:
+        torch.set_num_threads(before)
+    code, _, err = run(capsys, "generate", "--ctx-size", "100000", "-p", "Hello", "-n", "4")
+    assert code == 2 and "--ctx-size 100000 exceeds the model's context of 8192" in err
+    code, _, err = run(capsys, "generate", "-c", "6", "-p", "one two three four five six seven", "-n", "4")
+    assert code == 2 and "context holds 6" in err
+    code, _, err = run(capsys, "generate", "-t", "0", "-p", "Hello", "-n", "4")
+    assert code == 2 and "--threads must be >= 1" in err

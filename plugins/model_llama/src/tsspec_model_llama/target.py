@@ -221,6 +221,7 @@ class LlamaTarget:
         self._v: torch.Tensor | None = None
         self._taps: tuple[int, ...] | None = None
         self._row_ms = None  # the forward's cost by rows, measured on first use
+        self._context_limit = 0  # -c/--ctx-size (0: the file's context_length)
         self._gemm_threads = self._small_threads = self._active_threads = torch.get_num_threads()
 
     def _layer_stack(self):
@@ -382,7 +383,18 @@ class LlamaTarget:
 
     @property
     def max_context_length(self) -> int:
-        return self.hparams.context_length
+        return self._context_limit or self.hparams.context_length
+
+    def spec_set_context_length(self, tokens: int) -> None:
+        """Cap the context (``-c/--ctx-size``) at ``tokens``, at most the file's; ValueError
+        below the tokens already cached."""
+        if not 1 <= tokens or tokens < self._seq_len:
+            raise ValueError(f"a context of {tokens} tokens cannot hold the {self._seq_len} cached")
+        if tokens > self.hparams.context_length:
+            from tsspec.errors import OptionsError
+
+            raise OptionsError(f"--ctx-size {tokens} exceeds the model's context of {self.hparams.context_length}")
+        self._context_limit = tokens
 
     @property
     def spec_feature_size(self) -> int:
