@@ -176,3 +176,24 @@ def test_threads_and_ctx_size(capsys):
     assert code == 2 and "context holds 6" in err
     code, _, err = run(capsys, "generate", "-t", "0", "-p", "Hello", "-n", "4")
     assert code == 2 and "--threads must be >= 1" in err
+
+
+def test_chat_keeps_the_conversation_in_the_template(capsys, monkeypatch):
+    import io
+
+    from tsspec.runtime import generation
+
+    prompts = []
+    real = generation.generate
+
+    def recording(target, prompt, *args, **kwargs):
+        prompts.append(target.tokenizer.decode(prompt))
+        return real(target, prompt, *args, **kwargs)
+
+    monkeypatch.setattr(generation, "generate", recording)
+    monkeypatch.setattr("sys.stdin", io.StringIO("What is 2+2?\nAnd times 3?\n/exit\nnever read\n"))
+    code, out, _ = run(capsys, "chat", "-n", "8", "--system", "Be brief.")
+    assert code == 0 and len(prompts) == 2 and len(out.strip().splitlines()) >= 2
+    first_reply = out.splitlines()[0].strip()
+    assert "Be brief." in prompts[0] and "What is 2+2?" in prompts[0]
+    assert first_reply in prompts[1] and prompts[1].rstrip().endswith("assistant") and "And times 3?" in prompts[1]
