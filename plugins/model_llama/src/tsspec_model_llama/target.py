@@ -1,4 +1,8 @@
-"""``LlamaTarget``: a llama-family dense transformer as a ``tsspec`` SpeculativeTarget.
+"""``LlamaTarget``: a dense transformer of a family in ``families.py`` as a ``tsspec`` SpeculativeTarget.
+
+A family whose block is not llama's (per-head Q/K norms, post norms, GELU-tanh, sliding
+windows, soft-capping) runs ``_family_block`` on the same per-row kernels (or torch ops off
+the kernel path); the fused native stack below serves llama's block.
 
 Block: ``x += W_o attn(rope(q), rope(k), v)`` on ``RMSNorm(x)``, then
 ``x += W_down (silu(W_gate h) * W_up h)`` on ``RMSNorm(x)``; final RMSNorm; LM head (the
