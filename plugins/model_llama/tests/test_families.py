@@ -150,3 +150,32 @@ def test_speculative_generation_is_lossless(family, sampled):
         lambda t: OracleSpeculator.from_plain_run(make(), prompt, 24, sampling=sampling, corrupt=0.3, seed=2),
     ):
         assert_lossless(make, make_speculator, prompt, max_tokens=24, sampling=sampling)
+
+
+def _source(arch: str, layers: int, extra: dict | None = None, tensors: dict | None = None):
+    import numpy as np
+
+    from tsspec_gguf.gguf_file import MemorySource
+
+    meta = {"block_count": layers, "embedding_length": 64, "feed_forward_length": 96, "attention.head_count": 4,
+            "attention.head_count_kv": 2, "attention.key_length": 32, "attention.value_length": 32,
+            "attention.layer_norm_rms_epsilon": 1e-6, "context_length": 128, **(extra or {})}
+    return MemorySource(arch, {f"{arch}.{k}": v for k, v in meta.items()},
+                        {"token_embd.weight": np.zeros((10, 64), np.float32), **(tensors or {})})
+
+
+def test_gemma_27b_attention_scale_and_unsupported_rope_are_facts_of_the_file():
+    """Without attention.scale, Gemma's 27B variants (46 / 62 blocks) scale by hidden / heads and
+    the others by head_dim (llama.cpp's rule); long-context RoPE factors are refused by name."""
+    import numpy as np
+
+    from tsspec.errors import ModelLoadError
+    from tsspec_model_llama.hparams import read_hparams
+
+    assert read_hparams(_source("gemma2", 46)).q_scale == 16 ** -0.5
+    assert read_hparams(_source("gemma2", 26)).q_scale == 32 ** -0.5
+    assert read_hparams(_source("gemma3", 62)).q_scale == 16 ** -0.5
+    assert read_hparams(_source("gemma3", 46)).q_scale == 32 ** -0.5
+    assert read_hparams(_source("gemma2", 46, {"attention.scale": 0.25})).q_scale == 0.25
+    with pytest.raises(ModelLoadError, match="long-context RoPE"):
+        read_hparams(_source("phi3", 2, tensors={"rope_factors_long.weight": np.ones(16, np.float32)}))

@@ -30,6 +30,9 @@ class Family:
     soft_capping: bool = False  # reads {arch}.attn_logit_softcapping / final_logit_softcapping
     local_rope_base: float | None = None  # RoPE base of sliding layers when the file names none
     hf_norm_offset: float = 0.0  # what HF -> GGUF conversion adds to every norm weight (Gemma: 1)
+    # block counts of the variants whose attention scale is 1/sqrt(hidden / heads) rather than
+    # 1/sqrt(head_dim) when the file names none (Gemma's 27B models, as llama.cpp decides)
+    scale_by_hidden_at_layers: tuple[int, ...] = ()
 
     @property
     def llama_block(self) -> bool:
@@ -47,9 +50,10 @@ FAMILIES: dict[str, Family] = {
         Family("qwen3", rope_neox=True, qk_norm=True),
         Family("phi3", rope_neox=True, fused_qkv=True, fused_gate_up=True),
         Family("gemma2", rope_neox=True, post_norms=True, embedding_scale=True, activation="gelu_tanh",
-               swa_period=2, soft_capping=True, hf_norm_offset=1.0),
+               swa_period=2, soft_capping=True, hf_norm_offset=1.0, scale_by_hidden_at_layers=(46,)),
         Family("gemma3", rope_neox=True, qk_norm=True, post_norms=True, embedding_scale=True,
-               activation="gelu_tanh", swa_period=6, local_rope_base=10000.0, hf_norm_offset=1.0),
+               activation="gelu_tanh", swa_period=6, local_rope_base=10000.0, hf_norm_offset=1.0,
+               scale_by_hidden_at_layers=(62,)),
     )
 }
 

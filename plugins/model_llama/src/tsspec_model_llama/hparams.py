@@ -149,6 +149,8 @@ def read_hparams(gguf_file) -> LlamaHParams:
     linear = factor if scaling == "linear" and factor > 0 else 1.0
     context = _positive_int(gguf_file, key("context_length"))
     vocab = gguf_file.tensor_shape("token_embd.weight")[0]
+    if gguf_file.has_tensor("rope_factors_long.weight") or scaling in ("longrope", "su", "yarn"):
+        raise ModelLoadError(gguf_file.path, "long-context RoPE scaling (rope_factors_long/short, YaRN) is not supported")
     local_base = _positive_float(gguf_file, key("rope.freq_base_swa")) or float(family.local_rope_base or base)
     softcaps = (_positive_float(gguf_file, key("attn_logit_softcapping")), _positive_float(gguf_file, key("final_logit_softcapping")))
     if not family.soft_capping:
@@ -168,7 +170,8 @@ def read_hparams(gguf_file) -> LlamaHParams:
         rope_dim=rope_dim,
         rope_linear_factor=linear,
         family=family,
-        attention_scale=_positive_float(gguf_file, key("attention.scale")),
+        attention_scale=_positive_float(gguf_file, key("attention.scale"))
+        or ((hidden / n_heads) ** -0.5 if n_layers in family.scale_by_hidden_at_layers else 0.0),
         sliding_window=window,
         rope_base_local=local_base,
         attn_softcap=softcaps[0],
