@@ -36,6 +36,15 @@ def tsspec_register_models(register):
 
 
 @hookspec
+def tsspec_register_named_models(register):
+    """register(name: str, resolve, *, description: str = "", installed: bool = True);
+    ``resolve()`` returns the path of the model's GGUF, made from installed packages (e.g.
+    assembled once into the tsspec cache; nothing downloads at run time) or raises
+    ModelLoadError. ``--model NAME`` loads it when no file of that name exists; ``installed``
+    False lists the name with what to install."""
+
+
+@hookspec
 def tsspec_register_drafters(register):
     """register(architectures: list[str], attach); attach(target, gguf_path, options) -> DraftHead
     for separate drafter files (dflash, ...). ``gguf_path`` may also be an open reader with

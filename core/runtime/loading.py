@@ -104,6 +104,9 @@ def load_model(
                                 drafters=dict(catalog.drafters))
     entry = file_less_entry(path, catalog)
     if entry is None:
+        from .named_models import resolve_model_path
+
+        path = resolve_model_path(path, catalog)
         arch = file_architecture(path)
         entry = catalog.models.get(arch)
         if entry is None:
