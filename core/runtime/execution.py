@@ -379,7 +379,6 @@ class SpeculativeExecution:
             vocab_size=self.vocab_size,
             adjust_lookback=self.sampler.lookback,
             window=self.window,
-            worth=self.governor.chain_worth(),
         )
 
     def _emit(self, seq: SequenceState, token: int) -> bool:

@@ -264,12 +264,6 @@ class SpeculationCostGovernor:
             keep = min(keep, self.probe_draft)
         return keep
 
-    def chain_worth(self) -> ChainWorth | None:
-        """What a drafter that knows its confidence may read while proposing
-        (``DraftContext.worth``): this run's calibrated chances and measured costs. None when
-        the governor is off or does not size drafts (the drafter then gates by its own)."""
-        return self.worth if self.enabled and self.size_drafts else None
-
     def _plain_gap(self) -> int:
         """Speculative steps between baseline samples while the baseline is short."""
         if not self.probe_steps:
