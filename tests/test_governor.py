@@ -488,17 +488,6 @@ def test_a_drafter_that_loses_then_wins_is_not_held_back():
     assert choices[first_hold:].count("S") >= 0.9 * len(choices[first_hold:])
 
 
-def test_plain_steps_before_probe_counts_the_park_down():
-    gov = SpeculationCostGovernor(min_samples=2, initial_backoff=5)
-    assert gov.plain_steps_before_probe() is None  # probing: any step may draft
-    gov._park()
-    seen = []
-    while not gov.want_speculation():
-        seen.append(gov.plain_steps_before_probe())
-    assert seen == [4, 3, 2, 1, 0] and gov.state == PROBE and gov.plain_steps_before_probe() is None
-    assert SpeculationCostGovernor(enabled=False).plain_steps_before_probe() is None
-
-
 def test_empty_attempts_before_the_baseline_count_once_it_exists():
     """A drafter gated shut from the first step: its attempts before a plain baseline exists are
     not forgotten; the first baseline sample turns them into failed drafts."""

@@ -19,13 +19,8 @@ position ``p``:
 5. Commit: the kept tokens and the exact hidden rows that predicted them go to the speculator.
 
 An empty proposal is a plain one-row step that still commits to the speculator. The cost
-governor beside the loop may park drafting; then steps are plain one-row steps. A speculator
-that declares ``catch_up_rows = N`` (an int >= 1: the trailing committed rows its next proposal
-needs after a gap) is not told a parked step's commit unless the step lies among the N before
-the governor's next probe, and the target computes no hidden rows for a parked step whose row
-no commit or probe will read: while parked it costs what its next probe's catch-up needs. A
-speculator that declares nothing is told every step, as before. A speculator
-with ``observe_step(speculative, ms, tokens, drafted)`` hears every step's measured cost after
+governor beside the loop may park drafting; then steps are plain one-row steps, each still
+committed to the speculator. A speculator with ``observe_step(speculative, ms, tokens, drafted)`` hears every step's measured cost after
 its commit (``auto``'s pairing governs its backup with it).
 """
 
@@ -62,23 +57,6 @@ from .stats import SpecStats
 log = logging.getLogger("tsspec.execution")
 
 _logged_faults: set[str] = set()  # speculators whose first fault was already logged
-
-
-def catch_up_bound(speculator) -> int | None:
-    """The speculator's declared ``catch_up_rows`` (an int >= 1: how many trailing committed
-    rows its next proposal needs after a gap), or None when it declares none (or one that is
-    not a positive int, or it governs itself): then it is told every commit."""
-    if speculator is None:
-        return None
-    try:
-        if getattr(speculator, "governs_itself", False) is True:
-            return None  # its own governors decide when it drafts; the loop's never parks it
-        bound = getattr(speculator, "catch_up_rows", None)
-    except Exception:
-        return None
-    if isinstance(bound, bool) or not isinstance(bound, int) or bound < 1:
-        return None
-    return bound
 
 
 def accept(draw: Callable[[int], int], drafts: Sequence[int]) -> list[int]:
@@ -157,7 +135,6 @@ class SpeculativeExecution:
         self._cached: list[int] = []  # tokens in the trunk's cache after the last sequence
         self._armed = False
         self._faults = 0
-        self._catch_up = catch_up_bound(speculator)  # trailing rows a probe needs, or None: all
         self._run_start = self._decode_start = 0.0
 
     # -- one sequence: start, step until done, finish ----------------------------------------
@@ -279,19 +256,12 @@ class SpeculativeExecution:
         return logits
 
     def _plain_step(self, seq: SequenceState, p: int, attempted: bool, draft_ms: float) -> None:
-        """Forward ``last`` alone and draw the next token from its row. While the governor parks
-        a speculator with a catch-up bound, the commit is withheld unless this step is among the
-        bound's last steps before the next probe, and the hidden row unless a commit or the probe
-        will read it (``_parked_needs``)."""
+        """Forward ``last`` alone, commit it and draw the next token from its row."""
         last, carry = seq.history[-1], seq.carry
-        commit, row = self._parked_needs()
         with self._phase("plain") as forward:
-            logits, hidden = self.trunk.forward_keep_all([last], want_hidden=seq.want_hidden and self._armed and row)
+            logits, hidden = self.trunk.forward_keep_all([last], want_hidden=seq.want_hidden and self._armed)
         self.stats.plain_steps += 1
-        if commit:
-            self._commit([last], None if carry is None else carry[None], p)
-        elif self._armed:
-            self.stats.skipped_commits += 1
+        self._commit([last], None if carry is None else carry[None], p)
         seq.carry = hidden[-1] if hidden is not None else None
         token = self.sampler.sample(logits[-1], p + 1, seq.history)
         # the step's cost is the forward, the draw and the commit: what a verify step's is, but
@@ -342,21 +312,6 @@ class SpeculativeExecution:
         self._observe(True, ms, kept, len(drafts))
 
     # -- helpers -----------------------------------------------------------------------------
-    def _parked_needs(self) -> tuple[bool, bool]:
-        """(commit this plain step?, compute its hidden row?). With ``r`` plain steps left before
-        the next probe (after this one) and a catch-up bound ``N``: this step's commit (of the
-        token at its position) is among the N before the probe when ``r < N``; its row is the
-        next step's commit row, or the probe's ``carry_hidden`` at ``r == 0``, so it is needed
-        when ``r <= N``. Not parked, or no bound: both. (A step that did not ask the governor,
-        ``k_max`` 0, is the sequence's last: its ``r`` is one step stale, and nothing follows.)"""
-        bound = self._catch_up
-        if bound is None:
-            return True, True
-        ahead = self.governor.plain_steps_before_probe()
-        if ahead is None:
-            return True, True
-        return ahead < bound, ahead <= bound
-
     def _reusable_prefix(self, prompt: list[int]) -> int:
         """How many leading prompt tokens the trunk still caches from the last sequence (never
         the whole prompt: the last row must be forwarded for its logits)."""

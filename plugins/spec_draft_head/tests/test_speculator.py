@@ -6,7 +6,6 @@ import attrs
 import pytest
 import torch
 
-from tsspec.runtime.execution import catch_up_bound
 from tsspec.protocols import DraftContext, Speculator
 from tsspec.toy_heads import ToyPerTokenHead
 from tsspec_draft_head import FOLD_ENV, DraftHeadSpeculator, fold_enabled
@@ -403,10 +402,10 @@ def test_a_prefill_after_a_reused_prefix_does_not_feed_its_missing_row(fold):
     assert spec.counters.skipped_rows == 1
 
 
-def test_withheld_park_commits_leave_the_same_drafts_as_every_commit():
-    """A verify that landed two drafts, then a park: told every commit, or only the last
-    ``catch_up_rows`` (what the loop sends a parked speculator), the head makes the same calls
-    and the probe proposes the same drafts."""
+def test_a_gap_before_the_newest_catch_up_rows_leaves_the_same_drafts_as_every_commit():
+    """A verify that landed two drafts, then plain steps: told every commit, or only the last
+    ``catch_up_rows`` after a gap, the head makes the same calls and the next proposal drafts
+    the same (the bound drops the older rows either way)."""
     results = []
     for withheld in (False, True):
         spec = DraftHeadSpeculator(ToyPerTokenHead(VOCAB, HIDDEN, seed=3), max_draft_tokens=3, feature_size=HIDDEN,
@@ -422,17 +421,6 @@ def test_withheld_park_commits_leave_the_same_drafts_as_every_commit():
         drafts = spec.propose(_ctx(history + [5], rows[39]))
         results.append((drafts, list(spec.head.cache_positions), spec.counters.catch_ups, spec.counters.fused))
     assert results[0] == results[1] and len(results[0][0]) == 3
-
-
-def test_only_the_folded_path_declares_its_catch_up_bound_to_the_loop():
-    """The unfolded path feeds each commit to the head at once, so the head keeps its whole
-    context through a park: withheld commits would change its drafts, and it declares nothing."""
-    folded = DraftHeadSpeculator(ToyPerTokenHead(VOCAB, HIDDEN), max_draft_tokens=1, feature_size=HIDDEN,
-                                 fold_catch_up=True, catch_up_rows=5)
-    unfolded = DraftHeadSpeculator(ToyPerTokenHead(VOCAB, HIDDEN), max_draft_tokens=1, feature_size=HIDDEN,
-                                   fold_catch_up=False, catch_up_rows=5)
-    assert folded.catch_up_rows == 5 and catch_up_bound(folded) == 5
-    assert unfolded.catch_up_rows is None and catch_up_bound(unfolded) is None
 
 
 # -- the chain: the gate and the chain limit; the confidences ride along -----------------------

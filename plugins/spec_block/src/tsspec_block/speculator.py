@@ -14,10 +14,8 @@ Bounded catch-up: a proposal catches the head up on at most the newest ``catch_u
 committed rows it has not seen (``DEFAULT_CATCH_UP_ROWS``, or the drafter's sliding window when
 every layer slides: then the bound changes no draft). The first proposal of a sequence thus
 injects the prompt's last rows, not the whole prompt, and a probe after a park its last rows,
-whatever the park's length. The loop reads the same number (the speculator's ``catch_up_rows``)
-to withhold a parked speculator's commits until that many steps before the next probe; rows
-committed before such a gap are dropped unseen, as the bound would have dropped them had every
-commit come, so the drafts are the same either way. Output never changes (verification decides).
+whatever the park's length; rows committed before a gap are dropped unseen, as the bound would
+have dropped them had every commit come. Output never changes (verification decides).
 
 The head owns the drafter's context (a sliding KV ring fed by every commit); the factory takes a
 per-sequence view of it when the head offers one (``for_sequence``), so sequences served at once
@@ -90,7 +88,7 @@ class BlockDraftSpeculator:
         self._warned = False
         if catch_up_rows is not None and int(catch_up_rows) < 1:
             raise ValueError(f"catch_up_rows must be >= 1 or None, got {catch_up_rows}")
-        # the newest unseen rows a proposal injects (None: all); the loop reads it too
+        # the newest unseen rows a proposal injects (None: all)
         self.catch_up_rows = None if catch_up_rows is None else int(catch_up_rows)
         self.skipped_rows = 0  # committed rows never injected (the bound, or before a gap)
         # commits not yet injected: (tokens, rows [n, F] or None, start_pos), contiguous. They are
@@ -119,7 +117,7 @@ class BlockDraftSpeculator:
             last_tokens, last_rows, last_start = self._pending[-1]
             end = last_start + len(last_tokens)
             if self.catch_up_rows is not None and start > end:
-                # a gap (the loop withheld a park's commits): what came before it is older than
+                # a gap in the commits: what came before it is older than
                 # the newest catch_up_rows rows the next proposal injects; dropped unseen
                 self.skipped_rows += sum(len(part[0]) for part in self._pending)
                 self._pending = []

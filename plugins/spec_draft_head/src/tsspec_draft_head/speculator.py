@@ -23,14 +23,10 @@ the embedded model's CPU path, so a 500-step park would make the next probe pay 
 the newest ``catch_up_rows`` pending rows are kept; the head sees a gap before them and restarts
 its cache there (every per-token head restarts on a catch-up that starts past its end). A probe
 after a park then costs a bounded catch-up whatever the park's length; the drafts after it see
-less context, the output never changes (verification decides). On the folded path
-``catch_up_rows`` is also what the speculator declares to the loop: while the governor parks
-drafting, the loop withholds the commits of all but the last ``catch_up_rows`` plain steps
-before the next probe, and the pending rows before such a gap are dropped unseen (the bound
-would have dropped them had every commit come), so the drafts after the park are the same as
-with every commit. The unfolded path declares nothing (``catch_up_rows`` is None to the loop):
-there each commit reaches the head at once, so the head keeps its whole context through a park,
-and withheld commits would change its drafts. The bound applies to any commit the head has not
+less context, the output never changes (verification decides). Pending rows before a gap in the
+commits are dropped unseen (the bound would have dropped them had every commit come). On the
+unfolded path each commit reaches the head at once, so the head keeps its whole context through
+a park. The bound applies to any commit the head has not
 yet seen, the prompt's at prefill included: the first proposal of a sequence sees the prompt's
 last ``catch_up_rows`` rows only. After a reused KV prefix (the prefill commits only the
 prompt's new part, its first row zeros: the loop lacks that row's predecessor) the zero row is
@@ -230,12 +226,6 @@ class DraftHeadSpeculator:
         self._gated = ids is not None and callable(getattr(head, "draft_gated", None))
         self._cut = (None, 0)  # (vocab_size, how many draft ids lie under it), cached
 
-    @property
-    def catch_up_rows(self) -> int | None:
-        """What the loop may withhold commits to (see the module docstring): the bound on the
-        folded path; None on the unfolded one, whose head sees each commit as it comes."""
-        return self._keep_rows if self.fold_catch_up else None
-
     # -- proposing ---------------------------------------------------------------------------
     def propose(self, ctx) -> list[int]:
         budget = min(self.max_draft_tokens, int(ctx.max_tokens))
@@ -383,7 +373,7 @@ class DraftHeadSpeculator:
             return
         pending, limit = self._pending, self._keep_rows
         if pending is not None and limit is not None and start_pos > pending.end:
-            # a gap (the loop withheld a park's commits, up to the newest catch_up_rows): the
+            # a gap in the commits (up to the newest catch_up_rows): the
             # rows before it are older than any the bound keeps, and the head restarts at a gap
             # anyway; dropped unseen, as the bound would have dropped them had every commit come
             self.counters.skipped_rows += len(pending.tokens)
