@@ -191,12 +191,11 @@ def test_zero_drafts_is_a_plain_step_that_commits():
 def test_prefix_reuse_rewinds_and_respects_arming():
     from tsspec.runtime.execution import SpeculativeExecution
     from tsspec.runtime.sampling import Sampler
-    from tsspec.runtime.trunk import LinearSpecTrunk
 
     target = ToyTarget(seed=3, recurrent=False)
     spec = FixedSpeculator([], 0, 4, 32)
     spec.can_arm_after_prefix_reuse = False
-    ex = SpeculativeExecution(LinearSpecTrunk(target), Sampler(), vocab_size=32, speculator=spec, window=4)
+    ex = SpeculativeExecution(target, Sampler(), vocab_size=32, speculator=spec, window=4)
     first = ex.run([1, 2, 3, 4, 5], 6)
     calls = target.forward_rows
     second = ex.run([1, 2, 3, 4, 5, 9], 6)  # a longer prompt sharing the first five tokens
