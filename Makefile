@@ -15,7 +15,7 @@ BUILD_PINS := PIP_BUILD_CONSTRAINT=$(CONSTRAINTS)
 
 setup: $(STAMP)
 
-$(STAMP): pyproject.toml setup.py core/modeling/cpu_kernels.c $(PLUGINS) requirements-test.txt constraints.txt
+$(STAMP): pyproject.toml plugins/gguf/src/tsspec_gguf/cpu_kernels.c $(PLUGINS) requirements-test.txt constraints.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PIP) install -q -c $(CONSTRAINTS) --upgrade pip
 	# a pinned torch: on these machines pip takes the local CPU build; a range would pull CUDA
@@ -40,7 +40,7 @@ run: setup
 MTP_DRAFTER := plugins/drafters_smollm2/src/tsspec_drafters_smollm2/smollm2-135m-instruct-mtp.gguf
 DRAFTER_PROMPT := Explain photosynthesis to a child in a few sentences.
 run-drafter: setup
-	$(VENV)/bin/tsspec list-speculators --model "$$($(PY) -c 'from tsspec.modeling.embedded import embedded_model_path as p; print(p())')"
+	$(VENV)/bin/tsspec list-speculators --model "$$($(PY) -c 'from tsspec_gguf.embedded import embedded_model_path as p; print(p())')"
 	$(VENV)/bin/tsspec generate --chat --stats --max-tokens 96 --spec-type draft-head --prompt "$(DRAFTER_PROMPT)"
 	$(VENV)/bin/tsspec generate --chat --stats --max-tokens 96 --prompt "$(DRAFTER_PROMPT)"
 	$(VENV)/bin/tsspec generate --chat --stats --max-tokens 96 --spec-draft-model $(MTP_DRAFTER) --prompt "$(DRAFTER_PROMPT)"

@@ -21,13 +21,13 @@ def _required() -> bool:
 def pytest_sessionstart(session):
     if not _required():
         return
-    from tsspec.modeling import native
+    from tsspec_gguf import native
 
     if native.forced_off():
         raise pytest.UsageError("TSSPEC_REQUIRE_NATIVE=1 and TSSPEC_NATIVE=0 contradict each other")
     if not native.available():
         raise pytest.UsageError(
-            "TSSPEC_REQUIRE_NATIVE=1 but the compiled CPU kernels (tsspec.modeling._cpu_kernels) "
+            "TSSPEC_REQUIRE_NATIVE=1 but the compiled CPU kernels (tsspec_gguf._cpu_kernels) "
             "did not build or do not import: rebuild with `pip install -e .` and read its compiler output")
 
 

@@ -53,7 +53,7 @@ _LAZY = {
     "BatchedSpecTrunk": "tsspec.runtime.batched_trunk",
     "Scheduler": "tsspec.runtime.scheduler",
     "SequenceRequest": "tsspec.runtime.scheduler",
-    "GGUFFile": "tsspec.modeling.gguf_file",
+    "GGUFFile": "tsspec_gguf.gguf_file",
     "PluginHost": "tsspec.plugins",
     "build_catalog": "tsspec.runtime.catalog",
     "PluginControls": "tsspec.plugins",

@@ -66,7 +66,7 @@ def tsspec_register_converters(register):
 def tsspec_register_trainers(register):
     """register(kind: str, trainer, *, description: str = ""); trainer(request, target, log) ->
     dict trains a drafter of ``kind`` (``tsspec train-drafter --kind KIND``; see
-    ``tsspec.training.request``)."""
+    ``tsspec_training.request``)."""
 
 
 @hookspec

@@ -499,7 +499,7 @@ def write_random_llama(path, *, vocab: int, hidden: int, ffn: int, layers: int, 
     unit norms. Returns the path."""
     import numpy as np
 
-    from .modeling.gguf_writer import write_gguf
+    from tsspec_gguf.gguf_writer import write_gguf
 
     rng = np.random.default_rng(seed)
     kv = kv_heads * hidden // heads

@@ -22,8 +22,8 @@ import sys
 import torch
 
 import tsspec
-from tsspec.bench.prompts import encode_case, load_prompt_set
-from tsspec.modeling.embedded import embedded_model_path
+from tsspec_bench.prompts import encode_case, load_prompt_set
+from tsspec_gguf.embedded import embedded_model_path
 
 sys.path.insert(0, __file__.rsplit("/", 1)[0])
 from lossless_study import EXTRA_PROMPTS  # noqa: E402  (the same prompts)

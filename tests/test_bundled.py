@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 
 from tsspec.hookspecs import hookimpl
-from tsspec.modeling.gguf_writer_util import write_gguf
-from tsspec.modeling.identity import identify, shape_digest
+from tsspec_gguf.gguf_writer_util import write_gguf
+from tsspec_gguf.identity import identify, shape_digest
 from tsspec.plugins import PluginHost
 from tsspec.runtime.bundled import BUNDLED_ENV, pick
 from tsspec.runtime.catalog import build_catalog
@@ -89,40 +89,3 @@ def test_trainers_are_registered_by_kind():
     assert catalog.trainers["toykind"].description == "a test trainer"
 
 
-def test_train_drafter_names_installed_kinds_on_an_unknown_kind(monkeypatch):
-    from typer.testing import CliRunner
-
-    from tsspec.cli.app import build_app
-    from tsspec.cli.state import STATE
-
-    monkeypatch.setattr(STATE, "catalog", _catalog([]))
-    result = CliRunner().invoke(build_app(), ["train-drafter", "--kind", "nope", "--out", "x.gguf"])
-    assert result.exit_code != 0
-    assert "installed kinds: toykind" in str(result.exception) or "installed kinds: toykind" in result.output
-
-
-@pytest.mark.parametrize("flags, named", [
-    (["--recommend-pmin", "1.5"], "--recommend-pmin"),
-    (["--recommend-draft", "0"], "--recommend-draft"),
-    (["--held-out-prompts", "-1"], "--held-out-prompts"),
-    (["--answer-share", "1.2"], "--answer-share must be between 0 and 1"),
-    (["--restart-share", "-0.1"], "--restart-share must be between 0 and 1"),
-    (["--vocab-answer-share", "2"], "--vocab-answer-share must be between 0 and 1"),
-    (["--more-prompts", "-3"], "--more-prompts"),
-    (["--init-from", "no-such-drafter.gguf"], "--init-from no-such-drafter.gguf: no such file"),
-    (["--ce-weight", "0"], "--ce-weight 0 needs --kl-weight > 0"),
-    (["--ce-weight", "-1"], "--ce-weight, --kl-weight and --confident-weight must be at least 0"),
-    (["--confident-weight", "1", "--soft-k", "0"], "--confident-weight reads the target's top-k logits"),
-    (["--ce-weight", "0", "--kl-weight", "0.5", "--soft-k", "0"], "--soft-k must be at least 1"),
-    (["--layer-lr-scale", "0"], "--layer-lr-scale must be above 0"),
-])
-def test_train_drafter_refuses_bad_recommendations_in_one_line(monkeypatch, flags, named):
-    from typer.testing import CliRunner
-
-    from tsspec.cli.app import build_app
-    from tsspec.cli.state import STATE
-
-    monkeypatch.setattr(STATE, "catalog", _catalog([]))
-    result = CliRunner().invoke(build_app(), ["train-drafter", "--kind", "toykind", "--out", "x.gguf", *flags])
-    assert result.exit_code != 0
-    assert named in str(result.exception) or named in result.output

@@ -90,7 +90,7 @@ def test_tuning_flag_with_no_spec_warns(capsys):
 
 
 def test_inspect_embedded_model(capsys):
-    from tsspec.modeling.embedded import embedded_model_path
+    from tsspec_gguf.embedded import embedded_model_path
 
     path = str(embedded_model_path())
     code, out, _ = run(capsys, "inspect", path, "--json")
@@ -133,7 +133,7 @@ def test_plugin_commands_cannot_replace_taken_names():
 
 def test_generate_stats_name_the_weights_path(capsys):
     """--stats adds a [model] line: the operator can see whether the block kernels run."""
-    from tsspec.modeling import native
+    from tsspec_gguf import native
 
     code, _, err = run(capsys, "generate", "-p", "The capital of France is", "-n", "4", "--stats")
     assert code == 0
@@ -150,7 +150,7 @@ def test_generate_stats_name_the_weights_path(capsys):
 def test_inspect_unserved_architecture_names_no_plugin(capsys, tmp_path):
     import numpy as np
 
-    from tsspec.modeling.gguf_writer import write_gguf
+    from tsspec_gguf.gguf_writer import write_gguf
 
     path = tmp_path / "mystery.gguf"
     write_gguf(path, "mystery", {"mystery.block_count": 1}, {"w": np.zeros((2, 2), dtype=np.float32)})

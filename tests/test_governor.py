@@ -342,7 +342,7 @@ def test_a_bursty_drafter_is_not_parked_across_spans_in_the_loop():
     whether its draft starts inside a span, its wrong drafts are declined and the right ones
     verified in full: no park, and faster than plain and than the same drafter unkeyed, whose
     failed drafts park it across the spans that follow."""
-    from tsspec.bench.governor_check import CostProfileToy, VirtualClock
+    from tsspec_bench.governor_check import CostProfileToy, VirtualClock
     from tsspec.protocols import Proposal
     from tsspec.runtime.generation import generate
     from tsspec.runtime.options import SpeculationOptions
@@ -383,7 +383,7 @@ def test_a_keyed_drafter_that_never_lands_costs_under_three_percent():
     """The governor check's P = 0 extreme with keyed proposals: they are declined (with sparse
     one-token retries) or parked by measured cost instead of by streaks; either way decoding
     stays within 3% of plain on the embedded model's cost profile (virtual clock)."""
-    from tsspec.bench.governor_check import CostProfileToy, VirtualClock
+    from tsspec_bench.governor_check import CostProfileToy, VirtualClock
     from tsspec.protocols import Proposal
     from tsspec.runtime.generation import generate
     from tsspec.runtime.options import SpeculationOptions
@@ -539,7 +539,7 @@ def _confident_run(sure, *, head_ms=0.5, n=300, prompt=(5, 9, 2, 7, 1, 3, 8, 4),
     """A drafter on the embedded model's cost profile (virtual clock) that proposes with
     confidence: ``sure(position)`` -> (right?, confidence) for the token at that position; each
     drafted token costs ``head_ms`` (a head call). Returns (its generation, plain's)."""
-    from tsspec.bench.governor_check import CostProfileToy, VirtualClock
+    from tsspec_bench.governor_check import CostProfileToy, VirtualClock
     from tsspec.protocols import Proposal
     from tsspec.runtime.generation import generate
     from tsspec.runtime.options import SpeculationOptions

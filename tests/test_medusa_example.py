@@ -150,7 +150,7 @@ def embedded_model() -> str | None:
     """The embedded SmolLM2 GGUF when the llama plugin that serves it is importable."""
     if importlib.util.find_spec("tsspec_model_llama") is None:
         return None
-    from tsspec.modeling.embedded import embedded_model_path
+    from tsspec_gguf.embedded import embedded_model_path
 
     return str(embedded_model_path())
 

@@ -11,10 +11,10 @@ import numpy as np
 import pytest
 from gguf import GGUFValueType as V
 
-from tsspec.modeling.embedded import embedded_model_path
-from tsspec.modeling.gguf_file import GGUFFile
-from tsspec.modeling.gguf_writer import write_gguf
-from tsspec.modeling.tokenizer import from_gguf
+from tsspec_gguf.embedded import embedded_model_path
+from tsspec_gguf.gguf_file import GGUFFile
+from tsspec_gguf.gguf_writer import write_gguf
+from tsspec_gguf.tokenizer import from_gguf
 from tsspec.runtime.text_stream import Detokenizer, TextStream
 
 TEXTS = [

@@ -62,7 +62,7 @@ def describe_target(target) -> str:
     if weights:
         parts.append(f"weights {weights}")
     if weights == "blocks":
-        from ..modeling import native
+        from tsspec_gguf import native
 
         info = native.info()
         if extra.get("arithmetic") == "int8":
@@ -90,7 +90,7 @@ def load_target(model: str | None, device: str, dtype: str | None, options):
     from ..runtime.loading import load_model
 
     if model is None:
-        from ..modeling.embedded import embedded_model_path
+        from tsspec_gguf.embedded import embedded_model_path
 
         model = str(embedded_model_path())
     return load_model(model, device=device, dtype=dtype, options=options, catalog=STATE.catalog)

@@ -7,7 +7,7 @@ A drafter distribution registers its files through the drafters hook::
                                           "sha256": "..."},
                                "description": "..."}])
 
-A record is keyed by the TARGET file's identity (``tsspec.modeling.identity``), never its name.
+A record is keyed by the TARGET file's identity (``tsspec_gguf.identity``), never its name.
 When a model is loaded without ``--draft-model`` and the requested algorithm is the record's own
 algorithm, or ``auto`` for a record registered with ``auto`` (the default: True; a distribution
 sets it False for a drafter its figures show losing to the weight-free choice), the first
@@ -23,7 +23,7 @@ from typing import Any, Mapping
 
 import attrs
 
-from ..modeling.identity import TargetIdentity
+from tsspec_gguf.identity import TargetIdentity
 
 __all__ = ["BundledDrafter", "bundled_record", "pick", "BUNDLED_ENV"]
 

@@ -49,6 +49,16 @@ class KernelEntry:
 
 
 @attrs.define
+class TrainerEntry:
+    """A drafter kind's trainer, as a plugin registered it."""
+
+    kind: str
+    trainer: Callable[..., dict]
+    description: str = ""
+    plugin: str | None = None
+
+
+@attrs.define
 class Catalog:
     speculators: SpeculatorRegistry = attrs.field(factory=SpeculatorRegistry)
     models: dict[str, LoaderEntry] = attrs.field(factory=dict)  # architecture -> loader
@@ -173,8 +183,6 @@ def build_catalog(host: PluginHost, *, discover: bool = True) -> Catalog:
 
     def trainers_for(name):
         def register(kind, trainer, *, description=""):
-            from ..training.request import TrainerEntry
-
             if not callable(trainer):
                 raise TypeError(f"trainer for kind {kind!r} is not callable")
             entry = TrainerEntry(str(kind), trainer, description, name)

@@ -46,7 +46,7 @@ def file_architecture(path: object) -> str:
         raise ModelLoadError(p, "no such file")
     if p.is_dir():
         raise ModelLoadError(p, "is a directory, not a GGUF file")
-    from ..modeling.gguf_file import read_architecture
+    from tsspec_gguf.gguf_file import read_architecture
 
     return read_architecture(p)
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from tsspec.modeling.embedded import embedded_model_path
-from tsspec.modeling.identity import identify
+from tsspec_gguf.embedded import embedded_model_path
+from tsspec_gguf.identity import identify
 from tsspec.plugins import PluginHost
 from tsspec.runtime.catalog import build_catalog
 from tsspec.runtime.generation import generate

@@ -174,7 +174,7 @@ def converted(oracle):
 @pytest.fixture(scope="session")
 def gguf_path(converted, tmp_path_factory):
     from tsspec_model_deepseek_v4.convert import _write
-    from tsspec.modeling.gguf_writer_util import write_gguf
+    from tsspec_gguf.gguf_writer_util import write_gguf
 
     arch, meta, tensors = converted
     path = tmp_path_factory.mktemp("gguf") / "tiny-deepseek4.gguf"
@@ -190,7 +190,7 @@ def make_target(converted, gguf_path):
 
     def make(*, from_file: bool = False, dtype=None, with_mtp: bool = True):
         if from_file:
-            from tsspec.modeling.gguf_file import GGUFFile
+            from tsspec_gguf.gguf_file import GGUFFile
 
             with GGUFFile(gguf_path) as gf:
                 return load_from_source(gf, dtype=dtype, with_draft_head=with_mtp)

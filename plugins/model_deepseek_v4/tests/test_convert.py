@@ -78,7 +78,7 @@ def test_hf_dir_to_gguf_loads(hf_dir, tmp_path, make_target, converted, sequence
     """f32: the same logits as the in-memory conversion. q8_0: 2-D matrices are Q8_0 within
     quantisation error, tables and hyper-connection maps stay exact (the logits of a random
     tiny MoE jump with any routing flip, so they are not compared)."""
-    from tsspec.modeling.gguf_file import GGUFFile
+    from tsspec_gguf.gguf_file import GGUFFile
     from tsspec_model_deepseek_v4.loader import load_from_source
 
     out = tmp_path / f"model-{outtype}.gguf"
@@ -138,7 +138,7 @@ def test_missing_tensor_is_a_clear_load_error(converted):
 def test_tsspec_convert_command(hf_dir, tmp_path):
     """``tsspec convert SRC OUT`` dispatches on config.json's model_type to this plugin."""
     from tsspec.cli.app import main
-    from tsspec.modeling.gguf_file import GGUFFile
+    from tsspec_gguf.gguf_file import GGUFFile
 
     out = tmp_path / "cli.gguf"
     try:

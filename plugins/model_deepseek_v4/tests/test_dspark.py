@@ -233,7 +233,7 @@ def test_dspark_lossless_through_block(converted, sequence, sampling, dtype):
 def test_separate_files_in_both_conventions(converted, make_target, sequence, tmp_path, convention):
     """The same random drafter as a deepseek4-dspark file and as a dflash file with
     hyper-connections (through the block plugin's attach): the same proposals as embedded."""
-    from tsspec.modeling.gguf_writer_util import write_gguf
+    from tsspec_gguf.gguf_writer_util import write_gguf
     from tsspec_model_deepseek_v4.random_dspark import random_dspark
 
     arch, meta, tensors = converted
@@ -264,7 +264,7 @@ def test_separate_files_in_both_conventions(converted, make_target, sequence, tm
 
 
 def test_declines(converted, make_target, tmp_path):
-    from tsspec.modeling.gguf_writer_util import write_gguf
+    from tsspec_gguf.gguf_writer_util import write_gguf
     from tsspec_model_deepseek_v4.dspark import attach_dspark_file
     from tsspec_model_deepseek_v4.random_dspark import random_dspark
 

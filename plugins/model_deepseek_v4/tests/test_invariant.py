@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tsspec.modeling import native
+from tsspec_gguf import native
 
 PREFIX = 13  # CSA windows of 2 and HCA windows of 8: verifies from here cross both boundaries
 

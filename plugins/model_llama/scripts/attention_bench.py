@@ -34,7 +34,7 @@ import time
 
 import torch
 
-from tsspec.modeling import native
+from tsspec_gguf import native
 
 HEADS, KV_HEADS, HEAD_DIM = 9, 3, 64
 
@@ -109,7 +109,7 @@ def main() -> int:
 def in_step(kernels, toggle, args) -> int:
     """Attention's pool regions inside the embedded model's forwards, switch off (A) against on
     (B): ms per forward (all layers), medians over rounds and the median of the paired ratios."""
-    from tsspec.modeling.embedded import embedded_model_path
+    from tsspec_gguf.embedded import embedded_model_path
     from tsspec_model_llama import load_llama
 
     torch.set_num_threads(args.threads)

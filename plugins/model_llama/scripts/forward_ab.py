@@ -12,7 +12,7 @@ wall time). Prints median milliseconds per forward, the B/A ratio
         [--rows 1,2,4,9] [--reps 7] [--threads 2]
         [--baseline per-op | PATH/_cpu_kernels.so | dtype:NAME | switch:NAME]
 
-``--baseline PATH`` loads another build of ``core/modeling/cpu_kernels.c`` (e.g. an older
+``--baseline PATH`` loads another build of ``plugins/gguf/src/tsspec_gguf/cpu_kernels.c`` (e.g. an older
 commit's, compiled with ``gcc -O3 -std=c11 -pthread -shared -fPIC -I<python include>``) as side
 A; a build without ``layers_new`` runs the per-op path. ``--baseline dtype:float32-blocks`` (with
 ``--dtype int8``, say) runs side A on a second load of the file in that arithmetic, each side on
@@ -29,8 +29,8 @@ import time
 
 import torch
 
-from tsspec.modeling import native
-from tsspec.modeling.embedded import embedded_model_path
+from tsspec_gguf import native
+from tsspec_gguf.embedded import embedded_model_path
 
 
 def main() -> int:

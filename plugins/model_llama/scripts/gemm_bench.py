@@ -20,8 +20,8 @@ import time
 
 import torch
 
-from tsspec.modeling import native
-from tsspec.modeling.embedded import embedded_model_path
+from tsspec_gguf import native
+from tsspec_gguf.embedded import embedded_model_path
 
 
 def main() -> int:

@@ -19,8 +19,8 @@ import torch.nn.functional as F
 
 
 def main() -> int:
-    from tsspec.modeling import native
-    from tsspec.modeling.embedded import embedded_model_path
+    from tsspec_gguf import native
+    from tsspec_gguf.embedded import embedded_model_path
     from tsspec_model_llama import load_llama
     from tsspec_model_llama.target import _embedding
 

@@ -29,8 +29,8 @@ import time
 
 import torch
 
-from tsspec.modeling import native
-from tsspec.modeling.embedded import embedded_model_path
+from tsspec_gguf import native
+from tsspec_gguf.embedded import embedded_model_path
 
 KINDS = ("qkv", "attention", "o", "gate_up", "down", "gemm")  # "gemm": the LM head's call from Python
 

@@ -1,6 +1,6 @@
 """Paired A/B of one-row steps on two loads of the embedded model in one process: side A's weights
 on 4 KiB pages (the kernels' huge pages off while it loads) and, with ``--baseline PATH``, run on
-another build of ``core/modeling/cpu_kernels.c``; side B loaded and run as installed (huge pages
+another build of ``plugins/gguf/src/tsspec_gguf/cpu_kernels.c``; side B loaded and run as installed (huge pages
 on where the system allows). Each side has its own weights, KV cache and pages, so what differs
 between them is what happened at load (the pages) and the kernels.
 
@@ -22,8 +22,8 @@ import time
 
 import torch
 
-from tsspec.modeling import native
-from tsspec.modeling.embedded import embedded_model_path
+from tsspec_gguf import native
+from tsspec_gguf.embedded import embedded_model_path
 
 
 def main() -> int:

@@ -65,7 +65,7 @@ def tiny(tmp_path):
 
 @pytest.fixture(scope="session")
 def embedded_path():
-    from tsspec.modeling.embedded import embedded_model_path
+    from tsspec_gguf.embedded import embedded_model_path
 
     return embedded_model_path()
 

@@ -20,7 +20,7 @@ PLAIN = SpeculationOptions(enabled=False)
 def tiny_path(tiny):
     from gguf import GGMLQuantizationType as T
 
-    from tsspec.modeling import native
+    from tsspec_gguf import native
 
     if not native.available():
         pytest.skip("the block kernels were not built")

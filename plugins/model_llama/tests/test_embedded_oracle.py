@@ -127,7 +127,7 @@ INT8_MIN_AGREEMENT = 0.9  # teacher-forced greedy tokens equal to transformers'
 
 @pytest.fixture(scope="module")
 def int8_target(embedded_path):
-    from tsspec.modeling import native
+    from tsspec_gguf import native
     from tsspec_model_llama import load_llama
 
     if not native.available():
@@ -141,7 +141,7 @@ def test_verify_rows_reproduce_one_row_decode_bit_for_bit(embedded_path, dtype):
     9-row verify (a two-row tile against weight-row pairs, one 5-row tile, 5 + 4) gives each
     row exactly the logits of the one-row decode step (the lossless guarantee); int8 for every
     verify of 2-10 rows (its spans: one tile of 2-10 rows, in pairs and a lone last row)."""
-    from tsspec.modeling import native
+    from tsspec_gguf import native
     from tsspec_model_llama import load_llama
 
     if not native.available():

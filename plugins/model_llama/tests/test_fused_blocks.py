@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tsspec.modeling import native
+from tsspec_gguf import native
 
 pytestmark = pytest.mark.skipif(not native.available(), reason="the compiled CPU kernels were not built")
 

@@ -9,8 +9,8 @@ import pytest
 import torch
 
 from tsspec.errors import ModelLoadError
-from tsspec.modeling.cache import WeightCache
-from tsspec.modeling.gguf_writer import write_gguf
+from tsspec_gguf.cache import WeightCache
+from tsspec_gguf.gguf_writer import write_gguf
 from tsspec_model_llama import load_llama
 from tsspec_model_llama.convert import llama_gguf_contents
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tsspec.modeling import native
+from tsspec_gguf import native
 
 pytestmark = pytest.mark.skipif(not native.available(), reason="the compiled CPU kernels were not built")
 
@@ -43,7 +43,7 @@ CALLS = [(20, False, False), (1, False, False), (1, False, True), (4, True, True
 def require_torch_norm_order(target) -> None:
     """Skip where this torch sums its RMSNorm in an order the kernels do not know: the target
     then keeps torch's op and the Python path (a fallback tested on its own below)."""
-    from tsspec.modeling import rowops
+    from tsspec_gguf import rowops
 
     if rowops.torch_norm_lanes(target.hparams.hidden_size, target._eps) is None:
         pytest.skip("this torch's rms_norm order is not one the kernels reproduce: no one-call step here")
@@ -209,7 +209,7 @@ def test_calls_at_the_row_limit_equal_the_python_path(tiny, all_rows):
     logits and hidden rows either way."""
     from gguf import GGMLQuantizationType as T
 
-    from tsspec.modeling.qlinear import GEMM_ROWS
+    from tsspec_gguf.qlinear import GEMM_ROWS
 
     _, target, _ = tiny(quantize={"*": T.Q4_1})
     require_torch_norm_order(target)

@@ -13,7 +13,7 @@ BLOCK = 4
 def _paged(tiny, blocks=64):
     from gguf import GGMLQuantizationType as T
 
-    from tsspec.modeling import native
+    from tsspec_gguf import native
 
     if not native.available():
         pytest.skip("the block kernels were not built")

@@ -1,5 +1,5 @@
 """The forward's cost by rows is measured by the target on this machine, not a constant from
-another: measured once (tsspec.modeling.row_timing, at a realistic context), cached per file and
+another: measured once (tsspec_gguf.row_timing, at a realistic context), cached per file and
 machine, and left out where it is not measured."""
 
 from __future__ import annotations

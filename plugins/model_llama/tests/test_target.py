@@ -260,7 +260,7 @@ def test_block_weights_match_dense_weights_and_transformers(tiny, scheme):
     one-row calls' rows."""
     from gguf import GGMLQuantizationType as T
 
-    from tsspec.modeling import native
+    from tsspec_gguf import native
     from tsspec_model_llama import load_llama
 
     if not native.available():
@@ -305,7 +305,7 @@ def test_speculative_generation_with_block_weights_is_lossless(tiny, sampled):
 def test_embedded_verify_rows_equal_decode_rows_bit_for_bit(embedded_target):
     """On the default CPU path (block weights, kernel attention) a k-row verify reproduces the
     1-row decode's logits exactly: speculation cannot even flip a near-tie."""
-    from tsspec.modeling import native
+    from tsspec_gguf import native
 
     if not native.available():
         pytest.skip("the compiled CPU kernels were not built")
@@ -342,8 +342,8 @@ def test_k_quant_files_take_the_block_path_and_match_transformers(tmp_path):
     head) keeps every matrix as blocks; logits equal the dense path's and transformers'."""
     from gguf import GGMLQuantizationType as T
 
-    from tsspec.modeling.gguf_writer import write_gguf
-    from tsspec.modeling import native
+    from tsspec_gguf.gguf_writer import write_gguf
+    from tsspec_gguf import native
     from tsspec_model_llama import load_llama
     from tsspec_model_llama.convert import llama_gguf_contents
 
@@ -360,7 +360,7 @@ def test_k_quant_files_take_the_block_path_and_match_transformers(tmp_path):
             tensors[name] = (random_k_quant(array.shape[0], array.shape[1], kind, seed=i), kind)
     path = write_gguf(tmp_path / "kquant.gguf", "llama", metadata, tensors)
     blocks, dense = load_llama(path), load_llama(path, {"dtype": "float32"})
-    from tsspec.modeling.qlinear import BlockMatrix
+    from tsspec_gguf.qlinear import BlockMatrix
 
     assert blocks.config.extra["weights"] == "blocks"
     assert isinstance(blocks._lm_head, BlockMatrix) and blocks._lm_head.fmt == 16

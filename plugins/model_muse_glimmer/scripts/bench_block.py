@@ -34,7 +34,7 @@ def random_trunk(path, *, layers, hidden, heads, kv_heads, ffn, vocab, window, s
     import numpy as np
     from gguf import GGMLQuantizationType as T
 
-    from tsspec.modeling.gguf_writer_util import write_gguf
+    from tsspec_gguf.gguf_writer_util import write_gguf
 
     rng = np.random.default_rng(seed)
     hd = hidden // heads

@@ -75,7 +75,7 @@ def test_rope_on_a_global_layer_is_refused(helpers):
 def test_assistant_converts_to_dflash_with_the_logit_transform(tmp_path):
     from transformers.models.muse_glimmer_assistant import MuseGlimmerAssistantConfig, MuseGlimmerAssistantModel
 
-    from tsspec.modeling.gguf_file import GGUFFile
+    from tsspec_gguf.gguf_file import GGUFFile
 
     cfg = MuseGlimmerAssistantConfig(hidden_size=64, intermediate_size=80, num_hidden_layers=1, num_attention_heads=4,
                                      num_key_value_heads=2, head_dim=16, block_size=4, mask_token_id=95,
@@ -99,7 +99,7 @@ def test_tsspec_convert_dispatches_to_these_converters(tmp_path, helpers, capsys
     from transformers.models.muse_glimmer_assistant import MuseGlimmerAssistantConfig, MuseGlimmerAssistantModel
 
     from tsspec.cli.app import main
-    from tsspec.modeling.gguf_file import GGUFFile
+    from tsspec_gguf.gguf_file import GGUFFile
 
     def convert(*args):
         try:

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from tsspec.errors import ModelLoadError
-from tsspec.modeling import native
+from tsspec_gguf import native
 
 
 def _metadata_of(model):
@@ -41,7 +41,7 @@ def test_scalar_pattern_period_is_llama_cpp_rule():
     (lambda m, t: m.__setitem__("muse-glimmer.attention.head_count_kv", 3), "do not group"),
 ])
 def test_bad_files_are_one_line_errors(tmp_path, helpers, edit, message):
-    from tsspec.modeling.gguf_writer_util import write_gguf
+    from tsspec_gguf.gguf_writer_util import write_gguf
     from tsspec_model_muse_glimmer import load_muse_glimmer
 
     metadata, tensors = _metadata_of(helpers.make_hf_muse(0))
@@ -91,8 +91,8 @@ def test_registered_through_the_plugin_host(tiny):
                     reason="the weight cache holds prepared blocks, which need the compiled kernels")
 def test_warm_load_from_the_weight_cache(tiny):
     """The second load maps the prepared blocks back from the cache; same logits bit for bit."""
-    from tsspec.modeling.cache import WeightCache
-    from tsspec.modeling.gguf_file import GGUFFile
+    from tsspec_gguf.cache import WeightCache
+    from tsspec_gguf.gguf_file import GGUFFile
     from tsspec_model_muse_glimmer import load_muse_glimmer
     from tsspec_model_muse_glimmer.hparams import read_hparams
     from tsspec_model_muse_glimmer.weights import load_weights

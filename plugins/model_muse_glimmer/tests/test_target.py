@@ -7,7 +7,7 @@ import types
 
 import pytest
 import torch
-from tsspec.modeling import native
+from tsspec_gguf import native
 
 from gguf import GGMLQuantizationType as Q
 
@@ -177,7 +177,7 @@ SCHEMES = {"f32": None, "q8_0": {"*": Q.Q8_0}, "q4_0": {"*": Q.Q4_0}, "q4_1 ffn 
 
 def k_quant_target(tmp_path, seed=0):
     """A Q4_K_M-like file: Q4_K matrices, Q6_K head and attn_v, Q5_K ffn_down (random blocks)."""
-    from tsspec.modeling.gguf_writer_util import write_gguf
+    from tsspec_gguf.gguf_writer_util import write_gguf
     from tsspec_model_muse_glimmer import load_muse_glimmer
     from tsspec_model_muse_glimmer.convert import muse_glimmer_gguf
 
@@ -195,7 +195,7 @@ def k_quant_target(tmp_path, seed=0):
 
 @needs_kernels
 def test_k_quant_file_keeps_every_matrix_in_blocks(tmp_path):
-    from tsspec.modeling.qlinear import BlockMatrix
+    from tsspec_gguf.qlinear import BlockMatrix
 
     blocks, dense = k_quant_target(tmp_path)
     assert all(isinstance(getattr(layer, name), BlockMatrix) for layer in blocks._layers

@@ -171,7 +171,7 @@ def converted(oracle):
 @pytest.fixture(scope="session")
 def gguf_path(converted, tmp_path_factory):
     """gguf_path(arch) -> a GGUF file written by core's writer from the conversion."""
-    from tsspec.modeling.gguf_writer import write_gguf
+    from tsspec_gguf.gguf_writer import write_gguf
 
     cache = {}
 
@@ -194,7 +194,7 @@ def make_target(converted, gguf_path):
     def make(arch: str = "qwen35", *, from_file: bool = False, dtype=None, per_row_snapshots: bool = True,
              with_mtp: bool = True):
         if from_file:
-            from tsspec.modeling.gguf_file import GGUFFile
+            from tsspec_gguf.gguf_file import GGUFFile
 
             with GGUFFile(gguf_path(arch)) as gf:
                 return load_from_source(gf, dtype=dtype, per_row_snapshots=per_row_snapshots,

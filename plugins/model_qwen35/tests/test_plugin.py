@@ -40,7 +40,7 @@ def test_load_model_through_core(arch, gguf_path):
 
 
 def test_missing_or_misshapen_tensors_are_named(converted, tmp_path):
-    from tsspec.modeling.gguf_writer import write_gguf
+    from tsspec_gguf.gguf_writer import write_gguf
     from tsspec.runtime.loading import load_model
 
     arch, meta, tensors = converted("qwen35")

@@ -25,8 +25,8 @@ def _private_cache_dir(tmp_path_factory):
 
 @pytest.fixture(scope="session")
 def embedded_target():
-    from tsspec.modeling import native
-    from tsspec.modeling.embedded import embedded_model_path
+    from tsspec_gguf import native
+    from tsspec_gguf.embedded import embedded_model_path
     from tsspec_model_llama import load_llama
 
     if not native.available():

@@ -49,7 +49,7 @@ def main(argv: list[str] | None = None) -> None:
 
     import torch
 
-    from tsspec.modeling.embedded import embedded_model_path
+    from tsspec_gguf.embedded import embedded_model_path
     from tsspec.runtime.loading import LoadOptions
     from tsspec_model_llama import load_llama
 

@@ -47,7 +47,7 @@ def main(argv=None) -> int:
     import torch
 
     os.environ["TS_BLOCK_VALUE"] = "0"  # every gated row proposed: the calibration needs them all
-    from tsspec.modeling.embedded import embedded_model_path
+    from tsspec_gguf.embedded import embedded_model_path
     from tsspec.runtime.generation import generate
     from tsspec.runtime.loading import load_model
     from tsspec.runtime.options import SpeculationOptions
@@ -67,7 +67,7 @@ def main(argv=None) -> int:
     classes = args.classes.split(",")
     counts: dict[str, int] = {}
     prompts = []
-    text = resources.files("tsspec").joinpath("data/prompts/bench.jsonl").read_text("utf-8")
+    text = resources.files("tsspec_bench").joinpath("data/prompts/bench.jsonl").read_text("utf-8")
     for line in filter(str.strip, text.splitlines()):
         entry = json.loads(line)
         if entry["class"] in classes and counts.get(entry["class"], 0) < args.per_class:

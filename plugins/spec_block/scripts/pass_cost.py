@@ -37,7 +37,7 @@ def main(argv=None) -> int:
     import torch
 
     torch.set_num_threads(args.threads)
-    from tsspec.modeling.embedded import embedded_model_path
+    from tsspec_gguf.embedded import embedded_model_path
     from tsspec.runtime.loading import LoadOptions
     from tsspec_model_llama import load_llama
 

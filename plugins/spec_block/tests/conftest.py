@@ -154,7 +154,7 @@ def write_drafter(path, *, arch="dflash", prefix=None, drop=(), extra=None, drop
                   mask_key="tokenizer.ggml.mask_token_id", selector_vocab=None, **meta_args):
     """A random drafter GGUF with control over its spelling: the architecture, the key prefix
     (``dflash-draft.dflash.`` variants), keys or tensors left out, extra keys."""
-    from tsspec.modeling.gguf_writer import write_gguf
+    from tsspec_gguf.gguf_writer import write_gguf
 
     from tsspec_block.random_drafter import random_dflash_metadata, random_dflash_tensors
 

@@ -107,7 +107,7 @@ def test_hyper_connection_file_goes_to_a_target_that_binds_it(tmp_path):
     import pytest
 
     from tsspec.errors import ModelLoadError
-    from tsspec.modeling.gguf_writer_util import write_gguf
+    from tsspec_gguf.gguf_writer_util import write_gguf
     from tsspec.testing import ToyTarget
     from tsspec_block.attach import attach_dflash
 

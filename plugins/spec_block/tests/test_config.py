@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from tsspec.errors import ModelLoadError
-from tsspec.modeling.gguf_file import GGUFFile
+from tsspec_gguf.gguf_file import GGUFFile
 
 from tsspec_block.config import config_from_gguf, ring_rows_for
 from tsspec_block.weights import weights_from_gguf

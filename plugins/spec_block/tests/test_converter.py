@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from tsspec.errors import ModelLoadError
-from tsspec.modeling.gguf_file import GGUFFile
+from tsspec_gguf.gguf_file import GGUFFile
 
 from tsspec_block.config import config_from_gguf
 from tsspec_block.converter import convert_checkpoint, gguf_from_state_dict

@@ -131,7 +131,7 @@ def _tiny_llama(tmp_path):
 def _tiny_qwen35(tmp_path):
     transformers = pytest.importorskip("transformers")
     pytest.importorskip("tsspec_model_qwen35")
-    from tsspec.modeling.gguf_writer import write_gguf
+    from tsspec_gguf.gguf_writer import write_gguf
     from tsspec_model_qwen35.convert import convert_state_dict
     from tsspec_model_qwen35.loader import load_qwen35
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tsspec.modeling import native
+from tsspec_gguf import native
 from tsspec.runtime.loading import LoadOptions
 from tsspec.runtime.options import SpeculationOptions
 from tsspec.runtime.sampling import SamplingParams
@@ -112,7 +112,7 @@ def shipped():
     """The embedded model (float32) with the shipped DFlash drafter attached, and a prompt."""
     pytest.importorskip("tsspec_model_llama")
     drafters = pytest.importorskip("tsspec_drafters_smollm2")
-    from tsspec.modeling.embedded import embedded_model_path
+    from tsspec_gguf.embedded import embedded_model_path
     from tsspec_model_llama import load_llama
 
     path = drafters.HERE / "smollm2-135m-instruct-dflash.gguf"

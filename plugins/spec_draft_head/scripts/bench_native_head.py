@@ -35,7 +35,7 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=0, help="kernel threads of the native head (0: torch's)")
     args = ap.parse_args()
 
-    from tsspec.modeling.embedded import embedded_model_path
+    from tsspec_gguf.embedded import embedded_model_path
     from tsspec.runtime.generation import generate
     from tsspec.runtime.loading import load_model
     from tsspec.runtime.options import SpeculationOptions

@@ -21,7 +21,7 @@ import torch
 
 
 def load():
-    from tsspec.modeling.embedded import embedded_model_path
+    from tsspec_gguf.embedded import embedded_model_path
     from tsspec.runtime.loading import load_model
     from tsspec.runtime.options import SpeculationOptions
 

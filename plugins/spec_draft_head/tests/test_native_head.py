@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tsspec.modeling import native
+from tsspec_gguf import native
 from tsspec_draft_head.nextn_file import NATIVE_ENV, NextNFileHead
 from tsspec_draft_head.nextn_model import NextNConfig, NextNModule
 
@@ -213,7 +213,7 @@ def embedded():
     import tsspec_model_llama
 
     import tsspec_draft_head
-    from tsspec.modeling.embedded import embedded_model_path
+    from tsspec_gguf.embedded import embedded_model_path
     from tsspec.plugins import PluginHost
     from tsspec.runtime.catalog import build_catalog
     from tsspec.runtime.loading import load_model

@@ -48,8 +48,8 @@ def test_unrolled_training_equals_row_by_row_drafting():
 
 
 def test_int8_packed_drafting_stays_close_and_training_is_untouched():
-    from tsspec.modeling import native
-    from tsspec.modeling.qlinear import BlockMatrix
+    from tsspec_gguf import native
+    from tsspec_gguf.qlinear import BlockMatrix
 
     if native.kernels() is None:
         import pytest

@@ -13,15 +13,15 @@ import pytest
 import torch
 
 from tsspec.errors import OptionsError
-from tsspec.modeling.identity import identify
+from tsspec_gguf.identity import identify
 from tsspec.runtime.loading import load_model
 from tsspec.runtime.options import SpeculationOptions
 from tsspec.runtime.sampling import SamplingParams
 from tsspec.testing import assert_lossless
-from tsspec.training.dataset import DataSpec
-from tsspec.training.loop import LoopSpec
-from tsspec.training.request import TrainRequest
-from tsspec.training.teacher import TeacherSequence, greedy_answer, teacher_pass
+from tsspec_training.dataset import DataSpec
+from tsspec_training.loop import LoopSpec
+from tsspec_training.request import TrainRequest
+from tsspec_training.teacher import TeacherSequence, greedy_answer, teacher_pass
 
 sys.path.insert(0, str(Path(__file__).parent))
 from tiny_llama import VOCAB, write_tiny_llama  # noqa: E402
@@ -238,7 +238,7 @@ def test_each_training_option_learns_and_is_recorded(trained, tmp_path, options)
 
 
 def test_the_first_layer_is_copied_when_asked(trained):
-    from tsspec.modeling.gguf_file import GGUFFile
+    from tsspec_gguf.gguf_file import GGUFFile
 
     model, summary, _ = trained
     trained_module, _, _ = read_nextn(summary["path"])

@@ -172,7 +172,7 @@ def generate_transformers(todo: list[tuple[str, str, str]], max_new: int) -> lis
 def generate_tsspec(todo: list[tuple[str, str, str]], max_new: int) -> list[dict]:
     """Greedy outputs through tsspec's own loader (model_llama plugin). Drafting with ngram
     (adaptive off) only makes it faster: the output is plain greedy decoding's."""
-    from tsspec.modeling.embedded import embedded_model_path
+    from tsspec_gguf.embedded import embedded_model_path
     from tsspec.runtime.generation import encode_prompt, generate
     from tsspec.runtime.loading import load_model
     from tsspec.runtime.options import SpeculationOptions
@@ -280,8 +280,8 @@ def summarise(rows: list[dict]) -> dict:
 def bench_sequences(cache: Path | None, path: str | None) -> list[dict]:
     """Greedy outputs for the project's benchmark prompt set (``tsspec bench``'s cases, encoded
     the way the bench encodes them, each with its own token budget), cached by id and ids."""
-    from tsspec.bench.prompts import encode_case, load_prompt_set
-    from tsspec.modeling.embedded import embedded_model_path
+    from tsspec_bench.prompts import encode_case, load_prompt_set
+    from tsspec_gguf.embedded import embedded_model_path
     from tsspec.runtime.generation import generate
     from tsspec.runtime.loading import load_model
     from tsspec.runtime.options import SpeculationOptions

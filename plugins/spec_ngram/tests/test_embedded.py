@@ -30,7 +30,7 @@ MESSAGE = (
 def embedded(tmp_path_factory):
     pytest.importorskip("tsspec_model_llama")
     from tsspec.errors import ModelLoadError
-    from tsspec.modeling.embedded import embedded_model_path
+    from tsspec_gguf.embedded import embedded_model_path
     from tsspec.runtime.loading import load_model
 
     try:

@@ -34,7 +34,7 @@ DRAFTERS = {
 
 def drafter_files() -> list[dict]:
     """The ``files`` registration of every shipped drafter present in the package."""
-    from tsspec.modeling.gguf_file import GGUFFile
+    from tsspec_gguf.gguf_file import GGUFFile
 
     files = []
     for name, (algorithm, prefix, auto) in DRAFTERS.items():

@@ -309,7 +309,7 @@ def convert_hf_dir(src_dir: str | Path, out_path: str | Path, *, outtype: str = 
     """The registered converter: ``converter(src_dir, out_path, *, outtype)``."""
     from gguf import GGMLQuantizationType
 
-    from tsspec.modeling.gguf_writer_util import write_gguf
+    from tsspec_gguf.gguf_writer_util import write_gguf
 
     src = Path(src_dir)
     config_file = src / "config.json"

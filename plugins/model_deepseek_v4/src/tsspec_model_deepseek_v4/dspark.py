@@ -432,7 +432,7 @@ def attach_embedded_dspark(target: Any, source: Any, dtype: torch.dtype) -> DSpa
 
 def attach_dspark_file(target: Any, gguf_path: str, options: Any = None) -> DSparkHead:
     """A separate DSpark file (``deepseek4-dspark``, or ``dflash`` with hyper-connections)."""
-    from tsspec.modeling.gguf_file import GGUFFile
+    from tsspec_gguf.gguf_file import GGUFFile
 
     path = str(gguf_path)
     hp = getattr(target, "hp", None)

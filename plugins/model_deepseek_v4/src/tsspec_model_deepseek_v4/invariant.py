@@ -6,12 +6,12 @@ elementwise transcendental ops and reductions (softplus, sigmoid, softmax, exp, 
 take a vector or a scalar-tail path depending on how many elements share the tensor. So on the
 float32 path:
 
-* ``linear`` multiplies on ``tsspec.modeling.qlinear.BlockMatrix`` (the compiled kernel that sums
+* ``linear`` multiplies on ``tsspec_gguf.qlinear.BlockMatrix`` (the compiled kernel that sums
   every output in a fixed order whatever the row count; dense float32 weights ride it as format
   32, built once per weight and kept on the tensor), or, where the kernel cannot take the matrix
   (no compiled kernels, K not a multiple of 32), one row at a time;
 * ``norm_rows`` and ``silu_mul_rows`` run RMSNorm and the SiLU product on the compiled per-row
-  kernels of ``tsspec.modeling.rowops``;
+  kernels of ``tsspec_gguf.rowops``;
 * ``per_row`` applies a function to each row on its own: a fresh contiguous tensor of exactly the
   one-row shape, so every row runs the code a one-row decode runs (the other transcendental ops,
   and everything when the compiled kernels are missing).
@@ -27,8 +27,8 @@ from typing import Callable
 import torch
 import torch.nn.functional as F
 
-from tsspec.modeling import native, rowops
-from tsspec.modeling.qlinear import QK, BlockMatrix
+from tsspec_gguf import native, rowops
+from tsspec_gguf.qlinear import QK, BlockMatrix
 
 _BLOCK_ATTR = "_tsspec_row_block"  # the weight's BlockMatrix (or None), kept on the tensor
 _SLICES_ATTR = "_tsspec_row_slices"  # per-slice BlockMatrices of a stacked [E, N, K] weight
@@ -107,7 +107,7 @@ def _ones(n: int) -> torch.Tensor:
 
 
 def norm_rows(x: torch.Tensor, weight: torch.Tensor | None, eps: float) -> torch.Tensor | None:
-    """RMSNorm over the last dim on the compiled per-row kernel (``tsspec.modeling.rowops``: every
+    """RMSNorm over the last dim on the compiled per-row kernel (``tsspec_gguf.rowops``: every
     row computed the same way whatever the row count), ``weight`` None for the unit norm; None
     where the kernel is not there or x is not on the float32 path (then the caller goes one row
     at a time or batched)."""

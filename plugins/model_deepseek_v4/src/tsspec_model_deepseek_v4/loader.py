@@ -47,8 +47,8 @@ def load_from_source(source: Any, *, dtype: Any = None, tokenizer=None, max_cont
 
 def load_deepseek_v4(gguf_path: str, options: Any = None) -> DeepseekV4Target:
     """The registered loader: ``loader(gguf_path, options) -> SpeculativeTarget``."""
-    from tsspec.modeling.gguf_file import GGUFFile
-    from tsspec.modeling.tokenizer import from_gguf as tokenizer_from_gguf
+    from tsspec_gguf.gguf_file import GGUFFile
+    from tsspec_gguf.tokenizer import from_gguf as tokenizer_from_gguf
 
     device = getattr(options, "device", "cpu") or "cpu"
     if device != "cpu":

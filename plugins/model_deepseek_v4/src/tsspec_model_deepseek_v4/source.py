@@ -1,8 +1,8 @@
 """``MemorySource``: the modeling toolkit's in-memory stand-in for a GGUF file
-(``tsspec.modeling.gguf_file.MemorySource``), kept under this name for the plugin's tests and
+(``tsspec_gguf.gguf_file.MemorySource``), kept under this name for the plugin's tests and
 scripts. Keys use full GGUF names (``deepseek4.block_count``).
 """
 
-from tsspec.modeling.gguf_file import MEMORY_PATH, MemorySource
+from tsspec_gguf.gguf_file import MEMORY_PATH, MemorySource
 
 __all__ = ["MEMORY_PATH", "MemorySource"]

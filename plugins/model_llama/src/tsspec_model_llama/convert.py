@@ -20,7 +20,7 @@ from typing import Any, Mapping
 
 import numpy as np
 
-from tsspec.modeling.gguf_writer import write_gguf
+from tsspec_gguf.gguf_writer import write_gguf
 
 __all__ = ["permute_for_gguf", "llama_gguf_contents", "write_llama_gguf", "convert_hf_dir"]
 

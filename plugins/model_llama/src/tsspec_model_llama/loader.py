@@ -7,7 +7,7 @@ tables stay float32, matmuls run in the chosen dtype.
 
 Weights: with no ``--dtype`` on the CPU (the default), Q4_0 / Q4_1 / Q8_0 matrices stay in their
 quantised blocks and the compiled block kernel multiplies on them in float32 math
-(``tsspec.modeling.qlinear``): 4-6x fewer bytes per decode step, the same values as the
+(``tsspec_gguf.qlinear``): 4-6x fewer bytes per decode step, the same values as the
 dequantised matrix, and batch-invariant rows. ``--dtype float32`` asks for dense float32 weights
 (torch GEMMs); so does a build without the compiled kernel. ``--dtype int8`` keeps the blocks
 and quantises activations to int8 per 32 values (llama.cpp's arithmetic, exact integer dots);
@@ -25,10 +25,10 @@ from typing import Any, Mapping
 import torch
 
 from tsspec.errors import ModelLoadError
-from tsspec.modeling.cache import WeightCache
-from tsspec.modeling.gguf_file import GGUFFile
-from tsspec.modeling import native
-from tsspec.modeling.tokenizer import from_gguf
+from tsspec_gguf.cache import WeightCache
+from tsspec_gguf.gguf_file import GGUFFile
+from tsspec_gguf import native
+from tsspec_gguf.tokenizer import from_gguf
 
 from .hparams import read_hparams
 from .target import LlamaTarget
@@ -43,7 +43,7 @@ DTYPES = {
 }
 DEFAULT_DTYPE = torch.float32
 # --dtype values that keep the file's quantised blocks on the compiled CPU kernel, and the
-# kernel's arithmetic each asks for (tsspec.modeling.qlinear.PRECISIONS)
+# kernel's arithmetic each asks for (tsspec_gguf.qlinear.PRECISIONS)
 BLOCK_DTYPES = {"int8": "int8", "q8": "int8", "float32-blocks": "float32", "blocks": "float32"}
 # the arithmetic of the default (no --dtype) CPU path, chosen from the measured fidelity of int8
 # activations against the float32 path (docs/figures.md: logit error, greedy agreement)

@@ -29,8 +29,8 @@ from typing import Sequence
 import torch
 import torch.nn.functional as F
 
-from tsspec.modeling.attention import ROW_SLICE
-from tsspec.modeling.qlinear import GEMM_ROWS, BlockMatrix
+from tsspec_gguf.attention import ROW_SLICE
+from tsspec_gguf.qlinear import GEMM_ROWS, BlockMatrix
 from tsspec.protocols import PagedRows
 
 from .target import OUTPUT_DEVICE, _embedding, _linear

@@ -3,7 +3,7 @@
 Drafters and the cost governor read a target's optional ``spec_verify_row_ms``: ``((rows, ms),
 ...)`` from 1 row up, of which only the shape matters. A profile measured on one machine must not
 decide behaviour on another, so the target measures its own on first use, with the toolkit's
-``tsspec.modeling.row_timing`` (each width over the one-row forward of its own round, order
+``tsspec_gguf.row_timing`` (each width over the one-row forward of its own round, order
 alternating, a warm-up round, medians over its ``ROUNDS`` rounds; monotone by construction), at
 ``CONTEXT`` cached tokens (more when the cache already holds more): a verify's rows attend to
 every cached token, so the cost by rows moves with the context, and a few hundred tokens is where
@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Callable
 
 from tsspec.cost_shape import parse_cost_shape
-from tsspec.modeling.cache import cache_dir
+from tsspec_gguf.cache import cache_dir
 
 log = logging.getLogger("tsspec.llama")
 
@@ -45,7 +45,7 @@ def machine_key() -> str:
 
 def kernel_build() -> str:
     """Which build of the compiled kernels measured (a rebuilt kernel costs differently)."""
-    from tsspec.modeling import native
+    from tsspec_gguf import native
 
     module = native.kernels()
     where = getattr(module, "__file__", None) if module is not None else None

@@ -5,7 +5,7 @@ Block: ``x += W_o attn(rope(q), rope(k), v)`` on ``RMSNorm(x)``, then
 embedding when the file has no ``output.weight``).
 
 Two paths run a block. On the CPU in float32 (the default) ``_kernel_block`` runs it on the
-compiled kernels (``tsspec.modeling``: block matmuls on the file's quantised weights, causal
+compiled kernels (``tsspec_gguf``: block matmuls on the file's quantised weights, causal
 attention, RMSNorm, RoPE, SiLU product), each computing a row the same way whatever the row
 count, so a k-row verify reproduces the 1-row decode's logits bit for bit. Calls of up to
 ``GEMM_ROWS`` rows (decode, verify) run all blocks in one native call (``layers_forward`` on
@@ -43,10 +43,10 @@ import torch
 import torch.nn.functional as F
 
 from tsspec.errors import GenerationError
-from tsspec.modeling import native
-from tsspec.modeling.attention import causal_attention
-from tsspec.modeling.qlinear import GEMM_ROWS, BlockMatrix
-from tsspec.modeling.rowops import TORCH_SERIAL_VALUES, torch_norm_lanes
+from tsspec_gguf import native
+from tsspec_gguf.attention import causal_attention
+from tsspec_gguf.qlinear import GEMM_ROWS, BlockMatrix
+from tsspec_gguf.rowops import TORCH_SERIAL_VALUES, torch_norm_lanes
 from tsspec.protocols import ModelConfig, resolve_feature_taps
 
 from .hparams import LlamaHParams
@@ -61,7 +61,7 @@ OUTPUT_DEVICE = torch.device("cpu")
 
 def _linear(h: torch.Tensor, weight, bias: torch.Tensor | None = None, precision: str = "float32") -> torch.Tensor:
     """h [rows, in] @ weight^T (+ bias) for a dense weight or a BlockMatrix (``precision``: the
-    block kernel's arithmetic, see tsspec.modeling.qlinear)."""
+    block kernel's arithmetic, see tsspec_gguf.qlinear)."""
     if isinstance(weight, BlockMatrix):
         out = weight.linear(h, precision=precision)
         return out if bias is None else out.add_(bias)
@@ -340,7 +340,7 @@ class LlamaTarget:
         """The cost by rows timed after ``context`` cached tokens (filler tokens past the cached
         ones, dropped again with every timed row: the cache and ``spec_keep``'s state are left
         as they were)."""
-        from tsspec.modeling.row_timing import time_rows
+        from tsspec_gguf.row_timing import time_rows
 
         start, last = self._seq_len, self._last_forward
         vocab = self.hparams.vocab_size
@@ -446,7 +446,7 @@ class LlamaTarget:
         """``_block`` on the compiled kernels (CPU float32): RMSNorm, RoPE, attention and the
         SiLU product per row in C, the matmuls on blocks (or torch for dense weights). Each row
         is computed the same way whatever the row count. The tensors are built here, so the
-        kernels are called directly (the checked wrappers are tsspec.modeling.rowops)."""
+        kernels are called directly (the checked wrappers are tsspec_gguf.rowops)."""
         hp, layer, k = self.hparams, self._layers[i], self._kernels
         rows, H, hd = x.shape[0], hp.hidden_size, hp.head_dim
         end = past + rows

@@ -10,12 +10,12 @@ milliseconds with the tensor's name. The layout the forward wants differs from t
 * Tied embeddings (no ``output.weight``) share one tensor for the embedding and the LM head.
 
 Block mode (``blocks=True``, the CPU default): the matrices stay in the file's quantised blocks
-(``tsspec.modeling.qlinear.BlockMatrix``: Q4_0, Q4_1, Q8_0) and are stored as their ``q``/``d``/``m``
+(``tsspec_gguf.qlinear.BlockMatrix``: Q4_0, Q4_1, Q8_0) and are stored as their ``q``/``d``/``m``
 tensors under the matrix's name (``l3.wqkv.q4``, ``l3.wqkv.d``, ...); a matrix of another type
-stays dense float32. ``tsspec.modeling.cache.join_block_matrices`` turns the flat dict back
+stays dense float32. ``tsspec_gguf.cache.join_block_matrices`` turns the flat dict back
 into tensors and BlockMatrix objects.
 
-The prepared tensors go through ``tsspec.modeling.cache.WeightCache``; a warm load maps them back.
+The prepared tensors go through ``tsspec_gguf.cache.WeightCache``; a warm load maps them back.
 """
 
 from __future__ import annotations
@@ -25,8 +25,8 @@ from typing import Iterator
 import torch
 
 from tsspec.errors import ModelLoadError
-from tsspec.modeling.cache import join_block_matrices
-from tsspec.modeling.qlinear import BlockMatrix, pack_tensors
+from tsspec_gguf.cache import join_block_matrices
+from tsspec_gguf.qlinear import BlockMatrix, pack_tensors
 
 from .hparams import LlamaHParams
 
@@ -143,7 +143,7 @@ def load_weights(
     check_tensors(hp, gguf_file)
     if cache is None:
         return join_block_matrices(prepare_weights(hp, gguf_file, dtype, blocks))
-    from tsspec.modeling.cache import cache_key
+    from tsspec_gguf.cache import cache_key
 
     key = cache_key(gguf_file, BLOCK_LAYOUT_TAG if blocks else LAYOUT_TAG, dtype)
     return join_block_matrices(cache.load_or_build(key, lambda: prepare_weights(hp, gguf_file, dtype, blocks)))

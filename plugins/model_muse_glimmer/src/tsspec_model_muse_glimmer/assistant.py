@@ -92,7 +92,7 @@ def carry_drafter(drafter_path: str) -> tuple[dict[str, Any], dict[str, Any]]:
     """(metadata, tensors) that carry a drafter file inside a target file: its ``dflash.*`` keys
     and mask-token key as they are, its tensors (float32) under ``dflash.``. Pass them to
     ``convert.write_muse_glimmer_gguf(extra_metadata=..., extra_tensors=...)``."""
-    from tsspec.modeling.gguf_file import GGUFFile
+    from tsspec_gguf.gguf_file import GGUFFile
 
     metadata: dict[str, Any] = {}
     tensors: dict[str, Any] = {}

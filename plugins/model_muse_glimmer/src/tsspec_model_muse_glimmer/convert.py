@@ -198,7 +198,7 @@ def write_muse_glimmer_gguf(path, config: Mapping[str, Any], state_dict: Mapping
     """Write the trunk GGUF. ``quantize`` maps a tensor-name fragment (``"*"``: every matrix) to
     a ggml type (the tests' quantised files); ``extra_*`` are added as they are (a carried
     assistant)."""
-    from tsspec.modeling.gguf_writer_util import write_gguf
+    from tsspec_gguf.gguf_writer_util import write_gguf
 
     metadata, tensors = muse_glimmer_gguf(config, state_dict)
     tensors = quantised(tensors, outtype)

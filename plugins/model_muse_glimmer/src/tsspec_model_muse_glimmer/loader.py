@@ -17,10 +17,10 @@ from typing import Any, Mapping
 import torch
 
 from tsspec.errors import ModelLoadError
-from tsspec.modeling import native
-from tsspec.modeling.cache import WeightCache
-from tsspec.modeling.gguf_file import GGUFFile
-from tsspec.modeling.tokenizer import from_gguf
+from tsspec_gguf import native
+from tsspec_gguf.cache import WeightCache
+from tsspec_gguf.gguf_file import GGUFFile
+from tsspec_gguf.tokenizer import from_gguf
 
 from .assistant import attach_at_load
 from .hparams import ARCH, read_hparams

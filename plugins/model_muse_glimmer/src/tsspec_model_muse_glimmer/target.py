@@ -45,8 +45,8 @@ import torch
 import torch.nn.functional as F
 
 from tsspec.errors import GenerationError
-from tsspec.modeling import native
-from tsspec.modeling.qlinear import BlockMatrix
+from tsspec_gguf import native
+from tsspec_gguf.qlinear import BlockMatrix
 from tsspec.protocols import ModelConfig, resolve_feature_taps
 
 from .hparams import ARCH, MuseGlimmerHParams

@@ -10,12 +10,12 @@ Every tensor's presence and shape is checked before anything is read. Layout cha
   QK-norm is a per-head RMS, which no permutation inside a head changes.
 
 Block mode (``blocks=True``, the CPU float32 default): every matrix stays in the file's
-quantised blocks (``tsspec.modeling.qlinear.BlockMatrix``; Q4_0/Q4_1/Q8_0/Q4_K/Q5_K/Q6_K), and a
+quantised blocks (``tsspec_gguf.qlinear.BlockMatrix``; Q4_0/Q4_1/Q8_0/Q4_K/Q5_K/Q6_K), and a
 matrix of another type (F32, F16, Q2_K...) rides the same kernel as format-32 blocks, so every
 row is computed the same way whatever the row count.
 
-The prepared tensors go through ``tsspec.modeling.cache.WeightCache`` (block matrices flattened
-to their ``q``/``d``/``m`` tensors, ``tsspec.modeling.cache.join_block_matrices``
+The prepared tensors go through ``tsspec_gguf.cache.WeightCache`` (block matrices flattened
+to their ``q``/``d``/``m`` tensors, ``tsspec_gguf.cache.join_block_matrices``
 joins them again): a warm load skips packing.
 """
 
@@ -24,8 +24,8 @@ from __future__ import annotations
 import torch
 
 from tsspec.errors import ModelLoadError
-from tsspec.modeling.cache import join_block_matrices
-from tsspec.modeling.qlinear import BlockMatrix, pack_tensors
+from tsspec_gguf.cache import join_block_matrices
+from tsspec_gguf.qlinear import BlockMatrix, pack_tensors
 
 from .hparams import MuseGlimmerHParams
 
@@ -121,7 +121,7 @@ def load_weights(
     check_tensors(hp, gguf_file)
     if cache is None:
         return join_block_matrices(prepare_weights(hp, gguf_file, dtype, blocks))
-    from tsspec.modeling.cache import cache_key
+    from tsspec_gguf.cache import cache_key
 
     key = cache_key(gguf_file, f"{LAYOUT_TAG}-{'blocks' if blocks else 'dense'}", dtype)
     return join_block_matrices(cache.load_or_build(key, lambda: prepare_weights(hp, gguf_file, dtype, blocks)))

@@ -303,7 +303,7 @@ def convert_hf_dir(src_dir: str | Path, out_path: str | Path, *, outtype: str = 
     """Convert a Hugging Face model directory; returns (architecture, tensors written)."""
     from gguf import GGMLQuantizationType
 
-    from tsspec.modeling.gguf_writer import write_gguf
+    from tsspec_gguf.gguf_writer import write_gguf
 
     src = Path(src_dir)
     config_file = src / "config.json"

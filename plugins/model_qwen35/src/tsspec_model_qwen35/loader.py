@@ -73,8 +73,8 @@ def load_from_source(source: Any, *, dtype: Any = None, tokenizer=None, per_row_
 
 def load_qwen35(gguf_path: str, options: Any = None) -> Qwen35Target:
     """The registered loader: ``loader(gguf_path, options) -> SpeculativeTarget``."""
-    from tsspec.modeling.gguf_file import GGUFFile
-    from tsspec.modeling.tokenizer import from_gguf as tokenizer_from_gguf
+    from tsspec_gguf.gguf_file import GGUFFile
+    from tsspec_gguf.tokenizer import from_gguf as tokenizer_from_gguf
 
     device = resolve_device(gguf_path, getattr(options, "device", "cpu"))
     try:

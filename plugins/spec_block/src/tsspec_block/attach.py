@@ -95,7 +95,7 @@ def _dtype(options: Any, target: Any) -> torch.dtype:
 
 def attach_dflash(target: Any, gguf_path: str, options: Any = None) -> DFlashDraftHead:
     """Read ``gguf_path``, check it against ``target``, bind it and make it ``target.draft_head``."""
-    from tsspec.modeling.gguf_file import GGUFFile
+    from tsspec_gguf.gguf_file import GGUFFile
 
     path = str(gguf_path)
     with GGUFFile(path) as gguf_file:

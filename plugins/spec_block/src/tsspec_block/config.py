@@ -162,7 +162,7 @@ def _pattern(value: Any, num_layers: int, fail: Callable[[str], Exception]) -> t
 
 
 def config_from_gguf(gguf_file: Any) -> DFlashConfig:
-    """Read and check a DFlashConfig from an open ``tsspec.modeling.gguf_file.GGUFFile``.
+    """Read and check a DFlashConfig from an open ``tsspec_gguf.gguf_file.GGUFFile``.
 
     Raises ModelLoadError naming the file and the first problem found.
     """

@@ -59,7 +59,7 @@ ROW_PRECISION = "float32"
 def supports(config: DFlashConfig, weights: DFlashWeights, *, dtype: torch.dtype, device: torch.device,
              use_conv: bool) -> bool:
     """True when the compiled kernels are built and can run this drafter's matrices."""
-    from tsspec.modeling import native
+    from tsspec_gguf import native
 
     k = native.kernels()
     if k is None or not all(hasattr(k, name) for name in ("gemm", "rms_norm", "silu_mul")):
@@ -71,7 +71,7 @@ def supports(config: DFlashConfig, weights: DFlashWeights, *, dtype: torch.dtype
 
 
 def _q8(weight: torch.Tensor):
-    from tsspec.modeling.qlinear import BlockMatrix
+    from tsspec_gguf.qlinear import BlockMatrix
 
     return BlockMatrix.quantize_int8(weight.detach().to(torch.float32))
 
@@ -84,7 +84,7 @@ class _Layer:
     """One drafter layer's int8 matrices and float32 vectors."""
 
     def __init__(self, lw) -> None:
-        from tsspec.modeling.qlinear import BlockMatrix
+        from tsspec_gguf.qlinear import BlockMatrix
 
         self.q = _q8(lw.wq)  # [nh*hd, H]
         self.kv = BlockMatrix.concat([_q8(lw.wk), _q8(lw.wv)])  # [k + v, H]: pass B and the block's own
@@ -103,7 +103,7 @@ class NativeBlockPass:
     """The drafter's passes with its matrices on the kernels (see the module docstring)."""
 
     def __init__(self, config: DFlashConfig, weights: DFlashWeights) -> None:
-        from tsspec.modeling import native
+        from tsspec_gguf import native
 
         self._k = native.kernels()
         self.config = config

@@ -292,7 +292,7 @@ def _attach_from_options(target: Any, options: Any) -> Any:
     from .config import ARCHITECTURES
 
     try:
-        from tsspec.modeling.gguf_file import read_architecture
+        from tsspec_gguf.gguf_file import read_architecture
 
         arch = read_architecture(path)
         if arch not in ARCHITECTURES:

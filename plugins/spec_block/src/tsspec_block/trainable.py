@@ -200,7 +200,7 @@ def write_trained_dflash(path, module: BlockDrafterModule, *, target: dict[str, 
     shape_digest, sha256 of the model it was trained on (metadata ``dflash.target.*``)."""
     from gguf import GGMLQuantizationType
 
-    from tsspec.modeling.gguf_writer import write_gguf
+    from tsspec_gguf.gguf_writer import write_gguf
 
     if outtype not in OUTTYPES:
         raise ValueError(f"outtype must be one of {', '.join(OUTTYPES)}, got {outtype!r}")
@@ -231,7 +231,7 @@ def write_trained_dflash(path, module: BlockDrafterModule, *, target: dict[str, 
 
 def read_manifest(path) -> dict:
     """The training manifest a trained drafter carries ({} when none)."""
-    from tsspec.modeling.gguf_file import GGUFFile
+    from tsspec_gguf.gguf_file import GGUFFile
 
     with GGUFFile(str(path)) as f:
         text = f.get("tsspec.training.manifest", "") or ""

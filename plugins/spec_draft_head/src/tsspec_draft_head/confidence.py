@@ -58,7 +58,7 @@ def _kernels():
     """The compiled kernels with ``top1_topk``, or None (looked up once)."""
     global _KERNELS
     if _KERNELS is _UNSET:
-        from tsspec.modeling import native
+        from tsspec_gguf import native
 
         k = native.kernels()
         _KERNELS = k if k is not None and hasattr(k, "top1_topk") else None

@@ -67,7 +67,7 @@ EMBED_CACHE_ROWS = 4096  # token embeddings kept besides the draft vocabulary's 
 def available(module: NextNModule) -> bool:
     """True when the compiled kernels can run ``module``: built with ``layers_new``, CPU
     float32 parameters, every matrix row whole 32-weight blocks."""
-    from tsspec.modeling import native
+    from tsspec_gguf import native
 
     k = native.kernels()
     if k is None or not hasattr(k, "layers_new") or module.head.device.type != "cpu":
@@ -79,7 +79,7 @@ def available(module: NextNModule) -> bool:
 
 def _q8(weight: torch.Tensor):
     """A weight [N, K] as int8 blocks (format 8, one scale per 32 weights)."""
-    from tsspec.modeling.qlinear import BlockMatrix
+    from tsspec_gguf.qlinear import BlockMatrix
 
     return BlockMatrix.quantize_int8(weight.detach())
 
@@ -211,8 +211,8 @@ class NativeNextN:
     ``for_sequence`` makes another over the same weights with a cache of its own."""
 
     def __init__(self, module: NextNModule, embed, *, threads: int | None = None):
-        from tsspec.modeling import native
-        from tsspec.modeling.qlinear import BlockMatrix
+        from tsspec_gguf import native
+        from tsspec_gguf.qlinear import BlockMatrix
 
         self._k = native.kernels()
         cfg = module.cfg

@@ -70,7 +70,7 @@ def write_nextn(path, module: NextNModule, *, target: dict[str, Any], manifest: 
     vocab_size of the model it was trained on."""
     from gguf import GGMLQuantizationType, GGUFValueType
 
-    from tsspec.modeling.gguf_writer_util import write_gguf
+    from tsspec_gguf.gguf_writer_util import write_gguf
 
     if outtype not in OUTTYPES:
         raise ValueError(f"outtype must be one of {', '.join(OUTTYPES)}, got {outtype!r}")
@@ -111,7 +111,7 @@ def write_nextn(path, module: NextNModule, *, target: dict[str, Any], manifest: 
 
 def read_nextn(path) -> tuple[NextNModule, dict[str, Any], dict]:
     """(module, target facts, manifest) from a ``nextn`` GGUF; ModelLoadError on any problem."""
-    from tsspec.modeling.gguf_file import GGUFFile
+    from tsspec_gguf.gguf_file import GGUFFile
 
     with GGUFFile(path) as f:
         if f.architecture != ARCHITECTURE:

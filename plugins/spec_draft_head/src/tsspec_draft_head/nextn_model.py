@@ -113,8 +113,8 @@ class NextNModule(nn.Module):
         and multiply on them with the compiled kernel (a quarter of the float32 bytes a step;
         drafts change slightly, never the output). False, and nothing changes, without the
         compiled kernels, off the CPU, or when a matrix's rows are not whole 32-weight blocks."""
-        from tsspec.modeling import native
-        from tsspec.modeling.qlinear import BlockMatrix
+        from tsspec_gguf import native
+        from tsspec_gguf.qlinear import BlockMatrix
 
         if native.kernels() is None or self.head.device.type != "cpu":
             return False
