@@ -22,6 +22,7 @@ SITE="$("$PY" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')"
 OWN="$("$VENV/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')"
 echo "$SITE" > "$OWN/tsspec-project.pth"
 "$VENV/bin/python" -m pip install -q --no-deps -r "$ROOT/plugins/speculators_format/scripts/interop-requirements.txt"
+"$VENV/bin/python" -m pip install -q -r "$ROOT/plugins/speculators_format/scripts/interop-datasets.txt"
 
 "$PY" "$ROOT/plugins/speculators_format/scripts/interop_export.py" "$WORK"
 "$VENV/bin/python" "$ROOT/plugins/speculators_format/scripts/interop_load.py" "$WORK/spec"

@@ -5,7 +5,7 @@ from pathlib import Path
 
 import numpy as np
 
-from tsspec.modeling.gguf_writer import write_gguf
+from tsspec_gguf.gguf_writer import write_gguf
 from tsspec_block.random_drafter import random_dflash_metadata, random_dflash_tensors
 from tsspec_speculators_format.exporter import export_block
 

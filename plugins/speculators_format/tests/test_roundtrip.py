@@ -28,7 +28,7 @@ DRAFT_IDS = [7, 3, 30, 12, 1, 25, 9, 18, 4, 22, 15, 28]  # deliberately not sort
 
 
 def write_drafter(path, *, draft_vocab=None, **over):
-    from tsspec.modeling.gguf_writer import write_gguf
+    from tsspec_gguf.gguf_writer import write_gguf
 
     meta = random_dflash_metadata(**{**TOY, **over})
     tensors = random_dflash_tensors(meta, seed=3)

@@ -26,7 +26,7 @@ def export_drafter(
 ) -> None:
     """Write a tsspec drafter as a checkpoint other engines load (vLLM's --speculative-config)."""
     from tsspec.errors import OptionsError
-    from tsspec.modeling.gguf_file import read_architecture
+    from tsspec_gguf.gguf_file import read_architecture
 
     from .exporter import ExportError, export_block
 

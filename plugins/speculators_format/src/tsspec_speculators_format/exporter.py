@@ -81,7 +81,7 @@ def export_block(gguf_path: str | Path, out_dir: str | Path, *, vocab_size: int 
     import torch
     from safetensors.torch import save_file
 
-    from tsspec.modeling.gguf_file import GGUFFile
+    from tsspec_gguf.gguf_file import GGUFFile
     from tsspec_block.config import config_from_gguf
 
     src = str(gguf_path)
