@@ -189,11 +189,16 @@ def test_generation_lets_a_speculator_size_its_drafts_and_govern_itself(monkeypa
 
     monkeypatch.setattr(generation, "SpeculativeExecution", spy)
     generation.generate(ToyTarget(), [1, 2, 3], max_tokens=2, speculator=Sizer())
-    Sizer.sizes_own_drafts = "yes"  # not a plain True: the governor sizes the drafts
+    Sizer.sizes_own_drafts = False  # the governor sizes the drafts
     generation.generate(ToyTarget(), [1, 2, 3], max_tokens=2, speculator=Sizer())
     Sizer.governs_itself = True  # the loop's governor stands aside
     generation.generate(ToyTarget(), [1, 2, 3], max_tokens=2, speculator=Sizer())
     assert seen == [(False, True), (True, True), (True, False)]
+    from tsspec.capabilities import ContractError
+
+    Sizer.sizes_own_drafts = "yes"  # not a bool: named before anything runs
+    with pytest.raises(ContractError, match="sizes_own_drafts must be True or False"):
+        generation.generate(ToyTarget(), [1, 2, 3], max_tokens=2, speculator=Sizer())
 
 
 def test_costly_empty_attempts_park_a_probe_and_cheap_ones_do_not():

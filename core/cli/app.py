@@ -17,7 +17,7 @@ import typer
 
 from .. import __version__
 from ..errors import EXIT_USAGE, TsspecError
-from . import convert_cmd, generate_cmd, plugins_cmd
+from . import chat_cmd, convert_cmd, generate_cmd, models_cmd, plugins_cmd
 from .state import STATE, CliState
 
 
@@ -51,7 +51,9 @@ def build_app() -> typer.Typer:
 
     app.command("plugins")(plugins_cmd.plugins)
     app.command("list-speculators")(plugins_cmd.list_speculators)
+    app.command("models")(models_cmd.models)
     app.command("generate")(generate_cmd.generate)
+    app.command("chat")(chat_cmd.chat)
     app.command("convert")(convert_cmd.convert)
     return app
 

@@ -19,8 +19,8 @@ from typing import Sequence
 
 import attrs
 
+from tsspec.runtime import trunk as trunks
 from tsspec.runtime.sampling import Sampler, SamplingParams
-from tsspec.runtime.trunk import LinearSpecTrunk
 
 TIE_TOLERANCE = 1e-3  # logit difference treated as a float tie
 
@@ -63,11 +63,11 @@ def first_divergence(a: Sequence[int], b: Sequence[int]) -> int | None:
 
 def plain_logits_after(target, ids: Sequence[int]):
     """Logits [vocab] predicting the token after ``ids``: one plain forward over all of them."""
-    trunk = LinearSpecTrunk(target)
-    trunk.reset()
-    trunk.ensure_capacity(len(ids))
-    logits, _ = trunk.forward_keep_all(list(ids), want_hidden=False)  # [1, vocab]
-    trunk.reset()
+    trunk = target
+    trunk.spec_rewind_cache(0)
+    trunk.spec_ensure_capacity(len(ids))
+    logits, _ = trunks.forward_all(trunk, list(ids), want_hidden=False)  # [1, vocab]
+    trunk.spec_rewind_cache(0)
     return logits[-1]
 
 

@@ -38,7 +38,9 @@ def measure_row_costs(target, stream: Sequence[int], widths: Sequence[int], *, c
     """{"context", "rounds", "one_row_ms", "cost": {rows: time over one row}} for each width in
     ``widths`` (> 1), timed after ``context`` tokens of ``stream``; None for a target whose
     cache cannot be rewound to a length, or without room or tokens for the widths."""
-    if not getattr(target, "spec_verify_persists_accepted_kv", False):
+    from tsspec.capabilities import target_info
+
+    if not target_info(target).verify_persists_accepted_kv:
         return None
     widest = max([1, *widths])
     context = min(int(context), int(target.max_context_length) - widest)

@@ -204,7 +204,9 @@ class BenchRunner:
         from tsspec.testing import OracleSpeculator
 
         reference = self.references[case.id]
-        window = self.options.window(getattr(self.target, "spec_preferred_draft_window", None))
+        from tsspec.capabilities import target_info
+
+        window = self.options.window(target_info(self.target).preferred_draft_window)
         if config.max_draft is not None:  # the loop's window follows the speculator's max_draft_tokens
             window = min(window, config.max_draft)
         return OracleSpeculator(

@@ -120,7 +120,9 @@ def verify_row_profile(target) -> list[list[float]] | None:
     """The target's measured forward cost by rows (``spec_verify_row_ms``, what the runtime
     prices drafts by) as [[rows, ms], ..], or None when it publishes none."""
     try:
-        shape = parse_cost_shape(getattr(target, "spec_verify_row_ms", None))
+        from tsspec.capabilities import verify_cost_shape
+
+        shape = parse_cost_shape(verify_cost_shape(target))
     except Exception:  # a target's optional attribute: anything it raises means no profile
         return None
     return None if shape is None else [[r, ms] for r, ms in shape]

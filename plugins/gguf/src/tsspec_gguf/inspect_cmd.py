@@ -17,6 +17,7 @@ SHOWN_KEYS = ("block_count", "embedding_length", "context_length", "attention.he
 
 def describe(path: str, catalog) -> dict:
     from tsspec_gguf.gguf_file import GGUFFile
+    from tsspec_gguf.qlinear import weight_format
 
     with GGUFFile(path) as gf:
         arch = gf.architecture
@@ -32,6 +33,7 @@ def describe(path: str, catalog) -> dict:
             "key_metadata": keys,
             "tensor_count": len(gf.tensor_names),
             "tensor_types": dict(types.most_common()),
+            "weight_formats": {t: weight_format(t) for t, _ in types.most_common()},
             "has_tokenizer": "tokenizer.ggml.tokens" in gf,
             "has_chat_template": "tokenizer.chat_template" in gf,
         }
@@ -74,6 +76,8 @@ def inspect(
         typer.echo(f"  {k:<26} {v}")
     types = ", ".join(f"{t} x{n}" for t, n in info["tensor_types"].items())
     typer.echo(f"  tensors: {info['tensor_count']} ({types})")
+    forms = ", ".join(f"{t} {form}" for t, form in info["weight_formats"].items())
+    typer.echo(f"  weight formats (CPU): {forms}")
     typer.echo(f"  tokenizer: {'yes' if info['has_tokenizer'] else 'no'}, chat template: {'yes' if info['has_chat_template'] else 'no'}")
     typer.echo(f"  carries a drafter: {'yes' if info['carries_drafter'] else 'no'}")
     if info["served_by"]:

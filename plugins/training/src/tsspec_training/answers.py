@@ -44,11 +44,12 @@ class _Slot:
 
 def open_paged_or_none(target, num_blocks: int, block_size: int = BLOCK):
     """The target's paged KV, or None where it has none (then answer one prompt at a time)."""
-    opener = getattr(target, "spec_open_paged", None)
-    if opener is None:
+    from tsspec.capabilities import target_info
+
+    if not target_info(target).batched:
         return None
     try:
-        return opener(num_blocks, block_size)
+        return target.spec_open_paged(num_blocks, block_size)
     except (ValueError, NotImplementedError):
         return None
 
@@ -109,7 +110,9 @@ def batched_greedy(
             if token in eos or len(s.answer) >= max_new_tokens:
                 answers[s.index] = s.answer
                 on_done(s.index, s.answer)
-                release = getattr(paged, "release", None)
+                from tsspec.capabilities import paged_info
+
+                release = paged_info(paged).release
                 if release is not None:
                     release(slot)
                 del active[slot]
