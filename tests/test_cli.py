@@ -97,6 +97,7 @@ def test_inspect_embedded_model(capsys):
     info = json.loads(out)
     assert code == 0 and info["architecture"] == "llama" and info["tensor_count"] == 272
     assert info["has_chat_template"] and info["carries_drafter"] is False
+    assert info["weight_formats"]["Q4_1"] == "4-bit blocks" and info["weight_formats"]["F32"] == "float32"
 
 
 def test_plugin_commands_cannot_replace_taken_names():
@@ -158,3 +159,41 @@ def test_inspect_unserved_architecture_names_no_plugin(capsys, tmp_path):
     info = json.loads(out)
     assert code == 0 and info["kind"] == "unserved" and info["served_by"] is None
     assert "'mystery' is served by no" not in info["reason"] and "no loaded plugin serves" in info["reason"]
+
+
+def test_threads_and_ctx_size(capsys):
+    import torch
+
+    before = torch.get_num_threads()
+    try:
+        code, out, err = run(capsys, "generate", "-t", "1", "-c", "64", "-p", "Hello", "-n", "4", "--no-spec")
+        assert code == 0 and torch.get_num_threads() == 1
+    finally:
+        torch.set_num_threads(before)
+    code, _, err = run(capsys, "generate", "--ctx-size", "100000", "-p", "Hello", "-n", "4")
+    assert code == 2 and "--ctx-size 100000 exceeds the model's context of 8192" in err
+    code, _, err = run(capsys, "generate", "-c", "6", "-p", "one two three four five six seven", "-n", "4")
+    assert code == 2 and "context holds 6" in err
+    code, _, err = run(capsys, "generate", "-t", "0", "-p", "Hello", "-n", "4")
+    assert code == 2 and "--threads must be >= 1" in err
+
+
+def test_chat_keeps_the_conversation_in_the_template(capsys, monkeypatch):
+    import io
+
+    from tsspec.runtime import generation
+
+    prompts = []
+    real = generation.generate
+
+    def recording(target, prompt, *args, **kwargs):
+        prompts.append(target.tokenizer.decode(prompt))
+        return real(target, prompt, *args, **kwargs)
+
+    monkeypatch.setattr(generation, "generate", recording)
+    monkeypatch.setattr("sys.stdin", io.StringIO("What is 2+2?\nAnd times 3?\n/exit\nnever read\n"))
+    code, out, _ = run(capsys, "chat", "-n", "8", "--system", "Be brief.")
+    assert code == 0 and len(prompts) == 2 and len(out.strip().splitlines()) >= 2
+    first_reply = out.splitlines()[0].strip()
+    assert "Be brief." in prompts[0] and "What is 2+2?" in prompts[0]
+    assert first_reply in prompts[1] and prompts[1].rstrip().endswith("assistant") and "And times 3?" in prompts[1]

@@ -52,6 +52,8 @@ MinP = Annotated[Optional[float], typer.Option("--min-p", rich_help_panel=SAMPLI
 RepeatPenalty = Annotated[Optional[float], typer.Option("--repeat-penalty", rich_help_panel=SAMPLING_PANEL)]
 Seed = Annotated[Optional[int], typer.Option("--seed", rich_help_panel=SAMPLING_PANEL)]
 Device = Annotated[str, typer.Option("--device", help="cpu or cuda.")]
+Threads = Annotated[Optional[int], typer.Option("--threads", "-t", help="CPU threads for torch and the compiled kernels (default: torch's).")]
+CtxSize = Annotated[Optional[int], typer.Option("--ctx-size", "-c", help="Context length in tokens, at most the model's (default: the model's).")]
 Dtype = Annotated[Optional[str], typer.Option("--dtype", help="Unset on cpu: the file's quantised blocks on the compiled kernels (the fast path). int8 = blocks with int8 activations (llama.cpp's arithmetic); float32-blocks = blocks with exact float32 math; float32 = dense float32 weights; float16, bfloat16.")]
 
 
@@ -110,3 +112,26 @@ def sampling_params(temperature, top_k, top_p, min_p, repeat_penalty, seed):
         return SamplingParams(**values)
     except ValueError as exc:
         raise OptionsError(str(exc)) from None
+
+
+def apply_threads(threads: int | None) -> None:
+    """``-t/--threads``: torch's intra-op thread count, which the compiled kernels follow."""
+    if threads is None:
+        return
+    if threads < 1:
+        raise OptionsError(f"--threads must be >= 1, got {threads}")
+    import torch
+
+    torch.set_num_threads(threads)
+
+
+def apply_ctx_size(target, ctx_size: int | None) -> None:
+    """``-c/--ctx-size``: cap the target's context (its optional ``spec_set_context_length``)."""
+    if ctx_size is None:
+        return
+    if ctx_size < 1:
+        raise OptionsError(f"--ctx-size must be >= 1, got {ctx_size}")
+    setter = getattr(target, "spec_set_context_length", None)
+    if setter is None:
+        raise OptionsError(f"--ctx-size: this model ({type(target).__name__}) does not take a context length")
+    setter(ctx_size)

@@ -73,6 +73,8 @@ def describe_target(target) -> str:
     in_use = kernels_in_use(target)
     if in_use:
         parts.append(f"device kernels {', '.join(in_use)}")
+    if extra.get("weight_formats"):  # how each ggml type of the file's matrices runs
+        parts.append(f"tensor types [{extra['weight_formats']}]")
     return ", ".join(parts)
 
 
@@ -86,14 +88,20 @@ def kernels_in_use(target) -> list[str]:
     return names
 
 
-def load_target(model: str | None, device: str, dtype: str | None, options):
+def load_target(model: str | None, device: str, dtype: str | None, options, *, threads: int | None = None,
+                ctx_size: int | None = None):
+    """The model a command serves (``-t/--threads`` applied before the load, ``-c/--ctx-size``
+    after it)."""
     from ..runtime.loading import load_model
 
+    flags.apply_threads(threads)
     if model is None:
         from tsspec_gguf.embedded import embedded_model_path
 
         model = str(embedded_model_path())
-    return load_model(model, device=device, dtype=dtype, options=options, catalog=STATE.catalog)
+    target = load_model(model, device=device, dtype=dtype, options=options, catalog=STATE.catalog)
+    flags.apply_ctx_size(target, ctx_size)
+    return target
 
 
 def generate(
@@ -114,6 +122,8 @@ def generate(
     as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object instead of streaming.")] = False,
     device: flags.Device = "cpu",
     dtype: flags.Dtype = None,
+    threads: flags.Threads = None,
+    ctx_size: flags.CtxSize = None,
     demo: Annotated[bool, typer.Option("--demo", help="Run the built-in request (make run) and measure the speed-up over plain decoding.")] = False,
     spec: flags.Spec = None,
     spec_type: flags.SpecType = None,
@@ -139,7 +149,7 @@ def generate(
     if options.enabled and not (demo and named_type is None):
         flags.check_spec_type(options.spec_type, STATE.catalog.speculators)
     sampling = flags.sampling_params(temperature, top_k, top_p, min_p, repeat_penalty, seed)
-    target = load_target(model, device, dtype, options)
+    target = load_target(model, device, dtype, options, threads=threads, ctx_size=ctx_size)
     prompt_value = text
     if getattr(target, "tokenizer", None) is None:
         raise GenerationError("this model has no tokenizer; the CLI needs one (use the Python API with token ids)")

@@ -18,7 +18,7 @@ from .registry import SpeculatorRegistry, check_registration
 
 # the keyword facts a speculator registration may carry besides requires_draft_head
 SPECULATOR_FACTS = frozenset(
-    {"serves_kind", "weight_free", "default_pmin", "description", "drafter_hint", "auto_priority"}
+    {"serves_kind", "weight_free", "description", "drafter_hint", "auto_priority"}
 )
 
 
@@ -32,6 +32,17 @@ class LoaderEntry:
     package: str | None = None
     version: str | None = None
     file_less: bool = False  # a model loaded by name ("toy", "toy:SEED"), not from a GGUF file
+
+
+@attrs.define
+class NamedModelEntry:
+    """A model loadable by name (``--model NAME``): ``resolve()`` -> its GGUF path."""
+
+    name: str
+    resolve: Callable[[], str]
+    description: str = ""
+    installed: bool = True
+    plugin: str | None = None
 
 
 @attrs.define
@@ -49,9 +60,20 @@ class KernelEntry:
 
 
 @attrs.define
+class TrainerEntry:
+    """A drafter kind's trainer, as a plugin registered it."""
+
+    kind: str
+    trainer: Callable[..., dict]
+    description: str = ""
+    plugin: str | None = None
+
+
+@attrs.define
 class Catalog:
     speculators: SpeculatorRegistry = attrs.field(factory=SpeculatorRegistry)
     models: dict[str, LoaderEntry] = attrs.field(factory=dict)  # architecture -> loader
+    named_models: dict[str, NamedModelEntry] = attrs.field(factory=dict)  # name -> resolver
     drafters: dict[str, LoaderEntry] = attrs.field(factory=dict)  # architecture -> attach
     converters: dict[str, ConverterEntry] = attrs.field(factory=dict)  # checkpoint type -> converter
     kernels: dict[str, list[KernelEntry]] = attrs.field(factory=dict)
@@ -146,6 +168,19 @@ def build_catalog(host: PluginHost, *, discover: bool = True) -> Catalog:
         lambda name: {"register": _add_loaders(catalog.drafters, host.plugin_info(name), "drafter attach", pending,
                                                catalog.bundled_drafters)},
     )
+    def named_models_for(name):
+        def register(model_name, resolve, *, description="", installed=True):
+            if not isinstance(model_name, str) or not model_name or "/" in model_name:
+                raise ValueError(f"invalid model name {model_name!r}")
+            if not callable(resolve):
+                raise TypeError(f"named model {model_name!r}: resolve is not callable")
+            entry = NamedModelEntry(model_name, resolve, str(description or ""), bool(installed), name)
+            pending.append((name, lambda: catalog.named_models.setdefault(model_name, entry)))
+
+        return {"register": register}
+
+    host.call_each("tsspec_register_named_models", named_models_for)
+
     def converters_for(name):
         record = host.plugin_info(name)
 
@@ -173,8 +208,6 @@ def build_catalog(host: PluginHost, *, discover: bool = True) -> Catalog:
 
     def trainers_for(name):
         def register(kind, trainer, *, description=""):
-            from ..training.request import TrainerEntry
-
             if not callable(trainer):
                 raise TypeError(f"trainer for kind {kind!r} is not callable")
             entry = TrainerEntry(str(kind), trainer, description, name)

@@ -17,7 +17,7 @@ from gguf import quants
 from tsspec_gguf import native, qlinear
 from tsspec_gguf.qlinear import BlockMatrix, pack_tensor
 
-TYPES = [T.Q4_0, T.Q4_1, T.Q8_0]
+TYPES = [T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q8_0]
 needs_native = pytest.mark.skipif(not native.available(), reason="the block kernel was not built")
 
 
@@ -31,7 +31,7 @@ def make(kind, n=40, k=96, seed=0):
 @pytest.mark.parametrize("kind", TYPES)
 def test_blocks_unpack_to_gguf_dequantised_values(kind):
     bm, ref = make(kind)
-    assert bm.fmt == (8 if kind == T.Q8_0 else 4)
+    assert bm.fmt == (4 if kind in (T.Q4_0, T.Q4_1) else 8)  # Q5_0 / Q5_1: int8 blocks, exactly
     assert torch.equal(bm.dequantize(), ref)
     assert torch.equal(qlinear._dequantize_torch(bm.fmt, bm.q, bm.d, bm.m), ref)
     ids = torch.tensor([3, 0, 39, 3])

@@ -73,7 +73,7 @@ def test_inconsistent_hyperparameters(tmp_path, contents, keys, expected):
 
 
 def test_other_architectures_and_moe_are_refused(tmp_path, contents):
-    assert "not a llama-family file" in load_error(rewrite(tmp_path, contents, arch="qwen2")).problem
+    assert "not a family this plugin serves" in load_error(rewrite(tmp_path, contents, arch="falcon")).problem
     moe = rewrite(tmp_path, contents, replace={"blk.0.ffn_gate_inp.weight": np.zeros((4, 64), np.float32)})
     assert "mixture-of-experts" in load_error(moe).problem
 
@@ -130,7 +130,7 @@ def test_registered_as_the_llama_plugin(tmp_path, contents):
     registered = []
     tsspec_model_llama.tsspec_register_models(lambda archs, loader: registered.append((archs, loader)))
     # the hook registers a thin wrapper so importing the plugin stays free of torch
-    assert registered == [(["llama"], tsspec_model_llama._load)]
+    assert registered == [(["llama", "qwen2", "qwen3", "phi3", "gemma2", "gemma3"], tsspec_model_llama._load)]
     assert tsspec_model_llama.load_llama is load_llama
     from tsspec.runtime.loading import load_model
 

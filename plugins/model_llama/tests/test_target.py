@@ -250,6 +250,7 @@ QUANTISED = {
     "q8_0": {"*": "Q8_0"},
     "q4_1 + q8_0 v (widened)": {"attn_v": "Q8_0", "*": "Q4_1"},
     "q4_0, f32 head": {"token_embd": "F32", "output": "F32", "*": "Q4_0"},
+    "q5_0 + q5_1 v": {"attn_v": "Q5_1", "*": "Q5_0"},
 }
 
 
@@ -269,6 +270,9 @@ def test_block_weights_match_dense_weights_and_transformers(tiny, scheme):
     _, blocks, path = tiny(quantize=quantize)
     dense = load_llama(path, {"dtype": "float32"})
     assert blocks.config.extra["weights"] == "blocks" and dense.config.extra["weights"] == "dense"
+    # every matrix of a packable type stays in blocks (only F32 ones run as float32)
+    assert all(n == 0 for kind, (_, n) in blocks.served_formats.items() if kind != "F32")
+    assert {k for k, (n, _) in blocks.served_formats.items() if n} == set(QUANTISED[scheme].values()) - {"F32"}
     ids = prompt(20)
     got, hidden = blocks.spec_forward(ids, all_logits_rows=True, want_hidden=True)
     expected, expected_hidden = dense.spec_forward(ids, all_logits_rows=True, want_hidden=True)
@@ -372,3 +376,15 @@ def test_k_quant_files_take_the_block_path_and_match_transformers(tmp_path):
     expected, _ = dense.spec_forward(ids, all_logits_rows=True, want_hidden=False)
     assert_close(got, expected, tol=1e-5)
     assert_matches_transformers_on_the_file(path, ids, got)
+
+
+def test_a_type_without_blocks_is_named_in_one_warning(tiny, capsys):
+    """F16 matrices (no block form yet) run as float32 weights: one line names the type and
+    count; the other matrices of the file stay in blocks."""
+    from gguf import GGMLQuantizationType as T
+
+    _, target, path = tiny(quantize={"attn_output": T.F16, "*": T.Q5_0})
+    err = capsys.readouterr().err
+    assert err.count("warning") == 1 and "2 matrix tensors (F16 x2)" in err
+    assert target.served_formats["F16"] == (0, 2) and target.served_formats["Q5_0"][1] == 0
+    assert "F16 x2 float32" in target.config.extra["weight_formats"]

@@ -11,7 +11,8 @@ dequantiser gives and sums in a fixed order per output row:
   verify agree bit for bit), nor on the thread count.
 
 Formats: ``4`` (4-bit q, ggml nibble order; Q4_0 as m = -8 d, Q4_1, Q4_K) and ``8`` (int8 q;
-Q8_0, Q5_K, and 4-bit blocks widened when a fused matrix mixes types). A K-quant super-block is
+Q8_0, Q5_0 as q - 16 with m = 0, Q5_1 and Q5_K as q in 0..31 with their offset m, and 4-bit
+blocks widened when a fused matrix mixes types). A K-quant super-block is
 eight affine 32-weight sub-blocks (d * sc, dmin * m), so Q4_K and Q5_K repack exactly; Q6_K has
 sixteen 16-weight sub-blocks and becomes format ``16`` (format 8 with a scale per 16 weights).
 Q2_K, Q3_K and the rest are not packed (``pack_tensors`` returns None); a caller that wants
@@ -42,7 +43,7 @@ import torch
 from gguf import GGMLQuantizationType as T
 
 from . import native
-from .dequant import _f16, _k_nibbles, _k_scales, _nibbles, q5_k_values, q6_k_parts
+from .dequant import _f16, _k_nibbles, _k_scales, _nibbles, _q5, q5_k_values, q6_k_parts
 
 QK = 32
 # Calls of up to this many rows always run on the block kernel: a bound for correctness, not a
@@ -57,7 +58,7 @@ GEMM_ROWS = 72
 # docs/figures.md). Format-32 matrices (plain float weights) always use float32.
 PRECISIONS = ("float32", "int8")
 DEQUANT_SLICE = 1 << 22  # weights dequantised at a time on the GEMM path (16 MiB of float32)
-PACKABLE = {T.Q4_0, T.Q4_1, T.Q8_0, T.Q4_K, T.Q5_K, T.Q6_K}
+PACKABLE = {T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q8_0, T.Q4_K, T.Q5_K, T.Q6_K}
 K_BLOCK_BYTES = {T.Q4_K: 144, T.Q5_K: 176, T.Q6_K: 210}  # 256-weight super-blocks
 
 FORMATS = (4, 8, 16, 32)
@@ -329,15 +330,33 @@ def pack_tensor(raw: np.ndarray, ggml_type, shape: Sequence[int]) -> BlockMatrix
     if kind in K_BLOCK_BYTES:
         return _pack_k_quant(raw, kind, n, k) if k % 256 == 0 else None
     nb = k // QK
-    b = _blocks(raw, n * nb, {T.Q4_0: 18, T.Q4_1: 20, T.Q8_0: 34}[kind])
+    b = _blocks(raw, n * nb, {T.Q4_0: 18, T.Q4_1: 20, T.Q5_0: 22, T.Q5_1: 24, T.Q8_0: 34}[kind])
     d = _f16(b, 0)  # [n * nb, 1]
-    if kind == T.Q4_0:
+    if kind == T.Q5_0:  # d * (q - 16): int8 blocks of q - 16, Q8_0's form (exact)
+        fmt, qs, m = 8, (_q5(b, 2).to(torch.int16) - 16).to(torch.int8).view(torch.uint8), torch.zeros_like(d)
+    elif kind == T.Q5_1:  # d * q + m with q in 0..31: int8 blocks with an offset (exact)
+        fmt, qs, m = 8, _q5(b, 4).to(torch.uint8), _f16(b, 2)
+    elif kind == T.Q4_0:
         fmt, qs, m = 4, b[:, 2:18], d * -8.0
     elif kind == T.Q4_1:
         fmt, qs, m = 4, b[:, 4:20], _f16(b, 2)
     else:
         fmt, qs, m = 8, b[:, 2:34], torch.zeros_like(d)
     return BlockMatrix(fmt, qs.reshape(n, -1), d.reshape(n, nb), m.reshape(n, nb))
+
+
+BLOCK_FORMS = {T.Q4_0: "4-bit blocks", T.Q4_1: "4-bit blocks", T.Q4_K: "4-bit blocks", T.Q5_0: "int8 blocks",
+               T.Q5_1: "int8 blocks", T.Q5_K: "int8 blocks", T.Q8_0: "int8 blocks", T.Q6_K: "int8 blocks of 16"}
+
+
+def weight_format(type_name: str) -> str:
+    """How a matrix of a ggml type (by name) runs on the CPU block path: its block form, or
+    ``float32`` for a type ``pack_tensor`` does not take."""
+    try:
+        kind = T[type_name]
+    except KeyError:
+        return "float32"
+    return BLOCK_FORMS.get(kind, "float32")
 
 
 def _blocks(raw: np.ndarray, count: int, size: int) -> torch.Tensor:

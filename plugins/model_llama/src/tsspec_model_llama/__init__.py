@@ -1,7 +1,8 @@
-"""tsspec plugin ``llama``: llama-family dense transformers loaded from GGUF.
+"""tsspec plugin ``llama``: dense transformer families loaded from GGUF.
 
-Registers ``load_llama`` for ``general.architecture == "llama"`` (SmolLM, Llama 2/3, Mistral and
-other files llama.cpp converts to the ``llama`` architecture). The target it returns,
+Registers ``load_llama`` for the architectures of ``families.FAMILIES``: ``llama`` (SmolLM,
+Llama 2/3, Mistral and other files llama.cpp converts to ``llama``), ``qwen2``, ``qwen3``,
+``phi3``, ``gemma2`` and ``gemma3``, each a row of capability fields. The target it returns,
 ``LlamaTarget``, implements ``tsspec.protocols.SpeculativeTarget`` and exposes ``embed``,
 ``final_norm``, ``lm_head`` and feature taps for drafters.
 
@@ -16,7 +17,9 @@ from typing import Any
 
 from tsspec.hookspecs import hookimpl
 
-ARCHITECTURES = ["llama"]
+from .families import FAMILIES
+
+ARCHITECTURES = list(FAMILIES)
 _LAZY = {"LlamaTarget": ".target", "load_llama": ".loader"}
 
 __all__ = ["LlamaTarget", "load_llama", "ARCHITECTURES"]
@@ -39,6 +42,14 @@ def tsspec_register_models(register):
     register(list(ARCHITECTURES), _load)
 
 
+@hookimpl
+def tsspec_register_named_models(register):
+    from .named import NAMED_MODELS
+
+    for model in NAMED_MODELS.values():
+        register(model.name, model.resolve, description=model.description, installed=model.installed())
+
+
 def _convert(src_dir, out_path, *, outtype):
     from .convert import convert_hf_dir
 
@@ -47,4 +58,8 @@ def _convert(src_dir, out_path, *, outtype):
 
 @hookimpl
 def tsspec_register_converters(register):
-    register(["llama"], _convert, description="HF llama safetensors -> GGUF llama (token ids only)")
+    from .convert_types import MODEL_TYPES
+
+    register(list(MODEL_TYPES), _convert,
+             description="HF llama / mistral / qwen2 / qwen3 / phi3 / gemma2 / gemma3 safetensors -> GGUF "
+                         "(tokenizer, special tokens and chat template included)")

@@ -6,7 +6,9 @@ llama.cpp's ``llama`` architecture keys (prefix ``llama.``): ``block_count``,
 hidden / heads), ``attention.layer_norm_rms_epsilon``, ``rope.freq_base`` (default 10000),
 ``rope.dimension_count`` (rotated dims per head; absent = head dim), ``rope.scaling.type`` and
 ``rope.scaling.factor`` (``linear`` is supported; llama-3.1 style scaling arrives as a
-``rope_freqs.weight`` tensor of per-frequency divisors), ``context_length``.
+``rope_freqs.weight`` tensor of per-frequency divisors), ``context_length``. Other families
+(``families.py``) add ``attention.sliding_window``, ``rope.freq_base_swa``,
+``attention.scale``, ``attn_logit_softcapping`` and ``final_logit_softcapping``.
 """
 
 from __future__ import annotations
@@ -16,6 +18,8 @@ from typing import Any
 import attrs
 
 from tsspec.errors import ModelLoadError
+
+from .families import Family, family_of
 
 DEFAULT_ROPE_BASE = 10000.0
 SUPPORTED_ROPE_SCALING = ("none", "linear")
@@ -36,6 +40,21 @@ class LlamaHParams:
     rope_base: float
     rope_dim: int
     rope_linear_factor: float  # positions are divided by it (1.0 = no scaling)
+    family: Family = attrs.field(factory=lambda: family_of("llama"))
+    attention_scale: float = 0.0  # multiplies Q (0: 1 / sqrt(head_dim))
+    sliding_window: int = 0  # keys a sliding layer's row sees, itself included (0: none)
+    rope_base_local: float = 0.0  # RoPE base of sliding layers (0: rope_base)
+    attn_softcap: float = 0.0  # scores -> c * tanh(scores / c) (0: off)
+    final_softcap: float = 0.0  # logits -> c * tanh(logits / c) (0: off)
+
+    @property
+    def q_scale(self) -> float:
+        return self.attention_scale or self.head_dim**-0.5
+
+    def sliding(self, layer: int) -> bool:
+        """Whether ``layer`` attends over a sliding window (the family's pattern)."""
+        period = self.family.swa_period
+        return bool(self.sliding_window and period and layer % period < period - 1)
 
     @property
     def group_size(self) -> int:
@@ -61,6 +80,9 @@ class LlamaHParams:
             "rope_theta": self.rope_base,
             "rope_dim": self.rope_dim,
             "rope_scaling_factor": self.rope_linear_factor,
+            "family": attrs.asdict(self.family),
+            "sliding_window": self.sliding_window,
+            "final_logit_softcapping": self.final_softcap,
         }
 
 
@@ -75,13 +97,29 @@ def _positive_int(gguf_file, key: str, default: Any = None) -> int:
     return value
 
 
+def _positive_float(gguf_file, key: str) -> float:
+    """A positive number under ``key``, 0.0 when absent."""
+    value = gguf_file.get(key, None)
+    if value is None:
+        return 0.0
+    if not isinstance(value, (int, float)) or isinstance(value, bool) or value < 0:
+        raise ModelLoadError(gguf_file.path, f"{key} must be a positive number, got {value!r}")
+    return float(value)
+
+
 def read_hparams(gguf_file) -> LlamaHParams:
     """The hyper-parameters, with a ModelLoadError naming the key for anything inconsistent."""
     arch = gguf_file.architecture
+    family = family_of(arch)
+    if family is None:
+        raise ModelLoadError(gguf_file.path, f"architecture {arch!r} is not a family this plugin serves")
     key = gguf_file.arch_key
     n_layers = _positive_int(gguf_file, key("block_count"))
     hidden = _positive_int(gguf_file, key("embedding_length"))
     ffn = _positive_int(gguf_file, key("feed_forward_length"))
+    window = 0
+    if family.swa_period and gguf_file.get(key("attention.sliding_window"), None) is not None:
+        window = _positive_int(gguf_file, key("attention.sliding_window"))
     n_heads = _positive_int(gguf_file, key("attention.head_count"))
     n_kv = _positive_int(gguf_file, key("attention.head_count_kv"), n_heads)
     if n_heads % n_kv:
@@ -111,6 +149,12 @@ def read_hparams(gguf_file) -> LlamaHParams:
     linear = factor if scaling == "linear" and factor > 0 else 1.0
     context = _positive_int(gguf_file, key("context_length"))
     vocab = gguf_file.tensor_shape("token_embd.weight")[0]
+    if gguf_file.has_tensor("rope_factors_long.weight") or scaling in ("longrope", "su", "yarn"):
+        raise ModelLoadError(gguf_file.path, "long-context RoPE scaling (rope_factors_long/short, YaRN) is not supported")
+    local_base = _positive_float(gguf_file, key("rope.freq_base_swa")) or float(family.local_rope_base or base)
+    softcaps = (_positive_float(gguf_file, key("attn_logit_softcapping")), _positive_float(gguf_file, key("final_logit_softcapping")))
+    if not family.soft_capping:
+        softcaps = (0.0, 0.0)
     return LlamaHParams(
         architecture=arch,
         n_layers=n_layers,
@@ -125,4 +169,11 @@ def read_hparams(gguf_file) -> LlamaHParams:
         rope_base=float(base),
         rope_dim=rope_dim,
         rope_linear_factor=linear,
+        family=family,
+        attention_scale=_positive_float(gguf_file, key("attention.scale"))
+        or ((hidden / n_heads) ** -0.5 if n_layers in family.scale_by_hidden_at_layers else 0.0),
+        sliding_window=window,
+        rope_base_local=local_base,
+        attn_softcap=softcaps[0],
+        final_softcap=softcaps[1],
     )

@@ -19,6 +19,7 @@ precision: slow, but multi-row and one-row forwards then agree to ~1e-15 (exact-
 from __future__ import annotations
 
 import os
+import sys
 import time
 from typing import Any, Mapping
 
@@ -32,7 +33,7 @@ from tsspec_gguf.tokenizer import from_gguf
 
 from .hparams import read_hparams
 from .target import LlamaTarget
-from .weights import load_weights
+from .weights import SERVED_KEY, load_weights
 from . import ARCHITECTURES
 
 DTYPES = {
@@ -91,6 +92,20 @@ def resolve_device(path: str, value: Any) -> torch.device:
     return device
 
 
+def warn_dense_matrices(path: str, served: Mapping[str, tuple[int, int]]) -> str | None:
+    """One line on stderr naming the ggml types (and tensor counts) whose matrices run as
+    float32 weights instead of blocks on the block path (F32 matrices are float32 already); None
+    when every other matrix is in blocks."""
+    dense = {kind: counts[1] for kind, counts in sorted(served.items()) if counts[1] and kind != "F32"}
+    if not dense:
+        return None
+    types = ", ".join(f"{kind} x{n}" for kind, n in dense.items())
+    line = (f"tsspec: warning: {path}: {sum(dense.values())} matrix tensors ({types}) have no block form here "
+            "(or share a fused matrix with one) and run as float32 weights (slower)")
+    print(line, file=sys.stderr)
+    return line
+
+
 def load_llama(gguf_path: str | os.PathLike[str], options: Any = None, *, cache: WeightCache | None = None) -> LlamaTarget:
     """Open, check and load a llama-family GGUF. Every problem is a ModelLoadError."""
     started = time.perf_counter()
@@ -112,12 +127,15 @@ def load_llama(gguf_path: str | os.PathLike[str], options: Any = None, *, cache:
     with GGUFFile(path) as gguf_file:
         if gguf_file.architecture not in ARCHITECTURES:
             raise ModelLoadError(
-                path, f"architecture {gguf_file.architecture!r} is not a llama-family file this plugin serves"
+                path, f"architecture {gguf_file.architecture!r} is not a family this plugin serves "
+                      f"({', '.join(ARCHITECTURES)})"
             )
         hparams = read_hparams(gguf_file)
         weight_cache = cache if cache is not None else WeightCache()
         weights = load_weights(hparams, gguf_file, dtype, weight_cache, blocks=blocks)
         tokenizer = from_gguf(gguf_file)
+    if blocks:
+        warn_dense_matrices(path, weights.get(SERVED_KEY) or {})
     return LlamaTarget(
         hparams,
         weights,

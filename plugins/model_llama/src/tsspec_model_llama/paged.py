@@ -167,6 +167,9 @@ def open_paged(target, num_blocks: int, block_size: int) -> PagedLlamaKV:
             "the batched paged path needs the CPU float32 block-kernel path "
             "(--device cpu, default dtype, a build with the compiled kernels)"
         )
+    if not target.hparams.family.llama_block:
+        raise ValueError(f"the batched paged path runs llama's block; {target.hparams.architecture} adds to it "
+                         "(per-head norms, post norms, sliding windows or soft-capping)")
     if not all(isinstance(w, BlockMatrix) for layer in target._layers for w in (layer.wqkv, layer.wo, layer.w_gate_up, layer.w_down)):
         raise ValueError("the batched paged path needs every matrix in blocks")
     return PagedLlamaKV(target, num_blocks, block_size)

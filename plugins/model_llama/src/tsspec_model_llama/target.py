@@ -1,4 +1,8 @@
-"""``LlamaTarget``: a llama-family dense transformer as a ``tsspec`` SpeculativeTarget.
+"""``LlamaTarget``: a dense transformer of a family in ``families.py`` as a ``tsspec`` SpeculativeTarget.
+
+A family whose block is not llama's (per-head Q/K norms, post norms, GELU-tanh, sliding
+windows, soft-capping) runs ``_family_block`` on the same per-row kernels (or torch ops off
+the kernel path); the fused native stack below serves llama's block.
 
 Block: ``x += W_o attn(rope(q), rope(k), v)`` on ``RMSNorm(x)``, then
 ``x += W_down (silu(W_gate h) * W_up h)`` on ``RMSNorm(x)``; final RMSNorm; LM head (the
@@ -51,7 +55,7 @@ from tsspec.protocols import ModelConfig, resolve_feature_taps
 
 from .hparams import LlamaHParams
 from .rope import RotaryTable
-from .weights import residual_dtype
+from .weights import SERVED_KEY, residual_dtype
 
 INITIAL_CAPACITY = 256  # KV slots allocated on first use; grown by doubling
 SMALL_OP_ROWS = 16  # calls of up to this many rows (decode, verify) run small ops on one thread
@@ -87,7 +91,8 @@ def _describe(w: BlockMatrix, kernels) -> tuple:
 class _Layer:
     """One block's prepared tensors (plain attributes: the hot loop reads them directly)."""
 
-    __slots__ = ("attn_norm", "wqkv", "bqkv", "wo", "bo", "ffn_norm", "w_gate_up", "w_down")
+    __slots__ = ("attn_norm", "wqkv", "bqkv", "wo", "bo", "ffn_norm", "w_gate_up", "w_down",
+                 "q_norm", "k_norm", "post_attn_norm", "post_ffn_norm")
 
     def __init__(self, weights: dict[str, torch.Tensor], i: int, device: torch.device):
         def get(name):
@@ -102,6 +107,10 @@ class _Layer:
         self.ffn_norm = get("ffn_norm")
         self.w_gate_up = get("w_gate_up")
         self.w_down = get("w_down")
+        self.q_norm = get("q_norm")  # [hd], the attention scale folded in
+        self.k_norm = get("k_norm")
+        self.post_attn_norm = get("post_attn_norm")
+        self.post_ffn_norm = get("post_ffn_norm")
 
 
 class LlamaTarget:
@@ -145,6 +154,11 @@ class LlamaTarget:
         self.draft_head = None
         self.load_seconds = load_seconds
         self.cache_hit = cache_hit
+        weights = dict(weights)
+        # ggml type -> (matrix tensors in blocks, as float32 weights)
+        self.served_formats: dict[str, tuple[int, int]] = dict(weights.pop(SERVED_KEY, None) or {})
+        # a block is llama's (the fused native stack runs it) unless the family adds to it
+        self._llama_block = hp.family.llama_block
         tied = "lm_head" not in weights
         # weights kept in quantised blocks (CPU): every matmul row is summed in the same order
         # whatever the row count, and short verifies need no padding (see qlinear.py)
@@ -163,6 +177,7 @@ class LlamaTarget:
                 "tied_embeddings": tied,
                 "dtype": str(dtype).removeprefix("torch."),
                 "weights": "blocks" if self.block_weights else "dense",
+                "weight_formats": self.weight_formats(),
                 "arithmetic": self.precision,
             },
         )
@@ -188,6 +203,13 @@ class LlamaTarget:
             device=self.device,
             dtype=self._residual_dtype,
         )
+        self._rope_local = self._rope
+        if any(hp.sliding(i) for i in range(hp.n_layers)) and hp.rope_base_local != hp.rope_base:
+            # sliding layers: their own base, no frequency scaling (llama.cpp's and HF's rule)
+            self._rope_local = RotaryTable(hp.rope_dim, hp.rope_base_local, device=self.device,
+                                           dtype=self._residual_dtype)
+        self._embed_scale = (torch.tensor(hp.hidden_size**0.5, dtype=self._residual_dtype, device=self.device)
+                             if hp.family.embedding_scale else None)
         self._eps = hp.rms_eps
         self._stack = self._layer_stack()
         self._step_head = self._native_head()
@@ -204,6 +226,7 @@ class LlamaTarget:
         self._v: torch.Tensor | None = None
         self._taps: tuple[int, ...] | None = None
         self._row_ms = None  # the forward's cost by rows, measured on first use
+        self._context_limit = 0  # -c/--ctx-size (0: the file's context_length)
         self._gemm_threads = self._small_threads = self._active_threads = torch.get_num_threads()
 
     def _layer_stack(self):
@@ -211,7 +234,7 @@ class LlamaTarget:
         addresses: ``self._layers`` keeps the tensors alive), or None when a matrix is dense or
         the kernels are off."""
         k, hp = self._kernels, self.hparams
-        if k is None or not self.block_weights or not hasattr(k, "layers_new"):
+        if k is None or not self.block_weights or not hasattr(k, "layers_new") or not self._llama_block:
             return None
         matrices = [(layer.wqkv, layer.wo, layer.w_gate_up, layer.w_down) for layer in self._layers]
         if not all(isinstance(w, BlockMatrix) for ws in matrices for w in ws):
@@ -371,7 +394,18 @@ class LlamaTarget:
 
     @property
     def max_context_length(self) -> int:
-        return self.hparams.context_length
+        return self._context_limit or self.hparams.context_length
+
+    def spec_set_context_length(self, tokens: int) -> None:
+        """Cap the context (``-c/--ctx-size``) at ``tokens``, at most the file's; ValueError
+        below the tokens already cached."""
+        if not 1 <= tokens or tokens < self._seq_len:
+            raise ValueError(f"a context of {tokens} tokens cannot hold the {self._seq_len} cached")
+        if tokens > self.hparams.context_length:
+            from tsspec.errors import OptionsError
+
+            raise OptionsError(f"--ctx-size {tokens} exceeds the model's context of {self.hparams.context_length}")
+        self._context_limit = tokens
 
     @property
     def spec_feature_size(self) -> int:
@@ -444,6 +478,135 @@ class LlamaTarget:
         bias.masked_fill_(blocked, float("-inf"))
         return bias.repeat(self.hparams.group_size, 1)
 
+    def weight_formats(self) -> str:
+        """How the file's matrix types run, e.g. ``Q5_0 x166 blocks, Q3_K x12 float32``."""
+        parts = []
+        for kind, (in_blocks, dense) in sorted(self.served_formats.items()):
+            if in_blocks:
+                parts.append(f"{kind} x{in_blocks} blocks")
+            if dense:
+                parts.append(f"{kind} x{dense} {'float32' if self.block_weights else str(self.dtype).removeprefix('torch.')}")
+        return ", ".join(parts)
+
+    def _norm(self, x: torch.Tensor, weight: torch.Tensor, kernel: bool) -> torch.Tensor:
+        """RMSNorm of rows x [n, d] by ``weight`` [d]: the compiled kernel (each row the same
+        whatever n) or torch."""
+        if not kernel:
+            return F.rms_norm(x, (x.shape[-1],), weight, self._eps)
+        x = x.contiguous()
+        out = torch.empty_like(x)
+        self._kernels.rms_norm(x.data_ptr(), weight.data_ptr(), out.data_ptr(), x.shape[0], x.shape[1], self._eps)
+        return out
+
+    def _family_block(self, i: int, x: torch.Tensor, past: int, kernel: bool) -> torch.Tensor:
+        """One block of a family whose block is not llama's (per-head Q/K norms, post norms,
+        GELU-tanh, sliding windows, soft-capping: ``families.py``), on the compiled per-row
+        kernels (``kernel``) or torch ops."""
+        hp, layer = self.hparams, self._layers[i]
+        rows, end, hd = x.shape[0], past + x.shape[0], hp.head_dim
+        sliding = hp.sliding(i)
+        h = self._norm(x, layer.attn_norm, kernel)
+        qkv = _linear(h.to(self.dtype) if self._cast else h, layer.wqkv, layer.bqkv, self.precision)  # [rows, (nh + 2 nkv) hd]
+        if self._cast:
+            qkv = qkv.to(self._residual_dtype)
+        if layer.q_norm is not None:  # per head, over hd; Q's norm carries the attention scale
+            q = self._norm(qkv[:, : hp.q_size].reshape(-1, hd), layer.q_norm, kernel).view(rows, -1)
+            k = self._norm(qkv[:, hp.q_size : self._qk_size].reshape(-1, hd), layer.k_norm, kernel).view(rows, -1)
+            qkv = torch.cat([q, k, qkv[:, self._qk_size :]], dim=1)
+        rope = self._rope_local if sliding else self._rope
+        if kernel:
+            qkv = qkv.contiguous()
+            self._kernels.rope(qkv.data_ptr(), qkv.stride(0), rows, self._qk_heads, hd, hp.rope_dim, rope.address(end), past)
+            qk = qkv[:, : self._qk_size].view(rows, self._qk_heads, hd)
+        else:
+            qk = rope.apply(qkv[:, : self._qk_size].view(rows, self._qk_heads, hd), past)
+        k_cache, v_cache = self._k[i], self._v[i]  # [nkv, capacity, hd]
+        k_cache[:, past:end] = qk[:, hp.n_heads :].transpose(0, 1)
+        v_cache[:, past:end] = qkv[:, self._qk_size :].view(rows, hp.n_kv_heads, hd).transpose(0, 1)
+        window = hp.sliding_window if sliding else 0
+        if kernel and not hp.attn_softcap:
+            attn = self._window_attention(qkv, i, past, window)
+        else:
+            attn = self._capped_attention(qk, k_cache, v_cache, past, window, rowwise=kernel)
+        out = _linear(attn.to(self.dtype) if self._cast else attn, layer.wo, layer.bo, self.precision)
+        out = out.to(self._residual_dtype) if self._cast else out
+        if layer.post_attn_norm is not None:
+            out = self._norm(out, layer.post_attn_norm, kernel)
+        x = x + out
+        h = self._norm(x, layer.ffn_norm, kernel)
+        gate_up = _linear(h.to(self.dtype) if self._cast else h, layer.w_gate_up, None, self.precision)  # [rows, 2 F]
+        gate, up = gate_up[:, : hp.ffn_size], gate_up[:, hp.ffn_size :]
+        act = (F.gelu(gate, approximate="tanh") if hp.family.activation == "gelu_tanh" else F.silu(gate)) * up
+        out = _linear(act, layer.w_down, None, self.precision)
+        out = out.to(self._residual_dtype) if self._cast else out
+        if layer.post_ffn_norm is not None:
+            out = self._norm(out, layer.post_ffn_norm, kernel)
+        return x + out
+
+    def _window_attention(self, qkv: torch.Tensor, i: int, past: int, window: int) -> torch.Tensor:
+        """Causal attention on the kernel, a sliding layer's row at position p seeing keys
+        p - window + 1 .. p: rows whose window starts at key 0 share one call, every later row
+        has its own call on the cache from its window's first key (so a verify row is computed
+        exactly like the same row decoded alone). The whole cache stays: a rollback never
+        loses a key a later row needs. [rows, nh * hd]"""
+        hp, rows = self.hparams, qkv.shape[0]
+        k_cache, v_cache = self._k[i], self._v[i]
+        if not window or past + rows <= window:
+            return causal_attention(qkv, k_cache, v_cache, past, hp.n_heads)
+        out = torch.empty((rows, hp.q_size), dtype=torch.float32)
+        first = max(0, min(rows, window - past))  # rows at positions < window
+        if first:
+            out[:first] = causal_attention(qkv[:first], k_cache, v_cache, past, hp.n_heads)
+        key_bytes = hp.head_dim * k_cache.element_size()
+        threads = torch.get_num_threads()
+        for t in range(first, rows):
+            start = past + t - window + 1
+            self._kernels.attention(
+                qkv[t].data_ptr(), qkv.stride(0), k_cache.data_ptr() + start * key_bytes,
+                v_cache.data_ptr() + start * key_bytes, self._capacity, out[t].data_ptr(), 1,
+                hp.n_heads, hp.n_kv_heads, hp.head_dim, window - 1, threads,
+            )
+        return out
+
+    def _capped_attention(self, qk, k_cache, v_cache, past: int, window: int, rowwise: bool) -> torch.Tensor:
+        """Torch attention with soft-capped scores (``attn_softcap``) and an optional sliding
+        window: ``rowwise`` computes each row on its own (the same ops whatever the row count,
+        for the kernel path), else one masked batch. [rows, nh * hd]"""
+        hp, rows = self.hparams, qk.shape[0]
+        cap, end = hp.attn_softcap, past + rows
+        if rowwise:
+            out = torch.empty((rows, hp.q_size), dtype=qk.dtype)
+            for t in range(rows):
+                p = past + t
+                start = max(0, p - window + 1) if window else 0
+                q = qk[t, : hp.n_heads].reshape(hp.n_kv_heads, hp.group_size, hp.head_dim)
+                scores = torch.bmm(q, k_cache[:, start : p + 1].transpose(1, 2))  # [nkv, group, keys]
+                if cap:
+                    scores = torch.tanh(scores / cap) * cap
+                out[t] = torch.bmm(torch.softmax(scores, dim=-1), v_cache[:, start : p + 1]).reshape(-1)
+            return out
+        q = qk[:, : hp.n_heads].reshape(rows, hp.n_kv_heads, hp.group_size, hp.head_dim)
+        q = q.permute(1, 2, 0, 3).reshape(hp.n_kv_heads, hp.group_size * rows, hp.head_dim)
+        scores = torch.bmm(q, k_cache[:, :end].transpose(1, 2))  # [nkv, group * rows, end]
+        if cap:
+            scores = torch.tanh(scores / cap) * cap
+        positions = past + torch.arange(rows, device=qk.device)[:, None]
+        keys = torch.arange(end, device=qk.device)[None, :]
+        blocked = keys > positions
+        if window:
+            blocked |= keys <= positions - window
+        scores = scores.masked_fill(blocked.repeat(hp.group_size, 1), float("-inf"))
+        attn = torch.bmm(torch.softmax(scores, dim=-1), v_cache[:, :end])  # [nkv, group * rows, hd]
+        return attn.view(hp.n_kv_heads, hp.group_size, rows, hp.head_dim).permute(2, 0, 1, 3).reshape(rows, hp.q_size)
+
+    def _logits(self, normed: torch.Tensor) -> torch.Tensor:
+        """The LM head on normed rows, soft-capped where the family caps logits."""
+        logits = _linear(normed.to(self.dtype), self._lm_head, None, self.precision)
+        cap = self.hparams.final_softcap
+        if cap:
+            logits = torch.tanh(logits.to(self._residual_dtype) / cap) * cap
+        return logits
+
     def _threads(self, n: int) -> None:
         if n != self._active_threads:
             torch.set_num_threads(n)
@@ -454,6 +617,8 @@ class LlamaTarget:
         SiLU product per row in C, the matmuls on blocks (or torch for dense weights). Each row
         is computed the same way whatever the row count. The tensors are built here, so the
         kernels are called directly (the checked wrappers are tsspec_gguf.rowops)."""
+        if not self._llama_block:
+            return self._family_block(i, x, past, kernel=True)
         hp, layer, k = self.hparams, self._layers[i], self._kernels
         rows, H, hd = x.shape[0], hp.hidden_size, hp.head_dim
         end = past + rows
@@ -475,6 +640,8 @@ class LlamaTarget:
 
     def _block(self, i: int, x: torch.Tensor, past: int, bias: torch.Tensor | None) -> torch.Tensor:
         """One transformer block on the residual rows x [rows, H] (appends their K/V)."""
+        if not self._llama_block:
+            return self._family_block(i, x, past, kernel=False)
         hp, layer = self.hparams, self._layers[i]
         rows, end = x.shape[0], past + x.shape[0]
         wide, narrow = self._gemm_threads, self._small_threads
@@ -558,6 +725,8 @@ class LlamaTarget:
             x = _embedding(torch.tensor(ids, device=self.device), self._embed)  # [rows, H]
             if self._cast:
                 x = x.to(self._residual_dtype)
+            if self._embed_scale is not None:
+                x = x * self._embed_scale
             kernel_path = self._kernels is not None
             if kernel_path:  # one thread count for the whole pass: no torch op here is wide
                 self._threads(self._gemm_threads)
@@ -595,7 +764,7 @@ class LlamaTarget:
         # cost governor's to measure on the machine at hand, not a constant from another one)
         x, tapped = self.forward_residual(tokens)
         normed = F.rms_norm(x if all_logits_rows else x[-1:], self._norm_shape, self._output_norm, self._eps)
-        logits = _linear(normed.to(self.dtype), self._lm_head, None, self.precision).to(OUTPUT_DEVICE, torch.float32)
+        logits = self._logits(normed).to(OUTPUT_DEVICE, torch.float32)
         hidden = None
         if want_hidden:
             if self._taps is not None:
@@ -608,7 +777,7 @@ class LlamaTarget:
     # -- drafter-facing surface ------------------------------------------------------------
     @torch.inference_mode()
     def embed(self, token_ids: Sequence[int] | torch.Tensor) -> torch.Tensor:
-        """Raw token embeddings [n, H] (float32, CPU)."""
+        """Raw token embeddings [n, H] (float32, CPU; without a family's sqrt(H) scale)."""
         ids = torch.as_tensor(token_ids, dtype=torch.long, device=self.device).reshape(-1)
         return _embedding(ids, self._embed).to(OUTPUT_DEVICE, torch.float32)
 
@@ -620,8 +789,9 @@ class LlamaTarget:
 
     @torch.inference_mode()
     def lm_head(self, hidden: torch.Tensor) -> torch.Tensor:
-        """Logits [n, vocab] of already-normed rows [n, H] (no final norm applied here)."""
-        return _linear(hidden.to(self.device, self.dtype), self._lm_head, None, self.precision).to(OUTPUT_DEVICE, torch.float32)
+        """Logits [n, vocab] of already-normed rows [n, H] (no final norm applied here; the
+        family's logit soft-capping is)."""
+        return self._logits(hidden.to(self.device, self._residual_dtype)).to(OUTPUT_DEVICE, torch.float32)
 
     def __repr__(self) -> str:
         hp = self.hparams

@@ -24,6 +24,8 @@ def serve(
     max_seqs: Annotated[int, typer.Option("--max-seqs", help="Sequences decoded together at most.")] = 8,
     device: flags.Device = "cpu",
     dtype: flags.Dtype = None,
+    threads: flags.Threads = None,
+    ctx_size: flags.CtxSize = None,
     spec: flags.Spec = None,
     spec_type: flags.SpecType = None,
     spec_draft: flags.SpecDraft = None,
@@ -45,7 +47,7 @@ def serve(
     options = flags.speculation_options(spec, spec_type, spec_draft, spec_pmin, spec_draft_model, draft_model, spec_adaptive)
     if options.enabled:
         flags.check_spec_type(options.spec_type, STATE.catalog.speculators)
-    target = load_target(model, device, dtype, options)
+    target = load_target(model, device, dtype, options, threads=threads, ctx_size=ctx_size)
     import uvicorn
 
     from tsspec.errors import GenerationError

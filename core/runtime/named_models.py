@@ -1,0 +1,76 @@
+"""``--model NAME``: a name a plugin registered (``tsspec_register_named_models``) or a model in
+Ollama's local store, resolved to a GGUF path. A path that exists is always taken as a path.
+
+Ollama keeps a pulled model's manifest at ``<store>/manifests/<registry>/<namespace>/<model>/<tag>``
+(defaults ``registry.ollama.ai``, ``library``, ``latest``) and the GGUF as the blob its
+``application/vnd.ollama.image.model`` layer names (``<store>/blobs/sha256-<hex>``). The store is
+``$OLLAMA_MODELS``, else ``~/.ollama/models``, else the Linux service's
+``/usr/share/ollama/.ollama/models``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+from ..errors import ModelLoadError
+
+OLLAMA_MODEL_LAYER = "application/vnd.ollama.image.model"
+OLLAMA_REGISTRY, OLLAMA_NAMESPACE, OLLAMA_TAG = "registry.ollama.ai", "library", "latest"
+
+
+def ollama_stores() -> list[Path]:
+    configured = os.environ.get("OLLAMA_MODELS")
+    if configured:
+        return [Path(configured).expanduser()]
+    return [Path.home() / ".ollama" / "models", Path("/usr/share/ollama/.ollama/models")]
+
+
+def ollama_manifest_path(name: str, store: Path) -> Path | None:
+    """Where a name's manifest lives in ``store`` (None for a name Ollama would not accept)."""
+    base, _, tag = name.partition(":")
+    parts = [p for p in base.split("/") if p]
+    if not parts or len(parts) > 3 or any(p in (".", "..") for p in parts) or "/" in tag:
+        return None
+    registry, namespace = OLLAMA_REGISTRY, OLLAMA_NAMESPACE
+    if len(parts) == 3:
+        registry, namespace = parts[0], parts[1]
+    elif len(parts) == 2:
+        namespace = parts[0]
+    return store / "manifests" / registry / namespace / parts[-1] / (tag or OLLAMA_TAG)
+
+
+def ollama_blob(name: str, stores: list[Path] | None = None) -> str | None:
+    """The GGUF blob of an Ollama model name, or None when no store holds that name; a
+    manifest without a model layer or a missing blob is a ModelLoadError."""
+    for store in stores if stores is not None else ollama_stores():
+        manifest = ollama_manifest_path(name, store)
+        if manifest is None or not manifest.is_file():
+            continue
+        try:
+            layers = json.loads(manifest.read_text()).get("layers") or []
+        except (OSError, ValueError, AttributeError) as exc:
+            raise ModelLoadError(name, f"Ollama manifest {manifest} is unreadable: {exc}") from None
+        digests = [layer.get("digest", "") for layer in layers if isinstance(layer, dict)
+                   and layer.get("mediaType") == OLLAMA_MODEL_LAYER]
+        if not digests:
+            raise ModelLoadError(name, f"Ollama manifest {manifest} has no model layer")
+        blob = store / "blobs" / digests[0].replace(":", "-")
+        if not blob.is_file():
+            raise ModelLoadError(name, f"Ollama blob {blob} is missing")
+        return str(blob)
+    return None
+
+
+def resolve_model_path(path: object, catalog) -> object:
+    """A model argument as a path: unchanged when it exists (or names nothing else), a named
+    model's resolved file, or an Ollama store's blob."""
+    text = str(path)
+    if Path(text).exists():
+        return path
+    entry = catalog.named_models.get(text)
+    if entry is not None:
+        return entry.resolve()
+    blob = ollama_blob(text) if not text.endswith(".gguf") else None
+    return blob if blob is not None else path
