@@ -216,14 +216,14 @@ def test_calls_at_the_row_limit_equal_the_python_path(tiny, all_rows):
     ids = prompt(2 * GEMM_ROWS + 2)
     outputs, steps = [], []
     for one_call in (False, True):
-        counting = CountingKernels(native.kernels())
-        target._kernels, target.native_step = counting, one_call
+        counting = CountingKernels(target._step_kernels)
+        target._step_kernels, target.native_step = counting, one_call
         try:
             target.reset()
             first = target.spec_forward(ids[:GEMM_ROWS], all_logits_rows=all_rows, want_hidden=all_rows)
             second = target.spec_forward(ids[GEMM_ROWS:], all_logits_rows=all_rows, want_hidden=all_rows)
         finally:
-            target._kernels, target.native_step = counting._kernels, True
+            target._step_kernels, target.native_step = counting._kernels, True
         outputs.append([t for pair in (first, second) for t in pair if t is not None])
         steps.append(counting.steps)
     assert steps == [0, 1]  # GEMM_ROWS rows in one call, GEMM_ROWS + 2 on the Python path
