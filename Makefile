@@ -15,7 +15,7 @@ BUILD_PINS := PIP_BUILD_CONSTRAINT=$(CONSTRAINTS)
 
 setup: $(STAMP)
 
-$(STAMP): pyproject.toml plugins/gguf/src/tsspec_gguf/cpu_kernels.c $(PLUGINS) requirements-test.txt constraints.txt
+$(STAMP): pyproject.toml $(wildcard plugins/*/src/*/csrc/*.[ch]) $(PLUGINS) requirements-test.txt constraints.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PIP) install -q -c $(CONSTRAINTS) --upgrade pip
 	# a pinned torch: on these machines pip takes the local CPU build; a range would pull CUDA
