@@ -1,8 +1,10 @@
 """tsspec: lossless speculative decoding for GGUF language models.
 
-The public surface: the protocols, the registry, the hook markers, and the Python API the CLI
-uses (``load_model``, ``generate``). Plugins should import only what is listed in ``__all__``.
-Heavy modules (torch) load on first use, so ``import tsspec`` stays cheap.
+``__all__`` is the whole public surface: the user API (``load_model``, ``generate`` and their
+options) and the plugin contract (the protocols, the capability records, the hook marker,
+``CONTRACT_VERSION``). Everything else stays importable from its module (``tsspec.runtime...``,
+``tsspec.testing``) but is no promise. Heavy modules (torch) load on first use, so
+``import tsspec`` stays cheap.
 """
 
 from __future__ import annotations
@@ -10,94 +12,95 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-from .cost_shape import parse_cost_shape, rows_cost
-from .errors import ConfigError, GenerationError, ModelLoadError, OptionsError, TsspecError
-from .hookspecs import hookimpl, hookspec
+from .capabilities import DrafterInfo, SpeculatorInfo, TargetInfo
+from .errors import TsspecError
+from .hookspecs import hookimpl
 from .protocols import (
     BatchedSpeculativeTarget,
     DraftContext,
     DraftHead,
     DraftHeadKind,
-    HeadCounts,
     ModelConfig,
     PagedKV,
     PagedRows,
-    PrecedingTokens,
     Proposal,
-    SpecTrunk,
     SpeculativeTarget,
     Speculator,
     SpeculatorDeclined,
     Tokenizer,
     require_feature_width,
-    resolve_feature_taps,
 )
-from .runtime.options import MAX_DRAFT_WINDOW, SpeculationOptions
-from .runtime.registry import DECLINE_CODES, Decline, SpeculatorRegistry
+from .runtime.options import SpeculationOptions
+from .version import CONTRACT_VERSION
 
-__version__ = "0.1.0"
+__version__ = CONTRACT_VERSION  # the package and its plugin contract are versioned together
 
-# name -> module that defines it, imported on first access
+# name -> module that defines it, imported on first access; the last block is importable for
+# plugins written against earlier releases and for tests, but not exported
 _LAZY = {
     "load_model": "tsspec.runtime.loading",
-    "attach_drafter": "tsspec.runtime.loading",
-    "LoadOptions": "tsspec.runtime.loading",
     "generate": "tsspec.runtime.generation",
     "Generation": "tsspec.runtime.generation",
     "SamplingParams": "tsspec.runtime.sampling",
+    # not exported
+    "LoadOptions": "tsspec.runtime.loading",
+    "attach_drafter": "tsspec.runtime.loading",
     "Sampler": "tsspec.runtime.sampling",
     "SpecStats": "tsspec.runtime.stats",
     "SpeculativeExecution": "tsspec.runtime.execution",
     "SpeculationCostGovernor": "tsspec.runtime.governor",
-    "LinearSpecTrunk": "tsspec.runtime.trunk",
     "BatchedSpecTrunk": "tsspec.runtime.batched_trunk",
     "Scheduler": "tsspec.runtime.scheduler",
     "SequenceRequest": "tsspec.runtime.scheduler",
-    "GGUFFile": "tsspec_gguf.gguf_file",
     "PluginHost": "tsspec.plugins",
-    "build_catalog": "tsspec.runtime.catalog",
     "PluginControls": "tsspec.plugins",
+    "build_catalog": "tsspec.runtime.catalog",
+    "SpeculatorRegistry": "tsspec.runtime.registry",
+    "Decline": "tsspec.runtime.registry",
+    "DECLINE_CODES": "tsspec.runtime.registry",
+    "MAX_DRAFT_WINDOW": "tsspec.runtime.options",
+    "ContractError": "tsspec.capabilities",
+    "SpecTrunk": "tsspec.protocols",
+    "HeadCounts": "tsspec.protocols",
+    "PrecedingTokens": "tsspec.protocols",
+    "resolve_feature_taps": "tsspec.protocols",
+    "hookspec": "tsspec.hookspecs",
+    "parse_cost_shape": "tsspec.cost_shape",
+    "rows_cost": "tsspec.cost_shape",
+    "ModelLoadError": "tsspec.errors",
+    "OptionsError": "tsspec.errors",
+    "ConfigError": "tsspec.errors",
+    "GenerationError": "tsspec.errors",
 }
 
 __all__ = [
     "__version__",
-    # protocols
+    "CONTRACT_VERSION",
+    # the user API
+    "load_model",
+    "generate",
+    "Generation",
+    "SpeculationOptions",
+    "SamplingParams",
+    "TsspecError",
+    # the plugin contract
+    "hookimpl",
     "SpeculativeTarget",
     "BatchedSpeculativeTarget",
     "PagedKV",
     "PagedRows",
-    "SpecTrunk",
-    "Speculator",
-    "DraftHead",
-    "DraftHeadKind",
-    "DraftContext",
-    "HeadCounts",
-    "PrecedingTokens",
-    "Proposal",
     "ModelConfig",
     "Tokenizer",
+    "DraftHead",
+    "DraftHeadKind",
+    "Speculator",
     "SpeculatorDeclined",
+    "DraftContext",
+    "Proposal",
+    "SpeculatorInfo",
+    "TargetInfo",
+    "DrafterInfo",
     "require_feature_width",
-    "resolve_feature_taps",
-    # a target's cost by rows (spec_verify_row_ms) as a cost shape
-    "parse_cost_shape",
-    "rows_cost",
-    # registry and options
-    "SpeculatorRegistry",
-    "Decline",
-    "DECLINE_CODES",
-    "SpeculationOptions",
-    "MAX_DRAFT_WINDOW",
-    # hook markers
-    "hookimpl",
-    "hookspec",
-    # errors
-    "TsspecError",
-    "ModelLoadError",
-    "OptionsError",
-    "ConfigError",
-    "GenerationError",
-    *_LAZY,
 ]
 
 
@@ -108,3 +111,7 @@ def __getattr__(name: str) -> Any:
     value = getattr(importlib.import_module(module), name)
     globals()[name] = value
     return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_LAZY))

@@ -17,14 +17,12 @@ hookimpl = pluggy.HookimplMarker("tsspec")
 def tsspec_register_speculators(register):
     """register(name, factory, *, requires_draft_head: bool,
     serves_kind: DraftHeadKind | None = None, weight_free: bool = not requires_draft_head,
-    default_pmin: float = 0.0, description: str = "", drafter_hint: str = "",
-    auto_priority: int = 0); factory(target, options) -> Speculator | None (None or
-    SpeculatorDeclined = cannot serve).
+    description: str = "", drafter_hint: str = "", auto_priority: int = 0);
+    factory(target, options) -> Speculator | None (None or SpeculatorDeclined = cannot serve).
 
     The algorithm's facts travel with its registration: ``serves_kind`` makes ``auto`` pick it
     for targets carrying a drafter of that kind; ``weight_free`` algorithms are what ``auto``
-    picks without one (highest ``auto_priority`` first) and what decline sentences suggest;
-    ``default_pmin`` is what ``--spec-pmin`` means when the operator gives none.
+    picks without one (highest ``auto_priority`` first) and what decline sentences suggest.
     ``drafter_hint`` says what to attach when the model carries no drafter ("a Medusa GGUF with
     --spec-draft-model PATH"): it completes the ``no_draft_head`` sentence."""
 
@@ -49,7 +47,9 @@ def tsspec_register_named_models(register):
 @hookspec
 def tsspec_register_drafters(register):
     """register(architectures: list[str], attach); attach(target, gguf_path, options) -> DraftHead
-    for separate drafter files (dflash, ...)."""
+    for separate drafter files (dflash, ...). ``gguf_path`` may also be an open reader with
+    ``GGUFFile``'s reading methods: a drafter carried inside a model's own file, handed over by
+    the model plugin through ``LoadOptions.attach_drafter_from`` (no import between them)."""
 
 
 @hookspec
@@ -68,14 +68,16 @@ def tsspec_register_converters(register):
     GGUF from a Hugging Face checkpoint directory (targets and drafters alike). ``outtype`` is
     "f32", "f16" or "q8_0". ``tsspec convert SRC_DIR OUT.gguf`` looks up config.json's
     ``architectures`` entries (class names), then its ``model_type``, among every registered
-    key: register a class name to claim one checkpoint class only."""
+    key: register a class name to claim one checkpoint class only. Another plugin may hand a
+    checkpoint over by type with ``tsspec.runtime.converting.convert_as(model_type, ...,
+    **settings)``: a converter that takes such settings accepts them as keywords."""
 
 
 @hookspec
 def tsspec_register_trainers(register):
     """register(kind: str, trainer, *, description: str = ""); trainer(request, target, log) ->
     dict trains a drafter of ``kind`` (``tsspec train-drafter --kind KIND``; see
-    ``tsspec.training.request``)."""
+    ``tsspec_training.request``)."""
 
 
 @hookspec

@@ -4,6 +4,10 @@ Built-in plugins load through exactly the same path as third-party ones: the ``t
 entry-point group. A plugin that fails to import or whose hook raises is recorded as ``failed``
 with the exception's message and skipped; it never takes the process down.
 
+A plugin may require a contract version (a module attribute ``TSSPEC_CONTRACT = "1.0"``); one
+that needs a newer contract than ``tsspec.CONTRACT_VERSION`` is recorded as ``failed`` with
+both versions, and not registered.
+
 Operator control, strongest first: ``--plugins a,b`` / ``--disable-plugin x``; the environment
 ``TSSPEC_PLUGINS`` (allow-list; the empty string allows none) and ``TSSPEC_DISABLE_PLUGINS``;
 the config file's ``[plugins] enabled / disabled``.
@@ -19,18 +23,15 @@ import attrs
 import pluggy
 
 from . import hookspecs
+from .version import incompatibility
 
 log = logging.getLogger("tsspec.plugins")
 
 ENTRY_POINT_GROUP = "tsspec"
-HOOK_NAMES = (
-    "tsspec_register_speculators",
-    "tsspec_register_models",
-    "tsspec_register_named_models",
-    "tsspec_register_drafters",
-    "tsspec_register_converters",
-    "tsspec_register_kernels",
-    "tsspec_register_commands",
+# every hook hookspecs.py declares, in its order (derived: a new hook cannot be left off)
+HOOK_NAMES = tuple(
+    name for name, value in vars(hookspecs).items()
+    if callable(value) and hasattr(value, hookspecs.hookspec.project_name + "_spec")
 )
 
 LOADED, DISABLED, BLOCKED, FAILED = "loaded", "disabled", "blocked", "failed"
@@ -145,6 +146,10 @@ class PluginHost:
             record = PluginRecord(name, package, version, [], status, reason)
             self.records[name] = record
             return record
+        required = getattr(plugin, "TSSPEC_CONTRACT", None)  # the contract version it needs
+        problem = incompatibility(required) if required is not None else None
+        if problem is not None:
+            return self._fail(name, package, version, problem)
         try:
             self.pm.register(plugin, name=name)
         except Exception as exc:  # e.g. a hookimpl whose signature matches no hookspec

@@ -341,6 +341,11 @@ class SpeculativeTarget(Protocol):
     * ``spec_rewind_cache(length)`` goes back to an earlier length between forwards: ``0``
       starts a fresh sequence (clears recurrent state too); other lengths are legal where the
       KV alone holds the state (``spec_verify_persists_accepted_kv``: reusing a cached prefix).
+
+    The specification's snapshot / restore / rewind trio stays behind ``spec_keep``: a target
+    that needs it saves its recurrent state when a verify begins and restores it there. The
+    optional facts (``speculation_profitable`` ... ``spec_verify_row_ms``) are read through
+    ``tsspec.capabilities.TargetInfo``, defaults there.
     """
 
     config: ModelConfig
@@ -442,53 +447,46 @@ class BatchedSpeculativeTarget(SpeculativeTarget, Protocol):
 
 @runtime_checkable
 class SpecTrunk(Protocol):
-    """The seam the loop drives: one sequence's view of a trunk, whatever its KV regime.
+    """The seam the loop drives: the target's own members, nothing renamed. A
+    ``SpeculativeTarget`` is a trunk as it is (its linear cache); ``BatchedSpecTrunk`` offers the
+    same members for one sequence of a ``BatchedSpeculativeTarget``'s paged KV.
 
-    ``LinearSpecTrunk`` wraps a target's own linear cache; ``BatchedSpecTrunk`` is one sequence
-    of a ``BatchedSpeculativeTarget``'s paged KV, whose forwards the scheduler batches.
+    The loop calls ``spec_forward`` then exactly one ``spec_keep(rows_kept)`` (its one rollback
+    call), and ``spec_rewind_cache`` between sequences; see ``SpeculativeTarget``.
     """
 
     @property
-    def seq_len(self) -> int: ...
+    def cache_seq_len(self) -> int: ...
 
     @property
     def max_context_length(self) -> int: ...
 
     @property
-    def feature_size(self) -> int: ...
+    def spec_feature_size(self) -> int: ...
 
-    def ensure_capacity(self, required_seq_len: int) -> None: ...
+    def spec_ensure_capacity(self, required_seq_len: int) -> None: ...
 
-    def forward_keep_all(
-        self, tokens: Sequence[int], *, want_hidden: bool
-    ) -> tuple["torch.Tensor", "torch.Tensor | None"]:
-        """Forward and keep every row (prefill, plain steps): logits [1, vocab], hidden [rows, F]."""
-        ...
+    def spec_forward(
+        self, tokens: Sequence[int], *, all_logits_rows: bool, want_hidden: bool
+    ) -> tuple["torch.Tensor", "torch.Tensor | None"]: ...
 
-    def verify(
-        self, tokens: Sequence[int], *, want_hidden: bool
-    ) -> tuple["torch.Tensor", "torch.Tensor | None"]:
-        """Forward all rows: logits [rows, vocab], hidden [rows, F] or None. ``keep`` follows."""
-        ...
+    def spec_keep(self, rows_kept: int) -> "str | None": ...
 
-    def keep(self, rows_kept: int) -> str:
-        """After ``verify``, keep its first ``rows_kept`` rows (the target's ``spec_keep``).
-        Returns how: 'all', 'committed' (per-row slot), 'rewound' (KV) or 'reforward'."""
-        ...
-
-    @property
-    def can_rewind(self) -> bool:
-        """True when any cached prefix can be kept by a KV rewind (no recurrent state)."""
-        ...
-
-    def rewind(self, length: int) -> None: ...
-
-    def reset(self) -> None: ...
+    def spec_rewind_cache(self, length: int) -> None: ...
 
 
 @runtime_checkable
 class Speculator(Protocol):
-    """An algorithm: proposes drafts; is told what landed. It is free to be wrong, not to be slow.
+    """An algorithm: proposes drafts. It is free to be wrong, not to be slow.
+
+    Required: ``name`` and ``propose(ctx)``. Every other member is optional, with its default
+    in ONE place, ``tsspec.capabilities.SpeculatorInfo``; a member of the wrong type is a named
+    ``ContractError`` when the registry makes the speculator. The optional members: the
+    specification's ``max_draft_tokens``, ``min_draft_prob`` (MinDraftProb, set by the registry
+    to the gate in force), ``default_min_draft_prob`` (DefaultMinDraftProb), ``needs_hidden_state``,
+    ``handles_own_prefill``, ``can_arm_after_prefix_reuse``; the methods ``commit``, ``reset``,
+    ``close``, ``observe_step``; and the governing facts ``catch_up_rows``, ``sizes_own_drafts``,
+    ``governs_itself`` (with ``declined_drafts`` and ``governor_counts()``).
 
     ``propose`` may return anything; the loop treats the result as untrusted (ids outside the
     vocabulary, too many tokens or an exception end drafting for that step). An empty list asks
@@ -499,19 +497,5 @@ class Speculator(Protocol):
     """
 
     name: str
-    max_draft_tokens: int
-    min_draft_prob: float
-    default_min_draft_prob: float
-    needs_hidden_state: bool
-    handles_own_prefill: bool
-    can_arm_after_prefix_reuse: bool  # survives a KV prefix it never saw (n-gram, block: yes)
 
     def propose(self, ctx: DraftContext) -> list[int]: ...
-
-    def commit(
-        self, tokens: Sequence[int], hidden_rows: "torch.Tensor | None", start_pos: int
-    ) -> None: ...
-
-    def reset(self) -> None: ...
-
-    def close(self) -> None: ...

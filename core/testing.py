@@ -7,6 +7,8 @@
 * Fake speculators: ``OracleSpeculator`` (the plain continuation, each token corrupted with
   probability p: controlled acceptance), ``RandomSpeculator``, ``AdversarialSpeculator``.
 * ``assert_lossless``: plain vs speculative on fresh targets; tokens and trunk state must match.
+* ``plugin_catalog``: what the plugin host makes of some in-process plugin modules (their load
+  records, the registry they fill), for a plugin's own tests.
 * Sequences served at once: ``sequences_alone`` / ``sequences_interleaved`` run one sequence per
   target, one at a time or with their speculators' calls taking turns one by one in threads
   (``TakingTurns``, ``RecordingSpeculator``); ``assert_views_keep_sequences_apart`` checks that
@@ -42,6 +44,8 @@ __all__ = [
     "AdversarialSpeculator",
     "assert_lossless",
     "plain_tokens",
+    "plugin_catalog",
+    "turns",
     "ADVERSARIAL_MODES",
     "TakingTurns",
     "RecordingSpeculator",
@@ -278,9 +282,6 @@ class OracleSpeculator:
     acceptance, independent of drafter quality."""
 
     name = "oracle"
-    default_min_draft_prob = 0.0
-    needs_hidden_state = False
-    handles_own_prefill = False
     can_arm_after_prefix_reuse = True
 
     def __init__(self, sequence: Sequence[int], *, corrupt: float = 0.0, vocab_size: int, max_draft_tokens: int = 8, seed: int = 0):
@@ -288,7 +289,6 @@ class OracleSpeculator:
         self.corrupt = corrupt
         self.vocab_size = vocab_size
         self.max_draft_tokens = max_draft_tokens
-        self.min_draft_prob = 0.0
         self.seed = seed
         self.proposals = 0
         self.commits = 0
@@ -315,30 +315,16 @@ class OracleSpeculator:
     def commit(self, tokens, hidden_rows, start_pos) -> None:
         self.commits += 1
 
-    def reset(self) -> None:
-        pass
-
-    def close(self) -> None:
-        pass
-
 
 class SilentSpeculator:
-    """A named speculator that never proposes: the least a registry or pairing test needs
-    (the members the loop calls). Equal to another of the same name."""
-
-    needs_hidden_state = False
+    """A named speculator that never proposes: the least a speculator is (``name`` and
+    ``propose``; every other member has its default). Equal to another of the same name."""
 
     def __init__(self, name: str):
         self.name = name
 
     def propose(self, ctx: DraftContext) -> list[int]:
         return []
-
-    def commit(self, tokens, hidden_rows, start_pos) -> None:
-        pass
-
-    def reset(self) -> None:
-        pass
 
     def __eq__(self, other) -> bool:
         return isinstance(other, SilentSpeculator) and other.name == self.name
@@ -350,10 +336,7 @@ class RandomSpeculator:
     """Proposes random ids: acceptance near 1/vocab. Tests that wrong drafts only cost speed."""
 
     name = "random"
-    default_min_draft_prob = 0.0
-    min_draft_prob = 0.0
     needs_hidden_state = True  # exercises the hidden-row plumbing too
-    handles_own_prefill = False
     can_arm_after_prefix_reuse = True
 
     def __init__(self, vocab_size: int, *, max_draft_tokens: int = 4, seed: int = 0):
@@ -373,9 +356,6 @@ class RandomSpeculator:
 
     def reset(self) -> None:
         self.committed.clear()
-
-    def close(self) -> None:
-        pass
 
 
 ADVERSARIAL_MODES = (
@@ -399,10 +379,6 @@ class AdversarialSpeculator:
     correct oracle drafts when ``sequence`` is given (so the good path is exercised too)."""
 
     name = "adversarial"
-    default_min_draft_prob = 0.0
-    min_draft_prob = 0.0
-    needs_hidden_state = False
-    handles_own_prefill = False
     can_arm_after_prefix_reuse = True
 
     def __init__(self, vocab_size: int, mode: str = "mixed", *, sequence: Sequence[int] | None = None,
@@ -488,6 +464,32 @@ def assert_lossless(
         for x, y in zip(a[1:], b[1:]):
             assert torch.equal(x, y), "trunk state after generation differs from the plain run"
     return plain, spec
+
+
+def turns(target, speculator, prompts: Sequence[Sequence[int]], *, max_tokens: Sequence[int],
+          sampling: SamplingParams | None = None, window: int = 8) -> list:
+    """Run ``prompts`` one after another through ONE loop on ``target``, as a chat's turns run:
+    a prompt that extends what the trunk caches reuses that KV prefix. Returns (tokens, stats)
+    per prompt (``stats.prefix_reused``, ``stats.armed_after_reuse``)."""
+    from .runtime.execution import SpeculativeExecution
+    from .runtime.sampling import Sampler
+
+    loop = SpeculativeExecution(target, Sampler(sampling or SamplingParams()), vocab_size=target.config.vocab_size,
+                                speculator=speculator, window=window)
+    return [(loop.run(list(prompt), n), loop.stats) for prompt, n in zip(prompts, max_tokens)]
+
+
+def plugin_catalog(plugins: dict, *, disabled: Sequence[str] = ()):
+    """The catalog the plugin host builds from ``plugins`` ({name: module with hookimpls}) alone,
+    as it would from installed entry points; ``disabled`` are names the operator disabled.
+    ``.speculators`` is the registry they filled; ``.host.records[name]`` each load record."""
+    from .plugins import PluginControls, PluginHost
+    from .runtime.catalog import build_catalog
+
+    host = PluginHost(PluginControls.resolve(cli_disable=list(disabled)))
+    for name, module in plugins.items():
+        host.register(module, name)
+    return build_catalog(host, discover=False)
 
 
 def write_random_llama(path, *, vocab: int, hidden: int, ffn: int, layers: int, heads: int, kv_heads: int,

@@ -16,8 +16,8 @@ import json
 import sys
 
 import tsspec
-from tsspec.bench.lossless import check_lossless
-from tsspec.bench.prompts import encode_case, load_prompt_set
+from tsspec_bench.lossless import check_lossless
+from tsspec_bench.prompts import encode_case, load_prompt_set
 from tsspec_gguf.embedded import embedded_model_path
 
 EXTRA_PROMPTS = [

@@ -22,7 +22,7 @@ import sys
 import torch
 
 import tsspec
-from tsspec.bench.prompts import encode_case, load_prompt_set
+from tsspec_bench.prompts import encode_case, load_prompt_set
 from tsspec_gguf.embedded import embedded_model_path
 
 sys.path.insert(0, __file__.rsplit("/", 1)[0])

@@ -16,8 +16,8 @@ import sys
 import time
 
 import tsspec
-from tsspec.bench.prompts import encode_case, load_prompt_set
-from tsspec.bench.goals import token_stream
+from tsspec_bench.prompts import encode_case, load_prompt_set
+from tsspec_bench.goals import token_stream
 from tsspec_gguf import native
 from tsspec_gguf.embedded import embedded_model_path
 

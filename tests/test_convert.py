@@ -92,3 +92,17 @@ def test_main_prints_one_line_and_exit_2(tmp_path, capsys, monkeypatch, cli_stat
     assert exc.value.code == 2
     err = capsys.readouterr().err.strip()
     assert err.count("\n") == 0 and "known types: none" in err
+
+
+def test_convert_as_hands_a_checkpoint_to_another_plugins_converter(catalog, tmp_path):
+    """A plugin's public way to another plugin's converter: by checkpoint type, settings passed
+    on; a type no loaded plugin converts is one ConvertError line naming it."""
+    from tsspec.runtime.converting import convert_as
+
+    seen = []
+    catalog.converters["Extra"] = types.SimpleNamespace(function=lambda s, o, *, outtype, **kw: seen.append((outtype, kw)))
+    src = _checkpoint(tmp_path, "assistant", {"model_type": "somebody_elses"})
+    convert_as("Extra", src, tmp_path / "x.gguf", outtype="f16", catalog=catalog, scale=0.5)
+    assert seen == [("f16", {"scale": 0.5})]
+    with pytest.raises(ConvertError, match="no loaded plugin converts 'DFlashDraftModel'"):
+        convert_as("DFlashDraftModel", src, tmp_path / "y.gguf", catalog=catalog)

@@ -78,7 +78,7 @@ def test_the_loop_drafts_the_length_that_pays_on_a_costed_toy():
     embedded model's verify-cost profile (virtual clock: deterministic). One token pays
     (1.4 tokens for ~1.19 steps), two pay less, four lose: the governor settles on one, beats
     plain and beats the fixed window of four."""
-    from tsspec.bench.governor_check import CostProfileToy, VirtualClock
+    from tsspec_bench.governor_check import CostProfileToy, VirtualClock
     from tsspec.runtime.generation import generate
     from tsspec.runtime.options import SpeculationOptions
     from tsspec.testing import OracleSpeculator

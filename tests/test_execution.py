@@ -191,12 +191,11 @@ def test_zero_drafts_is_a_plain_step_that_commits():
 def test_prefix_reuse_rewinds_and_respects_arming():
     from tsspec.runtime.execution import SpeculativeExecution
     from tsspec.runtime.sampling import Sampler
-    from tsspec.runtime.trunk import LinearSpecTrunk
 
     target = ToyTarget(seed=3, recurrent=False)
     spec = FixedSpeculator([], 0, 4, 32)
     spec.can_arm_after_prefix_reuse = False
-    ex = SpeculativeExecution(LinearSpecTrunk(target), Sampler(), vocab_size=32, speculator=spec, window=4)
+    ex = SpeculativeExecution(target, Sampler(), vocab_size=32, speculator=spec, window=4)
     first = ex.run([1, 2, 3, 4, 5], 6)
     calls = target.forward_rows
     second = ex.run([1, 2, 3, 4, 5, 9], 6)  # a longer prompt sharing the first five tokens
@@ -411,9 +410,13 @@ def test_a_parked_speculator_gets_only_the_rows_its_catch_up_needs(sampling):
 
 
 def test_no_catch_up_bound_means_every_commit():
-    """A speculator that declares nothing (or a bound that is not a positive int) is told every
-    step, parked or not."""
-    for bound in (None, 0, True, "3"):
-        gen, spec, _ = _parked_run(bound, None, max_tokens=60)
-        assert gen.stats.governor_parked_steps > 0 and gen.stats.skipped_commits == 0
-        assert sorted(spec.rows) == list(range(6 + 59))
+    """A speculator that declares no bound is told every step, parked or not; a bound that is
+    not a positive int is a ContractError naming the member, before any step runs."""
+    gen, spec, _ = _parked_run(None, None, max_tokens=60)
+    assert gen.stats.governor_parked_steps > 0 and gen.stats.skipped_commits == 0
+    assert sorted(spec.rows) == list(range(6 + 59))
+    from tsspec.capabilities import ContractError
+
+    for bound in (0, True, "3"):
+        with pytest.raises(ContractError, match="catch_up_rows must be"):
+            _parked_run(bound, None, max_tokens=60)

@@ -189,11 +189,16 @@ def test_generation_lets_a_speculator_size_its_drafts_and_govern_itself(monkeypa
 
     monkeypatch.setattr(generation, "SpeculativeExecution", spy)
     generation.generate(ToyTarget(), [1, 2, 3], max_tokens=2, speculator=Sizer())
-    Sizer.sizes_own_drafts = "yes"  # not a plain True: the governor sizes the drafts
+    Sizer.sizes_own_drafts = False  # the governor sizes the drafts
     generation.generate(ToyTarget(), [1, 2, 3], max_tokens=2, speculator=Sizer())
     Sizer.governs_itself = True  # the loop's governor stands aside
     generation.generate(ToyTarget(), [1, 2, 3], max_tokens=2, speculator=Sizer())
     assert seen == [(False, True), (True, True), (True, False)]
+    from tsspec.capabilities import ContractError
+
+    Sizer.sizes_own_drafts = "yes"  # not a bool: named before anything runs
+    with pytest.raises(ContractError, match="sizes_own_drafts must be True or False"):
+        generation.generate(ToyTarget(), [1, 2, 3], max_tokens=2, speculator=Sizer())
 
 
 def test_costly_empty_attempts_park_a_probe_and_cheap_ones_do_not():
@@ -342,7 +347,7 @@ def test_a_bursty_drafter_is_not_parked_across_spans_in_the_loop():
     whether its draft starts inside a span, its wrong drafts are declined and the right ones
     verified in full: no park, and faster than plain and than the same drafter unkeyed, whose
     failed drafts park it across the spans that follow."""
-    from tsspec.bench.governor_check import CostProfileToy, VirtualClock
+    from tsspec_bench.governor_check import CostProfileToy, VirtualClock
     from tsspec.protocols import Proposal
     from tsspec.runtime.generation import generate
     from tsspec.runtime.options import SpeculationOptions
@@ -383,7 +388,7 @@ def test_a_keyed_drafter_that_never_lands_costs_under_three_percent():
     """The governor check's P = 0 extreme with keyed proposals: they are declined (with sparse
     one-token retries) or parked by measured cost instead of by streaks; either way decoding
     stays within 3% of plain on the embedded model's cost profile (virtual clock)."""
-    from tsspec.bench.governor_check import CostProfileToy, VirtualClock
+    from tsspec_bench.governor_check import CostProfileToy, VirtualClock
     from tsspec.protocols import Proposal
     from tsspec.runtime.generation import generate
     from tsspec.runtime.options import SpeculationOptions
@@ -539,7 +544,7 @@ def _confident_run(sure, *, head_ms=0.5, n=300, prompt=(5, 9, 2, 7, 1, 3, 8, 4),
     """A drafter on the embedded model's cost profile (virtual clock) that proposes with
     confidence: ``sure(position)`` -> (right?, confidence) for the token at that position; each
     drafted token costs ``head_ms`` (a head call). Returns (its generation, plain's)."""
-    from tsspec.bench.governor_check import CostProfileToy, VirtualClock
+    from tsspec_bench.governor_check import CostProfileToy, VirtualClock
     from tsspec.protocols import Proposal
     from tsspec.runtime.generation import generate
     from tsspec.runtime.options import SpeculationOptions

@@ -10,7 +10,6 @@ def test_defaults():
     o = SpeculationOptions.resolve(env={})
     assert o.enabled and o.spec_type == "auto" and o.window() == 8 and o.adaptive
     assert o.window(preferred=3) == 3  # narrowed by the target
-    assert o.min_prob(0.75) == 0.75
 
 
 @pytest.mark.parametrize("prefix", ["TS_SPEC_", "TS_MTP_"])

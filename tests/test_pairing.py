@@ -168,6 +168,9 @@ def test_a_keyed_member_proposal_is_sized_by_its_governor_and_a_declined_one_goe
     from tsspec.protocols import Proposal
 
     primary, backup = Every("p", None, [0]), Every("b", None, [0])
+    seen, heard = [], []
+    primary.observe_step = lambda *args: seen.append(args)  # members hear every step too...
+    backup.observe_step = lambda *args: heard.append(args)
     pair = SpeculatorPair(primary, backup)
     gp = pair.governors[PRIMARY]
     primary.propose = lambda ctx: Proposal([7, 8, 9], evidence="k")
@@ -181,9 +184,6 @@ def test_a_keyed_member_proposal_is_sized_by_its_governor_and_a_declined_one_goe
     assert gp.state != PARKED and gp.size_proposal(3, "k") == 0
     gp._declines.clear()
     assert pair.propose(_ctx()) == [5] and pair.source == BACKUP and pair.declined_drafts == 1
-    seen, heard = [], []
-    primary.observe_step = lambda *args: seen.append(args)  # members hear every step too...
-    backup.observe_step = lambda *args: heard.append(args)
     pair.observe_step(True, 9.0, 2, 1)  # ...the backup's verify as its own, the primary's as not
     assert seen == [(False, 9.0, 2, 0)] and heard == [(True, 9.0, 2, 1)] and pair.evidence is None
     primary.propose = lambda ctx: Proposal([7, 8], evidence="w")

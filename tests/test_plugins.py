@@ -194,3 +194,39 @@ def test_bad_registration_arguments_fail_that_plugin_only():
     catalog = build_catalog(host, discover=False)
     assert catalog.speculators.names() == ["good"]  # "fine" is dropped with its plugin
     assert host.records["badargs"].status == FAILED and "default_pmin" in host.records["badargs"].reason
+
+
+def test_the_hook_list_is_every_hookspec():
+    """HOOK_NAMES is derived from hookspecs.py: every declared hook (trainers included) is
+    recorded against a plugin that implements it."""
+    import inspect
+
+    from tsspec import hookspecs
+    from tsspec.plugins import HOOK_NAMES
+
+    declared = [name for name, fn in inspect.getmembers(hookspecs, inspect.isfunction) if name.startswith("tsspec_")]
+    assert sorted(HOOK_NAMES) == sorted(declared) and "tsspec_register_trainers" in HOOK_NAMES
+    mod = types.ModuleType("fake_trainer")
+
+    @hookimpl
+    def tsspec_register_trainers(register):
+        register("kind", lambda request, target, log: {})
+
+    mod.tsspec_register_trainers = tsspec_register_trainers
+    assert PluginHost().register(mod, "trainer").hooks == ["tsspec_register_trainers"]
+
+
+@pytest.mark.parametrize("required, loads", [("1.0", True), ("1", True), ("1.0.0", True), ("1.1", False),
+                                              ("2.0", False), ("0.9", False), ("soon", False)])
+def test_a_plugin_requiring_a_newer_contract_is_a_named_failure(required, loads):
+    import tsspec
+
+    assert tsspec.CONTRACT_VERSION == tsspec.__version__ == "1.0.0"
+    mod = make_plugin("versioned")
+    mod.TSSPEC_CONTRACT = required
+    host = PluginHost()
+    record = host.register(mod, "versioned")
+    catalog = build_catalog(host, discover=False)
+    assert (record.status == LOADED) is loads and (catalog.speculators.get("versioned") is not None) is loads
+    if not loads:
+        assert record.status == FAILED and required in record.reason

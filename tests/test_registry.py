@@ -29,9 +29,9 @@ def make_registry():
     reg.register("ngram", lambda t, o: Named("an ngram speculator"), requires_draft_head=False,
                  weight_free=True, plugin="ngram")
     reg.register("draft-head", lambda t, o: Named("a head speculator"), requires_draft_head=True,
-                 serves_kind=DraftHeadKind.PER_TOKEN, default_pmin=0.75, plugin="draft-head")
+                 serves_kind=DraftHeadKind.PER_TOKEN, plugin="draft-head")
     reg.register("block", lambda t, o: Named("a block speculator"), requires_draft_head=True,
-                 serves_kind=DraftHeadKind.BLOCK, default_pmin=0.35, plugin="block")
+                 serves_kind=DraftHeadKind.BLOCK, plugin="block")
     return reg
 
 
@@ -117,10 +117,8 @@ def test_registration_rules():
     reg.register("ngram", lambda t, o: Named("second"), requires_draft_head=False, plugin="other")
     assert reg.create(ToyTarget(), opts("ngram")) == Named("an ngram speculator")  # first one kept
     assert reg.conflicts and "other" in reg.conflicts[0]
-    assert reg.default_pmin("draft-head") == 0.75 and reg.default_pmin("block") == 0.35
-    assert reg.default_pmin("ngram") == 0.0 and reg.default_pmin("unregistered") == 0.0
-    with pytest.raises(ValueError, match="default_pmin"):
-        reg.register("y", lambda t, o: None, requires_draft_head=False, default_pmin=1.5)
+    with pytest.raises(TypeError, match="default_pmin"):  # the gate's default is the speculator's
+        reg.register("y", lambda t, o: None, requires_draft_head=False, default_pmin=0.5)
     with pytest.raises(TypeError, match="serves_kind"):
         reg.register("y", lambda t, o: None, requires_draft_head=True, serves_kind="block")
 

@@ -253,6 +253,7 @@ def test_a_failed_plugin_does_not_take_names_from_a_good_one(plain):
 class _NotQuiteASpeculator:
     name = "half"
     needs_hidden_state = False
+    commit = "not a method"  # optional, but when present it must be one
 
     def propose(self, ctx):
         return []
@@ -270,7 +271,8 @@ FACTORY_FAULTS = {  # case -> (factory, decline code, phrase in the reason)
     "returns a string": (lambda t, o: "a speculator, honest", PLUGIN_ERROR, "not a speculator"),
     "returns an int": (lambda t, o: 42, PLUGIN_ERROR, "not a speculator"),
     "returns a dict": (lambda t, o: {"propose": None}, PLUGIN_ERROR, "not a speculator"),
-    "returns an object without commit": (lambda t, o: _NotQuiteASpeculator(), PLUGIN_ERROR, "commit"),
+    "returns an object whose commit is no method": (lambda t, o: _NotQuiteASpeculator(), PLUGIN_ERROR,
+                                                    "commit must be a method"),
 }
 
 

@@ -32,7 +32,6 @@ from tsspec.runtime.generation import generate
 from tsspec.runtime.governor import SpeculationCostGovernor
 from tsspec.runtime.options import SpeculationOptions
 from tsspec.runtime.sampling import Sampler, SamplingParams
-from tsspec.runtime.trunk import LinearSpecTrunk
 from tsspec.testing import ADVERSARIAL_MODES, AdversarialSpeculator, ToyTarget, assert_lossless, plain_tokens
 
 VOCAB = 32  # ToyTarget's default vocabulary
@@ -324,7 +323,7 @@ def test_parked_for_the_sequence_only():
     (faults are the speculator's state on that input, not a verdict for the process)."""
     spec = Scripted(lambda s, c: [VOCAB + 1], name="parks-per-sequence")
     target = _target()
-    loop = SpeculativeExecution(LinearSpecTrunk(target), Sampler(GREEDY), vocab_size=VOCAB, speculator=spec, window=4)
+    loop = SpeculativeExecution(target, Sampler(GREEDY), vocab_size=VOCAB, speculator=spec, window=4)
     first = loop.run(PROMPT, MAX_TOKENS)
     assert loop.stats.speculator_parked and spec.proposals == MAX_FAULTS
     second = loop.run(PROMPT, MAX_TOKENS)
@@ -428,18 +427,25 @@ def test_optional_speculator_attributes_have_their_defaults():
     # the attribute is read when a cached prefix is reused: a second run on the same loop over
     # a trunk that can rewind (pure KV)
     spec = Minimal()
-    loop = SpeculativeExecution(LinearSpecTrunk(_target("kv")), Sampler(GREEDY), vocab_size=VOCAB, speculator=spec, window=4)
+    loop = SpeculativeExecution(_target("kv"), Sampler(GREEDY), vocab_size=VOCAB, speculator=spec, window=4)
     assert loop.run(PROMPT, MAX_TOKENS) == _plain("kv")
     assert loop.run(PROMPT, MAX_TOKENS) == _plain("kv")
     assert loop.stats.drafts == 0  # default False: not armed over a prefix it never saw
 
 
 @pytest.mark.parametrize("window", [None, "eight", float("nan"), -3, 10**9])
-def test_garbage_max_draft_tokens_does_not_crash(window):
+def test_garbage_max_draft_tokens_is_named_before_any_step(window):
+    """None (no limit of its own) and a huge limit run; anything else is a ContractError that
+    names the member, not a fault some steps later."""
+    from tsspec.capabilities import ContractError
+
     spec = Scripted(lambda s, c: s.truth(c))
     spec.max_draft_tokens = window
-    result = _run(spec)
-    assert result.tokens == _plain()
+    if window is None or window == 10**9:
+        assert _run(spec).tokens == _plain()
+        return
+    with pytest.raises(ContractError, match="max_draft_tokens must be"):
+        _run(spec)
 
 
 # -- draft heads returning garbage (NaN confidences, wrong shapes) -----------------------------

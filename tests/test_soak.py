@@ -39,7 +39,6 @@ from tsspec.runtime.execution import SpeculativeExecution
 from tsspec.runtime.generation import generate
 from tsspec.runtime.options import SpeculationOptions
 from tsspec.runtime.sampling import Sampler, SamplingParams
-from tsspec.runtime.trunk import LinearSpecTrunk
 from tsspec.testing import (
     ADVERSARIAL_MODES,
     AdversarialSpeculator,
@@ -265,7 +264,7 @@ def run_two_turns(case: Case, pools: Pools, catalog, rng: random.Random) -> obje
         speculator = make_speculator(case, pools.for_algorithm(case.algorithm, case.detail, "kv", case.target_seed),
                                      catalog, first_plain)
         target = pools.for_algorithm(case.algorithm, case.detail, "kv", case.target_seed)
-    loop = SpeculativeExecution(LinearSpecTrunk(target), Sampler(case.sampling), vocab_size=VOCAB,
+    loop = SpeculativeExecution(target, Sampler(case.sampling), vocab_size=VOCAB,
                                 speculator=speculator, window=case.draft)
     first = loop.run(list(case.prompt), case.max_tokens)
     second = loop.run(follow, case.max_tokens)

@@ -17,7 +17,7 @@ import typer
 
 from .. import __version__
 from ..errors import EXIT_USAGE, TsspecError
-from . import chat_cmd, convert_cmd, generate_cmd, inspect_cmd, models_cmd, plugins_cmd, train_cmd
+from . import chat_cmd, convert_cmd, generate_cmd, models_cmd, plugins_cmd
 from .state import STATE, CliState
 
 
@@ -51,18 +51,10 @@ def build_app() -> typer.Typer:
 
     app.command("plugins")(plugins_cmd.plugins)
     app.command("list-speculators")(plugins_cmd.list_speculators)
-    app.command("inspect")(inspect_cmd.inspect)
     app.command("models")(models_cmd.models)
     app.command("generate")(generate_cmd.generate)
     app.command("chat")(chat_cmd.chat)
-    app.command("train-drafter")(train_cmd.train_drafter)
     app.command("convert")(convert_cmd.convert)
-    try:
-        from . import bench_cmd
-    except ImportError:
-        bench_cmd = None
-    if bench_cmd is not None:
-        app.command("bench")(bench_cmd.bench)
     return app
 
 

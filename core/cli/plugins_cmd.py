@@ -108,7 +108,9 @@ def list_speculators(
     if target is not None:
         from ..runtime.bundled import pick
 
-        source = getattr(getattr(target, "draft_head", None), "source", None)
+        from ..capabilities import target_info
+
+        source = target_info(target).drafter.source
         if source:
             typer.echo(f"drafter: {source}")
         for record in catalog.bundled_drafters:
@@ -126,7 +128,7 @@ def list_speculators(
                 typer.echo(f"auto -> (the drafter does not attach: {exc})")
                 planned = None
         if planned is not None:
-            source = getattr(getattr(planned, "draft_head", None), "source", None)
+            source = target_info(planned).drafter.source
             typer.echo(f"auto -> {_auto_line(catalog.speculators.auto_plan(planned), source)}")
     for conflict in catalog.speculators.conflicts:
         typer.echo(f"warning: {conflict}", err=True)

@@ -1,12 +1,13 @@
 """``BatchedSpecTrunk``: one sequence of a batched paged target, as the shared loop sees it.
 
-The loop (``SpeculativeExecution``) drives it like any ``SpecTrunk``; every forward it asks for
+The loop (``SpeculativeExecution``) drives it like any ``SpecTrunk`` (the target's own member
+names: ``spec_forward``, ``spec_keep`` ...); every forward it asks for
 becomes a request to the ``Scheduler``, which runs the requests of all live sequences together
 in one ragged forward and hands each sequence its rows. Prefills go in chunks of at most
 ``chunk_rows`` rows (chunked prefill: a long prompt never holds the batch for long, and every
 matmul stays on the batch-invariant kernels).
 
-Positions: ``seq_len`` counts the positions whose KV is written (a verify's rows included until
+Positions: ``cache_seq_len`` counts the positions whose KV is written (a verify's rows included until
 ``keep``); the ``BlockTable`` holds the kept tokens, which key full blocks for the prefix cache.
 A sequence admitted with a cached prefix starts with ``adopted_prefix`` positions it never
 computed; the loop then prefills only the rest of the prompt.
@@ -18,6 +19,7 @@ from typing import Sequence
 
 import torch
 
+from ..capabilities import paged_info
 from .prefix_cache import BlockTable
 
 ALL, REWOUND = "all", "rewound"
@@ -37,14 +39,15 @@ class BatchedSpecTrunk:
         self.chunk_rows = max(1, chunk_rows)
         self._len = table.length  # positions with KV written (adopted prefix included)
         self.adopted_prefix = table.reused_tokens
-        self._last_verify: tuple[int, list[int]] = (0, [])
+        self._last: tuple[int, list[int], bool] = (0, [], False)  # start, tokens, all rows?
+        self._paged = paged_info(scheduler.kv)
         # what the last verify's extra rows cost the other sequences of its batch (ms); the
         # loop adds it to the verify's cost for the governor
         self.extra_cost_ms = 0.0
 
     # -- sizes -----------------------------------------------------------------------------
     @property
-    def seq_len(self) -> int:
+    def cache_seq_len(self) -> int:
         return self._len
 
     @property
@@ -52,19 +55,19 @@ class BatchedSpecTrunk:
         return self._max_ctx
 
     @property
-    def feature_size(self) -> int:  # read live: a drafter may set feature taps after admission
+    def spec_feature_size(self) -> int:  # read live: a drafter may set feature taps after admission
         return self.scheduler.target.spec_feature_size
 
     @property
     def _recurrent(self):
         """The paged KV's ``keep`` when it holds per-sequence recurrent state, else None."""
-        return getattr(self.scheduler.kv, "keep", None)
+        return self._paged.keep
 
     @property
-    def can_rewind(self) -> bool:
+    def spec_verify_persists_accepted_kv(self) -> bool:
         return self._recurrent is None  # KV only: a rewind is the whole rollback
 
-    def ensure_capacity(self, required_seq_len: int) -> None:
+    def spec_ensure_capacity(self, required_seq_len: int) -> None:
         if required_seq_len > self._max_ctx:
             from ..errors import GenerationError
 
@@ -76,49 +79,48 @@ class BatchedSpecTrunk:
         self._len += len(tokens)
         return logits, hidden
 
-    def forward_keep_all(self, tokens: Sequence[int], *, want_hidden: bool):
+    def spec_forward(self, tokens: Sequence[int], *, all_logits_rows: bool, want_hidden: bool):
+        """A verify (``all_logits_rows``) in one request; anything else in chunks of
+        ``chunk_rows`` (logits of the last row). ``spec_keep`` follows."""
         tokens = [int(t) for t in tokens]
-        start = self._len
+        self._last = (self._len, tokens, all_logits_rows)
+        if all_logits_rows:
+            return self._forward(tokens, all_logits=True, want_hidden=want_hidden)
         hiddens: list[torch.Tensor] = []
         logits = None
         for at in range(0, len(tokens), self.chunk_rows):
             logits, hidden = self._forward(tokens[at : at + self.chunk_rows], all_logits=False, want_hidden=want_hidden)
             if hidden is not None:
                 hiddens.append(hidden)
-        self.table.commit(tokens, start)
         return logits, (torch.cat(hiddens, dim=0) if hiddens else None)
 
-    def verify(self, tokens: Sequence[int], *, want_hidden: bool):
-        tokens = [int(t) for t in tokens]
-        self._last_verify = (self._len, tokens)
-        return self._forward(tokens, all_logits=True, want_hidden=want_hidden)
-
-    def keep(self, rows_kept: int) -> str:
-        """Keep the first ``rows_kept`` rows of the last ``verify`` (a KV length: the dropped
+    def spec_keep(self, rows_kept: int) -> str:
+        """Keep the first ``rows_kept`` rows of the last forward (a KV length: the dropped
         positions are overwritten later); their tokens become the table's kept tokens."""
-        start, tokens = self._last_verify
+        start, tokens, verify = self._last
         if not 1 <= rows_kept <= len(tokens):
-            raise ValueError(f"cannot keep {rows_kept} rows of a verify of {len(tokens)}")
+            raise ValueError(f"cannot keep {rows_kept} rows of a forward of {len(tokens)}")
+        if not verify and rows_kept != len(tokens):
+            raise ValueError("only a verify (all_logits_rows) may keep fewer rows than it forwarded")
         mode = None
         keep = self._recurrent
-        if keep is not None:  # a hybrid: its recurrent state commits the kept row's slot
+        if keep is not None and verify:  # a hybrid: its recurrent state commits the kept row's slot
             mode = keep(self.handle.id, rows_kept)
         self._len = start + rows_kept
         self.table.commit(tokens[:rows_kept], start)
+        self._last = (self._len, [], False)
         if mode is not None:
             return mode
         return ALL if rows_kept == len(tokens) else REWOUND
 
-    def rewind(self, length: int) -> None:
+    def spec_rewind_cache(self, length: int) -> None:
+        """Go back to ``length`` positions: any on a KV-only trunk, 0 on a hybrid."""
         if not 0 <= length <= self._len:
             raise ValueError(f"cannot rewind {self._len} positions to {length}")
         if self._recurrent is not None and length not in (0, self._len):
             raise ValueError(f"cannot rewind a recurrent trunk from {self._len} to {length}")
-        if self._recurrent is not None and length == 0 and self._len:
-            self.scheduler.kv.release(self.handle.id)  # a fresh state at the next forward
+        if self._paged.release is not None and self._recurrent is not None and length == 0 and self._len:
+            self._paged.release(self.handle.id)  # a fresh state at the next forward
         self._len = length
         if length < self.table.length:
             self.table.truncate(length)
-
-    def reset(self) -> None:
-        self.rewind(0)

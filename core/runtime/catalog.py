@@ -18,7 +18,7 @@ from .registry import SpeculatorRegistry, check_registration
 
 # the keyword facts a speculator registration may carry besides requires_draft_head
 SPECULATOR_FACTS = frozenset(
-    {"serves_kind", "weight_free", "default_pmin", "description", "drafter_hint", "auto_priority"}
+    {"serves_kind", "weight_free", "description", "drafter_hint", "auto_priority"}
 )
 
 
@@ -57,6 +57,16 @@ class KernelEntry:
     plugin: str | None = None
     available: bool = True
     reason: str = ""
+
+
+@attrs.define
+class TrainerEntry:
+    """A drafter kind's trainer, as a plugin registered it."""
+
+    kind: str
+    trainer: Callable[..., dict]
+    description: str = ""
+    plugin: str | None = None
 
 
 @attrs.define
@@ -198,8 +208,6 @@ def build_catalog(host: PluginHost, *, discover: bool = True) -> Catalog:
 
     def trainers_for(name):
         def register(kind, trainer, *, description=""):
-            from ..training.request import TrainerEntry
-
             if not callable(trainer):
                 raise TypeError(f"trainer for kind {kind!r} is not callable")
             entry = TrainerEntry(str(kind), trainer, description, name)

@@ -67,6 +67,24 @@ def find_converter(converters: dict[str, ConverterEntry], src_dir: Path) -> tupl
     raise ConvertError(f"{src_dir}: no converter for model_type {keys[-1]!r}; known types: {known}")
 
 
+def convert_as(model_type: str, src_dir: object, out_path: object, *, outtype: str = "f32", catalog=None,
+               **settings: Any) -> ConverterEntry:
+    """Convert ``src_dir`` with the converter some plugin registered for ``model_type``, passing
+    ``settings`` on as keywords: how one plugin's converter hands a checkpoint to another's
+    without importing it (a model plugin whose assistant is another plugin's drafter format).
+    A ConvertError names the type when no loaded plugin converts it."""
+    if catalog is None:
+        from .defaults import default_catalog
+
+        catalog = default_catalog()
+    entry = catalog.converters.get(model_type)
+    if entry is None:
+        known = ", ".join(sorted(catalog.converters)) or "none"
+        raise ConvertError(f"{src_dir}: no loaded plugin converts {model_type!r} checkpoints (known types: {known})")
+    entry.function(Path(str(src_dir)), Path(str(out_path)), outtype=outtype, **settings)
+    return entry
+
+
 def convert_checkpoint(catalog, src_dir: object, out_path: object, *, outtype: str = "f32") -> tuple[str, ConverterEntry]:
     """Convert ``src_dir`` to ``out_path`` with the registered converter; returns what ran."""
     if outtype not in OUTTYPES:

@@ -19,14 +19,16 @@ position ``p``:
 5. Commit: the kept tokens and the exact hidden rows that predicted them go to the speculator.
 
 An empty proposal is a plain one-row step that still commits to the speculator. The cost
-governor beside the loop may park drafting; then steps are plain one-row steps. A speculator
-that declares ``catch_up_rows = N`` (an int >= 1: the trailing committed rows its next proposal
-needs after a gap) is not told a parked step's commit unless the step lies among the N before
-the governor's next probe, and the target computes no hidden rows for a parked step whose row
-no commit or probe will read: while parked it costs what its next probe's catch-up needs. A
-speculator that declares nothing is told every step, as before. A speculator
-with ``observe_step(speculative, ms, tokens, drafted)`` hears every step's measured cost after
-its commit (``auto``'s pairing governs its backup with it).
+governor beside the loop may park drafting; then steps are plain one-row steps. What the loop
+reads of the speculator is its ``SpeculatorInfo`` (``tsspec.capabilities``, defaults there): a
+``catch_up_rows = N`` (the trailing committed rows its next proposal needs after a gap) means a
+parked step's commit is withheld unless the step lies among the N before the governor's next
+probe, and the trunk computes no hidden rows for a parked step whose row no commit or probe will
+read; ``observe_step(speculative, ms, tokens, drafted)`` hears every step's measured cost after
+its commit; ``handles_own_prefill`` means the prompt is not committed to it.
+
+The trunk is driven through the target's own members (``SpecTrunk``): ``spec_forward`` then
+one ``spec_keep(rows_kept)``; ``spec_rewind_cache`` between sequences.
 """
 
 from __future__ import annotations
@@ -39,6 +41,7 @@ from typing import Callable, Iterator, Sequence
 import attrs
 import torch
 
+from ..capabilities import SpeculatorInfo, speculator_info, target_info, trunk_extras
 from ..protocols import DraftContext
 from .governor import SpeculationCostGovernor
 from .proposal import (  # noqa: F401  (the fault kinds are part of this module's surface)
@@ -58,27 +61,20 @@ from .proposal import (  # noqa: F401  (the fault kinds are part of this module'
 )
 from .sampling import Sampler
 from .stats import SpecStats
+from .trunk import forward_all, keep
 
 log = logging.getLogger("tsspec.execution")
 
 _logged_faults: set[str] = set()  # speculators whose first fault was already logged
 
 
-def catch_up_bound(speculator) -> int | None:
-    """The speculator's declared ``catch_up_rows`` (an int >= 1: how many trailing committed
-    rows its next proposal needs after a gap), or None when it declares none (or one that is
-    not a positive int, or it governs itself): then it is told every commit."""
-    if speculator is None:
+def catch_up_bound(info: SpeculatorInfo | None) -> int | None:
+    """The trailing committed rows a speculator's next proposal needs after a gap (its
+    ``catch_up_rows``), or None: it is told every commit (none declared, or it governs itself:
+    the loop's governor never parks it)."""
+    if info is None or info.governs_itself:
         return None
-    try:
-        if getattr(speculator, "governs_itself", False) is True:
-            return None  # its own governors decide when it drafts; the loop's never parks it
-        bound = getattr(speculator, "catch_up_rows", None)
-    except Exception:
-        return None
-    if isinstance(bound, bool) or not isinstance(bound, int) or bound < 1:
-        return None
-    return bound
+    return info.catch_up_rows
 
 
 def accept(draw: Callable[[int], int], drafts: Sequence[int]) -> list[int]:
@@ -148,7 +144,9 @@ class SpeculativeExecution:
         self.governor = governor or SpeculationCostGovernor(enabled=False)
         self.stop_tokens = frozenset(stop_tokens)
         self.clock = clock
-        self.label = speculator_label or getattr(speculator, "name", "speculator")
+        # what the loop reads of the speculator, once (a wrong member: ContractError, named)
+        self.info = speculator_info(speculator) if speculator is not None else None
+        self.label = speculator_label or (self.info.name if self.info is not None else "speculator")
         # after a reused KV prefix: None asks the speculator (can_arm_after_prefix_reuse);
         # False never arms after reuse (the refuse-all rule the serving benchmark compares against)
         self.arm_after_reuse = arm_after_reuse
@@ -157,8 +155,10 @@ class SpeculativeExecution:
         self._cached: list[int] = []  # tokens in the trunk's cache after the last sequence
         self._armed = False
         self._faults = 0
-        self._catch_up = catch_up_bound(speculator)  # trailing rows a probe needs, or None: all
+        self._catch_up = catch_up_bound(self.info)  # trailing rows a probe needs, or None: all
         self._run_start = self._decode_start = 0.0
+        # does the trunk undo a rejected tail by a KV rewind alone (any cached prefix reusable)?
+        self._persists = target_info(trunk).verify_persists_accepted_kv
 
     # -- one sequence: start, step until done, finish ----------------------------------------
     def run(
@@ -188,8 +188,9 @@ class SpeculativeExecution:
         if max_tokens <= 0:
             seq.done = True
             return seq
-        seq.want_hidden = bool(self.speculator is not None and self.speculator.needs_hidden_state)
+        seq.want_hidden = self.info is not None and self.info.needs_hidden_state
         self.governor.reset()
+        self._persists = target_info(self.trunk).verify_persists_accepted_kv
         logits = self._prefill(seq)
         self._decode_start = self.clock()
         self._emit(seq, self.sampler.sample(logits[-1], len(prompt), seq.history))
@@ -198,7 +199,7 @@ class SpeculativeExecution:
     def step(self) -> None:
         """One decode step: a verify when the speculator drafts, else a plain one-row step."""
         seq = self.seq
-        p = self.trunk.seq_len  # position of `last`, the newest emitted token
+        p = self.trunk.cache_seq_len  # position of `last`, the newest emitted token
         max_ctx = self.trunk.max_context_length
         if p + 1 > max_ctx:
             seq.done = True  # no room to forward the last token: the context is full
@@ -225,57 +226,51 @@ class SpeculativeExecution:
         stats.governor_losses = self.governor.losses
         stats.governor_parked_steps = self.governor.parked_steps
         stats.declined_drafts = self.governor.declined
-        declined = getattr(self.speculator, "declined_drafts", 0)  # a self-governing pair's
-        if isinstance(declined, int) and not isinstance(declined, bool):
-            stats.declined_drafts += declined
-        counts = getattr(self.speculator, "governor_counts", None)  # a self-governing speculator's
-        if callable(counts):
+        if self.info is not None:  # a self-governing speculator's own counts
             try:
-                wins, losses, parked = counts()
-                stats.governor_wins += int(wins)
-                stats.governor_losses += int(losses)
-                stats.governor_parked_steps += int(parked)
+                declined, wins, losses, parked = self.info.counts()
+                stats.declined_drafts += declined
+                stats.governor_wins += wins
+                stats.governor_losses += losses
+                stats.governor_parked_steps += parked
             except Exception as exc:
                 log.warning("speculator %s: governor_counts raised %r", self.label, exc)
-        n = self.trunk.seq_len
+        n = self.trunk.cache_seq_len
         self._cached = seq.history[:n] if n <= len(seq.history) else []
 
     # -- the steps ---------------------------------------------------------------------------
     def _prefill(self, seq: SequenceState) -> torch.Tensor:
         """Forward the prompt (after the longest cached prefix the trunk can rewind to) and
         commit it; returns the logits [1, vocab] of its last row."""
-        trunk, prompt, spec = self.trunk, seq.history, self.speculator
+        trunk, prompt, info = self.trunk, seq.history, self.info
         reuse = self._reusable_prefix(prompt)
         if not reuse:  # a prefix cache's blocks the trunk was admitted with (batched trunks)
-            reuse = min(int(getattr(trunk, "adopted_prefix", 0) or 0), len(prompt) - 1)
-        if reuse:
-            trunk.rewind(reuse)
-        else:
-            trunk.reset()
-        # can_arm_after_prefix_reuse is optional in the protocol, default False
-        arms = bool(getattr(spec, "can_arm_after_prefix_reuse", False)) and self.arm_after_reuse is not False
-        self._armed = spec is not None and (reuse == 0 or arms)
+            reuse = min(trunk_extras(trunk)[0], len(prompt) - 1)
+        trunk.spec_rewind_cache(reuse)
+        arms = info is not None and info.can_arm_after_prefix_reuse and self.arm_after_reuse is not False
+        self._armed = info is not None and (reuse == 0 or arms)
         self.stats.prefix_reused = reuse
-        if reuse and spec is not None:
+        if reuse and info is not None:
             self.stats.armed_after_reuse = self._armed
             log.info("speculator %s %s after a reused prefix of %d tokens", self.label,
                      "armed" if self._armed else "not armed", reuse)
         if self._armed:
             try:
-                spec.reset()
+                info.reset()
             except Exception as exc:
                 self._fault(COMMIT_RAISED, repr(exc))
         suffix = prompt[reuse:]
         with self._phase("prefill"):
-            trunk.ensure_capacity(len(prompt))
-            logits, hidden = trunk.forward_keep_all(suffix, want_hidden=seq.want_hidden and self._armed)
+            trunk.spec_ensure_capacity(len(prompt))
+            logits, hidden = forward_all(trunk, suffix, want_hidden=seq.want_hidden and self._armed)
         rows = None
         if hidden is not None:
             # row k predicted suffix[k]: row 0's predecessor is the last reused row (or none at
             # position 0), which we do not have: zeros
             rows = torch.cat([hidden.new_zeros(1, hidden.shape[-1]), hidden[:-1]], dim=0)
             seq.carry = hidden[-1]
-        self._commit(suffix, rows, reuse)
+        if not (info is not None and info.handles_own_prefill):  # else it reads the prompt itself
+            self._commit(suffix, rows, reuse)
         return logits
 
     def _plain_step(self, seq: SequenceState, p: int, attempted: bool, draft_ms: float) -> None:
@@ -286,7 +281,7 @@ class SpeculativeExecution:
         last, carry = seq.history[-1], seq.carry
         commit, row = self._parked_needs()
         with self._phase("plain") as forward:
-            logits, hidden = self.trunk.forward_keep_all([last], want_hidden=seq.want_hidden and self._armed and row)
+            logits, hidden = forward_all(self.trunk, [last], want_hidden=seq.want_hidden and self._armed and row)
         self.stats.plain_steps += 1
         if commit:
             self._commit([last], None if carry is None else carry[None], p)
@@ -308,9 +303,9 @@ class SpeculativeExecution:
         """Verify ``[last, *drafts]`` in one forward, emit what it accepts, keep those rows."""
         stats, sampler = self.stats, self.sampler
         rows_in = [seq.history[-1], *drafts]
-        self.trunk.ensure_capacity(p + len(rows_in))
+        self.trunk.spec_ensure_capacity(p + len(rows_in))
         with self._phase("verify"):
-            logits, hidden = self.trunk.verify(rows_in, want_hidden=seq.want_hidden)
+            logits, hidden = self.trunk.spec_forward(rows_in, all_logits_rows=True, want_hidden=seq.want_hidden)
             back = sampler.lookback
             recent = seq.history[-back:] if back else []
             drawn = accept(
@@ -327,7 +322,7 @@ class SpeculativeExecution:
             if self._emit(seq, token):
                 break
         with self._phase("rollback"):
-            mode = self.trunk.keep(kept)
+            mode = keep(self.trunk, kept, len(rows_in), self._persists)
         stats.rollback_modes[mode] = stats.rollback_modes.get(mode, 0) + 1
         rows = None
         if hidden is not None and seq.carry is not None:
@@ -336,7 +331,7 @@ class SpeculativeExecution:
             seq.carry = hidden[kept - 1]
         self._commit(rows_in[:kept], rows, p)
         # a batched trunk also charges what the verify's extra rows cost the rest of its batch
-        ms = self._ms(step_start) + float(getattr(self.trunk, "extra_cost_ms", 0.0))
+        ms = self._ms(step_start) + trunk_extras(self.trunk)[1]
         self.governor.record(True, ms, kept, drafted=len(drafts), evidence=evidence,
                              confidence=None if confidence is None else confidence[: len(drafts)])
         self._observe(True, ms, kept, len(drafts))
@@ -361,7 +356,7 @@ class SpeculativeExecution:
         """How many leading prompt tokens the trunk still caches from the last sequence (never
         the whole prompt: the last row must be forwarded for its logits)."""
         cached = self._cached
-        if not (self.trunk.can_rewind and cached and self.trunk.seq_len == len(cached)):
+        if not (self._persists and cached and self.trunk.cache_seq_len == len(cached)):
             return 0
         limit, reuse = min(len(cached), len(prompt) - 1), 0
         while reuse < limit and cached[reuse] == prompt[reuse]:
@@ -422,7 +417,7 @@ class SpeculativeExecution:
             return
         with self._phase("commit"):
             try:
-                self.speculator.commit(list(tokens), rows, start)
+                self.info.commit(list(tokens), rows, start)
             except Exception as exc:
                 self._fault(COMMIT_RAISED, repr(exc))
 
@@ -430,7 +425,7 @@ class SpeculativeExecution:
         """Report the step to a speculator that watches costs (optional ``observe_step``)."""
         if not self._armed:
             return
-        observe = getattr(self.speculator, "observe_step", None)
+        observe = self.info.observe_step
         if observe is None:
             return
         try:
@@ -444,7 +439,7 @@ class SpeculativeExecution:
         drafts, evidence, confidence, fault = [], None, None, None
         start = self.clock()  # the "draft" phase (as _phase times it; inline: this runs every step)
         try:  # the checks are total: only the speculator's own code raises
-            raw = self.speculator.propose(ctx)
+            raw = self.info.propose(ctx)
             drafts, kind = validate_proposal(raw, ctx.max_tokens, self.vocab_size)
             if drafts and not kind:
                 evidence, kind = proposal_evidence(raw)

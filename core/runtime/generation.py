@@ -12,6 +12,7 @@ from typing import Any, Callable, Sequence
 
 import attrs
 
+from ..capabilities import speculator_info, target_info, verify_cost_shape
 from ..errors import GenerationError
 from .execution import SpeculativeExecution
 from .economics import parse_cost_shape
@@ -22,7 +23,6 @@ from .registry import Decline
 from .sampling import Sampler, SamplingParams
 from .stats import SpecStats
 from .text_stream import TextStream
-from .trunk import LinearSpecTrunk
 
 log = logging.getLogger("tsspec.generation")
 
@@ -83,30 +83,19 @@ def draft_window(options: SpeculationOptions, target, speculator=None, name: str
     """The draft window, decided once per sequence (speculators read it from DraftContext):
     the operator's --spec-draft, else the default narrowed by the target's preferred window;
     never more than the speculator's own ``max_draft_tokens``."""
-    window = options.window(getattr(target, "spec_preferred_draft_window", None))
+    window = options.window(target_info(target).preferred_draft_window)
     if speculator is not None:
-        try:  # a plugin's attribute: garbage (None, "8", nan) leaves the window as it is
-            window = max(0, min(window, int(getattr(speculator, "max_draft_tokens", window))))
-        except Exception:
-            log.warning("speculator %s: max_draft_tokens %r is not an integer; using %d",
-                        name, getattr(speculator, "max_draft_tokens", None), window)
+        limit = speculator_info(speculator).max_draft_tokens
+        if limit is not None:
+            window = max(0, min(window, limit))
     return window
-
-
-def _capability(speculator, name: str) -> bool:
-    """An optional speculator capability (``sizes_own_drafts``, ``governs_itself``): a plugin's
-    attribute, so anything that raises or is not a plain True counts as False."""
-    try:
-        return getattr(speculator, name, False) is True
-    except Exception:
-        return False
 
 
 def _cost_shape(target):
     """The target's forward cost by rows as measured on this machine (the optional
     ``spec_verify_row_ms``; a target may measure it on first read, and caches it), or None."""
     try:
-        return parse_cost_shape(getattr(target, "spec_verify_row_ms", None))
+        return parse_cost_shape(verify_cost_shape(target))
     except Exception:
         return None
 
@@ -138,7 +127,7 @@ def resolve_speculator(target, options: SpeculationOptions, registry=None):
     made = registry.create(target, options)
     if isinstance(made, Decline):
         return None, None, made
-    return made, getattr(made, "name", options.spec_type), None
+    return made, made.name, None
 
 
 def _plugin_label(target, options: SpeculationOptions, registry, name: str | None) -> str | None:
@@ -175,7 +164,7 @@ def generate(
 ) -> Generation:
     """Generate up to ``max_tokens`` tokens. Speculation never changes the output.
 
-    ``trunk``: the SpecTrunk to run on (default: the target's own linear cache); the scheduler
+    ``trunk``: the SpecTrunk to run on (default: the target itself, its own linear cache); the scheduler
     passes a ``BatchedSpecTrunk``. ``arm_after_reuse=False`` never arms a speculator after a
     reused KV prefix (the refuse-all rule, for comparisons; None lets the speculator decide)."""
     options = options or SpeculationOptions()
@@ -194,7 +183,7 @@ def generate(
         speculator, name, decline = resolve_speculator(target, options, registry)
         label = _plugin_label(target, options, registry, name)
     elif options.enabled:
-        name = getattr(speculator, "name", "custom")
+        name = speculator_info(speculator).name  # a wrong member: ContractError, named
     else:
         speculator = None
     tokenizer = getattr(target, "tokenizer", None)
@@ -207,10 +196,10 @@ def generate(
         # a sizing speculator (sizes_own_drafts) gets the whole window; one that governs itself
         # (governs_itself) gets no governor of the loop's, and plain decoding (no speculator)
         # none either: there is nothing to park, and its decisions would cost every token
-        governs_itself = _capability(speculator, "governs_itself")
+        info = speculator_info(speculator) if speculator is not None else None
         governor = SpeculationCostGovernor(
-            enabled=options.adaptive and speculator is not None and not governs_itself,
-            size_drafts=not _capability(speculator, "sizes_own_drafts"))
+            enabled=options.adaptive and info is not None and not info.governs_itself,
+            size_drafts=not (info is not None and info.sizes_own_drafts))
         # drafts are sized against measured costs: the target's cost by rows prices the draft
         # lengths a sequence has not tried yet (its own and, for auto's pair, its members')
         members = list(speculator.governors.values()) if isinstance(speculator, SpeculatorPair) else []
@@ -222,7 +211,7 @@ def generate(
         if memory is not None:
             governor.carried = memory.pop("park", None)
     execution = SpeculativeExecution(
-        trunk if trunk is not None else LinearSpecTrunk(target),
+        trunk if trunk is not None else target,
         sampler,
         vocab_size=target.config.vocab_size,
         speculator=speculator,
@@ -253,7 +242,7 @@ def generate(
             memory["park"] = carried
         if speculator is not None:
             try:
-                speculator.close()
+                execution.info.close()  # the speculator's close, or the default (nothing)
             except Exception as exc:  # a plugin's close must not lose the output
                 log.warning("speculator %s close raised: %r", name, exc)
     if streaming:

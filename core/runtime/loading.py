@@ -14,7 +14,7 @@ from typing import Any
 
 import attrs
 
-from ..errors import ModelLoadError
+from ..errors import ModelLoadError, TsspecError
 from .options import SpeculationOptions
 
 @attrs.frozen
@@ -26,6 +26,30 @@ class LoadOptions:
     speculation: SpeculationOptions = attrs.field(factory=SpeculationOptions)
     # the registered kernels available for ``device``'s type: {op name: implementation}
     kernels: dict = attrs.field(factory=dict)
+    # drafter architecture -> the registered attach entry (what attach_drafter_from dispatches
+    # to); None: the default catalog's
+    drafters: dict | None = attrs.field(default=None, repr=False, eq=False)
+
+    def attach_drafter_from(self, target, architecture: str, source: object):
+        """Attach a drafter of ``architecture`` from ``source`` (a file path, or an open reader
+        with ``GGUFFile``'s reading methods: a drafter carried inside the target's own file)
+        through whichever plugin registered that drafter architecture: a model plugin's public
+        way to an algorithm plugin's drafter. ModelLoadError when no loaded plugin serves it."""
+        where = getattr(source, "path", source)
+        table = self.drafters
+        if table is None:
+            from .defaults import default_catalog
+
+            table = default_catalog().drafters
+        entry = table.get(architecture)
+        if entry is None:
+            served = ", ".join(sorted(table)) or "none"
+            raise ModelLoadError(where, f"carries a {architecture!r} drafter and no loaded plugin attaches "
+                                        f"{architecture!r} drafters (served: {served})")
+        head = entry.function(target, source, self)
+        if head is not None:
+            target.draft_head = head
+        return head
 
     # speculation settings read through the load options (drafters need the window, pmin...)
     def __getattr__(self, name: str) -> Any:
@@ -76,7 +100,8 @@ def load_model(
         from .defaults import default_catalog
 
         catalog = default_catalog()
-    load_options = attrs.evolve(load_options, kernels=catalog.kernel_table(_device_type(device)))
+    load_options = attrs.evolve(load_options, kernels=catalog.kernel_table(_device_type(device)),
+                                drafters=dict(catalog.drafters))
     entry = file_less_entry(path, catalog)
     if entry is None:
         from .named_models import resolve_model_path
@@ -95,7 +120,7 @@ def load_model(
             )
     try:
         target = entry.function(str(path), load_options)
-    except ModelLoadError:
+    except TsspecError:  # a plugin's own one-line error (ModelLoadError or its own subclass)
         raise
     except (MemoryError, KeyboardInterrupt):
         raise
@@ -130,7 +155,7 @@ def attach_drafter(target, path: object, load_options: LoadOptions, catalog=None
         raise ModelLoadError(path, f"drafter architecture {arch!r} is served by no loaded plugin (served: {served})")
     try:
         head = entry.function(target, str(path), load_options)
-    except ModelLoadError:
+    except TsspecError:  # a plugin's own one-line error (ModelLoadError or its own subclass)
         raise
     except Exception as exc:
         raise ModelLoadError(

@@ -95,10 +95,6 @@ class SpeculationOptions:
             return max(MIN_DRAFT_WINDOW, min(DEFAULT_DRAFT_WINDOW, int(preferred)))
         return DEFAULT_DRAFT_WINDOW
 
-    def min_prob(self, default: float) -> float:
-        """The confidence gate: the operator's --spec-pmin, else the algorithm's own default."""
-        return default if self.pmin is None else float(self.pmin)
-
     def ignored_tuning_warnings(self) -> list[str]:
         """One line per tuning flag that has no effect because speculation is off."""
         if self.enabled:

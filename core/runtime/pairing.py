@@ -40,6 +40,7 @@ from typing import Any, Callable, Sequence
 
 import attrs
 
+from ..capabilities import SpeculatorInfo, speculator_info
 from .governor import SpeculationCostGovernor
 from .proposal import proposal_confidence, proposal_evidence
 
@@ -57,16 +58,16 @@ class SpeculatorPair:
                  governors: tuple[SpeculationCostGovernor, SpeculationCostGovernor] | None = None,
                  memory: dict | None = None, clock: Callable[[], float] = time.perf_counter):
         self.primary, self.backup = primary, backup
-        self.name = f"{getattr(primary, 'name', 'primary')}+{getattr(backup, 'name', 'backup')}"
-        self.needs_hidden_state = bool(primary.needs_hidden_state or backup.needs_hidden_state)
-        self.can_arm_after_prefix_reuse = bool(
-            getattr(primary, "can_arm_after_prefix_reuse", False) and getattr(backup, "can_arm_after_prefix_reuse", False)
-        )
-        self.max_draft_tokens = max(_limit(primary), _limit(backup))
+        self.infos = {PRIMARY: speculator_info(primary), BACKUP: speculator_info(backup)}
+        first, second = self.infos[PRIMARY], self.infos[BACKUP]
+        self.name = f"{first.name}+{second.name}"
+        self.needs_hidden_state = first.needs_hidden_state or second.needs_hidden_state
+        self.can_arm_after_prefix_reuse = first.can_arm_after_prefix_reuse and second.can_arm_after_prefix_reuse
+        self.max_draft_tokens = max(_limit(first), _limit(second))
         if governors is None:
             governors = tuple(
-                SpeculationCostGovernor(enabled=adaptive, size_drafts=getattr(m, "sizes_own_drafts", False) is not True)
-                for m in (primary, backup)
+                SpeculationCostGovernor(enabled=adaptive, size_drafts=not i.sizes_own_drafts)
+                for i in (first, second)
             )
         self.governors = {PRIMARY: governors[0], BACKUP: governors[1]}
         self.memory = memory  # the backup's park carried between sequences (see the module docstring)
@@ -92,7 +93,7 @@ class SpeculatorPair:
         if not governor.want_speculation():
             return []
         window = int(ctx.max_tokens)
-        limit = min(_limit(member), window, governor.draft_limit(window))
+        limit = min(_limit(self.infos[role]), window, governor.draft_limit(window))
         if limit < 1:
             return []
         start = self.clock()
@@ -112,8 +113,8 @@ class SpeculatorPair:
         return drafts
 
     def commit(self, tokens: Sequence[int], hidden_rows: Any, start_pos: int) -> None:
-        self.primary.commit(tokens, hidden_rows, start_pos)
-        self.backup.commit(tokens, hidden_rows, start_pos)
+        self.infos[PRIMARY].commit(tokens, hidden_rows, start_pos)
+        self.infos[BACKUP].commit(tokens, hidden_rows, start_pos)
 
     def observe_step(self, speculative: bool, ms: float, tokens: int, drafted: int) -> None:
         """The loop's report of the step just taken (after ``propose`` and the commit)."""
@@ -124,8 +125,8 @@ class SpeculatorPair:
         elif not speculative:
             for governor in self.governors.values():
                 governor.record(False, ms, tokens)
-        for role, member in ((PRIMARY, self.primary), (BACKUP, self.backup)):
-            observe = getattr(member, "observe_step", None)
+        for role, info in self.infos.items():
+            observe = info.observe_step
             if observe is None:
                 continue
             if speculative and role == self.source:
@@ -147,8 +148,8 @@ class SpeculatorPair:
         carried = self.memory.pop(BACKUP, None) if self.memory is not None else None
         if carried is not None:
             self.governors[BACKUP].start_parked(*carried)
-        self.primary.reset()
-        self.backup.reset()
+        self.infos[PRIMARY].reset()
+        self.infos[BACKUP].reset()
 
     def _remember(self) -> None:
         if self.memory is not None:
@@ -158,18 +159,13 @@ class SpeculatorPair:
 
     def close(self) -> None:
         self._remember()
-        for member in (self.primary, self.backup):
-            close = getattr(member, "close", None)
-            if callable(close):
-                close()
+        for info in self.infos.values():
+            info.close()
 
 
-def _limit(speculator: Any) -> int:
-    """A member's ``max_draft_tokens`` (a large number when it declares none or garbage)."""
-    try:
-        return max(0, int(getattr(speculator, "max_draft_tokens", 1 << 16)))
-    except Exception:
-        return 1 << 16
+def _limit(info: SpeculatorInfo) -> int:
+    """A member's ``max_draft_tokens`` (a large number when it declares none)."""
+    return 1 << 16 if info.max_draft_tokens is None else info.max_draft_tokens
 
 
 def _as_list(proposal: Any) -> list:

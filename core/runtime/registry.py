@@ -1,7 +1,7 @@
 """SpeculatorRegistry: the only place that knows which algorithms exist, and why one declines.
 
 Every fact about an algorithm arrives with its registration (``register(name, factory, *,
-requires_draft_head, serves_kind, weight_free, default_pmin, description)``); the registry names
+requires_draft_head, serves_kind, weight_free, description)``); the registry names
 no algorithm of its own. ``auto`` is derived from what is registered: a checkpoint's drafter
 kind picks the algorithm registered for that kind, no drafter picks the preferred weight-free
 algorithm (highest ``auto_priority``, then name).
@@ -15,18 +15,23 @@ operator-facing sentence. Codes, in the order they are checked:
                      (the sentence names the weight-free algorithms that are installed)
 * ``unprofitable``   the trunk cannot verify profitably without its own drafter
 * ``cannot_serve``   the factory declined (None or SpeculatorDeclined), with its reason
-* ``plugin_error``   the factory raised anything else
+* ``plugin_error``   the factory raised anything else, or made something that breaks the
+                     contract (a missing ``name``/``propose``, an optional member of the wrong
+                     type: ``tsspec.capabilities``)
+
+The registry reads what it made through ``tsspec.capabilities`` and sets its gate
+(``min_draft_prob``: the operator's ``--spec-pmin``, else the speculator's own default).
 """
 
 from __future__ import annotations
 
 import logging
-import math
 import weakref
 from typing import Any, Callable
 
 import attrs
 
+from ..capabilities import ContractError, apply_gate, check_speculator_class, speculator_info, target_info
 from ..protocols import DraftHeadKind, SpeculatorDeclined
 
 log = logging.getLogger("tsspec.registry")
@@ -69,7 +74,6 @@ class SpeculatorEntry:
     drafter_hint: str = ""
     serves_kind: DraftHeadKind | None = None  # `auto` picks it for targets carrying this kind
     weight_free: bool = False  # serves any target that verifies on its own (no drafter weights)
-    default_pmin: float = 0.0  # what --spec-pmin means when the operator gives none
     auto_priority: int = 0  # among weight-free algorithms, `auto` prefers the highest
 
     def to_json(self) -> dict[str, Any]:
@@ -84,25 +88,21 @@ class SpeculatorEntry:
         }
 
 
-def check_registration(
-    name: Any, factory: Any, *, serves_kind: Any = None, default_pmin: Any = 0.0, **_: Any
-) -> None:
-    """Raise on arguments no registration may have (the plugin's hook fails, not the run)."""
+def check_registration(name: Any, factory: Any, *, serves_kind: Any = None, **_: Any) -> None:
+    """Raise on arguments no registration may have (the plugin's hook fails, not the run). A
+    speculator class registered as its own factory has its members checked here too."""
     if not isinstance(name, str) or not name or name == AUTO:
         raise ValueError(f"invalid speculator name {name!r} ('auto' is reserved)")
     if not callable(factory):
         raise TypeError(f"speculator {name!r}: factory is not callable")
     if serves_kind is not None and not isinstance(serves_kind, DraftHeadKind):
         raise TypeError(f"speculator {name!r}: serves_kind must be a DraftHeadKind or None")
-    if isinstance(default_pmin, bool) or not isinstance(default_pmin, (int, float)) or not (
-        math.isfinite(default_pmin) and 0.0 <= default_pmin <= 1.0
-    ):
-        raise ValueError(f"speculator {name!r}: default_pmin must be a number in [0, 1]")
+    if isinstance(factory, type):
+        check_speculator_class(factory, f"speculator {name!r}")
 
 
 def draft_head_kind(target: Any) -> DraftHeadKind:
-    head = getattr(target, "draft_head", None)
-    return getattr(head, "kind", DraftHeadKind.NONE) if head is not None else DraftHeadKind.NONE
+    return target_info(target).drafter.kind
 
 
 class SpeculatorRegistry:
@@ -121,7 +121,6 @@ class SpeculatorRegistry:
         requires_draft_head: bool,
         serves_kind: DraftHeadKind | None = None,
         weight_free: bool | None = None,
-        default_pmin: float = 0.0,
         description: str = "",
         drafter_hint: str = "",
         auto_priority: int = 0,
@@ -130,7 +129,7 @@ class SpeculatorRegistry:
         version: str | None = None,
     ) -> None:
         """``weight_free`` defaults to ``not requires_draft_head``."""
-        check_registration(name, factory, serves_kind=serves_kind, default_pmin=default_pmin)
+        check_registration(name, factory, serves_kind=serves_kind)
         if name in self._entries:
             first = self._entries[name].plugin
             self.conflicts.append(f"{name}: registered by {first} and again by {plugin}; kept {first}")
@@ -140,7 +139,7 @@ class SpeculatorRegistry:
             name, factory, bool(requires_draft_head), str(description or ""), plugin, package, version,
             str(drafter_hint or ""), serves_kind,
             (not requires_draft_head) if weight_free is None else bool(weight_free),
-            float(default_pmin), int(auto_priority),
+            int(auto_priority),
         )
 
     def memory(self, target: Any, key: str) -> dict | None:
@@ -177,10 +176,6 @@ class SpeculatorRegistry:
     def get(self, name: str) -> SpeculatorEntry | None:
         return self._entries.get(name)
 
-    def default_pmin(self, name: str) -> float:
-        entry = self._entries.get(name)
-        return entry.default_pmin if entry is not None else 0.0
-
     def weight_free(self) -> list[str]:
         """The installed weight-free algorithms, `auto`'s preference first."""
         found = [e for e in self._entries.values() if e.weight_free]
@@ -209,7 +204,7 @@ class SpeculatorRegistry:
             if chosen is not None:
                 return chosen
         free = self.weight_free()
-        if getattr(target, "speculation_profitable", True) and free:
+        if target_info(target).speculation_profitable and free:
             return free[0]
         carried = "a drafter no installed algorithm serves" if kind is not DraftHeadKind.NONE else "no drafter"
         return Decline(
@@ -222,9 +217,9 @@ class SpeculatorRegistry:
 
     def check(self, target: Any, name: str, options: Any = None) -> Decline | None:
         """The declines that need no factory call (cheap: a planner can explain up front)."""
-        refusal = getattr(target, "speculation_refusal", None)
-        if refusal:
-            return Decline(name, REFUSED, f"the model refuses speculation: {refusal}")
+        info = target_info(target)
+        if info.speculation_refusal:
+            return Decline(name, REFUSED, f"the model refuses speculation: {info.speculation_refusal}")
         entry = self._entries.get(name)
         if entry is None:
             known = ", ".join([AUTO, *self.names()]) or AUTO
@@ -237,7 +232,7 @@ class SpeculatorRegistry:
                 f"{name} needs trained drafter weights and the model carries none; attach "
                 f"{entry.drafter_hint or 'a drafter file'}{self._weight_free_advice()}",
             )
-        if not entry.requires_draft_head and not getattr(target, "speculation_profitable", True):
+        if not entry.requires_draft_head and not info.speculation_profitable:
             return Decline(
                 name,
                 UNPROFITABLE,
@@ -255,7 +250,7 @@ class SpeculatorRegistry:
         made = self._create_one(target, options)
         if isinstance(made, Decline) or getattr(options, "spec_type", AUTO) != AUTO:
             return made
-        free = self._pair_primary(target, getattr(made, "name", None))
+        free = self._pair_primary(target, made.name)
         if free is None:
             return made
         primary = self._create_one(target, attrs.evolve(options, spec_type=free))
@@ -263,15 +258,14 @@ class SpeculatorRegistry:
             return made  # the weight-free algorithm cannot serve: the drafter alone
         from .pairing import SpeculatorPair
 
-        memory = self.memory(target, f"pair:{free}+{getattr(made, 'name', '')}")
+        memory = self.memory(target, f"pair:{free}+{made.name}")
         return SpeculatorPair(primary, made, adaptive=bool(getattr(options, "adaptive", True)), memory=memory)
 
     def _pair_primary(self, target: Any, chosen: str | None) -> str | None:
         """The weight-free algorithm ``auto`` puts in front of ``chosen`` (the drafter's
         algorithm) when the target's head says ``auto_fallback``; None: ``chosen`` runs alone."""
-        head = getattr(target, "draft_head", None)
         free = self.weight_free()
-        if head is None or getattr(head, "auto_fallback", False) is not True or not free or free[0] == chosen:
+        if not target_info(target).drafter.auto_fallback or not free or free[0] == chosen:
             return None
         return free[0]
 
@@ -287,7 +281,7 @@ class SpeculatorRegistry:
     def _create_one(self, target: Any, options: Any) -> Any:
         name = self.resolve_name(target, getattr(options, "spec_type", AUTO))
         if isinstance(name, Decline):
-            refusal = getattr(target, "speculation_refusal", None)
+            refusal = target_info(target).speculation_refusal
             if refusal:
                 return Decline(AUTO, REFUSED, f"the model refuses speculation: {refusal}")
             return name
@@ -306,13 +300,11 @@ class SpeculatorRegistry:
             )
         if speculator is None:
             return Decline(name, CANNOT_SERVE, f"{name} cannot serve this model (its factory declined)")
-        try:  # the loop needs these; anything else has a default or is guarded
-            missing = [m for m in ("propose", "commit") if not callable(getattr(speculator, m, None))]
-            what = f"no callable {', '.join(missing)}" if missing else None
-            if what is None and not hasattr(speculator, "needs_hidden_state"):
-                what = "no needs_hidden_state"
-        except Exception as exc:
-            what = f"its attributes raise {type(exc).__name__}"
+        try:  # name and propose are required; every other member has its default (capabilities)
+            apply_gate(speculator, speculator_info(speculator), getattr(options, "pmin", None))
+            what = None
+        except ContractError as exc:
+            what = str(exc)
         if what is not None:
             log.warning("speculator factory %s (plugin %s) returned %s: %s", name, entry.plugin,
                         type(speculator).__name__, what)
@@ -338,7 +330,7 @@ class SpeculatorRegistry:
                 else:
                     row.update(status="serves")
                     try:
-                        made.close()
+                        speculator_info(made).close()
                     except Exception:
                         pass
             rows.append(row)

@@ -41,6 +41,7 @@ import attrs
 
 from ..errors import GenerationError
 from ..protocols import PagedRows
+from ..capabilities import paged_info, target_info, verify_cost_shape
 from .batched_trunk import BatchedSpecTrunk, Cancelled
 from .options import SpeculationOptions
 from .prefix_cache import BlockPool, BlockTable
@@ -139,7 +140,7 @@ class Scheduler:
         # without a paged path the scheduler still serves, one sequence at a time on the
         # target's own cache (no batching, no prefix cache): ``serial`` says why
         self.serial: str | None = None
-        if not callable(getattr(target, "spec_open_paged", None)):
+        if not target_info(target).batched:
             self.serial = f"{type(target).__name__} has no batched paged path"
         else:
             per_block = target.spec_kv_bytes_per_block(block_size)
@@ -168,12 +169,13 @@ class Scheduler:
         self.chunk_rows = max(1, min(chunk_rows, self.max_batch_rows))
         # a paged KV that is not row-invariant (a hybrid running each sequence's own trunk
         # call) prefills a prompt in one piece, as the sequence's solo run does
-        if self.kv is not None and not getattr(self.kv, "row_invariant", True):
+        paged = paged_info(self.kv) if self.kv is not None else None
+        if paged is not None and not paged.row_invariant:
             self.chunk_rows = self.target.max_context_length
         # a paged KV whose state cannot resume at a cached prefix refuses prefix reuse
         self.prefix_refusal: str | None = None
-        if self.kv is not None and not getattr(self.kv, "resumes_prefix", True):
-            self.prefix_refusal = str(getattr(self.kv, "prefix_refusal", "") or "the paged KV cannot resume a prefix")
+        if paged is not None and not paged.resumes_prefix:
+            self.prefix_refusal = paged.prefix_refusal
             log.info("prefix reuse refused: %s", self.prefix_refusal)
         self.batch_wait_s = batch_wait_ms / 1000.0
         self.registry = registry
@@ -312,7 +314,7 @@ class Scheduler:
         with self._cond:
             if handle.trunk is not None:
                 handle.trunk.table.free()
-                release = getattr(self.kv, "release", None)
+                release = paged_info(self.kv).release if self.kv is not None else None
                 if release is not None:
                     release(handle.id)
             self._running.discard(handle)
@@ -425,12 +427,12 @@ class Scheduler:
                         continue
                     trunk = work.handle.trunk
                     try:
-                        trunk.table.prepare_write(trunk.seq_len, trunk.seq_len + len(work.tokens))
+                        trunk.table.prepare_write(trunk.cache_seq_len, trunk.cache_seq_len + len(work.tokens))
                     except Exception as exc:
                         work.error, work.finished = exc, True
                         continue
                     rows.append(PagedRows(
-                        list(trunk.table.blocks), trunk.seq_len, work.tokens, work.all_logits, work.want_hidden,
+                        list(trunk.table.blocks), trunk.cache_seq_len, work.tokens, work.all_logits, work.want_hidden,
                         seq=work.handle.id,
                     ))
                     runnable.append(work)
@@ -462,7 +464,7 @@ class Scheduler:
     def _charge(self, batch: list[_Work], total_rows: int, ms: float) -> None:
         """Give each verify of the batch the time its extra rows cost the other sequences."""
         others = len(batch) - 1
-        profile = getattr(self.target, "spec_verify_row_ms", None)
+        profile = verify_cost_shape(self.target)
         full = row_cost(profile, total_rows)
         for work in batch:
             extra = 0.0

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 import tsspec
-from tsspec.testing import ToyTarget, assert_lossless, plain_tokens
+from tsspec.testing import ToyTarget, assert_lossless, plain_tokens, plugin_catalog, turns
 from tsspec_medusa import MedusaSpeculator, make_medusa
 
 PROMPT = "the quick brown fox jumps over the lazy dog. the quick brown"
@@ -64,23 +64,17 @@ def test_prefix_reuse_arms_and_stays_lossless(random_medusa):
     """A second request sharing a prefix reuses the KV; Medusa arms anyway (it is stateless)."""
     target = ToyTarget(recurrent=False)  # a pure-KV trunk can rewind to a shared prefix
     speculator = make_medusa(target, tsspec.SpeculationOptions(spec_draft_model=str(random_medusa)))
-    execution = tsspec.SpeculativeExecution(
-        tsspec.LinearSpecTrunk(target), tsspec.Sampler(), vocab_size=32, speculator=speculator, window=3,
-    )
     first = target.tokenizer.encode(PROMPT)
-    execution.run(first, 12)
     second = first + target.tokenizer.encode(" jumps again")
-    before = speculator.proposals
-    out = execution.run(second, 20)
-    assert speculator.proposals > before  # armed after the reused prefix
+    (_, _), (out, stats) = turns(target, speculator, [first, second], max_tokens=[12, 20], window=3)
+    assert stats.prefix_reused > 0 and stats.armed_after_reuse  # armed after the reused prefix
     assert out == plain_tokens(ToyTarget(recurrent=False), second, 20)
 
 
 def test_through_the_registry_and_generate(random_medusa):
     import tsspec_medusa
 
-    registry = tsspec.SpeculatorRegistry()
-    tsspec_medusa.tsspec_register_speculators(registry.register)
+    registry = plugin_catalog({"medusa": tsspec_medusa}).speculators
     options = tsspec.SpeculationOptions(spec_type="medusa", spec_draft_model=str(random_medusa))
     spec = tsspec.generate(ToyTarget(), PROMPT, options, max_tokens=24, registry=registry)
     plain = tsspec.generate(ToyTarget(), PROMPT, tsspec.SpeculationOptions(enabled=False), max_tokens=24)

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import tsspec
 import tsspec_medusa
+from tsspec.testing import plugin_catalog
 from tsspec_medusa import ARCHITECTURE, attach_medusa, make_medusa
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -42,9 +43,10 @@ def test_only_the_public_api_is_imported():
 
 
 def test_the_hooks_register_an_algorithm_a_drafter_and_a_command():
-    registry = tsspec.SpeculatorRegistry()
-    tsspec_medusa.tsspec_register_speculators(registry.register)
+    catalog = plugin_catalog({"medusa": tsspec_medusa})
+    registry = catalog.speculators
     assert registry.names() == ["medusa"] and registry.get("medusa").factory is make_medusa
+    assert catalog.drafters["medusa"].function is attach_medusa
 
     drafters = []
     tsspec_medusa.tsspec_register_drafters(lambda archs, attach: drafters.append((archs, attach)))
@@ -62,12 +64,11 @@ def test_the_hooks_register_an_algorithm_a_drafter_and_a_command():
 
 
 def test_loaded_by_the_plugin_host_like_any_plugin():
-    host = tsspec.PluginHost()
-    record = host.register(tsspec_medusa, "medusa", package="tsspec-medusa", version="0.1.0")
-    assert record.status == "loaded"
+    record = plugin_catalog({"medusa": tsspec_medusa}).host.records["medusa"]
+    assert record.status == "loaded" and tsspec_medusa.TSSPEC_CONTRACT <= tsspec.CONTRACT_VERSION
     assert record.hooks == ["tsspec_register_commands", "tsspec_register_drafters", "tsspec_register_speculators"]
-    blocked = tsspec.PluginHost(tsspec.PluginControls.resolve(cli_disable=["medusa"]))
-    assert blocked.register(tsspec_medusa, "medusa").status == "disabled"
+    blocked = plugin_catalog({"medusa": tsspec_medusa}, disabled=["medusa"])
+    assert blocked.host.records["medusa"].status == "disabled"
 
 
 def test_the_command_writes_a_file_sized_for_a_model(tmp_path, capsys):
@@ -78,5 +79,5 @@ def test_the_command_writes_a_file_sized_for_a_model(tmp_path, capsys):
     assert "wrote" in capsys.readouterr().out
     import pytest
 
-    with pytest.raises(tsspec.OptionsError):
+    with pytest.raises(tsspec.TsspecError, match="give --model"):
         tsspec_medusa.plugin.medusa_random(str(tmp_path / "x.gguf"))

@@ -8,8 +8,8 @@ import pytest
 import torch
 
 import tsspec
-from tsspec import DraftContext, ModelLoadError, SpeculatorDeclined
-from tsspec.testing import ToyTarget
+from tsspec import DraftContext, SpeculatorDeclined, TsspecError
+from tsspec.testing import ToyTarget, plugin_catalog
 from tsspec_medusa import (
     NO_FILE_REASON,
     MedusaHeads,
@@ -91,13 +91,12 @@ def test_the_samplers_adjustments_apply_with_the_drafts_so_far():
     assert drafts[0] == 7 and drafts[1] != 7  # the penalised repeat is not proposed
 
 
-def test_commit_and_reset_keep_no_state():
+def test_it_keeps_no_state_and_leaves_commit_and_reset_to_the_defaults():
     spec = MedusaSpeculator(one_hot_heads([7, 3], [5.0, 5.0]))
     first = spec.propose(ctx())
-    spec.commit([1, 2], torch.zeros(2, H), 0)
-    spec.reset()
     assert spec.propose(ctx()) == first and spec.can_arm_after_prefix_reuse
     assert spec.proposals == 2
+    assert not any(hasattr(spec, member) for member in ("commit", "reset", "handles_own_prefill"))
 
 
 # -- the factory -------------------------------------------------------------------------
@@ -132,13 +131,16 @@ def test_declines_a_missing_or_foreign_file(tmp_path):
 
 
 def test_options_size_the_speculator(random_medusa):
-    options = tsspec.SpeculationOptions(spec_draft_model=str(random_medusa), draft=2, pmin=0.4)
-    spec = make_medusa(ToyTarget(), options)
-    assert spec.max_draft_tokens == 3 and spec.min_draft_prob == 0.4  # one draft per head
+    import tsspec_medusa
+
+    registry = plugin_catalog({"medusa": tsspec_medusa}).speculators
+    options = tsspec.SpeculationOptions(spec_type="medusa", spec_draft_model=str(random_medusa), draft=2, pmin=0.4)
+    spec = registry.create(ToyTarget(), options)
+    assert spec.max_draft_tokens == 3 and spec.min_draft_prob == 0.4  # one draft per head; the gate set
     gen = tsspec.generate(ToyTarget(), [1, 2, 3], options, max_tokens=4, speculator=spec)
     assert gen.stats.draft_tokens <= 2 * gen.stats.drafts  # the loop's window (--spec-draft 2)
-    spec = make_medusa(ToyTarget(), tsspec.SpeculationOptions(spec_draft_model=str(random_medusa)))
-    assert spec.max_draft_tokens == 3 and spec.min_draft_prob == spec.default_min_draft_prob == 0.0
+    spec = registry.create(ToyTarget(), tsspec.SpeculationOptions(spec_type="medusa", spec_draft_model=str(random_medusa)))
+    assert spec.max_draft_tokens == 3 and spec.min_draft_prob == 0.0  # tsspec's default gate
 
 
 def test_declines_tapped_hidden_rows_and_leaves_the_taps_alone(random_medusa):
@@ -152,8 +154,7 @@ def test_declines_tapped_hidden_rows_and_leaves_the_taps_alone(random_medusa):
 def test_the_registry_explains_every_decline(random_medusa, tmp_path):
     import tsspec_medusa
 
-    registry = tsspec.SpeculatorRegistry()
-    tsspec_medusa.tsspec_register_speculators(registry.register)
+    registry = plugin_catalog({"medusa": tsspec_medusa}).speculators
     entry = registry.get("medusa")
     assert entry.requires_draft_head and "Medusa" in entry.description
     made = registry.create(ToyTarget(), tsspec.SpeculationOptions(spec_type="medusa"))
@@ -174,7 +175,7 @@ def test_attach_checks_the_file_and_attaches_nothing(random_medusa, tmp_path):
     assert attach_medusa(target, str(random_medusa), None) is None and target.draft_head is None
     junk = tmp_path / "junk.gguf"
     junk.write_bytes(b"GGUF but not really")
-    with pytest.raises(ModelLoadError):
+    with pytest.raises(TsspecError):
         attach_medusa(target, str(junk), None)
 
 

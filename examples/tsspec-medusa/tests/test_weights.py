@@ -7,8 +7,8 @@ import numpy as np
 import pytest
 import torch
 
-from tsspec import ModelLoadError
 from tsspec_medusa import (
+    MedusaFileError,
     ARCHITECTURE,
     read_medusa,
     read_medusa_info,
@@ -91,7 +91,7 @@ def test_hand_written_file_in_the_documented_layout_reads(tmp_path):
 )
 def test_bad_files_are_one_line_load_errors(tmp_path, arch, keys, tensors, problem):
     path = _write_raw(tmp_path / "bad.gguf", arch, keys, tensors)
-    with pytest.raises(ModelLoadError, match=problem) as info:
+    with pytest.raises(MedusaFileError, match=problem) as info:
         read_medusa_info(path)
     assert "\n" not in str(info.value) and str(path) in str(info.value)
 
@@ -99,5 +99,5 @@ def test_bad_files_are_one_line_load_errors(tmp_path, arch, keys, tensors, probl
 def test_not_a_gguf_at_all(tmp_path):
     junk = tmp_path / "junk.gguf"
     junk.write_bytes(b"not a gguf file at all")
-    with pytest.raises(ModelLoadError):
+    with pytest.raises(MedusaFileError, match="not a readable GGUF"):
         read_medusa(junk)

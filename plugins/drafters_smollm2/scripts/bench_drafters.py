@@ -34,13 +34,13 @@ from tsspec.runtime.defaults import default_catalog
 from tsspec.runtime.generation import generate
 from tsspec.runtime.loading import load_model
 from tsspec.runtime.options import SpeculationOptions
-from tsspec.training.prompts import held_out_prompts
+from tsspec_training.prompts import held_out_prompts
 
 
 def bench_prompts(classes: list[str], held_out: int) -> list[dict]:
     rows = []
     seen = set()
-    text = resources.files("tsspec").joinpath("data/prompts/bench.jsonl").read_text("utf-8")
+    text = resources.files("tsspec_bench").joinpath("data/prompts/bench.jsonl").read_text("utf-8")
     for line in text.splitlines():
         if not line.strip():
             continue

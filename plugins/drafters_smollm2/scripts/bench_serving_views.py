@@ -45,7 +45,7 @@ CLASSES = ("chat", "prose", "qa", "math")  # the first benchmark prompt of each,
 
 
 def prompts(target) -> list[list[int]]:
-    text = resources.files("tsspec").joinpath("data/prompts/bench.jsonl").read_text("utf-8")
+    text = resources.files("tsspec_bench").joinpath("data/prompts/bench.jsonl").read_text("utf-8")
     first: dict[str, list] = {}
     for line in text.splitlines():
         if line.strip():
@@ -58,7 +58,7 @@ def prompts(target) -> list[list[int]]:
 
 def user_prompts(target) -> list[list[int]]:
     """The last user message of the same benchmark prompts, alone: the default system prompt."""
-    text = resources.files("tsspec").joinpath("data/prompts/bench.jsonl").read_text("utf-8")
+    text = resources.files("tsspec_bench").joinpath("data/prompts/bench.jsonl").read_text("utf-8")
     first: dict[str, str] = {}
     for line in text.splitlines():
         if line.strip():

@@ -19,8 +19,8 @@ import argparse
 import statistics
 import types
 
-from tsspec.bench.governor_check import VERIFY_COST_PROFILE, VirtualClock
-from tsspec.bench.prompts import encode_case, load_prompt_set, select_cases
+from tsspec_bench.governor_check import VERIFY_COST_PROFILE, VirtualClock
+from tsspec_bench.prompts import encode_case, load_prompt_set, select_cases
 from tsspec_gguf.embedded import embedded_model_path
 from tsspec.runtime.defaults import default_catalog
 from tsspec.runtime.generation import generate

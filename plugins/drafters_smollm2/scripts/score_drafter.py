@@ -94,7 +94,7 @@ def landing(path: str, drafter: str) -> dict:
     from tsspec.runtime.generation import generate
     from tsspec.runtime.loading import load_model
     from tsspec.runtime.options import SpeculationOptions
-    from tsspec.training.prompts import held_out_prompts
+    from tsspec_training.prompts import held_out_prompts
 
     catalog = default_catalog()
     opts = SpeculationOptions(enabled=True, spec_type="draft-head", adaptive=False, pmin=0.0, draft=1)
@@ -133,7 +133,7 @@ def _score(args) -> int:
     from tsspec_gguf.identity import identify
     from tsspec.runtime.loading import load_model
     from tsspec.runtime.options import SpeculationOptions
-    from tsspec.training import dataset as datasets
+    from tsspec_training import dataset as datasets
     from tsspec_draft_head.nextn_file import read_nextn
     from tsspec_draft_head.speculator import DEFAULT_CATCH_UP_ROWS
     from tsspec_draft_head.trainer import _Batches, answer_accuracy

@@ -44,7 +44,7 @@ def test_gate_shares_are_what_passes_and_lands(score):
 def test_first_drafts_agree_with_the_trainers_answer_accuracy(score):
     from tsspec_draft_head.nextn_model import NextNConfig, NextNModule
     from tsspec_draft_head.trainer import _Batches, answer_accuracy
-    from tsspec.training.teacher import TeacherSequence
+    from tsspec_training.teacher import TeacherSequence
 
     V, H = 40, 16
     cfg = NextNConfig(hidden_size=H, intermediate_size=24, num_heads=2, num_kv_heads=2, head_dim=8,

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from tsspec.runtime.trunk import LinearSpecTrunk
+from tsspec.runtime import trunk as trunks
 
 TOL = 1e-4
 
@@ -54,20 +54,20 @@ def test_verify_and_partial_acceptance_inside_a_window(rel_err, oracle, make_tar
     windows; then decode a different continuation: transformers' decode of the accepted
     sequence, row for row (the dropped rows' compressor state must leave no trace)."""
     target = make_target()
-    trunk = LinearSpecTrunk(target)
-    trunk.ensure_capacity(64)
-    trunk.forward_keep_all(sequence[:19], want_hidden=False)
+    trunk = target
+    trunk.spec_ensure_capacity(64)
+    trunks.forward_all(trunk, sequence[:19], want_hidden=False)
     rows = sequence[19:25]
-    logits, _ = trunk.verify(rows, want_hidden=False)
+    logits, _ = trunk.spec_forward(rows, all_logits_rows=True, want_hidden=False)
     ref, _ = oracle.decode(sequence[:25])
     assert rel_err(logits, ref[19:25]) < TOL
-    assert trunk.keep(2) == "rewound"
+    assert trunks.keep(trunk, 2, 6, trunk.spec_verify_persists_accepted_kv) == "rewound"
     assert target.cache_seq_len == 21
     accepted = sequence[:21] + sequence[30:48]
     ref, _ = oracle.decode(accepted)
-    logits, _ = trunk.verify(accepted[21:25], want_hidden=False)  # a second verify on the kept cache
+    logits, _ = trunk.spec_forward(accepted[21:25], all_logits_rows=True, want_hidden=False)  # a second verify on the kept cache
     assert rel_err(logits, ref[21:25]) < TOL
-    assert trunk.keep(4) == "all"
+    assert trunks.keep(trunk, 4, 4, trunk.spec_verify_persists_accepted_kv) == "all"
     for t in range(25, len(accepted)):
         logits = _step(target, [accepted[t]])
         assert rel_err(logits[-1], ref[t]) < TOL, f"position {t}"

@@ -32,7 +32,7 @@ PIECES = ("decode", "forward", "sample", "stream", "loop", "tok_s")
 
 
 def main() -> int:
-    from tsspec.bench.prompts import encode_case, load_prompt_set, select_cases
+    from tsspec_bench.prompts import encode_case, load_prompt_set, select_cases
     from tsspec_gguf.embedded import embedded_model_path
     from tsspec.runtime import generation, sampling, text_stream
     from tsspec.runtime.governor import SpeculationCostGovernor

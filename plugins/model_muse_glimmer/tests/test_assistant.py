@@ -196,3 +196,25 @@ def test_list_speculators_with_the_assistant(pair, capsys):
         assert not exc.code
     rows = {r["name"]: r for r in json.loads(capsys.readouterr().out)}
     assert rows["block"]["status"] == "serves" and rows["ngram"]["status"] == "serves"
+
+
+def test_without_a_dflash_plugin_a_carried_assistant_is_a_clear_load_error(pair, tmp_path, helpers):
+    """The model plugin imports no algorithm plugin: with the block plugin hidden from the
+    plugin manager, a plain trunk loads, and one carrying an assistant is a ModelLoadError
+    naming the drafter architecture nobody serves (not an ImportError)."""
+    from tsspec.errors import ModelLoadError
+    from tsspec.plugins import PluginControls, PluginHost
+    from tsspec.runtime.catalog import build_catalog
+    from tsspec.runtime.loading import load_model
+    from tsspec_model_muse_glimmer.assistant import carry_drafter
+
+    model, _, trunk_path, drafter_path = pair()
+    meta, tensors = carry_drafter(str(drafter_path))
+    carried_path = helpers.write_model(tmp_path / "carried.gguf", model, extra_metadata=meta, extra_tensors=tensors)
+    catalog = build_catalog(PluginHost(PluginControls(enabled=frozenset({"muse-glimmer"}))))
+    assert "dflash" not in catalog.drafters and "muse-glimmer" in catalog.models
+    assert load_model(trunk_path, catalog=catalog).draft_head is None
+    with pytest.raises(ModelLoadError, match="no loaded plugin attaches 'dflash' drafters"):
+        load_model(carried_path, catalog=catalog)
+    with_block = build_catalog(PluginHost(PluginControls(enabled=frozenset({"muse-glimmer", "block"}))))
+    assert load_model(carried_path, catalog=with_block).draft_head is not None

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from tsspec.runtime.trunk import LinearSpecTrunk
+from tsspec.runtime import trunk as trunks
 
 ARCHS = ("qwen35", "qwen35moe", "qwen3next")
 TOL = 1e-4
@@ -53,13 +53,13 @@ def test_verify_and_partial_commit_match_hf(arch, per_row, rel_err, oracle, make
     continuation and compare with HF run on the accepted sequence."""
     o = oracle(arch)
     target = make_target(arch, per_row_snapshots=per_row)
-    trunk = LinearSpecTrunk(target)
-    trunk.ensure_capacity(40)
-    trunk.forward_keep_all(sequence[:12], want_hidden=False)
+    trunk = target
+    trunk.spec_ensure_capacity(40)
+    trunks.forward_all(trunk, sequence[:12], want_hidden=False)
     rows = sequence[12:16]
-    logits, _ = trunk.verify(rows, want_hidden=False)
+    logits, _ = trunk.spec_forward(rows, all_logits_rows=True, want_hidden=False)
     assert rel_err(logits, o.logits(sequence[:16])[12:16]) < TOL
-    mode = trunk.keep(2)
+    mode = trunks.keep(trunk, 2, 4, trunk.spec_verify_persists_accepted_kv)
     assert mode == ("committed" if per_row else "reforward")
     assert target.cache_seq_len == 14
     accepted = sequence[:14] + sequence[40:52]  # the rejected rows 14, 15 never happened
@@ -75,14 +75,14 @@ def test_full_acceptance_then_verify_again(per_row, rel_err, oracle, make_target
     """All rows kept, then a second verify stacked on the first: still HF's rows."""
     o = oracle("qwen35")
     target = make_target("qwen35", per_row_snapshots=per_row)
-    trunk = LinearSpecTrunk(target)
-    trunk.ensure_capacity(40)
-    trunk.forward_keep_all(sequence[:8], want_hidden=False)
+    trunk = target
+    trunk.spec_ensure_capacity(40)
+    trunks.forward_all(trunk, sequence[:8], want_hidden=False)
     ref = o.logits(sequence[:20])
     for start in (8, 12):
         rows = sequence[start : start + 4]
-        logits, _ = trunk.verify(rows, want_hidden=False)
+        logits, _ = trunk.spec_forward(rows, all_logits_rows=True, want_hidden=False)
         assert rel_err(logits, ref[start : start + 4]) < TOL
-        trunk.keep(4)
+        trunks.keep(trunk, 4, 4, trunk.spec_verify_persists_accepted_kv)
     logits, _ = _forward(target, [sequence[16]])
     assert rel_err(logits[-1], ref[16]) < TOL

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from tsspec.protocols import SpeculativeTarget
-from tsspec.runtime.trunk import LinearSpecTrunk
+from tsspec.runtime import trunk as trunks
 
 from tsspec_model_qwen35.deltanet import DeltaNetState
 from tsspec_model_qwen35.target import SNAPSHOTS_ENV, snapshots_enabled
@@ -83,29 +83,29 @@ def test_wide_verify_falls_back_and_keeps_the_contract(make_target, sequence):
 def test_a_new_sequence_after_commits_starts_clean(make_target, sequence):
     """rewind(0) after slot commits (whose buffers became live state) gives a fresh model."""
     target = make_target("qwen35")
-    trunk = LinearSpecTrunk(target)
-    trunk.ensure_capacity(64)
-    first, _ = trunk.forward_keep_all(sequence[:8], want_hidden=False)
+    trunk = target
+    trunk.spec_ensure_capacity(64)
+    first, _ = trunks.forward_all(trunk, sequence[:8], want_hidden=False)
     for start in (8, 10):
-        trunk.verify(sequence[start : start + 3], want_hidden=False)
-        trunk.keep(2)
-    trunk.reset()
-    again, _ = trunk.forward_keep_all(sequence[:8], want_hidden=False)
+        trunk.spec_forward(sequence[start : start + 3], all_logits_rows=True, want_hidden=False)
+        trunks.keep(trunk, 2, 3, trunk.spec_verify_persists_accepted_kv)
+    trunk.spec_rewind_cache(0)
+    again, _ = trunks.forward_all(trunk, sequence[:8], want_hidden=False)
     assert torch.equal(first, again)
 
 
 def test_restore_path_copies_and_reforwards(make_target, sequence):
     target = make_target("qwen35", per_row_snapshots=False)
     assert target.per_row_snapshots is False
-    trunk = LinearSpecTrunk(target)
-    trunk.ensure_capacity(64)
-    trunk.forward_keep_all(sequence[:10], want_hidden=False)
+    trunk = target
+    trunk.spec_ensure_capacity(64)
+    trunks.forward_all(trunk, sequence[:10], want_hidden=False)
     before = _recurrent(target)
-    trunk.verify(sequence[10:14], want_hidden=False)
+    trunk.spec_forward(sequence[10:14], all_logits_rows=True, want_hidden=False)
     assert target.counters.state_snapshots == 1  # the verify copied the state it started from
     assert any(not torch.equal(a[1], b[1]) for a, b in zip(before, _recurrent(target)))  # advanced live
     calls = target.counters.forward_calls
-    assert trunk.keep(2) == "reforward"
+    assert trunks.keep(trunk, 2, 4, trunk.spec_verify_persists_accepted_kv) == "reforward"
     assert target.counters.state_restores == 1
     assert target.counters.forward_calls == calls + 1  # the second forward the snapshots avoid
     assert target.cache_seq_len == 12
@@ -113,16 +113,16 @@ def test_restore_path_copies_and_reforwards(make_target, sequence):
 
 def test_snapshot_path_commits_without_reforward(make_target, sequence):
     target = make_target("qwen35")
-    trunk = LinearSpecTrunk(target)
-    trunk.ensure_capacity(64)
-    trunk.forward_keep_all(sequence[:10], want_hidden=False)
-    trunk.verify(sequence[10:14], want_hidden=False)
+    trunk = target
+    trunk.spec_ensure_capacity(64)
+    trunks.forward_all(trunk, sequence[:10], want_hidden=False)
+    trunk.spec_forward(sequence[10:14], all_logits_rows=True, want_hidden=False)
     calls = target.counters.forward_calls
-    assert trunk.keep(2) == "committed"
+    assert trunks.keep(trunk, 2, 4, trunk.spec_verify_persists_accepted_kv) == "committed"
     assert target.counters.forward_calls == calls
     assert target.counters.slot_commits == 1 and target.counters.state_snapshots == 0
     # a plain step after the commit continues from position 12
-    trunk.forward_keep_all([sequence[12]], want_hidden=False)
+    trunks.forward_all(trunk, [sequence[12]], want_hidden=False)
     assert target.cache_seq_len == 13
 
 

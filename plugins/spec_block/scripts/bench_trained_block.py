@@ -1,7 +1,7 @@
 """Acceptance and paired speed-up of a trained DFlash drafter on the embedded model.
 
 For each prompt (the first benchmark prompt of each chosen class, plus held-out generated
-prompts: never answered for a training corpus, see ``tsspec.training.prompts.is_held_out``):
+prompts: never answered for a training corpus, see ``tsspec_training.prompts.is_held_out``):
 
 * acceptance, gate open (``--spec-pmin 0``, no governor): tokens per verify and, per block row k,
   the share of proposals whose k-th token landed: what the drafter itself knows;
@@ -26,10 +26,10 @@ from importlib import resources
 
 def prompts_for(classes: list[str], held_out: int) -> list[dict]:
     """[{id, class, messages}] : the first bench prompt of each class, then held-out ones."""
-    from tsspec.training.prompts import held_out_prompts
+    from tsspec_training.prompts import held_out_prompts
 
     chosen: dict[str, dict] = {}
-    text = resources.files("tsspec").joinpath("data/prompts/bench.jsonl").read_text("utf-8")
+    text = resources.files("tsspec_bench").joinpath("data/prompts/bench.jsonl").read_text("utf-8")
     for line in filter(str.strip, text.splitlines()):
         entry = json.loads(line)
         if entry["class"] in classes:

@@ -67,7 +67,7 @@ def main(argv=None) -> int:
     classes = args.classes.split(",")
     counts: dict[str, int] = {}
     prompts = []
-    text = resources.files("tsspec").joinpath("data/prompts/bench.jsonl").read_text("utf-8")
+    text = resources.files("tsspec_bench").joinpath("data/prompts/bench.jsonl").read_text("utf-8")
     for line in filter(str.strip, text.splitlines()):
         entry = json.loads(line)
         if entry["class"] in classes and counts.get(entry["class"], 0) < args.per_class:

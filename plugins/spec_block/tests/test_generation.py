@@ -10,7 +10,6 @@ from tsspec.runtime.execution import SpeculativeExecution
 from tsspec.runtime.loading import LoadOptions
 from tsspec.runtime.options import SpeculationOptions
 from tsspec.runtime.sampling import Sampler, SamplingParams
-from tsspec.runtime.trunk import LinearSpecTrunk
 from tsspec.testing import ToyTarget, assert_lossless
 
 from tsspec_block.attach import attach_dflash
@@ -86,13 +85,13 @@ def test_drafter_context_tracks_commits_rollbacks_and_prefix_reuse(tmp_path, dra
 
     def plain(prompt, n):
         target = make()
-        out = SpeculativeExecution(LinearSpecTrunk(target), Sampler(SamplingParams()), vocab_size=32).run(prompt, n)
+        out = SpeculativeExecution(target, Sampler(SamplingParams()), vocab_size=32).run(prompt, n)
         return {len(prompt) + i: tok for i, tok in enumerate(out)}
 
     target, head = fresh()
     truth = plain(PROMPT, 25)
     spec = CheckingSpeculator(head, fresh, truth, window=5, min_draft_prob=0.0, feature_size=head.feature_size)
-    run = SpeculativeExecution(LinearSpecTrunk(target), Sampler(SamplingParams()), vocab_size=32,
+    run = SpeculativeExecution(target, Sampler(SamplingParams()), vocab_size=32,
                                speculator=spec, window=5)
     first = run.run(PROMPT, 25)
     assert first == [truth[len(PROMPT) + i] for i in range(25)]

@@ -19,10 +19,10 @@ from tsspec.runtime.loading import load_model
 from tsspec.runtime.options import SpeculationOptions
 from tsspec.runtime.sampling import SamplingParams
 from tsspec.testing import assert_lossless
-from tsspec.training.dataset import DataSpec
-from tsspec.training.loop import LoopSpec
-from tsspec.training.request import TrainRequest
-from tsspec.training.teacher import greedy_answer
+from tsspec_training.dataset import DataSpec
+from tsspec_training.loop import LoopSpec
+from tsspec_training.request import TrainRequest
+from tsspec_training.teacher import greedy_answer
 
 from tsspec_block.attach import attach_dflash
 from tsspec_block.config import config_from_gguf

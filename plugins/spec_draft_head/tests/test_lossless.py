@@ -11,7 +11,6 @@ from tsspec.runtime.execution import SpeculativeExecution
 from tsspec.runtime.generation import generate
 from tsspec.runtime.options import SpeculationOptions
 from tsspec.runtime.sampling import Sampler, SamplingParams
-from tsspec.runtime.trunk import LinearSpecTrunk
 from tsspec.testing import ToyTarget, assert_lossless
 from tsspec.toy_heads import PrefixReference, ToyPerTokenHead
 from tsspec_draft_head import FOLD_ENV, make_draft_head
@@ -189,7 +188,7 @@ def test_prefix_reuse_follows_the_head(resumes, monkeypatch):
     options = SpeculationOptions(adaptive=False, pmin=0.0)
     spec = make_draft_head(target, options)
     assert spec.can_arm_after_prefix_reuse is resumes
-    execution = SpeculativeExecution(LinearSpecTrunk(target), Sampler(GREEDY), vocab_size=32,
+    execution = SpeculativeExecution(target, Sampler(GREEDY), vocab_size=32,
                                      speculator=spec, window=4)
     first = execution.run(PROMPT, 12)
     second_prompt = PROMPT + first[:6] + [7, 7]

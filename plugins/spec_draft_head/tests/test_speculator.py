@@ -6,6 +6,7 @@ import attrs
 import pytest
 import torch
 
+from tsspec.capabilities import speculator_info
 from tsspec.runtime.execution import catch_up_bound
 from tsspec.protocols import DraftContext, Speculator
 from tsspec.toy_heads import ToyPerTokenHead
@@ -431,8 +432,8 @@ def test_only_the_folded_path_declares_its_catch_up_bound_to_the_loop():
                                  fold_catch_up=True, catch_up_rows=5)
     unfolded = DraftHeadSpeculator(ToyPerTokenHead(VOCAB, HIDDEN), max_draft_tokens=1, feature_size=HIDDEN,
                                    fold_catch_up=False, catch_up_rows=5)
-    assert folded.catch_up_rows == 5 and catch_up_bound(folded) == 5
-    assert unfolded.catch_up_rows is None and catch_up_bound(unfolded) is None
+    assert folded.catch_up_rows == 5 and catch_up_bound(speculator_info(folded)) == 5
+    assert unfolded.catch_up_rows is None and catch_up_bound(speculator_info(unfolded)) is None
 
 
 # -- the chain under the governor's calibrated worth (issue 17) --------------------------------

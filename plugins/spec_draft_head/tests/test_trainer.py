@@ -18,10 +18,10 @@ from tsspec.runtime.loading import load_model
 from tsspec.runtime.options import SpeculationOptions
 from tsspec.runtime.sampling import SamplingParams
 from tsspec.testing import assert_lossless
-from tsspec.training.dataset import DataSpec
-from tsspec.training.loop import LoopSpec
-from tsspec.training.request import TrainRequest
-from tsspec.training.teacher import TeacherSequence, greedy_answer, teacher_pass
+from tsspec_training.dataset import DataSpec
+from tsspec_training.loop import LoopSpec
+from tsspec_training.request import TrainRequest
+from tsspec_training.teacher import TeacherSequence, greedy_answer, teacher_pass
 
 sys.path.insert(0, str(Path(__file__).parent))
 from tiny_llama import VOCAB, write_tiny_llama  # noqa: E402

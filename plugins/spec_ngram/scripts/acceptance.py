@@ -280,7 +280,7 @@ def summarise(rows: list[dict]) -> dict:
 def bench_sequences(cache: Path | None, path: str | None) -> list[dict]:
     """Greedy outputs for the project's benchmark prompt set (``tsspec bench``'s cases, encoded
     the way the bench encodes them, each with its own token budget), cached by id and ids."""
-    from tsspec.bench.prompts import encode_case, load_prompt_set
+    from tsspec_bench.prompts import encode_case, load_prompt_set
     from tsspec_gguf.embedded import embedded_model_path
     from tsspec.runtime.generation import generate
     from tsspec.runtime.loading import load_model

@@ -10,7 +10,7 @@ cost profile. Only the forward's cost is modelled; the loop's own Python time is
 
 Sequences: the bench prompt set's greedy outputs on the embedded model, decoded once and cached
 (``acceptance.bench_sequences``, ``--cache``). Cost by rows: ``--row-ms`` (``R:MS,..``), else
-the profile the governor check simulates (``tsspec.bench.governor_check.VERIFY_COST_PROFILE``),
+the profile the governor check simulates (``tsspec_bench.governor_check.VERIFY_COST_PROFILE``),
 or ``--measured`` for the one the target measures on this machine (``spec_verify_row_ms``).
 
 Oracle (``--oracle``): the ceiling of ngram's proposals under the same settings. Each proposal
@@ -39,7 +39,7 @@ from pathlib import Path
 import torch
 
 from tsspec import Proposal
-from tsspec.bench.governor_check import VERIFY_COST_PROFILE, VirtualClock
+from tsspec_bench.governor_check import VERIFY_COST_PROFILE, VirtualClock
 from tsspec.runtime.generation import generate
 from tsspec.runtime.options import SpeculationOptions
 from tsspec.testing import ToyTarget

@@ -8,7 +8,6 @@ from tsspec.runtime.execution import SpeculativeExecution
 from tsspec.runtime.governor import SpeculationCostGovernor
 from tsspec.runtime.options import SpeculationOptions
 from tsspec.runtime.sampling import Sampler, SamplingParams
-from tsspec.runtime.trunk import LinearSpecTrunk
 from tsspec.testing import ToyTarget, assert_lossless
 from tsspec_ngram import NGramSpeculator, make_ngram
 
@@ -59,7 +58,7 @@ def _run_twice(speculator, prompts, max_tokens=24):
     """Two runs on one execution: the second reuses the KV prefix it shares with the first."""
     target = ToyTarget(vocab_size=16, seed=4, recurrent=False)
     execution = SpeculativeExecution(
-        LinearSpecTrunk(target),
+        target,
         Sampler(GREEDY),
         vocab_size=16,
         speculator=speculator,

@@ -6,9 +6,8 @@ It uses only tsspec's public API (``import tsspec``).
 """
 
 from .heads import MedusaHeads
-from .plugin import tsspec_register_commands, tsspec_register_drafters, tsspec_register_speculators
+from .plugin import TSSPEC_CONTRACT, tsspec_register_commands, tsspec_register_drafters, tsspec_register_speculators
 from .speculator import (
-    DEFAULT_MIN_DRAFT_PROB,
     NAME,
     NO_FILE_REASON,
     MedusaSpeculator,
@@ -18,6 +17,7 @@ from .speculator import (
 )
 from .weights import (
     ARCHITECTURE,
+    MedusaFileError,
     MedusaFileInfo,
     heads_from_medusa_state_dict,
     read_medusa,
@@ -28,7 +28,8 @@ from .weights import (
 
 __all__ = [
     "ARCHITECTURE",
-    "DEFAULT_MIN_DRAFT_PROB",
+    "TSSPEC_CONTRACT",
+    "MedusaFileError",
     "NAME",
     "NO_FILE_REASON",
     "MedusaFileInfo",

@@ -9,7 +9,7 @@ from typing import Optional
 import tsspec
 from tsspec import hookimpl
 
-from .speculator import DEFAULT_MIN_DRAFT_PROB, DRAFTER_HINT, NAME, attach_medusa, make_medusa
+from .speculator import DRAFTER_HINT, NAME, attach_medusa, make_medusa
 from .weights import ARCHITECTURE, DEFAULT_HEADS, DEFAULT_LAYERS, write_random_medusa
 
 DESCRIPTION = (
@@ -17,13 +17,13 @@ DESCRIPTION = (
     "(needs a Medusa GGUF: --spec-draft-model)"
 )
 COMMAND = "medusa-random"
+TSSPEC_CONTRACT = "1.0"  # the plugin contract this plugin is written against
 
 
 @hookimpl
 def tsspec_register_speculators(register):
     # Medusa heads are not a DraftHead a checkpoint carries: `auto` never picks this (serves_kind None)
-    register(NAME, make_medusa, requires_draft_head=True, serves_kind=None, weight_free=False,
-             default_pmin=DEFAULT_MIN_DRAFT_PROB, description=DESCRIPTION, drafter_hint=DRAFTER_HINT)
+    register(NAME, make_medusa, requires_draft_head=True, description=DESCRIPTION, drafter_hint=DRAFTER_HINT)
 
 
 @hookimpl
@@ -46,9 +46,9 @@ def medusa_random(
         config = tsspec.load_model(model).config
         hidden_size, vocab_size = config.hidden_size, config.vocab_size
     if hidden_size < 1 or vocab_size < 1:
-        raise tsspec.OptionsError("give --model, or both --hidden-size and --vocab-size")
+        raise tsspec.TsspecError("give --model, or both --hidden-size and --vocab-size")
     if heads < 1 or layers < 0:
-        raise tsspec.OptionsError("--heads must be >= 1 and --layers >= 0")
+        raise tsspec.TsspecError("--heads must be >= 1 and --layers >= 0")
     path = write_random_medusa(out, hidden_size, vocab_size, heads, layers=layers, seed=seed)
     print(f"wrote {path}: {heads} heads x {layers} blocks, hidden {hidden_size}, vocab {vocab_size}")
 

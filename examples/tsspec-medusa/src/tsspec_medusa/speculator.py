@@ -6,13 +6,14 @@ trunk's last post-norm hidden row at position ``p - 1``, the row whose logits pr
 ``last_token`` (at position ``p``, not yet in the cache). Medusa head k on the row at t
 predicts the token at ``t + k + 2``, so on ``carry_hidden`` head 0 predicts position ``p + 1``
 (the first draft), head 1 position ``p + 2``, and so on: one pass of the heads gives the
-whole chain. That is why the speculator keeps no state of its own: ``commit`` has nothing to
-learn, and it can arm after a KV prefix it never saw (``can_arm_after_prefix_reuse``).
+whole chain. That is why the speculator keeps no state of its own: it has no ``commit`` or
+``reset`` (their defaults do nothing), and it can arm after a KV prefix it never saw
+(``can_arm_after_prefix_reuse``).
 
 The confidence gate: the chain's estimated survival, the product of the heads' top-1
 probabilities (after the sampler's logit adjustments), must stay at or above
-``min_draft_prob`` (``--spec-pmin``); the chain stops at the first head that drops it below.
-The default, 0, proposes every head and leaves the cost to the runtime's governor.
+``min_draft_prob`` (``--spec-pmin``, set by tsspec's registry); the chain stops at the first head
+that drops it below. The default, 0, proposes every head and leaves the cost to the governor.
 
 Only a chain is proposed: Medusa's tree of candidates (several tokens per head, verified
 with a tree attention mask) needs a tree-verify target API that tsspec does not have.
@@ -22,55 +23,38 @@ from __future__ import annotations
 
 import functools
 import os
-from typing import Any, Sequence
+from typing import Any
 
 import torch
 
 import tsspec
-from tsspec import DraftContext, ModelLoadError, SpeculatorDeclined
+from tsspec import DraftContext, SpeculatorDeclined
 
 from .heads import MedusaHeads
-from .weights import read_medusa, read_medusa_info
+from .weights import MedusaFileError, read_medusa, read_medusa_info
 
-__all__ = [
-    "NAME",
-    "DEFAULT_MIN_DRAFT_PROB",
-    "NO_FILE_REASON",
-    "DRAFTER_HINT",
-    "MedusaSpeculator",
-    "make_medusa",
-    "attach_medusa",
-    "load_heads",
-    "drafter_file",
-]
+__all__ = ["NAME", "NO_FILE_REASON", "DRAFTER_HINT", "MedusaSpeculator", "make_medusa", "attach_medusa",
+           "load_heads"]
 
 NAME = "medusa"
-DEFAULT_MIN_DRAFT_PROB = 0.0
 DRAFTER_HINT = "a Medusa heads GGUF (--spec-draft-model PATH, general.architecture = medusa)"
 NO_FILE_REASON = f"no Medusa file attached: attach {DRAFTER_HINT}"
 HEADS_CACHE_SIZE = 2  # loaded files kept, keyed by (path, size, mtime): a server reuses them
 
 
 class MedusaSpeculator:
-    """The ``medusa`` algorithm over loaded heads. Implements ``tsspec.Speculator``."""
+    """The ``medusa`` algorithm over loaded heads: ``name`` and ``propose``, plus the three
+    facts that differ from tsspec's defaults (``tsspec.SpeculatorInfo``)."""
 
     name = NAME
-    default_min_draft_prob = DEFAULT_MIN_DRAFT_PROB
     needs_hidden_state = True
-    handles_own_prefill = False
     can_arm_after_prefix_reuse = True  # stateless: carry_hidden is all it needs
 
-    def __init__(
-        self,
-        heads: MedusaHeads,
-        *,
-        max_draft_tokens: int | None = None,
-        min_draft_prob: float = DEFAULT_MIN_DRAFT_PROB,
-    ):
+    def __init__(self, heads: MedusaHeads, *, max_draft_tokens: int | None = None, min_draft_prob: float = 0.0):
         self.heads: MedusaHeads | None = heads
         limit = heads.head_count if max_draft_tokens is None else int(max_draft_tokens)
         self.max_draft_tokens = max(0, min(limit, heads.head_count))  # one token per head
-        self.min_draft_prob = float(min_draft_prob)
+        self.min_draft_prob = float(min_draft_prob)  # the registry sets it to the gate in force
         self.proposals = 0  # counters for tests and diagnostics
         self.gated = 0  # proposals the confidence gate cut short
 
@@ -83,27 +67,19 @@ class MedusaSpeculator:
         if heads.device != ctx.carry_hidden.device:
             heads = self.heads = heads.to(ctx.carry_hidden.device)
         logits = heads.logits(ctx.carry_hidden, count)  # [count, V]
-        adjust = ctx.adjust_logits
         drafts: list[int] = []
         survival = 1.0
         for k in range(count):
-            row = logits[k]
-            if adjust is not None:
-                row = adjust(row, ctx.preceding(drafts))  # history then drafts, without a copy
-            probs = torch.softmax(row.to(torch.float32), dim=-1)  # [V]
-            p, token = torch.max(probs, dim=-1)
+            row = logits[k]  # [V]
+            if ctx.adjust_logits is not None:
+                row = ctx.adjust_logits(row, ctx.preceding(drafts))  # history then drafts, no copy
+            p, token = torch.max(torch.softmax(row.to(torch.float32), dim=-1), dim=-1)
             survival *= float(p)
             if survival < self.min_draft_prob:
                 self.gated += 1
                 break
             drafts.append(int(token))
         return drafts
-
-    def commit(self, tokens: Sequence[int], hidden_rows: Any, start_pos: int) -> None:
-        """Nothing to record: the next proposal reads its row from ``DraftContext.carry_hidden``."""
-
-    def reset(self) -> None:
-        """Nothing per sequence to drop (the counters are for the speculator's whole life)."""
 
     def close(self) -> None:
         self.heads = None  # drop this speculator's reference; the file cache keeps its own
@@ -120,26 +96,18 @@ def load_heads(path: str | os.PathLike[str]) -> MedusaHeads:
     try:
         stat = os.stat(real)
     except OSError:
-        return read_medusa(path)  # raises the one-line ModelLoadError
+        return read_medusa(path)  # raises the one-line MedusaFileError
     return _load_cached(real, stat.st_size, stat.st_mtime_ns)
 
 
-def drafter_file(options: Any) -> str | None:
-    """The drafter file the operator attached: --spec-draft-model or --draft-model."""
-    if options is None:
-        return None
-    return getattr(options, "drafter_path", None) or getattr(options, "spec_draft_model", None)
-
-
-def make_medusa(target: Any, options: Any = None) -> MedusaSpeculator:
+def make_medusa(target: Any, options: tsspec.SpeculationOptions | None = None) -> MedusaSpeculator:
     """The speculator for ``target``, or ``SpeculatorDeclined`` saying why it cannot serve it."""
-    options = options if options is not None else tsspec.SpeculationOptions()
-    path = drafter_file(options)
+    path = options.drafter_path if options is not None else None
     if not path:
         raise SpeculatorDeclined(NO_FILE_REASON)
     try:
         heads = load_heads(path)
-    except ModelLoadError as exc:
+    except MedusaFileError as exc:
         raise SpeculatorDeclined(f"{exc} (attach {DRAFTER_HINT})") from None
     config = target.config
     if heads.vocab_size != config.vocab_size:
@@ -154,8 +122,7 @@ def make_medusa(target: Any, options: Any = None) -> MedusaSpeculator:
     # attached block drafter set (the target is shared), so tapped rows are a decline
     tsspec.require_feature_width(target, heads.hidden_size, "Medusa heads (the last hidden state)",
                                  "feature taps set for another drafter?")
-    # one draft per head at most; the loop narrows that to the sequence's window
-    return MedusaSpeculator(heads, min_draft_prob=options.min_prob(DEFAULT_MIN_DRAFT_PROB))
+    return MedusaSpeculator(heads)
 
 
 def attach_medusa(target: Any, path: str, options: Any) -> None:
@@ -163,8 +130,8 @@ def attach_medusa(target: Any, path: str, options: Any) -> None:
 
     Medusa heads are not a ``DraftHead`` (they never consume tokens), so nothing is attached to
     the target: the ``medusa`` factory reads the file from the options. Registering the
-    architecture lets ``--spec-draft-model heads.gguf`` load, lets ``tsspec inspect`` name this
-    plugin, and rejects a malformed file up front with a one-line ModelLoadError.
+    architecture lets ``--spec-draft-model heads.gguf`` load and rejects a malformed file up
+    front with a one-line error.
     """
     read_medusa_info(path)  # sizes that do not fit the target are the factory's decline
     return None

@@ -12,9 +12,9 @@ Layout (all sizes are uint32 metadata; tensors are F32 or F16, or any type tsspe
     medusa.{k}.res.{j}.bias   [H]
     medusa.{k}.out.weight     [V, H]  head k's vocabulary projection
 
-Reading goes through ``tsspec.GGUFFile`` (so quantised tensors dequantise the way tsspec's own
-models do); writing uses ``gguf.GGUFWriter``. Every problem with a file surfaces as
-``tsspec.ModelLoadError(path, problem)``, which the CLI prints as one line.
+Reading and writing use the ``gguf`` package (``GGUFReader``, ``GGUFWriter``; quantised tensors
+dequantise through ``gguf.quants``). Every problem with a file surfaces as a
+``MedusaFileError`` (a ``tsspec.TsspecError``) naming the path, which the CLI prints as one line.
 """
 
 from __future__ import annotations
@@ -28,13 +28,15 @@ from typing import Mapping
 import numpy as np
 import torch
 
+import gguf
+
 import tsspec
-from tsspec import ModelLoadError
 
 from .heads import MedusaHeads
 
 __all__ = [
     "ARCHITECTURE",
+    "MedusaFileError",
     "MedusaFileInfo",
     "read_medusa_info",
     "read_medusa",
@@ -53,6 +55,52 @@ DEFAULT_LAYERS = 1  # the original Medusa-1 default
 # random weights: residual matrices scaled like a small init, projections like an lm_head
 RANDOM_RES_SCALE = 0.5
 RANDOM_OUT_SCALE = 4.0
+
+
+class MedusaFileError(tsspec.TsspecError):
+    """A Medusa file that cannot be read: ``"<path>: <problem>"``, one line."""
+
+    def __init__(self, path: object, problem: str):
+        super().__init__(f"{path}: {problem}")
+
+
+class _File:
+    """The few reads a Medusa file needs, over ``gguf.GGUFReader``."""
+
+    def __init__(self, path: str | os.PathLike[str]):
+        self.path = str(path)
+        if not os.path.isfile(self.path):
+            raise MedusaFileError(self.path, "no such file")
+        try:
+            self._reader = gguf.GGUFReader(self.path)
+        except Exception as exc:  # the library's own message for a file that is not a GGUF
+            raise MedusaFileError(self.path, f"not a readable GGUF file ({type(exc).__name__}: {exc})") from None
+        self._tensors = {t.name: t for t in self._reader.tensors}
+        self.architecture = self.get("general.architecture", None)
+
+    def get(self, key: str, default=None):
+        field = self._reader.fields.get(key)
+        return default if field is None else field.contents()
+
+    def require(self, key: str, kind=int):
+        value = self.get(key)
+        if not isinstance(value, kind):
+            raise MedusaFileError(self.path, f"metadata key {key!r} is missing or not {kind.__name__}")
+        return value
+
+    def check_tensor(self, name: str, shape: tuple[int, ...]) -> None:
+        tensor = self._tensors.get(name)
+        if tensor is None:
+            raise MedusaFileError(self.path, f"tensor {name!r} is missing")
+        have = tuple(int(d) for d in reversed(tensor.shape))  # GGUF lists dims fastest first
+        if have != shape:
+            raise MedusaFileError(self.path, f"tensor {name!r} has shape {list(have)}, expected {list(shape)}")
+
+    def tensor(self, name: str, dtype: torch.dtype) -> torch.Tensor:
+        t = self._tensors[name]
+        data = gguf.quants.dequantize(t.data, t.tensor_type)
+        shape = tuple(int(d) for d in reversed(t.shape))
+        return torch.tensor(np.asarray(data, dtype=np.float32).reshape(shape), dtype=dtype)  # a copy
 
 
 def res_weight_name(k: int, j: int) -> str:
@@ -82,14 +130,14 @@ class MedusaFileInfo:
 def _size(gf, key: str, minimum: int) -> int:
     value = gf.require(key, int)
     if value < minimum:
-        raise ModelLoadError(gf.path, f"metadata key {key!r} must be >= {minimum}, got {value}")
+        raise MedusaFileError(gf.path, f"metadata key {key!r} must be >= {minimum}, got {value}")
     return int(value)
 
 
 def _read_info(gf) -> MedusaFileInfo:
     arch = gf.architecture
     if arch != ARCHITECTURE:
-        raise ModelLoadError(
+        raise MedusaFileError(
             gf.path, f"general.architecture is {arch!r}, not {ARCHITECTURE!r}: not a Medusa heads file"
         )
     k = _size(gf, KEY_HEAD_COUNT, 1)
@@ -108,23 +156,22 @@ def read_medusa_info(path: str | os.PathLike[str]) -> MedusaFileInfo:
     """The sizes a Medusa file declares, after checking every tensor is there with its shape.
 
     Cheap (header only): the drafter hook runs it when the file is attached."""
-    with tsspec.GGUFFile(path) as gf:
-        return _read_info(gf)
+    return _read_info(_File(path))
 
 
 def read_medusa(path: str | os.PathLike[str], dtype: torch.dtype = torch.float32) -> MedusaHeads:
     """Load a Medusa file's weights (dequantised to ``dtype``, on the CPU)."""
-    with tsspec.GGUFFile(path) as gf:
-        info = _read_info(gf)
-        k, layers, hidden = info.head_count, info.layers_per_head, info.hidden_size
-        res_w = torch.empty(k, layers, hidden, hidden, dtype=dtype)  # [K, L, H, H]
-        res_b = torch.empty(k, layers, hidden, dtype=dtype)  # [K, L, H]
-        out_w = torch.empty(k, info.vocab_size, hidden, dtype=dtype)  # [K, V, H]
-        for head in range(k):
-            for j in range(layers):
-                res_w[head, j] = gf.tensor(res_weight_name(head, j), dtype)
-                res_b[head, j] = gf.tensor(res_bias_name(head, j), dtype)
-            out_w[head] = gf.tensor(out_weight_name(head), dtype)
+    gf = _File(path)
+    info = _read_info(gf)
+    k, layers, hidden = info.head_count, info.layers_per_head, info.hidden_size
+    res_w = torch.empty(k, layers, hidden, hidden, dtype=dtype)  # [K, L, H, H]
+    res_b = torch.empty(k, layers, hidden, dtype=dtype)  # [K, L, H]
+    out_w = torch.empty(k, info.vocab_size, hidden, dtype=dtype)  # [K, V, H]
+    for head in range(k):
+        for j in range(layers):
+            res_w[head, j] = gf.tensor(res_weight_name(head, j), dtype)
+            res_b[head, j] = gf.tensor(res_bias_name(head, j), dtype)
+        out_w[head] = gf.tensor(out_weight_name(head), dtype)
     return MedusaHeads(res_w, res_b, out_w)
 
 
@@ -145,8 +192,6 @@ def write_medusa(
 ) -> Path:
     """Write heads to a Medusa GGUF. Arrays (numpy or torch) in the ``MedusaHeads`` layout:
     res_weight [K, L, H, H], res_bias [K, L, H], out_weight [K, V, H]."""
-    import gguf  # only needed to write
-
     heads = MedusaHeads(torch.as_tensor(np.asarray(res_weight, dtype=np.float32)),
                         torch.as_tensor(np.asarray(res_bias, dtype=np.float32)),
                         torch.as_tensor(np.asarray(out_weight, dtype=np.float32)))  # validates shapes

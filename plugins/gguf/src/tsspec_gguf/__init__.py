@@ -33,3 +33,13 @@ __all__ = [
     "rowops",
     "tokenizer",
 ]
+
+from tsspec import hookimpl
+
+
+@hookimpl
+def tsspec_register_commands(app):
+    """``tsspec inspect FILE``: a GGUF's metadata, tensors and weight formats."""
+    from .inspect_cmd import inspect
+
+    app.command("inspect")(inspect)

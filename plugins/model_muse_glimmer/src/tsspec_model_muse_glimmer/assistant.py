@@ -11,8 +11,10 @@
 Only one assistant is attached: an explicit ``--draft-model`` later replaces it (the runtime
 attaches that after loading), and the environment's file outranks a carried one.
 
-The DFlash drafter itself (and DFlash2's conv and selector) lives in the block plugin
-(``tsspec-block``); without it a carried or named assistant is a clear load error.
+The DFlash drafter itself (and DFlash2's conv and selector) lives in whichever plugin registers
+the ``dflash`` drafter architecture (``tsspec-block``); this plugin imports none: it hands the
+file, or the carried part, to ``LoadOptions.attach_drafter_from``. Without such a plugin a
+carried or named assistant is a clear load error.
 """
 
 from __future__ import annotations
@@ -61,14 +63,6 @@ class CarriedDrafter:
         return self._file.require_tensor(PREFIX + name, shape, dtype)
 
 
-def _block_attach():
-    try:
-        from tsspec_block import attach
-    except ImportError:
-        return None
-    return attach
-
-
 def attach_at_load(target, gguf_file, options: Any = None, environ=None) -> None:
     """Attach the environment's drafter file, else the one ``gguf_file`` (the target's own file,
     still open) carries, else nothing."""
@@ -76,16 +70,14 @@ def attach_at_load(target, gguf_file, options: Any = None, environ=None) -> None
     carried = gguf_file.has_tensor(PREFIX + "fc.weight")
     if not path and not carried:
         return
-    block = _block_attach()
-    if block is None:
-        where = f"{ENV} names" if path else "the file carries"
-        raise ModelLoadError(path or gguf_file.path, f"{where} a DFlash assistant, which needs the tsspec-block plugin")
-    if path:
-        if not os.path.isfile(path):
-            raise ModelLoadError(path, f"{ENV} names no such file")
-        block.attach_dflash(target, path, options)
-    else:
-        block.attach_open(target, CarriedDrafter(gguf_file), options)
+    attach = getattr(options, "attach_drafter_from", None)
+    if attach is None:  # called without tsspec's load options: the default plugins serve it
+        from tsspec import LoadOptions
+
+        attach = LoadOptions().attach_drafter_from
+    if path and not os.path.isfile(path):
+        raise ModelLoadError(path, f"{ENV} names no such file")
+    attach(target, DRAFTER_ARCH, path or CarriedDrafter(gguf_file))
 
 
 def carry_drafter(drafter_path: str) -> tuple[dict[str, Any], dict[str, Any]]:

@@ -44,6 +44,8 @@ OUT_TYPES = ("f32", "f16", "q8_0")
 # assistant's own config does not carry it, and its selector needs it (model-specs.md)
 DEFAULT_OUTPUT_MULTIPLIER = 0.19611613513818404
 DEFAULT_SOFTCAP = 20.0
+# the checkpoint type a DFlash converter registers (an algorithm plugin's; reached through convert_as)
+DFLASH_CHECKPOINT = "DFlashDraftModel"
 TEXT_PREFIXES = ("model.language_model.", "language_model.model.", "model.", "")
 LAYER_NAMES = {
     "input_layernorm.weight": ("attn_norm.weight", True),
@@ -244,17 +246,16 @@ def convert_muse_glimmer(src_dir: str | Path, out_path: str | Path, *, outtype: 
 
 
 def convert_assistant(src_dir: str | Path, out_path: str | Path, *, outtype: str = "f32") -> None:
-    """HF ``muse_glimmer_assistant`` -> GGUF ``dflash`` through the block plugin's converter, with
-    the target's logit transform as ``dflash.logit_scale`` / ``dflash.final_logit_softcapping``
-    (the config's ``output_multiplier`` / ``final_logit_softcapping`` when it names them, else
-    the released Muse-Glimmer's values)."""
-    try:
-        from tsspec_block.converter import convert_checkpoint
-    except ImportError:
-        raise ConversionError(str(src_dir), "converting the assistant needs the tsspec-block plugin (DFlash)") from None
+    """HF ``muse_glimmer_assistant`` -> GGUF ``dflash`` through the converter a plugin registered
+    for DFlash checkpoints (``convert_as``: this plugin imports none), with the target's logit
+    transform as ``dflash.logit_scale`` / ``dflash.final_logit_softcapping`` (the config's
+    ``output_multiplier`` / ``final_logit_softcapping`` when it names them, else the released
+    Muse-Glimmer's values)."""
+    from tsspec.runtime.converting import convert_as
+
     if outtype == "q8_0":
         raise ConversionError("--outtype", "the DFlash assistant is written as f32 or f16, not q8_0")
     config, _ = read_checkpoint(src_dir)
     scale = float(config.get("output_multiplier", DEFAULT_OUTPUT_MULTIPLIER))
     softcap = float(config.get("final_logit_softcapping", DEFAULT_SOFTCAP))
-    convert_checkpoint(src_dir, out_path, out_type=outtype, logit_scale=scale, softcap=softcap)
+    convert_as(DFLASH_CHECKPOINT, src_dir, out_path, outtype=outtype, logit_scale=scale, softcap=softcap)

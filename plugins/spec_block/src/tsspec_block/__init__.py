@@ -44,10 +44,13 @@ def make_speculator(target, options=None):
 
 
 def attach_file(target, gguf_path, options=None):
-    """The ``dflash`` attach function (see ``attach.attach_dflash``). Not named ``attach``: that
-    is the submodule, which replaces a same-named package attribute once imported."""
-    from .attach import attach_dflash
+    """The ``dflash`` attach function (see ``attach.attach_dflash``): ``gguf_path`` is a path, or
+    an open reader (a drafter a model plugin's file carries: ``attach.attach_open``). Not named
+    ``attach``: that is the submodule, which replaces a same-named package attribute."""
+    from .attach import attach_dflash, attach_open
 
+    if callable(getattr(gguf_path, "require_tensor", None)):
+        return attach_open(target, gguf_path, options)
     return attach_dflash(target, gguf_path, options)
 
 
@@ -55,11 +58,10 @@ def attach_file(target, gguf_path, options=None):
 def tsspec_register_speculators(register):
     from tsspec.protocols import DraftHeadKind
 
-    from .speculator import ALGORITHM, DEFAULT_MIN_DRAFT_PROB, DESCRIPTION, DRAFTER_HINT
+    from .speculator import ALGORITHM, DESCRIPTION, DRAFTER_HINT
 
     register(ALGORITHM, make_speculator, requires_draft_head=True, serves_kind=DraftHeadKind.BLOCK,
-             weight_free=False, default_pmin=DEFAULT_MIN_DRAFT_PROB, description=DESCRIPTION,
-             drafter_hint=DRAFTER_HINT)
+             weight_free=False, description=DESCRIPTION, drafter_hint=DRAFTER_HINT)
 
 
 @hookimpl
@@ -67,13 +69,14 @@ def tsspec_register_drafters(register):
     register(DRAFTER_ARCHITECTURES, attach_file)
 
 
-def convert_file(src_dir, out_path, *, outtype):
-    """The ``tsspec convert`` converter (see ``converter.convert_checkpoint``)."""
+def convert_file(src_dir, out_path, *, outtype, logit_scale=None, softcap=None):
+    """The ``tsspec convert`` converter (see ``converter.convert_checkpoint``); a model plugin
+    handing its assistant over (``convert_as``) passes its target's logit transform."""
     from .converter import OUT_TYPES, ConversionError, convert_checkpoint
 
     if outtype not in OUT_TYPES:
         raise ConversionError(str(src_dir), f"DFlash drafters convert to {' or '.join(OUT_TYPES)}, not {outtype}")
-    convert_checkpoint(src_dir, out_path, out_type=outtype)
+    convert_checkpoint(src_dir, out_path, out_type=outtype, logit_scale=logit_scale, softcap=softcap)
 
 
 @hookimpl

@@ -312,7 +312,8 @@ def make_block_speculator(target: Any, options: Any = None) -> BlockDraftSpecula
     feature_size = getattr(head, "feature_size", None)
     if feature_size is not None:
         require_feature_width(target, feature_size, "the block drafter", "its feature taps are not set")
-    pmin = options.min_prob(DEFAULT_MIN_DRAFT_PROB) if options is not None else DEFAULT_MIN_DRAFT_PROB
+    # the gate: the registry sets min_draft_prob to --spec-pmin, else default_min_draft_prob
+    pmin = options.pmin if options is not None and options.pmin is not None else DEFAULT_MIN_DRAFT_PROB
     # a head that offers per-sequence views gets one per speculator: sequences served at once
     # each keep their own context over the shared weights
     make_view = getattr(head, "for_sequence", None)

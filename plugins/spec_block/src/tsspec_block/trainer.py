@@ -1,6 +1,6 @@
 """``tsspec train-drafter --kind dflash``: a DFlash block drafter trained by self-distillation.
 
-Data comes from the shared core (``tsspec.training``): the target's tapped residuals of every
+Data comes from the shared core (``tsspec_training``): the target's tapped residuals of every
 position of teacher-forced sequences and its own argmax labels (``--taps``; default: three
 layers spread over the depth, ``blocks.default_taps``). The objective is DFlash's block
 diffusion: anchors drawn in each sequence, the block ``[anchor, MASK x (B-1)]`` conditioned on
@@ -28,10 +28,10 @@ import torch
 import torch.nn.functional as F
 
 from tsspec.errors import OptionsError
-from tsspec.training import blocks, loop, vocab
-from tsspec.training import dataset as datasets
-from tsspec.training.request import TrainRequest
-from tsspec.training.teacher import TeacherSequence
+from tsspec_training import blocks, loop, vocab
+from tsspec_training import dataset as datasets
+from tsspec_training.request import TrainRequest
+from tsspec_training.teacher import TeacherSequence
 
 from .config import DFlashConfig
 from .trainable import LAYER_PARAMS, BlockDrafterModule, init_uniform, write_trained_dflash

@@ -51,15 +51,19 @@ def make_draft_head(target, options: SpeculationOptions | None = None) -> "Draft
     # each keep their own context (its KV cache) over the shared weights
     make_view = getattr(head, "for_sequence", None)
     view = make_view() if callable(make_view) else head
-    return DraftHeadSpeculator(
+    # the head's recommended gate is this speculator's DefaultMinDraftProb; the registry sets
+    # min_draft_prob to --spec-pmin when given, else to that default
+    speculator = DraftHeadSpeculator(
         view,
         max_draft_tokens=MAX_DRAFT_WINDOW,  # a chain has no limit of its own: the loop's window is it
         feature_size=target.spec_feature_size,
-        min_draft_prob=options.min_prob(pmin),
+        min_draft_prob=pmin if options.pmin is None else options.pmin,
         owns_head=view is not head,
         fixed_gate=options.pmin is not None,
         chain_limit=chain,
     )
+    speculator.default_min_draft_prob = pmin
+    return speculator
 
 
 def _recommended(head, name: str, kind, default):
@@ -75,10 +79,8 @@ def _recommended(head, name: str, kind, default):
 
 @hookimpl
 def tsspec_register_speculators(register):
-    from .speculator import DEFAULT_MIN_DRAFT_PROB
-
     register(ALGORITHM, make_draft_head, requires_draft_head=True, serves_kind=DraftHeadKind.PER_TOKEN,
-             weight_free=False, default_pmin=DEFAULT_MIN_DRAFT_PROB, description=DESCRIPTION)
+             weight_free=False, description=DESCRIPTION)
 
 
 @hookimpl

@@ -1,6 +1,6 @@
 """``tsspec train-drafter --kind mtp``: a NextN head trained by self-distillation.
 
-Data comes from the shared core (``tsspec.training``): teacher-forcing rows and the target's
+Data comes from the shared core (``tsspec_training``): teacher-forcing rows and the target's
 own argmax labels. The head is initialised from the target (its last decoder layer, final norm
 and the LM-head rows of the draft vocabulary, when the file has llama.cpp's tensor names) and
 trained with multi-step unrolling: step 1 reads the trunk's true rows, steps 2..k read the
@@ -28,10 +28,10 @@ import attrs
 import torch
 import torch.nn.functional as F
 
-from tsspec.training import dataset as datasets
-from tsspec.training import loop, vocab
-from tsspec.training.request import TrainRequest
-from tsspec.training.teacher import TeacherSequence
+from tsspec_training import dataset as datasets
+from tsspec_training import loop, vocab
+from tsspec_training.request import TrainRequest
+from tsspec_training.teacher import TeacherSequence
 
 from .nextn_file import read_nextn, write_nextn
 from .nextn_model import NextNConfig, NextNModule

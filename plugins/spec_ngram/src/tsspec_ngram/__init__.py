@@ -30,4 +30,4 @@ DESCRIPTION = (
 def tsspec_register_speculators(register):
     # auto_priority: `auto` prefers ngram over other weight-free algorithms on drafter-less models
     register(NAME, make_ngram, requires_draft_head=False, weight_free=True,
-             default_pmin=DEFAULT_MIN_DRAFT_PROB, auto_priority=100, description=DESCRIPTION)
+             auto_priority=100, description=DESCRIPTION)

@@ -113,8 +113,8 @@ class NGramSpeculator:
         if window < 1:
             raise ValueError(f"draft window must be at least 1, got {window}")
         self.max_draft_tokens = int(window)
-        self.min_draft_prob = float(min_draft_prob)
-        self.required_match = required_match_length(self.min_draft_prob, min_order, max_order)
+        self._orders = (min_order, max_order)
+        self.min_draft_prob = float(min_draft_prob)  # sets required_match
         self._drafter = NGramDrafter(
             min_order,
             max_order,
@@ -132,6 +132,16 @@ class NGramSpeculator:
         # the loop sizes each draft from its evidence key
         self.sizes_own_drafts = bool(adaptive or value)
         self._last_full = False  # did the last step verify drafts that all landed?
+
+    @property
+    def min_draft_prob(self) -> float:
+        """MinDraftProb: here it scales the suffix length a match needs (``required_match``)."""
+        return self._min_draft_prob
+
+    @min_draft_prob.setter
+    def min_draft_prob(self, value: float) -> None:
+        self._min_draft_prob = float(value)
+        self.required_match = required_match_length(self._min_draft_prob, *self._orders)
 
     @property
     def indexed_tokens(self) -> int:
@@ -204,4 +214,5 @@ def make_ngram(target: Any, options: Any) -> NGramSpeculator:
             settings["row_ms"] = parse_row_cost(published) if published else None
         except ValueError:
             settings["row_ms"] = None
-    return NGramSpeculator(MAX_DRAFT_WINDOW, options.min_prob(DEFAULT_MIN_DRAFT_PROB), **settings)
+    pmin = DEFAULT_MIN_DRAFT_PROB if options.pmin is None else options.pmin  # the registry sets it too
+    return NGramSpeculator(MAX_DRAFT_WINDOW, pmin, **settings)

@@ -1,1 +1,0 @@
-"""tsspec bench: paired, alternating measurements against plain decoding and peers."""
