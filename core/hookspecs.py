@@ -37,11 +37,13 @@ def tsspec_register_models(register):
 
 @hookspec
 def tsspec_register_named_models(register):
-    """register(name: str, resolve, *, description: str = "", installed: bool = True);
+    """register(name: str, resolve, *, description: str = "", installed: bool = True,
+    default: bool = False);
     ``resolve()`` returns the path of the model's GGUF, made from installed packages (e.g.
     assembled once into the tsspec cache; nothing downloads at run time) or raises
     ModelLoadError. ``--model NAME`` loads it when no file of that name exists; ``installed``
-    False lists the name with what to install."""
+    False lists the name with what to install. ``default`` True: the model ``load_model()`` and
+    the CLI load when given none (the first plugin's default wins)."""
 
 
 @hookspec
@@ -78,6 +80,13 @@ def tsspec_register_trainers(register):
     """register(kind: str, trainer, *, description: str = ""); trainer(request, target, log) ->
     dict trains a drafter of ``kind`` (``tsspec train-drafter --kind KIND``; see
     ``tsspec_training.request``)."""
+
+
+@hookspec
+def tsspec_register_switches(register):
+    """register(name: str, description: str): an environment switch this plugin reads through
+    ``tsspec.switches.switch_on``; ``description`` says what setting it to 0 does. ``tsspec
+    --help`` lists every registered switch; the first plugin to register a name keeps it."""
 
 
 @hookspec

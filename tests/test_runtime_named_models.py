@@ -6,6 +6,7 @@ import json
 import types
 
 import pytest
+import torch
 
 from tsspec.errors import ModelLoadError
 from tsspec.hookspecs import hookimpl
@@ -14,15 +15,15 @@ from tsspec.runtime.catalog import build_catalog
 from tsspec.runtime.named_models import ollama_blob, resolve_model_path
 
 
-def _catalog(resolved: str, installed: bool = True):
+def _catalog(resolved: str, installed: bool = True, default: bool = False, host: PluginHost | None = None):
     mod = types.ModuleType("namedplugin")
 
     @hookimpl
     def tsspec_register_named_models(register):
-        register("tiny-named", lambda: resolved, description="a tiny file", installed=installed)
+        register("tiny-named", lambda: resolved, description="a tiny file", installed=installed, default=default)
 
     mod.tsspec_register_named_models = tsspec_register_named_models
-    host = PluginHost()
+    host = host or PluginHost()
     host.register(mod, "namedplugin")
     return build_catalog(host, discover=False)
 
@@ -80,9 +81,30 @@ def test_models_command_lists_named_models_and_architectures(monkeypatch, capsys
     monkeypatch.setattr(STATE, "catalog", _catalog("/x.gguf", installed=False))
     models_cmd.models(as_json=True)
     info = json.loads(capsys.readouterr().out)
-    assert info["named"] == [{"name": "tiny-named", "installed": False, "description": "a tiny file",
-                              "plugin": "namedplugin"}]
+    assert info["named"] == [{"name": "tiny-named", "installed": False, "default": False,
+                              "description": "a tiny file", "plugin": "namedplugin"}]
     assert info["architectures"] == []
     models_cmd.models(as_json=False)
-    assert "tiny-named       not installed  a tiny file (plugin namedplugin)" in capsys.readouterr().out
+    assert "tiny-named       not installed           a tiny file (plugin namedplugin)" in capsys.readouterr().out
 
+
+
+def test_load_model_without_a_path_loads_the_default_named_model():
+    from tsspec.runtime.loading import load_model
+    import tsspec_model_toy as toy_plugin
+
+    host = PluginHost()
+    host.register(toy_plugin, "toy")
+    catalog = _catalog("toy:3", default=True, host=host)
+    assert catalog.default_model().name == "tiny-named"
+    target = load_model(catalog=catalog)
+    reference = load_model("toy:3", catalog=catalog)
+    assert torch.equal(target.emb, reference.emb)  # the same seed: the default resolved to "toy:3"
+    assert not torch.equal(target.emb, load_model("toy", catalog=catalog).emb)
+
+
+def test_no_default_model_is_a_named_error():
+    from tsspec.runtime.loading import load_model
+
+    with pytest.raises(ModelLoadError, match="no installed plugin registers a default model"):
+        load_model(catalog=_catalog("/x.gguf"))

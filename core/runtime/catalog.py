@@ -43,6 +43,7 @@ class NamedModelEntry:
     description: str = ""
     installed: bool = True
     plugin: str | None = None
+    default: bool = False  # what ``load_model()`` and the CLI load when given no model
 
 
 @attrs.define
@@ -70,6 +71,15 @@ class TrainerEntry:
 
 
 @attrs.define
+class SwitchEntry:
+    """An attribution switch a plugin reads (``TS_...=0`` turns one optimisation off)."""
+
+    name: str
+    description: str
+    plugin: str | None = None
+
+
+@attrs.define
 class Catalog:
     speculators: SpeculatorRegistry = attrs.field(factory=SpeculatorRegistry)
     models: dict[str, LoaderEntry] = attrs.field(factory=dict)  # architecture -> loader
@@ -78,8 +88,17 @@ class Catalog:
     converters: dict[str, ConverterEntry] = attrs.field(factory=dict)  # checkpoint type -> converter
     kernels: dict[str, list[KernelEntry]] = attrs.field(factory=dict)
     trainers: dict[str, Any] = attrs.field(factory=dict)  # drafter kind -> TrainerEntry
+    switches: dict[str, SwitchEntry] = attrs.field(factory=dict)  # environment name -> entry
     bundled_drafters: list[Any] = attrs.field(factory=list)  # BundledDrafter records
     host: PluginHost | None = None
+
+    def default_model(self) -> NamedModelEntry | None:
+        """The named model marked default (the first plugin's in registration order), or None."""
+        return next((e for e in self.named_models.values() if e.default), None)
+
+    def switch_descriptions(self) -> dict[str, str]:
+        """Every registered switch -> what setting it to 0 does."""
+        return {name: entry.description for name, entry in self.switches.items()}
 
     def kernel(self, op: str, device: str):
         """The first available implementation of ``op`` for ``device``, or None (use torch)."""
@@ -169,12 +188,12 @@ def build_catalog(host: PluginHost, *, discover: bool = True) -> Catalog:
                                                catalog.bundled_drafters)},
     )
     def named_models_for(name):
-        def register(model_name, resolve, *, description="", installed=True):
+        def register(model_name, resolve, *, description="", installed=True, default=False):
             if not isinstance(model_name, str) or not model_name or "/" in model_name:
                 raise ValueError(f"invalid model name {model_name!r}")
             if not callable(resolve):
                 raise TypeError(f"named model {model_name!r}: resolve is not callable")
-            entry = NamedModelEntry(model_name, resolve, str(description or ""), bool(installed), name)
+            entry = NamedModelEntry(model_name, resolve, str(description or ""), bool(installed), name, bool(default))
             pending.append((name, lambda: catalog.named_models.setdefault(model_name, entry)))
 
         return {"register": register}
@@ -216,6 +235,17 @@ def build_catalog(host: PluginHost, *, discover: bool = True) -> Catalog:
         return {"register": register}
 
     host.call_each("tsspec_register_trainers", trainers_for)
+
+    def switches_for(name):
+        def register(switch, description):
+            if not isinstance(switch, str) or not switch or not description:
+                raise ValueError(f"a switch needs a name and what =0 does, got {switch!r}")
+            entry = SwitchEntry(switch, str(description), name)
+            pending.append((name, lambda: catalog.switches.setdefault(switch, entry)))
+
+        return {"register": register}
+
+    host.call_each("tsspec_register_switches", switches_for)
     for plugin, apply in pending:
         if host.plugin_info(plugin).status == LOADED:
             apply()

@@ -9,7 +9,7 @@ import torch
 from tsspec.capabilities import speculator_info
 from tsspec.runtime.execution import catch_up_bound
 from tsspec.protocols import DraftContext, Speculator
-from tsspec.toy_heads import ToyPerTokenHead
+from tsspec_model_toy.heads import ToyPerTokenHead
 from tsspec_draft_head import FOLD_ENV, DraftHeadSpeculator, fold_enabled
 
 VOCAB, HIDDEN = 41, 10

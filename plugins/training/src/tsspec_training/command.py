@@ -70,7 +70,7 @@ def train_drafter(
 ) -> None:
     """Train a drafter for MODEL by self-distillation (labels: the model's own predictions)."""
     from tsspec_gguf.identity import identify
-    from tsspec.runtime.loading import load_model
+    from tsspec.runtime.loading import default_model_path, load_model
     from tsspec.runtime.options import SpeculationOptions
     from tsspec_training.dataset import DataSpec
     from tsspec_training.loop import LoopSpec
@@ -118,9 +118,7 @@ def train_drafter(
         if value < 1:
             raise OptionsError(f"{name} must be at least 1, got {value}")
     if model is None:
-        from tsspec_gguf.embedded import embedded_model_path
-
-        model = str(embedded_model_path())
+        model = default_model_path(catalog)
     target = load_model(model, catalog=catalog, options=SpeculationOptions(enabled=False))
     n_layers = int(target.config.num_layers)
     if init_layer is not None and not -n_layers <= init_layer < n_layers:
