@@ -42,7 +42,7 @@ run: setup
 MTP_DRAFTER := plugins/drafters_smollm2/src/tsspec_drafters_smollm2/smollm2-135m-instruct-mtp.gguf
 DRAFTER_PROMPT := Explain photosynthesis to a child in a few sentences.
 run-drafter: setup
-	$(VENV)/bin/tsspec list-speculators --model "$$($(PY) -c 'from tsspec_gguf.embedded import embedded_model_path as p; print(p())')"
+	$(VENV)/bin/tsspec list-speculators --model smollm2-135m
 	$(VENV)/bin/tsspec generate --chat --stats --max-tokens 96 --spec-type draft-head --prompt "$(DRAFTER_PROMPT)"
 	$(VENV)/bin/tsspec generate --chat --stats --max-tokens 96 --prompt "$(DRAFTER_PROMPT)"
 	$(VENV)/bin/tsspec generate --chat --stats --max-tokens 96 --spec-draft-model $(MTP_DRAFTER) --prompt "$(DRAFTER_PROMPT)"

@@ -6,7 +6,6 @@ import json
 import types
 
 import pytest
-import torch
 
 from tsspec.errors import ModelLoadError
 from tsspec.hookspecs import hookimpl
@@ -15,15 +14,15 @@ from tsspec.runtime.catalog import build_catalog
 from tsspec.runtime.named_models import ollama_blob, resolve_model_path
 
 
-def _catalog(resolved: str, installed: bool = True, default: bool = False, host: PluginHost | None = None):
+def _catalog(resolved: str, installed: bool = True):
     mod = types.ModuleType("namedplugin")
 
     @hookimpl
     def tsspec_register_named_models(register):
-        register("tiny-named", lambda: resolved, description="a tiny file", installed=installed, default=default)
+        register("tiny-named", lambda: resolved, description="a tiny file", installed=installed)
 
     mod.tsspec_register_named_models = tsspec_register_named_models
-    host = host or PluginHost()
+    host = PluginHost()
     host.register(mod, "namedplugin")
     return build_catalog(host, discover=False)
 
@@ -89,22 +88,42 @@ def test_models_command_lists_named_models_and_architectures(monkeypatch, capsys
 
 
 
-def test_load_model_without_a_path_loads_the_default_named_model():
-    from tsspec.runtime.loading import load_model
-    import tsspec_model_toy as toy_plugin
+def _default_catalog(offers):
+    """A catalog whose plugin offers ``offers``: (name, installed, default) triples."""
+    mod = types.ModuleType("defaults")
 
+    @hookimpl
+    def tsspec_register_named_models(register):
+        for name, installed, default in offers:
+            register(name, lambda name=name: f"/models/{name}.gguf", installed=installed, default=default)
+
+    mod.tsspec_register_named_models = tsspec_register_named_models
     host = PluginHost()
-    host.register(toy_plugin, "toy")
-    catalog = _catalog("toy:3", default=True, host=host)
-    assert catalog.default_model().name == "tiny-named"
-    target = load_model(catalog=catalog)
-    reference = load_model("toy:3", catalog=catalog)
-    assert torch.equal(target.emb, reference.emb)  # the same seed: the default resolved to "toy:3"
-    assert not torch.equal(target.emb, load_model("toy", catalog=catalog).emb)
+    host.register(mod, "defaults")
+    return build_catalog(host, discover=False)
 
 
-def test_no_default_model_is_a_named_error():
-    from tsspec.runtime.loading import load_model
+def test_the_default_model_is_the_first_installed_one_offered():
+    from tsspec.runtime.named_models import default_model
 
-    with pytest.raises(ModelLoadError, match="no installed plugin registers a default model"):
-        load_model(catalog=_catalog("/x.gguf"))
+    catalog = _default_catalog([("plain", True, False), ("absent", False, True), ("chosen", True, True)])
+    assert default_model(catalog) == "chosen"
+
+
+def test_no_default_model_is_a_one_line_error_naming_what_was_offered():
+    from tsspec.runtime.named_models import default_model
+
+    with pytest.raises(ModelLoadError, match="absent offered but not installed"):
+        default_model(_default_catalog([("absent", False, True)]))
+    with pytest.raises(ModelLoadError, match="no installed plugin offers a default model"):
+        default_model(_default_catalog([]))
+
+
+def test_load_model_without_a_path_loads_the_default(monkeypatch):
+    from tsspec.runtime import loading
+
+    seen = {}
+    monkeypatch.setattr(loading, "file_architecture", lambda path: seen.setdefault("path", str(path)) and "nothing")
+    with pytest.raises(ModelLoadError, match="served by no loaded plugin"):
+        loading.load_model(catalog=_default_catalog([("chosen", True, True)]))
+    assert seen["path"] == "/models/chosen.gguf"

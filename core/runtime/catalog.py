@@ -43,7 +43,7 @@ class NamedModelEntry:
     description: str = ""
     installed: bool = True
     plugin: str | None = None
-    default: bool = False  # what ``load_model()`` and the CLI load when given no model
+    default: bool = False
 
 
 @attrs.define
@@ -91,10 +91,6 @@ class Catalog:
     switches: dict[str, SwitchEntry] = attrs.field(factory=dict)  # environment name -> entry
     bundled_drafters: list[Any] = attrs.field(factory=list)  # BundledDrafter records
     host: PluginHost | None = None
-
-    def default_model(self) -> NamedModelEntry | None:
-        """The named model marked default (the first plugin's in registration order), or None."""
-        return next((e for e in self.named_models.values() if e.default), None)
 
     def switch_descriptions(self) -> dict[str, str]:
         """Every registered switch -> what setting it to 0 does."""
@@ -193,7 +189,8 @@ def build_catalog(host: PluginHost, *, discover: bool = True) -> Catalog:
                 raise ValueError(f"invalid model name {model_name!r}")
             if not callable(resolve):
                 raise TypeError(f"named model {model_name!r}: resolve is not callable")
-            entry = NamedModelEntry(model_name, resolve, str(description or ""), bool(installed), name, bool(default))
+            entry = NamedModelEntry(model_name, resolve, str(description or ""), bool(installed), name,
+                                    bool(default))
             pending.append((name, lambda: catalog.named_models.setdefault(model_name, entry)))
 
         return {"register": register}

@@ -84,15 +84,6 @@ def file_less_entry(path: object, catalog):
     return entry
 
 
-def default_model_path(catalog) -> object:
-    """The default named model's file; ModelLoadError when no installed plugin registers one."""
-    entry = catalog.default_model()
-    if entry is None:
-        raise ModelLoadError("(no model given)", "no installed plugin registers a default model; pass a GGUF path "
-                                                 "or a name from `tsspec models`")
-    return entry.resolve()
-
-
 def load_model(
     path: object = None,
     *,
@@ -102,8 +93,8 @@ def load_model(
     options: SpeculationOptions | None = None,
     catalog=None,
 ):
-    """Load ``path`` through the plugin that serves its architecture; attach ``draft_model``.
-    No ``path``: the named model a plugin registered as the default."""
+    """Load ``path`` (a GGUF file, a model name, ``toy``; None: the default model a plugin
+    offers) through the plugin that serves its architecture; attach ``draft_model``."""
     spec = options or SpeculationOptions()
     load_options = LoadOptions(device=device, dtype=dtype, speculation=spec)
     if catalog is None:
@@ -113,7 +104,9 @@ def load_model(
     load_options = attrs.evolve(load_options, kernels=catalog.kernel_table(_device_type(device)),
                                 drafters=dict(catalog.drafters))
     if path is None:
-        path = default_model_path(catalog)
+        from .named_models import default_model
+
+        path = default_model(catalog)
     entry = file_less_entry(path, catalog)
     if entry is None:
         from .named_models import resolve_model_path

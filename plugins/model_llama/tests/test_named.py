@@ -19,8 +19,8 @@ def test_the_installed_plugins_list_gemma3_270m_and_the_families(capsys):
     info = json.loads(capsys.readouterr().out)
     assert {"name": "gemma3-270m", "installed": True, "default": False,
             "description": "Gemma 3 270M, Q4_K_M (gemma3)", "plugin": "llama"} in info["named"]
-    [default] = [m for m in info["named"] if m["default"]]
-    assert default["name"] == "smollm2-135m" and default["installed"] and default["plugin"] == "llama"
+    embedded = next(m for m in info["named"] if m["name"] == "smollm2-135m")
+    assert embedded["default"] and embedded["installed"] and embedded["plugin"] == "llama"
     archs = {a["architecture"] for a in info["architectures"] if a["plugin"] == "llama"}
     assert archs == {"llama", "qwen2", "qwen3", "phi3", "gemma2", "gemma3"}
 
@@ -42,9 +42,9 @@ def test_gemma3_270m_assembles_once(tmp_path):
     assert [p.name for p in (tmp_path / "models").iterdir()] == ["gemma-3-270m-q4_k_m.gguf"]
 
 
-def test_the_embedded_model_is_the_default_load_model_takes():
-    from tsspec.runtime.defaults import default_catalog
-    from tsspec.runtime.loading import default_model_path
+def test_load_model_without_a_path_loads_the_embedded_model():
+    import tsspec
     from tsspec_gguf.embedded import embedded_model_path
 
-    assert default_model_path(default_catalog()) == str(embedded_model_path())
+    target = tsspec.load_model()
+    assert target.path == str(embedded_model_path()) and target.config.architecture == "llama"

@@ -139,9 +139,12 @@ def bench(
             raise OptionsError(f"--compare {name}: choose from {', '.join(PEER_NAMES)}")
     default_peer_reps, peer_reps = _peer_reps(compare_reps, PEER_NAMES)
 
-    from tsspec.runtime.loading import default_model_path, file_less_entry
+    model_path = model
+    if model is None:  # the default model a plugin offers, as a path
+        from tsspec.runtime.named_models import default_model, resolve_model_path
 
-    model_path = model if model is not None else default_model_path(STATE.catalog)
+        model_path = str(resolve_model_path(default_model(STATE.catalog), STATE.catalog))
+    from tsspec.runtime.loading import file_less_entry
 
     file_less = file_less_entry(model_path, STATE.catalog) is not None
     with console.status(f"loading {model_label(model_path)}"):

