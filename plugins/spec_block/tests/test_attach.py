@@ -128,8 +128,7 @@ def test_the_plugin_declares_the_switches_it_reads():
     import tsspec_block
     from tsspec_block.attach import CONV_ENV, SELECTOR_ENV, extension_enabled
     from tsspec_block.head import NATIVE_ENV
-    from tsspec_block.speculator import VALUE_ENV
 
-    assert set(tsspec_block.SWITCHES) == {CONV_ENV, SELECTOR_ENV, NATIVE_ENV, VALUE_ENV}
+    assert set(tsspec_block.SWITCHES) == {CONV_ENV, SELECTOR_ENV, NATIVE_ENV}
     assert set(plugin_catalog({"block": tsspec_block}).switches) == set(tsspec_block.SWITCHES)
     assert extension_enabled(SELECTOR_ENV, {SELECTOR_ENV: "no"}) is False

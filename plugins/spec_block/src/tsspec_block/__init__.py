@@ -109,8 +109,6 @@ SWITCHES = {
     "TS_DFLASH_SELECTOR": "DFlash2 block drafters take the plain argmax instead of the candidate selector",
     "TS_DFLASH_NATIVE": "DFlash block drafters run their matrices in torch (float32) instead of "
     "as int8 blocks on the compiled CPU kernels",
-    "TS_BLOCK_VALUE": "the block algorithm proposes its whole gated prefix instead of the prefix "
-    "whose calibrated expected landing pays for its verify rows",
 }
 
 
