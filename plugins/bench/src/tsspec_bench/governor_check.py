@@ -4,7 +4,7 @@ Goals (issue 3): with a speculator that never gets a draft accepted, decoding wi
 runs at >= 0.97x plain; with one that is always right, the governor costs <= 3% against
 speculation without it. The float64 toy itself is so fast that every step costs the same, so
 ``CostProfileToy`` pads each forward to the time the embedded model takes on this kind of CPU
-for that many rows (measured on this project's 2-core machines; docs/figures.md), scaled to a base step of
+for that many rows (measured on this project's 2-core machines), scaled to a base step of
 ``base_ms``. The governor then faces the same trade-off it faces on the real model - a verify of
 9 rows costs ~1.75 one-row steps - with the machine's noise removed from the comparison.
 """

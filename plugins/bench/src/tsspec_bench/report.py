@@ -362,7 +362,7 @@ def _markdown(report: BenchReport, plot_path: str | None) -> list[str]:
         "Figures of single components (model loaders against transformers, the per-row "
         "snapshot path of the hybrid trunk, draft-head calls per step, DFlash block cost, the "
         "n-gram index, the real-model lossless study) are measured by their own scripts and kept "
-        "with their commands in [docs/figures.md](docs/figures.md).",
+        "in the scripts/ folders of the plugins they measure.",
         "",
     ]
     return lines
