@@ -16,7 +16,7 @@ LAYER = {"errors": 0, "protocols": 0, "hookspecs": 0, "switches": 0, "config": 0
 REPO = ROOT.parent  # the checkout: core/ is the package, plugins/ and kernels_cuda/ beside it
 INTERNAL = ("tsspec.runtime", "tsspec.cli")
 # the first-party tooling plugins, released with the core, build on its runtime internals
-TOOLING = ("tsspec_bench", "tsspec_training")
+TOOLING = ("tsspec_bench", "tsspec_training", "tsspec_ray")
 # runtime functions that are public dispatch (docs/plugins.md): one plugin reaching another's
 PUBLIC_DISPATCH = ("tsspec.runtime.converting.convert_as",)
 # the one documented exception (docs/architecture.md): the serve command builds on the CLI
