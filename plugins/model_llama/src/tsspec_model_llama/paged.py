@@ -16,9 +16,9 @@ layer, one gather serves the whole batch: every sequence's keys side by side in 
 length as the head stride.
 
 That holds on the compiled CPU float32 path with every matrix in blocks and at most
-``GEMM_ROWS`` rows per call (larger matmuls take torch's GEMM, whose sums depend on the row
-count): ``max_batch_rows`` says so and the scheduler never exceeds it, prefills included (they go
-in chunks). Other paths (CUDA, bf16, dense float32 weights) are not offered (``spec_open_paged``
+``GEMM_ROWS`` rows per call (the fused stack's bound): ``max_batch_rows`` says so and the
+scheduler never exceeds it, prefills included (they go in chunks; every kernel row is
+batch-invariant, so a chunked prefill equals a solo one). Other paths (CUDA, bf16, dense float32 weights) are not offered (``spec_open_paged``
 raises).
 """
 
