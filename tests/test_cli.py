@@ -208,7 +208,7 @@ def test_list_speculators_says_a_shipped_drafter_serves(capsys):
     from tsspec_gguf.embedded import embedded_model_path
 
     try:
-        path = embedded_model_path()
+        path = str(embedded_model_path())
     except ModelLoadError as exc:
         pytest.skip(str(exc))
     code, out, _ = run(capsys, "list-speculators", "--model", path, "--json")
