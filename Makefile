@@ -42,7 +42,7 @@ run: setup
 MTP_DRAFTER := plugins/drafters_smollm2/src/tsspec_drafters_smollm2/smollm2-135m-instruct-mtp.gguf
 DRAFTER_PROMPT := Explain photosynthesis to a child in a few sentences.
 run-drafter: setup
-	$(VENV)/bin/tsspec list-speculators --model "$$($(PY) -c 'from tsspec_gguf.embedded import embedded_model_path as p; print(p())')"
+	$(VENV)/bin/tsspec list-speculators --model smollm2-135m
 	$(VENV)/bin/tsspec generate --chat --stats --max-tokens 96 --spec-type draft-head --prompt "$(DRAFTER_PROMPT)"
 	$(VENV)/bin/tsspec generate --chat --stats --max-tokens 96 --prompt "$(DRAFTER_PROMPT)"
 	$(VENV)/bin/tsspec generate --chat --stats --max-tokens 96 --spec-draft-model $(MTP_DRAFTER) --prompt "$(DRAFTER_PROMPT)"
@@ -50,10 +50,9 @@ run-drafter: setup
 # The shipped learned drafters, from scratch, seeded (teacher data and the resumable checkpoint
 # are cached under DRAFTERS_CACHE; ~25 min of data on one busy core, then ~40 min of MTP
 # training). One torch thread: the head's small matmuls lose more to two contending OpenMP
-# threads than they gain on a shared machine. The log is kept beside the file (FIGURES.md
-# quotes it). MTP recipe: many small steps (the head learns per step, not per sequence: 40
+# threads than they gain on a shared machine. The log goes to DRAFTERS_CACHE. MTP recipe: many small steps (the head learns per step, not per sequence: 40
 # steps of 16 sequences learned less than 160 of 4), a higher peak rate, and 40% of each batch
-# from the target's own chat answers (what the head serves); see FIGURES.md for the trials.
+# from the target's own chat answers (what the head serves).
 DRAFTERS_DIR := plugins/drafters_smollm2/src/tsspec_drafters_smollm2
 DRAFTERS_CACHE ?= $(HOME)/.cache/tsspec/training-v2
 drafters: drafters-mtp drafters-dflash
@@ -66,7 +65,7 @@ drafters-mtp: setup
 		--seed 0 --threads 1 --outtype f16 --recommend-pmin 0.3 --recommend-draft 2 \
 		--cache-dir $(DRAFTERS_CACHE) --checkpoint $(DRAFTERS_CACHE)/smollm2-mtp-1600.ckpt \
 		2>&1 | tr '\r' '\n' | sed -uE 's/[A-Za-z -]*: +[0-9]+%\|[^]]*\]//g' | grep --line-buffered -v '^ *$$' \
-		| tee plugins/drafters_smollm2/training-mtp.log
+		| tee $(DRAFTERS_CACHE)/training-mtp.log
 
 drafters-dflash: SHELL := /bin/bash
 drafters-dflash: setup
@@ -75,7 +74,7 @@ drafters-dflash: setup
 		--corpus-chars 40000 --package-chars 40000 --seq-len 256 --layers 1 --block-size 8 \
 		--draft-vocab 4096 --steps 600 --batch 8 --lr 2e-3 --seed 0 --threads 1 --outtype f16 \
 		2>&1 | tr '\r' '\n' | sed -uE 's/[A-Za-z -]*: +[0-9]+%\|[^]]*\]//g' | grep --line-buffered -v '^ *$$' \
-		| tee plugins/spec_block/trained/training-dflash.log
+		| tee $(DRAFTERS_CACHE)/training-dflash.log
 
 test: setup
 	$(PY) -m pytest -q

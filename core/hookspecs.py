@@ -37,11 +37,12 @@ def tsspec_register_models(register):
 
 @hookspec
 def tsspec_register_named_models(register):
-    """register(name: str, resolve, *, description: str = "", installed: bool = True);
-    ``resolve()`` returns the path of the model's GGUF, made from installed packages (e.g.
-    assembled once into the tsspec cache; nothing downloads at run time) or raises
-    ModelLoadError. ``--model NAME`` loads it when no file of that name exists; ``installed``
-    False lists the name with what to install."""
+    """register(name: str, resolve, *, description: str = "", installed: bool = True,
+    default: bool = False); ``resolve()`` returns the path of the model's GGUF, made from
+    installed packages (e.g. assembled once into the tsspec cache; nothing downloads at run time)
+    or raises ModelLoadError. ``--model NAME`` loads it when no file of that name exists;
+    ``installed`` False lists the name with what to install; ``default`` offers it as the model
+    loaded when none is named (the first installed one a plugin offers wins)."""
 
 
 @hookspec

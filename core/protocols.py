@@ -183,25 +183,6 @@ class Proposal(list):
         self.confidence = None if confidence is None else list(confidence)
 
 
-@runtime_checkable
-class DraftWorth(Protocol):
-    """``DraftContext.worth``: the cost governor's calibrated view for a drafter that knows its
-    confidence (``runtime.calibration.ChainWorth``): what a token of a given confidence is
-    worth in this run, against this run's measured cost by draft length."""
-
-    def chance(self, confidence: float) -> float:
-        """The measured chance that a draft token of this confidence lands (all before it landed)."""
-        ...
-
-    def length(self, confidences: Sequence[float]) -> int:
-        """How many of a chain with these confidences pay to verify (0: a plain step pays more)."""
-        ...
-
-    def extend(self, confidences: Sequence[float], step_ms: float = 0.0) -> bool:
-        """Whether one more draft token, costing ``step_ms`` ms to make, is worth drafting."""
-        ...
-
-
 @attrs.frozen
 class DraftContext:
     """Everything a speculator may look at when proposing. One object, not a parameter list,
@@ -233,9 +214,6 @@ class DraftContext:
     # changes logits (a bias) must report a lookback of at least 1.
     adjust_lookback: int = 0
     window: int = 0  # the sequence's draft window (0 when the context was built by hand: use max_tokens)
-    # the cost governor's calibrated chances and measured costs (a DraftWorth), for a drafter
-    # that proposes with confidence: None when the governor is off (then gate by your own)
-    worth: "DraftWorth | None" = None
 
     def preceding(self, drafts: Sequence[int] = ()) -> Sequence[int]:
         """The tokens before the next draft: ``history`` then ``drafts`` (no copy of history)."""

@@ -29,8 +29,6 @@ SWITCHES = {
     "count instead of the count measured fastest while drafting",
     "TS_DFLASH_NATIVE": "DFlash block drafters run their matrices in torch (float32) instead of "
     "as int8 blocks on the compiled CPU kernels",
-    "TS_BLOCK_VALUE": "the block algorithm proposes its whole gated prefix instead of the prefix "
-    "whose calibrated expected landing pays for its verify rows",
 }
 
 

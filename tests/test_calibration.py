@@ -103,15 +103,6 @@ def test_length_follows_the_measured_row_cost():
     assert cheap.length([0.31]) == 1 and ChainWorth(calibration, steep).length([0.31]) == 0
 
 
-def test_extend_draws_another_token_only_while_it_may_pay():
-    worth = ChainWorth(_calibrated(), _economics())
-    assert worth.extend([0.92], step_ms=0.5)
-    assert not worth.extend([0.31], step_ms=0.5)
-    assert not worth.extend([0.92], step_ms=50.0)  # a head call dearer than the token is worth
-    assert not worth.extend([], step_ms=0.0)
-
-
-def test_with_nothing_measured_a_chain_is_tried_but_not_grown():
+def test_with_nothing_measured_a_chain_is_tried():
     worth = ChainWorth(ConfidenceCalibration(), DraftEconomics(SHAPE))
     assert worth.length([0.2, 0.1]) == 2
-    assert not worth.extend([0.99])

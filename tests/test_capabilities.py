@@ -181,6 +181,8 @@ def test_the_least_speculator_runs_without_a_warning(caplog):
     from tsspec.runtime.generation import generate
 
     with caplog.at_level(logging.WARNING):
-        gen = generate(ToyTarget(), [1, 2, 3, 1, 2, 3, 1], max_tokens=20, speculator=Lookup())
+        # the governor off: its park depends on wall-clock step times, this test on members only
+        gen = generate(ToyTarget(), [1, 2, 3, 1, 2, 3, 1], SpeculationOptions(adaptive=False), max_tokens=20,
+                       speculator=Lookup())
     assert gen.stats.faults == 0 and gen.stats.draft_tokens > 0
     assert not [r for r in caplog.records if r.levelno >= logging.WARNING]

@@ -162,6 +162,27 @@ def test_inspect_unserved_architecture_names_no_plugin(capsys, tmp_path):
     assert "'mystery' is served by no" not in info["reason"] and "no loaded plugin serves" in info["reason"]
 
 
+def test_a_config_that_leaves_out_the_serve_plugin_names_it(capsys, tmp_path, monkeypatch):
+    monkeypatch.delenv("TSSPEC_PLUGINS", raising=False)
+    monkeypatch.delenv("TSSPEC_DISABLE_PLUGINS", raising=False)
+    allow = tmp_path / "allow.toml"
+    allow.write_text('[plugins]\nenabled = ["ngram", "llama"]\n')
+    code, _, err = run(capsys, "--config", str(allow), "serve", "--port", "1")
+    assert code == 2 and "no command 'serve'" in err and "plugin 'serve'" in err and "blocked" in err
+    assert "allow-list" in err and str(allow) in err and len(err.strip().splitlines()) == 1
+    deny = tmp_path / "deny.toml"
+    deny.write_text('[plugins]\ndisabled = ["serve"]\n')
+    code, _, err = run(capsys, "--config", str(deny), "serve")
+    assert code == 2 and "plugin 'serve'" in err and "disabled" in err
+
+
+def test_command_word_skips_global_options():
+    from tsspec.cli.app import _command_word
+
+    assert _command_word(["--config", "x.toml", "--debug", "serve", "--port", "1"]) == "serve"
+    assert _command_word(["--plugins", "a,b", "--disable-plugin", "c"]) is None
+
+
 def test_threads_and_ctx_size(capsys):
     import torch
 

@@ -319,29 +319,22 @@ def test_a_proposal_with_confidence_is_sized_by_it_and_bad_confidence_is_a_fault
 
     prompt = [3, 1, 4, 1, 5]
     ref = prompt + plain_tokens(ToyTarget(seed=2), prompt, 24)
-    worths = []
 
     class Confident(FixedSpeculator):
         confidence = 0.9
 
         def propose(self, ctx):
-            worths.append(ctx.worth)
             drafts = super().propose(ctx)
             return Proposal(drafts, confidence=[self.confidence] * len(drafts)) if drafts else drafts
 
     spec = Confident(ref, 4, 8, 32)
     out = generate(ToyTarget(seed=2), prompt, SpeculationOptions(draft=4), max_tokens=24, speculator=spec)
     assert out.tokens == ref[len(prompt):] and out.stats.draft_tokens > 0 and out.stats.faults == 0
-    assert worths and all(w is not None for w in worths)
     spec = Confident(ref, 4, 8, 32)
     spec.confidence = 1.5
     out = generate(ToyTarget(seed=2), prompt, SpeculationOptions(draft=4), max_tokens=24, speculator=spec)
     assert out.tokens == ref[len(prompt):] and out.stats.fault_kinds.get("bad_confidence", 0) >= 1
     assert out.stats.draft_tokens == 0
-    worths.clear()
-    spec = Confident(ref, 4, 8, 32)  # no governor: no worth to read
-    generate(ToyTarget(seed=2), prompt, SpeculationOptions(draft=4, adaptive=False), max_tokens=8, speculator=spec)
-    assert worths and all(w is None for w in worths)
 
     class Raises(list):
         @property
@@ -350,73 +343,3 @@ def test_a_proposal_with_confidence_is_sized_by_it_and_bad_confidence_is_a_fault
 
     assert proposal_confidence(Raises([1]), 1) == (None, "bad_confidence")
     assert proposal_confidence([1], 1) == (None, None)
-
-
-# -- a parked speculator's commits: only what its next probe's catch-up needs (issue 17) --------
-
-
-class CatchUpRecorder(FixedSpeculator):
-    """Loses every probe (no draft right); declares ``catch_up_rows`` when ``bound`` is given and
-    records what it held at each proposal: {position: hidden row} of every commit so far."""
-
-    def __init__(self, sequence, vocab: int, bound: int | None):
-        super().__init__(sequence, 0, 4, vocab)
-        if bound is not None:
-            self.catch_up_rows = bound
-        self.rows: dict[int, torch.Tensor | None] = {}
-        self.proposals: list[tuple[int, list[int], frozenset[int]]] = []
-
-    def propose(self, ctx: DraftContext):
-        drafts = super().propose(ctx)
-        self.proposals.append((ctx.position, list(drafts), frozenset(self.rows)))
-        return drafts
-
-    def commit(self, tokens, hidden_rows, start_pos):
-        super().commit(tokens, hidden_rows, start_pos)
-        for k in range(len(tokens)):
-            self.rows[start_pos + k] = None if hidden_rows is None else hidden_rows[k].clone()
-
-
-def _parked_run(bound, sampling, max_tokens=90):
-    from tsspec.runtime.governor import SpeculationCostGovernor
-
-    prompt = [5, 6, 7, 8, 9, 10]
-    seq = prompt + plain_tokens(ToyTarget(seed=4), prompt, max_tokens, sampling=sampling)
-    spec = CatchUpRecorder(seq, 32, bound)
-    # a constant clock: the governor parks on zero-accept verifies alone, so both runs decide alike
-    governor = SpeculationCostGovernor(initial_backoff=6, max_backoff=24)
-    gen = generate(ToyTarget(seed=4), prompt, SPEC, max_tokens=max_tokens, speculator=spec, sampling=sampling,
-                   governor=governor, clock=lambda: 0.0)
-    return gen, spec, seq
-
-
-@pytest.mark.parametrize("sampling", SAMPLINGS, ids=["greedy", "sampled"])
-def test_a_parked_speculator_gets_only_the_rows_its_catch_up_needs(sampling):
-    """With ``catch_up_rows = 3`` the loop withholds the commits of parked steps more than 3
-    steps before the next probe: before every probe the speculator holds the 3 positions before
-    it, with the very rows a speculator told every commit holds; it proposes the same drafts at
-    the same positions; the output is plain decoding's."""
-    full, told_all, seq = _parked_run(None, sampling)
-    gen, spec, _ = _parked_run(3, sampling)
-    assert gen.tokens == full.tokens == seq[6:]
-    assert gen.stats.governor_losses >= 3 and full.stats.skipped_commits == 0
-    skipped = set(told_all.rows) - set(spec.rows)
-    assert gen.stats.skipped_commits == len(skipped) > 20  # long parks: most commits withheld
-    assert [(p, d) for p, d, _ in spec.proposals] == [(p, d) for p, d, _ in told_all.proposals]
-    for position, _, held in spec.proposals:
-        assert {position - 3, position - 2, position - 1} <= held  # the catch-up window, complete
-    for position, row in spec.rows.items():  # every row it got is the row a full commit carries
-        assert row is not None and torch.equal(row, told_all.rows[position])
-
-
-def test_no_catch_up_bound_means_every_commit():
-    """A speculator that declares no bound is told every step, parked or not; a bound that is
-    not a positive int is a ContractError naming the member, before any step runs."""
-    gen, spec, _ = _parked_run(None, None, max_tokens=60)
-    assert gen.stats.governor_parked_steps > 0 and gen.stats.skipped_commits == 0
-    assert sorted(spec.rows) == list(range(6 + 59))
-    from tsspec.capabilities import ContractError
-
-    for bound in (0, True, "3"):
-        with pytest.raises(ContractError, match="catch_up_rows must be"):
-            _parked_run(bound, None, max_tokens=60)

@@ -193,17 +193,15 @@ def test_a_keyed_member_proposal_is_sized_by_its_governor_and_a_declined_one_goe
     assert seen[1:] == [(True, 8.0, 3, 2), (False, 7.0, 1, 0)] and heard[1:] == [(False, 8.0, 3, 0), (False, 7.0, 1, 0)]
 
 
-def test_a_confident_backup_reads_its_governors_worth_and_teaches_its_calibration():
+def test_a_confident_backup_is_sized_by_and_teaches_its_governors_calibration():
     from tsspec.protocols import Proposal
 
     primary, backup = Every("p", None, [0]), Every("b", None, [0])
     pair = SpeculatorPair(primary, backup)
     gb = pair.governors[BACKUP]
-    seen = []
     primary.propose = lambda ctx: []
-    backup.propose = lambda ctx: seen.append(ctx.worth) or Proposal([5, 6], confidence=[0.95, 0.9])
+    backup.propose = lambda ctx: Proposal([5, 6], confidence=[0.95, 0.9])
     assert pair.propose(_ctx()) == [5] and pair.confidence == [0.95]  # a probe: one token
-    assert seen == [gb.worth]
     pair.observe_step(True, 12.0, 2, 1)
     assert gb.calibration.reached[9] == 1 and gb.calibration.landed[9] == 1
     assert pair.confidence is None

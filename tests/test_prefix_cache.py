@@ -115,3 +115,60 @@ def test_errors():
         table.commit([1], 3)
     with pytest.raises(ValueError):
         table.truncate(2)
+
+
+def test_a_sequence_takes_the_free_block_after_its_last_one():
+    pool = BlockPool(8, 2)
+    a, _ = _run(pool, [1, 2, 3, 4, 5])  # blocks 0, 1, 2 (the last one partial)
+    assert a.blocks == [0, 1, 2]
+    a.free()  # 0 and 1 are cached (full, keyed), 2 goes back to the free list
+    b = _table(pool)
+    assert b.adopt([1, 2, 3, 4, 9, 9, 9]) == 4
+    assert pool.reserve(2)
+    b.reserved = 2
+    b.prepare_write(4, 7)
+    assert b.blocks == [0, 1, 2, 3]  # the free block after each, not the free list's last
+    b.free()
+    # a cached block after the last one is never taken out of turn: the prefix stays adoptable
+    c = _table(pool)
+    assert c.adopt([1, 2, 0]) == 2 and c.blocks == [0]
+    assert pool.reserve(1)
+    c.reserved = 1
+    c.prepare_write(2, 4)
+    assert c.blocks[1] != 1 and pool.evictions == 0
+    c.free()
+
+
+def test_relocate_copies_adopted_blocks_to_a_free_run():
+    pool, copies = BlockPool(10, 2), []
+    a, _ = _run(pool, [1, 2, 3, 4, 5, 6])  # blocks 0, 1, 2: all full, cached after free
+    a.free()
+    b = _table(pool, copies)
+    assert b.adopt([1, 2, 3, 4, 5, 6, 7]) == 6 and b.blocks == [0, 1, 2]
+    # the next block (3) is free: nothing to move
+    assert not b.relocate(6)
+    b.free()
+    c, _ = _run(pool, [1, 2, 9, 9])  # adopts block 0, then takes 3 (block 1 is cached)
+    assert c.blocks[0] == 0 and c.blocks[1] != 1
+    c.free()
+    d = _table(pool, copies)
+    assert d.adopt([1, 2, 3, 4, 8]) == 4 and d.blocks == [0, 1]  # block 2 after them is cached
+    assert d.relocate(4)
+    start = d.blocks[0]
+    assert d.blocks == [start, start + 1] and copies == [(0, start), (1, start + 1)]
+    assert pool.refs(0) == 0 and pool.cached >= 3  # the originals stay cached
+    assert pool.reserve(2)
+    d.reserved = 2
+    d.prepare_write(4, 6)
+    assert d.blocks == [start, start + 1, start + 2]
+    d.commit([8, 0], 4)
+    d.free()
+    assert pool.reserved == 0 and pool.in_use == 0
+    probe = _table(pool)
+    assert probe.adopt([1, 2, 3, 4, 5, 6, 0]) == 6  # the cached prefix survived
+    probe.free()
+    # no run long enough: nothing moves
+    e = _table(pool)
+    e.adopt([1, 2, 3, 4, 0])
+    assert not e.relocate(20)
+    e.free()

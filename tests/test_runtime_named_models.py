@@ -80,9 +80,50 @@ def test_models_command_lists_named_models_and_architectures(monkeypatch, capsys
     monkeypatch.setattr(STATE, "catalog", _catalog("/x.gguf", installed=False))
     models_cmd.models(as_json=True)
     info = json.loads(capsys.readouterr().out)
-    assert info["named"] == [{"name": "tiny-named", "installed": False, "description": "a tiny file",
-                              "plugin": "namedplugin"}]
+    assert info["named"] == [{"name": "tiny-named", "installed": False, "default": False,
+                              "description": "a tiny file", "plugin": "namedplugin"}]
     assert info["architectures"] == []
     models_cmd.models(as_json=False)
-    assert "tiny-named       not installed  a tiny file (plugin namedplugin)" in capsys.readouterr().out
+    assert "tiny-named       not installed           a tiny file (plugin namedplugin)" in capsys.readouterr().out
 
+
+
+def _default_catalog(offers):
+    """A catalog whose plugin offers ``offers``: (name, installed, default) triples."""
+    mod = types.ModuleType("defaults")
+
+    @hookimpl
+    def tsspec_register_named_models(register):
+        for name, installed, default in offers:
+            register(name, lambda name=name: f"/models/{name}.gguf", installed=installed, default=default)
+
+    mod.tsspec_register_named_models = tsspec_register_named_models
+    host = PluginHost()
+    host.register(mod, "defaults")
+    return build_catalog(host, discover=False)
+
+
+def test_the_default_model_is_the_first_installed_one_offered():
+    from tsspec.runtime.named_models import default_model
+
+    catalog = _default_catalog([("plain", True, False), ("absent", False, True), ("chosen", True, True)])
+    assert default_model(catalog) == "chosen"
+
+
+def test_no_default_model_is_a_one_line_error_naming_what_was_offered():
+    from tsspec.runtime.named_models import default_model
+
+    with pytest.raises(ModelLoadError, match="absent offered but not installed"):
+        default_model(_default_catalog([("absent", False, True)]))
+    with pytest.raises(ModelLoadError, match="no installed plugin offers a default model"):
+        default_model(_default_catalog([]))
+
+
+def test_load_model_without_a_path_loads_the_default(monkeypatch):
+    from tsspec.runtime import loading
+
+    seen = {}
+    monkeypatch.setattr(loading, "file_architecture", lambda path: seen.setdefault("path", str(path)) and "nothing")
+    with pytest.raises(ModelLoadError, match="served by no loaded plugin"):
+        loading.load_model(catalog=_default_catalog([("chosen", True, True)]))
+    assert seen["path"] == "/models/chosen.gguf"

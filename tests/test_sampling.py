@@ -113,3 +113,45 @@ def test_greedy_token_reads_a_row_with_the_negative_bit_set():
     row = z.conj().imag  # [5] float32: 3, -2, 1, -7, 0.5 negated lazily
     assert row.is_neg() and row.dtype == torch.float32
     assert greedy_token(row) == int(torch.argmax(row).item()) == 3
+
+
+def test_presence_and_frequency_penalties_llama_cpp_semantics():
+    s = Sampler(SamplingParams(presence_penalty=0.5, frequency_penalty=0.25, repeat_last_n=4))
+    logits = torch.tensor([1.0, 1.0, 1.0, 1.0])
+    # window [1, 1, 2, 1] (the first 0 is outside the last 4): token 1 three times, 2 once
+    out = s.adjust(logits, [0, 1, 1, 2, 1])
+    assert out.tolist() == [1.0, 1.0 - 3 * 0.25 - 0.5, 1.0 - 0.25 - 0.5, 1.0]
+    assert logits.tolist() == [1.0] * 4  # the input is not changed
+    assert s.lookback == 4
+    # a negative presence penalty favours what was said
+    assert Sampler(SamplingParams(presence_penalty=-2.0)).sample(torch.tensor([1.0, 0.5]), 0, [1]) == 1
+
+
+def test_repetition_then_presence_penalty_stack():
+    s = Sampler(SamplingParams(repeat_penalty=2.0, presence_penalty=1.0))
+    assert s.adjust(torch.tensor([4.0, -2.0]), [0, 1]).tolist() == [1.0, -5.0]
+
+
+def test_logit_bias_reads_no_token_but_reports_a_lookback():
+    s = Sampler(SamplingParams(logit_bias=((0, -100.0), (2, 5.0), (99, 1.0))))  # 99: outside, ignored
+    logits = torch.tensor([3.0, 2.0, 0.0])
+    assert s.adjust(logits, []).tolist() == [-97.0, 2.0, 5.0]
+    assert s.sample(logits, 0, []) == 2
+    assert s.lookback == 1  # DraftContext: a bias that reads no token still reports one
+
+
+@pytest.mark.parametrize("name", ["presence_penalty", "frequency_penalty"])
+def test_penalties_out_of_range(name):
+    with pytest.raises(ValueError, match=name):
+        SamplingParams(**{name: 2.5})
+
+
+def test_logprobs_recorded_from_the_adjusted_logits():
+    s = Sampler(SamplingParams(logit_bias=((1, 1.0),)), logprobs=2)
+    logits = torch.tensor([0.0, 0.0, -1.0])
+    token = s.sample(logits, 7, [])
+    entry = s.recorded[7]
+    expected = torch.log_softmax(torch.tensor([0.0, 1.0, -1.0], dtype=torch.float64), dim=-1)
+    assert token == 1 and entry.token == 1 and entry.logprob == pytest.approx(float(expected[1]))
+    assert [i for i, _ in entry.top] == [1, 0] and entry.top[1][1] == pytest.approx(float(expected[0]))
+    assert Sampler(SamplingParams()).sample(logits, 7, []) == 0 and not Sampler().recorded  # off: nothing kept

@@ -20,8 +20,7 @@ def test_anything_else_leaves_it_on(value):
 
 def test_every_switch_is_listed_and_described():
     assert set(SWITCHES) == {"TS_Q35_VERIFY_SNAPSHOTS", "TS_MTP_FOLD_CATCHUP", "TS_DFLASH_CONV", "TS_DFLASH_SELECTOR",
-                             "TS_MTP_NATIVE", "TS_MTP_ONE_CALL", "TS_MTP_THREAD_CHOICE", "TS_DFLASH_NATIVE",
-                             "TS_BLOCK_VALUE"}
+                             "TS_MTP_NATIVE", "TS_MTP_ONE_CALL", "TS_MTP_THREAD_CHOICE", "TS_DFLASH_NATIVE"}
     assert all(f"{name}=0" in describe() for name in SWITCHES)
     assert "0" in OFF_WORDS
 

@@ -98,6 +98,44 @@ def _add_plugin_commands(app: typer.Typer, catalog) -> None:
     settle()
 
 
+GLOBAL_VALUE_OPTIONS = ("--config", "--plugins", "--disable-plugin")  # global options that take a value
+
+
+def _command_word(argv: list[str]) -> str | None:
+    """The command the operator asked for: the first word that is no global option or its value."""
+    skip = False
+    for arg in argv:
+        if skip:
+            skip = False
+        elif arg in GLOBAL_VALUE_OPTIONS:
+            skip = True
+        elif not arg.startswith("-"):
+            return arg
+    return None
+
+
+def check_command_available(app: typer.Typer, argv: list[str], state) -> None:
+    """A command that is missing because its plugin was not loaded (disabled, outside the
+    allow-list, failed) is named with that plugin and the reason, instead of click's bare
+    "No such command"."""
+    word = _command_word(argv)
+    if word is None or state.catalog is None:
+        return
+    if word in {_entry_name(e) for e in (*app.registered_commands, *app.registered_groups)}:
+        return
+    records = [r for r in state.catalog.host.records.values() if r.status != "loaded"]
+    if not records:
+        return
+    where = f" (config file {state.config_path})" if state.config_path else ""
+    same = [r for r in records if r.name == word]
+    if same:
+        record = same[0]
+        raise TsspecError(f"no command {word!r}: the plugin {record.name!r} that adds it is {record.status}: "
+                          f"{record.reason}{where}")
+    listed = ", ".join(f"{r.name} ({r.status})" for r in sorted(records, key=lambda r: r.name))
+    raise TsspecError(f"no command {word!r}; plugins not loaded, one of which may add it: {listed}{where}")
+
+
 def main(argv: list[str] | None = None) -> None:
     # tsspec's CPU kernels run on their own thread pool (cpu_kernels.c), but torch's small ops
     # between them (sampling, softmax over the vocabulary) use OpenMP, whose workers spin after
@@ -120,6 +158,7 @@ def main(argv: list[str] | None = None) -> None:
         STATE.catalog = configure(state.controls)
         app = build_app()
         _add_plugin_commands(app, STATE.catalog)
+        check_command_available(app, argv, STATE)
         app(args=argv, prog_name="tsspec", standalone_mode=True)
     except TsspecError as exc:
         if debug:

@@ -95,10 +95,6 @@ def load_target(model: str | None, device: str, dtype: str | None, options, *, t
     from ..runtime.loading import load_model
 
     flags.apply_threads(threads)
-    if model is None:
-        from tsspec_gguf.embedded import embedded_model_path
-
-        model = str(embedded_model_path())
     target = load_model(model, device=device, dtype=dtype, options=options, catalog=STATE.catalog)
     flags.apply_ctx_size(target, ctx_size)
     return target
@@ -107,7 +103,7 @@ def load_target(model: str | None, device: str, dtype: str | None, options, *, t
 def generate(
     prompt: Annotated[Optional[str], typer.Option("--prompt", "-p", help="Prompt text (or pipe it in).")] = None,
     prompt_file: Annotated[Optional[str], typer.Option("--prompt-file", help="Read the prompt from a file ('-' = stdin).")] = None,
-    model: Annotated[Optional[str], typer.Option("--model", "-m", help="GGUF file (default: the embedded SmolLM2-135M-Instruct; 'toy' = the test toy).")] = None,
+    model: Annotated[Optional[str], typer.Option("--model", "-m", help="GGUF file or model name (`tsspec models`; default: the default model a plugin offers, the embedded smollm2-135m; 'toy' = the test toy).")] = None,
     chat: Annotated[bool, typer.Option("--chat/--raw", help="Apply the model's chat template.")] = False,
     system: Annotated[Optional[str], typer.Option("--system", help="System message (with --chat).")] = None,
     max_tokens: Annotated[int, typer.Option("--max-tokens", "-n", min=1, help="Tokens to generate.")] = 128,

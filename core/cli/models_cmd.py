@@ -13,7 +13,8 @@ from .state import STATE
 
 def listing(catalog) -> dict:
     named = [
-        {"name": e.name, "installed": e.installed, "description": e.description, "plugin": e.plugin}
+        {"name": e.name, "installed": e.installed, "default": e.default, "description": e.description,
+         "plugin": e.plugin}
         for e in sorted(catalog.named_models.values(), key=lambda e: e.name)
     ]
     families = [
@@ -31,8 +32,8 @@ def models(as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] 
         return
     typer.echo("named models (--model NAME; an Ollama model name resolves to its local blob too):")
     for m in info["named"]:
-        state = "installed" if m["installed"] else "not installed"
-        typer.echo(f"  {m['name']:<16} {state:<14} {m['description']} (plugin {m['plugin']})")
+        state = ("installed" if m["installed"] else "not installed") + (", default" if m["default"] else "")
+        typer.echo(f"  {m['name']:<16} {state:<23} {m['description']} (plugin {m['plugin']})")
     if not info["named"]:
         typer.echo("  none")
     typer.echo("architectures that load from any GGUF path (--model FILE):")

@@ -21,11 +21,8 @@ the order, so both become the pooled (6 + 1.7 + 4 + 1.5) / (12 + 6) = 0.73.
 ``ChainWorth`` turns calibrated chances into decisions with the run's measured cost by length
 (``DraftEconomics.cost``): a chain whose tokens land with conditional chances c1, c2, .. emits
 ``E(k) = 1 + c1 + c1*c2 + ..`` tokens when k are verified, for ``cost(k)`` ms (a plain step is
-k = 0). ``length`` is the k with the most tokens per ms (0: a plain step pays more);
-``extend`` says whether one more head call is worth making: it estimates the next token's chance
-as the chain's so far times the chance of the newest token's confidence (a head sure of this
-token tends to be sure of the next) and asks whether that token would raise tokens per ms after
-its verify row AND the call's own milliseconds (``step_ms``, measured by the drafter).
+k = 0). ``length`` is the k with the most tokens per ms (0: a plain step pays more): the
+governor verifies that many of a proposal's drafts.
 """
 
 from __future__ import annotations
@@ -111,7 +108,7 @@ class ConfidenceCalibration:
 
 
 class ChainWorth:
-    """A speculator's view of the calibrated chances and the measured costs (``DraftContext.worth``).
+    """The calibrated chances against the measured costs: how much of a chain to verify.
 
     ``economics`` is the governor's ``DraftEconomics`` (its ``cost(k)``: ms of a step verifying
     k drafts, k = 0 a plain step); ``calibration`` a ``ConfidenceCalibration``."""
@@ -138,22 +135,6 @@ class ChainWorth:
             if best_rate is None or rate > best_rate * (1 + 1e-9):
                 best_k, best_rate = k, rate
         return best_k
-
-    def extend(self, confidences: Sequence[float], step_ms: float = 0.0) -> bool:
-        """Is one more draft token worth a head call of ``step_ms`` ms after these? Its chance
-        is taken as the chain's so far times the calibrated chance of the newest confidence;
-        True when that token, verified, would beat the best tokens per ms the chain offers now.
-        With nothing to go on (no confidences, no cost measured) False: a chain grows on
-        evidence."""
-        n = len(confidences)
-        costs = self._costs(n + 1)
-        if costs is None or n == 0:
-            return False
-        expected = self._expected(confidences)
-        chain = expected[-1] - expected[-2]  # the chance that all n land
-        now = max(e / c for e, c in zip(expected, costs))
-        extra = chain * self.chance(confidences[-1])
-        return (expected[-1] + extra) / (costs[n + 1] + max(0.0, float(step_ms))) > now * (1 + 1e-9)
 
     def _expected(self, confidences: Sequence[float]) -> list[float]:
         """[E(0), E(1), .., E(n)] under the calibrated chances."""

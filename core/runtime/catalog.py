@@ -43,6 +43,7 @@ class NamedModelEntry:
     description: str = ""
     installed: bool = True
     plugin: str | None = None
+    default: bool = False
 
 
 @attrs.define
@@ -169,12 +170,13 @@ def build_catalog(host: PluginHost, *, discover: bool = True) -> Catalog:
                                                catalog.bundled_drafters)},
     )
     def named_models_for(name):
-        def register(model_name, resolve, *, description="", installed=True):
+        def register(model_name, resolve, *, description="", installed=True, default=False):
             if not isinstance(model_name, str) or not model_name or "/" in model_name:
                 raise ValueError(f"invalid model name {model_name!r}")
             if not callable(resolve):
                 raise TypeError(f"named model {model_name!r}: resolve is not callable")
-            entry = NamedModelEntry(model_name, resolve, str(description or ""), bool(installed), name)
+            entry = NamedModelEntry(model_name, resolve, str(description or ""), bool(installed), name,
+                                    bool(default))
             pending.append((name, lambda: catalog.named_models.setdefault(model_name, entry)))
 
         return {"register": register}

@@ -19,13 +19,11 @@ position ``p``:
 5. Commit: the kept tokens and the exact hidden rows that predicted them go to the speculator.
 
 An empty proposal is a plain one-row step that still commits to the speculator. The cost
-governor beside the loop may park drafting; then steps are plain one-row steps. What the loop
-reads of the speculator is its ``SpeculatorInfo`` (``tsspec.capabilities``, defaults there): a
-``catch_up_rows = N`` (the trailing committed rows its next proposal needs after a gap) means a
-parked step's commit is withheld unless the step lies among the N before the governor's next
-probe, and the trunk computes no hidden rows for a parked step whose row no commit or probe will
-read; ``observe_step(speculative, ms, tokens, drafted)`` hears every step's measured cost after
-its commit; ``handles_own_prefill`` means the prompt is not committed to it.
+governor beside the loop may park drafting; then steps are plain one-row steps, each still
+committed to the speculator. What the loop reads of the speculator is its ``SpeculatorInfo``
+(``tsspec.capabilities``, defaults there): ``observe_step(speculative, ms, tokens, drafted)``
+hears every step's measured cost after its commit; ``handles_own_prefill`` means the prompt is
+not committed to it.
 
 The trunk is driven through the target's own members (``SpecTrunk``): ``spec_forward`` then
 one ``spec_keep(rows_kept)``; ``spec_rewind_cache`` between sequences.
@@ -66,15 +64,6 @@ from .trunk import forward_all, keep
 log = logging.getLogger("tsspec.execution")
 
 _logged_faults: set[str] = set()  # speculators whose first fault was already logged
-
-
-def catch_up_bound(info: SpeculatorInfo | None) -> int | None:
-    """The trailing committed rows a speculator's next proposal needs after a gap (its
-    ``catch_up_rows``), or None: it is told every commit (none declared, or it governs itself:
-    the loop's governor never parks it)."""
-    if info is None or info.governs_itself:
-        return None
-    return info.catch_up_rows
 
 
 def accept(draw: Callable[[int], int], drafts: Sequence[int]) -> list[int]:
@@ -155,7 +144,6 @@ class SpeculativeExecution:
         self._cached: list[int] = []  # tokens in the trunk's cache after the last sequence
         self._armed = False
         self._faults = 0
-        self._catch_up = catch_up_bound(self.info)  # trailing rows a probe needs, or None: all
         self._run_start = self._decode_start = 0.0
         # does the trunk undo a rejected tail by a KV rewind alone (any cached prefix reusable)?
         self._persists = target_info(trunk).verify_persists_accepted_kv
@@ -274,19 +262,12 @@ class SpeculativeExecution:
         return logits
 
     def _plain_step(self, seq: SequenceState, p: int, attempted: bool, draft_ms: float) -> None:
-        """Forward ``last`` alone and draw the next token from its row. While the governor parks
-        a speculator with a catch-up bound, the commit is withheld unless this step is among the
-        bound's last steps before the next probe, and the hidden row unless a commit or the probe
-        will read it (``_parked_needs``)."""
+        """Forward ``last`` alone, commit it and draw the next token from its row."""
         last, carry = seq.history[-1], seq.carry
-        commit, row = self._parked_needs()
         with self._phase("plain") as forward:
-            logits, hidden = forward_all(self.trunk, [last], want_hidden=seq.want_hidden and self._armed and row)
+            logits, hidden = forward_all(self.trunk, [last], want_hidden=seq.want_hidden and self._armed)
         self.stats.plain_steps += 1
-        if commit:
-            self._commit([last], None if carry is None else carry[None], p)
-        elif self._armed:
-            self.stats.skipped_commits += 1
+        self._commit([last], None if carry is None else carry[None], p)
         seq.carry = hidden[-1] if hidden is not None else None
         token = self.sampler.sample(logits[-1], p + 1, seq.history)
         # the step's cost is the forward, the draw and the commit: what a verify step's is, but
@@ -337,21 +318,6 @@ class SpeculativeExecution:
         self._observe(True, ms, kept, len(drafts))
 
     # -- helpers -----------------------------------------------------------------------------
-    def _parked_needs(self) -> tuple[bool, bool]:
-        """(commit this plain step?, compute its hidden row?). With ``r`` plain steps left before
-        the next probe (after this one) and a catch-up bound ``N``: this step's commit (of the
-        token at its position) is among the N before the probe when ``r < N``; its row is the
-        next step's commit row, or the probe's ``carry_hidden`` at ``r == 0``, so it is needed
-        when ``r <= N``. Not parked, or no bound: both. (A step that did not ask the governor,
-        ``k_max`` 0, is the sequence's last: its ``r`` is one step stale, and nothing follows.)"""
-        bound = self._catch_up
-        if bound is None:
-            return True, True
-        ahead = self.governor.plain_steps_before_probe()
-        if ahead is None:
-            return True, True
-        return ahead < bound, ahead <= bound
-
     def _reusable_prefix(self, prompt: list[int]) -> int:
         """How many leading prompt tokens the trunk still caches from the last sequence (never
         the whole prompt: the last row must be forwarded for its logits)."""
@@ -374,7 +340,6 @@ class SpeculativeExecution:
             vocab_size=self.vocab_size,
             adjust_lookback=self.sampler.lookback,
             window=self.window,
-            worth=self.governor.chain_worth(),
         )
 
     def _emit(self, seq: SequenceState, token: int) -> bool:

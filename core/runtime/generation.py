@@ -20,7 +20,7 @@ from .governor import SpeculationCostGovernor
 from .pairing import SpeculatorPair
 from .options import SpeculationOptions
 from .registry import Decline
-from .sampling import Sampler, SamplingParams
+from .sampling import Sampler, SamplingParams, TokenLogprob
 from .stats import SpecStats
 from .text_stream import TextStream
 
@@ -41,6 +41,7 @@ class Generation:
     speculator: str | None  # the algorithm that ran, or None
     decline: Decline | None = None  # why none ran, when speculation was asked for
     finish_reason: str = "length"  # length | stop | context
+    logprobs: list[TokenLogprob] | None = None  # one per emitted token, when asked for
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -161,12 +162,17 @@ def generate(
     clock=None,
     trunk=None,
     arm_after_reuse: bool | None = None,
+    logprobs: int | None = None,
+    logprob_sink: list | None = None,
 ) -> Generation:
     """Generate up to ``max_tokens`` tokens. Speculation never changes the output.
 
     ``trunk``: the SpecTrunk to run on (default: the target itself, its own linear cache); the scheduler
     passes a ``BatchedSpecTrunk``. ``arm_after_reuse=False`` never arms a speculator after a
-    reused KV prefix (the refuse-all rule, for comparisons; None lets the speculator decide)."""
+    reused KV prefix (the refuse-all rule, for comparisons; None lets the speculator decide).
+    ``logprobs``: keep each emitted token's ``TokenLogprob`` with that many alternatives (0: the
+    token's own only); they are appended to ``logprob_sink`` (when given) as each token is
+    emitted, before ``on_token`` hears of it."""
     options = options or SpeculationOptions()
     if max_tokens < 1:
         raise GenerationError(f"max tokens must be >= 1, got {max_tokens}")
@@ -190,7 +196,8 @@ def generate(
     if stop_tokens is None:
         stop_tokens = sorted(getattr(tokenizer, "eos_token_ids", ()) or ())
     window = draft_window(options, target, speculator, name)
-    sampler = Sampler(sampling or SamplingParams())
+    sampler = Sampler(sampling or SamplingParams(), logprobs=logprobs)
+    kept_logprobs = (logprob_sink if logprob_sink is not None else []) if logprobs is not None else None
     memory = None  # where the loop's governor carries a lost park to this target's next sequence
     if governor is None:
         # a sizing speculator (sizes_own_drafts) gets the whole window; one that governs itself
@@ -223,9 +230,13 @@ def generate(
         **({"clock": clock} if clock is not None else {}),
     )
     stream = TextStream(tokenizer, stop)
-    streaming = on_token is not None or bool(stream.stop)
+    streaming = on_token is not None or bool(stream.stop) or kept_logprobs is not None
+    emitted = [0]
 
     def _on_token(tok: int) -> bool:
+        if kept_logprobs is not None:  # emitted token i was drawn at position len(ids) + i
+            kept_logprobs.append(sampler.recorded.pop(len(ids) + emitted[0]))
+            emitted[0] += 1
         piece = stream.push(tok)
         stop_now = stream.stopped
         if on_token is not None and (piece or tokenizer is None or stop_now):
@@ -265,4 +276,5 @@ def generate(
         speculator=name,
         decline=decline,
         finish_reason=finish,
+        logprobs=kept_logprobs,
     )

@@ -46,10 +46,6 @@ most tokens per millisecond under this run's own acceptance by position and cost
 loop turns this off for it). A weak drafter thus drafts one token where one pays, a strong one
 opens the window, and the park decision above judges what the chosen length achieves.
 
-Skipped commits. While parked, ``plain_steps_before_probe`` says how many plain steps remain
-before the next probe; the loop uses it to withhold a parked speculator's commits (and the
-target's hidden rows) until the catch-up window the speculator declares (``catch_up_rows``).
-
 Evidence-conditioned drafting. A proposal may carry an ``evidence`` key (what the drafter knew
 when it proposed; ``tsspec.protocols.Proposal``). Then ``draft_limit`` gives the window (the
 length cannot be chosen before the key is known) and ``size_proposal`` keeps the length that
@@ -264,12 +260,6 @@ class SpeculationCostGovernor:
             keep = min(keep, self.probe_draft)
         return keep
 
-    def chain_worth(self) -> ChainWorth | None:
-        """What a drafter that knows its confidence may read while proposing
-        (``DraftContext.worth``): this run's calibrated chances and measured costs. None when
-        the governor is off or does not size drafts (the drafter then gates by its own)."""
-        return self.worth if self.enabled and self.size_drafts else None
-
     def _plain_gap(self) -> int:
         """Speculative steps between baseline samples while the baseline is short."""
         if not self.probe_steps:
@@ -438,11 +428,3 @@ class SpeculationCostGovernor:
         self.parked_left = self.backoff
         self.backoff = min(self.max_backoff, self.backoff * growth)
         self.spec.clear()
-
-    def plain_steps_before_probe(self) -> int | None:
-        """While parked: how many plain steps remain before the next probe (asked after
-        ``want_speculation`` said no for this step; 0: the next step probes). None when
-        drafting is not parked (any step may draft) or the governor is off."""
-        if not self.enabled or self.state != PARKED:
-            return None
-        return self.parked_left

@@ -85,7 +85,7 @@ def file_less_entry(path: object, catalog):
 
 
 def load_model(
-    path: object,
+    path: object = None,
     *,
     device: str = "cpu",
     dtype: str | None = None,
@@ -93,7 +93,8 @@ def load_model(
     options: SpeculationOptions | None = None,
     catalog=None,
 ):
-    """Load ``path`` through the plugin that serves its architecture; attach ``draft_model``."""
+    """Load ``path`` (a GGUF file, a model name, ``toy``; None: the default model a plugin
+    offers) through the plugin that serves its architecture; attach ``draft_model``."""
     spec = options or SpeculationOptions()
     load_options = LoadOptions(device=device, dtype=dtype, speculation=spec)
     if catalog is None:
@@ -102,6 +103,10 @@ def load_model(
         catalog = default_catalog()
     load_options = attrs.evolve(load_options, kernels=catalog.kernel_table(_device_type(device)),
                                 drafters=dict(catalog.drafters))
+    if path is None:
+        from .named_models import default_model
+
+        path = default_model(catalog)
     entry = file_less_entry(path, catalog)
     if entry is None:
         from .named_models import resolve_model_path

@@ -63,6 +63,18 @@ def ollama_blob(name: str, stores: list[Path] | None = None) -> str | None:
     return None
 
 
+def default_model(catalog) -> str:
+    """The name of the default model: the first installed named model a plugin offers as the
+    default; a ModelLoadError naming what to install when none does."""
+    for entry in catalog.named_models.values():
+        if entry.default and entry.installed:
+            return entry.name
+    offered = [e.name for e in catalog.named_models.values() if e.default]
+    hint = f" ({', '.join(offered)} offered but not installed)" if offered else ""
+    raise ModelLoadError("(default model)", "no installed plugin offers a default model" + hint
+                         + "; name a GGUF file or a model (`tsspec models` lists them)")
+
+
 def resolve_model_path(path: object, catalog) -> object:
     """A model argument as a path: unchanged when it exists (or names nothing else), a named
     model's resolved file, or an Ollama store's blob."""

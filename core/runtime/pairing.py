@@ -97,7 +97,7 @@ class SpeculatorPair:
         if limit < 1:
             return []
         start = self.clock()
-        raw = member.propose(attrs.evolve(ctx, max_tokens=limit, worth=governor.chain_worth()))
+        raw = member.propose(attrs.evolve(ctx, max_tokens=limit))
         drafts = _as_list(raw)
         if drafts:
             evidence, _ = proposal_evidence(raw)  # unhashable evidence: sized as unkeyed

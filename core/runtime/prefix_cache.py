@@ -130,9 +130,29 @@ class BlockPool:
             self._lru.pop(block, None)
         self._refs[block] += 1
 
-    def allocate(self, *, reserved: bool = True) -> int:
-        """A private block (reference 1). ``reserved``: it comes out of the caller's reservation."""
-        if self._free:
+    def free_run(self, length: int) -> int | None:
+        """The first block of ``length`` consecutive free (unreferenced, unkeyed) blocks, or None."""
+        run_start, run = None, 0
+        for block in sorted(self._free):
+            if run and block == run_start + run:
+                run += 1
+            else:
+                run_start, run = block, 1
+            if run >= length:
+                return run_start
+        return None
+
+    def allocate(self, *, reserved: bool = True, after: int | None = None) -> int:
+        """A private block (reference 1). ``reserved``: it comes out of the caller's reservation.
+        ``after``: the caller's previous block; the one after it is taken when it is free (never
+        a cached one), so a sequence's blocks tend to be consecutive and a paged forward can
+        read its keys in place."""
+        follower = None if after is None else after + 1
+        if follower is not None and follower < self.num_blocks and self._refs[follower] == 0 \
+                and follower not in self._key_of:
+            self._free.remove(follower)  # unreferenced and unkeyed: on the free list
+            block = follower
+        elif self._free:
             block = self._free.pop()
         elif self._lru:
             block, _ = self._lru.popitem(last=False)
@@ -196,6 +216,30 @@ class BlockTable:
         self.reused_tokens = len(self.tokens)
         return self.reused_tokens
 
+    def relocate(self, total: int) -> bool:
+        """Copy the adopted blocks to the start of a run of ``total`` free blocks when they could
+        not otherwise be followed by consecutive ones (the block after them is cached or held),
+        so that a paged forward can read the sequence's keys in place; the originals stay
+        cached. Needs a reservation of as many blocks as it copies; False when nothing moved."""
+        blocks, pool = self.blocks, self.pool
+        if not blocks or len(blocks) >= total:
+            return False
+        consecutive = all(b == blocks[0] + i for i, b in enumerate(blocks))
+        follower = blocks[-1] + 1
+        if consecutive and follower < pool.num_blocks and pool.refs(follower) == 0 and follower not in pool._key_of:
+            return False  # the block after them is free: later blocks follow on their own
+        start = pool.free_run(total)
+        if start is None or not pool.reserve(len(blocks)):
+            return False
+        fresh = []
+        for i, old in enumerate(blocks):
+            new = pool.allocate(after=start + i - 1)  # the run's next block (free: it is taken)
+            self.copy_block(old, new)
+            pool.release(old)
+            fresh.append(new)
+        self.blocks = fresh  # private copies: the keys stay with the cached originals
+        return True
+
     def prepare_write(self, start: int, end: int) -> None:
         """Make positions ``start .. end-1`` writable: allocate blocks up to ``end`` and copy any
         shared or cached block the write lands in."""
@@ -204,17 +248,17 @@ class BlockTable:
             for index in range(start // b, min(len(self.blocks), -(-end // b))):
                 block = self.blocks[index]
                 if self.pool.is_cached_or_shared(block):
-                    fresh = self._allocate()
+                    fresh = self._allocate(self.blocks[index - 1] if index else None)
                     self.copy_block(block, fresh)
                     self.pool.release(block)
                     self.blocks[index] = fresh
                     del self.keys[index:]
         while len(self.blocks) * b < end:
-            self.blocks.append(self._allocate())
+            self.blocks.append(self._allocate(self.blocks[-1] if self.blocks else None))
 
-    def _allocate(self) -> int:
+    def _allocate(self, after: int | None = None) -> int:
         use_reserved = self.reserved > 0
-        block = self.pool.allocate(reserved=use_reserved)
+        block = self.pool.allocate(reserved=use_reserved, after=after)
         if use_reserved:
             self.reserved -= 1
         return block

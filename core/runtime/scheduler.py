@@ -25,7 +25,9 @@ A target without a paged path (no ``spec_open_paged``, or one that declines this
 served: one sequence at a time on its own cache, without batching or the prefix cache
 (``serial`` holds the reason; it is logged once).
 
-Every bookkeeping call (pool, tables, queues) runs under one lock; the forward runs outside it.
+Every bookkeeping call (pool, tables, queues) runs under one lock; the forward runs outside it,
+one at a time. The worker whose request completes a batch runs it in its own thread; the engine
+thread runs batches that are due by ``batch_wait_ms`` and admits requests.
 """
 
 from __future__ import annotations
@@ -67,6 +69,8 @@ class SequenceRequest:
     on_token: Callable[[int, str], Any] | None = None
     on_done: Callable[["SequenceHandle"], None] | None = None  # runs in the worker thread too
     arm_after_reuse: bool | None = None  # None: the speculator decides; False: refuse-all rule
+    logprobs: int | None = None  # keep each token's TokenLogprob with this many alternatives
+    logprob_sink: list | None = None  # ... appended here as tokens are emitted (before on_token)
 
 
 @attrs.define(eq=False)
@@ -187,6 +191,7 @@ class Scheduler:
         self._order = itertools.count()
         self._closed = False
         self._engine: threading.Thread | None = None
+        self._busy = False  # a batch's forward is running (in the engine thread or a worker)
         # counters (read by metrics)
         self.finished = {FINISHED: 0, CANCELLED: 0, FAILED: 0}
         self.totals = SpecStats()
@@ -271,9 +276,12 @@ class Scheduler:
                 raise Cancelled()
             work = _Work(handle, tokens, all_logits, want_hidden, next(self._order), time.perf_counter())
             self._pending.append(work)
-            self._cond.notify_all()
             while not work.finished:
-                self._cond.wait()
+                if not self._busy and self._ready():
+                    self._run_batch()  # this request completed the batch: run it here
+                else:
+                    self._cond.notify_all()  # the engine thread runs it (or a timed-out batch)
+                    self._cond.wait()
         if work.error is not None:
             raise work.error
         return work.result
@@ -301,6 +309,8 @@ class Scheduler:
                 stop=request.stop,
                 trunk=handle.trunk,
                 arm_after_reuse=request.arm_after_reuse,
+                logprobs=request.logprobs,
+                logprob_sink=request.logprob_sink,
             )
             handle.result = result
             state = FINISHED
@@ -360,6 +370,8 @@ class Scheduler:
                 self.pool.queried_tokens, self.pool.hit_tokens = counters
                 break  # first come, first served: wait until blocks come back
             table.reserved = need
+            if not self._running:  # alone: consecutive blocks let its steps take one native call
+                table.relocate(self.blocks_needed(len(request.prompt), request.max_tokens))
             self._waiting.popleft()
             handle.trunk = BatchedSpecTrunk(
                 self,
@@ -416,50 +428,59 @@ class Scheduler:
                         handle.done.set()
                     self._waiting.clear()
                     return
-                if not self._ready():
+                if self._busy or not self._ready():
                     self._cond.wait(self.batch_wait_s if self._pending else 0.5)
                     continue
-                batch = self._take_batch()
-                rows: list[PagedRows] = []
-                runnable: list[_Work] = []
-                for work in batch:
-                    if work.finished:
-                        continue
-                    trunk = work.handle.trunk
-                    try:
-                        trunk.table.prepare_write(trunk.cache_seq_len, trunk.cache_seq_len + len(work.tokens))
-                    except Exception as exc:
-                        work.error, work.finished = exc, True
-                        continue
-                    rows.append(PagedRows(
-                        list(trunk.table.blocks), trunk.cache_seq_len, work.tokens, work.all_logits, work.want_hidden,
-                        seq=work.handle.id,
-                    ))
-                    runnable.append(work)
-                self._cond.notify_all()  # cancelled or failed work wakes its worker
-                if not runnable:
-                    continue
-                self._cond.release()
-                began = time.perf_counter()
-                try:
-                    outputs = self.kv.forward(rows)
-                    error = None
-                except Exception as exc:  # noqa: BLE001 - every sequence of the batch gets it
-                    outputs, error = None, exc
-                finally:
-                    elapsed = (time.perf_counter() - began) * 1000.0
-                    self._cond.acquire()
-                self.steps += 1
-                total = sum(len(r.tokens) for r in rows)
-                self.batch_rows += total
-                self._charge(runnable, total, elapsed)
-                for i, work in enumerate(runnable):
-                    if error is not None:
-                        work.error = error
-                    else:
-                        work.result = outputs[i]
-                    work.finished = True
-                self._cond.notify_all()
+                self._run_batch()
+
+    def _run_batch(self) -> None:
+        """Take this step's batch and run it as one forward. Called with the lock held, by the
+        engine thread or by the worker whose request completed the batch (then a lone
+        sequence's step costs no hand-off to another thread and back); the lock is released
+        during the forward, and ``_busy`` keeps a second batch from starting meanwhile."""
+        batch = self._take_batch()
+        rows: list[PagedRows] = []
+        runnable: list[_Work] = []
+        for work in batch:
+            if work.finished:
+                continue
+            trunk = work.handle.trunk
+            try:
+                trunk.table.prepare_write(trunk.cache_seq_len, trunk.cache_seq_len + len(work.tokens))
+            except Exception as exc:
+                work.error, work.finished = exc, True
+                continue
+            rows.append(PagedRows(
+                list(trunk.table.blocks), trunk.cache_seq_len, work.tokens, work.all_logits, work.want_hidden,
+                seq=work.handle.id,
+            ))
+            runnable.append(work)
+        if not runnable:
+            self._cond.notify_all()  # cancelled or failed work wakes its worker
+            return
+        self._busy = True
+        self._cond.release()
+        began = time.perf_counter()
+        try:
+            outputs = self.kv.forward(rows)
+            error = None
+        except Exception as exc:  # noqa: BLE001 - every sequence of the batch gets it
+            outputs, error = None, exc
+        finally:
+            elapsed = (time.perf_counter() - began) * 1000.0
+            self._cond.acquire()
+            self._busy = False
+        self.steps += 1
+        total = sum(len(r.tokens) for r in rows)
+        self.batch_rows += total
+        self._charge(runnable, total, elapsed)
+        for i, work in enumerate(runnable):
+            if error is not None:
+                work.error = error
+            else:
+                work.result = outputs[i]
+            work.finished = True
+        self._cond.notify_all()
 
     def _charge(self, batch: list[_Work], total_rows: int, ms: float) -> None:
         """Give each verify of the batch the time its extra rows cost the other sequences."""

@@ -34,7 +34,6 @@ class SpecStats:
     governor_losses: int = 0
     governor_parked_steps: int = 0
     declined_drafts: int = 0  # keyed proposals not verified (their key's drafts do not pay): plain steps
-    skipped_commits: int = 0  # parked plain steps whose commit the speculator's catch-up bound did not need
     faults: int = 0  # untrusted proposals or speculator exceptions caught
     fault_kinds: dict[str, int] = attrs.field(factory=dict)
     speculator_parked: bool = False
@@ -117,8 +116,7 @@ class SpecStats:
             f"tok/verify={self.tokens_per_verify:.2f}",
             "ms[" + " ".join(f"{p}={ph.get(p, 0.0):.0f}" for p in PHASES) + "]",
             f"governor[win={self.governor_wins} loss={self.governor_losses} parked={self.governor_parked_steps}"
-            + (f" declined={self.declined_drafts}" if self.declined_drafts else "")
-            + (f" skipped_commits={self.skipped_commits}]" if self.skipped_commits else "]"),
+            + (f" declined={self.declined_drafts}]" if self.declined_drafts else "]"),
         ]
         if self.prefix_reused:
             parts.append(f"prefix_reused={self.prefix_reused} armed={'yes' if self.armed_after_reuse else 'no'}")

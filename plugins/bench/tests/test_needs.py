@@ -268,10 +268,10 @@ def test_the_capped_sweep_runs_governor_off_beside_the_sweep_as_it_was():
     configs = build_configs(["ngram"], [0.0, 1.0], ["qa"], (False, True), [2])
     names = [c.name for c in configs]
     assert names == ["plain", "ngram", "oracle@0.00/no-governor", "oracle@1.00/no-governor", "oracle@0.00",
-                     "oracle@1.00", "oracle@0.00/draft2/no-governor", "oracle@1.00/draft2/no-governor"]
-    capped = configs[-1]
+                     "oracle@1.00", "oracle@0.00/draft2/no-governor", "oracle@1.00/draft2/no-governor", "control"]
+    capped = configs[-2]
     assert capped.max_draft == 2 and capped.adaptive is False and capped.classes == frozenset({"qa"})
-    assert build_configs([], [1.0], None) == [BenchConfig.plain(), BenchConfig.oracle(1.0)]
+    assert build_configs([], [1.0], None) == [BenchConfig.plain(), BenchConfig.oracle(1.0), BenchConfig.control()]
     with pytest.raises(ValueError):
         BenchConfig.oracle(0.5, max_draft=0)
 

@@ -54,7 +54,12 @@ def test_bench_on_the_toy_writes_json_markdown_and_plot(tmp_path, prompts, capsy
     runs = data["runs"]
     assert [r["order"] for r in runs] == list(range(len(runs)))
     timed = [r["config"] for r in runs if r["rep"] >= 0 and r["case"] == "q1"]
-    assert timed == ["plain", "ngram", "oracle@0.00", "oracle@1.00"] * 2
+    one_round = ["plain", "ngram", "oracle@0.00", "oracle@1.00", "control"]
+    assert timed == one_round + one_round[::-1]  # the order flips every round
+    control = next(r for r in data["summary"] if r["class"] == "all" and r["config"] == "control")
+    assert control["pairs"] == 4 and control["draft_tokens"] == 0
+    assert data["control_band"] == {"low": control["ratio_min"], "high": control["ratio_max"], "pairs": 4}
+    assert data["lossless"]["speculative_runs"] == sum(r["kind"] not in ("plain", "control") for r in runs)
 
     md = out_md.read_text()
     for heading in ("# tsspec benchmarks", "## Machine", "## Speculation vs plain decoding, per prompt class",
@@ -64,6 +69,7 @@ def test_bench_on_the_toy_writes_json_markdown_and_plot(tmp_path, prompts, capsy
     table_lines = [l for l in md.splitlines() if l.startswith("|")]
     assert table_lines and all(l.count("|") == table_lines[0].count("|") for l in table_lines[:5])
     assert "Headline: ngram" in md
+    assert "Control row (plain decoding against plain decoding" in md and "- **Noise**: the control row" in md
     mechanics = md[md.index("### Where the time goes"):]
     assert "| declined drafts |" in mechanics.splitlines()[4]  # keyed proposals not verified, per row
     assert all("declined_drafts" in r for r in data["summary"])
@@ -120,6 +126,18 @@ def test_peers_need_a_gguf_and_are_reported_as_skipped(tmp_path, prompts, capsys
 def _row(p, ratio):
     return SummaryRow("all", f"oracle@{p}", "oracle", 1, 1.0, 1.0, ratio, ratio, ratio, 1, 0.0, 1.0, [], 0, 0,
                       {}, 0, 0, 0, 0, 0, 0, 1, 0, 0, acceptance_target=p)
+
+
+def test_verdicts_come_from_the_control_rows_spread_not_a_fixed_threshold():
+    from tsspec_bench.report import _noise_note, _verdict_word
+    from tsspec_bench.summary import NoiseBand
+
+    wide, narrow = NoiseBand(0.90, 1.08, 10), NoiseBand(0.99, 1.01, 10)
+    assert _verdict_word(1.05, wide) == "is within noise" and _verdict_word(1.05, narrow) == "wins"
+    assert _verdict_word(0.95, wide) == "is within noise" and _verdict_word(0.95, narrow) == "loses"
+    assert _verdict_word(1.50, None) == "is unjudged (no control row)"
+    assert _noise_note(1.05, wide) == " (within noise)" and _noise_note(1.05, narrow) == ""
+    assert _noise_note(1.05, None) == " (unjudged: no control row)"
 
 
 def test_break_even_acceptance_interpolates_where_the_speed_up_crosses_one():

@@ -24,12 +24,16 @@ def _cases(target, n=2, prompt_len=24, max_tokens=20, classes=("a", "b")):
     return out
 
 
-def test_schedule_alternates_plain_and_each_config_after_a_warmup():
-    slots = schedule(2, 3, 2)
+def test_schedule_alternates_the_order_of_configs_every_round_after_a_warmup():
+    slots = schedule(2, 3, 3)
     warm = [s for s in slots if s.rep == WARMUP_REP]
     assert [(s.case, s.config) for s in warm] == [(0, 0), (0, 1), (0, 2)]
     timed = [(s.case, s.rep, s.config) for s in slots if s.rep != WARMUP_REP]
-    assert timed == [(c, r, k) for c in range(2) for r in range(2) for k in range(3)]
+    order = {0: [0, 1, 2], 1: [2, 1, 0], 2: [0, 1, 2]}
+    assert timed == [(c, r, k) for c in range(2) for r in range(3) for k in order[r]]
+    # no configuration always runs first: plain opens the even rounds and closes the odd ones
+    firsts = {timed[i][2] for i in range(0, len(timed), 3)}
+    assert firsts == {0, 2}
 
 
 def test_schedule_drops_configs_from_cases_they_do_not_apply_to_but_keeps_plain():
@@ -46,9 +50,9 @@ def test_runner_executes_in_schedule_order_and_checks_every_run():
     executed = [(r.case_id, r.rep, r.config) for r in records]
     expected = [(runner.cases[s.case].id, s.rep, configs[s.config].name) for s in runner.slots()]
     assert executed == expected
-    # plain, then each speculative configuration, in every round (A B C A B C ...)
+    # plain, then each speculative configuration, then back (A B C C B A ...)
     timed = [r.config for r in records if not r.warmup]
-    assert timed == ["plain", "oracle@1.00", "oracle@0.50"] * 4
+    assert timed == ["plain", "oracle@1.00", "oracle@0.50", "oracle@0.50", "oracle@1.00", "plain"] * 2
     assert all(r.verdict is not None and r.verdict.status == IDENTICAL for r in records)
     assert not runner.mismatches
     oracle_full = [r for r in records if r.config == "oracle@1.00" and not r.warmup]
@@ -81,6 +85,27 @@ def test_summary_pairs_each_speculative_run_with_the_plain_run_of_its_round():
     assert spec_all.accepted_per_position[0] == 1.0
     assert spec_all.identical == 6 and spec_all.mismatches == 0
     assert spec_all.governor_wins == spec_all.governor_losses == 0  # governor off
+
+
+def test_the_control_row_pairs_plain_with_plain_and_bounds_the_verdicts():
+    from tsspec_bench.summary import NoiseBand, control_band
+
+    target = ToyTarget(seed=4)
+    configs = [BenchConfig.plain(), BenchConfig.oracle(1.0, adaptive=False), BenchConfig.control()]
+    runner = BenchRunner(target, _cases(target), configs, reps=2)
+    records = runner.run()
+    control = [r for r in records if r.config == "control" and not r.warmup]
+    assert len(control) == 4 and all(r.stats.verify_steps == 0 and r.stats.draft_tokens == 0 for r in control)
+    assert all(r.verdict.status == IDENTICAL for r in control)
+    rows = summarise(records, [c.name for c in configs], ["a", "b"])
+    row = next(r for r in rows if r.config == "control" and r.cls == ALL_CLASSES)
+    assert row.pairs == 4 and row.ratio_min <= row.ratio_median <= row.ratio_max
+    band = control_band(rows)
+    assert band == NoiseBand(row.ratio_min, row.ratio_max, 4)
+    assert band.verdict(row.ratio_max * 1.01) == "wins" and band.verdict(row.ratio_min * 0.99) == "loses"
+    assert band.verdict((row.ratio_min + row.ratio_max) / 2) == "within noise"
+    assert control_band([r for r in rows if r.config != "control"]) is None
+    assert not BenchConfig.control().speculative
 
 
 def test_runner_uses_registered_algorithms_through_the_registry():

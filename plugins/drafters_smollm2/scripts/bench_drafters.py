@@ -14,7 +14,7 @@ script's flags win over it, as the CLI's flags do. Two CLI options are the scrip
 the algorithm (``--algorithms``; ``TS_SPEC_TYPE`` is ignored) and speculation being on (each
 algorithm is paired with plain decoding; ``TS_SPEC=0`` is ignored).
 
-    python plugins/drafters_smollm2/scripts/bench_drafters.py --reps 2 --markdown FIGURES.md
+    python plugins/drafters_smollm2/scripts/bench_drafters.py --reps 2 --markdown drafters.md
     TS_SPEC_ADAPTIVE=0 python plugins/drafters_smollm2/scripts/bench_drafters.py --algorithms draft-head
 """
 

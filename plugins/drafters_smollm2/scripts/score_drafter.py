@@ -10,7 +10,7 @@ For each drafter file:
   bucket's share of the tokens and the share of its drafts that are the target's token;
 * first drafts that land in real generation with the governor off: ``tsspec generate --chat
   --max-tokens 96 --spec-type draft-head --no-spec-adaptive --spec-pmin 0 --spec-draft 1`` on
-  the four prompts of FIGURES.md (two of them held out), accepted / drafted per prompt and in
+  four fixed prompts (two of them held out), accepted / drafted per prompt and in
   all (deterministic: greedy, one draft a step).
 
     python plugins/drafters_smollm2/scripts/score_drafter.py FILE.gguf [FILE2.gguf ...] [--json OUT]

@@ -118,9 +118,9 @@ def test_warm_load_uses_the_cache(embedded_path, embedded_target):
 
 
 # -- the block kernel's arithmetic: float32 (exact weights) and int8 activations ---------------
-# int8 rows (quantised per 32 values, llama.cpp's arithmetic) move logits by 2.7-8% of the
-# largest logit on the lossless-study prompts, 97.7% teacher-forced greedy agreement (scripts/precision_study.py, docs/figures.md);
-# the stated tolerances below sit above that measurement, never on the float32 path
+# int8 rows (quantised per 32 values, llama.cpp's arithmetic) move logits by a few per cent of the
+# largest logit on the lossless-study prompts (measured by scripts/precision_study.py,
+# with greedy agreement); the stated tolerances below sit above that measurement, never on the float32 path
 INT8_RELATIVE_TOL = 0.15
 INT8_MIN_AGREEMENT = 0.9  # teacher-forced greedy tokens equal to transformers'
 

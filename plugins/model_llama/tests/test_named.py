@@ -17,8 +17,10 @@ def test_the_installed_plugins_list_gemma3_270m_and_the_families(capsys):
         main(["models", "--json"])
     assert exit_info.value.code in (0, None)
     info = json.loads(capsys.readouterr().out)
-    assert {"name": "gemma3-270m", "installed": True, "description": "Gemma 3 270M, Q4_K_M (gemma3)",
-            "plugin": "llama"} in info["named"]
+    assert {"name": "gemma3-270m", "installed": True, "default": False,
+            "description": "Gemma 3 270M, Q4_K_M (gemma3)", "plugin": "llama"} in info["named"]
+    embedded = next(m for m in info["named"] if m["name"] == "smollm2-135m")
+    assert embedded["default"] and embedded["installed"] and embedded["plugin"] == "llama"
     archs = {a["architecture"] for a in info["architectures"] if a["plugin"] == "llama"}
     assert archs == {"llama", "qwen2", "qwen3", "phi3", "gemma2", "gemma3"}
 
@@ -38,3 +40,11 @@ def test_gemma3_270m_assembles_once(tmp_path):
     assert model.resolve(tmp_path) == path
     assert (tmp_path / "models" / "gemma-3-270m-q4_k_m.gguf").stat().st_mtime_ns == stamp
     assert [p.name for p in (tmp_path / "models").iterdir()] == ["gemma-3-270m-q4_k_m.gguf"]
+
+
+def test_load_model_without_a_path_loads_the_embedded_model():
+    import tsspec
+    from tsspec_gguf.embedded import embedded_model_path
+
+    target = tsspec.load_model()
+    assert target.path == str(embedded_model_path()) and target.config.architecture == "llama"

@@ -43,7 +43,8 @@ def _solo(path, prompt, steps, verify_at=None, drafts=()):
     return out
 
 
-def test_ragged_batch_rows_equal_each_sequence_alone(tiny):
+@pytest.mark.parametrize("layout", ["interleaved", "consecutive", "mixed"])
+def test_ragged_batch_rows_equal_each_sequence_alone(tiny, layout):
     target, kv, path = _paged(tiny)
     assert isinstance(target, BatchedSpeculativeTarget) and isinstance(kv, PagedKV)
     prompts = [[5, 9, 33, 2, 7, 100, 12], [250, 3, 3, 3], [17] * 11, [1, 2, 3, 4, 5, 6, 7, 8, 9, 10]]
@@ -51,9 +52,13 @@ def test_ragged_batch_rows_equal_each_sequence_alone(tiny):
     expected = [
         _solo(path, p, steps, verify_at if i == verify_seq else None, drafts) for i, p in enumerate(prompts)
     ]
-    # hand out blocks in an interleaved order so no sequence's blocks are contiguous
+    # interleaved: no sequence's blocks are consecutive (its keys are gathered); consecutive:
+    # every sequence's are (the kernel reads them in the pool); mixed: sequences 0 and 2 so
     free = list(range(kv.num_blocks))
-    tables = [[free[j * len(prompts) + i] for j in range(8)] for i in range(len(prompts))]
+    interleaved = [[free[j * len(prompts) + i] for j in range(8)] for i in range(len(prompts))]
+    consecutive = [[32 + 8 * i + j for j in range(8)] for i in range(len(prompts))]
+    tables = {"interleaved": interleaved, "consecutive": consecutive,
+              "mixed": [consecutive[i] if i % 2 == 0 else interleaved[i] for i in range(len(prompts))]}[layout]
     lengths = [0] * len(prompts)
     # prefill: sequence 0 alone, the others together (the grouping must not matter)
     got = [[] for _ in prompts]
@@ -126,3 +131,29 @@ def test_paged_errors(tiny):
     dense = load_llama(_paged(tiny)[2], {"dtype": "float32"})
     with pytest.raises(ValueError, match="block-kernel path"):
         dense.spec_open_paged(4, BLOCK)
+
+
+@pytest.mark.parametrize("want_hidden", [False, True])
+def test_a_lone_sequence_on_consecutive_blocks_takes_one_native_call(tiny, monkeypatch, want_hidden):
+    target, kv, path = _paged(tiny)
+    _, twin, _ = _paged(tiny)  # the per-op path, for comparison
+    monkeypatch.setattr(twin, "_one_call", lambda r, first: None)
+    calls = []
+    one_call = kv._one_call
+    monkeypatch.setattr(kv, "_one_call", lambda r, first: calls.append(first) or one_call(r, first))
+    prompt, blocks = [4, 8, 15, 16, 23, 42, 7], [5, 6, 7, 8]
+    steps = [PagedRows(blocks, 0, prompt, want_hidden=want_hidden),
+             PagedRows(blocks, 7, [9, 31, 2], all_logits=True, want_hidden=want_hidden),  # a verify
+             PagedRows(blocks, 8, [11], want_hidden=want_hidden)]  # after keeping one row of it
+    for rows in steps:
+        (logits, hidden), = kv.forward([rows])
+        (expected, expected_hidden), = twin.forward([rows])
+        assert torch.equal(logits, expected)
+        assert (hidden is None) == (not want_hidden) and (hidden is None or torch.equal(hidden, expected_hidden))
+    assert calls == [5 * BLOCK] * 3 or target._step_head is None
+    if target._step_head is not None:
+        assert kv._one_call(steps[-1], 5 * BLOCK) is not None  # really the native call, not a decline
+    # blocks that are not consecutive take the per-op path
+    calls.clear()
+    kv.forward([PagedRows([1, 3], 0, prompt)])
+    assert calls == []

@@ -37,7 +37,7 @@ def embedded_target():
 class LiveServer:
     """uvicorn serving ``create_app(engine)`` in a thread on a loopback port."""
 
-    def __init__(self, engine):
+    def __init__(self, engine, app=None):
         import uvicorn
 
         from tsspec_serve.api import create_app
@@ -47,7 +47,7 @@ class LiveServer:
         self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         self.sock.bind(("127.0.0.1", 0))
         self.port = self.sock.getsockname()[1]
-        self.server = uvicorn.Server(uvicorn.Config(create_app(engine), log_level="warning", lifespan="off"))
+        self.server = uvicorn.Server(uvicorn.Config(app or create_app(engine), log_level="warning", lifespan="off"))
         self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [self.sock]}, daemon=True)
         self.thread.start()
         deadline = time.monotonic() + 30

@@ -174,6 +174,21 @@ BAD = [
     ("/v1/completions", {"model": "smol", "prompt": 5}, "prompt"),
     ("/v1/completions", {"model": "smol", "prompt": [-1, 3]}, "prompt"),
     ("/v1/completions", [1, 2], None),
+    ("/v1/chat/completions", {"model": "smol", "messages": CHAT, "tools": [{"type": "function", "function": {"name": "f"}}]}, "tools"),
+    ("/v1/chat/completions", {"model": "smol", "messages": CHAT, "tool_choice": "auto"}, "tool_choice"),
+    ("/v1/chat/completions", {"model": "smol", "messages": CHAT, "response_format": {"type": "json_object"}}, "response_format"),
+    ("/v1/chat/completions", {"model": "smol", "messages": CHAT, "logit_bias": {"x": 1}}, "logit_bias"),
+    ("/v1/chat/completions", {"model": "smol", "messages": CHAT, "logit_bias": {"5": 101}}, "logit_bias"),
+    ("/v1/chat/completions", {"model": "smol", "messages": CHAT, "logit_bias": {"99999999": 1}}, "logit_bias"),
+    ("/v1/chat/completions", {"model": "smol", "messages": CHAT, "presence_penalty": 2.5}, "presence_penalty"),
+    ("/v1/chat/completions", {"model": "smol", "messages": CHAT, "frequency_penalty": "x"}, "frequency_penalty"),
+    ("/v1/chat/completions", {"model": "smol", "messages": CHAT, "logprobs": 3}, "logprobs"),
+    ("/v1/chat/completions", {"model": "smol", "messages": CHAT, "top_logprobs": 2}, "top_logprobs"),
+    ("/v1/chat/completions", {"model": "smol", "messages": CHAT, "logprobs": True, "top_logprobs": 21}, "top_logprobs"),
+    ("/v1/completions", {"model": "smol", "prompt": "Hi", "logprobs": -1}, "logprobs"),
+    ("/v1/completions", {"model": "smol", "prompt": "Hi", "suffix": "end"}, "suffix"),
+    ("/v1/completions", {"model": "smol", "prompt": "Hi", "echo": True}, "echo"),
+    ("/v1/completions", {"model": "smol", "prompt": "Hi", "best_of": 2}, "best_of"),
 ]
 
 
@@ -207,6 +222,7 @@ def test_metrics_exposes_the_spec_decode_names(live):
         "tsspec:inter_token_latency_seconds_bucket", "tsspec:num_requests_running", "tsspec:num_requests_waiting",
         "tsspec:prefix_cache_hit_rate", "tsspec:prefix_cache_hits_total", "tsspec:governor_parked_steps_total",
         "tsspec:kv_cache_usage_perc", "tsspec:request_errors_total",
+        "vllm:num_requests_waiting", "vllm:num_requests_running", "vllm:kv_cache_usage_perc",
     ):
         assert name in text, name
     drafts = [line for line in text.splitlines() if line.startswith("tsspec:spec_decode_num_draft_tokens_total")]

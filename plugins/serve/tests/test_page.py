@@ -77,3 +77,34 @@ def test_page_streams_an_answer_with_speed_and_acceptance(live, browser, tmp_pat
     second = _send(browser, wait, "Now say it once.", 1)
     stats2 = second.find_element(By.CSS_SELECTOR, ".stats").text
     assert "prefix reused" in stats2 and "(armed)" in stats2, stats2
+
+
+# every select's widest option, measured in the select's own font, against its inner width
+# (less the drop-down arrow); the header's model label against the box it is drawn in
+_CLIPPED = """
+const out = [];
+const canvas = document.createElement("canvas").getContext("2d");
+for (const select of document.querySelectorAll("select")) {
+  const style = getComputedStyle(select);
+  canvas.font = style.font;
+  const widest = Math.max(...Array.from(select.options, o => canvas.measureText(o.text).width));
+  const inner = select.clientWidth - parseFloat(style.paddingLeft) - parseFloat(style.paddingRight);
+  if (widest + 16 > inner) out.push(select.id + ": " + widest.toFixed(0) + "px of text in " + inner.toFixed(0) + "px");
+}
+const label = document.getElementById("model");
+if (label.scrollWidth > label.clientWidth + 1) out.push("model label: " + label.scrollWidth + " > " + label.clientWidth);
+return out;
+"""
+
+
+@pytest.mark.slow
+def test_no_dropdown_or_model_label_is_clipped(live, browser):
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    browser.get(live.base_url + "/")
+    WebDriverWait(browser, 60).until(lambda d: "smol" in d.find_element(By.ID, "model").text)
+    assert browser.execute_script(_CLIPPED) == []
+    # the check can fail: squeezed back to the old fixed width, the speculation select clips
+    browser.execute_script("document.getElementById('spec').style.width = '70px'")
+    assert any(line.startswith("spec:") for line in browser.execute_script(_CLIPPED))

@@ -42,11 +42,8 @@ def main(argv=None) -> int:
     ap.add_argument("--json", help="write the raw (confidences, landed) records here")
     args = ap.parse_args(argv)
 
-    import os
-
     import torch
 
-    os.environ["TS_BLOCK_VALUE"] = "0"  # every gated row proposed: the calibration needs them all
     from tsspec_gguf.embedded import embedded_model_path
     from tsspec.runtime.generation import generate
     from tsspec.runtime.loading import load_model

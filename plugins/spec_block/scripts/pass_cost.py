@@ -4,8 +4,6 @@ Loads the embedded SmolLM2-135M-Instruct and a DFlash drafter (default: the ship
 injects a 64-token context, then times (median of ``--repeats`` after a warm-up):
 
 * ``draft_block`` for 7 rows (the whole block scored);
-* ``draft_block`` stopping after row 1 (``more=`` answering False; only where the head scores
-  rows lazily: ``scores_rows_lazily``), what a proposal costs when longer prefixes cannot pay;
 * a catch-up of 64 committed rows (``inject_rows``);
 * one plain target step (one row, the feature taps on), for scale.
 
@@ -76,8 +74,6 @@ def main(argv=None) -> int:
             target.spec_rewind_cache(pos)
 
         out["block_7_rows_ms"] = median_ms(lambda: head.draft_block(last, None, pos, 7))
-        if getattr(head, "scores_rows_lazily", False):
-            out["row_1_only_ms"] = median_ms(lambda: head.draft_block(last, None, pos, 7, more=lambda c: False))
         out["catch_up_64_ms"] = median_ms(lambda: head.inject_rows(torch.arange(0, 64), feats))
         out["target_step_ms"] = median_ms(target_step)
     print(json.dumps(out), flush=True)

@@ -214,47 +214,33 @@ def test_prefix_reference_matches_plain_logits():
     assert reference.forwarded_tokens == 3 + 2 + 6 + 4 + 7  # restarts only on the shorter prefix
 
 
-class _EveryCommit(Recorder):
-    """The loop does not see ``catch_up_rows``: it tells the speculator every commit."""
-
-    def __getattr__(self, name):
-        if name == "catch_up_rows":
-            raise AttributeError(name)
-        return getattr(self.inner, name)
-
-
 @pytest.mark.parametrize("sampling", [GREEDY, SAMPLED], ids=["greedy", "sampled"])
-def test_a_losing_head_under_the_governor_is_lossless_and_its_park_skips_commits(sampling, monkeypatch):
-    """A confidently wrong head under the cost governor loses its probes and is parked; the loop
-    withholds the parked steps' commits outside its catch-up window (8 rows), and it proposes
-    exactly what it proposes when told every commit. Output: plain decoding's."""
+def test_a_losing_head_under_the_governor_is_lossless(sampling, monkeypatch):
+    """A confidently wrong head under the cost governor, folded catch-up on: nothing it drafts
+    lands (its parking by the calibration's declines is the governor's tests' subject). Output:
+    plain decoding's."""
     from tsspec.runtime.governor import SpeculationCostGovernor
     from tsspec.testing import plain_tokens
 
     monkeypatch.setenv(FOLD_ENV, "1")
     want = plain_tokens(_target("kv"), PROMPT, 120, sampling=sampling)
-    runs = []
-    for wrap in (Recorder, _EveryCommit):
-        target = _target("kv")
-        _attach(target, "kv", "confidently-wrong")
-        options = SpeculationOptions(pmin=0.0, draft=4)
-        spec = wrap(make_draft_head(target, options))
-        # a constant clock: parks come from zero-accept verifies alone, alike in both runs
-        governor = SpeculationCostGovernor(initial_backoff=12, max_backoff=48)
-        gen = generate(target, PROMPT, options, max_tokens=120, sampling=sampling, speculator=spec,
-                       governor=governor, clock=lambda: 0.0)
-        assert gen.tokens == want
-        runs.append((gen.stats, spec.proposals))
-    (skipping, proposals), (told_all, reference) = runs
-    assert skipping.governor_losses >= 3 and skipping.skipped_commits > 30 and told_all.skipped_commits == 0
-    assert proposals == reference and len(proposals) >= 4
+    target = _target("kv")
+    _attach(target, "kv", "confidently-wrong")
+    options = SpeculationOptions(pmin=0.0, draft=4)
+    spec = Recorder(make_draft_head(target, options))
+    # a constant clock: the same steps every run
+    governor = SpeculationCostGovernor(initial_backoff=12, max_backoff=48)
+    gen = generate(target, PROMPT, options, max_tokens=120, sampling=sampling, speculator=spec,
+                   governor=governor, clock=lambda: 0.0)
+    assert gen.tokens == want
+    assert gen.stats.draft_tokens > 0 and gen.stats.accepted_tokens == 0 and len(spec.proposals) >= 4
 
 
 @pytest.mark.parametrize("sampling", [GREEDY, SAMPLED], ids=["greedy", "sampled"])
 @pytest.mark.parametrize("head", sorted(HEADS))
 def test_lossless_under_the_governors_calibrated_gate(head, sampling, monkeypatch):
-    """No --spec-pmin and the cost governor on: the chain follows the run's calibration and the
-    proposals carry their confidences for the loop to size. Output: plain decoding's."""
+    """No --spec-pmin and the cost governor on: every proposal carries its confidences for the
+    loop's calibration to size (an empty one is the gate's stop). Output: plain decoding's."""
     from tsspec.protocols import Proposal
     from tsspec.testing import plain_tokens
 
@@ -269,6 +255,7 @@ def test_lossless_under_the_governors_calibrated_gate(head, sampling, monkeypatc
     spec.inner.propose = lambda ctx: proposed.append(inner(ctx)) or proposed[-1]
     gen = generate(target, PROMPT, options, max_tokens=80, sampling=sampling, speculator=spec)
     assert gen.tokens == want
-    assert proposed and all(isinstance(p, Proposal) and len(p.confidence) == len(p) for p in proposed)
+    drafted = [p for p in proposed if len(p)]
+    assert drafted and all(isinstance(p, Proposal) and len(p.confidence) == len(p) for p in drafted)
     if head == "oracle":
         assert gen.stats.accepted_tokens > 0

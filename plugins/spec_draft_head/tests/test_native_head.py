@@ -579,9 +579,9 @@ def test_the_speculator_drafts_the_same_with_the_gate_in_the_head(engine):
     for head in heads:
         assert head.use_native(engine == "native") == (engine == "native")
     class Recording(DraftHeadSpeculator):
-        def _keeps(self, worth, confidence, probability):
+        def _keeps(self, probability):
             self.probabilities.append(probability)  # every gate's probability, kept or not
-            return super()._keeps(worth, confidence, probability)
+            return super()._keeps(probability)
 
     runs = []
     for head in (heads[0], _WithoutGatedCall(heads[1])):

@@ -6,8 +6,6 @@ import attrs
 import pytest
 import torch
 
-from tsspec.capabilities import speculator_info
-from tsspec.runtime.execution import catch_up_bound
 from tsspec.protocols import DraftContext, Speculator
 from tsspec.toy_heads import ToyPerTokenHead
 from tsspec_draft_head import FOLD_ENV, DraftHeadSpeculator, fold_enabled
@@ -404,10 +402,10 @@ def test_a_prefill_after_a_reused_prefix_does_not_feed_its_missing_row(fold):
     assert spec.counters.skipped_rows == 1
 
 
-def test_withheld_park_commits_leave_the_same_drafts_as_every_commit():
-    """A verify that landed two drafts, then a park: told every commit, or only the last
-    ``catch_up_rows`` (what the loop sends a parked speculator), the head makes the same calls
-    and the probe proposes the same drafts."""
+def test_a_gap_before_the_newest_catch_up_rows_leaves_the_same_drafts_as_every_commit():
+    """A verify that landed two drafts, then plain steps: told every commit, or only the last
+    ``catch_up_rows`` after a gap, the head makes the same calls and the next proposal drafts
+    the same (the bound drops the older rows either way)."""
     results = []
     for withheld in (False, True):
         spec = DraftHeadSpeculator(ToyPerTokenHead(VOCAB, HIDDEN, seed=3), max_draft_tokens=3, feature_size=HIDDEN,
@@ -425,18 +423,7 @@ def test_withheld_park_commits_leave_the_same_drafts_as_every_commit():
     assert results[0] == results[1] and len(results[0][0]) == 3
 
 
-def test_only_the_folded_path_declares_its_catch_up_bound_to_the_loop():
-    """The unfolded path feeds each commit to the head at once, so the head keeps its whole
-    context through a park: withheld commits would change its drafts, and it declares nothing."""
-    folded = DraftHeadSpeculator(ToyPerTokenHead(VOCAB, HIDDEN), max_draft_tokens=1, feature_size=HIDDEN,
-                                 fold_catch_up=True, catch_up_rows=5)
-    unfolded = DraftHeadSpeculator(ToyPerTokenHead(VOCAB, HIDDEN), max_draft_tokens=1, feature_size=HIDDEN,
-                                   fold_catch_up=False, catch_up_rows=5)
-    assert folded.catch_up_rows == 5 and catch_up_bound(speculator_info(folded)) == 5
-    assert unfolded.catch_up_rows is None and catch_up_bound(speculator_info(unfolded)) is None
-
-
-# -- the chain under the governor's calibrated worth (issue 17) --------------------------------
+# -- the chain: the gate and the chain limit; the confidences ride along -----------------------
 
 
 class ScriptedHead:
@@ -467,54 +454,21 @@ class ScriptedHead:
         pass
 
 
-def _worth():
-    """A run's calibration in which sure tokens (~1.0) land and unsure ones (~0.15) do not,
-    on a target whose verify rows cost a fifth of a plain step each."""
-    from tsspec.runtime.calibration import ChainWorth, ConfidenceCalibration
-    from tsspec.runtime.economics import DraftEconomics
-
-    calibration, economics = ConfidenceCalibration(), DraftEconomics(((1, 10.0), (2, 12.0), (9, 26.0)))
-    for _ in range(4):
-        economics.record_plain(10.0)
-    for _ in range(20):
-        calibration.record([0.99], 1)
-        calibration.record([0.15], 0)
-    return ChainWorth(calibration, economics)
-
-
-def test_an_informative_head_drafts_long_where_it_is_sure_and_not_where_it_is_not():
+def test_the_gate_and_the_chain_limit_decide_the_chain_and_the_confidences_ride_along():
     from tsspec.protocols import Proposal
 
     head = ScriptedHead(truth=lambda p: (p * 7) % 30 + 10, sure=lambda p: p < 20)
-    spec = DraftHeadSpeculator(head, max_draft_tokens=8, feature_size=HIDDEN, fold_catch_up=False)
-    worth = _worth()
+    spec = DraftHeadSpeculator(head, max_draft_tokens=8, feature_size=HIDDEN, fold_catch_up=False,
+                               min_draft_prob=0.75)
     history = list(range(10, 20))  # last token at position 9: positions 10.. are sure up to 19
-    sure = spec.propose(attrs.evolve(_ctx(history, _rows(1, 0)[0], max_tokens=6), worth=worth))
+    sure = spec.propose(_ctx(history, _rows(1, 0)[0], max_tokens=6))
     assert isinstance(sure, Proposal) and len(sure) == 6 and min(sure.confidence) > 0.9
     assert list(sure) == [(p * 7) % 30 + 10 for p in range(10, 16)]
-    assert worth.length(sure.confidence) == 6
-    history = list(range(10, 30))  # position 20 on: unsure
     calls = head.calls
-    unsure = spec.propose(attrs.evolve(_ctx(history, _rows(1, 0)[0], max_tokens=6), worth=worth))
-    # the first token always goes to the loop (which declines it, or now and then re-tries its
-    # bucket); no further head call is made for a chain that cannot pay
-    assert len(unsure) == 1 and unsure.confidence[0] < 0.3 and head.calls == calls + 1
-    assert worth.length(unsure.confidence) == 0
-    # where the chain crosses from sure to unsure it stops at the last sure token
-    history = list(range(10, 27))  # position 16: sure 17..19, unsure from 20
-    crossing = spec.propose(attrs.evolve(_ctx(history, _rows(1, 0)[0], max_tokens=6), worth=worth))
-    assert len(crossing) == 3
-
-
-def test_without_a_governor_or_with_the_operators_pmin_the_fixed_gate_decides():
-    head = ScriptedHead(truth=lambda p: 11, sure=lambda p: p < 20)
-    history = list(range(10, 20))
-    gated = DraftHeadSpeculator(head, max_draft_tokens=8, feature_size=HIDDEN, fold_catch_up=False,
-                                min_draft_prob=0.75, chain_limit=2)
-    out = gated.propose(_ctx(history, _rows(1, 0)[0], max_tokens=6))  # ctx.worth None: no governor
-    assert type(out) is list and out == [11, 11]  # the file's chain limit
-    fixed = DraftHeadSpeculator(head, max_draft_tokens=8, feature_size=HIDDEN, fold_catch_up=False,
-                                min_draft_prob=0.75, fixed_gate=True)
-    out = fixed.propose(attrs.evolve(_ctx(history, _rows(1, 0)[0], max_tokens=6), worth=_worth()))
-    assert type(out) is list and out == [11] * 6  # the operator's gate, the window
-    assert fixed.propose(attrs.evolve(_ctx(list(range(10, 30)), _rows(1, 0)[0]), worth=_worth())) == []
+    unsure = spec.propose(_ctx(list(range(10, 30)), _rows(1, 0)[0], max_tokens=6))  # position 20 on: unsure
+    assert unsure == [] and head.calls == calls + 1  # the gate stops the chain at its first token
+    crossing = spec.propose(_ctx(list(range(10, 27)), _rows(1, 0)[0], max_tokens=6))  # sure 17..19 only
+    assert list(crossing) == [(p * 7) % 30 + 10 for p in range(17, 20)] and len(crossing.confidence) == 3
+    limited = DraftHeadSpeculator(head, max_draft_tokens=8, feature_size=HIDDEN, fold_catch_up=False,
+                                  min_draft_prob=0.75, chain_limit=2)
+    assert len(limited.propose(_ctx(history, _rows(1, 0)[0], max_tokens=6))) == 2  # the file's chain limit

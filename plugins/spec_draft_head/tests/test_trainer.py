@@ -118,10 +118,10 @@ def test_the_files_recommended_settings_apply_unless_the_operator_sets_them(trai
     assert facts["recommended"] == {"pmin": 0.4, "draft_max": 3}
     target = load_model(model, draft_model=summary["path"])
     spec = make_draft_head(target, SpeculationOptions(spec_type="draft-head"))
-    # the file's gate and chain: what the head drafts by where no governor calibrates it
-    assert spec.min_draft_prob == pytest.approx(0.4) and spec.chain_limit == 3 and not spec.fixed_gate
+    # the file's gate and chain: what the head drafts by
+    assert spec.min_draft_prob == pytest.approx(0.4) and spec.chain_limit == 3
     spec = make_draft_head(target, SpeculationOptions(spec_type="draft-head", pmin=0.1, draft=5))
-    assert spec.min_draft_prob == pytest.approx(0.1) and spec.chain_limit is None and spec.fixed_gate
+    assert spec.min_draft_prob == pytest.approx(0.1) and spec.chain_limit is None
 
 
 def _sequence(source: str, length: int, *, token: int, answer_start: int = 0, width: int = 8) -> TeacherSequence:

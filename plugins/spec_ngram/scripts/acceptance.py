@@ -45,19 +45,11 @@ ROW_MS = ((1, 52.7), (2, 52.9), (4, 71.1), (8, 90.9), (16, 98.7))  # rows -> ms,
 
 # name -> speculator keyword arguments; "plain" is the textbook form the others are judged against
 POLICIES = {
-    "plain": dict(candidates=1, periodic=False, follow=False, adaptive=False),
-    "+periodic": dict(candidates=1, periodic=True, follow=False, adaptive=False),
-    "+follow": dict(candidates=1, periodic=False, follow=True, adaptive=False),
-    "+candidates4": dict(candidates=4, periodic=False, follow=False, adaptive=False),
-    "+adaptive": dict(candidates=1, periodic=False, follow=False, adaptive=True),
-    "default (follow+adaptive)": dict(candidates=1, periodic=False, follow=True, adaptive=True),
-    "+value": dict(candidates=1, periodic=False, follow=False, adaptive=False, value=True),
-    "follow+value": dict(candidates=1, periodic=False, follow=True, adaptive=False, value=True),
-    "all": dict(candidates=4, periodic=True, follow=True, adaptive=False, value=True),
-    "follow+fallback": dict(candidates=1, periodic=False, follow=True, adaptive=False, fallback=True),
+    "plain": dict(follow=False),
+    "+follow": dict(follow=True),
+    "follow+fallback": dict(follow=True, fallback=True),
 }
 for _kwargs in POLICIES.values():  # a policy leaves off what it does not name
-    _kwargs.setdefault("value", False)
     _kwargs.setdefault("fallback", False)
 # named cost profiles for --row-ms
 ROW_MS_PRESETS = {
@@ -321,9 +313,6 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--row-ms", type=parse_row_ms, default=None, metavar="R:MS,...",
                         help="the forward cost by rows to model speed with (default: the measured "
                         "CPU figures of reference/cpu-measurements.md)")
-    parser.add_argument("--tell-row-ms", action="store_true",
-                        help="give the speculator the --row-ms profile (as a target publishing "
-                        "spec_verify_row_ms would); default: it assumes the reference profile")
     parser.add_argument("--classes", default=None, metavar="A,B",
                         help="report only these classes (with --bench-prompts), e.g. "
                         "summary,qa,rewrite,code-edit,prose")
@@ -360,11 +349,10 @@ def main(argv: list[str] | None = None) -> None:
     policies = POLICIES
     if args.policies:
         policies = {name: POLICIES[name] for name in args.policies.split(",")}
-    told = {"row_ms": args.row_ms} if args.tell_row_ms and args.row_ms else {}
     for label, kwargs in policies.items():
         results = {}
         for item in data:
-            spec = NGramSpeculator(args.window, **kwargs, **told)
+            spec = NGramSpeculator(args.window, **kwargs)
             results[item["name"]] = (item["class"], simulate(spec, item["prompt"], item["output"], args.window, args.row_ms))
         for group, members in groups.items():
             s = summarise([r for c, r in results.values() if c in members])

@@ -133,7 +133,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--cache", type=Path, default=None, help="JSON file for the greedy sequences")
     parser.add_argument("--row-ms", type=parse_row_ms, default=None, metavar="R:MS,...")
     parser.add_argument("--measured", action="store_true", help="the target's own measured cost by rows")
-    parser.add_argument("--settings", default="{}", help='ngram settings as JSON, e.g. \'{"adaptive": true}\'')
+    parser.add_argument("--settings", default="{}", help='ngram settings as JSON, e.g. \'{"fallback": false}\'')
     parser.add_argument("--classes", default=None, metavar="A,B")
     parser.add_argument("--goal", action="store_true", help="issue 16's goal cost: 9 rows 1.5x one row")
     parser.add_argument("--oracle", action="store_true", help="cut every proposal to what lands (the ceiling)")

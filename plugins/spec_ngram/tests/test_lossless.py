@@ -35,7 +35,7 @@ def test_lossless_with_accepted_drafts(per_row_snapshots, sampling, seed):
 def test_lossless_with_rejections_on_a_pure_kv_trunk():
     plain, spec = assert_lossless(
         lambda: ToyTarget(vocab_size=16, seed=1, recurrent=False),
-        lambda target: NGramSpeculator(8, periodic=True),
+        lambda target: NGramSpeculator(8),
         REPEATING,
         max_tokens=48,
     )

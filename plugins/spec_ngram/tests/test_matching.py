@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -15,18 +14,14 @@ from tsspec_ngram.matching import (
 )
 
 
-def brute_maps(index: NGramIndex) -> list[dict[int, tuple[int, ...]]]:
-    """What the index maps must hold: for each order, key -> newest continuation position(s)."""
+def brute_maps(index: NGramIndex) -> list[dict[int, int]]:
+    """What the index maps must hold: for each order, key -> newest continuation position."""
     toks = index.tokens
     out = []
     for order in range(index.min_order, index.max_order + 1):
-        table: dict[int, tuple[int, ...]] = {}
+        table: dict[int, int] = {}
         for c in range(order, len(toks)):  # n-gram toks[c-order:c], continuation c < len
-            key = index.key(toks[c - order : c])
-            if index.candidates == 1:
-                table[key] = c
-            else:
-                table[key] = ((c,) + table.get(key, ()))[: index.candidates]
+            table[index.key(toks[c - order : c])] = c
         out.append(table)
     return out
 
@@ -56,9 +51,6 @@ def test_docstring_example():
     drafter.sync([5, 1, 2, 3, 9, 1, 2])
     assert drafter.find() == (3, 2)
     assert drafter.draft(6) == [3, 9, 1, 2]
-    periodic = NGramDrafter(2, 3, periodic=True)
-    periodic.sync([5, 1, 2, 3, 9, 1, 2])
-    assert periodic.draft(6) == [3, 9, 1, 2, 3, 9]
 
 
 def test_longest_order_wins_over_more_recent_shorter_match():
@@ -88,19 +80,13 @@ def test_overlapping_occurrence_runs_into_the_suffix():
     plain = NGramDrafter()
     plain.sync(toks)
     assert plain.draft(5) == [2, 1]  # cut at the end of the history
-    periodic = NGramDrafter(periodic=True)
-    periodic.sync(toks)
-    assert periodic.draft(5) == [2, 1, 2, 1, 2]
 
 
 def test_self_referential_run_of_one_token():
     toks = [8, 8, 8]  # (8, 8) ends at 1 -> continuation 2, a period of one
-    drafter = NGramDrafter(periodic=True)
-    drafter.sync(toks)
-    assert drafter.find() == (2, 2)
-    assert drafter.draft(4) == [8, 8, 8, 8]
     plain = NGramDrafter()
     plain.sync(toks)
+    assert plain.find() == (2, 2)
     assert plain.draft(4) == [8]
 
 
@@ -120,12 +106,10 @@ def test_orders_at_the_boundaries():
     assert index_of(toks).lookup(3) is None
 
 
-def test_continuation_cut_and_periodic():
+def test_continuation_is_cut_at_the_end():
     toks = [1, 2, 3, 4]
-    assert continuation(toks, 1, 2, periodic=False) == [2, 3]
-    assert continuation(toks, 2, 5, periodic=False) == [3, 4]
-    assert continuation(toks, 2, 5, periodic=True) == [3, 4, 3, 4, 3]
-    assert continuation(toks, 3, 3, periodic=True) == [4, 4, 4]
+    assert continuation(toks, 1, 2) == [2, 3]
+    assert continuation(toks, 2, 5) == [3, 4]
 
 
 def test_match_length():
@@ -142,26 +126,22 @@ def test_collisions_through_a_tiny_hash_are_never_trusted():
     assert len(index.maps[0]) == 1 and len(index.maps[1]) == 1
     # the newest order-2 entry is (6, 7) -> 7, which does not match the suffix (1, 2): no hit
     assert index.lookup() is None
-    # with several candidates per key the true occurrence survives the collision
-    many = index_of(toks, 2, 3, modulus=1, candidates=8)
-    assert many.lookup() == (2, 2)
 
 
 @settings(max_examples=60, deadline=None)
 @given(
     toks=st.lists(st.integers(0, 3), min_size=0, max_size=40),
     modulus=st.sampled_from([1, 2, 7, None]),
-    candidates=st.sampled_from([1, 3]),
 )
-def test_every_hit_is_a_real_earlier_occurrence(toks, modulus, candidates):
-    index = index_of(toks, 2, 5, modulus=modulus, candidates=candidates)
+def test_every_hit_is_a_real_earlier_occurrence(toks, modulus):
+    index = index_of(toks, 2, 5, modulus=modulus)
     found = index.lookup()
     end = len(toks)
     if found is not None:
         pos, length = found
         assert 2 <= length and pos < end
         assert toks[pos - length : pos] == toks[end - length :]
-    if modulus is None and candidates == 1:
+    if modulus is None:
         assert (None if found is None else tuple(found)) == brute_lookup(toks, 2, 5, 2)
 
 
@@ -209,16 +189,15 @@ def _apply_ops(index, ops):
 
 
 @settings(max_examples=80, deadline=None)
-@given(ops=ops, modulus=st.sampled_from([3, None]), candidates=st.sampled_from([1, 2]))
-def test_index_consistent_after_random_commit_and_rewind(ops, modulus, candidates):
-    index = NGramIndex(2, 5, candidates=candidates, modulus=modulus)
+@given(ops=ops, modulus=st.sampled_from([3, None]))
+def test_index_consistent_after_random_commit_and_rewind(ops, modulus):
+    index = NGramIndex(2, 5, modulus=modulus)
     for model in _apply_ops(index, ops):
         assert index.tokens == model
         assert index.maps == brute_maps(index)
-        assert index.counts == {t: model.count(t) for t in set(model)}
-        fresh = index_of(model, 2, 5, candidates=candidates, modulus=modulus)
+        fresh = index_of(model, 2, 5, modulus=modulus)
         assert index.lookup() == fresh.lookup()
-        if modulus is None and candidates == 1:
+        if modulus is None:
             found = index.lookup()
             assert (None if found is None else tuple(found)) == brute_lookup(model, 2, 5, 2)
 
@@ -251,12 +230,11 @@ def test_sync_appends_and_rewinds_along_the_history():
     first=st.lists(st.integers(0, 3), max_size=30),
     second=st.lists(st.integers(0, 3), max_size=30),
     count=st.integers(1, 6),
-    periodic=st.booleans(),
 )
-def test_propose_copies_a_genuine_occurrence_whatever_the_index_held(first, second, count, periodic):
+def test_propose_copies_a_genuine_occurrence_whatever_the_index_held(first, second, count):
     """A stale index (``first``) may cost a draft, never an invented one: every draft is what
     followed a real earlier occurrence of the suffix in ``second``, the authority."""
-    drafter = NGramDrafter(2, 4, periodic=periodic, follow=True)
+    drafter = NGramDrafter(2, 4, follow=True)
     drafter.propose(first, count)
     draft = drafter.propose(second, count)
     assert len(draft) <= count
@@ -264,7 +242,7 @@ def test_propose_copies_a_genuine_occurrence_whatever_the_index_held(first, seco
         end = len(second)
         assert any(
             second[c - n : c] == second[end - n :]
-            and draft == continuation(second, c, count, periodic=periodic)
+            and draft == continuation(second, c, count)
             for n in range(2, 5)
             for c in range(n, end)
         )
@@ -304,94 +282,10 @@ def test_follow_keeps_the_source_that_agreed_last():
 
 
 def test_draft_never_exceeds_count():
-    drafter = NGramDrafter(periodic=True)
+    drafter = NGramDrafter()
     drafter.sync([1, 2] * 20)
     for count in range(0, 12):
-        assert len(drafter.draft(count)) == count
-
-
-def test_adaptive_budget_for_short_matches_follows_what_landed():
-    from tsspec_ngram.matching import SHORT_DRAFT_MIN, SHORT_DRAFT_START
-
-    assert (SHORT_DRAFT_START, SHORT_DRAFT_MIN) == (4, 3)
-    source = [10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21]
-    history = [1, 2, *source, 9, 1, 2]  # only the bigram (1, 2) repeats
-    drafter = NGramDrafter(adaptive=True)
-    assert drafter.propose(history, 12) == [10, 11, 12, 13]  # a short match: the starting budget
-    history += [10, 11, 12, 13, 14]  # all four landed, and a bonus token: the budget doubles
-    drafter.propose(history, 12)
-    history += [99, 1, 2]
-    assert drafter.propose(history, 12) == [10, 11, 12, 13, 14, 99, 1, 2]  # budget 8, cut at the end
-    history += [10, 77]  # one landed, then the target's own token: budget max(3, 1 + 1)
-    drafter.propose(history, 12)
-    history += [5, 1, 2]
-    assert drafter.propose(history, 12) == [10, 77, 5]
-    # long matches always get the full count
-    long = [4, 1, 2, 7, 7, 7, 7, 7, 7, 7, 7, 0, 4, 1, 2]
-    assert NGramDrafter(adaptive=True).propose(long, 8) == [7] * 8
-
-
-def test_row_cost_interpolates_and_parses_every_form():
-    from tsspec_ngram.matching import parse_row_cost, row_cost
-
-    table = parse_row_cost("4:34,1:20,2:26,8:52")
-    assert table == ((1, 20.0), (2, 26.0), (4, 34.0), (8, 52.0))
-    assert parse_row_cost({1: 20, 2: 26, 4: 34, 8: 52}) == table == parse_row_cost(list(table))
-    assert [row_cost(r, table) for r in (1, 2, 3, 4, 6, 8, 20)] == [20, 26, 30, 34, 43, 52, 52]
-    for bad in ("1:20", "2:5,4:9", "1:0,2:3", "a:b", [(1, 2, 3)]):
-        with pytest.raises(ValueError):
-            parse_row_cost(bad)
-
-
-def test_value_drafts_long_matches_fully_and_declines_weak_ones_when_rows_are_dear():
-    long = [4, 1, 2, 3, 5, 7, 7, 7, 7, 7, 7, 7, 7, 0, 4, 1, 2, 3, 5]  # a 5-token match
-    assert NGramDrafter(value=True).propose(long, 8) == [7] * 8
-    # a bare bigram on a token seen often: expected ~0.27 tokens for a row
-    common = [1, 2, 9, 1, 5, 1, 6, 1, 8, 0, 1, 2]
-    assert NGramDrafter(value=True).propose(common, 8) != []  # the reference profile: 2 rows ~ 1
-    dear = ((1, 10.0), (2, 20.0), (4, 40.0), (8, 80.0))  # every row costs a full step
-    assert NGramDrafter(value=True, row_ms=dear).propose(common, 8) == []  # declined
-    assert NGramDrafter(value=True, row_ms=dear).propose(long, 8) == []  # p < 1 never pays there
-    cheap = ((1, 10.0), (16, 10.0))  # extra rows free: draft everything there is
-    assert NGramDrafter(value=True, row_ms=cheap).propose(common, 8) == [9, 1, 5, 1, 6, 1, 8, 0]
-
-
-def _replay(drafter, prompt, output, window=8):
-    """The loop's calls under greedy acceptance: propose, then the accepted tokens + 1."""
-    history = list(prompt) + output[:1]
-    drafts = []
-    while len(history) < len(prompt) + len(output):
-        draft = drafter.propose(history, window)
-        truth = output[len(history) - len(prompt) :][: len(draft) + 1]
-        good = 0
-        while good < min(len(draft), len(truth)) and draft[good] == truth[good]:
-            good += 1
-        drafts.append((len(history), draft, good))
-        history += truth[: good + 1]
-    return drafts
-
-
-def test_value_learns_to_decline_drafts_that_never_land():
-    table = ((1, 20.0), (2, 26.0), (4, 34.0), (8, 52.0), (16, 90.0))
-    prompt = [1, 2, 3, 4, 5, 6, 7, 8, 9]
-    output = []
-    for t in range(40, 70):  # the bigram (1, 2) recurs, never followed by what it was before
-        output += [1, 2, t]
-    drafter = NGramDrafter(value=True, row_ms=table)
-    drafts = _replay(drafter, prompt, output)
-    tried, landed = drafter._outcomes[1][:2]
-    assert tried > 0 and landed == 0
-    drafted = [i for i, (_, draft, _) in enumerate(drafts) if draft]
-    assert drafted and drafted[-1] < len(drafts) - 6  # drafted at first, then learnt to decline
-    assert all(good == 0 for _, _, good in drafts)
-
-
-def test_value_keeps_drafting_a_source_that_lands():
-    prompt = [1, 2, *range(10, 60)]
-    output = [1, 2, *range(10, 60)]
-    drafts = _replay(NGramDrafter(value=True), prompt, output)
-    assert sum(good for _, _, good in drafts) >= 45
-    assert all(good == len(draft) for _, draft, good in drafts)
+        assert len(drafter.draft(count)) == min(count, 2)
 
 
 # -- the single-token fallback ------------------------------------------------------------------
@@ -446,9 +340,9 @@ def brute_mixed(toks: list[int]) -> dict[int, int]:
 
 
 @settings(max_examples=80, deadline=None)
-@given(ops=ops, candidates=st.sampled_from([1, 2]))
-def test_followers_of_single_tokens_stay_exact_after_commit_and_rewind(ops, candidates):
-    index = NGramIndex(1, 4, candidates=candidates)  # several candidates per key too
+@given(ops=ops)
+def test_followers_of_single_tokens_stay_exact_after_commit_and_rewind(ops):
+    index = NGramIndex(1, 4)
     for model in _apply_ops(index, ops):
         assert index.tokens == model
         assert index.maps == brute_maps(index)

@@ -52,7 +52,7 @@ def test_commit_at_an_earlier_position_rewinds():
 
 
 def test_commit_after_a_gap_is_filled_from_the_history():
-    spec = NGramSpeculator(3, periodic=False)
+    spec = NGramSpeculator(3)
     spec.commit([4, 5], None, 10)  # a reused KV prefix this speculator never saw
     assert spec.indexed_tokens == 0
     history = [1, 2, 3, 0, 0, 0, 0, 0, 0, 0, 4, 5, 1, 2]
@@ -118,29 +118,10 @@ def test_factory_reads_window_pmin_and_settings():
         make_ngram(target, SpeculationOptions(extra={"ngram": {"orders": 3}}))
 
 
-def test_value_policy_reads_a_published_cost_profile_only_when_chosen():
-    """The loop sizes ngram's drafts by their evidence key: the value policy is the operator's
-    choice, and only then is the target's published cost by rows read (and measured)."""
-
-    class Costed(ToyTarget):
-        reads = 0
-
-        @property
-        def spec_verify_row_ms(self):
-            Costed.reads += 1
-            return ((1, 10.0), (2, 11.0), (4, 14.0), (8, 25.0))
-
-    default = make_ngram(Costed(), SpeculationOptions())
-    assert default._drafter.value is False and default.sizes_own_drafts is False and Costed.reads == 0
-    chosen = make_ngram(Costed(), SpeculationOptions(extra={"ngram": {"value": True}}))
-    assert chosen._drafter.value is True and chosen._drafter.row_ms[2] == (4, 14.0) and Costed.reads == 1
-    assert chosen.sizes_own_drafts is True  # it sizes its drafts itself: the loop leaves them whole
-
-    class Garbled(ToyTarget):
-        spec_verify_row_ms = "not a table"
-
-    garbled = make_ngram(Garbled(), SpeculationOptions(extra={"ngram": {"value": True}}))
-    assert garbled._drafter.row_ms == make_ngram(ToyTarget(), SpeculationOptions(extra={"ngram": {"value": True}}))._drafter.row_ms
+def test_removed_sizing_modes_are_unknown_settings():
+    for name in ("adaptive", "value", "candidates", "periodic", "row_ms"):
+        with pytest.raises(ValueError, match="unknown ngram settings"):
+            make_ngram(ToyTarget(), SpeculationOptions(extra={"ngram": {name: 1}}))
 
 
 def test_a_proposal_carries_its_match_bucket_and_whether_the_last_drafts_all_landed():

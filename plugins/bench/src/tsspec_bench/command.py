@@ -140,10 +140,10 @@ def bench(
     default_peer_reps, peer_reps = _peer_reps(compare_reps, PEER_NAMES)
 
     model_path = model
-    if model is None:
-        from tsspec_gguf.embedded import embedded_model_path
+    if model is None:  # the default model a plugin offers, as a path
+        from tsspec.runtime.named_models import default_model, resolve_model_path
 
-        model_path = str(embedded_model_path())
+        model_path = str(resolve_model_path(default_model(STATE.catalog), STATE.catalog))
     from tsspec.runtime.loading import file_less_entry
 
     file_less = file_less_entry(model_path, STATE.catalog) is not None

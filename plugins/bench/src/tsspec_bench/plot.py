@@ -58,6 +58,9 @@ def _class_panel(ax, report: BenchReport) -> None:
         for x, y, up in zip(xs, ys, hi):
             ax.text(x, y + up + 0.02, f"{y:.2f}", ha="center", va="bottom", fontsize=7)
     ax.axhline(1.0, color="black", linewidth=0.9, linestyle="--")
+    band = report.band
+    if band is not None:  # what noise alone does to a pair: a median inside it is no difference
+        ax.axhspan(band.low, band.high, color="grey", alpha=0.15, label=f"control (plain/plain) {band.text()}")
     ax.set_xticks(range(len(classes)))
     ax.set_xticklabels(classes, rotation=20, ha="right")
     ax.set_ylabel("speed-up over plain\n(median of pairs; whiskers: min-max)")

@@ -19,12 +19,11 @@ from tsspec.runtime.registry import AUTO
 from .lossless import MISMATCH, TIE
 from .machine import machine_line
 from .peers import LOOKUP, PeerRecord, PeerRow
-from .runner import ALGORITHM, ORACLE, PLAIN, RunRecord
+from .runner import ALGORITHM, CONTROL, ORACLE, PLAIN, RunRecord
 from .needs import (MIN_VERIFIED, DrafterMeasure, DrafterNeeds, drafter_needs, relative_costs, rounded_length,
                     shape_from_steps)
-from .summary import ALL_CLASSES, SummaryRow
+from .summary import ALL_CLASSES, NoiseBand, SummaryRow, control_band
 
-WIN, LOSE = 1.03, 0.97  # a median pair ratio outside these is a win / a loss, else break-even
 SHOWN_POSITIONS = 8  # accepted-per-position columns shown in tables
 
 
@@ -47,6 +46,11 @@ class BenchReport:
         return goal_rows(self) if (self.goals or self.peer_records) else []
 
     # -- selections ------------------------------------------------------------------------
+    @property
+    def band(self) -> NoiseBand | None:
+        """The control row's spread: the ratios noise alone gives a pair (None: no control)."""
+        return control_band(self.rows)
+
     def rows_of(self, kind: str, cls: str | None = None) -> list[SummaryRow]:
         return [r for r in self.rows if r.kind == kind and (cls is None or r.cls == cls)]
 
@@ -86,7 +90,7 @@ class BenchReport:
         return [r for r in self.records if r.verdict is not None and r.verdict.status == MISMATCH]
 
     def lossless_totals(self) -> dict:
-        checked = [r for r in self.records if r.kind != PLAIN and r.verdict is not None]
+        checked = [r for r in self.records if r.kind not in (PLAIN, CONTROL) and r.verdict is not None]
         ties = [r for r in checked if r.verdict.status == TIE]
         return {
             "speculative_runs": len(checked),
@@ -106,6 +110,7 @@ class BenchReport:
             "meta": self.meta,
             "cases": self.cases,
             "summary": [r.to_json() for r in self.rows],
+            "control_band": None if self.band is None else self.band.to_json(),
             "lossless": self.lossless_totals(),
             "peers": {
                 "summary": [r.to_json() for r in self.peer_rows],
@@ -146,6 +151,9 @@ class BenchReport:
                 style="bold" if row.cls == ALL_CLASSES else None,
             )
         console.print(table)
+        band = self.band
+        console.print("control (plain vs plain): " + (f"{band.text()}; a median speed-up inside it is no difference"
+                                                       if band is not None else "not run: no win or loss is claimed"))
         if self.peer_rows:
             peers = Table(title="peers on the same GGUF and prompt ids")
             for col in ("engine", "config", "class", "tok/s", "speed-up vs own plain", "tsspec / this (paired)",
@@ -222,8 +230,13 @@ def _lossless_text(row: SummaryRow) -> str:
     return text
 
 
-def _verdict_word(ratio: float) -> str:
-    return "wins" if ratio >= WIN else ("loses" if ratio <= LOSE else "breaks even")
+def _verdict_word(ratio: float, band: NoiseBand | None) -> str:
+    """'wins' / 'loses' / 'is within noise' against the control row's spread, 'is unjudged'
+    without one."""
+    if band is None:
+        return "is unjudged (no control row)"
+    verdict = band.verdict(ratio)
+    return verdict if verdict != "within noise" else "is within noise"
 
 
 def break_even_acceptance(rows: Sequence[SummaryRow]) -> float | None:
@@ -303,9 +316,11 @@ def _markdown(report: BenchReport, plot_path: str | None) -> list[str]:
         f"in {meta['duration_s'] / 60:.1f} minutes. Do not edit by hand: rerun the command.",
         "",
         "Every speculative figure is a **ratio of paired runs**: after one warm-up round, each prompt runs "
-        f"{settings['reps']} rounds of plain, then each configuration, back to back in one process, and each "
-        "speculative run is divided by the plain run of its own round. On a shared 2-core machine a single "
-        "tok/s figure moves by 10-20% from run to run; the ratios of neighbouring runs move much less. "
+        f"{settings['reps']} rounds of every configuration back to back in one process, in list order in even "
+        "rounds and reversed in odd ones, and each run is divided by the plain run of its own round. The "
+        "control row is plain decoding run again in the same schedule: its ratios are what noise alone does "
+        "to a pair, and a speed-up is called a win or a loss only outside their spread"
+        + (f" ({report.band.text()} in this run). " if report.band is not None else ". ") +
         "tok/s counts decoding only (emitted tokens after the first, over the time after prefill). "
         "Each run starts as a fresh `tsspec generate` would: a park that a learned drafter's cost governor "
         "carries from one request to the next on a server is dropped between runs.",
@@ -347,7 +362,7 @@ def _markdown(report: BenchReport, plot_path: str | None) -> list[str]:
         "Figures of single components (model loaders against transformers, the per-row "
         "snapshot path of the hybrid trunk, draft-head calls per step, DFlash block cost, the "
         "n-gram index, the real-model lossless study) are measured by their own scripts and kept "
-        "with their commands in [docs/figures.md](docs/figures.md).",
+        "in the scripts/ folders of the plugins they measure.",
         "",
     ]
     return lines
@@ -393,11 +408,22 @@ def _speed_section(report: BenchReport) -> list[str]:
     lines += _table(header, rows)
     lines += ["", "tok/s are medians over runs; speed-up is the median of per-pair ratios (min-max over pairs); "
               "accept = accepted / drafted tokens; tok/verify = tokens emitted per verify step.", ""]
+    lines += _control_lines(report)
     ran = auto_choices(report)
     if ran:
         lines += ["`auto` is what the runtime picks by itself for this model: it ran "
                   + ", ".join(f"{name} ({n} runs)" for name, n in ran.items()) + ".", ""]
     return lines
+
+
+def _control_lines(report: BenchReport) -> list[str]:
+    """The control row: plain against plain, per class and over all."""
+    rows = [r for r in report.rows if r.kind == CONTROL and r.ratio_median is not None]
+    if not rows:
+        return ["No control row ran: no speed-up here is called a win or a loss.", ""]
+    cells = ", ".join(f"{r.cls} {_ratio_text(r)}" for r in rows)
+    return [f"Control row (plain decoding against plain decoding, same schedule): {cells}. A median speed-up "
+            f"inside {report.band.text()} is no measured difference.", ""]
 
 
 def auto_choices(report: "BenchReport") -> dict[str, int]:
@@ -411,7 +437,7 @@ def auto_choices(report: "BenchReport") -> dict[str, int]:
 
 
 def _mechanics_section(report: BenchReport) -> list[str]:
-    rows = [r for r in report.rows if r.kind != PLAIN and r.kind != ORACLE]
+    rows = [r for r in report.rows if r.kind == ALGORITHM]
     if not rows:
         return []
     lines = ["### Where the time goes", "",
@@ -837,21 +863,25 @@ def _lossless_section(report: BenchReport) -> list[str]:
 
 def _reading(report: BenchReport) -> list[str]:
     lines = ["## Reading", ""]
+    band = report.band
+    lines.append(f"- **Noise**: the control row (plain against plain) ranged {band.text()}; a figure inside "
+                 "that spread is no measured difference, and only one outside it is called a win or a loss."
+                 if band is not None else "- **Noise**: no control row ran, so no figure is called a win or a loss.")
     for algo in report.algorithms():
         cells = [r for r in report.rows if r.config == algo and r.cls != ALL_CLASSES and r.ratio_median is not None]
         overall = next((r for r in report.rows if r.config == algo and r.cls == ALL_CLASSES), None)
         if not cells or overall is None:
             continue
-        wins = [r for r in cells if r.ratio_median >= WIN]
-        loses = [r for r in cells if r.ratio_median <= LOSE]
+        wins = [r for r in cells if band is not None and r.ratio_median > band.high]
+        loses = [r for r in cells if band is not None and r.ratio_median < band.low]
         best = max(cells, key=lambda r: r.ratio_median)
         worst = min(cells, key=lambda r: r.ratio_median)
-        text = (f"- **{algo}** {_verdict_word(overall.ratio_median)} overall: median speed-up "
+        text = (f"- **{algo}** {_verdict_word(overall.ratio_median, band)} overall: median speed-up "
                 f"{overall.ratio_median:.2f}x over plain ({overall.tokens_per_second:.1f} vs "
                 f"{overall.plain_tokens_per_second:.1f} tok/s), acceptance {overall.acceptance_rate:.2f}, "
                 f"{overall.tokens_per_verify:.2f} tokens per verify. ")
         text += (f"It wins on {', '.join(f'{r.cls} ({r.ratio_median:.2f}x)' for r in wins)}. " if wins
-                 else "It wins on no prompt class. ")
+                 else "It wins on no prompt class. " if band is not None else "")
         if loses:
             text += f"It loses on {', '.join(f'{r.cls} ({r.ratio_median:.2f}x)' for r in loses)}. "
         text += (f"Best: {best.cls} ({best.ratio_median:.2f}x, acceptance {best.acceptance_rate:.2f}); "
@@ -884,8 +914,10 @@ def _reading(report: BenchReport) -> list[str]:
         if lookup is None or plain is None:
             continue
         text = (f"- **{engine}** on the same GGUF, in its own process: plain {plain.tokens_per_second:.1f} tok/s"
-                + (f" (tsspec plain is {plain.tsspec_over_this:.2f}x of it, paired runs)" if plain.tsspec_over_this else "")
+                + (f" (tsspec plain is {plain.tsspec_over_this:.2f}x of it, paired runs"
+                   f"{_noise_note(plain.tsspec_over_this, band)})" if plain.tsspec_over_this else "")
                 + f"; its prompt lookup runs at {lookup.ratio_median:.2f}x of its own plain"
+                + _noise_note(lookup.ratio_median, band)
                 + f" and its output equals its plain output in {lookup.same_as_own_plain}/{lookup.runs} runs"
                 + f" (tsspec's plain output: {plain.same_as_tsspec_plain}/{plain.runs} of its plain runs).")
         lines.append(text)
@@ -905,6 +937,16 @@ def _reading(report: BenchReport) -> list[str]:
     return lines + [""]
 
 
+def _noise_note(ratio: float | None, band: NoiseBand | None) -> str:
+    """' (within noise)' when ``ratio`` lies inside the control row's spread, ' (unjudged: no
+    control row)' without one, else nothing: the figure then stands as a difference."""
+    if ratio is None:
+        return ""
+    if band is None:
+        return " (unjudged: no control row)"
+    return " (within noise)" if band.verdict(ratio) == "within noise" else ""
+
+
 def _headline(report: BenchReport) -> str:
     parts = []
     for algo in report.algorithms():
@@ -914,10 +956,12 @@ def _headline(report: BenchReport) -> str:
             continue
         best = max(cells, key=lambda r: r.ratio_median)
         worst = min(cells, key=lambda r: r.ratio_median)
-        parts.append(f"{algo} {overall.ratio_median:.2f}x of plain over all classes "
+        parts.append(f"{algo} {overall.ratio_median:.2f}x of plain over all classes"
+                     f"{_noise_note(overall.ratio_median, report.band)} "
                      f"({worst.cls} {worst.ratio_median:.2f}x to {best.cls} {best.ratio_median:.2f}x)")
     for engine in dict.fromkeys(r.engine for r in report.peer_rows):
         lookup = next((r for r in report.peer_rows if r.engine == engine and r.config == LOOKUP and r.cls == ALL_CLASSES), None)
         if lookup is not None and lookup.ratio_median is not None:
-            parts.append(f"{engine} prompt lookup {lookup.ratio_median:.2f}x of its plain")
+            parts.append(f"{engine} prompt lookup {lookup.ratio_median:.2f}x of its plain"
+                         f"{_noise_note(lookup.ratio_median, report.band)}")
     return "; ".join(parts) + "." if parts else ""

@@ -2,9 +2,11 @@
 
 Single runs on a noisy machine mislead; ratios of neighbouring runs do not, because whatever
 slows the machine (another process, thermal state, a page-cache miss) slows both sides of a
-pair alike. So, after one untimed warm-up round, every case runs ``reps`` rounds of
-``plain, config1, config2, ...`` back to back (A B A B ...), and each speculative run is paired
-with the plain run of its own round.
+pair alike. So, after one untimed warm-up round, every case runs ``reps`` rounds of every
+configuration back to back, and each run is paired with the plain run of its own round. The
+order flips every round (``plain, c1, .., control`` then ``control, .., c1, plain``), so no
+configuration always runs first. The control is plain decoding again, last in the list: its
+ratio to plain is what noise alone does to a pair (``summary.control_band``).
 
 Every speculative run is checked against the case's plain reference (the first plain run of
 that case): identical, or a float tie at the first divergence (see ``lossless``). A real
@@ -25,7 +27,7 @@ from tsspec.runtime.stats import SpecStats
 from .lossless import IDENTICAL, LosslessVerdict, check_lossless
 from .prompts import EncodedCase
 
-PLAIN, ALGORITHM, ORACLE = "plain", "algorithm", "oracle"
+PLAIN, CONTROL, ALGORITHM, ORACLE = "plain", "control", "algorithm", "oracle"
 WARMUP_REP = -1  # the rep number of warm-up runs (untimed: not in any summary)
 NO_GOVERNOR_SUFFIX = "/no-governor"
 DRAFT_CAP_SUFFIX = "/draft"  # oracle@0.50/draft2: the oracle drafting at most 2 tokens a step
@@ -48,6 +50,11 @@ class BenchConfig:
         return cls(PLAIN, PLAIN)
 
     @classmethod
+    def control(cls) -> "BenchConfig":
+        """Plain decoding a second time, paired with plain like any configuration."""
+        return cls(CONTROL, CONTROL)
+
+    @classmethod
     def for_algorithm(cls, name: str, *, adaptive: bool | None = None) -> "BenchConfig":
         suffix = "" if adaptive is None else ("" if adaptive else NO_GOVERNOR_SUFFIX)
         return cls(name + suffix, ALGORITHM, algorithm=name, adaptive=adaptive)
@@ -66,7 +73,7 @@ class BenchConfig:
 
     @property
     def speculative(self) -> bool:
-        return self.kind != PLAIN
+        return self.kind not in (PLAIN, CONTROL)
 
     def runs_on(self, cls: str) -> bool:
         return self.classes is None or cls in self.classes
@@ -84,11 +91,12 @@ class Slot:
 def schedule(n_cases: int, n_configs: int, reps: int, *, warmup: bool = True,
              runs_on: Callable[[int, int], bool] | None = None) -> list[Slot]:
     """The run order: a warm-up round on the first case, then per case ``reps`` rounds of every
-    configuration in turn, so each speculative run sits next to its plain partner.
-    ``runs_on(case, config)`` drops configurations from cases they do not apply to.
+    configuration, in list order in even rounds and reversed in odd ones (a case's first round
+    starts with plain, its reference). ``runs_on(case, config)`` drops configurations from
+    cases they do not apply to.
 
     >>> [(s.case, s.rep, s.config) for s in schedule(2, 2, 2, warmup=False)]
-    [(0, 0, 0), (0, 0, 1), (0, 1, 0), (0, 1, 1), (1, 0, 0), (1, 0, 1), (1, 1, 0), (1, 1, 1)]
+    [(0, 0, 0), (0, 0, 1), (0, 1, 1), (0, 1, 0), (1, 0, 0), (1, 0, 1), (1, 1, 1), (1, 1, 0)]
     """
     keep = runs_on or (lambda case, config: True)
     slots = []
@@ -96,7 +104,8 @@ def schedule(n_cases: int, n_configs: int, reps: int, *, warmup: bool = True,
         slots = [Slot(0, WARMUP_REP, c) for c in range(n_configs)]
     for case in range(n_cases):
         for rep in range(reps):
-            slots.extend(Slot(case, rep, c) for c in range(n_configs) if c == 0 or keep(case, c))
+            order = range(n_configs) if rep % 2 == 0 else range(n_configs - 1, -1, -1)
+            slots.extend(Slot(case, rep, c) for c in order if c == 0 or keep(case, c))
     return slots
 
 
@@ -191,7 +200,7 @@ class BenchRunner:
 
     # -- one run ---------------------------------------------------------------------------
     def _options(self, config: BenchConfig) -> SpeculationOptions:
-        if config.kind == PLAIN:
+        if not config.speculative:
             return attrs.evolve(self.options, enabled=False)
         adaptive = self.options.adaptive if config.adaptive is None else config.adaptive
         if config.kind == ALGORITHM:
@@ -246,7 +255,7 @@ class BenchRunner:
         )
         reference = self.references.get(case.id)
         if reference is None:
-            if config.kind != PLAIN:  # cannot happen: plain is first in every round
+            if config.kind != PLAIN:  # cannot happen: plain is first in a case's first round
                 raise RuntimeError("a speculative run before its case's plain reference")
             self.references[case.id] = record.tokens
             record.verdict = LosslessVerdict(IDENTICAL)

@@ -92,15 +92,19 @@ def choose_algorithms(requested: Sequence[str] | None, serving: Sequence[str], d
 
 
 def build_configs(algorithms: Sequence[str], oracle: Sequence[float], oracle_classes,
-                  oracle_governor: Sequence[bool | None] = (None,), oracle_draft: Sequence[int] = ()) -> list[BenchConfig]:
-    """Plain first, then the algorithms, the oracle sweep at the draft window, and the sweep
+                  oracle_governor: Sequence[bool | None] = (None,), oracle_draft: Sequence[int] = (),
+                  *, control: bool = False) -> list[BenchConfig]:
+    """Plain first, then the algorithms, the oracle sweep at the draft window, the sweep
     again at each draft cap of ``oracle_draft`` with the governor off (it would shorten the
-    drafts by its own measurements: off, every step drafts the cap)."""
+    drafts by its own measurements: off, every step drafts the cap), and last the control
+    (plain again) when anything else runs or ``control`` asks for it (peers to judge)."""
     configs = [BenchConfig.plain()]
     configs += [BenchConfig.for_algorithm(a) for a in algorithms]
     configs += [BenchConfig.oracle(p, adaptive=g, classes=oracle_classes) for g in oracle_governor for p in oracle]
     configs += [BenchConfig.oracle(p, adaptive=False, classes=oracle_classes, max_draft=n)
                 for n in oracle_draft for p in oracle]
+    if len(configs) > 1 or control:
+        configs.append(BenchConfig.control())
     return configs
 
 
@@ -189,7 +193,7 @@ def run_plan(
     window = draft_window(plan.options, target)
     check_oracle_draft(plan.oracle_draft, plan.oracle_acceptance, window)
     configs = build_configs(algorithms, plan.oracle_acceptance, plan.oracle_classes, plan.oracle_governor,
-                            plan.oracle_draft)
+                            plan.oracle_draft, control=bool(plan.compare))
     runner = BenchRunner(
         target, cases, configs, reps=plan.reps, options=plan.options, sampling=plan.sampling,
         registry=None if catalog is None else catalog.speculators, on_mismatch=on_mismatch, heads=heads,
@@ -203,8 +207,9 @@ def run_plan(
     peers, peer_errors = _start_peers(plan, target, cases, report_progress, on_peer_error)
     second, second_runs = _second_target(plan, target, catalog, peers, report_progress), []
     peer_records: list = []
-    # prompt lookup pairs with tsspec's first algorithm (ngram when installed): the peer's run
-    # follows tsspec's run of the same prompt and round, so the two see the same machine state
+    # the peers run after tsspec's whole round of a prompt (never between tsspec's paired runs),
+    # plain and prompt lookup in the round's order; prompt lookup pairs with tsspec's first
+    # algorithm (ngram when installed) of the same prompt and round
     partner = next((c.name for c in configs if c.kind == "algorithm"), None)
     compare_reps = plan.compare_reps or plan.reps
     reps_of = {name: min(plan.peer_reps.get(name, compare_reps), plan.reps) for name in peers}
@@ -247,16 +252,23 @@ def run_plan(
     records, row_cost = [], None
     try:
         if len(configs) > 1 or peers:
-            tick = counter("tsspec", len(runner.slots()))
+            slots = runner.slots()
+            tick = counter("tsspec", len(slots))
+            round_ends = {(s.case, s.rep): i for i, s in enumerate(slots)}  # each round's last slot
+            in_round: dict[str, object] = {}  # config name -> this round's record
 
             def on_run(slot, rec) -> None:
                 tick(f"{rec.case_id} {rec.config}: {rec.tokens_per_second:.1f} tok/s")
-                case = cases[slot.case]
-                if rec.kind == "plain":
-                    after = run_peers(("plain",) if partner else ("plain", "prompt-lookup"), case, slot.rep, rec)
-                    run_second(case, slot.rep, after)
-                elif rec.config == partner:
-                    run_peers(("prompt-lookup",), case, slot.rep, rec)
+                in_round[rec.config] = rec
+                if round_ends[(slot.case, slot.rep)] != rec.order:
+                    return
+                case, plain, mine = cases[slot.case], in_round.get("plain"), in_round.get(partner)
+                in_round.clear()
+                kinds = ("plain", "prompt-lookup") if slot.rep % 2 == 0 else ("prompt-lookup", "plain")
+                after = []
+                for kind in kinds:
+                    after += run_peers((kind,), case, slot.rep, plain if kind == "plain" or mine is None else mine)
+                run_second(case, slot.rep, after)
 
             runner.on_run = on_run
             records = runner.run()

@@ -3,7 +3,9 @@
 Speed is the median of tok/s over the timed runs; the speed-up is the median (and min, max) of
 the per-pair ratios speculative / plain, a pair being the two runs of one case in one round.
 Counters (acceptance, tokens per verify, accepted per position, governor) are sums over the
-runs, so a class with more steps weighs more, as it does for a user.
+runs, so a class with more steps weighs more, as it does for a user. The control row (plain
+against plain) gives the band of ratios noise alone produces (``NoiseBand``): a median inside
+it is no difference, one above it a win, one below it a loss.
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ import attrs
 
 from tsspec.runtime.stats import PHASES, SpecStats
 from .lossless import IDENTICAL, MISMATCH, TIE
-from .runner import PLAIN, RunRecord
+from .runner import CONTROL, PLAIN, RunRecord
 
 ALL_CLASSES = "all"
 
@@ -70,6 +72,40 @@ class SummaryRow:
     @property
     def plain_ms_per_step(self) -> float:
         return self.phase_ms.get("plain", 0.0) * self.runs / self.plain_steps if self.plain_steps else 0.0
+
+
+@attrs.frozen
+class NoiseBand:
+    """The spread (min-max) of the control row's pair ratios, over all classes."""
+
+    low: float
+    high: float
+    pairs: int
+
+    def verdict(self, ratio: float) -> str:
+        """'wins' above the band, 'loses' below it, 'within noise' inside it.
+
+        >>> band = NoiseBand(0.92, 1.07, 12)
+        >>> band.verdict(1.10), band.verdict(1.05), band.verdict(0.90)
+        ('wins', 'within noise', 'loses')
+        """
+        if ratio > self.high:
+            return "wins"
+        return "loses" if ratio < self.low else "within noise"
+
+    def text(self) -> str:
+        return f"{self.low:.2f}-{self.high:.2f} over {self.pairs} plain/plain pairs"
+
+    def to_json(self) -> dict:
+        return {"low": round(self.low, 4), "high": round(self.high, 4), "pairs": self.pairs}
+
+
+def control_band(rows: Sequence["SummaryRow"]) -> NoiseBand | None:
+    """The control row's band (None: no control row, or no pair in it)."""
+    row = next((r for r in rows if r.kind == CONTROL and r.cls == ALL_CLASSES), None)
+    if row is None or not row.pairs or row.ratio_min is None:
+        return None
+    return NoiseBand(row.ratio_min, row.ratio_max, row.pairs)
 
 
 def _median(values: Sequence[float]) -> float:

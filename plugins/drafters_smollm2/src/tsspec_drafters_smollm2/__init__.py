@@ -19,10 +19,10 @@ __all__ = ["tsspec_register_drafters", "drafter_files", "DRAFTERS"]
 
 HERE = Path(__file__).parent
 # file -> (algorithm it serves, metadata prefix of its target facts, attached under auto?)
-# `auto` follows the figures (FIGURES.md): a drafter that loses to the weight-free ngram on the
+# `auto` follows the figures (`scripts/bench_drafters.py`): a drafter that loses to the weight-free ngram on the
 # served classes is attached only when its algorithm is asked for by name.
 DRAFTERS = {
-    # held-out first-token acceptance ~0.4: alone about plain speed, below ngram (FIGURES.md).
+    # held-out first-token acceptance ~0.4: alone about plain speed, below ngram (`scripts/bench_drafters.py`).
     # Attached (--spec-draft-model), `auto` pairs it behind ngram (its head says auto_fallback);
     # that pair measured no clear gain over ngram on this CPU (README), so auto does not attach it
     "smollm2-135m-instruct-mtp.gguf": ("draft-head", "nextn", False),

@@ -55,7 +55,7 @@ GEMM_ROWS = 72
 # the arithmetic of the block kernel: "float32" (weights unpacked to their exact float32 values,
 # float32 sums) or "int8" (rows quantised per 32 values to int8, exact integer dot products with
 # the weights' q: llama.cpp's CPU arithmetic; ~1% relative error in a matmul, measured in
-# docs/figures.md). Format-32 matrices (plain float weights) always use float32.
+# scripts/precision_study.py). Format-32 matrices (plain float weights) always use float32.
 PRECISIONS = ("float32", "int8")
 DEQUANT_SLICE = 1 << 22  # weights dequantised at a time on the GEMM path (16 MiB of float32)
 PACKABLE = {T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q8_0, T.Q4_K, T.Q5_K, T.Q6_K}

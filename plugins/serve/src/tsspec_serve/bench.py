@@ -17,7 +17,13 @@ Three measurements, each printed as a table (and written as Markdown / JSON on r
 3. Memory: RSS before and after ``--requests`` short requests in waves of 8, every third one
    cancelled after its first token (after a warm-up wave).
 
-Requests go to the scheduler in-process (no HTTP), so the figures are the engine's.
+4. Per stream: one request at a time through the HTTP server (uvicorn on loopback, streamed,
+   read by a client in the same process) against ``generate``, the call ``tsspec generate``
+   makes, on the same prompt and settings, plain and n-gram; paired and alternating (each
+   pair's order flips), a different prompt each pair; the ratio of each pair and their median.
+
+Sections 1-3 send requests to the scheduler in-process (no HTTP), so those figures are the
+engine's; section 4 includes HTTP, server-sent events and the event loop.
 """
 
 from __future__ import annotations
@@ -34,7 +40,9 @@ from typing import Annotated, Any, Optional
 import typer
 
 COMMAND = "bench-serve"
-STREAM_LEVELS = (1, 2, 4, 8)
+STREAM_LEVELS = (1, 2, 4, 8, 16)
+PER_STREAM_TOPICS = ("the bicycle", "the steam engine", "the printing press", "the telescope", "the compass",
+                     "paper money", "the telephone", "the railway", "the microscope", "the camera")
 
 
 def _rss_mb() -> float:
@@ -80,6 +88,56 @@ class _Bench:
         self.kv_cache_mb = kv_cache_mb
         self.tokenizer = target.tokenizer
 
+    def per_stream(self, mode: str, reps: int, max_tokens: int) -> dict[str, Any]:
+        """Section 4: (server tok/s, generate tok/s) pairs, alternating which runs first."""
+        import http.client
+
+        from tsspec import generate
+
+        from .engine import ServeEngine
+
+        engine = ServeEngine(self.target, model_id="bench", options=self.options(mode), registry=self.registry,
+                             kv_cache_mb=self.kv_cache_mb, max_seqs=8)
+        server = _LoopbackServer(engine)
+        spec = {"type": "none" if mode == "plain" else "ngram"}
+
+        def served(ids: list[int]) -> tuple[float, int]:
+            conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=600)
+            body = {"prompt": ids, "max_tokens": max_tokens, "temperature": 0, "stream": True, "speculative": spec}
+            start = time.perf_counter()
+            conn.request("POST", "/v1/completions", body=json.dumps(body), headers={"Content-Type": "application/json"})
+            data = conn.getresponse().read()
+            wall = time.perf_counter() - start
+            conn.close()
+            final = [json.loads(line[6:]) for line in data.decode().split("\n\n") if '"usage"' in line]
+            n = final[-1]["usage"]["completion_tokens"]
+            return n / wall, n
+
+        def alone(ids: list[int]) -> tuple[float, int]:
+            start = time.perf_counter()
+            result = generate(self.target, ids, self.options(mode), max_tokens=max_tokens, registry=self.registry,
+                              on_token=lambda tok, piece: None)
+            return len(result.tokens) / (time.perf_counter() - start), len(result.tokens)
+
+        pairs = []
+        try:
+            warm = self.chat_ids([{"role": "user", "content": "Say hello."}])
+            served(warm), alone(warm)
+            for rep in range(reps):
+                topic = PER_STREAM_TOPICS[rep % len(PER_STREAM_TOPICS)]
+                ids = self.chat_ids([{"role": "user", "content": f"Write a long essay about the history of {topic}."}])
+                order = (served, alone) if rep % 2 == 0 else (alone, served)
+                got = {f: f(ids) for f in order}
+                if got[served][1] != got[alone][1]:
+                    raise RuntimeError(f"the server emitted {got[served][1]} tokens, generate {got[alone][1]}")
+                pairs.append({"server": got[served][0], "generate": got[alone][0], "tokens": got[alone][1]})
+        finally:
+            server.stop()
+        ratios = [p["server"] / p["generate"] for p in pairs]
+        return {"pairs": pairs, "server": statistics.median(p["server"] for p in pairs),
+                "generate": statistics.median(p["generate"] for p in pairs), "ratio": statistics.median(ratios),
+                "ratio_low": min(ratios), "ratio_high": max(ratios)}
+
     def scheduler(self, max_seqs: int = 8):
         from tsspec import Scheduler
 
@@ -103,7 +161,7 @@ class _Bench:
         firsts: list[float] = []
         lasts: list[list] = []
         lock = threading.Lock()
-        sched = self.scheduler()
+        sched = self.scheduler(max_seqs=max(8, n))
         try:
             handles = []
             start = time.perf_counter()
@@ -201,6 +259,45 @@ class _Bench:
                 "kv_blocks_in_use_after": snap["kv_blocks_in_use"], "kv_blocks_reserved_after": snap["kv_blocks_reserved"]}
 
 
+class _LoopbackServer:
+    """``create_app(engine)`` under uvicorn in a thread, on a free loopback port."""
+
+    def __init__(self, engine):
+        import socket
+
+        import uvicorn
+
+        from .api import create_app
+
+        self.engine = engine.start()
+        self.sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        self.sock.bind(("127.0.0.1", 0))
+        self.port = self.sock.getsockname()[1]
+        self.server = uvicorn.Server(uvicorn.Config(create_app(engine), log_level="warning", lifespan="off"))
+        self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [self.sock]}, daemon=True)
+        self.thread.start()
+        deadline = time.monotonic() + 60
+        while not self.server.started:
+            if time.monotonic() > deadline:
+                raise RuntimeError("the loopback server did not start")
+            time.sleep(0.02)
+
+    def stop(self) -> None:
+        self.server.should_exit = True
+        self.thread.join(30)
+        self.engine.close()
+        self.sock.close()
+
+
+def _md_per_stream(rows) -> list[str]:
+    out = ["| mode | server tok/s | generate tok/s | server / generate (median of pairs) | pair range | pairs |",
+           "|---|---:|---:|---:|---|---:|"]
+    for mode, r in rows.items():
+        out.append(f"| {mode} | {r['server']:.1f} | {r['generate']:.1f} | {r['ratio']:.3f}x | "
+                   f"{r['ratio_low']:.2f}-{r['ratio_high']:.2f} | {len(r['pairs'])} |")
+    return out
+
+
 def _md_streams(rows) -> list[str]:
     out = ["| streams | plain tok/s | spec tok/s | ratio | plain ITL p50 / p99 ms | spec ITL p50 / p99 ms | plain / spec ms per token |",
            "|---:|---:|---:|---:|---:|---:|---:|"]
@@ -228,7 +325,7 @@ def bench_serve(
     turn_tokens: Annotated[int, typer.Option("--turn-tokens", min=1, help="Tokens per chat turn.")] = 120,
     requests: Annotated[int, typer.Option("--requests", min=8, help="Requests of the memory check.")] = 1000,
     kv_cache_mb: Annotated[float, typer.Option("--kv-cache-mb")] = 256.0,
-    only: Annotated[Optional[str], typer.Option("--only", help="streams, chat or memory (default: all).")] = None,
+    only: Annotated[Optional[str], typer.Option("--only", help="streams, chat, memory or per-stream (default: all).")] = None,
     markdown: Annotated[Optional[str], typer.Option("--markdown", help="Write the tables to this file.")] = None,
     json_path: Annotated[Optional[str], typer.Option("--json", help="Write the figures as JSON.")] = None,
 ) -> None:
@@ -238,8 +335,8 @@ def bench_serve(
     from tsspec.errors import OptionsError
     from tsspec import SpeculationOptions
 
-    if only not in (None, "streams", "chat", "memory"):
-        raise OptionsError(f"--only must be streams, chat or memory, got {only!r}")
+    if only not in (None, "streams", "chat", "memory", "per-stream"):
+        raise OptionsError(f"--only must be streams, chat, memory or per-stream, got {only!r}")
     target = load_target(model, "cpu", None, SpeculationOptions())
     bench = _Bench(target, STATE.catalog.speculators, kv_cache_mb)
     report: dict[str, Any] = {"machine_note": "figures from one machine; see the command line and load"}
@@ -294,6 +391,16 @@ def bench_serve(
                   f"RSS {mem['rss_before_mb']:.1f} MiB before and {mem['rss_after_mb']:.1f} MiB after {mem['requests']} requests "
                   f"(4 tokens each, waves of 8, {mem['cancelled']} cancelled after their first token); KV blocks held afterwards: "
                   f"{mem['kv_blocks_in_use_after']}, reserved: {mem['kv_blocks_reserved_after']}.", ""]
+
+    if only in (None, "per-stream"):
+        rows = {}
+        for mode in ("plain", "spec"):
+            rows["plain" if mode == "plain" else "ngram"] = r = bench.per_stream(mode, max(reps, 2), max_tokens)
+            typer.echo(f"[per stream {mode}] server {r['server']:.1f} tok/s, generate {r['generate']:.1f} tok/s, "
+                       f"median pair ratio {r['ratio']:.3f}x ({r['ratio_low']:.2f}-{r['ratio_high']:.2f})", err=True)
+        report["per_stream"] = rows
+        lines += [f"## One stream through the HTTP server vs `generate` ({max_tokens} tokens, paired and alternating, "
+                  "a different prompt each pair)", "", *_md_per_stream(rows), ""]
 
     text = "\n".join(lines)
     typer.echo(text)

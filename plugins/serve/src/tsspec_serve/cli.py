@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import logging
-from typing import Annotated, Optional
+from typing import Annotated, List, Optional
 
 import typer
 
@@ -19,7 +19,7 @@ def serve(
     host: Annotated[str, typer.Option("--host", help="Address to listen on.")] = "127.0.0.1",
     port: Annotated[int, typer.Option("--port", help="TCP port.")] = 8080,
     served_model_name: Annotated[Optional[str], typer.Option("--served-model-name", help="The model id clients send (default: the file's stem).")] = None,
-    kv_cache_mb: Annotated[float, typer.Option("--kv-cache-mb", help="Memory for the paged KV cache and prefix cache (MiB).")] = 256.0,
+    kv_cache_mb: Annotated[Optional[float], typer.Option("--kv-cache-mb", help="Memory for the paged KV cache and prefix cache (MiB; default: enough for one request of the model's whole context, at least 256). A smaller cache lowers the context the server advertises.")] = None,
     block_size: Annotated[int, typer.Option("--kv-block-size", help="Tokens per KV block (the prefix cache's unit).")] = 16,
     max_seqs: Annotated[int, typer.Option("--max-seqs", help="Sequences decoded together at most.")] = 8,
     device: flags.Device = "cpu",
@@ -33,6 +33,7 @@ def serve(
     spec_draft_model: flags.SpecDraftModel = None,
     draft_model: flags.DraftModel = None,
     spec_adaptive: flags.Adaptive = None,
+    api_key: Annotated[Optional[List[str]], typer.Option("--api-key", help="Require this key on /v1/ requests (Authorization: Bearer KEY; repeatable).")] = None,
 ) -> None:
     """Serve the model over HTTP: OpenAI API (/v1/chat/completions, /v1/completions), /metrics, a chat page at /."""
     from tsspec.cli.generate_cmd import load_target
@@ -42,7 +43,10 @@ def serve(
             raise OptionsError(f"{name} must be >= {low}, got {value}")
     if port > 65535:
         raise OptionsError(f"--port must be <= 65535, got {port}")
-    if not kv_cache_mb > 0:
+    keys = [k for k in (api_key or [])]
+    if any(not k.strip() for k in keys):
+        raise OptionsError("--api-key must not be empty")
+    if kv_cache_mb is not None and not kv_cache_mb > 0:
         raise OptionsError(f"--kv-cache-mb must be > 0, got {kv_cache_mb}")
     options = flags.speculation_options(spec, spec_type, spec_draft, spec_pmin, spec_draft_model, draft_model, spec_adaptive)
     if options.enabled:
@@ -65,17 +69,19 @@ def serve(
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     scheduler = engine.scheduler
     if scheduler.serial is None:
-        regime = f"KV {scheduler.pool.num_blocks} blocks x {block_size} tokens, max {max_seqs} sequences"
+        regime = (f"KV {scheduler.pool.num_blocks} blocks x {block_size} tokens ({engine.kv_cache_mb:g} MiB), "
+                  f"context {engine.context} per request, max {max_seqs} sequences")
     else:
         regime = f"one sequence at a time: {scheduler.serial}"
     typer.echo(
         f"[serve] {engine.model_id} on http://{host}:{port}  ({regime}, "
-        f"speculation {options.spec_type if options.enabled else 'off'})",
+        f"speculation {options.spec_type if options.enabled else 'off'}"
+        f"{f', {len(keys)} API key(s)' if keys else ''})",
         err=True,
     )
     engine.start()
     try:
-        uvicorn.run(create_app(engine), host=host, port=port, log_level="warning")
+        uvicorn.run(create_app(engine, api_keys=keys), host=host, port=port, log_level="warning")
     finally:
         engine.close()
 

@@ -4,11 +4,16 @@ A request runs in the scheduler (its own worker thread, batched with everyone el
 tokens come back to the event loop through an ``asyncio.Queue`` as ``Piece`` events and one
 ``Done``. Leaving the stream early (a client that disconnected) cancels the sequence: the
 scheduler frees its blocks at its next step.
+
+The context the server advertises (``context``) is what one request can really hold: the
+model's context, or less when the paged KV cache is smaller (``--kv-cache-mb``); left unset,
+the cache is sized so that one request of the model's whole context fits.
 """
 
 from __future__ import annotations
 
 import asyncio
+import math
 import time
 from pathlib import Path
 from typing import Any, AsyncIterator
@@ -22,10 +27,24 @@ from .metrics import ServerMetrics
 from .payload import Prepared
 
 
+DEFAULT_KV_CACHE_MB = 256.0  # the least the paged cache gets when sized automatically
+
+
 @attrs.frozen
 class Piece:
     token: int
     text: str
+    logprobs: tuple = ()  # the TokenLogprob of each token since the previous piece, when asked for
+
+
+def kv_cache_mb_for_context(target, block_size: int) -> float:
+    """MiB of paged KV that hold one request of the model's whole context (with the draft window
+    and the copy-on-write block the scheduler reserves), at least ``DEFAULT_KV_CACHE_MB``."""
+    per_block = getattr(target, "spec_kv_bytes_per_block", None)
+    if not callable(per_block):
+        return DEFAULT_KV_CACHE_MB
+    blocks = math.ceil(target.max_context_length / block_size) + 2
+    return max(DEFAULT_KV_CACHE_MB, math.ceil(blocks * per_block(block_size) / (1 << 20)) + 1.0)
 
 
 @attrs.frozen
@@ -45,7 +64,7 @@ class ServeEngine:
         model_id: str | None = None,
         options: SpeculationOptions | None = None,
         registry=None,
-        kv_cache_mb: float = 256.0,
+        kv_cache_mb: float | None = None,
         block_size: int = 16,
         max_seqs: int = 8,
         batch_wait_ms: float = 50.0,
@@ -64,6 +83,8 @@ class ServeEngine:
         self.spec_names = list(registry.names())
         self.max_draft = MAX_WINDOW
         self.created = int(time.time())
+        self.kv_cache_mb = kv_cache_mb if kv_cache_mb is not None else kv_cache_mb_for_context(target, block_size)
+        kv_cache_mb = self.kv_cache_mb
         self.scheduler = Scheduler(
             target, kv_cache_mb=kv_cache_mb, block_size=block_size, max_seqs=max_seqs,
             batch_wait_ms=batch_wait_ms, registry=registry,
@@ -72,7 +93,20 @@ class ServeEngine:
 
     @property
     def context(self) -> int:
-        return self.target.max_context_length
+        """The most tokens (prompt + completion) one request can hold on this server."""
+        model = self.target.max_context_length
+        pool = self.scheduler.pool
+        if pool is None:
+            return model
+        # the scheduler reserves ceil(min(n + MAX_WINDOW + 1, model) / block) + 1 blocks for n tokens
+        held = (pool.num_blocks - 1) * pool.block_size
+        return model if held >= model else held - MAX_WINDOW - 1
+
+    @property
+    def context_label(self) -> str:
+        if self.context < self.target.max_context_length:
+            return f"this server's KV cache (--kv-cache-mb {self.kv_cache_mb:g})"
+        return "the model's context"
 
     def start(self) -> "ServeEngine":
         self.scheduler.start()
@@ -83,7 +117,8 @@ class ServeEngine:
 
     def prepare_kwargs(self) -> dict[str, Any]:
         return dict(tokenizer=self.tokenizer, context=self.context, model_ids=[self.model_id],
-                    default=self.options, spec_names=self.spec_names, max_draft=self.max_draft)
+                    default=self.options, spec_names=self.spec_names, max_draft=self.max_draft,
+                    context_label=self.context_label)
 
     async def run(self, prepared: Prepared) -> AsyncIterator[Piece | Done]:
         """Submit and yield the request's pieces, then one Done. Closing the iterator early
@@ -93,6 +128,8 @@ class ServeEngine:
         arrived = time.perf_counter()
         timing = {"first": None, "last": None}
         observe = self.metrics
+        sink: list | None = [] if prepared.logprobs is not None else None
+        sent = [0]  # logprob entries already handed out
 
         def on_token(token: int, text: str):  # the sequence's worker thread
             now = time.perf_counter()
@@ -102,7 +139,10 @@ class ServeEngine:
             else:
                 observe.itl(now - timing["last"])
             timing["last"] = now
-            loop.call_soon_threadsafe(queue.put_nowait, Piece(token, text))
+            entries = ()
+            if sink is not None:
+                entries, sent[0] = tuple(sink[sent[0]:]), len(sink)
+            loop.call_soon_threadsafe(queue.put_nowait, Piece(token, text, entries))
 
         def on_done(handle: SequenceHandle):  # the worker thread, whatever the outcome
             observe.finished(handle)
@@ -110,7 +150,7 @@ class ServeEngine:
 
         request = SequenceRequest(
             prepared.prompt_ids, prepared.max_tokens, sampling=prepared.sampling, options=prepared.options,
-            stop=prepared.stop, on_token=on_token, on_done=on_done,
+            stop=prepared.stop, on_token=on_token, on_done=on_done, logprobs=prepared.logprobs, logprob_sink=sink,
         )
         handle = self.scheduler.submit_request(request)
         finished = False

@@ -13,6 +13,12 @@ Speculation (summed over finished requests, from their ``SpecStats``):
 ``tsspec:prefix_cache_hit_rate``; arming after prefix reuse: ``tsspec:spec_decode_armed_after_reuse``
 (label ``decision``: armed, refused).
 
+Gateway gauges: the Kubernetes Gateway API inference extension's model-server protocol reads
+vLLM's ``vllm:num_requests_waiting`` (requests queued for admission), ``vllm:num_requests_running``
+(sequences being decoded) and ``vllm:kv_cache_usage_perc`` (the fraction of KV blocks held by
+sequences, 0 to 1); they are exposed under those names too, with the same values as the
+``tsspec:`` gauges, so a router configured for vLLM reads this server unchanged.
+
 Each server has its own registry (no process-global state), read at scrape time.
 """
 
@@ -22,6 +28,7 @@ from prometheus_client import CollectorRegistry, Counter, Histogram, generate_la
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 P = "tsspec:"
+GATEWAY = "vllm:"  # the names the gateway inference extension reads by default
 TTFT_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 10.0, 20.0, 40.0, 80.0)
 ITL_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.15, 0.2, 0.3, 0.5, 1.0, 2.5)
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
@@ -42,8 +49,8 @@ class _SchedulerCollector:
             family.add_metric([], value)
             return family
 
-        def gauge(name, doc, value):
-            family = GaugeMetricFamily(P + name, doc)
+        def gauge(name, doc, value, prefix=P):
+            family = GaugeMetricFamily(prefix + name, doc)
             family.add_metric([], value)
             return family
 
@@ -61,10 +68,11 @@ class _SchedulerCollector:
         for decision, count in sorted(snap["arming"].items()):
             armed.add_metric([decision], count)
         yield armed
-        yield gauge("num_requests_running", "Sequences being decoded.", snap["running"])
-        yield gauge("num_requests_waiting", "Requests waiting for admission.", snap["waiting"])
-        yield gauge("kv_cache_usage_perc", "Fraction of KV blocks held by sequences.",
-                    snap["kv_blocks_in_use"] / snap["kv_blocks_total"] if snap["kv_blocks_total"] else 0.0)
+        usage = snap["kv_blocks_in_use"] / snap["kv_blocks_total"] if snap["kv_blocks_total"] else 0.0
+        for prefix in (P, GATEWAY):
+            yield gauge("num_requests_running", "Sequences being decoded.", snap["running"], prefix)
+            yield gauge("num_requests_waiting", "Requests waiting for admission.", snap["waiting"], prefix)
+            yield gauge("kv_cache_usage_perc", "Fraction of KV blocks held by sequences (1 = full).", usage, prefix)
         yield counter("prefix_cache_queries", "Prompt tokens looked up in the prefix cache.", snap["prefix_queried_tokens"])
         yield counter("prefix_cache_hits", "Prompt tokens found in the prefix cache.", snap["prefix_hit_tokens"])
         yield gauge("prefix_cache_hit_rate", "Hits over queries (tokens) since start.", snap["prefix_hit_rate"])

@@ -15,6 +15,8 @@ import attrs
 from tsspec import SamplingParams, SpeculationOptions
 
 MAX_STOP = 4  # OpenAI allows up to 4 stop sequences
+MAX_TOP_LOGPROBS = 20  # OpenAI's bound for chat's top_logprobs
+MAX_LOGIT_BIAS = 300  # OpenAI's bound on logit_bias entries
 DEFAULT_CHAT_MAX_TOKENS = 256
 DEFAULT_COMPLETION_MAX_TOKENS = 16  # OpenAI's default for /v1/completions
 ROLES = ("system", "user", "assistant")
@@ -47,6 +49,8 @@ class Prepared:
     stop: tuple[str, ...]
     stream: bool
     include_usage: bool
+    logprobs: int | None = None  # alternatives per token (0: the token's own only); None: off
+    context: str = "the model's context"  # what limits the tokens, for messages
 
 
 def _number(body: Mapping[str, Any], name: str, default: float, low: float, high: float) -> float:
@@ -93,7 +97,68 @@ def sampling_params(body: Mapping[str, Any]) -> SamplingParams:
     top_k = _integer(body, "top_k", 0, 0)
     min_p = _number(body, "min_p", 0.0, 0.0, 1.0)
     seed = _integer(body, "seed", 0, -(1 << 63), (1 << 64) - 1)
-    return SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p, seed=seed)
+    presence = _number(body, "presence_penalty", 0.0, -2.0, 2.0)
+    frequency = _number(body, "frequency_penalty", 0.0, -2.0, 2.0)
+    return SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p, seed=seed,
+                          presence_penalty=presence, frequency_penalty=frequency)
+
+
+def logit_bias(body: Mapping[str, Any], vocab: int | None) -> tuple[tuple[int, float], ...]:
+    """OpenAI's ``logit_bias``: {"token id": bias in [-100, 100]} -> sorted (id, bias) pairs."""
+    value = body.get("logit_bias")
+    if value is None:
+        return ()
+    if not isinstance(value, dict):
+        raise RequestError("'logit_bias' must be an object {token id: bias}", "logit_bias")
+    if len(value) > MAX_LOGIT_BIAS:
+        raise RequestError(f"'logit_bias' takes at most {MAX_LOGIT_BIAS} tokens, got {len(value)}", "logit_bias")
+    out = {}
+    for key, bias in value.items():
+        try:
+            token = int(key)
+        except (TypeError, ValueError):
+            raise RequestError(f"'logit_bias' key {key!r} is not a token id", "logit_bias") from None
+        if token < 0 or (vocab is not None and token >= vocab):
+            raise RequestError(f"'logit_bias' token id {token} is outside the vocabulary", "logit_bias")
+        if isinstance(bias, bool) or not isinstance(bias, (int, float)) or not -100 <= bias <= 100:
+            raise RequestError(f"'logit_bias' values must be numbers between -100 and 100, got {bias!r}", "logit_bias")
+        out[token] = float(bias)
+    return tuple(sorted(out.items()))
+
+
+def _unsupported(body: Mapping[str, Any]) -> None:
+    """Fields this server does not implement: a 400 naming the field, never a silent drop."""
+    for name in ("tools", "functions"):
+        if body.get(name):
+            raise RequestError(f"'{name}' (tool calling) is not supported by this server", name)
+    for name in ("tool_choice", "function_call"):
+        if body.get(name) not in (None, "none"):
+            raise RequestError(f"'{name}' (tool calling) is not supported by this server", name)
+    fmt = body.get("response_format")
+    if fmt is not None:
+        kind = fmt.get("type") if isinstance(fmt, dict) else None
+        if kind != "text":
+            raise RequestError(f"'response_format' {kind or fmt!r} is not supported by this server (only 'text')",
+                               "response_format")
+    if body.get("suffix"):
+        raise RequestError("'suffix' (insertion) is not supported by this server", "suffix")
+    if body.get("echo"):
+        raise RequestError("'echo' is not supported by this server", "echo")
+    if body.get("best_of") not in (None, 1):
+        raise RequestError("'best_of' must be 1 (one choice per request)", "best_of")
+
+
+def _logprobs(body: Mapping[str, Any], kind: str) -> int | None:
+    """chat: ``logprobs`` true and ``top_logprobs`` 0..20; completions: ``logprobs`` 0..20."""
+    if kind == "chat":
+        value = body.get("logprobs")
+        if value is not None and not isinstance(value, bool):
+            raise RequestError("'logprobs' must be true or false", "logprobs")
+        top = _integer(body, "top_logprobs", None, 0, MAX_TOP_LOGPROBS)
+        if top is not None and not value:
+            raise RequestError("'top_logprobs' needs 'logprobs': true", "top_logprobs")
+        return (top or 0) if value else None
+    return _integer(body, "logprobs", None, 0, MAX_TOP_LOGPROBS)
 
 
 def speculation_options(body: Mapping[str, Any], default: SpeculationOptions, names: Sequence[str], max_draft: int) -> SpeculationOptions:
@@ -154,8 +219,8 @@ def _messages(body: Mapping[str, Any]) -> list[dict[str, str]]:
 
 
 def _common(body: Mapping[str, Any], model_ids: Sequence[str]) -> None:
-    model = body.get("model")
-    if not isinstance(model, str) or model not in model_ids:
+    model = body.get("model")  # omitted: the loaded model, as llama.cpp's server does
+    if model is not None and (not isinstance(model, str) or model not in model_ids):
         raise RequestError(
             f"the model {model!r} does not exist; this server serves {', '.join(repr(m) for m in model_ids)}",
             "model", code="model_not_found",
@@ -165,12 +230,14 @@ def _common(body: Mapping[str, Any], model_ids: Sequence[str]) -> None:
         raise RequestError(f"'n' must be 1 (one choice per request), got {n}", "n")
     if "stream" in body and not isinstance(body["stream"], bool):
         raise RequestError("'stream' must be true or false", "stream")
+    _unsupported(body)
 
 
-def _budget(body: Mapping[str, Any], prompt_len: int, context: int, default: int, prompt_param: str) -> int:
+def _budget(body: Mapping[str, Any], prompt_len: int, context: int, default: int, prompt_param: str,
+            label: str = "the model's context") -> int:
     if prompt_len >= context:
         raise RequestError(
-            f"the prompt ('{prompt_param}') has {prompt_len} tokens and the model's context holds {context}: shorten it",
+            f"the prompt ('{prompt_param}') has {prompt_len} tokens and {label} holds {context}: shorten it",
             prompt_param, code="context_length_exceeded",
         )
     name = "max_completion_tokens" if body.get("max_completion_tokens") is not None else "max_tokens"
@@ -180,7 +247,7 @@ def _budget(body: Mapping[str, Any], prompt_len: int, context: int, default: int
         return min(default, room)
     if value > room:
         raise RequestError(
-            f"'{name}' is {value} but the context holds {context} tokens and the prompt takes {prompt_len}: "
+            f"'{name}' is {value} but {label} holds {context} tokens and the prompt takes {prompt_len}: "
             f"at most {room}", name, code="context_length_exceeded",
         )
     return value
@@ -195,23 +262,34 @@ def _stream_usage(body: Mapping[str, Any]) -> bool:
     return bool(options.get("include_usage", False))
 
 
+def _prepared(kind: str, body: Mapping[str, Any], ids: list[int], *, tokenizer, context: int, default: SpeculationOptions,
+              spec_names: Sequence[str], max_draft: int, context_label: str, prompt_param: str, default_max: int) -> Prepared:
+    sampling = sampling_params(body)
+    bias = logit_bias(body, getattr(tokenizer, "vocab_size", None))
+    if bias:
+        sampling = attrs.evolve(sampling, logit_bias=bias)
+    return Prepared(
+        kind, ids, _budget(body, len(ids), context, default_max, prompt_param, context_label), sampling,
+        speculation_options(body, default, spec_names, max_draft), _stop(body), bool(body.get("stream", False)),
+        _stream_usage(body), _logprobs(body, kind), context_label,
+    )
+
+
 def prepare_chat(body: Any, *, tokenizer, context: int, model_ids: Sequence[str], default: SpeculationOptions,
-                 spec_names: Sequence[str], max_draft: int) -> Prepared:
+                 spec_names: Sequence[str], max_draft: int, context_label: str = "the model's context") -> Prepared:
     if not isinstance(body, dict):
         raise RequestError("the request body must be a JSON object")
     _common(body, model_ids)
     messages = _messages(body)
     text = tokenizer.apply_chat_template(messages, add_generation_prompt=True)
     ids = tokenizer.encode(text, add_special_tokens=False)
-    return Prepared(
-        "chat", ids, _budget(body, len(ids), context, DEFAULT_CHAT_MAX_TOKENS, "messages"), sampling_params(body),
-        speculation_options(body, default, spec_names, max_draft), _stop(body), bool(body.get("stream", False)),
-        _stream_usage(body),
-    )
+    return _prepared("chat", body, ids, tokenizer=tokenizer, context=context, default=default, spec_names=spec_names,
+                     max_draft=max_draft, context_label=context_label, prompt_param="messages",
+                     default_max=DEFAULT_CHAT_MAX_TOKENS)
 
 
 def prepare_completion(body: Any, *, tokenizer, context: int, model_ids: Sequence[str], default: SpeculationOptions,
-                       spec_names: Sequence[str], max_draft: int) -> Prepared:
+                       spec_names: Sequence[str], max_draft: int, context_label: str = "the model's context") -> Prepared:
     if not isinstance(body, dict):
         raise RequestError("the request body must be a JSON object")
     _common(body, model_ids)
@@ -230,8 +308,6 @@ def prepare_completion(body: Any, *, tokenizer, context: int, model_ids: Sequenc
         ids = list(prompt)
     else:
         raise RequestError("'prompt' must be a string, a one-string list or a list of token ids", "prompt")
-    return Prepared(
-        "completion", ids, _budget(body, len(ids), context, DEFAULT_COMPLETION_MAX_TOKENS, "prompt"),
-        sampling_params(body), speculation_options(body, default, spec_names, max_draft), _stop(body),
-        bool(body.get("stream", False)), _stream_usage(body),
-    )
+    return _prepared("completion", body, ids, tokenizer=tokenizer, context=context, default=default,
+                     spec_names=spec_names, max_draft=max_draft, context_label=context_label, prompt_param="prompt",
+                     default_max=DEFAULT_COMPLETION_MAX_TOKENS)

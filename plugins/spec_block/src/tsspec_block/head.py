@@ -40,7 +40,7 @@ from __future__ import annotations
 
 import copy
 from functools import partial
-from typing import Any, Callable, Sequence
+from typing import Any, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -65,7 +65,6 @@ class DFlashDraftHead:
 
     kind = DraftHeadKind.BLOCK
     resumes_after_gap = True  # its ring refills from every commit
-    scores_rows_lazily = True  # draft_block takes ``more``: rows after the first scored on demand
 
     def __init__(
         self,
@@ -183,35 +182,19 @@ class DFlashDraftHead:
         self._inject(first, h_rows)
 
     def draft_block(
-        self, last_token: int, h_prev: "torch.Tensor | None", position: int, max_tokens: int, *,
-        more: "Callable[[float], bool] | None" = None,
+        self, last_token: int, h_prev: "torch.Tensor | None", position: int, max_tokens: int,
     ) -> tuple[list[int], list[float]]:
-        """Up to ``min(max_tokens, block_size - 1)`` drafts after ``last_token`` at ``position``.
-
-        ``more`` (optional; not with the selector, which walks every row): called with row 1's
-        confidence once row 1 alone is scored; False returns row 1's draft only, and the rows
-        after it are never scored (``scores_rows_lazily``)."""
+        """Up to ``min(max_tokens, block_size - 1)`` drafts after ``last_token`` at ``position``."""
         count = min(int(max_tokens), self.block_size - 1)
         if count <= 0:
             return [], []
         if h_prev is not None and position >= 1:
             self._inject(position - 1, h_prev.reshape(1, -1))
         if self.native is not None and not self.use_selector:
-            # only the rows asked for leave the last layer: row 1 first when ``more`` may stop there
+            # only the rows asked for leave the last layer
             state = self._native_block(last_token, position)
-            first = 2 if more is not None and count > 1 else 1 + count
-            tokens, conf = self._argmax_rows(self.native.finish(state, 1, first))
-            if first < 1 + count and more(conf[0]):
-                rest_tokens, rest_conf = self._argmax_rows(self.native.finish(state, first, 1 + count))
-                tokens, conf = tokens + rest_tokens, conf + rest_conf
-            return tokens, conf
+            return self._argmax_rows(self.native.finish(state, 1, 1 + count))
         hidden = self.block_hidden(last_token, position)  # [B, H]
-        if more is not None and not self.use_selector and count > 1:
-            tokens, conf = self._argmax_rows(hidden[1:2])
-            if not more(conf[0]):
-                return tokens, conf
-            rest_tokens, rest_conf = self._argmax_rows(hidden[2 : 1 + count])
-            return tokens + rest_tokens, conf + rest_conf
         rows = hidden[1 : 1 + count]  # [n, H]: row i predicts the token at position + i
         if not self.use_selector:
             return self._argmax_rows(rows)

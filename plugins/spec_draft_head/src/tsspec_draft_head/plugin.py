@@ -43,8 +43,7 @@ def make_draft_head(target, options: SpeculationOptions | None = None) -> "Draft
             f"its draft head is of kind {getattr(kind, 'value', kind)!s}, not per_token{hint}"
         )
     # a drafter file may recommend its own gate and chain length (read from its metadata, for
-    # any head that offers them): they apply where no cost governor calibrates the head's
-    # confidence in the run (--no-spec-adaptive); the operator's --spec-pmin / --spec-draft win
+    # any head that offers them); the operator's --spec-pmin / --spec-draft win
     pmin = _recommended(head, "recommended_pmin", float, DEFAULT_MIN_DRAFT_PROB)
     chain = None if options.draft is not None else _recommended(head, "recommended_draft_max", int, None)
     # a head that offers per-sequence views gets one per speculator: sequences served at once
@@ -59,7 +58,6 @@ def make_draft_head(target, options: SpeculationOptions | None = None) -> "Draft
         feature_size=target.spec_feature_size,
         min_draft_prob=pmin if options.pmin is None else options.pmin,
         owns_head=view is not head,
-        fixed_gate=options.pmin is not None,
         chain_limit=chain,
     )
     speculator.default_min_draft_prob = pmin

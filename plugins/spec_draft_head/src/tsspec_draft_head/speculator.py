@@ -3,16 +3,11 @@
 Propose chains the head one token at a time: step k feeds the previous draft token with the
 head's own hidden output, so a window of K drafts costs up to K head calls. Each token's
 confidence is the head's top-1 probability over its top-10 logits, after the sampler's logit
-adjustments. Where the loop's cost governor runs, it lends the run's calibration
-(``DraftContext.worth``: how often tokens of each confidence landed in this run, and what a
-verify row costs here) and the chain follows it: the first token is always proposed, a later one
-is kept while the chain with it is the length with the most expected tokens per measured ms,
-and the next head call is made only while the next token, at the chance the newest one's
-confidence earns, would pay for its verify row and the call's own measured ms. The proposal
-carries the confidences (``tsspec.Proposal(confidence=)``), so the loop verifies the length
-that pays, possibly none. Without a governor, or with the operator's ``--spec-pmin``, the chain
-stops at the first token under the fixed gate ``min_draft_prob``, or at ``chain_limit`` (a
-drafter file's recommended chain) or the window.
+adjustments. The chain stops at the first token under the gate ``min_draft_prob``
+(``--spec-pmin``, else the drafter file's recommendation), at ``chain_limit`` (the file's
+recommended chain, unless ``--spec-draft`` is given) or at the window. The proposal carries the
+confidences (``tsspec.Proposal(confidence=)``), so the loop's cost governor verifies the length
+its run's calibration says pays, possibly none.
 
 Commit tells the head what really landed, with the trunk's exact hidden rows, so its KV cache
 tracks the sequence and not its own rejected drafts. Like llama.cpp, which runs its MTP block
@@ -28,14 +23,10 @@ the embedded model's CPU path, so a 500-step park would make the next probe pay 
 the newest ``catch_up_rows`` pending rows are kept; the head sees a gap before them and restarts
 its cache there (every per-token head restarts on a catch-up that starts past its end). A probe
 after a park then costs a bounded catch-up whatever the park's length; the drafts after it see
-less context, the output never changes (verification decides). On the folded path
-``catch_up_rows`` is also what the speculator declares to the loop: while the governor parks
-drafting, the loop withholds the commits of all but the last ``catch_up_rows`` plain steps
-before the next probe, and the pending rows before such a gap are dropped unseen (the bound
-would have dropped them had every commit come), so the drafts after the park are the same as
-with every commit. The unfolded path declares nothing (``catch_up_rows`` is None to the loop):
-there each commit reaches the head at once, so the head keeps its whole context through a park,
-and withheld commits would change its drafts. The bound applies to any commit the head has not
+less context, the output never changes (verification decides). Pending rows before a gap in the
+commits are dropped unseen (the bound would have dropped them had every commit come). On the
+unfolded path each commit reaches the head at once, so the head keeps its whole context through
+a park. The bound applies to any commit the head has not
 yet seen, the prompt's at prefill included: the first proposal of a sequence sees the prompt's
 last ``catch_up_rows`` rows only. After a reused KV prefix (the prefill commits only the
 prompt's new part, its first row zeros: the loop lacks that row's predecessor) the zero row is
@@ -66,7 +57,6 @@ fused call over [d, e, x] from 3, which overwrites the head's rows for the rejec
 
 from __future__ import annotations
 
-import time
 from typing import Mapping, Sequence
 
 import attrs
@@ -79,7 +69,6 @@ from .confidence import passes_gate, top1_over_topk
 from .plugin import ALGORITHM
 
 DEFAULT_MIN_DRAFT_PROB = 0.75  # --spec-pmin for a per-token head (registered with the algorithm)
-STEP_MS_WEIGHT = 0.2  # weight of the newest head call in the running mean of a call's ms
 DEFAULT_CATCH_UP_ROWS = 8  # newest pending rows a catch-up carries after a park (None: all)
 FOLD_ENV = "TS_MTP_FOLD_CATCHUP"
 PENDING_ROOM = 16  # rows a pending buffer starts with (the bound's 8, a verify's rows, the proposal's)
@@ -207,7 +196,6 @@ class DraftHeadSpeculator:
         fold_catch_up: bool | None = None,
         catch_up_rows: int | None = DEFAULT_CATCH_UP_ROWS,
         owns_head: bool = False,
-        fixed_gate: bool = False,
         chain_limit: int | None = None,
     ) -> None:
         if max_draft_tokens < 1:
@@ -219,11 +207,8 @@ class DraftHeadSpeculator:
         self.min_draft_prob = float(
             DEFAULT_MIN_DRAFT_PROB if min_draft_prob is None else min_draft_prob
         )
-        # the operator's --spec-pmin: gate at it, never by the governor's calibrated worth
-        self.fixed_gate = bool(fixed_gate)
-        # the longest chain under the fixed gate (a drafter file's recommendation; None: none)
+        # the longest chain (a drafter file's recommendation; None: none)
         self.chain_limit = None if chain_limit is None else max(1, int(chain_limit))
-        self.step_ms: float | None = None  # running mean of a chained head call (see _time_step)
         # a per-position head chained token by token drafts garbage after a gap it never saw
         self.can_arm_after_prefix_reuse = bool(getattr(head, "resumes_after_gap", False))
         wants_fold = fold_enabled() if fold_catch_up is None else bool(fold_catch_up)
@@ -241,12 +226,6 @@ class DraftHeadSpeculator:
         self._gated = ids is not None and callable(getattr(head, "draft_gated", None))
         self._cut = (None, 0)  # (vocab_size, how many draft ids lie under it), cached
 
-    @property
-    def catch_up_rows(self) -> int | None:
-        """What the loop may withhold commits to (see the module docstring): the bound on the
-        folded path; None on the unfolded one, whose head sees each commit as it comes."""
-        return self._keep_rows if self.fold_catch_up else None
-
     # -- proposing ---------------------------------------------------------------------------
     def propose(self, ctx) -> list[int]:
         budget = min(self.max_draft_tokens, int(ctx.max_tokens))
@@ -254,45 +233,27 @@ class DraftHeadSpeculator:
             return []
         self.counters.proposals += 1
         compact = self._draft_ids is not None
-        worth = None if self.fixed_gate else getattr(ctx, "worth", None)
-        if worth is None:  # no governor to calibrate against: the fixed gate and chain limit
-            budget = min(budget, self.chain_limit or budget)
+        budget = min(budget, self.chain_limit or budget)
         cut = self._gate_cut(ctx, compact)
         scores, hidden = self._first_step(ctx.last_token, ctx.carry_hidden, ctx.position, compact, cut)
         drafts: list[int] = []
         confidence: list[float] = []
         while True:
             token, probability = scores if cut else self._gate(scores, ctx, drafts, compact)
-            if token is None or not self._keeps(worth, confidence, probability):
+            if token is None or not self._keeps(probability):
                 self.counters.gate_stops += 1
                 break
             drafts.append(token)
             confidence.append(probability)
-            if len(drafts) == budget or (worth is not None and not worth.extend(confidence, self.step_ms or 0.0)):
+            if len(drafts) == budget:
                 break
-            start = time.perf_counter()
             scores, hidden = self._step(token, hidden, ctx.position + len(drafts), compact, cut)
-            self._time_step((time.perf_counter() - start) * 1000.0)
         self.counters.drafted += len(drafts)
-        return drafts if worth is None else Proposal(drafts, confidence=confidence)
+        return Proposal(drafts, confidence=confidence) if drafts else drafts
 
-    def _keeps(self, worth, confidence: list[float], probability: float) -> bool:
-        """Whether the chain takes a token of this ``probability``. With the governor's
-        calibrated ``worth``: the first token always (the loop decides whether to verify it, and
-        now and then re-tries a declined confidence bucket), each later one while the chain
-        with it is the length that pays most. Without: the fixed gate (``min_draft_prob``)."""
-        if probability != probability:  # NaN: a broken head drafts nothing
-            return False
-        if worth is None:
-            return passes_gate(probability, self.min_draft_prob)
-        if not confidence:
-            return True
-        return worth.length([*confidence, probability]) == len(confidence) + 1
-
-    def _time_step(self, ms: float) -> None:
-        """Keep a running mean of a chained head call's milliseconds (what one more token costs
-        to draft), the newer calls weighing more."""
-        self.step_ms = ms if self.step_ms is None else self.step_ms + STEP_MS_WEIGHT * (ms - self.step_ms)
+    def _keeps(self, probability: float) -> bool:
+        """Whether the chain takes a token of this ``probability``: the gate (a NaN fails it)."""
+        return passes_gate(probability, self.min_draft_prob)
 
     def _gate(self, logits: torch.Tensor, ctx, drafts: list[int], compact: bool) -> tuple[int | None, float]:
         """(top-1 token, its probability over the top-10) after the sampler's adjustments;
@@ -412,7 +373,7 @@ class DraftHeadSpeculator:
             return
         pending, limit = self._pending, self._keep_rows
         if pending is not None and limit is not None and start_pos > pending.end:
-            # a gap (the loop withheld a park's commits, up to the newest catch_up_rows): the
+            # a gap in the commits (up to the newest catch_up_rows): the
             # rows before it are older than any the bound keeps, and the head restarts at a gap
             # anyway; dropped unseen, as the bound would have dropped them had every commit come
             self.counters.skipped_rows += len(pending.tokens)

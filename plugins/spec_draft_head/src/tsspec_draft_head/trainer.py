@@ -104,7 +104,7 @@ def _draft_vocabulary(train: Sequence[TeacherSequence], vocab_size: int, k: int,
     """The FR-Spec draft vocabulary. ``answer_share`` > 0: the chat answers' labels make that
     share of the frequencies (the rest the corpus's), so the vocabulary covers what the head
     serves (on SmolLM2, 4,096 ids cover 88% of held-out answer tokens counted alike, 90-91%
-    weighted; FIGURES.md of tsspec-drafters-smollm2); 0: every label alike."""
+    weighted; tsspec-drafters-smollm2's README); 0: every label alike."""
     answers = [s.labels for s in train if s.source == datasets.CHAT_SOURCE]
     rest = [s.labels for s in train if s.source != datasets.CHAT_SOURCE]
     if answer_share <= 0 or not answers or not rest:

@@ -5,8 +5,8 @@ tested on tiny integer arrays and timed without a model.
 
 Index. One dict per n-gram order ``n`` (``min_order .. max_order``, 2..8 by default) maps
 ``hash(tokens[c-n:c])`` to the positions ``c`` right AFTER the most recent occurrences of that
-n-gram (most recent first; ``candidates`` of them, 1 in the plain form). An entry for the n-gram
-ending at position ``c-1`` is inserted only when token ``c`` arrives, so:
+n-gram. An entry for the n-gram ending at position ``c-1`` is inserted only when token ``c``
+arrives, so:
 
 * the current suffix is never in its own index (a lookup can never match it against itself),
 * every stored position has at least one known continuation token (``c < len(tokens)``).
@@ -19,9 +19,7 @@ draft, never a wrong match. Rewinds are exact: each append logs the values it ov
 replays that log backwards.
 
 Draft. From a match at ``c`` the draft copies what followed: ``tokens[c], tokens[c+1], ..``,
-up to the window. The plain form cuts it at the end of the known history. A continuation may
-run into the suffix itself (a repeating pattern): with ``periodic`` the draft keeps copying
-from the sequence extended by the draft, i.e. it repeats the last ``len(tokens) - c`` tokens.
+up to the window, cut at the end of the known history.
 
 Worked example (orders 2..3; positions under the tokens)::
 
@@ -30,32 +28,19 @@ Worked example (orders 2..3; positions under the tokens)::
 
     order 3: (9, 1, 2) never occurred before             -> no hit
     order 2: (1, 2) occurred at 1..2, so c = 3             -> re-check tokens[1:3] == [1, 2]: ok
-    draft (window 6, plain):     tokens[3:7]             =  [3, 9, 1, 2]   (cut at the end)
-    draft (window 6, periodic):  period len - c = 4      =  [3, 9, 1, 2, 3, 9]
+    draft (window 6):            tokens[3:7]             =  [3, 9, 1, 2]   (cut at the end)
 
 Beyond the plain form (each measured, see the package README and ``scripts/acceptance.py``):
 
 * ``follow``: keep copying from the place the last draft came from while it keeps agreeing
   (the copy source a rewrite is walking through), instead of jumping to the most recent
   occurrence of a short suffix, which is often somewhere else.
-* ``adaptive``: a draft resting on a short match (a single shared bigram) is right about half
-  the time on grounded text and a quarter on prose, so its length is a budget learnt from how
-  much of the previous short-match draft landed (all: double it; else what landed plus one,
-  at least 3). Long matches always get the full window.
-* ``candidates > 1``: several continuations per key; among the re-checked ones take the
-  longest backward match (up to ``EXTENDED_MATCH``), most recent on a tie.
-* ``periodic``: the self-referential continuation above.
 * ``fallback``: when the last ``min_order`` tokens never occurred before, the last token alone
   drafts, if every earlier occurrence of it had the same follower (``NGramIndex.mixed``, kept
   for order 1) and a draft's copy agreed with the text at most ``FALLBACK_RECENT`` tokens ago:
   a copied span that broke on one reworded token (``NGramDrafter._fallback_match``).
-* ``value`` (opt-in): the draft length from evidence, per match-length acceptance (priors moved
-  by the request's outcomes) against the forward's cost by rows; 0 declines (see
-  ``NGramDrafter._value_length``).
 
-The speculator turns on ``follow`` and ``fallback``: it keys each draft by its match length and
-leaves the length to the loop's per-key economics (``speculator.py``); ``adaptive`` and
-``value`` remain options, ``candidates`` and ``periodic`` measured no gain.
+The speculator turns on ``follow`` and ``fallback`` and leaves the draft's length to the loop.
 """
 
 from __future__ import annotations
@@ -65,39 +50,7 @@ from typing import NamedTuple, Sequence
 
 DEFAULT_MIN_ORDER = 2
 DEFAULT_MAX_ORDER = 8
-EXTENDED_MATCH = 32  # how far back candidates and the follow source are compared
-# adaptive: a match shorter than LONG_MATCH tokens is "short" (one shared bigram: its first token
-# is right about half the time on grounded text, a quarter on prose). A short-match draft gets a
-# budget that feedback sets: SHORT_DRAFT_START, doubled when all of the last one landed, else
-# what landed + 1, never below SHORT_DRAFT_MIN. The floor of 3 keeps a verify at 4 rows: on CPU
-# trunks 2-3 rows can cost as much as 4 (and more with some GEMM kernels), so shorter drafts
-# save nothing there; scripts/acceptance.py --row-ms compares cost profiles.
-LONG_MATCH = 3
-SHORT_DRAFT_START = 4
-SHORT_DRAFT_MIN = 3
-SHORT_DRAFT_MAX = 64
-# value (draft length from evidence; see NGramDrafter._value_length): the probability that a
-# draft's first token lands and that each later one does (given the ones before it did), by the
-# bucket of the backward match length (1; 2; 3-9; 10+), measured on the embedded model's greedy
-# outputs of scripts/acceptance.py's own prompts (first: 0.23 / 0.50 / 0.84 / 0.99; later:
-# 0.5-0.7 / 0.6-0.8 / 0.8-0.9 / 0.98) and shaded down towards the bench prompts' lower figures.
-# They are priors: each request moves them with its own outcomes (PRIOR_STRENGTH pseudo-counts).
-VALUE_FIRST_PRIOR = (0.25, 0.45, 0.7, 0.9)
-VALUE_LATER_PRIOR = (0.6, 0.7, 0.85, 0.93)
-VALUE_PRIOR_STRENGTH = 4.0
-# a short match (bucket 1-2) resting on a token seen COMMON_TOKEN+ times before is right less
-# often (first token 0.16-0.24 against 0.32-0.37 for a token seen once): prior x COMMON_FACTOR
-COMMON_TOKEN = 3
-COMMON_FACTOR = 0.6
-# the price of a verify row is the running tokens-per-ms of this request, started from
-# RATE_PRIOR_STEPS plain steps
-RATE_PRIOR_STEPS = 8
-# A documented default, not a policy: the forward's cost shape by rows assumed only when the
-# operator turns ``value`` on and neither a ``row_ms`` setting nor the target's measured
-# ``spec_verify_row_ms`` says better (``value`` is off by default without a measured profile).
-# Dense float32 GEMMs on a CPU (1 row 52.7 ms, 2: 52.9, 4: 71.1, 8: 90.9, 16: 98.7; linear
-# between); only its shape matters, and the running tokens-per-ms price corrects its scale.
-REFERENCE_ROW_MS = ((1, 52.7), (2, 52.9), (4, 71.1), (8, 90.9), (16, 98.7))
+EXTENDED_MATCH = 32  # how far back the follow source is compared
 # fallback: a single-token match may draft only this many tokens after a draft's copy last
 # agreed with the text (inside a copied span that broke on a reworded token)
 FALLBACK_RECENT = 3
@@ -110,36 +63,7 @@ __all__ = [
     "NGramDrafter",
     "Match",
     "required_match_length",
-    "row_cost",
-    "parse_row_cost",
 ]
-
-
-def parse_row_cost(value) -> tuple[tuple[int, float], ...]:
-    """A forward's cost by rows, from ``((1, 52.7), (2, 52.9), ..)``, a mapping ``{rows: ms}`` or
-    the text ``"1:52.7,2:52.9,.."``: sorted, at least two points, the first at 1 row."""
-    if isinstance(value, str):
-        items = [item.split(":") for item in value.split(",") if item.strip()]
-    elif hasattr(value, "items"):
-        items = list(value.items())
-    else:
-        items = list(value)
-    try:
-        pairs = tuple(sorted((int(r), float(ms)) for r, ms in items))
-    except (TypeError, ValueError) as exc:
-        raise ValueError(f"row costs must be (rows, ms) pairs, got {value!r}") from exc
-    if len(pairs) < 2 or pairs[0][0] != 1 or any(ms <= 0 for _, ms in pairs):
-        raise ValueError(f"row costs need at least two positive points, the first at 1 row: {value!r}")
-    return pairs
-
-
-def row_cost(rows: int, table: Sequence[tuple[int, float]]) -> float:
-    """The cost of one forward of ``rows`` rows: linear between the table's points, flat past
-    its last one."""
-    for (r0, m0), (r1, m1) in zip(table, table[1:]):
-        if rows <= r1:
-            return m0 + (m1 - m0) * (max(rows, r0) - r0) / (r1 - r0)
-    return table[-1][1]
 
 
 def required_match_length(
@@ -172,27 +96,22 @@ class NGramIndex:
         min_order: int = DEFAULT_MIN_ORDER,
         max_order: int = DEFAULT_MAX_ORDER,
         *,
-        candidates: int = 1,
         modulus: int | None = None,
     ) -> None:
         if not 1 <= min_order <= max_order:
             raise ValueError(f"orders must satisfy 1 <= min_order <= max_order, got {min_order}..{max_order}")
-        if candidates < 1 or (modulus is not None and modulus < 1):
-            raise ValueError("candidates and modulus must be positive")
+        if modulus is not None and modulus < 1:
+            raise ValueError("modulus must be positive")
         self.min_order = min_order
         self.max_order = max_order
-        self.candidates = candidates
         self.modulus = modulus
         self.tokens: list[int] = []
-        # maps[n - min_order]: key of an n-gram -> the continuation position after its newest
-        # occurrence (an int), or with candidates > 1 a tuple of them, newest first
-        self.maps: list[dict[int, int | tuple[int, ...]]] = [{} for _ in range(min_order, max_order + 1)]
+        # maps[n - min_order]: key of an n-gram -> the continuation position after its newest occurrence
+        self.maps: list[dict[int, int]] = [{} for _ in range(min_order, max_order + 1)]
         # keys of the n-grams ending at the last token, by order (only orders that fit)
         self._tail_keys: list[int] = []
         # per appended token: the values its inserts replaced (None: the key was new), by order
-        self._undo: list[list[int | tuple[int, ...] | None]] = []
-        # how many times each token occurs (the value policy's evidence on short matches)
-        self.counts: dict[int, int] = {}
+        self._undo: list[list[int | None]] = []
         # order 1 only (min_order 1): token -> how many of its occurrences were followed by
         # another token than the occurrence before them; absent: every earlier occurrence of
         # the token was followed by the same token (the fallback rule's evidence)
@@ -233,24 +152,12 @@ class NGramIndex:
         """Add one token: the n-grams ending just before it now have a continuation."""
         c = len(self.tokens)
         self.tokens.append(token)
-        self.counts[token] = self.counts.get(token, 0) + 1
-        maps = self.maps
-        prevs: list[int | tuple[int, ...] | None] = []
-        if self.candidates == 1:
-            for table, key in zip(maps, self._tail_keys):
-                prevs.append(table.get(key))
-                table[key] = c
-            if self.min_order == 1 and c:
-                self._note_continuation(c, prevs[0] if prevs else None)
-        else:
-            limit = self.candidates
-            for table, key in zip(maps, self._tail_keys):
-                prev = table.get(key)
-                prevs.append(prev)
-                table[key] = (c,) if prev is None else ((c,) + prev)[:limit]
-            if self.min_order == 1 and c:
-                first = prevs[0] if prevs else None  # order 1's positions, the newest first
-                self._note_continuation(c, first[0] if first else None)
+        prevs: list[int | None] = []
+        for table, key in zip(self.maps, self._tail_keys):
+            prevs.append(table.get(key))
+            table[key] = c
+        if self.min_order == 1 and c:
+            self._note_continuation(c, prevs[0] if prevs else None)
         self._undo.append(prevs)
         if len(self._mixed_undo) < len(self._undo):
             self._mixed_undo.append(None)
@@ -298,12 +205,7 @@ class NGramIndex:
                     self.mixed[context] = left
                 else:
                     del self.mixed[context]
-            gone = toks.pop()
-            left = self.counts[gone] - 1
-            if left:
-                self.counts[gone] = left
-            else:
-                del self.counts[gone]
+            toks.pop()
         self._tail_keys = self._keys_ending_at(length - 1) if length else []
 
     def clear(self) -> None:
@@ -311,7 +213,6 @@ class NGramIndex:
         self.maps = [{} for _ in self.maps]
         self._tail_keys = []
         self._undo = []
-        self.counts = {}
         self.mixed = {}
         self._mixed_undo = []
 
@@ -337,11 +238,9 @@ class NGramIndex:
 
     # -- lookup ---------------------------------------------------------------------------
     def lookup(self, min_length: int | None = None) -> Match | None:
-        """The best re-checked earlier occurrence of the current suffix, or None.
-
-        Longest order first; within an order, with one candidate per key, the most recent
-        occurrence; with several, the longest backward match (up to ``EXTENDED_MATCH``), most
-        recent on a tie. ``min_length`` (default ``min_order``) is the shortest order tried.
+        """The best re-checked earlier occurrence of the current suffix, or None: longest order
+        first, the most recent occurrence within an order. ``min_length`` (default
+        ``min_order``) is the shortest order tried.
         """
         toks = self.tokens
         end = len(toks)
@@ -356,20 +255,9 @@ class NGramIndex:
             found = maps[slot].get(keys[slot])
             if found is None:
                 continue
-            suffix = toks[end - order:]
-            if self.candidates == 1:
-                if toks[found - order : found] == suffix:
-                    return Match(found, order)
-                continue  # a hash collision: never trusted
-            best: Match | None = None
-            for c in found:
-                if toks[c - order : c] != suffix:
-                    continue
-                length = match_length(toks, c, end, EXTENDED_MATCH)
-                if best is None or length > best.length:
-                    best = Match(c, length)
-            if best is not None:
-                return best
+            if toks[found - order : found] == toks[end - order:]:
+                return Match(found, order)
+            # else a hash collision: never trusted
         return None
 
 
@@ -382,18 +270,9 @@ def match_length(tokens: Sequence[int], a: int, b: int, cap: int) -> int:
     return n
 
 
-def continuation(tokens: Sequence[int], pos: int, count: int, *, periodic: bool) -> list[int]:
-    """Up to ``count`` tokens copied from ``pos`` on. Plain: cut at the end of ``tokens``.
-    Periodic: past the end, keep copying from the copy (repeat the last ``len - pos`` tokens)."""
-    end = len(tokens)
-    if not periodic or pos + count <= end:
-        return list(tokens[pos : min(end, pos + count)])
-    draft = list(tokens[pos:end])
-    period_start = 0
-    while len(draft) < count:
-        draft.append(draft[period_start])
-        period_start += 1
-    return draft
+def continuation(tokens: Sequence[int], pos: int, count: int) -> list[int]:
+    """Up to ``count`` tokens copied from ``pos`` on, cut at the end of ``tokens``."""
+    return list(tokens[pos : min(len(tokens), pos + count)])
 
 
 class NGramDrafter:
@@ -408,12 +287,7 @@ class NGramDrafter:
         min_order: int = DEFAULT_MIN_ORDER,
         max_order: int = DEFAULT_MAX_ORDER,
         *,
-        candidates: int = 1,
-        periodic: bool = False,
         follow: bool = False,
-        adaptive: bool = False,
-        value: bool = False,
-        row_ms: Sequence[tuple[int, float]] | None = None,
         modulus: int | None = None,
         fallback: bool = False,
     ) -> None:
@@ -421,13 +295,8 @@ class NGramDrafter:
         self.min_order = min_order
         self.fallback = bool(fallback) and min_order > 1
         lowest = 1 if self.fallback else min_order
-        self.index = NGramIndex(lowest, max_order, candidates=candidates, modulus=modulus)
-        self.periodic = periodic
+        self.index = NGramIndex(lowest, max_order, modulus=modulus)
         self.follow = follow
-        self.adaptive = adaptive
-        self.value = value
-        self.row_ms = parse_row_cost(row_ms if row_ms is not None else REFERENCE_ROW_MS)
-        self._row_cost = [0.0] + [row_cost(rows, self.row_ms) for rows in range(1, SHORT_DRAFT_MAX + 2)]
         self._clear_policy_state()
 
     def _clear_policy_state(self) -> None:
@@ -436,18 +305,7 @@ class NGramDrafter:
         self._source_end = 0
         self._match = Match(0, 0)  # the match behind the last draft
         self._draft: list[int] = []  # the last draft, while its fate is unknown
-        self._short = False  # was it drawn from a short match?
-        self._short_budget = SHORT_DRAFT_START  # tokens a short-match draft may have
-        # value: outcomes by match bucket, [first tried, first landed, later tried, later landed]
-        self._outcomes = [[0, 0, 0, 0] for _ in VALUE_FIRST_PRIOR]
-        self._bucket = 0  # the bucket of the last draft's match
         self._agreed_end = -FALLBACK_RECENT - 1  # history length where a draft last agreed
-        self._step_end = -1  # index length at the last draft call (-1: none yet)
-        self._step_rows = 1  # rows its verify had
-        one = self._row_cost[1]
-        self._rate_tokens = float(RATE_PRIOR_STEPS)  # emitted tokens and modelled ms so far
-        self._rate_ms = RATE_PRIOR_STEPS * one
-
 
     def reset(self) -> None:
         self.index.clear()
@@ -558,10 +416,8 @@ class NGramDrafter:
         return index.lookup(1)
 
     def _learn(self) -> None:
-        """Learn from the previous draft call, now that the tokens after it are known: with
-        ``adaptive``, how much of the last short-match draft landed sets the next short-match
-        budget (see the constants at the top of the module); with ``value``, the step's outcome
-        updates the per-bucket acceptance and the running tokens per ms."""
+        """Note where the previous draft stopped agreeing with the text, now that the tokens
+        after it are known (the ``fallback`` rule's evidence)."""
         draft, self._draft = self._draft, []
         toks, start = self.index.tokens, self._source_end
         if draft and start < len(toks) <= start + len(draft) + 1 and toks[start] == draft[0]:
@@ -569,76 +425,11 @@ class NGramDrafter:
             while agreed < len(draft) and start + agreed < len(toks) and toks[start + agreed] == draft[agreed]:
                 agreed += 1
             self._agreed_end = start + agreed  # where the copy stopped agreeing with the text
-        if self.value:
-            gained = len(toks) - self._step_end
-            if self._step_end >= 0 and 1 <= gained <= self._step_rows:
-                self._rate_tokens += gained
-                self._rate_ms += self._cost(self._step_rows)
-            self._step_end = -1
-        if not (draft and (self.value or (self.adaptive and self._short))):
-            return
-        if not start < len(toks) <= start + len(draft) + 1:
-            return  # rewound, or plain steps ran in between: the draft was not what got verified
-        landed = 0
-        while landed < len(draft) and start + landed < len(toks) and toks[start + landed] == draft[landed]:
-            landed += 1
-        if self.value:
-            seen = self._outcomes[self._bucket]
-            seen[0] += 1
-            seen[1] += landed > 0
-            later = min(len(draft), landed + 1) - 1  # later tokens verified with all before right
-            seen[2] += later
-            seen[3] += min(landed, len(draft)) - (landed > 0)
-            return
-        if landed == len(draft):
-            self._short_budget = min(SHORT_DRAFT_MAX, 2 * self._short_budget)
-        else:
-            self._short_budget = max(SHORT_DRAFT_MIN, landed + 1)
-
-    def _cost(self, rows: int) -> float:
-        return self._row_cost[rows] if rows < len(self._row_cost) else row_cost(rows, self.row_ms)
-
-    def _value_length(self, found: Match, available: int) -> int:
-        """How many of the ``available`` continuation tokens are worth verifying (0: decline).
-
-        Model: the first token lands with probability ``p``, each later one (given those before
-        it did) with ``q``, both per bucket of the backward match length: the prior above moved
-        by this request's outcomes. A draft of ``k`` tokens earns ``1 + p + pq + .. + pq^(k-1)``
-        tokens expected for a forward of ``k + 1`` rows; it is worth ``tokens - rate * cost``
-        with ``rate`` the request's running tokens per ms, the price of a row. The ``k``
-        (0..available) with the highest worth wins; O(window).
-        """
-        toks = self.index.tokens
-        end = len(toks)
-        length = match_length(toks, found.pos, end, EXTENDED_MATCH)
-        bucket = 0 if length <= 1 else 1 if length == 2 else 2 if length < 10 else 3
-        self._bucket = bucket
-        first, later = VALUE_FIRST_PRIOR[bucket], VALUE_LATER_PRIOR[bucket]
-        if bucket <= 1 and self.index.counts.get(toks[-1], 0) > COMMON_TOKEN:  # seen 3+ times before
-            first *= COMMON_FACTOR
-        tried, landed, later_tried, later_landed = self._outcomes[bucket]
-        strength = VALUE_PRIOR_STRENGTH
-        p = (landed + first * strength) / (tried + strength)
-        q = (later_landed + later * strength) / (later_tried + strength)
-        rate = self._rate_tokens / self._rate_ms
-        cost = self._row_cost
-        if available + 1 >= len(cost):
-            cost = cost + [row_cost(rows, self.row_ms) for rows in range(len(cost), available + 2)]
-        best_k, best = 0, 1.0 - rate * cost[1]
-        expected, chain = 1.0, 1.0
-        for k in range(1, available + 1):
-            chain *= p if k == 1 else q
-            expected += chain
-            worth = expected - rate * cost[k + 1]
-            if worth > best + 1e-12:
-                best_k, best = k, worth
-        return best_k
 
     def draft(self, count: int, min_length: int | None = None) -> list[int]:
         """Up to ``count`` tokens that followed the best earlier match of the current suffix."""
         self._learn()
         toks = self.index.tokens
-        self._step_end, self._step_rows = len(toks), 1  # a plain step unless a draft follows
         if count <= 0:
             return []
         found = self.find(min_length)
@@ -647,14 +438,6 @@ class NGramDrafter:
             return []
         self._source, self._source_end = found.pos, len(toks)
         self._match = found
-        self._short = found.length < LONG_MATCH
-        if self.value:
-            draft = continuation(toks, found.pos, count, periodic=self.periodic)
-            draft = draft[: self._value_length(found, len(draft))]
-        else:
-            if self.adaptive and self._short:
-                count = min(count, self._short_budget)
-            draft = continuation(toks, found.pos, count, periodic=self.periodic)
-        self._step_rows = len(draft) + 1
+        draft = continuation(toks, found.pos, count)
         self._draft = draft
         return draft

@@ -26,13 +26,9 @@ match inside a span the answer copies opens the window while a one-bigram guess 
 declined, instead of one pooled estimate sizing both. So the speculator proposes the whole
 continuation (up to ``max_tokens``) and does not size it itself.
 
-Policy (``follow`` and ``fallback`` on; ``adaptive``, ``value``, ``candidates``, ``periodic``
-off) is explained in ``matching.py``; a ``fallback`` draft (the last token alone, when no earlier
-bigram exists) is keyed with match bucket 1; ``SpeculationOptions.extra["ngram"]`` overrides any of ``SETTING_KEYS``.
-``adaptive`` and ``value`` size drafts inside the plugin (then ``sizes_own_drafts`` is True and
-the loop leaves the length alone); ``value`` sizes against the forward's cost by rows: ``row_ms``
-(a setting), else the target's ``spec_verify_row_ms`` attribute when it has one, else the
-reference CPU profile.
+Policy (``follow`` and ``fallback`` on) is explained in ``matching.py``; a ``fallback`` draft
+(the last token alone, when no earlier bigram exists) is keyed with match bucket 1;
+``SpeculationOptions.extra["ngram"]`` overrides any of ``SETTING_KEYS``.
 """
 
 from __future__ import annotations
@@ -42,32 +38,14 @@ from typing import Any, Mapping, Sequence
 from tsspec.protocols import DraftContext
 from tsspec import MAX_DRAFT_WINDOW, Proposal
 
-from .matching import (
-    DEFAULT_MAX_ORDER,
-    DEFAULT_MIN_ORDER,
-    NGramDrafter,
-    match_length,
-    parse_row_cost,
-    required_match_length,
-)
+from .matching import DEFAULT_MAX_ORDER, DEFAULT_MIN_ORDER, NGramDrafter, match_length, required_match_length
 
 NAME = "ngram"
 DEFAULT_MIN_DRAFT_PROB = 0.0
 DEFAULT_WINDOW = 8  # used only when no options object is given
-# Policy defaults, from scripts/acceptance.py on the embedded model's greedy outputs (README):
-# follow raised input-grounded acceptance 0.585 -> 0.604 at equal cost; several candidates per
-# key gained nothing over follow, so one is kept (cheaper).
-DEFAULT_CANDIDATES = 1
-DEFAULT_PERIODIC = False  # no gain measured (acceptance -0.2 points): kept as an option
+# follow, from scripts/acceptance.py on the embedded model's greedy outputs (README): it raised
+# input-grounded acceptance 0.585 -> 0.604 at equal cost
 DEFAULT_FOLLOW = True
-# adaptive (a short-match budget learnt from what landed) and value (below) size drafts inside
-# the plugin; both are off by default since the loop sizes each draft by its evidence key
-# (evidence()): per-key acceptance measured in the run against the measured cost by length
-DEFAULT_ADAPTIVE = False
-# value: draft length from per-match-length acceptance learnt online from priors measured on
-# one machine's outputs, against the verify cost by rows; replaces adaptive's budget when on.
-# Off by default: the loop's per-key economics measure the same thing in the run (README)
-DEFAULT_VALUE = False
 # fallback: when no earlier occurrence of the last two tokens exists, draft from the last token
 # alone if every earlier occurrence of it was followed by the same token and a copy agreed with
 # the text at most 3 tokens ago (matching.FALLBACK_RECENT). Its key has match bucket 1, so the
@@ -75,9 +53,7 @@ DEFAULT_VALUE = False
 # proposals 1.44x -> 1.49x on the grounded classes, the policy 1.336x -> 1.358x
 DEFAULT_FALLBACK = True
 # keys accepted in SpeculationOptions.extra["ngram"]
-SETTING_KEYS = (
-    "min_order", "max_order", "candidates", "periodic", "follow", "adaptive", "value", "row_ms", "fallback",
-)
+SETTING_KEYS = ("min_order", "max_order", "follow", "fallback")
 # the evidence key's match-length buckets: the lower bound of each (1: the fallback; 2; 3; 4-7; 8+ tokens of the
 # suffix equal those before the copied continuation). On the bench prompts' greedy outputs a
 # draft's first token lands 0.51 / 0.44 / 0.62 / 0.86 of the time by bucket
@@ -101,12 +77,7 @@ class NGramSpeculator:
         *,
         min_order: int = DEFAULT_MIN_ORDER,
         max_order: int = DEFAULT_MAX_ORDER,
-        candidates: int = DEFAULT_CANDIDATES,
-        periodic: bool = DEFAULT_PERIODIC,
         follow: bool = DEFAULT_FOLLOW,
-        adaptive: bool = DEFAULT_ADAPTIVE,
-        value: bool = DEFAULT_VALUE,
-        row_ms: Any = None,
         modulus: int | None = None,
         fallback: bool = DEFAULT_FALLBACK,
     ) -> None:
@@ -118,19 +89,11 @@ class NGramSpeculator:
         self._drafter = NGramDrafter(
             min_order,
             max_order,
-            candidates=candidates,
-            periodic=periodic,
             follow=follow,
-            adaptive=adaptive,
-            value=value,
-            row_ms=row_ms,
             modulus=modulus,
             fallback=fallback,
         )
         self.history_mismatches = 0  # proposals skipped because history did not end in last_token
-        # adaptive / value size the drafts here (the loop then leaves the length alone); else
-        # the loop sizes each draft from its evidence key
-        self.sizes_own_drafts = bool(adaptive or value)
         self._last_full = False  # did the last step verify drafts that all landed?
 
     @property
@@ -200,19 +163,12 @@ def _settings(options: Any) -> Mapping[str, Any]:
 def make_ngram(target: Any, options: Any) -> NGramSpeculator:
     """Registry factory: ``--spec-pmin`` (default 0) as the match-length requirement (the loop
     decides the window and caps every ``DraftContext.max_tokens``), policy overrides from
-    ``options.extra["ngram"]``, the verify cost by rows from ``row_ms`` there or the target's
-    optional ``spec_verify_row_ms``. Serves every target (the registry already declined those whose
+    ``options.extra["ngram"]``. Serves every target (the registry already declined those whose
     trunk is unprofitable without its own drafter)."""
     if options is None:
         from tsspec import SpeculationOptions
 
         options = SpeculationOptions()
     settings = dict(_settings(options))
-    if settings.get("value") and settings.get("row_ms") is None:
-        published = getattr(target, "spec_verify_row_ms", None)  # read only when value asks for it
-        try:  # a target's optional cost profile: used when it parses, ignored otherwise
-            settings["row_ms"] = parse_row_cost(published) if published else None
-        except ValueError:
-            settings["row_ms"] = None
     pmin = DEFAULT_MIN_DRAFT_PROB if options.pmin is None else options.pmin  # the registry sets it too
     return NGramSpeculator(MAX_DRAFT_WINDOW, pmin, **settings)

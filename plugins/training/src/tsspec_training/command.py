@@ -31,7 +31,7 @@ def _taps(text: str | None) -> tuple[int, ...] | None:
 def train_drafter(
     kind: Annotated[str, typer.Option("--kind", help="Drafter kind (mtp, dflash...: see the error for installed ones).")],
     out: Annotated[str, typer.Option("--out", help="Drafter GGUF to write.")],
-    model: Annotated[Optional[str], typer.Option("--model", "-m", help="Target GGUF, the teacher (default: the embedded SmolLM2-135M-Instruct).")] = None,
+    model: Annotated[Optional[str], typer.Option("--model", "-m", help="Target GGUF, the teacher (default: the default model, the embedded smollm2-135m).")] = None,
     layers: Annotated[int, typer.Option("--layers", help="Drafter decoder layers.", rich_help_panel=PANEL_TRAIN)] = 1,
     block_size: Annotated[int, typer.Option("--block-size", help="Block drafters: tokens per block.", rich_help_panel=PANEL_TRAIN)] = 8,
     taps: Annotated[Optional[str], typer.Option("--taps", help="Block drafters: target layers to tap, e.g. 1,15,29.", rich_help_panel=PANEL_TRAIN)] = None,
@@ -117,10 +117,10 @@ def train_drafter(
                         ("--seq-len", seq_len), ("--layers", layers), ("--block-size", block_size)):
         if value < 1:
             raise OptionsError(f"{name} must be at least 1, got {value}")
-    if model is None:
-        from tsspec_gguf.embedded import embedded_model_path
+    if model is None:  # the default model a plugin offers, as a path (the drafter is keyed by it)
+        from tsspec.runtime.named_models import default_model, resolve_model_path
 
-        model = str(embedded_model_path())
+        model = str(resolve_model_path(default_model(catalog), catalog))
     target = load_model(model, catalog=catalog, options=SpeculationOptions(enabled=False))
     n_layers = int(target.config.num_layers)
     if init_layer is not None and not -n_layers <= init_layer < n_layers:
