@@ -11,11 +11,11 @@ CONSTRAINTS := $(CURDIR)/constraints.txt
 export PIP_CONSTRAINT := $(CONSTRAINTS)
 BUILD_PINS := PIP_BUILD_CONSTRAINT=$(CONSTRAINTS)
 
-.PHONY: setup run run-drafter test bench bench-serve soak clean drafters drafters-mtp drafters-dflash
+.PHONY: setup run run-drafter test bench bench-serve soak clean drafters drafters-mtp drafters-dflash interop-check
 
 setup: $(STAMP)
 
-$(STAMP): pyproject.toml plugins/gguf/src/tsspec_gguf/cpu_kernels.c $(PLUGINS) requirements-test.txt constraints.txt
+$(STAMP): pyproject.toml $(wildcard plugins/*/src/*/csrc/*.[ch]) $(PLUGINS) requirements-test.txt constraints.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PIP) install -q -c $(CONSTRAINTS) --upgrade pip
 	# a pinned torch: on these machines pip takes the local CPU build; a range would pull CUDA
@@ -78,6 +78,11 @@ drafters-dflash: setup
 
 test: setup
 	$(PY) -m pytest -q
+
+# A drafter exported in the speculators format, loaded by speculators 0.9.0's own config and model
+# classes in a venv of its own (.venv-interop: speculators pins an older transformers)
+interop-check: setup
+	PY=$(CURDIR)/$(PY) bash plugins/speculators_format/scripts/interop_check.sh
 
 # BENCHMARKS.md, docs/bench.png and docs/bench.json in one run (~15 min on 2 quiet cores; run it
 # on a quiet machine: every figure is a paired ratio, but a busy machine still blurs them).

@@ -1,5 +1,6 @@
 """Suite-wide checks: with ``TSSPEC_REQUIRE_NATIVE=1`` (set by .ci/run) a build whose compiled CPU
-kernels are missing fails the run instead of skipping to the torch fallback."""
+kernels, or an installed plugin's own extension on them, are missing fails the run instead of
+skipping to a slower path."""
 
 from __future__ import annotations
 
@@ -8,6 +9,11 @@ import os
 import pytest
 
 ON_WORDS = {"1", "true", "yes", "on"}
+# the plugins' compiled extensions on the kernels' C-API: (plugin package, extension module)
+PLUGIN_EXTENSIONS = (
+    ("tsspec_model_llama", "tsspec_model_llama._step_kernels"),
+    ("tsspec_draft_head", "tsspec_draft_head._head_kernels"),
+)
 
 
 # read once at start-up: tests clear TSSPEC_* from their own environment
@@ -29,6 +35,18 @@ def pytest_sessionstart(session):
         raise pytest.UsageError(
             "TSSPEC_REQUIRE_NATIVE=1 but the compiled CPU kernels (tsspec_gguf._cpu_kernels) "
             "did not build or do not import: rebuild with `pip install -e .` and read its compiler output")
+    import importlib
+    import importlib.util
+
+    for package, name in PLUGIN_EXTENSIONS:
+        if importlib.util.find_spec(package) is None:
+            continue  # the plugin is not installed
+        try:
+            importlib.import_module(name)
+        except ImportError as exc:
+            raise pytest.UsageError(
+                f"TSSPEC_REQUIRE_NATIVE=1 but {name} did not build or does not import ({exc}): "
+                f"rebuild its plugin with `pip install -e` and read its compiler output") from exc
 
 
 @pytest.hookimpl(hookwrapper=True)

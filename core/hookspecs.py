@@ -82,5 +82,12 @@ def tsspec_register_trainers(register):
 
 
 @hookspec
+def tsspec_register_switches(register):
+    """register(name: str, description: str): an environment switch this plugin reads through
+    ``tsspec.switches.switch_on``; ``description`` says what setting it to 0 does. ``tsspec
+    --help`` lists every registered switch; the first plugin to register a name keeps it."""
+
+
+@hookspec
 def tsspec_register_commands(app):
     """Add commands to the typer application ``app``."""

@@ -28,7 +28,6 @@ from typing import Callable, Sequence
 import torch
 
 from .protocols import DraftContext, ModelConfig, resolve_feature_taps
-from .toy_heads import PrefixReference, ToyPerTokenHead
 from .runtime.options import SpeculationOptions
 from .runtime.sampling import SamplingParams
 
@@ -36,8 +35,6 @@ __all__ = [
     "write_random_llama",
     "ToyTarget",
     "ToyTokenizer",
-    "ToyPerTokenHead",
-    "PrefixReference",
     "OracleSpeculator",
     "RandomSpeculator",
     "SilentSpeculator",

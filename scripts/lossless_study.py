@@ -1,4 +1,4 @@
-"""Tie-aware losslessness of n-gram speculation on the embedded model (issue 4's study).
+"""Tie-aware losslessness of n-gram speculation on the embedded model (a study).
 
 For every prompt of the shipped benchmark set plus a few short free-form ones (>= 20 in all),
 greedy and seeded sampling: plain decoding and ngram speculation on the same loaded model. The

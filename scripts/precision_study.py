@@ -1,4 +1,4 @@
-"""Fidelity of the block kernel's int8 arithmetic against its exact float32 arithmetic (issue 16).
+"""Fidelity of the block kernel's int8 arithmetic against its exact float32 arithmetic.
 
 On the embedded model, over the lossless study's prompts (the shipped benchmark set plus its
 free-form prompts): greedy-decode ``--tokens`` tokens with the float32 path, then run the prompt

@@ -411,7 +411,7 @@ def test_a_keyed_drafter_that_never_lands_costs_under_three_percent():
     assert keyed.stats.declined_drafts + keyed.stats.governor_parked_steps > 0.8 * n
 
 
-# -- probes that back off, and the park's countdown (issue 17) ---------------------------------
+# -- probes that back off, and the park's countdown ---------------------------------
 
 
 def _park_lengths(gov, steps, spec_ms, spec_tokens):
@@ -526,7 +526,7 @@ def test_keyed_drafting_backs_off_by_doubling():
     assert gov.keyed and lengths[:4] == [4, 8, 16, 32]
 
 
-# -- confidence-sized proposals (issue 17: a learned drafter decides each step by its worth) ------
+# -- confidence-sized proposals (a learned drafter decides each step by its worth) ------
 
 
 def _confident_run(sure, *, head_ms=0.5, n=300, prompt=(5, 9, 2, 7, 1, 3, 8, 4), seed=5, sampling=None, pmin=0.5):

@@ -452,7 +452,7 @@ def test_garbage_max_draft_tokens_is_named_before_any_step(window):
 
 
 def _head_target(trunk: str = "reforward"):
-    from tsspec.toy_heads import ToyPerTokenHead
+    from tsspec_model_toy.heads import ToyPerTokenHead
 
     target = _target(trunk)
     target.draft_head = ToyPerTokenHead.for_target(target, seed=5, logit_scale=6.0)

@@ -137,7 +137,7 @@ class Pools:
         def make():
             target = ToyTarget(seed=seed, **TRUNKS[trunk])
             if algorithm == "draft-head":
-                from tsspec.toy_heads import ToyPerTokenHead
+                from tsspec_model_toy.heads import ToyPerTokenHead
 
                 oracle = ToyTarget(seed=seed, **TRUNKS[trunk]) if detail == "oracle-head" else None
                 scale = dict(oracle_scale=4.0) if oracle is not None else dict(logit_scale=6.0)

@@ -27,13 +27,16 @@ def _version(value: bool) -> None:
         raise typer.Exit()
 
 
-def build_app() -> typer.Typer:
+def build_app(catalog=None) -> typer.Typer:
+    """The CLI shell; ``catalog``'s plugin switches go into ``--help``."""
     from ..switches import describe
 
+    switches = describe(catalog.switch_descriptions()) if catalog is not None else ""
     app = typer.Typer(
         name="tsspec",
         help="Lossless speculative decoding for GGUF language models.",
-        epilog="Attribution switches (environment; output never changes): " + "; ".join(describe().splitlines()),
+        epilog=("Attribution switches (environment; output never changes): " + "; ".join(switches.splitlines()))
+        if switches else None,
         no_args_is_help=True,
         pretty_exceptions_enable=False,
         add_completion=False,
@@ -156,7 +159,7 @@ def main(argv: list[str] | None = None) -> None:
         state = CliState.from_argv(argv)
         STATE.__init__(state.config_path, state.config, state.controls, state.debug)
         STATE.catalog = configure(state.controls)
-        app = build_app()
+        app = build_app(STATE.catalog)
         _add_plugin_commands(app, STATE.catalog)
         check_command_available(app, argv, STATE)
         app(args=argv, prog_name="tsspec", standalone_mode=True)

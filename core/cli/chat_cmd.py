@@ -17,7 +17,7 @@ EXIT_WORDS = ("/exit", "/quit")
 
 
 def chat(
-    model: Annotated[Optional[str], typer.Option("--model", "-m", help="GGUF file or model name (default: the embedded SmolLM2-135M-Instruct).")] = None,
+    model: Annotated[Optional[str], typer.Option("--model", "-m", help="GGUF file or model name (default: the default named model, smollm2-135m = the embedded SmolLM2-135M-Instruct).")] = None,
     system: Annotated[Optional[str], typer.Option("--system", help="System message.")] = None,
     max_tokens: Annotated[int, typer.Option("--max-tokens", "-n", min=1, help="Tokens per reply at most.")] = 256,
     temperature: flags.Temperature = None,

@@ -71,6 +71,15 @@ class TrainerEntry:
 
 
 @attrs.define
+class SwitchEntry:
+    """An attribution switch a plugin reads (``TS_...=0`` turns one optimisation off)."""
+
+    name: str
+    description: str
+    plugin: str | None = None
+
+
+@attrs.define
 class Catalog:
     speculators: SpeculatorRegistry = attrs.field(factory=SpeculatorRegistry)
     models: dict[str, LoaderEntry] = attrs.field(factory=dict)  # architecture -> loader
@@ -79,8 +88,13 @@ class Catalog:
     converters: dict[str, ConverterEntry] = attrs.field(factory=dict)  # checkpoint type -> converter
     kernels: dict[str, list[KernelEntry]] = attrs.field(factory=dict)
     trainers: dict[str, Any] = attrs.field(factory=dict)  # drafter kind -> TrainerEntry
+    switches: dict[str, SwitchEntry] = attrs.field(factory=dict)  # environment name -> entry
     bundled_drafters: list[Any] = attrs.field(factory=list)  # BundledDrafter records
     host: PluginHost | None = None
+
+    def switch_descriptions(self) -> dict[str, str]:
+        """Every registered switch -> what setting it to 0 does."""
+        return {name: entry.description for name, entry in self.switches.items()}
 
     def kernel(self, op: str, device: str):
         """The first available implementation of ``op`` for ``device``, or None (use torch)."""
@@ -218,6 +232,17 @@ def build_catalog(host: PluginHost, *, discover: bool = True) -> Catalog:
         return {"register": register}
 
     host.call_each("tsspec_register_trainers", trainers_for)
+
+    def switches_for(name):
+        def register(switch, description):
+            if not isinstance(switch, str) or not switch or not description:
+                raise ValueError(f"a switch needs a name and what =0 does, got {switch!r}")
+            entry = SwitchEntry(switch, str(description), name)
+            pending.append((name, lambda: catalog.switches.setdefault(switch, entry)))
+
+        return {"register": register}
+
+    host.call_each("tsspec_register_switches", switches_for)
     for plugin, apply in pending:
         if host.plugin_info(plugin).status == LOADED:
             apply()

@@ -3,7 +3,9 @@ registered for the checkpoint's type (``tsspec_register_converters``).
 
 The type comes from the checkpoint's ``config.json``: the first of its ``architectures`` entries
 that a converter registered (a drafter whose ``model_type`` is its base model's names itself
-there), else its ``model_type``. Every failure is one ``ConvertError`` line.
+there), else its ``model_type``. A checkpoint that names a ``speculators_model_type`` (the
+speculators drafter format) is looked up as ``speculators`` first. Every failure is one
+``ConvertError`` line.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ import attrs
 from ..errors import TsspecError
 
 OUTTYPES = ("f32", "f16", "q8_0")
+SPECULATORS_TYPE, SPECULATORS_KEY = "speculators_model_type", "speculators"  # the format's marker, its key
 
 
 class ConvertError(TsspecError):
@@ -36,8 +39,9 @@ class ConverterEntry:
 
 
 def checkpoint_types(src_dir: Path) -> list[str]:
-    """The keys a converter may be registered under, most specific first: config.json's
-    ``architectures`` entries, then its ``model_type``."""
+    """The keys a converter may be registered under, most specific first: ``speculators`` for a
+    speculators-format checkpoint, then config.json's ``architectures`` entries, then its
+    ``model_type``."""
     config_path = src_dir / "config.json"
     if not src_dir.is_dir():
         raise ConvertError(f"{src_dir}: not a checkpoint directory")
@@ -49,7 +53,8 @@ def checkpoint_types(src_dir: Path) -> list[str]:
         raise ConvertError(f"{config_path}: unreadable ({exc})") from None
     if not isinstance(config, dict):
         raise ConvertError(f"{config_path}: not a JSON object")
-    keys = [str(a) for a in config.get("architectures") or () if isinstance(a, str)]
+    keys = [SPECULATORS_KEY] if isinstance(config.get(SPECULATORS_TYPE), str) else []
+    keys += [str(a) for a in config.get("architectures") or () if isinstance(a, str)]
     if isinstance(config.get("model_type"), str):
         keys.append(config["model_type"])
     if not keys:

@@ -80,7 +80,7 @@ def test_goals_and_paired_peers_in_one_run(monkeypatch, cases, fake_llama_env):
     assert second["same_as_peer"] == 0  # the stand-in engine emits 11, 12, ...
     assert rows[2].name == "plain decode with --dtype int8 vs llama.cpp" and "output = llama.cpp's in 0/2" in rows[2].figure
     markdown = report.to_markdown()
-    assert "## The CPU speed goals (issue 16)" in markdown and "verify cost by rows" in markdown
+    assert "## The CPU speed goals" in markdown and "verify cost by rows" in markdown
     # the probe table names every probed variant and marks the ones used
     assert "1 paired round per prompt; the probe took" in markdown and peer_info["probe_seconds"] > 0
     assert "| llama.cpp | draft length | `prompt-lookup/generate/fa0/n3` |" in markdown

@@ -43,3 +43,16 @@ def scalar_path():
             native.kernels().set_simd(True)
 
     return scalar
+
+
+@pytest.fixture
+def cli_state(monkeypatch):
+    """Restore the CLI's process state (default catalog, CliState fields) after a test that
+    runs ``tsspec.cli.app.main`` in-process."""
+    from tsspec.cli.state import STATE
+    from tsspec.runtime import defaults
+
+    monkeypatch.setattr(defaults, "_catalog", defaults._catalog)
+    for field in ("config_path", "config", "controls", "debug", "catalog"):
+        monkeypatch.setattr(STATE, field, getattr(STATE, field))
+    return STATE

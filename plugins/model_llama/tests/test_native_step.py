@@ -17,7 +17,7 @@ SHAPES = {"gqa": {}, "bias": {"attention_bias": True}, "mqa": {"num_key_value_he
 
 
 class CountingKernels:
-    """The kernels module with its ``model_step`` calls counted."""
+    """The step extension with its ``model_step`` calls counted."""
 
     def __init__(self, kernels):
         self._kernels, self.steps = kernels, 0
@@ -51,8 +51,8 @@ def require_torch_norm_order(target) -> None:
 
 def run_calls(target, ids: list[int], one_call: bool) -> tuple[list[torch.Tensor], int]:
     """Every output of CALLS, and how many went through ``model_step``."""
-    counting = CountingKernels(native.kernels())
-    target._kernels = counting
+    counting = CountingKernels(target._step_kernels)
+    target._step_kernels = counting
     target.native_step = one_call
     target.reset()
     out, at = [], 0
@@ -62,7 +62,7 @@ def run_calls(target, ids: list[int], one_call: bool) -> tuple[list[torch.Tensor
             out += [logits] + ([h] if hidden else [])
             at += rows
     finally:
-        target._kernels = counting._kernels
+        target._step_kernels = counting._kernels
         target.native_step = True
     return out, counting.steps
 
@@ -102,15 +102,15 @@ def test_long_calls_take_the_python_path(tiny):
     from gguf import GGMLQuantizationType as T
 
     _, target, _ = tiny(quantize={"*": T.Q4_1})
-    counting = CountingKernels(native.kernels())
-    target._kernels = counting
+    counting = CountingKernels(target._step_kernels)
+    target._step_kernels = counting
     try:
         target.spec_forward(prompt(80), all_logits_rows=False, want_hidden=False)  # more than GEMM_ROWS rows
         assert counting.steps == 0
         target.spec_forward([3], all_logits_rows=False, want_hidden=False)
         assert counting.steps == 1
     finally:
-        target._kernels = counting._kernels
+        target._step_kernels = counting._kernels
 
 
 @pytest.mark.parametrize("arithmetic", sorted(ARITHMETIC))
@@ -186,20 +186,20 @@ def test_model_step_refuses_bad_operands(embedded_target):
     t.spec_ensure_capacity(4)
     args = [t._stack, [1], embed, x.data_ptr(), 0, t._k.data_ptr(), t._v.data_ptr(), t._capacity, 1, 1, False]
     with pytest.raises(ValueError, match=r"token ids must lie in \[0, 49152\)"):
-        t._kernels.model_step(*args[:1], [49152], *args[2:], None)
+        t._step_kernels.model_step(*args[:1], [49152], *args[2:], None)
     with pytest.raises(ValueError, match="operands"):
-        t._kernels.model_step(*args[:4], t._capacity, *args[5:], None)  # no room past the cache
+        t._step_kernels.model_step(*args[:4], t._capacity, *args[5:], None)  # no room past the cache
     head = (t._output_norm.data_ptr(), t._eps, lanes, x.data_ptr(), 1, lm_head, x.data_ptr())
     with pytest.raises(ValueError, match="head operands"):  # the first kept row past the last
-        t._kernels.model_step(*args, head)
+        t._step_kernels.model_step(*args, head)
     narrow = (embed[0], embed[1], embed[2], embed[3], embed[4], 64)
     with pytest.raises(ValueError, match="width"):
-        t._kernels.model_step(*args[:2], narrow, *args[3:], None)
+        t._step_kernels.model_step(*args[:2], narrow, *args[3:], None)
     for taps in (([31], x.data_ptr()), ([-1], x.data_ptr()), ([], x.data_ptr()), ([1], 0)):  # 30 blocks
         with pytest.raises(ValueError, match="taps"):
-            t._kernels.model_step(*args, None, taps)
+            t._step_kernels.model_step(*args, None, taps)
     with pytest.raises(TypeError, match="taps must be None or a"):  # not a tuple
-        t._kernels.model_step(*args, None, [[1], x.data_ptr()])
+        t._step_kernels.model_step(*args, None, [[1], x.data_ptr()])
 
 
 @pytest.mark.parametrize("all_rows", [False, True])
@@ -216,14 +216,14 @@ def test_calls_at_the_row_limit_equal_the_python_path(tiny, all_rows):
     ids = prompt(2 * GEMM_ROWS + 2)
     outputs, steps = [], []
     for one_call in (False, True):
-        counting = CountingKernels(native.kernels())
-        target._kernels, target.native_step = counting, one_call
+        counting = CountingKernels(target._step_kernels)
+        target._step_kernels, target.native_step = counting, one_call
         try:
             target.reset()
             first = target.spec_forward(ids[:GEMM_ROWS], all_logits_rows=all_rows, want_hidden=all_rows)
             second = target.spec_forward(ids[GEMM_ROWS:], all_logits_rows=all_rows, want_hidden=all_rows)
         finally:
-            target._kernels, target.native_step = counting._kernels, True
+            target._step_kernels, target.native_step = counting._kernels, True
         outputs.append([t for pair in (first, second) for t in pair if t is not None])
         steps.append(counting.steps)
     assert steps == [0, 1]  # GEMM_ROWS rows in one call, GEMM_ROWS + 2 on the Python path

@@ -26,7 +26,7 @@ def _inputs(T, nv, dk, dv, seed):
 
 
 def _reference(q, k, v, decay, beta, s0):
-    """The rule exactly as written in model-specs.md, one head and one row at a time."""
+    """The rule exactly as published, one head and one row at a time."""
     outs, s = [], s0.clone()
     for t in range(q.shape[0]):
         for h in range(q.shape[1]):

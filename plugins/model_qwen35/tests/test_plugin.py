@@ -58,3 +58,14 @@ def test_missing_or_misshapen_tensors_are_named(converted, tmp_path):
     path = write_gguf(tmp_path / "odd.gguf", arch, odd, tensors)
     with pytest.raises(ModelLoadError, match="value heads"):
         load_model(path)
+
+
+def test_the_plugin_declares_the_switch_it_reads():
+    from tsspec.testing import plugin_catalog
+
+    import tsspec_model_qwen35
+    from tsspec_model_qwen35.target import SNAPSHOTS_ENV, snapshots_enabled
+
+    assert set(tsspec_model_qwen35.SWITCHES) == {SNAPSHOTS_ENV}
+    assert set(plugin_catalog({"qwen35": tsspec_model_qwen35}).switches) == {SNAPSHOTS_ENV}
+    assert snapshots_enabled({SNAPSHOTS_ENV: "no"}) is False and snapshots_enabled({}) is True

@@ -1,5 +1,5 @@
 """Shared fixtures: a tiny float64 HF target + DFlash assistant pair (the oracle), slow
-references written from the equations of model-specs.md, and a target view over HF modules.
+references written from the published equations, and a target view over HF modules.
 
 The HF assistant is made exactly float64: transformers computes RoPE angles, RMSNorm and eager
 softmax in float32 whatever the model dtype, so the test swaps those three for float64 versions

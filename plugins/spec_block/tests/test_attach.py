@@ -12,7 +12,7 @@ from tsspec.runtime.loading import load_model
 from tsspec.runtime.options import SpeculationOptions
 from tsspec.runtime.registry import CANNOT_SERVE, Decline, SpeculatorRegistry
 from tsspec.testing import ToyTarget
-from tsspec.toy_heads import ToyPerTokenHead
+from tsspec_model_toy.heads import ToyPerTokenHead
 
 import tsspec_block
 from tsspec_block.attach import attach_dflash
@@ -120,3 +120,15 @@ def test_hyper_connection_file_goes_to_a_target_that_binds_it(tmp_path):
             return ("bound", p)
 
     assert attach_dflash(Binds(), path) == ("bound", path)
+
+
+def test_the_plugin_declares_the_switches_it_reads():
+    from tsspec.testing import plugin_catalog
+
+    import tsspec_block
+    from tsspec_block.attach import CONV_ENV, SELECTOR_ENV, extension_enabled
+    from tsspec_block.head import NATIVE_ENV
+
+    assert set(tsspec_block.SWITCHES) == {CONV_ENV, SELECTOR_ENV, NATIVE_ENV}
+    assert set(plugin_catalog({"block": tsspec_block}).switches) == set(tsspec_block.SWITCHES)
+    assert extension_enabled(SELECTOR_ENV, {SELECTOR_ENV: "no"}) is False

@@ -1,7 +1,7 @@
 """Phase-counter benchmark: draft-head calls per decode step, with and without folding.
 
 Runs the same generation twice per draft window on the exact toy target with an oracle toy head
-(``tsspec.toy_heads``): once with the catch-up folded into the next proposal's first step
+(``tsspec_model_toy.heads``): once with the catch-up folded into the next proposal's first step
 (``TS_MTP_FOLD_CATCHUP=1``, the default) and once unfolded (``=0``). Prints, per run, head calls
 per decode step, the split into draft steps / catch-ups / fused calls, acceptance, and the draft
 and commit phase milliseconds; checks that both runs emit the same tokens with the same
@@ -22,7 +22,7 @@ import time
 from tsspec.runtime.generation import generate
 from tsspec.runtime.options import SpeculationOptions
 from tsspec.testing import ToyTarget
-from tsspec.toy_heads import ToyPerTokenHead
+from tsspec_model_toy.heads import ToyPerTokenHead
 from tsspec_draft_head import FOLD_ENV, make_draft_head
 
 PROMPT = [3, 1, 4, 1, 5, 9, 2, 6]

@@ -12,7 +12,7 @@ from tsspec.runtime.generation import generate
 from tsspec.runtime.options import SpeculationOptions
 from tsspec.runtime.sampling import Sampler, SamplingParams
 from tsspec.testing import ToyTarget, assert_lossless
-from tsspec.toy_heads import PrefixReference, ToyPerTokenHead
+from tsspec_model_toy.heads import PrefixReference, ToyPerTokenHead
 from tsspec_draft_head import FOLD_ENV, make_draft_head
 
 PROMPT = [3, 1, 4, 1, 5, 9, 2, 6]

@@ -136,8 +136,9 @@ def test_kv_cache_stays_in_step_through_catch_up_rewind_gap_and_growth():
 
 
 class _HoldingKernels:
-    """The compiled kernels, but ``layers_forward`` runs ``during`` before the real call (the
-    KV cache's address already taken, as a native call holds it with the GIL released)."""
+    """The compiled kernels (or the head's extension), but ``layers_forward`` and ``head_forward``
+    run ``during`` before the real call (the KV cache's address already taken, as a native call
+    holds it with the GIL released)."""
 
     def __init__(self, real, during):
         self._real, self._during = real, during
@@ -180,6 +181,7 @@ def test_a_head_shared_by_two_threads_never_frees_a_cache_a_native_call_holds():
         assert k == held._kc.data_ptr() and v == held._vc.data_ptr() and held._rope is rope
 
     fast._native._k = _HoldingKernels(fast._native._k, during)
+    fast._native._h = _HoldingKernels(fast._native._h, during)
     fast.draft_step(2, rows[0], 5, compact=True)
     (other,) = seen
     other.join(timeout=30)
@@ -291,15 +293,15 @@ def test_head_forward_rejects_bad_operands():
     table = eng.embeddings.slots([1, 2])[0]
     args = [eng._desc, table.data_ptr(), table.shape[0], [0, 1], h.data_ptr(), 0, eng._kc.data_ptr(),
             eng._vc.data_ptr(), eng.capacity, eng._rope_from(0, 2), 1, out.data_ptr(), logits.data_ptr()]
-    eng._k.head_forward(*args)
+    eng._h.head_forward(*args)
     # no rows, a negative slot, a slot past the table, past the cache, logits without out
     for i, bad in ((3, []), (3, [0, -1]), (3, [0, table.shape[0]]), (5, eng.capacity), (11, 0)):
         wrong = list(args)
         wrong[i] = bad
         with pytest.raises(ValueError):
-            eng._k.head_forward(*wrong)
+            eng._h.head_forward(*wrong)
     with pytest.raises(ValueError, match="one-block stack"):
-        eng._k.head_new(eng._k.layers_new((H, 4, 2, 16, 16, 96, 1e-6), []), 1e-6, (1, 1, 1), (8, 1, 1, 1, H, H),
+        eng._h.head_new(eng._k.layers_new((H, 4, 2, 16, 16, 96, 1e-6), []), 1e-6, (1, 1, 1), (8, 1, 1, 1, H, H),
                         (8, 1, 1, 1, H, H), (8, 1, 1, 1, K, H))
 
 
@@ -434,7 +436,7 @@ def test_gate_in_the_native_call_equals_head_forward_then_top1_topk_bit_for_bit(
             eng._vc.copy_(vc)
             out, logits = torch.empty(H), torch.empty(K)
             extra = (gate_n, gate_k) if gated else ()
-            res = k.head_forward(eng._desc, table.data_ptr(), table.shape[0], slots, h.data_ptr(), 2,
+            res = eng._h.head_forward(eng._desc, table.data_ptr(), table.shape[0], slots, h.data_ptr(), 2,
                                  eng._kc.data_ptr(), eng._vc.data_ptr(), eng.capacity, eng._rope_from(0, 5), 1,
                                  out.data_ptr(), logits.data_ptr(), *extra)
             outs.append((res, out, logits, eng._kc.clone()))
@@ -447,7 +449,7 @@ def test_gate_in_the_native_call_equals_head_forward_then_top1_topk_bit_for_bit(
         eng._vc.copy_(vc)
         apart = h[2].clone()
         out_c, logits_c = torch.empty(H), torch.empty(K)
-        res = k.head_forward(eng._desc, table.data_ptr(), table.shape[0], slots, h[:2].contiguous().data_ptr(), 2,
+        res = eng._h.head_forward(eng._desc, table.data_ptr(), table.shape[0], slots, h[:2].contiguous().data_ptr(), 2,
                              eng._kc.data_ptr(), eng._vc.data_ptr(), eng.capacity, eng._rope_from(0, 5), 1,
                              out_c.data_ptr(), logits_c.data_ptr(), gate_n, gate_k, apart.data_ptr())
         assert res == gate and torch.equal(out_c, out_a) and torch.equal(logits_c, logits_a)
@@ -464,21 +466,21 @@ def test_head_forward_rejects_bad_gate_operands():
     table, slots = eng.embeddings.slots([1])
     args = [eng._desc, table.data_ptr(), table.shape[0], slots, h.data_ptr(), 0, eng._kc.data_ptr(),
             eng._vc.data_ptr(), eng.capacity, eng._rope_from(0, 1), 1, out.data_ptr(), logits.data_ptr()]
-    assert eng._k.head_forward(*args, 0, 0) is None  # gate_k 0: no gate
+    assert eng._h.head_forward(*args, 0, 0) is None  # gate_k 0: no gate
     for gate_n, gate_k in ((0, 10), (K + 1, 10), (K, 65), (K, -1)):
         with pytest.raises(ValueError, match="gate"):
-            eng._k.head_forward(*args, gate_n, gate_k)
+            eng._h.head_forward(*args, gate_n, gate_k)
     with pytest.raises(ValueError, match="gate"):  # a gate needs the logits
-        eng._k.head_forward(*args[:12], 0, K, 10)
+        eng._h.head_forward(*args[:12], 0, K, 10)
     no_rows = list(args)
     no_rows[4] = 0
     with pytest.raises(ValueError):  # no rows at all
-        eng._k.head_forward(*no_rows)
-    assert eng._k.head_forward(*no_rows, K, 10, h[0].data_ptr()) is not None  # one row, read from h_last
+        eng._h.head_forward(*no_rows)
+    assert eng._h.head_forward(*no_rows, K, 10, h[0].data_ptr()) is not None  # one row, read from h_last
     two = list(no_rows)
     two[3] = slots * 2
     with pytest.raises(ValueError):  # two rows need h for the first
-        eng._k.head_forward(*two, K, 10, h[0].data_ptr())
+        eng._h.head_forward(*two, K, 10, h[0].data_ptr())
 
 
 @needs_kernels

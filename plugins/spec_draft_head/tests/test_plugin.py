@@ -11,7 +11,7 @@ from tsspec.runtime.generation import generate
 from tsspec.runtime.options import SpeculationOptions
 from tsspec.runtime.registry import CANNOT_SERVE, NO_DRAFT_HEAD
 from tsspec.testing import ToyTarget
-from tsspec.toy_heads import ToyPerTokenHead
+from tsspec_model_toy.heads import ToyPerTokenHead
 from tsspec_draft_head import DraftHeadSpeculator, make_draft_head
 
 
@@ -82,3 +82,17 @@ def test_generate_through_the_registry(registry):
     plain = generate(_toy(), "hello there", SpeculationOptions(enabled=False), max_tokens=12)
     assert gen.speculator == "draft-head" and gen.decline is None
     assert gen.tokens == plain.tokens and gen.stats.draft_tokens > 0
+
+
+def test_the_plugin_declares_the_switches_it_reads():
+    from tsspec.testing import plugin_catalog
+
+    import tsspec_draft_head
+    from tsspec_draft_head.native_head import ONE_CALL_ENV, THREAD_CHOICE_ENV
+    from tsspec_draft_head.nextn_file import NATIVE_ENV
+    from tsspec_draft_head.speculator import FOLD_ENV, fold_enabled
+
+    assert set(tsspec_draft_head.plugin.SWITCHES) == {FOLD_ENV, NATIVE_ENV, ONE_CALL_ENV, THREAD_CHOICE_ENV}
+    catalog = plugin_catalog({"draft-head": tsspec_draft_head})
+    assert set(catalog.switches) == set(tsspec_draft_head.plugin.SWITCHES)
+    assert fold_enabled({FOLD_ENV: "no"}) is False and fold_enabled({}) is True

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from tsspec.protocols import DraftContext, Speculator
-from tsspec.toy_heads import ToyPerTokenHead
+from tsspec_model_toy.heads import ToyPerTokenHead
 from tsspec_draft_head import FOLD_ENV, DraftHeadSpeculator, fold_enabled
 
 VOCAB, HIDDEN = 41, 10

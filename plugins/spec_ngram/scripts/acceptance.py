@@ -12,7 +12,7 @@ re-run in seconds. Prompts are written for this measurement;
 their documents are standard-library source and docstrings, so they ship with Python.
 
 Speed-up is MODELLED from the measured CPU cost of a forward by rows for this model
-(reference/cpu-measurements.md: 1 row 52.7 ms, 2: 52.9, 4: 71.1, 8: 90.9, 16: 98.7; linear in
+(one reference CPU's profile: 1 row 52.7 ms, 2: 52.9, 4: 71.1, 8: 90.9, 16: 98.7; linear in
 between) as plain ms per token over speculative ms per token, with no governor: it shows what
 the accepted tokens are worth after the extra verify rows, not a wall-clock figure.
 
@@ -312,7 +312,7 @@ def main(argv: list[str] | None = None) -> None:
                         help="what decodes missing sequences (tsspec needs the model_llama plugin)")
     parser.add_argument("--row-ms", type=parse_row_ms, default=None, metavar="R:MS,...",
                         help="the forward cost by rows to model speed with (default: the measured "
-                        "CPU figures of reference/cpu-measurements.md)")
+                        "one reference CPU's figures)")
     parser.add_argument("--classes", default=None, metavar="A,B",
                         help="report only these classes (with --bench-prompts), e.g. "
                         "summary,qa,rewrite,code-edit,prose")

@@ -50,7 +50,7 @@ from acceptance import bench_sequences, parse_row_ms, verify_ms  # noqa: E402
 
 GROUNDED = ("code-edit", "summary", "qa", "rewrite")
 BASE_MS = 10.0  # one row's cost; only ratios are reported
-# issue 16's goal for the verify: 9 rows at most 1.5x one row (linear between)
+# the speed goal for the verify: 9 rows at most 1.5x one row (linear between)
 GOAL_PROFILE = ((1, 1.0), (9, 1.5))
 
 
@@ -135,7 +135,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--measured", action="store_true", help="the target's own measured cost by rows")
     parser.add_argument("--settings", default="{}", help='ngram settings as JSON, e.g. \'{"fallback": false}\'')
     parser.add_argument("--classes", default=None, metavar="A,B")
-    parser.add_argument("--goal", action="store_true", help="issue 16's goal cost: 9 rows 1.5x one row")
+    parser.add_argument("--goal", action="store_true", help="the speed goal's cost: 9 rows 1.5x one row")
     parser.add_argument("--oracle", action="store_true", help="cut every proposal to what lands (the ceiling)")
     parser.add_argument("--keys", action="store_true", help="per evidence key: proposals, verified, landing")
     parser.add_argument("--quiet", action="store_true", help="no line per prompt")

@@ -1,7 +1,7 @@
 """Lossless on the embedded model (SmolLM2-135M-Instruct) with a prompt the answer quotes.
 
 float64 weights: a multi-row verify is then bit-near one-row decoding, so no near-tie argmax
-can flip between the plain and the speculative run (in float32 it can: cpu-measurements.md).
+can flip between the plain and the speculative run (in float32 it can).
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The CPU speed goals (issue 16), measured in one bench run beside llama.cpp and transformers.
+"""The CPU speed goals, measured in one bench run beside llama.cpp and transformers.
 
 1. Verify cost by rows: a 9-row forward at most 1.5x a 1-row forward at 500 tokens of context
    (in process: 1 and 9 rows alternate on the same cache, rewound after each).

@@ -1,6 +1,6 @@
 """The cost governor's goals, measured: paired runs on a toy with a real model's cost profile.
 
-Goals (issue 3): with a speculator that never gets a draft accepted, decoding with the governor
+Goals: with a speculator that never gets a draft accepted, decoding with the governor
 runs at >= 0.97x plain; with one that is always right, the governor costs <= 3% against
 speculation without it. The float64 toy itself is so fast that every step costs the same, so
 ``CostProfileToy`` pads each forward by a FIXED cost profile (``VERIFY_COST_PROFILE``: once

@@ -18,7 +18,7 @@ a = 0.22; 1.4x needs 1 + a = 1.708, a = 0.708; the ceiling is 2 / 1.22 = 1.64x.
 Every input is a figure measured on the machine the bench runs on (the cost by rows, timed in the
 run itself where the target allows, else the run's own steps or the target's own profile; the
 algorithms' draft time and acceptance at positions 1..k from the run); nothing here is a
-constant of a machine. ``GOAL`` is a target to meet (issue 17's), not a measurement.
+constant of a machine. ``GOAL`` is a target to meet , not a measurement.
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ import attrs
 
 from tsspec.cost_shape import parse_cost_shape, rows_cost
 
-GOAL = 1.4  # the speed-up over plain a learned drafter should reach (issue 17)
+GOAL = 1.4  # the speed-up over plain a learned drafter should reach
 SHORT_LENGTHS = (1, 2, 3)  # draft lengths shown beside the draft window
 BISECTION_STEPS = 60  # halvings of [0, 1] when solving E(k, a) = target (2^-60: exact in floats)
 MIN_VERIFIED = 20  # verified drafts below which a drafter's landing share is too rough to weigh (sd ~0.1)

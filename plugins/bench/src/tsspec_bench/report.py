@@ -168,7 +168,7 @@ class BenchReport:
             console.print(peers)
         goal_rows = self.goal_rows()
         if goal_rows:
-            goals = Table(title="CPU speed goals (issue 16), paired ratios")
+            goals = Table(title="CPU speed goals, paired ratios")
             for col in ("#", "goal", "measured", "ratio", "target", "verdict"):
                 goals.add_column(col)
             for g in goal_rows:
@@ -619,7 +619,7 @@ def _needs_section(report: BenchReport) -> list[str]:
              "forward over a 1-row one, d a drafter's draft time per drafted token over a plain step. If every "
              "drafted token lands with the same chance a once the ones before it did, the step emits "
              "1 + a + ... + a^k tokens, and its speed-up over plain decoding is that over C(k). Break-even a: "
-             f"speed-up 1; a for {goal}: issue 17's goal for a learned drafter; ceiling: a = 1, a perfect drafter "
+             f"speed-up 1; a for {goal}: the goal for a learned drafter; ceiling: a = 1, a perfect drafter "
              "of that length.", ""]
     if needs.costs is None:
         lines += ["No cost by rows was measured in this run (the target could not be timed by rows, publishes no "
@@ -732,7 +732,7 @@ def _goal_section(report: BenchReport) -> list[str]:
     rows = report.goal_rows()
     if not rows:
         return []
-    lines = ["## The CPU speed goals (issue 16)", "",
+    lines = ["## The CPU speed goals", "",
              "Each ratio is a median of paired ratios from this run; the peers ran in their own processes.", ""]
     body = [[str(g.number), g.name, g.figure, "-" if g.ratio is None else f"{g.ratio:.2f}x", g.goal,
              "-" if g.met is None else ("met" if g.met else "NOT met")] for g in rows]
@@ -821,7 +821,7 @@ def _governor_section(report: BenchReport) -> list[str]:
         return []
     s = report.governor[0].settings
     lines = [
-        "## Cost governor goals (issue 3)", "",
+        "## Cost governor goals", "",
         "Paired runs on the exact toy target, each forward padded by a fixed cost profile (once measured "
         f"on the embedded model, not this run's measurement; one-row step {s['base_ms']} ms; relative cost by rows "
         f"{', '.join(f'{r}: {c}' for r, c in s['cost_profile'])}; a KV rewind on rejection, like a llama model). "

@@ -54,7 +54,7 @@ class BenchPlan:
     compare_reps: int | None = None  # None: reps
     peer_reps: dict[str, int] = attrs.field(factory=dict)  # per-engine paired reps (over compare_reps)
     governor_check: bool = False
-    goals: bool = False  # the CPU speed goals (issue 16): verify cost by rows, prefill, ratios to llama.cpp
+    goals: bool = False  # the CPU speed goals: verify cost by rows, prefill, ratios to llama.cpp
     goals_dtype: str | None = None  # --dtype of the plain row beside goal 2 (None: precision.SECOND_DTYPE)
     governor_reps: int = 3
     command: str = "tsspec bench"

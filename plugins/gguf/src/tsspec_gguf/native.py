@@ -1,6 +1,6 @@
-"""The compiled CPU kernels (``cpu_kernels.c``, built by setup.py as ``_cpu_kernels``), loaded on
-first use. The build is optional: without a C compiler ``kernels()`` is None and callers keep
-their torch paths."""
+"""The compiled CPU kernels (``csrc/*.c``, built by setup.py as ``_cpu_kernels``), loaded on
+first use, and the plugins' own extensions built on their C-API (``extension``). The builds are
+optional: without a C compiler ``kernels()`` is None and callers keep their torch paths."""
 
 from __future__ import annotations
 
@@ -52,6 +52,37 @@ def kernels() -> ModuleType | None:
         else:
             _module = _cpu_kernels
     return _module
+
+
+_extensions: dict[str, ModuleType | None] = {}
+_extension_warned: set[str] = set()
+
+
+def extension(name: str) -> ModuleType | None:
+    """A plugin's extension built on these kernels' C-API (``kernels_api.h``; e.g.
+    ``"tsspec_model_llama._step_kernels"``), imported once; None where the kernels are missing
+    or forced off, or the extension did not build (see ``warn_missing_extension``)."""
+    if name not in _extensions:
+        module = None
+        if kernels() is not None:
+            import importlib
+
+            try:
+                module = importlib.import_module(name)
+            except ImportError:
+                module = None
+        _extensions[name] = module
+    return _extensions[name]
+
+
+def warn_missing_extension(name: str, what: str) -> None:
+    """One line on stderr, once per process and extension, when the kernels are there but the
+    plugin's extension ``name`` is not, so ``what`` takes a slower path: never silently."""
+    if name in _extension_warned or kernels() is None or extension(name) is not None:
+        return
+    _extension_warned.add(name)
+    print(f"tsspec: warning: {what} runs without its compiled extension {name} (it did not build "
+          "or import; slower, same values)", file=sys.stderr)
 
 
 def load_build(path: str) -> ModuleType:

@@ -1,6 +1,6 @@
 """DSpark: DeepSeek V4's block drafter (a ``DraftHead`` of kind BLOCK, served by ``--spec-type block``).
 
-Equations (model-specs.md; speculators 0.9.0 ``dspark`` for the heads), for an anchor at
+Equations (speculators 0.9.0 ``dspark`` for the heads), for an anchor at
 position p and a block of B rows ``[anchor, noise x (B-1)]`` at positions p .. p+B-1::
 
     encode   c_t   = RMSNorm_enc(W_fc [mean_hc(S^a_t) ; mean_hc(S^b_t) ; ...])    (tapped target layers)
@@ -33,7 +33,7 @@ GGUF conventions accepted (see the README for keys and tensor names):
   ``fc`` / ``enc.output_norm`` / ``output_norm``), handed over by the block plugin's attach.
 
 Taps: HF ``target_layer_ids`` name layer OUTPUTS; the ``deepseek4`` keys carry those ids (the
-tap is id + 1), the ``dflash`` convention stores ``id + 1`` already (trap 3 of model-specs.md).
+tap is id + 1), the ``dflash`` convention stores ``id + 1`` already.
 
 Sequence views: ``for_sequence()`` returns a head over the same weights, config and target
 (nothing is copied) with its own context rows (every stage's K = V by position, and which

@@ -60,6 +60,7 @@ from .weights import SERVED_KEY, residual_dtype
 INITIAL_CAPACITY = 256  # KV slots allocated on first use; grown by doubling
 SMALL_OP_ROWS = 16  # calls of up to this many rows (decode, verify) run small ops on one thread
 OUTPUT_DEVICE = torch.device("cpu")
+STEP_EXTENSION = "tsspec_model_llama._step_kernels"  # the fused step (csrc/step.c), optional
 
 
 
@@ -283,7 +284,12 @@ class LlamaTarget:
         """(embedding, LM head, norm lanes) for ``model_step``, or None where a step cannot run
         in one native call bit for bit: no layer stack, a dense embedding or LM head, or a
         torch whose final RMSNorm the kernels do not reproduce on this CPU (``torch_norm_lanes``)."""
-        if self._stack is None or not hasattr(self._kernels, "model_step"):
+        self._step_kernels = None
+        if self._stack is None:
+            return None
+        step = native.extension(STEP_EXTENSION)
+        if step is None:
+            native.warn_missing_extension(STEP_EXTENSION, "llama's decode step (the per-stack path)")
             return None
         if not (isinstance(self._embed, BlockMatrix) and isinstance(self._lm_head, BlockMatrix)):
             return None
@@ -295,6 +301,7 @@ class LlamaTarget:
         # the target keeps (no tensor is made for them per step), [2 * GEMM_ROWS, H]
         self._step_work = torch.empty((2 * GEMM_ROWS, self.hparams.hidden_size), dtype=torch.float32)
 
+        self._step_kernels = step
         return (_describe(self._embed, self._kernels), _describe(self._lm_head, self._kernels), lanes,
                 self._output_norm.data_ptr(), self._step_work.data_ptr())
 
@@ -330,7 +337,7 @@ class LlamaTarget:
         normed_at = work + rows * hp.hidden_size * 4 if normed is None else normed.data_ptr()  # bytes
         head = (norm_weight, self._eps, lanes, normed_at, rows - kept, lm_head, logits.data_ptr())
         taps_arg = () if tapped is None else ((taps, tapped.data_ptr()),)  # (older builds take no taps)
-        self._kernels.model_step(
+        self._step_kernels.model_step(
             self._stack, ids, embed, work, past, *self._kv_addresses, self._capacity, table, threads,
             self.precision == "int8", head, *taps_arg,
         )

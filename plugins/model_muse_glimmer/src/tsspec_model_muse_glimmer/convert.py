@@ -3,7 +3,7 @@
 ``muse_glimmer_gguf(text_config, state_dict)`` is the whole trunk mapping; ``convert_muse_glimmer``
 reads an HF directory (``config.json`` + safetensors) and writes the file; ``convert_assistant``
 writes the ``muse_glimmer_assistant`` drafter as GGUF ``dflash`` through the block plugin's
-DFlash converter. Conventions (model-specs.md, Muse-Glimmer):
+DFlash converter. Conventions (Muse-Glimmer):
 
 * ``model.language_model.*`` (or a text-only ``model.*``) -> ``token_embd``, ``output_norm``,
   ``output``; per layer ``attn_norm`` (input_layernorm), ``post_attention_norm``, ``ffn_norm``
@@ -41,7 +41,7 @@ log = logging.getLogger("tsspec.muse_glimmer")
 
 OUT_TYPES = ("f32", "f16", "q8_0")
 # the released checkpoint's logit transform (transformers' MuseGlimmerTextConfig defaults): the
-# assistant's own config does not carry it, and its selector needs it (model-specs.md)
+# assistant's own config does not carry it, and its selector needs it
 DEFAULT_OUTPUT_MULTIPLIER = 0.19611613513818404
 DEFAULT_SOFTCAP = 20.0
 # the checkpoint type a DFlash converter registers (an algorithm plugin's; reached through convert_as)

@@ -15,7 +15,8 @@ ARCHITECTURES = ["qwen35", "qwen35moe", "qwen3next"]
 # config.json model_type values the converter reads (text-only and multimodal configs)
 MODEL_TYPES = ["qwen3_5", "qwen3_5_text", "qwen3_5_moe", "qwen3_5_moe_text", "qwen3_next"]
 
-__all__ = ["ARCHITECTURES", "MODEL_TYPES", "tsspec_register_models", "tsspec_register_converters"]
+__all__ = ["ARCHITECTURES", "MODEL_TYPES", "SWITCHES", "tsspec_register_models", "tsspec_register_converters",
+           "tsspec_register_switches"]
 
 
 def _load(gguf_path, options):
@@ -39,3 +40,16 @@ def _convert(src_dir, out_path, *, outtype):
 def tsspec_register_converters(register):
     register(list(MODEL_TYPES), _convert,
              description="Qwen 3.5 / 3.5-MoE / Qwen3-Next safetensors -> GGUF (llama.cpp names, token ids only)")
+
+
+# environment switch -> what setting it to 0 does (read through tsspec.switches.switch_on)
+SWITCHES = {
+    "TS_Q35_VERIFY_SNAPSHOTS": "hybrid (DeltaNet) targets roll back by restore + re-forward "
+    "instead of committing per-row state slots",
+}
+
+
+@hookimpl
+def tsspec_register_switches(register):
+    for name, what in SWITCHES.items():
+        register(name, what)

@@ -2,7 +2,7 @@
 
 ``convert_state_dict(config, state_dict) -> (arch, metadata, tensors)`` is the whole mapping;
 ``convert_hf_dir`` reads ``config.json`` and the safetensors shards and writes the file. The
-conventions that matter (model-specs.md, "GGUF conventions" and the three traps):
+conventions that matter (llama.cpp's GGUF conventions and the three traps):
 
 * +1 is folded into every Qwen RMSNorm weight (HF computes ``x_hat * (1 + w)``), EXCEPT the
   Gated DeltaNet output norm ``linear_attn.norm`` (plain ``x_hat * w`` in both worlds).

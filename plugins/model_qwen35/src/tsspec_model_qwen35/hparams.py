@@ -3,7 +3,7 @@
 One frozen record holds every architecture fact the torch code needs, so the layers never look
 at metadata keys or architecture names. The architecture decides only two things, and both
 become fields here: the FFN kind (``qwen35`` is dense, ``qwen35moe`` and ``qwen3next`` are MoE)
-and the value-head order of the Gated DeltaNet layers (trap 2 of model-specs.md):
+and the value-head order of the Gated DeltaNet layers:
 
 * ``qwen35`` / ``qwen35moe`` files store V heads TILED: value head j reads key head ``j % num_k``.
 * ``qwen3next`` files keep Hugging Face's GROUPED order: value head j reads key head ``j // r``.

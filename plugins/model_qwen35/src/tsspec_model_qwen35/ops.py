@@ -2,7 +2,7 @@
 
 All norms here are the GGUF (llama.cpp) convention ``x_hat * w``: the Hugging Face ``(1 + w)``
 of Qwen3-Next / Qwen 3.5 RMSNorms is folded into the stored weight by the converter (trap 1 of
-model-specs.md). The Gated DeltaNet output norm is plain in both worlds.
+the model's reference equations). The Gated DeltaNet output norm is plain in both worlds.
 """
 
 from __future__ import annotations

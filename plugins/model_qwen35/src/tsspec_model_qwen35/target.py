@@ -1,6 +1,6 @@
 """``Qwen35Target``: the hybrid trunk as a ``SpeculativeTarget``, with per-row state snapshots.
 
-Rejection on a recurrent trunk (speculative_decoding.md): a KV cache drops a rejected tail by
+Rejection on a recurrent trunk : a KV cache drops a rejected tail by
 changing its length, a Gated DeltaNet state cannot. ``spec_keep(rows_kept)``, the one rollback
 call, has two ways to do it, both kept:
 

@@ -1,6 +1,7 @@
 """tsspec-model-toy: ``--model toy`` / ``toy:SEED`` loads ``tsspec.testing.ToyTarget``.
 
 Registered through the ``tsspec`` entry point ``toy`` as the file-less architecture ``toy``.
+``tsspec_model_toy.heads`` holds the exact toy draft heads the draft-head tests run on.
 Importing this module is cheap: the toy (torch) loads with the first model.
 """
 

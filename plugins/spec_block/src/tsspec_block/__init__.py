@@ -26,6 +26,8 @@ __all__ = [
     "tsspec_register_converters",
     "tsspec_register_commands",
     "tsspec_register_trainers",
+    "tsspec_register_switches",
+    "SWITCHES",
     "attach_file",
     "make_speculator",
 ]
@@ -99,3 +101,18 @@ def tsspec_register_trainers(register):
         return train_dflash(request, target, log, progress)
 
     register("dflash", train, description="DFlash block drafter, block-diffusion objective (file architecture 'dflash')")
+
+
+# environment switch -> what setting it to 0 does (each read through tsspec.switches.switch_on)
+SWITCHES = {
+    "TS_DFLASH_CONV": "DFlash2 block drafters run without their grouped convolution",
+    "TS_DFLASH_SELECTOR": "DFlash2 block drafters take the plain argmax instead of the candidate selector",
+    "TS_DFLASH_NATIVE": "DFlash block drafters run their matrices in torch (float32) instead of "
+    "as int8 blocks on the compiled CPU kernels",
+}
+
+
+@hookimpl
+def tsspec_register_switches(register):
+    for name, what in SWITCHES.items():
+        register(name, what)

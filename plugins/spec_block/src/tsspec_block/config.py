@@ -32,7 +32,7 @@ __all__ = [
 
 ARCHITECTURES = ("dflash", "dflash-draft")
 MAIN_ARCH = "dflash"
-# logical key -> suffix after the architecture prefix (the GGUF spelling of model-specs.md)
+# logical key -> suffix after the architecture prefix (the GGUF spelling)
 KEY = {
     "num_layers": "block_count",
     "hidden_size": "embedding_length",

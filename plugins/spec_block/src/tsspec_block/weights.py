@@ -1,6 +1,6 @@
 """DFlashWeights: the drafter's tensors, read from a GGUF file (or built directly in tests).
 
-GGUF tensor names (model-specs.md, DFlash section); shapes here are numpy order ``[out, in]``::
+GGUF tensor names (llama.cpp's DFlash names); shapes here are numpy order ``[out, in]``::
 
     fc.weight                  [H, taps * H_target]   encoder projection of the tapped residuals
     enc.output_norm.weight     [H]                    encoder RMSNorm (HF hidden_norm)

@@ -9,7 +9,8 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-from .plugin import tsspec_register_drafters, tsspec_register_speculators, tsspec_register_trainers
+from .plugin import (tsspec_register_drafters, tsspec_register_speculators, tsspec_register_switches,
+                     tsspec_register_trainers)
 
 _LAZY = {
     "GATE_TOP_K": ".confidence",
@@ -23,7 +24,8 @@ _LAZY = {
     "NATIVE_ENV": ".nextn_file",
 }
 
-__all__ = [*_LAZY, "tsspec_register_speculators", "tsspec_register_drafters", "tsspec_register_trainers"]
+__all__ = [*_LAZY, "tsspec_register_speculators", "tsspec_register_drafters", "tsspec_register_trainers",
+           "tsspec_register_switches"]
 
 
 def __getattr__(name: str) -> Any:

@@ -58,6 +58,7 @@ THREAD_CHOICE_ENV = "TS_MTP_THREAD_CHOICE"  # 0: torch's thread count, not the m
 
 # the kernels' int8 flag: activation rows stay float32 (weights int8, float32 sums), the same
 # arithmetic as the torch path's int8 copies, so both engines' drafts agree
+HEAD_EXTENSION = "tsspec_draft_head._head_kernels"  # the head in one call; optional
 INT8_ROWS = False
 PREFILL_MAX_IDS = 16384  # draft vocabularies up to this size are looked up at attach (36 MiB at H=576)
 EMBED_CACHE_ROWS = 4096  # token embeddings kept besides the draft vocabulary's (exact copies of the
@@ -215,12 +216,16 @@ class NativeNextN:
         from tsspec_gguf.qlinear import BlockMatrix
 
         self._k = native.kernels()
+        self._h = native.extension(HEAD_EXTENSION)  # head_new, head_forward (csrc/head.c)
         cfg = module.cfg
         self.cfg = cfg
         self.H = H = cfg.hidden_size
         self.threads = threads  # None: chosen by measuring (ThreadChoice), up to torch's thread count
         self.thread_choice = ThreadChoice() if switch_on(THREAD_CHOICE_ENV) else None  # shared with the views
         self.one_call = switch_on(ONE_CALL_ENV)  # False: step runs the seven per-op calls (attribution)
+        if self._h is None:  # the extension did not build: the per-op calls, the same values
+            native.warn_missing_extension(HEAD_EXTENSION, "the draft head's call (seven kernel calls)")
+            self.one_call = False
         eh = module.eh_proj.detach()  # [H, 2H]: columns 0..H-1 read norm(emb), H.. read norm(h)
         self._e_emb, self._e_hid = _q8(eh[:, :H].contiguous()), _q8(eh[:, H:].contiguous())
         self._head = _q8(module.head)  # [K, H]
@@ -240,7 +245,7 @@ class NativeNextN:
         layer = (self._attn_norm.data_ptr(), 0, 0, self._ffn_norm.data_ptr(), *map(_describe, self._layer))
         self._stack = self._k.layers_new(dims, [layer])  # holds addresses: the tensors above stay alive
         norms = (self._enorm.data_ptr(), self._hnorm.data_ptr(), self._head_norm.data_ptr())
-        self._desc = self._k.head_new(self._stack, float(cfg.rms_eps), norms, _describe(self._e_emb),
+        self._desc = None if self._h is None else self._h.head_new(self._stack, float(cfg.rms_eps), norms, _describe(self._e_emb),
                                       _describe(self._e_hid), _describe(self._head), INT8_ROWS)  # the whole call
         # shared with the views. The draft vocabulary's rows are looked up now, in one call
         # (most tokens a head is fed are ones it can propose): in generation a new token's
@@ -358,7 +363,7 @@ class NativeNextN:
         else:
             threads, timed = self.thread_choice.pick(most)
         start = time.perf_counter_ns() if timed else 0
-        self._k.head_forward(self._desc, table.data_ptr(), table.shape[0], slots, h.data_ptr(), at, self._kc.data_ptr(),
+        self._h.head_forward(self._desc, table.data_ptr(), table.shape[0], slots, h.data_ptr(), at, self._kc.data_ptr(),
                              self._vc.data_ptr(), self.capacity, rope, threads, out_at, logits_at)
         if timed:
             self.thread_choice.record(threads, time.perf_counter_ns() - start, most)
@@ -395,7 +400,7 @@ class NativeNextN:
         else:
             threads, timed = choice.pick(most)
         start = time.perf_counter_ns() if timed else 0
-        gate = self._k.head_forward(self._desc, table_at, table_rows, slots, 0 if h_rows is None else h_rows.data_ptr(),
+        gate = self._h.head_forward(self._desc, table_at, table_rows, slots, 0 if h_rows is None else h_rows.data_ptr(),
                                     at, kc, vc, cap, rope, threads, out_at, self._gate_logits_at, cut, top_k,
                                     0 if last is None else last.data_ptr())
         if timed:

@@ -101,3 +101,21 @@ def tsspec_register_trainers(register):
         return train_mtp(request, target, log, progress)
 
     register("mtp", train, description="NextN / MTP per-token head (file architecture 'nextn')")
+
+
+# environment switch -> what setting it to 0 does (each read through tsspec.switches.switch_on)
+SWITCHES = {
+    "TS_MTP_FOLD_CATCHUP": "per-token draft heads catch up on committed rows with a call of "
+    "their own instead of folding it into the next proposal's first call",
+    "TS_MTP_NATIVE": "NextN drafter files draft on the torch module instead of the compiled CPU kernels",
+    "TS_MTP_ONE_CALL": "a NextN head call on the compiled kernels runs as seven kernel calls "
+    "(norms, gemms, layer, head) instead of one",
+    "TS_MTP_THREAD_CHOICE": "a NextN head call on the compiled kernels takes torch's thread "
+    "count instead of the count measured fastest while drafting",
+}
+
+
+@hookimpl
+def tsspec_register_switches(register):
+    for name, what in SWITCHES.items():
+        register(name, what)

@@ -1,7 +1,4 @@
-"""ToyPerTokenHead (tsspec.toy_heads): the exact toy head the draft-head tests run on.
-
-Lives here because this plugin is its first user; it mirrors core/toy_heads.py.
-"""
+"""ToyPerTokenHead (tsspec_model_toy.heads): the exact toy head the draft-head tests run on."""
 
 from __future__ import annotations
 
@@ -9,7 +6,7 @@ import pytest
 import torch
 
 from tsspec.protocols import DraftHead, DraftHeadKind
-from tsspec.toy_heads import ToyPerTokenHead
+from tsspec_model_toy.heads import ToyPerTokenHead
 
 VOCAB, HIDDEN = 37, 12
 

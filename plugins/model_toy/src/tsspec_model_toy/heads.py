@@ -36,7 +36,7 @@ from typing import Callable, Sequence
 
 import torch
 
-from .protocols import DraftHeadKind
+from tsspec.protocols import DraftHeadKind
 
 __all__ = ["ToyPerTokenHead", "PrefixReference"]
 

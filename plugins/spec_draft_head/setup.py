@@ -1,0 +1,41 @@
+"""Build hook for the draft head's optional extension (``_head_kernels``: csrc/head.c). It runs
+on tsspec-gguf's kernels through their C-API (``kernels_api.h``, a capsule imported at module
+init), so it needs that header at build time: the sibling checkout's, else the installed
+tsspec-gguf's. Without a compiler or the header the install still succeeds and the head takes
+its per-call kernels path (``native_head`` warns once at load)."""
+
+import sys
+from pathlib import Path
+
+from setuptools import Extension, setup
+
+
+def api_include() -> str | None:
+    """The folder holding tsspec-gguf's ``kernels_api.h``, or None."""
+    sibling = Path(__file__).resolve().parent.parent / "gguf" / "src" / "tsspec_gguf" / "csrc"
+    if (sibling / "kernels_api.h").is_file():
+        return str(sibling)
+    try:
+        import tsspec_gguf
+    except ImportError:
+        return None
+    installed = Path(tsspec_gguf.__file__).parent / "csrc"
+    return str(installed) if (installed / "kernels_api.h").is_file() else None
+
+
+include = api_include()
+if include is None:
+    print("tsspec-draft-head: warning: tsspec-gguf's kernels_api.h not found; the draft-head "
+          "extension is not built", file=sys.stderr)
+setup(
+    ext_modules=[] if include is None else [
+        Extension(
+            "tsspec_draft_head._head_kernels",
+            sources=["src/tsspec_draft_head/csrc/head.c"],
+            include_dirs=[include],
+            depends=[f"{include}/kernels_api.h"],
+            extra_compile_args=["-O3", "-std=c11"],
+            optional=True,
+        )
+    ]
+)
