@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -36,7 +37,7 @@ def test_list_speculators_json_with_model(capsys):
     rows = {r["name"]: r for r in json.loads(out)}
     assert code == 0
     assert set(next(iter(rows.values()))) == {"name", "plugin", "package", "version", "requires_draft_head",
-                                               "description", "status", "code", "reason"}
+                                               "description", "status", "code", "reason", "shipped_drafter"}
     assert rows["ngram"]["status"] == "serves"
     if "draft-head" in rows:
         assert rows["draft-head"]["code"] == "no_draft_head"
@@ -218,3 +219,29 @@ def test_chat_keeps_the_conversation_in_the_template(capsys, monkeypatch):
     first_reply = out.splitlines()[0].strip()
     assert "Be brief." in prompts[0] and "What is 2+2?" in prompts[0]
     assert first_reply in prompts[1] and prompts[1].rstrip().endswith("assistant") and "And times 3?" in prompts[1]
+
+
+def test_list_speculators_says_a_shipped_drafter_serves(capsys):
+    """On the embedded model an algorithm whose drafter a plugin ships reads as what a user who
+    asks for it gets: it serves, with that drafter named; the bare target's decline is kept."""
+    pytest.importorskip("tsspec_model_llama")
+    from tsspec.errors import ModelLoadError
+    from tsspec_gguf.embedded import embedded_model_path
+
+    try:
+        path = str(embedded_model_path())
+    except ModelLoadError as exc:
+        pytest.skip(str(exc))
+    code, out, _ = run(capsys, "list-speculators", "--model", path, "--json")
+    rows = {r["name"]: r for r in json.loads(out)}
+    shipped = [r for r in rows.values() if r["shipped_drafter"]]
+    if not shipped:
+        pytest.skip("no drafter is shipped for the embedded model in this install")
+    for r in shipped:
+        assert r["status"] == "serves" and r["code"] is None
+        assert r["without_shipped_drafter"]["code"] == "no_draft_head"
+    assert rows["ngram"]["shipped_drafter"] is None and rows["ngram"]["status"] == "serves"
+    code, text, _ = run(capsys, "list-speculators", "--model", path)
+    assert code == 0
+    for r in shipped:
+        assert f"serves (shipped drafter: {Path(r['shipped_drafter']).name})" in text

@@ -177,6 +177,8 @@ def generate(
         line = f"[stats] {result.speculator or 'plain'}: {result.stats.one_line()}"
         typer.echo(line, err=True)
         typer.echo(f"[model] {describe_target(target)}", err=True)
+        extra = dict(getattr(getattr(target, "config", None), "extra", None) or {})
+        typer.echo(f"[lossless] {extra.get('lossless') or 'not stated by the model plugin'}", err=True)
     if plain is not None:
         same = "yes" if plain.tokens == result.tokens else "NO"
         ratio = result.stats.tokens_per_second / plain.stats.tokens_per_second if plain.stats.tokens_per_second else 0.0

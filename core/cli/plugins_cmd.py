@@ -4,6 +4,7 @@ would or would not serve a model."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from typing import Annotated, Optional
 
 import typer
@@ -74,6 +75,26 @@ def _auto_line(plan, source) -> str:
     return f"{plan}{drafter}" if plan != "auto" else plan
 
 
+def _with_shipped_drafters(rows: list[dict], catalog, model: str | None, draft_model: str | None) -> list[dict]:
+    """Each row gains ``shipped_drafter`` (None, or the drafter file a plugin ships for this model
+    and algorithm). An algorithm declined for want of a drafter that a shipped drafter serves is
+    what a user who asks for it gets: ``serves``, the bare target's decline kept under
+    ``without_shipped_drafter``."""
+    from ..runtime.bundled import pick
+    from ..runtime.registry import NO_DRAFT_HEAD
+
+    for row in rows:
+        row["shipped_drafter"] = None
+        if model is None or draft_model is not None or row["code"] != NO_DRAFT_HEAD:
+            continue
+        for record in catalog.bundled_drafters:
+            if record.algorithm == row["name"] and pick([record], model, record.algorithm) is not None:
+                row["without_shipped_drafter"] = {"code": row["code"], "reason": row["reason"]}
+                row.update(status="serves", code=None, reason=None, shipped_drafter=str(record.path))
+                break
+    return rows
+
+
 def list_speculators(
     model: Annotated[Optional[str], typer.Option("--model", help="GGUF file: say whether each algorithm serves it.")] = None,
     draft_model: Annotated[Optional[str], typer.Option("--draft-model", "--spec-draft-model", help="Drafter file to attach.")] = None,
@@ -91,7 +112,7 @@ def list_speculators(
         # the drafter is left to each factory (it stays in the options), so a drafter that does
         # not fit the model shows up as a decline reason instead of stopping the listing
         target = load_model(model, catalog=catalog, options=SpeculationOptions())
-    rows = catalog.speculators.evaluate(target, options)
+    rows = _with_shipped_drafters(catalog.speculators.evaluate(target, options), catalog, model, draft_model)
     if as_json:
         typer.echo(json.dumps(rows, indent=2))
         return
@@ -99,7 +120,8 @@ def list_speculators(
         typer.echo("no speculation algorithms registered (is any plugin installed and enabled?)")
     for r in rows:
         head = "needs drafter" if r["requires_draft_head"] else "weight-free"
-        line = f"{r['name']:<12} {r['status']:<10} {head:<13} {r['plugin'] or '-'} {r['version'] or '-'}"
+        status = r["status"] if not r["shipped_drafter"] else f"serves (shipped drafter: {Path(r['shipped_drafter']).name})"
+        line = f"{r['name']:<12} {status:<10} {head:<13} {r['plugin'] or '-'} {r['version'] or '-'}"
         if r["reason"]:
             line += f"\n    {r['code']}: {r['reason']}"
         elif r["description"]:

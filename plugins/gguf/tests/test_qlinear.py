@@ -93,25 +93,22 @@ def test_scalar_path_agrees_bit_for_bit(kind, scalar_path):
 
 
 @needs_native
-def test_many_rows_take_the_path_measured_faster(monkeypatch):
-    """Calls longer than any verify take whichever of the kernel and dequantise + torch GEMM was
-    measured faster here (once per shape and precision); both give the product."""
-    monkeypatch.setattr(qlinear, "_LONG_PATH", {})
-    bm, ref = make(T.Q4_1, n=30, k=64)
-    x = torch.randn(qlinear.GEMM_ROWS + 3, 64)
-    expected = x.double() @ ref.double().t()
-    assert torch.allclose(bm.linear(x).double(), expected, rtol=1e-5, atol=1e-4)
-    key = (30, 64, 4, "float32")
-    assert qlinear._LONG_PATH[key] in ("kernel", "torch")
-    for forced in ("kernel", "torch"):
-        monkeypatch.setitem(qlinear._LONG_PATH, key, forced)
-        monkeypatch.setattr(qlinear, "DEQUANT_SLICE", 64 * 7)  # torch path: slices of 7 rows
-        base = torch.randn(x.shape[0], 30)
-        assert torch.allclose(bm.linear(x, base).double(), expected + base.double(), rtol=1e-5, atol=1e-4)
-    # a call of up to GEMM_ROWS rows never consults the measurement: verify rows stay on the kernel
-    monkeypatch.setitem(qlinear._LONG_PATH, key, "torch")
-    short = x[: qlinear.GEMM_ROWS]
-    assert torch.equal(bm.linear(short)[5], bm.linear(short[5:6])[0])
+@pytest.mark.parametrize("precision", qlinear.PRECISIONS)
+def test_long_calls_stay_on_the_kernel_bit_for_bit(monkeypatch, precision):
+    """A call longer than any verify (a solo prefill of 100-1,000 tokens) gives every row bit
+    for bit what a one-row call or a served chunk gives, in every precision: no timing run sends
+    it to a path with other sums (torch's GEMM) or other arithmetic (float32 under int8)."""
+    calls = []
+    monkeypatch.setattr(BlockMatrix, "_linear_torch", lambda self, x, base: calls.append(x) or 1 / 0)
+    bm, _ = make(T.Q4_1, n=30, k=64)
+    x = torch.randn(qlinear.GEMM_ROWS * 3 + 5, 64, generator=torch.Generator().manual_seed(4))
+    base = torch.randn(x.shape[0], 30, generator=torch.Generator().manual_seed(5))
+    full = bm.linear(x, base, precision=precision)
+    assert not calls
+    for r in (0, qlinear.GEMM_ROWS, x.shape[0] - 1):
+        assert torch.equal(bm.linear(x[r : r + 1], base[r : r + 1], precision=precision), full[r : r + 1])
+    chunks = [bm.linear(x[i : i + 16], base[i : i + 16], precision=precision) for i in range(0, x.shape[0], 16)]
+    assert torch.equal(torch.cat(chunks), full)
 
 
 def test_without_the_kernel_everything_still_works(monkeypatch):

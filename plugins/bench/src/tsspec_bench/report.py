@@ -822,8 +822,8 @@ def _governor_section(report: BenchReport) -> list[str]:
     s = report.governor[0].settings
     lines = [
         "## Cost governor goals", "",
-        "Paired runs on the exact toy target, each forward costing what the embedded model takes on "
-        f"this kind of CPU for that many rows (one-row step {s['base_ms']} ms; relative cost by rows "
+        "Paired runs on the exact toy target, each forward padded by a fixed cost profile (once measured "
+        f"on the embedded model, not this run's measurement; one-row step {s['base_ms']} ms; relative cost by rows "
         f"{', '.join(f'{r}: {c}' for r, c in s['cost_profile'])}; a KV rewind on rejection, like a llama model). "
         f"{s['cases']} prompts of {s['prompt_tokens']} tokens, {s['max_tokens']} new tokens, draft window "
         f"{s['window']}, {s['reps']} reps; a fresh governor per request, as `tsspec generate` has. "

@@ -19,10 +19,9 @@ Q2_K, Q3_K and the rest are not packed (``pack_tensors`` returns None); a caller
 every matrix on the kernel wraps such a matrix's float32 weights as format ``32``
 (``BlockMatrix.dense``: d = 1, m = 0, the weights as they are).
 
-Calls with more than ``GEMM_ROWS`` (72) rows (long prefills) take the faster of the kernel and
-dequantise + torch's blocked GEMM (measured once per matrix shape and precision in the running
-process); the torch path sums in torch's order. Every call of up to 72 rows (every verify) runs
-on the kernel, so verify rows reproduce decode rows bit for bit.
+Every call, long prefills included, runs on the kernel where it is built, so verify rows,
+chunked prefills and one-row decodes agree bit for bit; no per-process timing run picks a path
+that is not bit-identical. Dequantise + torch's GEMM serves only a build without the kernel.
 
 Precision: ``linear(..., precision="int8")`` quantises each row of x per 32 values to int8 and
 multiplies exactly in integers (llama.cpp's CPU arithmetic), still batch-invariant; the default
@@ -46,11 +45,12 @@ from . import native
 from .dequant import _f16, _k_nibbles, _k_scales, _nibbles, _q5, q5_k_values, q6_k_parts
 
 QK = 32
-# Calls of up to this many rows always run on the block kernel: a bound for correctness, not a
-# measured speed. It lies above the longest verify (a 64-token draft + 1), so every verify row is
-# computed exactly like a one-row decode (batch-invariant). Longer calls (prefills) take whichever
-# of the kernel and dequantise + torch GEMM ``choose_long_path`` measured faster on this machine
-# for that matrix and precision, once per process.
+# Every call runs on the block kernel where it is built, whatever its row count: each row is
+# computed exactly like a one-row decode (batch-invariant), so a long solo prefill, a served
+# chunked prefill and a verify agree bit for bit. No timing run picks another path (dequantise +
+# torch GEMM is not bit-identical, and under int8 not even the same arithmetic); torch's GEMM
+# serves only a build without the kernel. GEMM_ROWS bounds the fused one-call stack (a
+# 64-token draft + 1 fits).
 GEMM_ROWS = 72
 # the arithmetic of the block kernel: "float32" (weights unpacked to their exact float32 values,
 # float32 sums) or "int8" (rows quantised per 32 values to int8, exact integer dot products with
@@ -202,7 +202,7 @@ class BlockMatrix:
         if precision not in PRECISIONS:
             raise ValueError(f"precision must be one of {PRECISIONS}, got {precision!r}")
         kernels = native.kernels()
-        if kernels is None or (rows > GEMM_ROWS and _long_path(self, x, base, precision) == "torch"):
+        if kernels is None:
             return self._linear_torch(x, base)
         return self._linear_kernel(kernels, x, base, precision)
 
@@ -240,42 +240,6 @@ class BlockMatrix:
 
     def __repr__(self) -> str:
         return f"BlockMatrix(q{self.fmt}, {list(self.shape)}, {self.nbytes / 2**20:.1f} MiB)"
-
-
-# (N, K, format, precision) -> "kernel" | "torch" for calls of more than GEMM_ROWS rows
-_LONG_PATH: dict[tuple[int, int, int, str], str] = {}
-
-
-def _long_path(matrix: BlockMatrix, x: torch.Tensor, base, precision: str) -> str:
-    """The faster way to multiply a long call (more than GEMM_ROWS rows) by this matrix, measured
-    here once per shape and precision (the first such call times both on its own rows; the
-    answer is kept for the process): no speed constant from another machine decides it."""
-    key = (matrix.shape[0], matrix.shape[1], matrix.fmt, precision)
-    choice = _LONG_PATH.get(key)
-    if choice is None:
-        choice = choose_long_path(matrix, x, base, precision)
-        _LONG_PATH[key] = choice
-    return choice
-
-
-def choose_long_path(matrix: BlockMatrix, x: torch.Tensor, base, precision: str, reps: int = 2) -> str:
-    """Time the block kernel and dequantise + torch GEMM on ``x`` (alternating, best of
-    ``reps``) and name the faster: "kernel" or "torch"."""
-    import time
-
-    kernels = native.kernels()
-    if kernels is None:
-        return "torch"
-    best = {"kernel": float("inf"), "torch": float("inf")}
-    for _ in range(reps):
-        for name in best:
-            start = time.perf_counter()
-            if name == "kernel":
-                matrix._linear_kernel(kernels, x, base, precision)
-            else:
-                matrix._linear_torch(x, base)
-            best[name] = min(best[name], time.perf_counter() - start)
-    return min(best, key=best.get)
 
 
 def _widen(q4: torch.Tensor) -> torch.Tensor:

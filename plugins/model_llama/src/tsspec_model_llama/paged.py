@@ -23,9 +23,9 @@ slots, hd]``, so the sequence's first slot and the pool's slot count stand for t
 capacity, and the step costs what ``tsspec generate``'s does.
 
 That holds on the compiled CPU float32 path with every matrix in blocks and at most
-``GEMM_ROWS`` rows per call (larger matmuls take torch's GEMM, whose sums depend on the row
-count): ``max_batch_rows`` says so and the scheduler never exceeds it, prefills included (they go
-in chunks). Other paths (CUDA, bf16, dense float32 weights) are not offered (``spec_open_paged``
+``GEMM_ROWS`` rows per call (the fused stack's bound): ``max_batch_rows`` says so and the
+scheduler never exceeds it, prefills included (they go in chunks; every kernel row is
+batch-invariant, so a chunked prefill equals a solo one). Other paths (CUDA, bf16, dense float32 weights) are not offered (``spec_open_paged``
 raises).
 """
 

@@ -179,6 +179,7 @@ class LlamaTarget:
                 "weights": "blocks" if self.block_weights else "dense",
                 "weight_formats": self.weight_formats(),
                 "arithmetic": self.precision,
+                "lossless": self._guarantee(),
             },
         )
         # the residual stream, norms, RoPE and attention (KV cache included) run in float32;
@@ -228,6 +229,18 @@ class LlamaTarget:
         self._row_ms = None  # the forward's cost by rows, measured on first use
         self._context_limit = 0  # -c/--ctx-size (0: the file's context_length)
         self._gemm_threads = self._small_threads = self._active_threads = torch.get_num_threads()
+
+    def _guarantee(self) -> str:
+        """The lossless guarantee of this path, one line (docs/lossless.md lists every path)."""
+        if self.block_weights and native.available() and self.device.type == "cpu":
+            return "bit-exact: block-kernel rows are batch-invariant (verify rows equal one-row decode)"
+        if self.dtype == torch.float64:
+            return "equal to plain up to float64 rounding (verify rows agree to ~1e-15)"
+        if self.dtype == torch.float32:
+            return ("not bit-exact: torch's dense GEMM rounds verify rows differently; "
+                    "output equals plain except at a near-tie")
+        return (f"not bit-exact: torch's {str(self.dtype).removeprefix('torch.')} GEMM moves verify-row logits "
+                "by tenths; seeded sampling can differ from plain, greedy at close calls")
 
     def _layer_stack(self):
         """The blocks described once to the compiled kernels (a capsule of the weights'

@@ -52,7 +52,7 @@ def train_drafter(
     init_layer: Annotated[Optional[int], typer.Option("--init-layer", help="Per-token heads: the target layer the head's decoder layer is copied from (default: the last; negative counts from the end).", rich_help_panel=PANEL_TRAIN)] = None,
     seed: Annotated[int, typer.Option("--seed", help="Seed of data sampling and initialisation.", rich_help_panel=PANEL_TRAIN)] = 0,
     threads: Annotated[Optional[int], typer.Option("--threads", help="torch intra-op threads (default: torch's).", rich_help_panel=PANEL_TRAIN)] = None,
-    device: Annotated[str, typer.Option("--device", help="auto (cuda when present), cpu or cuda.", rich_help_panel=PANEL_TRAIN)] = "auto",
+    device: Annotated[str, typer.Option("--device", help="auto (cuda when present), cpu or cuda (cuda is untested on a GPU).", rich_help_panel=PANEL_TRAIN)] = "auto",
     outtype: Annotated[str, typer.Option("--outtype", help="f32, f16 or q8_0.", rich_help_panel=PANEL_TRAIN)] = "f16",
     checkpoint: Annotated[Optional[str], typer.Option("--checkpoint", help="Resumable checkpoint file (default: OUT.ckpt).", rich_help_panel=PANEL_TRAIN)] = None,
     seq_len: Annotated[int, typer.Option("--seq-len", help="Tokens per teacher-forcing sequence.", rich_help_panel=PANEL_DATA)] = 256,
