@@ -80,11 +80,15 @@ def _with_shipped_drafters(rows: list[dict], catalog, model: str | None, draft_m
     and algorithm). An algorithm declined for want of a drafter that a shipped drafter serves is
     what a user who asks for it gets: ``serves``, the bare target's decline kept under
     ``without_shipped_drafter``."""
-    from ..runtime.bundled import pick
     from ..runtime.registry import NO_DRAFT_HEAD
 
     for row in rows:
         row["shipped_drafter"] = None
+    if not catalog.bundled_drafters:
+        return rows
+    from ..runtime.bundled import pick
+
+    for row in rows:
         if model is None or draft_model is not None or row["code"] != NO_DRAFT_HEAD:
             continue
         for record in catalog.bundled_drafters:

@@ -19,11 +19,12 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Any, Mapping
+from typing import TYPE_CHECKING, Any, Mapping
 
 import attrs
 
-from tsspec_gguf.identity import TargetIdentity
+if TYPE_CHECKING:  # the GGUF toolkit is read lazily: the core runs without it
+    from tsspec_gguf.identity import TargetIdentity
 
 __all__ = ["BundledDrafter", "bundled_record", "pick", "BUNDLED_ENV"]
 
@@ -35,7 +36,7 @@ AUTO = "auto"
 class BundledDrafter:
     path: str
     algorithm: str  # the speculation algorithm the file serves (draft-head, block...)
-    target: TargetIdentity
+    target: "TargetIdentity"
     description: str = ""
     plugin: str | None = None
     auto: bool = True  # attached under --spec-type auto (False: only for its own algorithm)
@@ -49,6 +50,8 @@ def bundled_record(spec: Mapping[str, Any], plugin: str | None) -> BundledDrafte
     path = spec.get("path")
     if not path:
         raise ValueError("a bundled drafter needs a path")
+    from tsspec_gguf.identity import TargetIdentity
+
     return BundledDrafter(
         path=str(path),
         algorithm=str(spec.get("algorithm") or ""),
