@@ -111,7 +111,7 @@ class PagedLlamaKV:
         head = (norm_weight, target._eps, lanes, normed_at, rows - kept, lm_head, logits.data_ptr())
         taps_arg = () if tapped is None else ((taps, tapped.data_ptr()),)
         at = first * hp.head_dim * self._k.element_size()  # bytes to the sequence's position 0
-        target._kernels.model_step(
+        target._step_kernels.model_step(
             target._stack, ids, embed, work, r.past, self._k.data_ptr() + at, self._v.data_ptr() + at,
             self._k.shape[2], table, torch.get_num_threads(), False, head, *taps_arg,
         )
