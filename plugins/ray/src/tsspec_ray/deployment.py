@@ -79,6 +79,7 @@ class EngineReplica:
 
         return {"model_id": engine.model_id, "context": engine.context, "replica": self.name,
                 "architecture": engine.target.config.architecture,
+                "model_context_length": engine.target.max_context_length,
                 "actor": ray.get_runtime_context().get_actor_name()}
 
     def check_health(self) -> None:
@@ -151,7 +152,8 @@ class _Metrics:
 class ReplicaEngine:
     """The ``ServeEngine`` surface the serve plugin's app uses, decoding on replicas."""
 
-    def __init__(self, handle, *, tokenizer, model_id: str, context: int, architecture: str, options, spec_names):
+    def __init__(self, handle, *, tokenizer, model_id: str, context: int, architecture: str, options, spec_names,
+                 model_context_length: int | None = None):
         from tsspec.runtime.scheduler import MAX_WINDOW
 
         self.handle = handle
@@ -162,8 +164,10 @@ class ReplicaEngine:
         self.max_draft = MAX_WINDOW
         self.created = int(time.time())
         self._context = int(context)
-        self.target = attrs.make_class("Target", {"config": attrs.field()})(
-            attrs.make_class("Config", {"architecture": attrs.field()})(architecture))
+        # what the app reads off the target: its architecture and the model's own context length
+        self.target = attrs.make_class("Target", {"config": attrs.field(), "max_context_length": attrs.field()})(
+            attrs.make_class("Config", {"architecture": attrs.field()})(architecture),
+            int(model_context_length if model_context_length is not None else context))
         self.scheduler = _Scheduler()
         self.metrics = _Metrics()
         self.served: deque = deque(maxlen=SERVED)  # (prompt ids, replica) of finished requests
@@ -233,7 +237,8 @@ class Ingress:
                                             spec.get("spec_pmin"), spec.get("spec_draft_model"), None, spec.get("spec_adaptive"))
         engine = ReplicaEngine(self.replicas, tokenizer=load_tokenizer(self.model), model_id=info["model_id"],
                                context=info["context"], architecture=info["architecture"], options=options,
-                               spec_names=STATE.catalog.speculators.names())
+                               spec_names=STATE.catalog.speculators.names(),
+                               model_context_length=info.get("model_context_length"))
         self.engine = engine
         return create_app(engine)
 
