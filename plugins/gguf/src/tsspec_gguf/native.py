@@ -4,12 +4,13 @@ optional: without a C compiler ``kernels()`` is None and callers keep their torc
 
 from __future__ import annotations
 
-import os
 import sys
 import time
 from collections.abc import Iterable, Mapping
 from types import ModuleType
 from typing import TYPE_CHECKING
+
+from tsspec.switches import switch_on
 
 if TYPE_CHECKING:
     import torch
@@ -33,8 +34,7 @@ def forced_off(environ: Mapping[str, str] | None = None) -> bool:
     >>> forced_off({"TSSPEC_NATIVE": "off"}), forced_off({})
     (True, False)
     """
-    env = os.environ if environ is None else environ
-    return env.get("TSSPEC_NATIVE", "").strip().lower() in {"0", "false", "no", "off"}
+    return not switch_on("TSSPEC_NATIVE", environ)
 
 
 def kernels() -> ModuleType | None:
