@@ -8,6 +8,10 @@ scheduler frees its blocks at its next step.
 The context the server advertises (``context``) is what one request can really hold: the
 model's context, or less when the paged KV cache is smaller (``--kv-cache-mb``); left unset,
 the cache is sized so that one request of the model's whole context fits.
+
+Draft memory (``memory``: a ``PoolStore``, opt-in): a finished request's prompt and output are
+merged into the pool of its API key, unless it opted out; a request that runs ``ngram-pool``
+(chosen, or ``auto`` where ``auto`` would run a weight-free algorithm) drafts from that pool.
 """
 
 from __future__ import annotations
@@ -22,8 +26,10 @@ import attrs
 
 from tsspec import SpeculationOptions
 
+from .memory import PoolStore
 from .metrics import ServerMetrics
 from .payload import Prepared
+from .pool_speculator import NAME as POOL
 from .scheduler import MAX_WINDOW, Scheduler, SequenceHandle, SequenceRequest
 
 
@@ -52,6 +58,7 @@ class Done:
     handle: SequenceHandle
     first_token_at: float | None
     arrived_at: float
+    memory: dict | None = None  # the draft memory's counts for this request (None: not used)
 
 
 class ServeEngine:
@@ -68,6 +75,7 @@ class ServeEngine:
         block_size: int = 16,
         max_seqs: int = 8,
         batch_wait_ms: float = 50.0,
+        memory: PoolStore | None = None,
     ):
         if getattr(target, "tokenizer", None) is None:
             raise ValueError("the model has no tokenizer: the server needs one")
@@ -90,6 +98,7 @@ class ServeEngine:
             batch_wait_ms=batch_wait_ms, registry=registry,
         )
         self.metrics = ServerMetrics(self.scheduler)
+        self.memory = memory
 
     @property
     def context(self) -> int:
@@ -114,15 +123,30 @@ class ServeEngine:
 
     def close(self) -> None:
         self.scheduler.close()
+        if self.memory is not None:
+            self.memory.save()
+
+    def _memory_options(self, prepared: Prepared, key: str) -> tuple[SpeculationOptions, dict | None]:
+        """The request's options with its key's pool wired in when it runs ``ngram-pool``."""
+        options = prepared.options
+        if self.memory is None or not prepared.memory or not options.enabled or POOL not in self.spec_names:
+            return options, None
+        if options.spec_type == "auto" and self.registry.resolve_name(self.target, "auto") in self.registry.weight_free():
+            options = attrs.evolve(options, spec_type=POOL)
+        if options.spec_type != POOL:
+            return options, None
+        report: dict = {"pool": key or "shared"}
+        extra = {**options.extra, POOL: {"pool": self.memory.pool(key), "report": report}}
+        return attrs.evolve(options, extra=extra), report
 
     def prepare_kwargs(self) -> dict[str, Any]:
         return dict(tokenizer=self.tokenizer, context=self.context, model_ids=[self.model_id],
                     default=self.options, spec_names=self.spec_names, max_draft=self.max_draft,
                     context_label=self.context_label)
 
-    async def run(self, prepared: Prepared) -> AsyncIterator[Piece | Done]:
+    async def run(self, prepared: Prepared, key: str = "") -> AsyncIterator[Piece | Done]:
         """Submit and yield the request's pieces, then one Done. Closing the iterator early
-        cancels the sequence."""
+        cancels the sequence. ``key``: the id of the request's API key (its draft pool)."""
         loop = asyncio.get_running_loop()
         queue: asyncio.Queue = asyncio.Queue()
         arrived = time.perf_counter()
@@ -144,12 +168,17 @@ class ServeEngine:
                 entries, sent[0] = tuple(sink[sent[0]:]), len(sink)
             loop.call_soon_threadsafe(queue.put_nowait, Piece(token, text, entries))
 
+        options, report = self._memory_options(prepared, key)
+        remember = self.memory is not None and prepared.memory
+
         def on_done(handle: SequenceHandle):  # the worker thread, whatever the outcome
             observe.finished(handle)
-            loop.call_soon_threadsafe(queue.put_nowait, Done(handle, timing["first"], arrived))
+            loop.call_soon_threadsafe(queue.put_nowait, Done(handle, timing["first"], arrived, report))
+            if remember and handle.result is not None:  # after the answer is on its way
+                self.memory.pool(key).merge([*prepared.prompt_ids, *handle.result.tokens])
 
         request = SequenceRequest(
-            prepared.prompt_ids, prepared.max_tokens, sampling=prepared.sampling, options=prepared.options,
+            prepared.prompt_ids, prepared.max_tokens, sampling=prepared.sampling, options=options,
             stop=prepared.stop, on_token=on_token, on_done=on_done, logprobs=prepared.logprobs, logprob_sink=sink,
         )
         handle = self.scheduler.submit_request(request)
