@@ -9,7 +9,7 @@ The context the server advertises (``context``) is what one request can really h
 model's context, or less when the paged KV cache is smaller (``--kv-cache-mb``); left unset,
 the cache is sized so that one request of the model's whole context fits.
 
-Draft memory (``memory``: a ``PoolStore``, opt-in): a finished request's prompt and output are
+Draft memory (``memory``: a ``PoolStore``; None: off): a finished request's prompt and output are
 merged into the pool of its API key, unless it opted out; a request that runs ``ngram-pool``
 (chosen, or ``auto`` where ``auto`` would run a weight-free algorithm) drafts from that pool.
 """
@@ -126,10 +126,11 @@ class ServeEngine:
         if self.memory is not None:
             self.memory.save()
 
-    def _memory_options(self, prepared: Prepared, key: str) -> tuple[SpeculationOptions, dict | None]:
-        """The request's options with its key's pool wired in when it runs ``ngram-pool``."""
-        options = prepared.options
-        if self.memory is None or not prepared.memory or not options.enabled or POOL not in self.spec_names:
+    def memory_options(self, options: SpeculationOptions, key: str = "",
+                       use: bool = True) -> tuple[SpeculationOptions, dict | None]:
+        """A request's options with its key's pool wired in when it runs ``ngram-pool`` (and
+        the dict its counts go to); unchanged when the memory is off or ``use`` is False."""
+        if self.memory is None or not use or not options.enabled or POOL not in self.spec_names:
             return options, None
         if options.spec_type == "auto" and self.registry.resolve_name(self.target, "auto") in self.registry.weight_free():
             options = attrs.evolve(options, spec_type=POOL)
@@ -138,6 +139,11 @@ class ServeEngine:
         report: dict = {"pool": key or "shared"}
         extra = {**options.extra, POOL: {"pool": self.memory.pool(key), "report": report}}
         return attrs.evolve(options, extra=extra), report
+
+    def remember(self, key: str, tokens) -> None:
+        """Merge a finished request's prompt and output into its key's pool."""
+        if self.memory is not None:
+            self.memory.pool(key).merge(tokens)
 
     def prepare_kwargs(self) -> dict[str, Any]:
         return dict(tokenizer=self.tokenizer, context=self.context, model_ids=[self.model_id],
@@ -168,14 +174,14 @@ class ServeEngine:
                 entries, sent[0] = tuple(sink[sent[0]:]), len(sink)
             loop.call_soon_threadsafe(queue.put_nowait, Piece(token, text, entries))
 
-        options, report = self._memory_options(prepared, key)
+        options, report = self.memory_options(prepared.options, key, prepared.memory)
         remember = self.memory is not None and prepared.memory
 
         def on_done(handle: SequenceHandle):  # the worker thread, whatever the outcome
             observe.finished(handle)
             loop.call_soon_threadsafe(queue.put_nowait, Done(handle, timing["first"], arrived, report))
             if remember and handle.result is not None:  # after the answer is on its way
-                self.memory.pool(key).merge([*prepared.prompt_ids, *handle.result.tokens])
+                self.remember(key, [*prepared.prompt_ids, *handle.result.tokens])
 
         request = SequenceRequest(
             prepared.prompt_ids, prepared.max_tokens, sampling=prepared.sampling, options=options,
