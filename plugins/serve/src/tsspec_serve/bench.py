@@ -38,6 +38,7 @@ from __future__ import annotations
 import gc
 import inspect
 import json
+import os
 import statistics
 import textwrap
 import threading
@@ -224,10 +225,13 @@ class _Bench:
                 "measured": measured, "prose": control, "pool_entries": len(pool), "pool_evicted": pool.evicted}
 
     # -- 1. streams ------------------------------------------------------------------------
+    def stream_prompts(self, n: int) -> list[list[int]]:
+        return [self.chat_ids([{"role": "user", "content": p}]) for p in _stream_prompts(n)]
+
     def streams(self, n: int, mode: str, max_tokens: int) -> dict[str, float]:
         from .scheduler import SequenceRequest
 
-        prompts = [self.chat_ids([{"role": "user", "content": p}]) for p in _stream_prompts(n)]
+        prompts = self.stream_prompts(n)
         gaps: list[float] = []
         firsts: list[float] = []
         lasts: list[list] = []
@@ -330,6 +334,41 @@ class _Bench:
                 "kv_blocks_in_use_after": snap["kv_blocks_in_use"], "kv_blocks_reserved_after": snap["kv_blocks_reserved"]}
 
 
+_PEER = r"""
+import json, sys, time
+from llama_cpp import Llama
+path, threads, max_tokens, prompts = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), json.loads(sys.stdin.read())
+llm = Llama(model_path=path, n_ctx=4096, n_threads=threads, n_threads_batch=threads, verbose=False, seed=0)
+llm.create_completion(prompts[0][:8], max_tokens=2, temperature=0.0)
+out = []
+for n in sorted(json.loads(sys.argv[4])):
+    start, tokens = time.perf_counter(), 0
+    for ids in prompts[:n]:  # one slot: the requests of a level one after another
+        llm.reset()
+        reply = llm.create_completion(ids, max_tokens=max_tokens, temperature=0.0, top_k=1, repeat_penalty=1.0)
+        tokens += reply["usage"]["completion_tokens"]
+    out.append({"streams": n, "tok_s": tokens / (time.perf_counter() - start), "tokens": tokens})
+print(json.dumps({"version": __import__("llama_cpp").__version__, "levels": out}))
+"""
+
+
+def peer_streams(model_path: str, prompts: list[list[int]], levels, max_tokens: int, threads: int) -> dict[str, Any]:
+    """llama.cpp through llama-cpp-python in its own process, one slot (its server decodes one
+    request at a time): aggregate tok/s of ``n`` requests served one after another, a lower bound
+    for llama.cpp's multi-slot server. ``{"error": ...}`` when it cannot run here."""
+    import subprocess
+    import sys
+
+    try:
+        done = subprocess.run([sys.executable, "-c", _PEER, model_path, str(threads), str(max_tokens), json.dumps(list(levels))],
+                              input=json.dumps(prompts), capture_output=True, text=True, timeout=3600)
+    except subprocess.TimeoutExpired:
+        return {"error": "the peer ran past an hour"}
+    if done.returncode != 0:
+        return {"error": (done.stderr.strip().splitlines() or ["failed"])[-1]}
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
 class _LoopbackServer:
     """``create_app(engine)`` under uvicorn in a thread, on a free loopback port."""
 
@@ -386,14 +425,23 @@ def _md_trace(tr) -> list[str]:
     return out
 
 
-def _md_streams(rows) -> list[str]:
-    out = ["| streams | plain tok/s | spec tok/s | ratio | plain ITL p50 / p99 ms | spec ITL p50 / p99 ms | plain / spec ms per token |",
-           "|---:|---:|---:|---:|---:|---:|---:|"]
+def _md_streams(rows, peer=None) -> list[str]:
+    peer = peer or {}
+    by_level = {p["streams"]: p["tok_s"] for p in peer.get("levels", [])}
+    out = ["| streams | plain tok/s | spec tok/s | ratio | llama.cpp one slot tok/s | plain ITL p50 / p99 ms | spec ITL p50 / p99 ms | plain / spec ms per token |",
+           "|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for r in rows:
-        out.append(f"| {r['streams']} | {r['plain']['tok_s']:.1f} | {r['spec']['tok_s']:.1f} | {r['ratio']:.2f}x | "
+        theirs = f"{by_level[r['streams']]:.1f}" if r["streams"] in by_level else "-"
+        out.append(f"| {r['streams']} | {r['plain']['tok_s']:.1f} | {r['spec']['tok_s']:.1f} | {r['ratio']:.2f}x | {theirs} | "
                    f"{r['plain']['itl_p50_ms']:.1f} / {r['plain']['itl_p99_ms']:.1f} | "
                    f"{r['spec']['itl_p50_ms']:.1f} / {r['spec']['itl_p99_ms']:.1f} | "
                    f"{r['plain']['tpot_ms']:.1f} / {r['spec']['tpot_ms']:.1f} |")
+    if peer.get("error"):
+        out += ["", f"llama.cpp peer: not run ({peer['error']})."]
+    elif by_level:
+        out += ["", f"llama.cpp peer: llama-cpp-python {peer.get('version')} in its own process with one slot (its "
+                "server decodes one request at a time), the level's requests one after another: a lower bound for "
+                "llama.cpp's multi-slot `llama-server --parallel N`, which was not built here."]
     return out
 
 
@@ -447,8 +495,13 @@ def bench_serve(
             rows.append(row)
             typer.echo(f"[streams {n}] plain {row['plain']['tok_s']:.1f} tok/s, spec {row['spec']['tok_s']:.1f} tok/s ({row['ratio']:.2f}x)", err=True)
         report["streams"] = rows
+        path = str(getattr(target, "path", "") or "")
+        peer = peer_streams(path, bench.stream_prompts(max(STREAM_LEVELS)), STREAM_LEVELS, max_tokens,
+                            os.cpu_count() or 1) if path else {"error": "the model has no file"}
+        report["streams_peer"] = peer
+        typer.echo(f"[streams peer] {peer}", err=True)
         lines += [f"## Concurrent streams ({max_tokens} tokens each, n-gram vs plain, medians of {reps} paired runs)", "",
-                  *_md_streams(rows), ""]
+                  *_md_streams(rows, peer), ""]
 
     if only in (None, "chat"):
         modes = ("armed", "refuse-all", "plain")
