@@ -12,10 +12,10 @@ TEXT = [5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16]
 def test_followers_come_from_the_longest_confident_context():
     pool = DraftPool()
     pool.merge(TEXT)
-    assert pool.follower(TEXT[:9], 0.5) == (TEXT[9], 8)  # the whole 8-token context matched
+    assert pool.follower(TEXT[:9], 0.5)[:2] == (TEXT[9], 8)  # the whole 8-token context matched
     assert pool.follower([99, 99, 6, 7, 8], 0.5) is None  # only order 3 matches: it needs 2 votes
     pool.merge(TEXT)
-    assert pool.follower([99, 99, 6, 7, 8], 0.5) == (9, 3)
+    assert pool.follower([99, 99, 6, 7, 8], 0.5)[:2] == (9, 3)
     assert pool.follower([1, 2], 0.5) is None  # shorter than every order
 
 
@@ -23,8 +23,7 @@ def test_a_follower_needs_its_share_of_the_votes():
     pool = DraftPool()
     for nxt in (40, 41, 41, 41):
         pool.merge([1, 2, 3, 4, 5, 6, 7, 8, nxt])
-    token, order = pool.follower([1, 2, 3, 4, 5, 6, 7, 8], 0.5)
-    assert token == 41 and order == 8
+    assert pool.follower([1, 2, 3, 4, 5, 6, 7, 8], 0.5) == (41, 8, 0.75)
     assert pool.follower([1, 2, 3, 4, 5, 6, 7, 8], 0.9) is None  # 3 votes of 4
 
 
@@ -40,7 +39,7 @@ def test_eviction_keeps_the_pool_bounded_and_frequent_entries_longest():
         pool.merge(list(range(start, start + 12)))
         assert len(pool) <= 200
     assert pool.evicted > 0
-    assert pool.follower(common[:9], 0.5) == (common[9], 8)  # older than the newest, but frequent
+    assert pool.follower(common[:9], 0.5)[:2] == (common[9], 8)  # older than the newest, but frequent
     assert all(pool.follower(text[:9], 0.5) is None for text in rare)  # old and rare: gone
     with pytest.raises(ValueError):
         DraftPool(max_entries=3)
@@ -54,7 +53,7 @@ def test_pools_persist_per_key(tmp_path):
     store.save()
     again = PoolStore("model.gguf:300", path)
     assert again.load() == sum(len(p) for p in store.pools.values()) and again.warning is None
-    assert again.pool(key_id("sk-secret-a")).follower(TEXT[:9], 0.5) == (TEXT[9], 8)
+    assert again.pool(key_id("sk-secret-a")).follower(TEXT[:9], 0.5)[:2] == (TEXT[9], 8)
     assert again.pool(key_id("sk-secret-b")).follower(TEXT[:9], 0.5) is None
     assert key_id("sk-secret-a") != key_id("sk-secret-b") and b"sk-secret" not in path.read_bytes()
     assert again.pool(key_id("sk-secret-a")).tick == 1 and key_id(None) == ""

@@ -100,9 +100,10 @@ class DraftPool:
             del self.entries[key]
         self.evicted += len(ranked) - keep
 
-    def follower(self, context: Sequence[int], min_share: float) -> tuple[int, int] | None:
-        """(token, order) for the longest context ending ``context`` whose entry's votes are at
-        least ``min_share`` of its count (and 2 votes for the shortest order), or None."""
+    def follower(self, context: Sequence[int], min_share: float) -> tuple[int, int, float] | None:
+        """(token, order, share) for the longest context ending ``context`` whose entry's votes
+        are at least ``min_share`` of its count (and 2 votes for the shortest order), or None;
+        ``share``: votes over count."""
         entries = self.entries
         size = len(context)
         for n in ORDERS:
@@ -113,7 +114,7 @@ class DraftPool:
                 continue
             token, votes, seen = entry[0], entry[1], entry[2]
             if votes >= min_share * seen and (n > ORDERS[-1] or votes >= 2):
-                return token, n
+                return token, n, votes / seen
         return None
 
     # -- persistence -----------------------------------------------------------------------

@@ -4,9 +4,10 @@ Each step it looks for the longest suffix of the sequence (8 down to 2 tokens) t
 earlier in the same sequence and would copy what followed (prompt lookup), and asks the
 server's ``DraftPool`` (``memory.py``) for the token that most often followed the longest suffix
 (8 down to 3 tokens) in earlier requests. The longer match drafts (the request's own on a tie):
-a copy of its own text, or a chain of pool followers, each read with the drafts before it as
-context. Proposals carry an evidence key, ``(source, order bucket)``, so the loop verifies as
-much as pays for each kind of match, or none.
+a copy of its own text (a plain list, verified whole like ``ngram``'s), or a chain of pool
+followers, each read with the drafts before it as context, proposed with each token's share of
+its entry's count as its confidence, so the loop verifies the prefix that pays by what it
+measures of those confidences in the run.
 
 It only proposes: the loop verifies every token, so output equals plain decoding whatever the
 pool holds. A pool is read, never written here; the server merges finished requests into the
@@ -32,13 +33,8 @@ NAME = "ngram-pool"
 OWN_ORDERS = (8, 7, 6, 5, 4, 3, 2)  # suffix lengths looked up in the sequence's own tokens
 SETTING_KEYS = ("pool", "min_share", "report")
 DEFAULT_MIN_SHARE = 0.5
-BUCKETS = (8, 5, 3, 2)  # evidence: the match order's bucket (its lower bound)
 DESCRIPTION = ("n-gram drafting from the request's own tokens and a pool of earlier requests' (one pool per "
                "API key, persisted across restarts by `tsspec serve`); no weights, serves every model")
-
-
-def _bucket(order: int) -> int:
-    return next(b for b in BUCKETS if order >= b)
 
 
 class PoolSpeculator:
@@ -121,22 +117,23 @@ class PoolSpeculator:
             draft = self._tokens[at:at + count]
             self.report["own_drafts"] += 1
             self.report["own_tokens"] += len(draft)
-            return Proposal(draft, evidence=("own", _bucket(order)))
+            return draft
         if pooled is None:
             return []
-        token, order = pooled
-        draft = [token]
+        token, _, share = pooled
+        draft, confidence = [token], [share]
         context = self._tokens[-OWN_ORDERS[0]:] + draft
         while len(draft) < count:
             found = self.pool.follower(context, self.min_share)
             if found is None:
                 break
             draft.append(found[0])
+            confidence.append(found[2])
             context = context[1:] + [found[0]]
         self.report["pool_drafts"] += 1
         self.report["pool_tokens"] += len(draft)
         self._pending = (len(self._tokens), draft)
-        return Proposal(draft, evidence=("pool", _bucket(order)))
+        return Proposal(draft, confidence=confidence)
 
     def commit(self, tokens: Sequence[int], hidden_rows: Any, start_pos: int) -> None:
         """Nothing to do: ``propose`` reads what landed from ``ctx.history``."""
