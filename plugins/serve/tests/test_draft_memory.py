@@ -96,9 +96,11 @@ def test_two_api_keys_do_not_share_a_pool(embedded_target, live_server):
         other, spec = _ask(server, "key-b")
         assert other == first and spec["memory"]["pool"] == key_id("key-b")
         assert spec["memory"]["pool_drafts"] == 0  # nothing of key-a's history
+        assert engine.settle()
         pool_b = engine.memory.peek(key_id("key-b"))
         size = len(pool_b)
         out, spec = _ask(server, "key-b", memory=False)  # opted out: neither read nor kept
+        assert engine.settle()
         assert out == first and "memory" not in spec and len(pool_b) == size
     finally:
         server.stop()

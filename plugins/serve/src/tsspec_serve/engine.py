@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import math
+import threading
 import time
 from pathlib import Path
 from typing import Any, AsyncIterator
@@ -99,6 +100,8 @@ class ServeEngine:
         )
         self.metrics = ServerMetrics(self.scheduler)
         self.memory = memory
+        self._merges = 0  # requests still to be merged into a pool (counted from submission)
+        self._merged = threading.Condition()
 
     @property
     def context(self) -> int:
@@ -124,7 +127,14 @@ class ServeEngine:
     def close(self) -> None:
         self.scheduler.close()
         if self.memory is not None:
+            self.settle()
             self.memory.save()
+
+    def settle(self, timeout: float = 60.0) -> bool:
+        """Wait until every request that will be merged into a pool is merged (a request merges
+        after its answer is sent); False on timeout."""
+        with self._merged:
+            return self._merged.wait_for(lambda: self._merges == 0, timeout)
 
     def memory_options(self, options: SpeculationOptions, key: str = "",
                        use: bool = True) -> tuple[SpeculationOptions, dict | None]:
@@ -144,6 +154,11 @@ class ServeEngine:
         """Merge a finished request's prompt and output into its key's pool."""
         if self.memory is not None:
             self.memory.pool(key).merge(tokens)
+
+    def _merging(self, step: int) -> None:
+        with self._merged:
+            self._merges += step
+            self._merged.notify_all()
 
     def prepare_kwargs(self) -> dict[str, Any]:
         return dict(tokenizer=self.tokenizer, context=self.context, model_ids=[self.model_id],
@@ -180,14 +195,25 @@ class ServeEngine:
         def on_done(handle: SequenceHandle):  # the worker thread, whatever the outcome
             observe.finished(handle)
             loop.call_soon_threadsafe(queue.put_nowait, Done(handle, timing["first"], arrived, report))
-            if remember and handle.result is not None:  # after the answer is on its way
-                self.remember(key, [*prepared.prompt_ids, *handle.result.tokens])
+            if remember:  # after the answer is on its way
+                try:
+                    if handle.result is not None:
+                        self.remember(key, [*prepared.prompt_ids, *handle.result.tokens])
+                finally:
+                    self._merging(-1)
 
         request = SequenceRequest(
             prepared.prompt_ids, prepared.max_tokens, sampling=prepared.sampling, options=options,
             stop=prepared.stop, on_token=on_token, on_done=on_done, logprobs=prepared.logprobs, logprob_sink=sink,
         )
-        handle = self.scheduler.submit_request(request)
+        if remember:
+            self._merging(+1)
+        try:
+            handle = self.scheduler.submit_request(request)
+        except BaseException:
+            if remember:
+                self._merging(-1)
+            raise
         finished = False
         try:
             while True:

@@ -120,8 +120,9 @@ class DraftPool:
     # -- persistence -----------------------------------------------------------------------
     def to_array(self) -> array:
         flat = array("q")
-        for key, (token, votes, seen, tick) in self.entries.items():
-            flat.extend((key, token, votes, seen, tick))
+        with self._lock:  # not while a merge changes the entries
+            for key, (token, votes, seen, tick) in self.entries.items():
+                flat.extend((key, token, votes, seen, tick))
         return flat
 
     def fill(self, flat: array, tick: int) -> None:
