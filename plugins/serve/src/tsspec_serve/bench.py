@@ -190,6 +190,8 @@ class _Bench:
             sums = {m: [0, 0.0] for m in modes}  # tokens after the first, decode ms
             ratios: dict[str, list[float]] = {m: [] for m in modes[1:]}
             for i, ids in enumerate(prompts):
+                if i % 10 == 0:
+                    typer.echo(f"[trace] {'/'.join(modes)}: request {i + 1} of {len(prompts)}", err=True)
                 order = modes[i % len(modes):] + modes[:i % len(modes)]
                 got = {m: run(ids, m) for m in order}
                 base = got[modes[0]]
@@ -214,6 +216,8 @@ class _Bench:
             ids = [self.chat_ids(list(r.messages)) for r in requests]
             half = len(ids) // 2
             for i in range(half):  # the warm half: the pool learns, nothing is measured
+                if i % 10 == 0:
+                    typer.echo(f"[trace] warming: request {i + 1} of {half}", err=True)
                 engine.remember("", ids[i] + list(run(ids[i], "pool").tokens))
             measured = paired(ids[half:], ("ngram", "pool"), keep=True)
             essays = [self.chat_ids(m) for m in prose_prompts(prose)]
