@@ -14,6 +14,8 @@ def test_followers_come_from_the_longest_confident_context():
     pool.merge(TEXT)
     assert pool.follower(TEXT[:9], 0.5)[:2] == (TEXT[9], 8)  # the whole 8-token context matched
     assert pool.follower([99, 99, 6, 7, 8], 0.5) is None  # only order 3 matches: it needs 2 votes
+    assert pool.follower([99, 5, 6, 7, 8], 0.5) is None  # order 4: 2 votes too
+    assert pool.follower([99, 5, 6, 7, 8, 9], 0.5) == (10, 5, 0.5)  # order 5 may draft after one
     pool.merge(TEXT)
     assert pool.follower([99, 99, 6, 7, 8], 0.5)[:2] == (9, 3)
     assert pool.follower([1, 2], 0.5) is None  # shorter than every order
@@ -23,7 +25,7 @@ def test_a_follower_needs_its_share_of_the_votes():
     pool = DraftPool()
     for nxt in (40, 41, 41, 41):
         pool.merge([1, 2, 3, 4, 5, 6, 7, 8, nxt])
-    assert pool.follower([1, 2, 3, 4, 5, 6, 7, 8], 0.5) == (41, 8, 0.75)
+    assert pool.follower([1, 2, 3, 4, 5, 6, 7, 8], 0.5) == (41, 8, 3 / 5)
     assert pool.follower([1, 2, 3, 4, 5, 6, 7, 8], 0.9) is None  # 3 votes of 4
 
 

@@ -65,7 +65,7 @@ def test_a_pool_draft_chains_followers_with_their_confidence():
     history = [1, 2] + text[:8]
     draft = spec.propose(DraftContext(last_token=history[-1], position=len(history) - 1, max_tokens=5,
                                       history=history))
-    assert list(draft) == text[8:13] and draft.confidence == [1.0] * 5
+    assert list(draft) == text[8:13] and draft.confidence == [0.5] * 5  # seen once
     own = PoolSpeculator(_pool_of(text))
     history = [7, 8, 9, 10, 11, 3, 7, 8, 9, 10, 11]  # its own earlier 7..11 was followed by 3
     draft = own.propose(DraftContext(last_token=11, position=10, max_tokens=4, history=history))

@@ -35,6 +35,7 @@ from typing import Sequence
 log = logging.getLogger("tsspec.serve.memory")
 
 ORDERS = (8, 6, 5, 4, 3)  # context lengths, longest first
+SURE_ORDER = 5  # a context this long may draft after one occurrence; shorter ones need two votes
 DEFAULT_MAX_ENTRIES = 200_000  # per pool; an entry is a few hundred bytes of Python objects
 FREQUENCY_TICKS = 4.0  # eviction: each doubling of an entry's count is worth this many requests of age
 MAGIC = b"TSSPEC-DRAFT-POOL\n"
@@ -101,9 +102,10 @@ class DraftPool:
         self.evicted += len(ranked) - keep
 
     def follower(self, context: Sequence[int], min_share: float) -> tuple[int, int, float] | None:
-        """(token, order, share) for the longest context ending ``context`` whose entry's votes
-        are at least ``min_share`` of its count (and 2 votes for the shortest order), or None;
-        ``share``: votes over count."""
+        """(token, order, confidence) for the longest context ending ``context`` whose entry's
+        votes are at least ``min_share`` of its count, and at least 2 votes below ``SURE_ORDER``
+        tokens of context (a short context seen once is common text more often than a repeat),
+        or None. ``confidence``: votes over count plus one (a context seen once claims 0.5)."""
         entries = self.entries
         size = len(context)
         for n in ORDERS:
@@ -113,8 +115,8 @@ class DraftPool:
             if entry is None:
                 continue
             token, votes, seen = entry[0], entry[1], entry[2]
-            if votes >= min_share * seen and (n > ORDERS[-1] or votes >= 2):
-                return token, n, votes / seen
+            if votes >= min_share * seen and (n >= SURE_ORDER or votes >= 2):
+                return token, n, votes / (seen + 1)
         return None
 
     # -- persistence -----------------------------------------------------------------------
