@@ -86,6 +86,7 @@ class HFOracle:
         m = hf_classes()
         config = t.GlmMoeDsaConfig(**{**CONFIG, **overrides})
         config._attn_implementation = "eager"
+        config._experts_implementation = "eager"  # the grouped-mm kernel takes no float64
         torch.manual_seed(seed)
         self.config = config
         self.model = t.GlmMoeDsaForCausalLM(config).eval()
@@ -94,6 +95,7 @@ class HFOracle:
         mcfg = t.GlmMoeDsaConfig(**{**CONFIG, **overrides, "num_hidden_layers": 1, "first_k_dense_replace": 0,
                                     "indexer_types": ["full"], "index_topk": 4096})
         mcfg._attn_implementation = "eager"
+        mcfg._experts_implementation = "eager"
         H = config.hidden_size
         self.nextn_config = mcfg
         self.nextn = torch.nn.ModuleDict(dict(
@@ -202,3 +204,67 @@ def make_tie_target():
 def sequence():
     g = torch.Generator().manual_seed(7)
     return torch.randint(0, VOCAB, (SEQ,), generator=g).tolist()
+
+
+class float64_oracle:
+    """transformers' GLM modules compute RMSNorm, the router and the eager softmax in float32
+    whatever the model's dtype; inside this context they keep the input dtype, so a float64
+    model is float64 throughout (the indexer's scores stay float32: they only choose keys)."""
+
+    def __enter__(self):
+        m = hf_classes()
+        self.saved = (m.GlmMoeDsaRMSNorm.forward, m.GlmMoeDsaTopkRouter.forward, m.eager_attention_forward)
+
+        def norm(mod, x):
+            return mod.weight * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + mod.variance_epsilon))
+
+        router = self.saved[1]
+
+        def route(mod, x):
+            keep = torch.Tensor.type
+            torch.Tensor.type = lambda t, dtype=None, *a, **k: t if dtype is torch.float32 else keep(t, dtype, *a, **k)
+            try:
+                return router(mod, x)
+            finally:
+                torch.Tensor.type = keep
+
+        eager = self.saved[2]
+
+        def attend(module, query, key, value, attention_mask, scaling, dropout=0.0, **kwargs):
+            softmax = torch.nn.functional.softmax
+            torch.nn.functional.softmax = lambda x, dim=None, dtype=None, **k: softmax(x, dim=dim)
+            try:
+                return eager(module, query, key, value, attention_mask, scaling, dropout, **kwargs)
+            finally:
+                torch.nn.functional.softmax = softmax
+
+        m.GlmMoeDsaRMSNorm.forward, m.GlmMoeDsaTopkRouter.forward, m.eager_attention_forward = norm, route, attend
+        return self
+
+    def __exit__(self, *exc):
+        m = hf_classes()
+        m.GlmMoeDsaRMSNorm.forward, m.GlmMoeDsaTopkRouter.forward, m.eager_attention_forward = self.saved
+
+
+@pytest.fixture(scope="session")
+def oracle64():
+    """The same model in float64, decoded with float64 kept throughout: decode64(ids)."""
+    with float64_oracle():
+        o = HFOracle(dtype=torch.float64)
+
+    def decode(ids):
+        with float64_oracle():
+            return o.decode(ids)
+
+    return decode
+
+
+@pytest.fixture(scope="session")
+def make_oracle():
+    """HFOracle(seed=0, dtype=float32, **config overrides)."""
+    return HFOracle
+
+
+@pytest.fixture(scope="session")
+def long_sequence():
+    return torch.randint(0, VOCAB, (48,), generator=torch.Generator().manual_seed(7)).tolist()

@@ -98,10 +98,15 @@ class GlmDsaTarget:
         start, rows = self._len, len(tokens)
         self.spec_ensure_capacity(start + rows)
         step = 1 if self.trunk.dtype == torch.float32 else PREFILL_CHUNK
+        parts, logit_rows = [], []
         with torch.no_grad():
-            hidden = torch.cat([self.trunk.forward(tokens[at : at + step], start + at, self._cache)
-                                for at in range(0, rows, step)])  # [rows, H]
-            logits = self.trunk.lm_head(hidden if all_logits_rows else hidden[-1:])
+            for at in range(0, rows, step):
+                part = self.trunk.forward(tokens[at : at + step], start + at, self._cache)  # [step, H]
+                parts.append(part)
+                if all_logits_rows or at + step >= rows:
+                    logit_rows.append(self.trunk.lm_head(part if all_logits_rows else part[-1:]))
+            hidden = torch.cat(parts)  # [rows, H]
+            logits = torch.cat(logit_rows)
         self.counters.forward_calls += 1
         self.counters.forward_rows += rows
         self._len = start + rows
