@@ -268,3 +268,8 @@ def make_oracle():
 @pytest.fixture(scope="session")
 def long_sequence():
     return torch.randint(0, VOCAB, (48,), generator=torch.Generator().manual_seed(7)).tolist()
+
+
+@pytest.fixture(scope="session")
+def float64_oracle_context():
+    return float64_oracle
