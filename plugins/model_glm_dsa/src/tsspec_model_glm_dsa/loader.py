@@ -53,7 +53,7 @@ def load_from_source(source: Any, *, dtype: Any = None, tokenizer=None, max_cont
         from .nextn import NextNHead
 
         nextn = load_nextn(source, hp, weights.final_norm, torch_dtype)
-        target.draft_head = NextNHead(target.trunk, nextn, target.max_context_length, first_rows=request.window or 0)
+        target.draft_head = NextNHead(target.trunk, nextn, target.max_context_length)
     return target
 
 

@@ -43,11 +43,10 @@ class NextNHead:
     block_size = 1
     resumes_after_gap = False
 
-    def __init__(self, trunk, nextn: NextNWeights, max_context: int, *, first_rows: int = 0):
+    def __init__(self, trunk, nextn: NextNWeights, max_context: int):
         self.trunk = trunk
         self.w = nextn
         self.max_context = max_context
-        self.first_rows = first_rows  # the first cache allocation (the draft window asked for)
         self.hidden_size = trunk.hp.hidden_size
         self.embed = nextn.embed if nextn.embed is not None else trunk.w.embed
         self.head = nextn.head if nextn.head is not None else trunk.w.lm_head
@@ -56,8 +55,6 @@ class NextNHead:
 
     def _new_state(self) -> None:
         self.cache = self.trunk.new_layer_cache(self.w.layer)
-        if self.first_rows:
-            self.cache.ensure(self.first_rows)
         self.base: int | None = None
         self.end = 0
 

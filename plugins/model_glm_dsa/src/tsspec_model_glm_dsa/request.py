@@ -5,7 +5,8 @@ The speculation environment is read here, at load time (``TS_SPEC_*``, else ``TS
 prefixes before loading), over the options handed to the loader (the Python API's). Draft-head
 speculation is requested when speculation is on and the type is ``auto`` or ``draft-head``;
 otherwise the NextN layer's weights are neither read nor allocated. ``TS_MTP_DRAFT`` (the draft
-window) is validated and sizes the head's first cache allocation.
+window) is read and validated here (a bad value fails the load with one line); the head's cache
+grows by position, so the window does not change what is allocated.
 """
 
 from __future__ import annotations
