@@ -469,6 +469,7 @@ def bench_serve(
     trace_conversations: Annotated[int, typer.Option("--trace-conversations", min=2, help="Conversations of the agent trace (24: the defined trace; fewer: a shorter run).")] = 24,
     trace_seed: Annotated[int, typer.Option("--trace-seed", help="The agent trace's seed.")] = 2026,
     prose: Annotated[int, typer.Option("--prose", min=1, help="Prose requests of the trace section's control.")] = 6,
+    peer: Annotated[bool, typer.Option("--peer/--no-peer", help="Run llama.cpp (llama-cpp-python, one slot) at the streams section's levels.")] = True,
     trace_requests: Annotated[Optional[int], typer.Option("--trace-requests", min=2, help="Run only the first N requests of the trace (a subset, for a short run).")] = None,
     markdown: Annotated[Optional[str], typer.Option("--markdown", help="Write the tables to this file.")] = None,
     json_path: Annotated[Optional[str], typer.Option("--json", help="Write the figures as JSON.")] = None,
@@ -500,8 +501,12 @@ def bench_serve(
             typer.echo(f"[streams {n}] plain {row['plain']['tok_s']:.1f} tok/s, spec {row['spec']['tok_s']:.1f} tok/s ({row['ratio']:.2f}x)", err=True)
         report["streams"] = rows
         path = str(getattr(target, "path", "") or "")
-        peer = peer_streams(path, bench.stream_prompts(max(STREAM_LEVELS)), STREAM_LEVELS, max_tokens,
-                            os.cpu_count() or 1) if path else {"error": "the model has no file"}
+        if not peer:
+            peer = {"error": "--no-peer"}
+        elif path:
+            peer = peer_streams(path, bench.stream_prompts(max(STREAM_LEVELS)), STREAM_LEVELS, max_tokens, os.cpu_count() or 1)
+        else:
+            peer = {"error": "the model has no file"}
         report["streams_peer"] = peer
         typer.echo(f"[streams peer] {peer}", err=True)
         lines += [f"## Concurrent streams ({max_tokens} tokens each, n-gram vs plain, medians of {reps} paired runs)", "",
