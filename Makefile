@@ -11,7 +11,7 @@ CONSTRAINTS := $(CURDIR)/constraints.txt
 export PIP_CONSTRAINT := $(CONSTRAINTS)
 BUILD_PINS := PIP_BUILD_CONSTRAINT=$(CONSTRAINTS)
 
-.PHONY: setup run run-drafter test bench bench-serve soak clean drafters drafters-mtp drafters-dflash interop-check
+.PHONY: setup run run-drafter test bench bench-serve bench-spread soak clean drafters drafters-mtp drafters-dflash interop-check
 
 setup: $(STAMP)
 
@@ -113,6 +113,11 @@ $(BENCH_STAMP): $(STAMP)
 
 bench: setup $(BENCH_STAMP)
 	$(VENV)/bin/tsspec bench $(BENCH_ARGS) --json docs/bench.json --markdown BENCHMARKS.md --plot docs/bench.png
+
+# fresh-process spread under a defined competing load (one busy loop per core): ngram's max/min
+# tok/s over 6 fresh processes beside plain decoding's, alternating (docs/bench-spread.md)
+bench-spread: setup
+	$(PY) -m tsspec_bench.spread --runs 6 --markdown docs/bench-spread.md --json docs/bench-spread.json
 
 # the serving figures (docs/bench-serve.md): streams, the multi-turn chat with prefix reuse, RSS
 bench-serve: setup
