@@ -84,7 +84,7 @@ def agrees(profile: RowCost, width: int, ratios: Sequence[float]) -> bool:
 
     >>> agrees(((1, 10.0), (9, 38.0)), 9, [3.6, 3.9, 4.1])
     True
-    >>> agrees(((1, 22.0), (9, 72.3)), 9, [3.6, 3.9, 4.1])
+    >>> agrees(((1, 12.0), (9, 72.3)), 9, [3.6, 3.9, 4.1])
     False
     """
     costs = dict(profile)
