@@ -11,7 +11,7 @@ CONSTRAINTS := $(CURDIR)/constraints.txt
 export PIP_CONSTRAINT := $(CONSTRAINTS)
 BUILD_PINS := PIP_BUILD_CONSTRAINT=$(CONSTRAINTS)
 
-.PHONY: setup run run-drafter test bench bench-serve soak clean drafters drafters-mtp drafters-dflash interop-check
+.PHONY: setup run run-drafter test bench bench-serve bench-spread soak clean drafters drafters-mtp drafters-dflash interop-check
 
 setup: $(STAMP)
 
@@ -87,7 +87,10 @@ interop-check: setup
 # BENCHMARKS.md, docs/bench.png and docs/bench.json in one run (~15 min on 2 quiet cores; run it
 # on a quiet machine: every figure is a paired ratio, but a busy machine still blurs them).
 # The peers are optional extras, installed here only: llama-cpp-python is built from source with
-# portable SIMD flags (a native build dies with "Illegal instruction" on these CPUs; ~10 min once).
+# explicit SIMD flags chosen from this CPU's flags (AVX-512/VNNI where present, else AVX2; never
+# GGML_NATIVE, which dies with "Illegal instruction" on these CPUs) by tsspec_bench.peer_build, and
+# the wheel is cached per flag set under ~/.cache/tsspec/peers/ (~10 min once; PEER_WHEEL=PATH seeds
+# the cache with a wheel built elsewhere with the same flags).
 # Each peer runs in its own process with its own default environment, in the fastest of its
 # documented variants (probed first: prompt-lookup draft lengths, llama.cpp's APIs and flash
 # attention), and its runs alternate with tsspec's (paired); transformers, ~6x slower than the
@@ -105,11 +108,16 @@ BENCH_ARGS := --per-class 1 --reps 2 --oracle-acceptance 0,0.5,1 --oracle-classe
 
 $(BENCH_STAMP): $(STAMP)
 	$(PIP) install -q -c $(CONSTRAINTS) matplotlib
-	CMAKE_ARGS="-DGGML_NATIVE=OFF -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON" $(BUILD_PINS) $(PIP) install -q -c $(CONSTRAINTS) llama-cpp-python
+	$(BUILD_PINS) $(PY) -m tsspec_bench.peer_build --python $(PY) $(if $(PEER_WHEEL),--wheel $(PEER_WHEEL))
 	touch $(BENCH_STAMP)
 
 bench: setup $(BENCH_STAMP)
 	$(VENV)/bin/tsspec bench $(BENCH_ARGS) --json docs/bench.json --markdown BENCHMARKS.md --plot docs/bench.png
+
+# fresh-process spread under a defined competing load (one busy loop per core): ngram's max/min
+# tok/s over 6 fresh processes beside plain decoding's, alternating (docs/bench-spread.md)
+bench-spread: setup
+	$(PY) -m tsspec_bench.spread --runs 6 --markdown docs/bench-spread.md --json docs/bench-spread.json
 
 # the serving figures (docs/bench-serve.md): streams, the multi-turn chat with prefix reuse, RSS
 bench-serve: setup
