@@ -208,7 +208,7 @@ def export_head(gguf_path: str | Path, out_dir: str | Path, *, kind: str | None 
     from tsspec.errors import ModelLoadError
     from tsspec_draft_head.nextn_file import read_nextn
 
-    from .head_layouts import GGUF_ARCHITECTURES, LAYOUTS, to_hf
+    from .head_layouts import EAGLE3_GAP, GGUF_ARCHITECTURES, LAYOUTS, to_hf
 
     src = str(gguf_path)
 
@@ -225,7 +225,8 @@ def export_head(gguf_path: str | Path, out_dir: str | Path, *, kind: str | None 
     candidates = [LAYOUTS[kind]] if kind else list(LAYOUTS.values())
     fits = [layout for layout in candidates if not layout.missing(cfg)]
     if not fits:
-        why = "; ".join(f"{layout.kind} needs {' and '.join(layout.missing(cfg))}" for layout in candidates)
+        why = "; ".join([f"{layout.kind} needs {' and '.join(layout.missing(cfg))}" for layout in candidates]
+                        + ([EAGLE3_GAP] if kind is None else []))
         raise fail(f"no speculators type drafts the way this head does: {why}")
     layout = fits[0]
     if not verifier_layers or verifier_layers < 1:

@@ -68,6 +68,8 @@ MTP = HeadLayout(
     },
     rope_rows={"wq": "q", "wk": "k", "q_norm": "q", "k_norm": "k"},
     needs=(
+        (lambda cfg: not getattr(cfg, "feature_layers", ()), "the verifier's last hidden state alone (this head "
+                                                              "fuses taps of several layers)"),
         (lambda cfg: cfg.qk_norm, "per-head q/k norms (speculators' mtp layer is a Qwen3 decoder layer)"),
         (lambda cfg: cfg.shared_head, "the verifier's own LM head over its whole vocabulary (speculators' mtp "
                                       "has no draft vocabulary; this head drafts with rows of its own)"),
@@ -76,6 +78,9 @@ MTP = HeadLayout(
 )
 
 LAYOUTS: dict[str, HeadLayout] = {MTP.kind: MTP}
+# why no table maps a tsspec head to eagle3 (named in the export's refusal)
+EAGLE3_GAP = ("eagle3 needs attention over the 2H-wide [embedding; hidden] input with the hidden part as the "
+              "residual (a NextN head projects to H first)")
 
 
 def _order(head_dim: int) -> np.ndarray:
