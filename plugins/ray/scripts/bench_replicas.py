@@ -91,7 +91,14 @@ def main() -> None:
     print(f"{os.cpu_count()} cores, load average {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}; {args.requests} "
           f"concurrent requests of {args.max_tokens} tokens, {'default speculation' if args.spec else 'plain'}",
           flush=True)
-    ray.init(include_dashboard=False, log_to_driver=False, configure_logging=False)
+    for attempt in (1, 2):  # Ray gives its raylet 30 s to start, which a loaded machine can miss
+        try:
+            ray.init(include_dashboard=False, log_to_driver=False, configure_logging=False)
+            break
+        except Exception as exc:
+            ray.shutdown()
+            if attempt == 2 or "timed out" not in str(exc):
+                raise
     rates: dict[int, list[float]] = {1: [], 2: []}
     try:
         serve.start(http_options={"host": "127.0.0.1", "port": port})
