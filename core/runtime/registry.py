@@ -258,8 +258,7 @@ class SpeculatorRegistry:
             return made  # the weight-free algorithm cannot serve: the drafter alone
         from .pairing import SpeculatorPair
 
-        memory = self.memory(target, f"pair:{free}+{made.name}")
-        return SpeculatorPair(primary, made, adaptive=bool(getattr(options, "adaptive", True)), memory=memory)
+        return SpeculatorPair(primary, made)
 
     def _pair_primary(self, target: Any, chosen: str | None) -> str | None:
         """The weight-free algorithm ``auto`` puts in front of ``chosen`` (the drafter's
