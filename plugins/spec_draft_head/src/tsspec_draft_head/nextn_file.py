@@ -501,9 +501,12 @@ class NextNFileHead:
         return self._cos[start : start + n], self._sin[start : start + n]
 
 
+_refusals_warned: set[str] = set()
+
+
 def _warn_layer_refusal(module: NextNModule, path: str) -> None:
-    """One line on stderr when the compiled kernels are there but cannot run this layer shape:
-    the torch module drafts (slower, never silently)."""
+    """One line on stderr (once per file and process) when the compiled kernels are there but
+    cannot run this layer shape: the torch module drafts (slower, never silently)."""
     import sys
 
     from tsspec_gguf import native
@@ -511,7 +514,8 @@ def _warn_layer_refusal(module: NextNModule, path: str) -> None:
     from .native_head import layer_refusal
 
     why = layer_refusal(module)
-    if why is not None and native.available() and switch_on(NATIVE_ENV):
+    if why is not None and native.available() and switch_on(NATIVE_ENV) and path not in _refusals_warned:
+        _refusals_warned.add(path)
         print(f"tsspec: warning: {path}: the compiled NextN head has no {why}; the torch module drafts "
               "(slower, same output)", file=sys.stderr)
 
