@@ -88,9 +88,9 @@ def write_nextn(path, module: NextNModule, *, target: dict[str, Any], manifest: 
         raise ValueError(f"outtype must be one of {', '.join(OUTTYPES)}, got {outtype!r}")
     cfg = module.cfg
     if shared_head and not cfg.shared_head:
-        if module.head.shape[0] != int(target["vocab_size"]) or not bool(
-                (module.draft_ids == torch.arange(module.draft_ids.numel())).all()):
-            raise ValueError("a shared head covers the target's whole vocabulary in id order")
+        ids = torch.sort(module.draft_ids).values
+        if module.head.shape[0] != int(target["vocab_size"]) or not bool((ids == torch.arange(ids.numel())).all()):
+            raise ValueError("a shared head covers the target's whole vocabulary")
         cfg = attrs.evolve(cfg, draft_vocab=0, shared_head=True)
     a = ARCHITECTURE
     meta: dict[str, Any] = {
