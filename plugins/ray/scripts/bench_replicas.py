@@ -8,6 +8,8 @@ wall time (aggregate tokens/s). Runs alternate 1, 2, 2, 1, 1, 2 ... (paired, bot
 control row compares the 1-replica runs with each other (the noise on this machine). Plain
 decoding (no speculation) unless ``--spec``: this measures replication, not drafting. On a
 machine with few cores the replicas share them: read the core count and load printed with it.
+``--max-seqs`` caps the sequences a replica decodes together: with fewer slots than requests one
+replica serves them in waves, which two replicas may not need (compare with it raised).
 """
 
 from __future__ import annotations
@@ -89,7 +91,8 @@ def main() -> None:
     base = f"http://127.0.0.1:{port}/v1"
     load = os.getloadavg()
     print(f"{os.cpu_count()} cores, load average {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}; {args.requests} "
-          f"concurrent requests of {args.max_tokens} tokens, {'default speculation' if args.spec else 'plain'}",
+          f"concurrent requests of {args.max_tokens} tokens, {'default speculation' if args.spec else 'plain'}, "
+          f"--max-seqs {args.max_seqs} per replica",
           flush=True)
     for attempt in (1, 2):  # Ray gives its raylet 30 s to start, which a loaded machine can miss
         try:
