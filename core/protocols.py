@@ -376,8 +376,8 @@ class PagedRows:
 class PagedKV(Protocol):
     """A target's KV in ``num_blocks`` fixed-size blocks and one forward over a ragged batch.
 
-    The core owns the bookkeeping (block tables, reference counts, the prefix cache:
-    ``tsspec.runtime.prefix_cache``); the plugin owns the tensors. On a batch-invariant path a
+    Block tables are the caller's (the batched driver's plain tables, the serve plugin's
+    prefix cache); the plugin owns the tensors. On a batch-invariant path a
     sequence's rows are computed exactly as in a forward of that sequence alone.
 
     Optional, for trunks with per-sequence recurrent state (hybrids): ``keep(seq, rows_kept)``

@@ -22,7 +22,8 @@ TOOLING = ("tsspec_bench", "tsspec_training", "tsspec_ray")
 PUBLIC_DISPATCH = ("tsspec.runtime.converting.convert_as",)
 # the one documented exception (docs/architecture.md): the serve command builds on the CLI
 SERVE_ALLOWED = ("tsspec.cli.flags", "tsspec.cli.state", "tsspec.cli.generate_cmd", "tsspec.runtime.loading",
-                 "tsspec.runtime.scheduler", "tsspec.runtime.defaults")
+                 "tsspec.runtime.batching", "tsspec.runtime.batched_trunk", "tsspec.runtime.stats",
+                 "tsspec.runtime.defaults")
 
 
 def _imports(path: Path) -> list[str]:
