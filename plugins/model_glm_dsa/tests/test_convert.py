@@ -54,6 +54,8 @@ def test_conversion_errors_are_one_line(oracle, tmp_path):
     with pytest.raises(ConversionError, match="no config.json"):
         convert_hf_dir(tmp_path, tmp_path / "x.gguf")
     cfg = oracle.config.to_dict()
+    with pytest.raises(ConversionError, match="lacks kv_lora_rank"):
+        convert_state_dict({k: v for k, v in cfg.items() if k != "kv_lora_rank"}, {})
     with pytest.raises(ConversionError, match="is not glm_moe_dsa"):
         convert_state_dict({**cfg, "model_type": "llama"}, {})
     with pytest.raises(ConversionError, match="rope_type"):
