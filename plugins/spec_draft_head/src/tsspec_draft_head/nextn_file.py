@@ -9,6 +9,8 @@ Tensor names follow the NextN block of llama.cpp's MTP models, at block 0 of the
     blk.0.nextn.shared_head_head.weight   [K, H]   the draft-vocabulary LM head
     blk.0.attn_norm / attn_q / attn_k / attn_v / attn_output / ffn_norm / ffn_gate / ffn_up /
     ffn_down (.weight)                              one llama decoder layer
+    blk.0.nextn.fc.weight                 [H, taps*H]  EAGLE-3-style heads only: the fusion of
+                                                       the tapped target layers
 
 Metadata (prefix ``nextn.``): ``embedding_length``, ``feed_forward_length``,
 ``attention.head_count``, ``attention.head_count_kv``, ``attention.key_length``,
@@ -17,7 +19,9 @@ target ids of the K head rows), ``target.architecture`` / ``target.shape_digest`
 ``target.sha256`` / ``target.vocab_size`` (the target it was trained on),
 ``tsspec.training.manifest`` (JSON: corpus sources, token counts, licenses, recipe), and
 optionally the settings its figures recommend: ``recommended.pmin`` (the confidence gate) and
-``recommended.draft_max`` (the longest chain worth drafting). The draft-head algorithm uses
+``recommended.draft_max`` (the longest chain worth drafting). An EAGLE-3-style head also
+carries ``feature_layers`` (int array: the target layers whose entering residuals it reads,
+low, middle, high); attaching it sets the target's feature taps to them. The draft-head algorithm uses
 them where the operator set neither ``--spec-pmin`` nor ``--spec-draft``.
 
 The embedding is the target's (``target.embed``), so the file stays small.
@@ -60,8 +64,14 @@ TENSORS = {  # module parameter -> GGUF tensor name
     "w_up": "blk.0.ffn_up.weight",
     "w_down": "blk.0.ffn_down.weight",
 }
-MATRICES = {"eh_proj", "head", "wq", "wk", "wv", "wo", "w_gate", "w_up", "w_down"}
+FC_TENSOR = "blk.0.nextn.fc.weight"  # EAGLE-3-style heads: [H, taps * H]
+MATRICES = {"fc", "eh_proj", "head", "wq", "wk", "wv", "wo", "w_gate", "w_up", "w_down"}
 OUTTYPES = ("f32", "f16", "q8_0")
+
+
+def _tensors(module: NextNModule) -> dict[str, str]:
+    """Module parameter -> GGUF tensor name, ``fc`` included when the head has one."""
+    return {**TENSORS, "fc": FC_TENSOR} if module.fc is not None else dict(TENSORS)
 
 
 def write_nextn(path, module: NextNModule, *, target: dict[str, Any], manifest: dict | None = None,
@@ -89,6 +99,8 @@ def write_nextn(path, module: NextNModule, *, target: dict[str, Any], manifest: 
         f"{a}.target.sha256": str(target.get("sha256", "") or ""),
         f"{a}.target.vocab_size": int(target["vocab_size"]),
         f"{a}.draft_vocab": ([int(i) for i in module.draft_ids.tolist()], (GGUFValueType.ARRAY, GGUFValueType.INT32)),
+        **({f"{a}.feature_layers": ([int(i) for i in cfg.feature_layers], (GGUFValueType.ARRAY, GGUFValueType.INT32))}
+           if cfg.feature_layers else {}),
         "general.name": f"NextN drafter for {target.get('name', target['architecture'])}",
         "tsspec.training.manifest": json.dumps(manifest or {}, sort_keys=True),
     }
@@ -98,7 +110,7 @@ def write_nextn(path, module: NextNModule, *, target: dict[str, Any], manifest: 
     if rec.get("draft_max") is not None:
         meta[f"{a}.recommended.draft_max"] = int(rec["draft_max"])
     tensors = {}
-    for param, name in TENSORS.items():
+    for param, name in _tensors(module).items():
         value = getattr(module, param).detach().float().cpu().numpy()
         if param in MATRICES and outtype == "q8_0" and value.shape[-1] % 32 == 0:
             tensors[name] = (value, GGMLQuantizationType.Q8_0)
@@ -128,6 +140,7 @@ def read_nextn(path) -> tuple[NextNModule, dict[str, Any], dict]:
             rms_eps=float(f.require(f"{a}.attention.layer_norm_rms_epsilon")),
             rope_theta=float(f.require(f"{a}.rope.freq_base")),
             draft_vocab=len(draft_ids),
+            feature_layers=tuple(int(x) for x in (f.get(f"{a}.feature_layers", None) or ())),
         )
         target = {
             "architecture": f.require(f"{a}.target.architecture", str),
@@ -147,7 +160,7 @@ def read_nextn(path) -> tuple[NextNModule, dict[str, Any], dict]:
             raise ModelLoadError(path, f"{a}.draft_vocab is missing or empty")
         module = NextNModule(cfg, target["vocab_size"])
         with torch.no_grad():
-            for param, name in TENSORS.items():
+            for param, name in _tensors(module).items():
                 want = tuple(getattr(module, param).shape)
                 getattr(module, param).copy_(f.require_tensor(name, want))
             module.draft_ids.copy_(torch.tensor(draft_ids, dtype=torch.long))
@@ -355,6 +368,11 @@ class NextNFileHead:
         makes no tensor, and the output row is a buffer of the head's, valid until its call
         after next: chain it into the next call, or copy it to keep it."""
         n, f32 = len(tokens), torch.float32
+        if self.m.fc is not None:  # tapped trunk rows go in fused ([n, H]); own output rows as they are
+            if last is not None and last.numel() != self.hidden_size:
+                last = self._fused(last.reshape(1, -1)).reshape(-1)
+            if h_rows is not None and h_rows.shape[-1] != self.hidden_size:
+                h_rows = self._fused(h_rows[: n - 1] if last is not None else h_rows)
         with self._busy:
             native, width = self._native, self.hidden_size
             # the native gate keeps at most 64 candidates and the per-op attribution mode
@@ -402,9 +420,20 @@ class NextNFileHead:
         v[: self._v.shape[0]] = self._v
         self._k, self._v = k, v
 
+    @torch.inference_mode()
+    def _fused(self, rows: torch.Tensor) -> torch.Tensor:
+        """Tapped trunk rows [n, taps * H] as the [n, H] float32 rows the layer reads."""
+        if rows.dim() != 2 or rows.shape[1] != self.m.fc.shape[1]:
+            raise ValueError(f"this EAGLE-3-style head reads trunk rows of width {self.m.fc.shape[1]} "
+                             f"(taps {list(self.m.cfg.feature_layers)}), got {tuple(rows.shape)}; are feature taps set?")
+        return self.m.fuse(rows.float()).contiguous()
+
     def _inputs(self, tokens: list[int], h_rows: torch.Tensor, start: int, want_last: bool):
         """The rows to feed, checked: (tokens, h_rows [n, H], start), or None when nothing is
-        left to feed (a lone position-0 row, which has no predecessor; the head starts at 1)."""
+        left to feed (a lone position-0 row, which has no predecessor; the head starts at 1).
+        Tapped trunk rows of an EAGLE-3-style head are fused to [n, H] first."""
+        if self.m.fc is not None and h_rows.dim() == 2 and h_rows.shape[1] != self.hidden_size:
+            h_rows = self._fused(h_rows)
         if h_rows.dim() != 2 or h_rows.shape[0] != len(tokens) or h_rows.shape[1] != self.hidden_size:
             raise ValueError(
                 f"the NextN head needs one trunk hidden row of width {self.hidden_size} per token "
@@ -500,7 +529,23 @@ def attach_nextn(target, gguf_path, options=None) -> NextNFileHead:
     path = str(gguf_path)
     module, facts, _ = read_nextn(path)
     check_fit(facts, module, target, path)
-    if getattr(target, "feature_taps", None):
+    layers = list(module.cfg.feature_layers)
+    if layers:  # an EAGLE-3-style head reads the residuals entering its layers: the target taps them
+        from tsspec.capabilities import target_info
+
+        if not target_info(target).feature_taps:
+            raise ModelLoadError(path, f"the target ({target.config.architecture}) cannot tap layers {layers}, "
+                                 "which this EAGLE-3-style drafter reads")
+        try:
+            target.spec_set_feature_taps(layers)
+        except ValueError as exc:
+            raise ModelLoadError(path, f"the target refused feature taps {layers}: {exc}") from None
+        width = int(target.spec_feature_size)
+        if width != module.fc.shape[1]:
+            target.spec_set_feature_taps(None)
+            raise ModelLoadError(path, f"with taps {layers} the target's rows are {width} wide; the drafter reads "
+                                 f"{module.fc.shape[1]}")
+    elif getattr(target, "feature_taps", None):
         target.spec_set_feature_taps(None)  # a NextN head reads the post-norm rows
     # drafting on the CPU: the head's matrices as int8 blocks on the compiled kernels (a quarter
     # of the float32 bytes per draft step; the drafts may differ slightly, the output never):

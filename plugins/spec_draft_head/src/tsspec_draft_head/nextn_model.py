@@ -12,6 +12,11 @@ The head row set is the DRAFT vocabulary (``draft_ids`` [K], FR-Spec): logits co
 the rest of the target's vocabulary is never proposed. RoPE turns adjacent pairs (llama.cpp's
 layout), so a layer copied from a llama GGUF keeps its meaning.
 
+EAGLE-3-style heads (``feature_layers`` set) read the target's residuals entering three layers
+(low, middle, high; the target's feature taps) instead of its post-norm row: a trunk row
+[n_taps * H] is first fused to [H] by ``fc`` (no bias, EAGLE-3's ``fc``); the head's own chained
+output, [H] wide, goes in as it is. ``inputs`` tells them apart by width.
+
 The same module serves training (``unrolled``: every position at once, steps 1..k chained on the
 module's own outputs) and drafting (``NextNRunner`` in ``nextn_file``, a KV cache row by row).
 """
@@ -36,6 +41,9 @@ class NextNConfig:
     rope_theta: float = 10000.0
     rms_eps: float = 1e-5
     draft_vocab: int = 0  # K rows in the head (0: the target's full vocabulary)
+    # EAGLE-3-style: the target layers whose entering residuals the head reads, fused by ``fc``
+    # (empty: the trunk's post-norm row, NextN / MTP)
+    feature_layers: tuple[int, ...] = attrs.field(default=(), converter=tuple)
 
     @property
     def q_size(self) -> int:
@@ -103,6 +111,8 @@ class NextNModule(nn.Module):
         rows = cfg.draft_vocab or vocab_size
         self.head = nn.Parameter(torch.zeros(rows, H))  # [K, H]
         self.register_buffer("draft_ids", torch.arange(rows, dtype=torch.long))  # [K] target ids
+        taps = len(cfg.feature_layers)
+        self.fc = nn.Parameter(torch.zeros(H, taps * H)) if taps else None  # [H, taps * H]
         self.vocab_size = int(vocab_size)
 
     # -- drafting on the CPU block kernel --------------------------------------------------------
@@ -149,8 +159,17 @@ class NextNModule(nn.Module):
         return F.rms_norm(x, (x.shape[-1],), w, self.cfg.rms_eps)
 
     # -- pieces shared by training and drafting ------------------------------------------------
+    def fuse(self, h: torch.Tensor) -> torch.Tensor:
+        """[..., H] rows: tapped trunk rows [..., taps * H] through ``fc``; [..., H] rows (the
+        trunk's post-norm row, or the head's own output) as they are."""
+        if self.fc is None or h.shape[-1] == self.cfg.hidden_size:
+            return h
+        return F.linear(h, self.fc.to(h.dtype))
+
     def inputs(self, emb: torch.Tensor, h: torch.Tensor) -> torch.Tensor:
-        """u [..., H] from raw embeddings [..., H] and predecessor rows [..., H]."""
+        """u [..., H] from raw embeddings [..., H] and predecessor rows [..., H] (or tapped trunk
+        rows [..., taps * H], fused first)."""
+        h = self.fuse(h)
         both = torch.cat([self._norm(emb, self.enorm), self._norm(h, self.hnorm)], dim=-1)  # [..., 2H]
         return self._linear(both, "eh_proj")
 
