@@ -142,7 +142,7 @@ def onpolicy_answers(
     max_new_tokens: int = 256,
     batch: int = 16,
     taps: Sequence[int] | None = None,
-    shard_size: int = 64,
+    shard_size: int = 16,
     log: Callable[[str], None] = lambda line: None,
 ) -> list[dict]:
     """Each (prompt, mode)'s ids and answer, cached under ``cache_dir``: ``answers.jsonl`` (one
