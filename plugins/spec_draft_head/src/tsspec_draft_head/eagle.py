@@ -26,20 +26,21 @@ from typing import Callable, Sequence
 import torch
 
 from tsspec_training import loop, vocab
-from tsspec_training.onpolicy import MIX_LICENSES, feature_layers, load_features, onpolicy_answers, prompt_mix
+from tsspec_training.onpolicy import (MIX_LICENSES, feature_layers, load_features, onpolicy_answers, prompt_mix,
+                                      read_cache)
 from tsspec_training.request import TrainRequest
 from tsspec_training.teacher import TeacherSequence
 
 from .nextn_file import write_nextn
 from .nextn_model import NextNModule
 from .speculator import DEFAULT_CATCH_UP_ROWS
-from .trainer import (IGNORE, _Batches, _config, _initialise, _losses, _metrics, _warm_start, answer_accuracy,
-                      evaluate)
+from .trainer import (IGNORE, LAYER, _Batches, _config, _initialise, _losses, _metrics, _warm_start, answer_accuracy,
+                      restarted)
 
 KIND = "eagle3"
 DESCRIPTION = "EAGLE-3-style per-token head: three fused target layers, on-policy answers (file architecture 'nextn')"
 MODES = ("greedy", "sample-1")
-VALID_SHARE = 0.04
+VALID_SHARE = 0.1
 
 
 def default_cache() -> Path:
@@ -51,7 +52,9 @@ def default_cache() -> Path:
 def sequences(records: Sequence[dict]) -> list[TeacherSequence]:
     """Training sequences of cached answers (``load_features`` records): tokens of prompt +
     answer but the last [P + n - 1], the tapped rows [P + n - 1, F], labels the target's
-    argmax on answer rows (row P - 1 on) and IGNORE on the prompt's."""
+    argmax on answer rows (row P - 1 on) and IGNORE on the prompt's; the head's context starts
+    ``DEFAULT_CATCH_UP_ROWS`` rows before the answer (``restarted``: what serving's bounded
+    catch-up shows it at the first proposal, and fewer rows to train on)."""
     out = []
     for rec in records:
         P, n = len(rec["prompt_ids"]), len(rec["answer_ids"])
@@ -60,8 +63,11 @@ def sequences(records: Sequence[dict]) -> list[TeacherSequence]:
         tokens = torch.tensor(list(rec["prompt_ids"]) + list(rec["answer_ids"])[:-1], dtype=torch.long)
         labels = torch.full((P + n - 1,), IGNORE, dtype=torch.long)
         labels[P - 1:] = rec["argmax"]
-        out.append(TeacherSequence(source=f"{rec['class']}/{rec['mode']}", tokens=tokens, hidden=rec["hidden"],
-                                   labels=labels, answer_start=P))
+        seq = TeacherSequence(source=f"{rec['class']}/{rec['mode']}", tokens=tokens, hidden=rec["hidden"],
+                              labels=labels, answer_start=P)
+        if P - DEFAULT_CATCH_UP_ROWS > 1:  # the head's context from the prompt's last rows, as serving shows it
+            seq = restarted(seq, P - DEFAULT_CATCH_UP_ROWS)
+        out.append(seq)
     return out
 
 
@@ -131,6 +137,9 @@ def train_eagle3(request: TrainRequest, target, log: Callable[[str], None] = pri
     _fc_from_high_tap(module, request.model_path)
     log(f"initialised from {init}; fc reads tap {layers[-1]}")
     module.head.requires_grad_(False)
+    if request.freeze_layer:  # only fc, the input projection and the norms learn
+        for name in LAYER:
+            getattr(module, name).requires_grad_(False)
     module.to(device)
     with torch.inference_mode():
         embed = target.embed(list(range(V))).float()  # [V, H]
@@ -149,7 +158,7 @@ def train_eagle3(request: TrainRequest, target, log: Callable[[str], None] = pri
         "batch": request.batch, "unroll": request.unroll, "draft_vocab": int(draft_ids.numel()),
         "draft_vocab_answer_coverage": round(cover, 4), "feature_layers": list(layers), "seed": request.loop.seed,
         "init": init, "init_from": Path(request.init_from).name if request.init_from else None,
-        "restart_share": request.restart_share,
+        "restart_share": request.restart_share, "freeze_layer": request.freeze_layer,
         "valid_answer_accuracy_before": {k: round(v, 4) for k, v in before.items()},
         "valid_answer_accuracy": {k: round(v, 4) for k, v in after.items()},
         "valid_answer_accuracy_served_context": {k: round(v, 4) for k, v in served.items()},
@@ -160,6 +169,7 @@ def train_eagle3(request: TrainRequest, target, log: Callable[[str], None] = pri
         "modes": list(MODES), "prompts": len({(r["system"], r["prompt"]) for r in loaded}), "answers": len(loaded),
         "answer_tokens": answer_tokens, "answer_tokens_by_class_mode": by_class, "max_answer_tokens": request.data.answer_tokens,
         "licenses": MIX_LICENSES, "recipe": recipe,
+        "generation_runs": read_cache(cache / "runs.jsonl"),  # answers, tokens, seconds, batch, threads
     }
     facts = {**request.identity, "vocab_size": V, "architecture": target.config.architecture}
     write_nextn(request.out_path, module, target=facts, manifest=manifest, outtype=request.outtype,

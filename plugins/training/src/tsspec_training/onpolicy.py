@@ -245,6 +245,9 @@ def onpolicy_answers(
         seconds = time.perf_counter() - began
         log(f"on-policy answers: {len(todo)} written, {made} tokens in {seconds:.0f}s "
             f"({made / max(seconds, 1e-9):.1f} tokens/s, batch {batch})")
+        with open(cache_dir / "runs.jsonl", "a", encoding="utf-8") as runs:  # the manifest's generation figures
+            runs.write(json.dumps({"answers": len(todo), "tokens": made, "seconds": round(seconds, 1),
+                                   "batch": batch, "threads": torch.get_num_threads()}) + "\n")
     return [done[_key(dict(rec, mode=m))] for rec in mix for m in modes if _key(dict(rec, mode=m)) in done]
 
 
