@@ -18,7 +18,7 @@ from test_answers import _PagedToy  # noqa: E402
 
 def test_the_mix_covers_every_class_and_keeps_out_held_out_and_benchmark_prompts():
     mix = prompt_mix(400, seed=0)
-    assert len(mix) == 400 and mix == prompt_mix(400, seed=0)
+    assert len(mix) == 400 and mix == prompt_mix(400, seed=0) and prompt_mix(40, seed=0) == mix[:40]
     assert {r["class"] for r in mix} == {"chat", "explanation", "prose", "math", "code"}
     bench = prompts._bench_texts()
     assert bench  # the benchmark's turns are read, so the check below can fail

@@ -31,7 +31,7 @@ from tsspec_training.onpolicy import (MIX_LICENSES, feature_layers, load_feature
 from tsspec_training.request import TrainRequest
 from tsspec_training.teacher import TeacherSequence
 
-from .nextn_file import write_nextn
+from .nextn_file import read_nextn, write_nextn
 from .nextn_model import NextNModule
 from .speculator import DEFAULT_CATCH_UP_ROWS
 from .trainer import (IGNORE, LAYER, _Batches, _config, _initialise, _losses, _metrics, _warm_start, answer_accuracy,
@@ -82,6 +82,20 @@ def _split(data: list[TeacherSequence], records: Sequence[dict], share: float) -
     return train, valid
 
 
+def _prior_vocabulary(path: str | None) -> torch.Tensor | None:
+    """The draft vocabulary of the warm-start file (None without one): the ranking of ids the
+    on-policy answers do not count (a smaller corpus than the file's leaves many at zero)."""
+    if not path:
+        return None
+    from tsspec.errors import ModelLoadError
+
+    try:
+        module, _, _ = read_nextn(path)
+    except (ModelLoadError, OSError):
+        return None  # _warm_start reports the bad file
+    return module.draft_ids.clone()
+
+
 def _fc_from_high_tap(module: NextNModule, model_path: str) -> None:
     """fc = [0 ... 0, diag(output_norm)]: the high tap (the final residual) scaled as the
     target's post-norm row is, the other taps off."""
@@ -123,10 +137,15 @@ def train_eagle3(request: TrainRequest, target, log: Callable[[str], None] = pri
     V = int(target.config.vocab_size)
     eos = sorted(getattr(getattr(target, "tokenizer", None), "eos_token_ids", ()) or ())
     labels = [s.labels[s.answer_start - 1:] for s in train]
-    draft_ids = vocab.draft_vocabulary(labels, V, request.draft_vocab, always=eos)
+    counts = vocab.label_counts(labels, V)
+    prior = _prior_vocabulary(request.init_from)
+    if prior is not None:  # ids the answers never name rank by the warm-start file's vocabulary
+        counts[prior[prior < V]] += 0.5
+    draft_ids = vocab.top_ids(counts, request.draft_vocab, always=eos)
     cover = vocab.coverage([s.labels[s.answer_start - 1:] for s in valid or train], draft_ids)
-    log(f"draft vocabulary: {draft_ids.numel()} tokens from the answers' label counts, covering {cover:.1%} of "
-        "held-back answer labels")
+    log(f"draft vocabulary: {draft_ids.numel()} tokens from the answers' label counts"
+        + (" (unseen ids ranked by the warm-start file's vocabulary)" if prior is not None else "")
+        + f", covering {cover:.1%} of held-back answer labels")
     cfg = attrs.evolve(_config(target, draft_ids.numel()), feature_layers=layers)
     module = NextNModule(cfg, V)
     module.draft_ids.copy_(draft_ids)

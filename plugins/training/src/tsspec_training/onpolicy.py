@@ -47,9 +47,13 @@ MIX_LICENSES = {
 }
 
 
+MATH_PROMPTS, LOCAL_TEXTS = 600, 200  # pool sizes: fixed, so a smaller count is a prefix of a larger
+
+
 def prompt_mix(count: int, seed: int = 0) -> list[dict]:
     """``count`` training prompts [{"class", "system", "prompt"}], classes interleaved in a seeded
-    order; never a held-out prompt (``prompts.is_held_out``) or a benchmark turn."""
+    order; never a held-out prompt (``prompts.is_held_out``) or a benchmark turn. The mix of a
+    smaller count is the first part of a larger one's (a cache made for one serves the other)."""
     rng = random.Random(seed)
     topics = list(gen.TOPICS)
     by_class: dict[str, list[tuple[str, str]]] = {c: [] for c in ("chat", "explanation", "prose", "math", "code")}
@@ -63,9 +67,9 @@ def prompt_mix(count: int, seed: int = 0) -> list[dict]:
     for tpl in gen.CHAT_TASKS:
         by_class["chat"] += [(rng.choice(SYSTEMS[:3] + [""]), tpl.format(t=t)) for t in topics]
     by_class["chat"] += [(rng.choice(SYSTEMS[:3]), tpl.format(t=t)) for tpl in gen.TEMPLATES[:6] for t in topics]
-    by_class["math"] += [(rng.choice([SYSTEMS[3], ""]), p) for p in gen._math_prompts(rng, max(64, count // 4))]
+    by_class["math"] += [(rng.choice([SYSTEMS[3], ""]), p) for p in gen._math_prompts(rng, MATH_PROMPTS)]
     by_class["code"] += [(rng.choice([SYSTEMS[4], ""]), p) for p in gen.CODE_TASKS + gen.MORE_CODE_TASKS]
-    docs, code = gen._local_texts(rng, max(16, count // 12))
+    docs, code = gen._local_texts(rng, LOCAL_TEXTS)
     by_class["code"] += [("", rng.choice(gen.CODE_EDIT_TASKS).format(code=c)) for c in code]
     by_class["explanation"] += [("", rng.choice(gen.DOC_TASKS).format(doc=d)) for d in docs]
     bench = gen._bench_texts()
