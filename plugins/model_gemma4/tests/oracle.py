@@ -3,7 +3,8 @@
 HF computes three things in float32 even in a float64 model: RMSNorm (``hidden.float()``),
 the attention and router softmax (``dtype=torch.float32``) and RoPE (``position_ids.float()``,
 float32 ``inv_freq`` buffers). ``float64_oracle`` runs them in the input's dtype and sets the
-RoPE frequencies to their float64 values (same formula); nothing else changes.
+RoPE frequencies to their float64 values (same formula); nothing else changes. It runs
+on one torch thread (restored after).
 """
 
 from __future__ import annotations
@@ -54,6 +55,8 @@ def float64_oracle(*models):
     mg.Gemma4RMSNorm.forward = _norm_forward
     mg.Gemma4TextRotaryEmbedding.forward = _rope_forward
     torch.nn.functional.softmax = softmax64
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # tiny matrices: a thread pool's wake-ups cost more than the work
     try:
         for model in models:
             for module in model.modules():
@@ -63,3 +66,4 @@ def float64_oracle(*models):
     finally:
         mg.Gemma4RMSNorm.forward, mg.Gemma4TextRotaryEmbedding.forward = saved
         torch.nn.functional.softmax = softmax
+        torch.set_num_threads(threads)

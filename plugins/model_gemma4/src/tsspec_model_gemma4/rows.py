@@ -4,7 +4,8 @@ call on that row gives, so a k-row verify equals k one-row decodes bit for bit.
 * ``Linear``: the file's matrix as a ``tsspec_gguf`` BlockMatrix on the compiled kernels (CPU
   float32, quantised blocks kept; row-invariant by construction), else dense weights multiplied
   one row at a time (float64 reference mode, a build without the kernels, or an inner dim the
-  block kernels cannot take).
+  block kernels cannot take); ``torch.mv`` a row (a BLAS GEMM wakes its thread pool even for
+  one row, which costs more than the product at these sizes).
 * ``rms`` / ``rowwise``: reductions and transcendental element-wise ops one row at a time (a
   vectorised op may treat a row's tail differently depending on where it falls in a lane).
 """
@@ -62,7 +63,7 @@ class Linear:
             return self.block.linear(x.to(torch.float32).contiguous())
         w = self.dense if self.dense is not None else self.block.dequantize()
         x = x.to(w.dtype)
-        return rowwise(lambda r: F.linear(r, w), x)
+        return torch.stack([torch.mv(w, r) for r in x.unbind(0)])  # one matrix-vector product a row
 
     def weight(self) -> torch.Tensor:
         """The dense [out, in] weights (float32 for a block matrix)."""

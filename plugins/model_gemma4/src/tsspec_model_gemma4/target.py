@@ -55,9 +55,11 @@ def softcap(z: torch.Tensor, cap: float | None) -> torch.Tensor:
 def attend(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
     """One query row: q [nh, hd] over keys/values [nkv, n, hd] (scale 1) -> [nh * hd]."""
     nkv, n, hd = keys.shape
-    qg = q.reshape(nkv, -1, hd)  # [nkv, g, hd]
-    scores = torch.matmul(qg, keys.transpose(1, 2))  # [nkv, g, n]
-    return torch.matmul(torch.softmax(scores, dim=-1), values).reshape(-1)
+    qg = q.reshape(nkv, -1, 1, hd)  # [nkv, g, 1, hd]
+    scores = (qg * keys[:, None]).sum(-1)  # [nkv, g, n] (products and sums: no BLAS thread pool)
+    e = torch.exp(scores - scores.amax(-1, keepdim=True))  # softmax by hand: torch.softmax's
+    probs = e / e.sum(-1, keepdim=True)  # kernel wakes the thread pool even at these sizes
+    return (probs[..., None] * values[:, None]).sum(-2).reshape(-1)  # [nh * hd]
 
 
 class Gemma4Target:
@@ -184,7 +186,9 @@ class Gemma4Target:
         out = torch.zeros_like(x)
         F_ = hp.expert_ffn
         for t in range(x.shape[0]):
-            probs = torch.softmax(w["router"](r[t : t + 1]).to(self._res)[0], dim=-1)  # [E]
+            z = w["router"](r[t : t + 1]).to(self._res)[0]  # [E]
+            e = torch.exp(z - z.max())
+            probs = e / e.sum()
             top_w, top_i = torch.topk(probs, hp.n_experts_used)
             top_w = top_w / top_w.sum() * w["expert_scale"][top_i]
             for slot in range(hp.n_experts_used):
