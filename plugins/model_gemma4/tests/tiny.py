@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from tsspec_model_gemma4.convert import assistant_gguf, gemma4_gguf, write
+from tsspec_model_gemma4.convert import assistant_gguf, gemma4_gguf, write  # noqa: F401 (tests use them)
 from tsspec_model_gemma4.hparams import ARCH, ASSISTANT_ARCH
 
 VOCAB = 128
