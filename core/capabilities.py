@@ -199,6 +199,8 @@ class TargetInfo:
     verify_persists_accepted_kv: bool = False  # a rejected tail is undone by a KV rewind
     batched: bool = False  # a BatchedSpeculativeTarget (offers spec_open_paged)
     drafter: DrafterInfo = DrafterInfo()
+    # why no draft head is attached, in the target's words (completes the no_draft_head reason)
+    draft_head_absence: str | None = None
 
 
 def drafter_info(head: Any) -> DrafterInfo:
@@ -220,6 +222,7 @@ def target_info(target: Any) -> TargetInfo:
     """A target's optional facts, read now (they may change: a drafter attached later)."""
     refusal = getattr(target, "speculation_refusal", None)
     window = getattr(target, "spec_preferred_draft_window", None)
+    absence = getattr(target, "spec_draft_head_absence", None)
     return TargetInfo(
         speculation_profitable=getattr(target, "speculation_profitable", True) is not False,
         speculation_refusal=str(refusal) if refusal else None,
@@ -227,6 +230,7 @@ def target_info(target: Any) -> TargetInfo:
         verify_persists_accepted_kv=getattr(target, "spec_verify_persists_accepted_kv", False) is True,
         batched=callable(getattr(target, "spec_open_paged", None)),
         drafter=drafter_info(getattr(target, "draft_head", None)),
+        draft_head_absence=str(absence) if absence else None,
     )
 
 

@@ -71,6 +71,13 @@ def test_no_draft_head_names_the_weight_free_alternative():
     assert make_registry().create(ToyTarget(), opts("block", draft_model="x.gguf")) == Named("a block speculator")
 
 
+def test_no_draft_head_carries_the_targets_own_reason():
+    target = ToyTarget()
+    target.spec_draft_head_absence = "assistant missing: load its GGUF"
+    d = make_registry().create(target, opts("draft-head"))
+    assert d.code == NO_DRAFT_HEAD and "(assistant missing: load its GGUF)" in d.reason
+
+
 def test_auto_without_any_drafter_or_weight_free_algorithm():
     reg = SpeculatorRegistry()
     d = reg.create(ToyTarget(), opts())

@@ -226,10 +226,11 @@ class SpeculatorRegistry:
             return Decline(name, UNKNOWN_ALGORITHM, f"unknown algorithm {name!r}; known: {known}")
         drafter_file = getattr(options, "drafter_path", None)
         if entry.requires_draft_head and draft_head_kind(target) is DraftHeadKind.NONE and not drafter_file:
+            why = f" ({info.draft_head_absence})" if info.draft_head_absence else ""
             return Decline(
                 name,
                 NO_DRAFT_HEAD,
-                f"{name} needs trained drafter weights and the model carries none; attach "
+                f"{name} needs trained drafter weights and the model carries none{why}; attach "
                 f"{entry.drafter_hint or 'a drafter file'}{self._weight_free_advice()}",
             )
         if not entry.requires_draft_head and not info.speculation_profitable:

@@ -69,8 +69,8 @@ class Gemma4Target:
     speculation_refusal: str | None = None
     spec_preferred_draft_window: int | None = None
     spec_verify_persists_accepted_kv = True
-    spec_draft_head_absence = ("the Gemma 4 assistant is missing: pass its gemma4-assistant GGUF with "
-                               "--spec-draft-model PATH")
+    # why draft-head declines while no assistant is attached (the no_draft_head reason)
+    spec_draft_head_absence = "assistant missing: load the Gemma 4 assistant GGUF (gemma4-assistant)"
 
     def __init__(self, hparams: Gemma4HParams, weights: dict, *, tokenizer=None,
                  dtype: torch.dtype = torch.float32, path: str | None = None):
