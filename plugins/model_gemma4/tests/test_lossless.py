@@ -76,3 +76,21 @@ def test_spec_draft_model_attaches_the_assistant_by_its_architecture(files):
     assert isinstance(target.draft_head, Gemma4Assistant)
     result = tsspec.generate(target, PROMPT, options, max_tokens=6)
     assert result.speculator == "draft-head" and result.stats.draft_tokens > 0
+
+
+def test_the_assistant_arms_after_a_reused_prefix(files):
+    """No state of its own: after the trunk reuses a cached prefix the head drafts at once
+    (CanArmAfterPrefixReuse), and the turn equals plain decoding of the same prompt."""
+    from tsspec.testing import plain_tokens, turns
+    from tsspec_draft_head import make_draft_head
+
+    _, path = files["trunk"]
+    target = load_gemma4(path)
+    target.draft_head = attach_assistant(target, files["assistant"][1])
+    speculator = make_draft_head(target, SpeculationOptions(spec_type="draft-head", pmin=0.0, draft=3))
+    assert speculator.can_arm_after_prefix_reuse
+    second = PROMPT + plain_tokens(load_gemma4(path), PROMPT, 6) + [7, 11]  # a chat's next turn
+    (first, _), (tokens, stats) = turns(target, speculator, [PROMPT, second], max_tokens=[6, 8])
+    assert second[: len(PROMPT) + 6] == PROMPT + first
+    assert stats.prefix_reused > 0 and stats.armed_after_reuse
+    assert tokens == plain_tokens(load_gemma4(path), second, 8)
