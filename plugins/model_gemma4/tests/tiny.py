@@ -50,7 +50,7 @@ def hf_target(seed: int = 0, dtype=torch.float64, **over):
     return model.to(dtype)
 
 
-def hf_assistant(seed: int = 1, dtype=torch.float64, ordered: bool = False, **over):
+def hf_assistant(seed: int = 1, dtype=torch.float64, ordered: bool = False, spread: bool = True, **over):
     from transformers.models.gemma4_assistant import Gemma4AssistantConfig, Gemma4AssistantForCausalLM
 
     text = dict(model_type="gemma4_text", vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
@@ -65,7 +65,8 @@ def hf_assistant(seed: int = 1, dtype=torch.float64, ordered: bool = False, **ov
     config.text_config._attn_implementation = "eager"
     torch.manual_seed(seed)
     model = Gemma4AssistantForCausalLM(config).eval()
-    _spread(model, seed)
+    if spread:
+        _spread(model, seed)
     if ordered:
         g = torch.Generator().manual_seed(seed + 7)
         model.masked_embedding.token_ordering.copy_(torch.randperm(VOCAB, generator=g))
