@@ -34,10 +34,10 @@ import torch
 
 from tsspec.errors import ModelLoadError
 from tsspec.protocols import DraftHeadKind
+from tsspec_gguf import native
 from tsspec_gguf.gguf_file import GGUFFile
 
 from .hparams import ASSISTANT_ARCH, read_hparams
-from .loader import resolve_dtype
 from .rope import RotaryTable
 from .rows import Linear, gelu, rms
 from .target import attend
@@ -106,16 +106,12 @@ class Gemma4Assistant:
         embed = w["embed"]  # [V, H]
         if w.get("centroids") is None:
             return torch.mv(embed, y)
-        top = torch.topk(torch.mv(w["centroids"], y), self.hparams_top_k).indices  # [k]
+        top = torch.topk(torch.mv(w["centroids"], y), w["top_k"]).indices  # [k]
         canon = w["ordering"].view(w["centroids"].shape[0], -1)[top].reshape(-1)  # [k * V / C]
         scored = torch.mv(embed[canon], y)
         out = torch.full((embed.shape[0],), float(scored.min()) - 1.0, dtype=y.dtype)
         out[canon] = scored
         return out
-
-    @property
-    def hparams_top_k(self) -> int:
-        return self._w["top_k"]
 
 
 def _check_fits(path: str, hp, target) -> None:
@@ -161,7 +157,7 @@ def attach_assistant(target, source, options=None) -> Gemma4Assistant:
     """Read a ``gemma4-assistant`` GGUF and bind it to ``target`` (registered drafter attach)."""
     path = os.fspath(getattr(source, "path", source))
     dtype = getattr(target, "dtype", torch.float32)
-    blocks = dtype == torch.float32 and resolve_dtype(path, None)[1] and getattr(target, "dtype", None) == torch.float32
+    blocks = dtype == torch.float32 and native.available()  # as the target's default path
     vdtype = torch.float64 if dtype == torch.float64 else torch.float32
     with GGUFFile(path) as gf:
         if gf.architecture != ASSISTANT_ARCH:

@@ -16,7 +16,7 @@ import torch
 
 from tsspec.errors import ModelLoadError
 
-from .hparams import Gemma4HParams
+from .hparams import ASSISTANT_ARCH, Gemma4HParams
 from .rows import Linear
 
 
@@ -48,7 +48,7 @@ def layer_weights(hp: Gemma4HParams, gf, i: int, dtype: torch.dtype, blocks: boo
         "scale": (_vec(gf, p + "layer_output_scale.weight", vdtype, (1,))
                   if gf.has_tensor(p + "layer_output_scale.weight") else torch.ones(1, dtype=vdtype)),
     }
-    own_kv = i < hp.first_shared and hp.arch != "gemma4-assistant"
+    own_kv = i < hp.first_shared and hp.arch != ASSISTANT_ARCH  # an assistant reads the target's
     if own_kv:
         w["wk"] = _mat(gf, p + "attn_k.weight", (nkv * hd, H), dtype, blocks)
         w["k_norm"] = _vec(gf, p + "attn_k_norm.weight", vdtype, (hd,))
