@@ -77,6 +77,23 @@ def test_verify_rows_equal_decode_rows_bit_for_bit(files):
     assert torch.equal(one, again)
 
 
+def test_bad_files_are_one_line_errors_naming_the_problem(files, tmp_path):
+    import tiny
+
+    model, _ = files["trunk"]
+    meta, tensors = tiny.gemma4_gguf(model.config.to_dict(), model.state_dict())
+    broken = dict(meta)
+    del broken["gemma4.attention.sliding_window_pattern"]
+    with pytest.raises(ModelLoadError, match="sliding_window_pattern must hold one bool per layer"):
+        load_gemma4(tiny.write(tmp_path / "a.gguf", "gemma4", broken, tensors))
+    extra = dict(tensors, **{"blk.6.attn_k.weight": tensors["blk.2.attn_k.weight"]})
+    with pytest.raises(ModelLoadError, match="layer 6 is KV-shared but the file carries its attn_k"):
+        load_gemma4(tiny.write(tmp_path / "b.gguf", "gemma4", meta, extra))
+    missing = {k: v for k, v in tensors.items() if k != "blk.3.ffn_up.weight"}
+    with pytest.raises(ModelLoadError, match="blk.3.ffn_up.weight"):
+        load_gemma4(tiny.write(tmp_path / "c.gguf", "gemma4", meta, missing))
+
+
 def test_files_that_are_not_gemma4_trunks_are_named(files):
     with pytest.raises(ModelLoadError, match="is not 'gemma4'"):
         load_gemma4(files["assistant"][1])
