@@ -48,6 +48,30 @@ def test_draft_head_with_the_assistant_is_lossless(files, sampling):
     assert spec.stats.draft_tokens > 0 and spec.stats.faults == 0
 
 
+def test_accepted_drafts_of_an_agreeing_assistant_are_lossless(files, tmp_path):
+    """All drafts accepted (greedy: the trunk repeats a token, the echo assistant drafts it) and
+    partial accepts (seeded) through the real assistant code."""
+    import tiny
+    from tsspec_draft_head import make_draft_head
+
+    model, path = files["trunk"]
+    echo = tiny.write_echo_assistant(model, tmp_path / "echo.gguf")
+
+    def target():
+        t = load_gemma4(path)
+        t.draft_head = attach_assistant(t, echo)
+        return t
+
+    options = SpeculationOptions(spec_type="draft-head", pmin=0.0, adaptive=False, draft=3)
+    accepted = {}
+    for name, sampling in SAMPLINGS.items():
+        _, spec = assert_lossless(target, lambda t: make_draft_head(t, options), PROMPT, max_tokens=24,
+                                  sampling=sampling, options=options)
+        accepted[name] = (spec.stats.accepted_tokens, spec.stats.draft_tokens)
+    assert accepted["greedy"][0] > 0  # here every draft lands (the trunk repeats one token): bonus rows
+    assert accepted["seeded"][0] < accepted["seeded"][1]  # here some land, the rest are rolled back
+
+
 def _listing(capsys, *args) -> dict:
     from tsspec.cli.app import main
 

@@ -81,3 +81,26 @@ def write_target(model, path, outtype: str = "f32") -> str:
 def write_assistant(model, path, outtype: str = "f32") -> str:
     meta, tensors = assistant_gguf(model.config.to_dict(), model.state_dict())
     return write(path, ASSISTANT_ARCH, meta, tensors, outtype)
+
+
+def write_echo_assistant(target_model, path) -> str:
+    """An assistant built to agree with the target where it repeats itself: its layers add
+    nothing (zero output projections), ``pre_projection`` passes the carried target row through
+    and the head is the target's embedding, so it drafts the token the target's last row chose.
+    Used to exercise accepted drafts (all accepted, then partial accepts) through the loop."""
+    import numpy as np
+
+    model = hf_assistant(hidden_size=64)
+    meta, tensors = assistant_gguf(model.config.to_dict(), model.state_dict())
+    _, trunk = gemma4_gguf(target_model.config.to_dict(), target_model.state_dict())
+    H = 64
+    tensors["nextn.pre_projection.weight"] = np.concatenate([np.zeros((H, H)), np.eye(H)], 1).astype(np.float32)
+    tensors["nextn.post_projection.weight"] = np.eye(H, dtype=np.float32)
+    tensors["token_embd.weight"] = trunk["token_embd.weight"]
+    tensors["output_norm.weight"] = np.ones(H, np.float32)
+    for name in list(tensors):
+        if name.endswith(("attn_output.weight", "ffn_down.weight")):
+            tensors[name] = np.zeros_like(tensors[name])
+        elif name.endswith("layer_output_scale.weight"):
+            tensors[name] = np.ones_like(tensors[name])
+    return write(path, ASSISTANT_ARCH, meta, tensors)
