@@ -155,6 +155,12 @@ class Gemma4Target:
     def reset(self) -> None:
         self.spec_rewind_cache(0)
 
+    def state_fingerprint(self) -> tuple:
+        """(length, every own-KV layer's K and V up to it): what ``assert_lossless`` compares
+        between a plain and a speculative run."""
+        n = self._seq_len
+        return (n, *(cache[i][:, :n].clone() for cache in (self._k, self._v) for i in sorted(cache)))
+
     # -- one layer -----------------------------------------------------------------------------
     def _attention(self, i: int, h: torch.Tensor, past: int) -> torch.Tensor:
         hp, w = self.hparams, self._layers[i]
