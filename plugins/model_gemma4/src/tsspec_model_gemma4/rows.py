@@ -6,8 +6,9 @@ call on that row gives, so a k-row verify equals k one-row decodes bit for bit.
   one row at a time (float64 reference mode, a build without the kernels, or an inner dim the
   block kernels cannot take); ``torch.mv`` a row (a BLAS GEMM wakes its thread pool even for
   one row, which costs more than the product at these sizes).
-* ``rms`` / ``rowwise``: reductions and transcendental element-wise ops one row at a time (a
-  vectorised op may treat a row's tail differently depending on where it falls in a lane).
+* ``rms``: the toolkit's row kernel (float32), else torch one row at a time; ``rowwise``:
+  transcendental element-wise ops one row at a time (a vectorised op may treat a row's tail
+  differently depending on where it falls in a lane).
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from tsspec_gguf import native
+from tsspec_gguf import native, rowops
 from tsspec_gguf.qlinear import BlockMatrix, pack_tensors
 
 
@@ -27,9 +28,13 @@ def rowwise(fn, x: torch.Tensor) -> torch.Tensor:
 
 
 def rms(x: torch.Tensor, weight: torch.Tensor | None, eps: float) -> torch.Tensor:
-    """RMSNorm over the last dim (Gemma 4 stores plain ``w``; None: weightless), row by row."""
-    shape = (x.shape[-1],)
-    return rowwise(lambda r: F.rms_norm(r, shape, weight, eps), x)
+    """RMSNorm over the last dim (Gemma 4 stores plain ``w``; None: weightless), row by row:
+    the toolkit's kernel on float32 (``tsspec_gguf.rowops``), else torch one row at a time."""
+    n = x.shape[-1]
+    if x.dtype == torch.float32 and native.available():
+        w = weight if weight is not None else torch.ones(n)
+        return rowops.rms_norm(x.reshape(-1, n).contiguous(), w.to(torch.float32).contiguous(), eps).reshape(x.shape)
+    return rowwise(lambda r: F.rms_norm(r, (n,), weight, eps), x)
 
 
 def gelu(x: torch.Tensor) -> torch.Tensor:
