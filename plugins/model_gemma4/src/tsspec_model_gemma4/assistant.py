@@ -1,29 +1,16 @@
-"""The Gemma 4 assistant (``Gemma4AssistantForCausalLM``) as a per-token draft head.
+"""The Gemma 4 assistant (HF ``Gemma4AssistantForCausalLM``) as a per-token draft head.
 
-One draft step for the token ``t`` at position ``P`` (the newest emitted token, not yet in the
-target's cache) with the carried row ``h`` (the target's final-norm row that predicted ``t``,
-or the previous step's projected state)::
+A step for token ``t`` at position ``P`` (the newest emitted token, not yet cached) with the
+carried row ``h`` (the target's final-norm row that predicted ``t``, or the last step's state)::
 
-    x = W_pre [embed_target(t) * sqrt(H_target); h]         # [2 H_target] -> [H]
-    per layer: q = rope_P(q_norm(W_q attn_norm(x)))            # no K/V of its own: the layer
-               x = x + post_attention_norm(W_o attend(q, K, V))  # reads the target's last own-KV
-               x = x + post_ffw_norm(MLP(ffn_norm(x)));  x *= layer_output_scale  # layer of its type
+    x = W_pre [embed_target(t) * sqrt(H_target); h];  layers: queries only, over the target's
+    K/V of its last own-KV layer of each type (rows 0 .. P - 1; sliding: the newest window + 1)
     y = norm(x);  logits = E y (or the centroid-masked head);  h' = W_post y   # h' chains on
 
-Every step of a chain keeps the query position ``P`` and the key set, as transformers'
-candidate generator does. The keys are the target's committed rows ``0 .. P - 1`` (its
-``cache_seq_len`` at proposal time): after a partial accept the target's length excludes the
-rejected rows, so the head never reads one. Full layers read all of them; sliding layers the
-newest ``window + 1`` (transformers' ``create_attention_masks``: a bidirectional window of
-distance <= window, flipped onto the past).
-
-With ordered embeddings (``masked_embd_centroids`` / ``masked_embd_ordering`` in the file), the
-top-k of the centroid logits pick ``k * V / C`` vocabulary rows; only those are scored and the
-rest get ``min(scored) - 1`` (transformers' ``Gemma4AssistantMaskedEmbedder``).
-
-State: none of its own (``draft_catch_up`` has nothing to do), so it resumes after any gap and
-arms after a reused prefix (``resumes_after_gap``: ``CanArmAfterPrefixReuse``). Rows it needs:
-the trunk's hidden row that predicted the newest token (``needs_hidden_state``).
+Every step of a chain keeps position ``P`` (transformers' candidate generator does). ``P`` is the
+target's ``cache_seq_len``: after a partial accept it excludes the rejected rows, never read.
+No state of its own: nothing to catch up, it resumes after any gap (``resumes_after_gap``, so it
+arms after a reused prefix). Rows it needs: the trunk's hidden row (``needs_hidden_state``).
 """
 
 from __future__ import annotations

@@ -1,29 +1,17 @@
-"""``Gemma4Target``: the Gemma 4 text trunk as a ``tsspec`` SpeculativeTarget.
+"""``Gemma4Target``: the Gemma 4 text trunk (HF ``Gemma4TextDecoderLayer``) as a SpeculativeTarget.
 
-One layer (HF ``Gemma4TextDecoderLayer``; every norm is RMSNorm ``x_hat * w``)::
+One layer (every norm RMSNorm ``x_hat * w``; attention scale 1)::
 
-    h = attn_norm(x)
-    q = rope(q_norm(W_q h));  k = rope(k_norm(W_k h));  v = rms(W_v h)   # v: weightless norm;
-        # K = V source (W_v absent) on full layers with attention_k_eq_v; KV-shared layers read
-        # the K/V of the last earlier layer of their type instead of making their own
-    x = x + post_attention_norm(W_o softmax(q k^T) v)      # scale 1: the norms carry it
-    m = W_down(gelu_tanh(W_gate g) * W_up g),  g = ffn_norm(x)   # double-wide on shared layers
-    MoE (optional): m = post_ffw_norm_1(m) + post_ffw_norm_2(experts(pre_ffw_norm_2(x)))
-    x = x + post_ffw_norm(m)
-    per-layer input (optional): x = x + post_norm(W_proj(gelu(W_gate' x) * pli_i))
-    x = x * layer_output_scale
+    q = rope(q_norm(W_q attn_norm(x))); k = rope(k_norm(W_k .)); v = rms(W_v . or the raw K)
+    x = x + post_attention_norm(W_o attend(q, K, V))   # KV-shared layers read an earlier layer's
+    x = x + post_ffw_norm(MLP(ffn_norm(x)) [+ MoE branch])   # K/V; sliding layers a window
+    x = x + post_norm(W_proj(gelu(W_gate' x) * pli_i));  x = x * layer_output_scale
 
-Input ``x = embed * sqrt(H)``; per-layer inputs ``pli = (norm(W_plmp x / sqrt(H)) + ple_embed *
-sqrt(P)) / sqrt(2)``. Output: final norm, tied (or ``output``) head, ``tanh(z / cap) * cap``.
-Sliding layers read keys ``max(0, p - window + 1) .. p``; the cache keeps every position (the
-window is a mask), so a verify across the window edge and any rewind are exact.
-
-Row invariance: matrices are ``rows.Linear`` (block kernels or one row at a time), norms and
-transcendental ops run row by row, attention runs one query row at a time over exactly the keys
-a one-row decode reads: a k-row verify equals k one-row decodes bit for bit.
-
-Drafter-facing surface (the assistant reads it): ``embed_scaled(ids)``, ``committed_kv(sliding,
-length)`` (the K/V of the last own-KV layer of that type, positions ``0 .. length - 1``).
+Input ``embed * sqrt(H)`` and per-layer inputs ``pli``; output the final norm, the tied head and
+``tanh(z / cap) * cap``. The cache keeps every position (the window is a mask), so rewinds are
+exact. Row invariance: ``rows.Linear``, norms and transcendental ops row by row, one attention
+query row at a time: a k-row verify equals k one-row decodes bit for bit. The assistant reads
+``embed_scaled`` and ``committed_kv``. The README has the details.
 """
 
 from __future__ import annotations
