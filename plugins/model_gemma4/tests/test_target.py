@@ -94,6 +94,17 @@ def test_bad_files_are_one_line_errors_naming_the_problem(files, tmp_path):
         load_gemma4(tiny.write(tmp_path / "c.gguf", "gemma4", meta, missing))
 
 
+def test_a_gemma4_vocabulary_loads_for_token_ids_with_a_warning(files, tmp_path, caplog):
+    import tiny
+
+    model, _ = files["trunk"]
+    meta, tensors = tiny.gemma4_gguf(model.config.to_dict(), model.state_dict())
+    meta.update({"tokenizer.ggml.model": "gemma4", "tokenizer.ggml.tokens": [f"t{i}" for i in range(128)]})
+    target = load_gemma4(tiny.write(tmp_path / "v.gguf", "gemma4", meta, tensors))
+    assert target.tokenizer is None
+    assert "tokenizer model 'gemma4' is not supported" in caplog.text
+
+
 def test_files_that_are_not_gemma4_trunks_are_named(files):
     with pytest.raises(ModelLoadError, match="is not 'gemma4'"):
         load_gemma4(files["assistant"][1])

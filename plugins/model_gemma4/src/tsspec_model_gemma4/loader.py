@@ -7,6 +7,7 @@ CPU only. ``--dtype float32`` asks for dense float32 matrices (one row at a time
 
 from __future__ import annotations
 
+import logging
 import os
 from typing import Any, Mapping
 
@@ -22,6 +23,8 @@ from .rows import Linear
 from .target import Gemma4Target
 from .weights import check_layer_count, layer_weights, rope_factors
 
+log = logging.getLogger("tsspec.gemma4")
+SUPPORTED_TOKENIZERS = ("gpt2", "llama")  # what tsspec_gguf.tokenizer.from_gguf reads
 DTYPES = {"float32": torch.float32, "fp32": torch.float32, "f32": torch.float32,
           "float64": torch.float64, "fp64": torch.float64}
 
@@ -78,5 +81,17 @@ def load_gemma4(gguf_path: str | os.PathLike[str], options: Any = None) -> Gemma
             gf.check_tensor("per_layer_model_proj.weight", (LP, H))
             weights["ple_proj"] = Linear(gf, ["per_layer_model_proj.weight"], dtype, blocks)
             weights["ple_norm"] = gf.tensor("per_layer_proj_norm.weight").to(vdtype).reshape(hp.ple_dim)
-        tokenizer = from_gguf(gf)
+        tokenizer = _tokenizer(gf)
         return Gemma4Target(hp, weights, tokenizer=tokenizer, dtype=dtype, path=path)
+
+
+def _tokenizer(gf):
+    """The file's tokenizer; None, with a one-line warning, for a vocabulary type the toolkit
+    does not read (llama.cpp writes Gemma 4's as ``gemma4``, a BPE over SentencePiece-escaped
+    text): the model then takes token ids (the Python API), and the CLI says it has no tokenizer."""
+    kind = gf.get("tokenizer.ggml.model", None)
+    if kind is not None and kind not in SUPPORTED_TOKENIZERS and gf.get("tokenizer.ggml.tokens", None):
+        log.warning("%s: tokenizer model %r is not supported (supported: %s); loaded for token ids only",
+                    gf.path, kind, ", ".join(SUPPORTED_TOKENIZERS))
+        return None
+    return from_gguf(gf)
