@@ -77,6 +77,18 @@ def test_verify_rows_equal_decode_rows_bit_for_bit(files):
     assert torch.equal(one, again)
 
 
+def test_a_growing_cache_keeps_its_rows(files, monkeypatch):
+    import tsspec_model_gemma4.target as module
+
+    _, path = files["trunk"]
+    whole = _load(path, "float64").spec_forward(TOKENS, all_logits_rows=True, want_hidden=False)[0]
+    monkeypatch.setattr(module, "INITIAL_CAPACITY", 2)
+    target = _load(path, "float64")
+    parts = [target.spec_forward(TOKENS[a:b], all_logits_rows=True, want_hidden=False)[0]
+             for a, b in ((0, 3), (3, 4), (4, 9), (9, 16))]  # capacity 3, 6, 12, 24
+    assert torch.equal(torch.cat(parts), whole)  # row-invariant: the same rows, grown or not
+
+
 def test_bad_files_are_one_line_errors_naming_the_problem(files, tmp_path):
     import tiny
 
