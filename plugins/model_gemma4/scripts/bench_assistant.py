@@ -25,7 +25,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 
-import tiny  # noqa: E402
+import gemma4_tiny as tiny  # noqa: E402
 import tsspec  # noqa: E402
 from tsspec_model_gemma4.assistant import attach_assistant  # noqa: E402
 from tsspec_model_gemma4.loader import load_gemma4  # noqa: E402

@@ -10,7 +10,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-import tiny  # noqa: E402
+import gemma4_tiny as tiny  # noqa: E402
 
 MOE = dict(enable_moe_block=True, num_experts=4, top_k_experts=2, moe_intermediate_size=32)
 BUILDERS = {  # name -> (make the HF model, write its GGUF)

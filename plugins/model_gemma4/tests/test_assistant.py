@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from oracle import float64_oracle
+from gemma4_oracle import float64_oracle
 from tsspec.errors import ModelLoadError
 from tsspec_model_gemma4.assistant import attach_assistant
 from tsspec_model_gemma4.loader import load_gemma4
@@ -86,7 +86,7 @@ def test_after_a_partial_accept_the_rejected_rows_are_never_read(files, name):
 
 
 def test_an_assistant_for_another_target_is_refused(files, tmp_path):
-    import tiny
+    import gemma4_tiny as tiny
 
     _, target_path = files["trunk"]
     other = files["assistant"][0]  # its GGUF, rewritten for a 32-wide target

@@ -51,7 +51,7 @@ def test_draft_head_with_the_assistant_is_lossless(files, sampling):
 def test_accepted_drafts_of_an_agreeing_assistant_are_lossless(files, tmp_path):
     """All drafts accepted (greedy: the trunk repeats a token, the echo assistant drafts it) and
     partial accepts (seeded) through the real assistant code."""
-    import tiny
+    import gemma4_tiny as tiny
     from tsspec_draft_head import make_draft_head
 
     model, path = files["trunk"]

@@ -1,4 +1,4 @@
-"""Gemma4Target against transformers' Gemma4ForCausalLM (float64 oracle, tests/oracle.py):
+"""Gemma4Target against transformers' Gemma4ForCausalLM (float64 oracle, tests/gemma4_oracle.py):
 prefill, cached decode, multi-row verify, rollback after a partial accept; rows bit-exact."""
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from oracle import float64_oracle
+from gemma4_oracle import float64_oracle
 from tsspec.errors import ModelLoadError
 from tsspec_model_gemma4.loader import load_gemma4
 
@@ -90,7 +90,7 @@ def test_a_growing_cache_keeps_its_rows(files, monkeypatch):
 
 
 def test_bad_files_are_one_line_errors_naming_the_problem(files, tmp_path):
-    import tiny
+    import gemma4_tiny as tiny
 
     model, _ = files["trunk"]
     meta, tensors = tiny.gemma4_gguf(model.config.to_dict(), model.state_dict())
@@ -107,7 +107,7 @@ def test_bad_files_are_one_line_errors_naming_the_problem(files, tmp_path):
 
 
 def test_a_gemma4_vocabulary_loads_for_token_ids_with_a_warning(files, tmp_path, caplog):
-    import tiny
+    import gemma4_tiny as tiny
 
     model, _ = files["trunk"]
     meta, tensors = tiny.gemma4_gguf(model.config.to_dict(), model.state_dict())
