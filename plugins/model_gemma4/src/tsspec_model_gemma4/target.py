@@ -29,6 +29,9 @@ from .rope import RotaryTable
 from .rows import Linear, gelu, rms, rowwise
 
 INITIAL_CAPACITY = 256
+# the guarantee `tsspec generate --stats` prints on its [lossless] line (docs/lossless.md)
+LOSSLESS = ("bit-exact, greedy and seeded: every matrix row by row (block kernels, or one torch.mv a row), "
+            "norms, GELU and softcap one row per call, attention one query row at a time")
 
 
 def scale32(value: float) -> float:
@@ -70,7 +73,8 @@ class Gemma4Target:
         self._res = torch.float64 if dtype == torch.float64 else torch.float32
         self.config = ModelConfig(
             architecture=hp.arch, vocab_size=hp.vocab_size, hidden_size=hp.hidden_size, num_layers=hp.n_layers,
-            context_length=hp.context_length, extra={**hp.as_extra(), "dtype": str(dtype).removeprefix("torch.")},
+            context_length=hp.context_length,
+            extra={**hp.as_extra(), "dtype": str(dtype).removeprefix("torch."), "lossless": LOSSLESS},
         )
         self._embed: torch.Tensor = weights["embed"]  # [V, H]
         self._head: Linear = weights["lm_head"]
