@@ -79,8 +79,11 @@ drafters-dflash: setup
 test: setup
 	$(PY) -m pytest -q
 
-# A drafter exported in the speculators format, loaded by speculators 0.9.0's own config and model
-# classes in a venv of its own (.venv-interop: speculators pins an older transformers)
+# Drafters exported in the speculators format (a block drafter, a trained mtp-shaped draft head),
+# loaded by speculators 0.9.0's own config and model classes in a venv of its own (.venv-interop,
+# pinned by plugins/speculators_format/scripts/interop-constraints.txt: speculators pins an older
+# transformers), and speculators' own save read back; make test runs it too
+# (plugins/speculators_format/tests/test_interop.py; TSSPEC_SKIP_INTEROP=1 skips it there)
 interop-check: setup
 	PY=$(CURDIR)/$(PY) bash plugins/speculators_format/scripts/interop_check.sh
 
@@ -127,4 +130,4 @@ soak: setup
 	$(PY) -m pytest -q -m soak
 
 clean:
-	rm -rf $(VENV) build *.egg-info
+	rm -rf $(VENV) .venv-interop build *.egg-info

@@ -170,6 +170,7 @@ class TargetInfo:
     verify_persists_accepted_kv: bool = False  # a rejected tail is undone by a KV rewind
     batched: bool = False  # a BatchedSpeculativeTarget (offers spec_open_paged)
     drafter: DrafterInfo = DrafterInfo()
+    draft_head_absence: str | None = None  # why it carries no draft head (absent, or not loaded)
 
 
 def drafter_info(head: Any) -> DrafterInfo:
@@ -198,6 +199,7 @@ def target_info(target: Any) -> TargetInfo:
         verify_persists_accepted_kv=getattr(target, "spec_verify_persists_accepted_kv", False) is True,
         batched=callable(getattr(target, "spec_open_paged", None)),
         drafter=drafter_info(getattr(target, "draft_head", None)),
+        draft_head_absence=str(absence) if (absence := getattr(target, "spec_draft_head_absence", None)) else None,
     )
 
 

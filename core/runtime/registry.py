@@ -229,7 +229,8 @@ class SpeculatorRegistry:
             return Decline(
                 name,
                 NO_DRAFT_HEAD,
-                f"{name} needs trained drafter weights and the model carries none; attach "
+                f"{name} needs trained drafter weights and the model carries none"
+                f"{f' ({info.draft_head_absence})' if info.draft_head_absence else ''}; attach "
                 f"{entry.drafter_hint or 'a drafter file'}{self._weight_free_advice()}",
             )
         if not entry.requires_draft_head and not info.speculation_profitable:
