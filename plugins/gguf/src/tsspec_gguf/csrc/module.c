@@ -274,6 +274,7 @@ static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_cpu_kernels", "tssp
 static const TsspecKernelsApi api = {
     TSSPEC_KERNELS_API_VERSION, gemm, stack_forward, block_qkv_cache, rms_norm_rows, rms_norm_torch_rows,
     torch_lanes_ok, unpack_row, parse_weight, parse_matrix, top1_topk_of, set_region_kind,
+    attention, rope_rows, silu_mul_rows,
 };
 
 PyMODINIT_FUNC PyInit__cpu_kernels(void) {
