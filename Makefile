@@ -11,7 +11,7 @@ CONSTRAINTS := $(CURDIR)/constraints.txt
 export PIP_CONSTRAINT := $(CONSTRAINTS)
 BUILD_PINS := PIP_BUILD_CONSTRAINT=$(CONSTRAINTS)
 
-.PHONY: setup run run-drafter test bench bench-serve soak clean drafters drafters-mtp drafters-dflash interop-check
+.PHONY: setup run run-drafter test bench bench-serve soak clean drafters drafters-mtp drafters-dflash interop-check check-real
 
 setup: $(STAMP)
 
@@ -110,6 +110,11 @@ $(BENCH_STAMP): $(STAMP)
 
 bench: setup $(BENCH_STAMP)
 	$(VENV)/bin/tsspec bench $(BENCH_ARGS) --json docs/bench.json --markdown BENCHMARKS.md --plot docs/bench.png
+
+# tsspec against llama.cpp on the real Gemma 3 270M file: greedy tokens, the logits at any split,
+# tokenizer parity (llama-cpp-python, in its own process, comes with the bench's extras)
+check-real: setup $(BENCH_STAMP)
+	$(PY) plugins/model_llama/scripts/check_real.py
 
 # the serving figures (docs/bench-serve.md): streams, the multi-turn chat with prefix reuse, RSS
 bench-serve: setup
