@@ -46,18 +46,12 @@ def _nothing(*_: Any) -> None:
     return None
 
 
-def _no_counts() -> tuple[int, int, int, int]:
-    return 0, 0, 0, 0
-
-
 @attrs.frozen
 class SpeculatorInfo:
     """A speculator as the loop sees it: the spec's facts, then the optional members' defaults.
 
     ``min_draft_prob`` (MinDraftProb) is the confidence gate in force: the operator's
     ``--spec-pmin``, else the speculator's ``default_min_draft_prob`` (DefaultMinDraftProb).
-    ``counts()`` returns (declined drafts, governor wins, losses, parked steps) for a speculator
-    that governs itself (its ``declined_drafts`` and ``governor_counts()``).
     """
 
     name: str
@@ -68,28 +62,20 @@ class SpeculatorInfo:
     needs_hidden_state: bool = False
     handles_own_prefill: bool = False  # True: the loop does not commit the prompt to it
     can_arm_after_prefix_reuse: bool = False
-    catch_up_rows: int | None = None  # trailing committed rows a proposal after a gap needs
-    governs_itself: bool = False  # the loop's cost governor stands aside
-    sizes_own_drafts: bool = False  # the loop verifies its drafts whole
     commit: Callable[[Any, Any, int], None] = _nothing
     reset: Callable[[], None] = _nothing
     close: Callable[[], None] = _nothing
-    observe_step: Callable[[bool, float, int, int], None] | None = None
-    counts: Callable[[], tuple[int, int, int, int]] = _no_counts
 
 
-# member -> (kind, what a wrong value is told it should be); kinds: bool, int>=1/None, prob, int>=0/None
+# member -> (kind, what a wrong value is told it should be); kinds: bool, prob, int>=0/None
 _FACTS = {
     "max_draft_tokens": ("count", "a whole number >= 0 or None"),
     "default_min_draft_prob": ("prob", "a number in [0, 1]"),
     "needs_hidden_state": ("bool", "True or False"),
     "handles_own_prefill": ("bool", "True or False"),
     "can_arm_after_prefix_reuse": ("bool", "True or False"),
-    "catch_up_rows": ("positive", "a whole number >= 1 or None"),
-    "governs_itself": ("bool", "True or False"),
-    "sizes_own_drafts": ("bool", "True or False"),
 }
-_METHODS = ("commit", "reset", "close", "observe_step", "governor_counts")
+_METHODS = ("commit", "reset", "close")
 
 
 def _valid(kind: str, value: Any) -> bool:
@@ -100,8 +86,7 @@ def _valid(kind: str, value: Any) -> bool:
                 and math.isfinite(value) and 0.0 <= value <= 1.0)
     if value is None:
         return True
-    whole = isinstance(value, int) and not isinstance(value, bool)
-    return whole and value >= (1 if kind == "positive" else 0)
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
 
 
 def _member(obj: Any, name: str, owner: str) -> Any:
@@ -124,7 +109,7 @@ def check_speculator_class(obj: Any, label: str = "speculator") -> None:
         raise ContractError(f"{owner}: has no callable propose(ctx)")
     for fact, (kind, told) in _FACTS.items():
         value = _member(obj, fact, owner)
-        if isinstance(value, property) or (value is None and fact not in ("max_draft_tokens", "catch_up_rows")):
+        if isinstance(value, property) or (value is None and fact != "max_draft_tokens"):
             continue  # a class's property is read on the instance; absent: the default
         if not _valid(kind, value):
             raise ContractError(f"{owner}: {fact} must be {told}, got {value!r}")
@@ -160,22 +145,8 @@ def speculator_info(spec: Any) -> SpeculatorInfo:
     default_gate = float(facts.get("default_min_draft_prob", 0.0))
     own = getattr(spec, "min_draft_prob", None)
     gate = own if _valid("prob", own) else default_gate
-    methods = {m: getattr(spec, m) for m in ("commit", "reset", "close", "observe_step")
-               if getattr(spec, m, None) is not None}
-    return SpeculatorInfo(
-        name=spec.name, propose=spec.propose, **facts, **methods,
-        min_draft_prob=float(gate),
-        counts=lambda: _counts(spec),
-    )
-
-
-def _counts(spec: Any) -> tuple[int, int, int, int]:
-    """(declined drafts, wins, losses, parked steps) a self-governing speculator reports."""
-    declined = getattr(spec, "declined_drafts", 0)
-    declined = declined if isinstance(declined, int) and not isinstance(declined, bool) else 0
-    report = getattr(spec, "governor_counts", None)
-    wins, losses, parked = report() if callable(report) else (0, 0, 0)
-    return declined, int(wins), int(losses), int(parked)
+    methods = {m: getattr(spec, m) for m in _METHODS if getattr(spec, m, None) is not None}
+    return SpeculatorInfo(name=spec.name, propose=spec.propose, **facts, **methods, min_draft_prob=float(gate))
 
 
 @attrs.frozen
@@ -199,6 +170,7 @@ class TargetInfo:
     verify_persists_accepted_kv: bool = False  # a rejected tail is undone by a KV rewind
     batched: bool = False  # a BatchedSpeculativeTarget (offers spec_open_paged)
     drafter: DrafterInfo = DrafterInfo()
+    draft_head_absence: str | None = None  # why it carries no draft head (absent, or not loaded)
 
 
 def drafter_info(head: Any) -> DrafterInfo:
@@ -227,6 +199,7 @@ def target_info(target: Any) -> TargetInfo:
         verify_persists_accepted_kv=getattr(target, "spec_verify_persists_accepted_kv", False) is True,
         batched=callable(getattr(target, "spec_open_paged", None)),
         drafter=drafter_info(getattr(target, "draft_head", None)),
+        draft_head_absence=str(absence) if (absence := getattr(target, "spec_draft_head_absence", None)) else None,
     )
 
 

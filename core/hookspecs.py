@@ -54,6 +54,16 @@ def tsspec_register_drafters(register):
 
 
 @hookspec
+def tsspec_register_file_toolkit(register):
+    """register(architecture, identity, *, kernels_info=None): the model-file toolkit the core
+    reads files through, so it names no file format. ``architecture(path) -> str``: a model
+    file's architecture (ModelLoadError when unreadable); ``identity(architecture, shape_digest,
+    sha256) -> obj`` with ``obj.matches(path) -> bool`` keys a shipped drafter by its target
+    file; ``kernels_info() -> dict`` says what the compiled CPU kernels run (``simd``, ``int8``).
+    The first plugin to register one wins."""
+
+
+@hookspec
 def tsspec_register_kernels(register):
     """register(op_name: str, implementation, *, device: str = "cuda", description: str = "",
     available: bool = True, reason: str = ""); accelerated implementations of named ops; the
@@ -77,8 +87,8 @@ def tsspec_register_converters(register):
 @hookspec
 def tsspec_register_trainers(register):
     """register(kind: str, trainer, *, description: str = ""); trainer(request, target, log) ->
-    dict trains a drafter of ``kind`` (``tsspec train-drafter --kind KIND``; see
-    ``tsspec_training.request``)."""
+    dict trains a drafter of ``kind`` (``tsspec train-drafter --kind KIND``; ``request`` is the
+    training plugin's own request record)."""
 
 
 @hookspec

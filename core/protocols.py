@@ -154,32 +154,21 @@ class PrecedingTokens(Sequence[int]):
 
 
 class Proposal(list):
-    """A draft (a list of token ids) with the ``evidence`` its speculator had when proposing:
-    a small hashable key, e.g. ngram's ``(match-length bucket, last draft landed in full)``,
-    and/or its ``confidence``: one float in [0, 1] per draft token, the drafter's own estimate
-    that the token is right (a learned head's top-1 probability).
+    """A draft (a list of token ids) with its ``confidence``: one float in [0, 1] per draft
+    token, the drafter's own estimate that the token is right (a learned head's top-1
+    probability). The loop measures how often tokens of each confidence land in this run
+    (``runtime.calibration``) and verifies the prefix with the most expected tokens per
+    measured millisecond, possibly none (the step is then a plain one). A plain list is
+    verified whole (up to ``DraftContext.max_tokens``).
 
-    The loop measures acceptance per key and verifies only as many drafts as pay for that key,
-    possibly none (the step is then a plain one). With ``confidence`` it measures instead how
-    often tokens of each confidence land in this run (``runtime.calibration``) and verifies the
-    prefix with the most expected tokens per measured millisecond. ``evidence`` and
-    ``confidence`` None (a plain list) keep the pooled sizing through
-    ``DraftContext.max_tokens``. Keep keys few (a handful of values): each distinct key is
-    measured apart, and past 64 in one run new keys count only in the pool.
-
-    >>> p = Proposal([5, 6], evidence=("long", True))
-    >>> p, p.evidence, p.confidence
-    ([5, 6], ('long', True), None)
     >>> Proposal([5, 6], confidence=[0.9, 0.4]).confidence
     [0.9, 0.4]
     """
 
-    __slots__ = ("evidence", "confidence")
+    __slots__ = ("confidence",)
 
-    def __init__(self, tokens: Sequence[int] = (), evidence: Hashable | None = None,
-                 confidence: Sequence[float] | None = None):
+    def __init__(self, tokens: Sequence[int] = (), confidence: Sequence[float] | None = None):
         super().__init__(tokens)
-        self.evidence = evidence
         self.confidence = None if confidence is None else list(confidence)
 
 
@@ -387,8 +376,8 @@ class PagedRows:
 class PagedKV(Protocol):
     """A target's KV in ``num_blocks`` fixed-size blocks and one forward over a ragged batch.
 
-    The core owns the bookkeeping (block tables, reference counts, the prefix cache:
-    ``tsspec.runtime.prefix_cache``); the plugin owns the tensors. On a batch-invariant path a
+    Block tables are the caller's (the batched driver's plain tables, the serve plugin's
+    prefix cache); the plugin owns the tensors. On a batch-invariant path a
     sequence's rows are computed exactly as in a forward of that sequence alone.
 
     Optional, for trunks with per-sequence recurrent state (hybrids): ``keep(seq, rows_kept)``
@@ -463,8 +452,7 @@ class Speculator(Protocol):
     specification's ``max_draft_tokens``, ``min_draft_prob`` (MinDraftProb, set by the registry
     to the gate in force), ``default_min_draft_prob`` (DefaultMinDraftProb), ``needs_hidden_state``,
     ``handles_own_prefill``, ``can_arm_after_prefix_reuse``; the methods ``commit``, ``reset``,
-    ``close``, ``observe_step``; and the governing facts ``catch_up_rows``, ``sizes_own_drafts``,
-    ``governs_itself`` (with ``declined_drafts`` and ``governor_counts()``).
+    ``close``.
 
     ``propose`` may return anything; the loop treats the result as untrusted (ids outside the
     vocabulary, too many tokens or an exception end drafting for that step). An empty list asks

@@ -39,9 +39,13 @@ def _plugin(files):
     return mod
 
 
-def _catalog(files):
+def _catalog(files, toolkit=True):
+    import tsspec_gguf
+
     host = PluginHost()
     host.register(_plugin(files), "bundling")
+    if toolkit:  # the file toolkit makes each record's target identity
+        host.register(tsspec_gguf, "gguf")
     return build_catalog(host, discover=False)
 
 
@@ -63,6 +67,7 @@ def test_registered_files_are_picked_for_their_target_only(tmp_path, monkeypatch
     drafter = tmp_path / "drafter.gguf"
     drafter.write_bytes(b"x")  # only its presence matters to the registry
     files = [{"path": str(drafter), "algorithm": "draft-head", "target": identify(a).to_json()}]
+    assert _catalog(files, toolkit=False).bundled_drafters == []  # nothing could match them
     catalog = _catalog(files)
     [record] = catalog.bundled_drafters
     assert record.plugin == "bundling" and record.algorithm == "draft-head"

@@ -9,20 +9,20 @@ from tsspec.runtime.calibration import (
     BUCKETS,
     ChainWorth,
     ConfidenceCalibration,
+    StepCosts,
     bucket,
     valid_confidences,
 )
-from tsspec.runtime.economics import DraftEconomics
 
 # forward cost by rows as a target publishes it: 2 rows 1.2x one row, 3 rows 1.4x, ...
 SHAPE = ((1, 10.0), (2, 12.0), (3, 14.0), (4, 16.0), (8, 24.0))
 
 
 def _economics(plain_ms=10.0):
-    economics = DraftEconomics(SHAPE)
+    costs = StepCosts(SHAPE)
     for _ in range(4):
-        economics.record_plain(plain_ms)
-    return economics
+        costs.record(0, plain_ms)
+    return costs
 
 
 def _calibrated(sure=0.95, unsure=0.05, steps=40):
@@ -97,12 +97,25 @@ def test_length_follows_the_measured_row_cost():
     for i in range(40):
         calibration.record([0.31], 1 if i % 10 < 3 else 0)  # lands ~0.3 of the time
     cheap = ChainWorth(calibration, _economics())  # a row costs 0.2 of a step: 0.3 pays
-    steep = DraftEconomics(((1, 10.0), (2, 16.0), (3, 22.0)))  # a row costs 0.6 of a step
+    steep = StepCosts(((1, 10.0), (2, 16.0), (3, 22.0)))  # a row costs 0.6 of a step
     for _ in range(4):
-        steep.record_plain(10.0)
+        steep.record(0, 10.0)
     assert cheap.length([0.31]) == 1 and ChainWorth(calibration, steep).length([0.31]) == 0
 
 
 def test_with_nothing_measured_a_chain_is_tried():
-    worth = ChainWorth(ConfidenceCalibration(), DraftEconomics(SHAPE))
+    worth = ChainWorth(ConfidenceCalibration(), StepCosts(SHAPE))
     assert worth.length([0.2, 0.1]) == 2
+
+
+def test_step_costs_interpolate_without_a_shape_and_scale_the_shape_by_the_median_step():
+    costs = StepCosts()
+    costs.record(0, 10.0)
+    assert costs.costs(2) == [10.0, 10.0, 10.0]  # one measured length: flat
+    costs.record(2, 14.0)
+    assert costs.costs(3) == [10.0, 12.0, 14.0, 16.0]  # between and past the measured lengths
+    costs.set_shape(SHAPE)  # the samples so far are re-read against the shape: scale 1.0
+    assert costs.costs(2) == pytest.approx([10.0, 12.0, 14.0])
+    costs.record(1, 1e6)  # one slow step moves no price: the median absorbs it
+    assert costs.costs(1) == pytest.approx([10.0, 12.0])
+    assert StepCosts(((1, 10.0), (2, 9.0))).shape is None  # a falling profile is not used

@@ -25,8 +25,8 @@ CORE = Path(__file__).resolve().parents[1] / "core"
 # every optional member of a plugin object the contract defines (speculator, target, head, paged KV)
 CAPABILITIES = (
     "max_draft_tokens", "min_draft_prob", "default_min_draft_prob", "needs_hidden_state",
-    "handles_own_prefill", "can_arm_after_prefix_reuse", "catch_up_rows", "governs_itself",
-    "sizes_own_drafts", "observe_step", "declined_drafts", "governor_counts", "speculation_profitable", "speculation_refusal", "spec_preferred_draft_window",
+    "handles_own_prefill", "can_arm_after_prefix_reuse", "speculation_profitable", "speculation_refusal",
+    "spec_preferred_draft_window",
     "spec_verify_persists_accepted_kv", "spec_verify_row_ms", "spec_open_paged", "adopted_prefix",
     "extra_cost_ms", "auto_fallback", "resumes_after_gap", "row_invariant", "resumes_prefix",
     "prefix_refusal", "release",
@@ -61,10 +61,9 @@ def test_no_capability_probe_outside_the_reader():
 def test_a_name_and_propose_are_a_speculator():
     info = speculator_info(Lookup())
     assert info == SpeculatorInfo(name="lookup", propose=info.propose, commit=info.commit, reset=info.reset,
-                                  close=info.close, counts=info.counts)
+                                  close=info.close)
     assert info.max_draft_tokens is None and info.min_draft_prob == info.default_min_draft_prob == 0.0
     assert not (info.needs_hidden_state or info.handles_own_prefill or info.can_arm_after_prefix_reuse)
-    assert info.observe_step is None and info.counts() == (0, 0, 0, 0)
     info.commit([1], None, 0), info.reset(), info.close()  # defaults do nothing
 
 
@@ -89,9 +88,8 @@ def test_the_least_speculator_is_lossless_through_the_registry(sampling):
     ("needs_hidden_state", "yes", "needs_hidden_state must be True or False"),
     ("max_draft_tokens", -1, "max_draft_tokens must be"),
     ("default_min_draft_prob", 1.5, "default_min_draft_prob must be a number in [0, 1]"),
-    ("catch_up_rows", 0, "catch_up_rows must be"),
     ("reset", 3, "reset must be a method"),
-    ("observe_step", "no", "observe_step must be a method"),
+    ("close", "no", "close must be a method"),
 ])
 def test_a_wrong_member_is_named_when_the_registry_makes_it(member, value, phrase):
     spec = Lookup()

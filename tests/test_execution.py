@@ -279,40 +279,6 @@ def test_draft_context_carries_the_window_and_the_preceding_tokens():
     assert seen[0][2] == [prompt[-1], ref[len(prompt)], 7]  # history (ends with last) then drafts
 
 
-def test_a_proposal_with_evidence_is_sized_for_its_key_and_bad_evidence_is_a_fault():
-    from tsspec.protocols import Proposal
-    from tsspec.runtime.proposal import proposal_evidence
-
-    prompt = [3, 1, 4, 1, 5]
-    ref = prompt + plain_tokens(ToyTarget(seed=2), prompt, 24)
-    keys = []
-
-    class Keyed(FixedSpeculator):
-        evidence = "k"
-
-        def propose(self, ctx):
-            drafts = super().propose(ctx)
-            keys.append(self.evidence)
-            return Proposal(drafts, evidence=self.evidence) if drafts else drafts
-
-    spec = Keyed(ref, 4, 8, 32)
-    out = generate(ToyTarget(seed=2), prompt, SpeculationOptions(draft=4), max_tokens=24, speculator=spec)
-    assert out.tokens == ref[len(prompt):] and out.stats.draft_tokens > 0 and out.stats.faults == 0
-    spec = Keyed(ref, 4, 8, 32)
-    spec.evidence = ["unhashable"]
-    out = generate(ToyTarget(seed=2), prompt, SpeculationOptions(draft=4), max_tokens=24, speculator=spec)
-    assert out.tokens == ref[len(prompt):] and out.stats.fault_kinds.get("bad_evidence", 0) >= 1
-    assert out.stats.draft_tokens == 0
-
-    class Raises(list):
-        @property
-        def evidence(self):
-            raise RuntimeError("no")
-
-    assert proposal_evidence(Raises([1])) == (None, "bad_evidence")
-    assert proposal_evidence(None) == (None, None)
-
-
 def test_a_proposal_with_confidence_is_sized_by_it_and_bad_confidence_is_a_fault():
     from tsspec.protocols import Proposal
     from tsspec.runtime.proposal import proposal_confidence

@@ -119,22 +119,6 @@ def test_probes_draft_short_until_a_draft_lands():
     assert held.draft_limit(8) == 8
 
 
-def test_a_landless_probe_caps_drafts_without_searching_lengths(monkeypatch):
-    """While a probe has landed nothing, a cap of one token decides the limit by itself: the
-    measured best length is never below one, so the search is not run on those steps."""
-    g = SpeculationCostGovernor()
-    for _ in range(6):
-        g.record(False, PLAIN_MS, 1)
-    g.record(True, 12.0, 1, drafted=1)  # one verify that landed nothing: still probing
-    searched = []
-    best = g.economics.best
-    monkeypatch.setattr(g.economics, "best", lambda *a, **k: searched.append(a) or best(*a, **k))
-    assert g.state == PROBE and not g.probe_landed
-    assert g.draft_limit(8) == 1 and g.draft_limit(1) == 1 and searched == []
-    g.probe_draft = 2  # a wider cap needs the measured length
-    assert g.draft_limit(8) == min(best(8), 2) and searched
-
-
 def test_the_rolling_window_keeps_its_totals_as_samples_come_and_go():
     """count and ms per token equal the sums over the samples held, through warm-up, eviction
     and clearing."""
@@ -153,52 +137,30 @@ def test_the_rolling_window_keeps_its_totals_as_samples_come_and_go():
         assert w.ms_per_token == (None if tokens == 0 else sum(ms for ms, _ in w.samples) / tokens)
 
 
-def test_draft_limit_follows_the_measured_economics():
-    """After a landing, the limit is the length with the most tokens per ms: one token for a
-    drafter whose second token rarely lands on rows that cost, the window without sizing."""
-    g = SpeculationCostGovernor(min_samples=50)  # keep it probing: only the length is tested
-    for i in range(30):
-        g.record(False, PLAIN_MS, 1)
-        g.record(True, 13.0, 2 if i % 5 < 2 else 1, drafted=1)  # one draft, 40% land
-        g.record(True, 17.0, 2 if i % 5 < 2 else 1, drafted=2)  # two drafts, the second never lands
-    assert g.probe_landed and g.draft_limit(8) == 1
-    g.size_drafts = False
-    assert g.draft_limit(8) == 8
-
-
-def test_generation_lets_a_speculator_size_its_drafts_and_govern_itself(monkeypatch):
+def test_generation_governs_every_speculator_and_plain_decoding_not_at_all(monkeypatch):
     from tsspec.runtime import generation
+    from tsspec.runtime.options import SpeculationOptions
     from tsspec.testing import ToyTarget
 
     seen = []
 
-    class Sizer:
-        name, needs_hidden_state, sizes_own_drafts = "sizer", False, True
+    class Lookup:
+        name = "lookup"
 
         def propose(self, ctx):
             return []
 
-        def commit(self, *args):
-            pass
-
     real = generation.SpeculativeExecution
 
     def spy(*args, **kwargs):
-        seen.append((kwargs["governor"].size_drafts, kwargs["governor"].enabled))
+        seen.append(kwargs["governor"].enabled)
         return real(*args, **kwargs)
 
     monkeypatch.setattr(generation, "SpeculativeExecution", spy)
-    generation.generate(ToyTarget(), [1, 2, 3], max_tokens=2, speculator=Sizer())
-    Sizer.sizes_own_drafts = False  # the governor sizes the drafts
-    generation.generate(ToyTarget(), [1, 2, 3], max_tokens=2, speculator=Sizer())
-    Sizer.governs_itself = True  # the loop's governor stands aside
-    generation.generate(ToyTarget(), [1, 2, 3], max_tokens=2, speculator=Sizer())
-    assert seen == [(False, True), (True, True), (True, False)]
-    from tsspec.capabilities import ContractError
-
-    Sizer.sizes_own_drafts = "yes"  # not a bool: named before anything runs
-    with pytest.raises(ContractError, match="sizes_own_drafts must be True or False"):
-        generation.generate(ToyTarget(), [1, 2, 3], max_tokens=2, speculator=Sizer())
+    generation.generate(ToyTarget(), [1, 2, 3], max_tokens=2, speculator=Lookup())
+    generation.generate(ToyTarget(), [1, 2, 3], SpeculationOptions(adaptive=False), max_tokens=2, speculator=Lookup())
+    generation.generate(ToyTarget(), [1, 2, 3], SpeculationOptions(enabled=False), max_tokens=2)
+    assert seen == [True, False, False]
 
 
 def test_costly_empty_attempts_park_a_probe_and_cheap_ones_do_not():
@@ -282,23 +244,23 @@ def test_a_park_that_ran_out_carries_its_backoff():
     assert second.state == PARKED and second.parked_left == 16 and second.backoff == 64
 
 
-# -- evidence keys -----------------------------------------------------------------------------
+# -- calibrated (confidence-carrying) steps -----------------------------------------------------
 
 
-def test_keyed_zero_accept_streaks_do_not_park_but_unkeyed_ones_do():
+def test_calibrated_zero_accept_streaks_do_not_park_but_uncalibrated_ones_do():
     """A bursty drafter: three misses, then three steps landing four drafts each, over and
-    over. Unkeyed, the first two misses in a row park it; keyed, the streaks are the per-key
-    economics' business and the drafting, which wins overall, holds."""
+    over. Without confidence, the first two misses in a row park it; with it, the streaks are
+    the per-bucket sizing's business and the drafting, which wins overall, holds."""
 
-    def bursty(evidence):
+    def bursty(confident):
         g = SpeculationCostGovernor(min_samples=3)
         for step in range(120):
             if not g.want_speculation():
                 g.record(False, PLAIN_MS, 1)
             elif step % 6 < 3:
-                g.record(True, 12.0, 1, drafted=1, evidence=evidence and "guess")
+                g.record(True, 12.0, 1, drafted=1, confidence=[0.5] if confident else None)
             else:
-                g.record(True, 16.0, 5, drafted=4, evidence=evidence and "span")
+                g.record(True, 16.0, 5, drafted=4, confidence=[0.9] * 4 if confident else None)
         return g
 
     unkeyed, keyed = bursty(None), bursty(True)
@@ -306,109 +268,14 @@ def test_keyed_zero_accept_streaks_do_not_park_but_unkeyed_ones_do():
     assert keyed.losses == 0 and keyed.parked_steps == 0 and keyed.state == HOLD
 
 
-def test_keyed_drafting_still_parks_when_it_loses_by_measured_cost():
+def test_calibrated_drafting_still_parks_when_it_loses_by_measured_cost():
     g = SpeculationCostGovernor(min_samples=3)
     for _ in range(40):
         if g.want_speculation():
-            g.record(True, 14.0, 1, drafted=2, evidence="k")  # 14 ms a token against 10
+            g.record(True, 14.0, 1, drafted=2, confidence=[0.9, 0.9])  # 14 ms a token against 10
         else:
             g.record(False, PLAIN_MS, 1)
     assert g.losses >= 1 and g.parked_steps > 0
-
-
-def test_size_proposal_keeps_what_pays_for_the_key_and_retries_a_declined_key():
-    g = SpeculationCostGovernor(explore_after=4)
-    assert g.size_proposal(6, None) == 6  # unkeyed: sized before proposing (draft_limit)
-    assert g.draft_limit(8) == 1 and not g.keyed  # a probe that landed nothing: one token
-    assert g.size_proposal(6, "span") == 1 and g.keyed  # the probe cap holds for keys too
-    for _ in range(4):
-        g.record(False, PLAIN_MS, 1)
-    for _ in range(12):
-        g.record(True, 16.0, 5, drafted=4, evidence="span")  # four of four land
-        g.record(True, 12.0, 1, drafted=1, evidence="guess")  # nothing lands
-    assert g.state == HOLD and g.draft_limit(8) == 8  # keyed: the window, sized after proposing
-    assert g.size_proposal(8, "span") >= 4
-    sized = [g.size_proposal(8, "guess") for _ in range(4)]
-    # declined three times, re-tried with one token at the fourth; that retry lands nothing,
-    # so the next retry waits twice as long
-    assert sized == [0, 0, 0, 1] and g.declined == 3
-    g.record(True, 12.0, 1, drafted=1, evidence="guess")
-    sized = [g.size_proposal(8, "guess") for _ in range(8)]
-    assert sized == [0] * 7 + [1] and g.declined == 10
-    g.record(True, 12.0, 2, drafted=1, evidence="guess")  # a retry that lands resets the wait
-    assert g._explore_gap == {}
-    g.reset()
-    assert g.declined == 10 and g._declines == {} and g.economics.samples("span") == 0
-
-
-def test_a_bursty_drafter_is_not_parked_across_spans_in_the_loop():
-    """Right inside copied spans, wrong between them (24 positions each), on the embedded
-    model's verify-cost profile (virtual clock: deterministic). With an evidence key saying
-    whether its draft starts inside a span, its wrong drafts are declined and the right ones
-    verified in full: no park, and faster than plain and than the same drafter unkeyed, whose
-    failed drafts park it across the spans that follow."""
-    from tsspec_bench.governor_check import CostProfileToy, VirtualClock
-    from tsspec.protocols import Proposal
-    from tsspec.runtime.generation import generate
-    from tsspec.runtime.options import SpeculationOptions
-    from tsspec.testing import OracleSpeculator
-
-    clock = VirtualClock()
-    target = CostProfileToy(base_ms=10.0, seed=5, recurrent=False, clock=clock, max_context=512)
-    prompt, n = [5, 9, 2, 7, 1, 3, 8, 4], 360
-    in_span = lambda pos: (pos // 24) % 2 == 0
-
-    class Bursty(OracleSpeculator):
-        keyed = False
-
-        def propose(self, ctx):
-            p, vocab = ctx.position, self.vocab_size
-            truth = self.sequence[p + 1 : p + 1 + ctx.max_tokens]
-            drafts = [t if in_span(p + 1 + i) else (t + 1) % vocab for i, t in enumerate(truth)]
-            return Proposal(drafts, evidence=in_span(p + 1)) if self.keyed else drafts
-
-    def run(keyed):
-        spec = Bursty.from_plain_run(target, prompt, n, max_draft_tokens=8)
-        spec.keyed = keyed
-        return generate(target, prompt, SpeculationOptions(spec_type="oracle", draft=8), max_tokens=n,
-                        speculator=spec, clock=clock)
-
-    plain = generate(target, prompt, SpeculationOptions(enabled=False), max_tokens=n, clock=clock)
-    keyed, unkeyed = run(True), run(False)
-    assert keyed.tokens == unkeyed.tokens == plain.tokens
-    assert keyed.stats.governor_losses == 0 and keyed.stats.governor_parked_steps == 0
-    assert unkeyed.stats.governor_parked_steps > 0
-    assert keyed.stats.declined_drafts > 0
-    assert keyed.stats.acceptance_rate > 0.75 > unkeyed.stats.acceptance_rate
-    assert keyed.stats.decode_ms < 0.75 * plain.stats.decode_ms
-    assert keyed.stats.decode_ms < 0.9 * unkeyed.stats.decode_ms
-
-
-def test_a_keyed_drafter_that_never_lands_costs_under_three_percent():
-    """The governor check's P = 0 extreme with keyed proposals: they are declined (with sparse
-    one-token retries) or parked by measured cost instead of by streaks; either way decoding
-    stays within 3% of plain on the embedded model's cost profile (virtual clock)."""
-    from tsspec_bench.governor_check import CostProfileToy, VirtualClock
-    from tsspec.protocols import Proposal
-    from tsspec.runtime.generation import generate
-    from tsspec.runtime.options import SpeculationOptions
-    from tsspec.testing import OracleSpeculator
-
-    clock = VirtualClock()
-    target = CostProfileToy(base_ms=8.0, seed=7, recurrent=False, clock=clock, max_context=512)
-    prompt, n = [4, 8, 15, 16, 23, 12, 1, 2], 240
-
-    class Never(OracleSpeculator):
-        def propose(self, ctx):
-            drafts = super().propose(ctx)
-            return Proposal(drafts, evidence=ctx.position % 3) if drafts else drafts
-
-    spec = Never.from_plain_run(target, prompt, n, corrupt=1.0)
-    keyed = generate(target, prompt, SpeculationOptions(spec_type="oracle"), max_tokens=n, speculator=spec, clock=clock)
-    plain = generate(target, prompt, SpeculationOptions(enabled=False), max_tokens=n, clock=clock)
-    assert keyed.tokens == plain.tokens and keyed.stats.accepted_tokens == 0
-    assert keyed.stats.decode_ms <= plain.stats.decode_ms / 0.97
-    assert keyed.stats.declined_drafts + keyed.stats.governor_parked_steps > 0.8 * n
 
 
 # -- probes that back off, and the park's countdown ---------------------------------
@@ -507,9 +374,9 @@ def test_empty_attempts_before_the_baseline_count_once_it_exists():
     assert gov.state == PARKED and gov.losses == 1
 
 
-def test_keyed_drafting_backs_off_by_doubling():
-    """Keyed drafting (ngram's) parks only by measured cost, and its park doubles even when the
-    probe landed nothing: a copy span may start any time and its probes cost little."""
+def test_calibrated_drafting_backs_off_by_doubling():
+    """Confidence-sized drafting parks only by measured cost, and its park doubles even when the
+    probe landed nothing: its per-bucket declines already cut the losing drafts."""
     gov = SpeculationCostGovernor(min_samples=2, initial_backoff=4, max_backoff=64)
     lengths, run = [], 0
     for _ in range(300):
@@ -517,13 +384,13 @@ def test_keyed_drafting_backs_off_by_doubling():
             if run:
                 lengths.append(run)
                 run = 0
-            assert gov.size_proposal(1, "key") in (0, 1)
-            gov.record(True, 30.0, 1, drafted=1, evidence="key")
+            assert gov.size_proposal(1, [0.5]) in (0, 1)
+            gov.record(True, 30.0, 1, drafted=1, confidence=[0.5])
         else:
             if gov.state == PARKED or gov.parked_left:
                 run += 1
             gov.record(False, PLAIN_MS, 1)
-    assert gov.keyed and lengths[:4] == [4, 8, 16, 32]
+    assert gov.calibrated and lengths[:4] == [4, 8, 16, 32]
 
 
 # -- confidence-sized proposals (a learned drafter decides each step by its worth) ------
@@ -571,10 +438,10 @@ def test_size_proposal_by_confidence_keeps_the_sure_and_declines_the_unsure():
         gov.record(True, 12.0, 2, drafted=1, confidence=[0.93])
         gov.record(True, 12.0, 1, drafted=1, confidence=[0.33])
     assert gov.state != PARKED
-    assert gov.size_proposal(3, None, [0.93, 0.94, 0.92]) == 3 and gov.keyed
-    assert gov.size_proposal(3, None, [0.93, 0.33, 0.92]) == 1
+    assert gov.size_proposal(3, [0.93, 0.94, 0.92]) == 3 and gov.calibrated
+    assert gov.size_proposal(3, [0.93, 0.33, 0.92]) == 1
     declined = gov.declined
-    assert gov.size_proposal(2, None, [0.33, 0.93]) == 0 and gov.declined == declined + 1
+    assert gov.size_proposal(2, [0.33, 0.93]) == 0 and gov.declined == declined + 1
 
 
 def test_a_declined_confidence_bucket_is_retried_now_and_then():
@@ -583,7 +450,7 @@ def test_a_declined_confidence_bucket_is_retried_now_and_then():
         gov.record(False, PLAIN_MS, 1)
     for _ in range(10):
         gov.record(True, 12.0, 1, drafted=1, confidence=[0.15])
-    sizes = [gov.size_proposal(1, None, [0.15]) for _ in range(12)]
+    sizes = [gov.size_proposal(1, [0.15]) for _ in range(12)]
     assert sizes.count(0) >= 9 and 1 in sizes
 
 
@@ -623,13 +490,13 @@ def test_a_landed_probe_of_mostly_declined_attempts_still_gets_a_verdict(verify_
     gov = SpeculationCostGovernor(cost_shape=((1, 10.0), (2, 12.0)), window=16)
     for _ in range(6):
         gov.record(False, PLAIN_MS, 1)
-    gov.size_proposal(1, None, [0.9])
+    gov.size_proposal(1, [0.9])
     gov.record(True, 12.5, 2, drafted=1, confidence=[0.9])  # the warm-up sample
     steps = 0
     while gov.state == PROBE and steps < 200:
         steps += 1
         if steps % 5 == 0:  # one verified step in five, landing its draft
-            assert gov.size_proposal(1, None, [0.9]) == 1
+            assert gov.size_proposal(1, [0.9]) == 1
             gov.record(True, verify_ms, 2, drafted=1, confidence=[0.9])
         else:  # declined: the head's call is spent, a plain step emits
             gov.record_empty_proposal(0.2)
@@ -647,6 +514,6 @@ def test_a_calibrated_drafter_near_break_even_gets_a_fair_trial(samples):
     for tokens in [2, 1, 1, 1, 2, 2, 2, 2, 2, 2, 2, 2, 2]:  # the first is the warm-up sample
         if gov.state == PARKED:
             break
-        assert gov.size_proposal(1, None, [0.9]) == 1
+        assert gov.size_proposal(1, [0.9]) == 1
         gov.record(True, 12.5, tokens, drafted=1, confidence=[0.9])
     assert gov.state == (PARKED if samples == 4 else HOLD)

@@ -1,12 +1,11 @@
-"""SpeculatorPair (auto's weight-free primary + governed learned backup): who proposes when,
-what each member is told, that the output never changes, and how the registry builds it."""
+"""SpeculatorPair (auto's weight-free primary + learned backup): who proposes when, what each
+member is told, that the output never changes, and how the registry builds it."""
 
 import pytest
 
 from tsspec.protocols import DraftContext, DraftHeadKind
 from tsspec.runtime.generation import generate
 from tsspec.runtime.options import SpeculationOptions
-from tsspec.runtime.governor import PARKED
 from tsspec.runtime.pairing import BACKUP, PRIMARY, SpeculatorPair
 from tsspec.runtime.registry import SpeculatorRegistry
 from tsspec.runtime.sampling import SamplingParams
@@ -46,43 +45,23 @@ def _ctx(max_tokens=8):
 def test_the_backup_proposes_only_where_the_primary_finds_nothing():
     primary = Every("p", None, [0])
     backup = Every("b", None, [0])
-    pair = SpeculatorPair(primary, backup, adaptive=False)
+    pair = SpeculatorPair(primary, backup)
     primary.propose = lambda ctx: [7, 8]
     assert pair.propose(_ctx()) == [7, 8] and pair.source == PRIMARY and backup.calls == 0
     primary.propose = lambda ctx: []
     backup.propose = lambda ctx: [5][: ctx.max_tokens]
     assert pair.propose(_ctx()) == [5] and pair.source == BACKUP
-    assert pair.name == "p+b" and pair.sizes_own_drafts and pair.governs_itself
+    assert pair.name == "p+b" and pair.proposed == {PRIMARY: 1, BACKUP: 1}
 
 
-def test_a_parked_member_is_not_asked_and_both_members_see_every_commit():
+def test_both_members_see_every_commit_and_reset():
     primary, backup = Every("p", None, [0]), Every("b", None, [1])
     pair = SpeculatorPair(primary, backup)
-    pair.governors[BACKUP]._park()
-    assert pair.propose(_ctx()) == [] and primary.calls == 1 and backup.calls == 0
-    pair.governors[PRIMARY]._park()
-    pair.propose(_ctx())
-    assert primary.calls == 1  # parked: not asked either
     pair.commit([1, 2], None, 0)
+    pair.reset()
+    pair.close()
     assert primary.commits == backup.commits == 1
-    assert pair.governor_counts() == (0, 2, 3)  # the backup was asked on two steps, the primary on one
-
-
-def test_each_members_governor_learns_only_from_its_own_steps():
-    pair = SpeculatorPair(Every("p", None, [0]), Every("b", None, [0]))
-    gp, gb = pair.governors[PRIMARY], pair.governors[BACKUP]
-    pair.source = PRIMARY
-    pair.observe_step(True, 5.0, 4, 3)
-    assert (gp.spec.seen, gb.spec.seen) == (1, 0)
-    pair.source = BACKUP
-    pair.observe_step(True, 30.0, 1, 1)
-    assert (gp.spec.seen, gb.spec.seen) == (1, 1)
-    pair.observe_step(False, 10.0, 1, 0)  # a plain step: both baselines
-    assert gp.plain.seen == gb.plain.seen == 1 and pair.proposed == {PRIMARY: 1, BACKUP: 1}
-    # a member that sizes its own drafts is not sized by its governor
-    sizer = Every("s", None, [0])
-    sizer.sizes_own_drafts = True
-    assert SpeculatorPair(sizer, Every("b", None, [0])).governors[PRIMARY].size_drafts is False
+    assert pair.max_draft_tokens is None and pair.can_arm_after_prefix_reuse
 
 
 @pytest.mark.parametrize("sampling", [SamplingParams(), SamplingParams(temperature=0.9, top_k=8, seed=11)],
@@ -93,7 +72,7 @@ def test_a_pair_never_changes_the_output(sampling):
     oracle = OracleSpeculator.from_plain_run(target, PROMPT, 40, sampling=sampling, corrupt=0.3)
     primary = Every("p", oracle, [0, 0, 3, 0, 1])
     backup = RandomSpeculator(target.config.vocab_size, max_draft_tokens=2, seed=4)
-    pair = SpeculatorPair(primary, backup, adaptive=False)
+    pair = SpeculatorPair(primary, backup)
     gen = generate(target, PROMPT, SpeculationOptions(spec_type="pair", adaptive=False), max_tokens=40,
                    sampling=sampling, speculator=pair)
     assert gen.tokens == want
@@ -133,80 +112,14 @@ def test_auto_pairs_a_fallback_drafter_with_the_weight_free_choice(monkeypatch):
     assert _registry().create(target, SpeculationOptions(spec_type="auto")).name == "draft-head"
 
 
-def test_a_backup_that_lost_starts_the_next_sequence_parked():
-    memory = {}
-    first = SpeculatorPair(Every("p", None, [0]), Every("b", None, [0]), memory=memory)
-    first.reset()
-    first.governors[BACKUP]._park()  # lost: parked for the initial backoff, which then doubles
-    left, backoff = first.governors[BACKUP].parked_left, first.governors[BACKUP].backoff
-    first.close()
-    assert memory[BACKUP] == (left, backoff)
-    second = SpeculatorPair(Every("p", None, [0]), Every("b", None, [1]), memory=memory)
-    second.reset()
-    g = second.governors[BACKUP]
-    assert g.state == PARKED and g.parked_left == left and g.backoff == backoff and not memory
-    assert second.governors[PRIMARY].state != PARKED  # the primary starts fresh
-    assert second.propose(_ctx()) == [] and second.backup.calls == 0
-    # a sequence that ends unparked leaves no memory: the next one probes the backup afresh
-    g.state = "probe"
-    second.close()
-    assert not memory
-
-
-def test_the_registry_keeps_one_memory_per_target():
-    reg, target = _registry(), ToyTarget()
-    target.draft_head = FallbackHead()
-    a = reg.create(target, SpeculationOptions(spec_type="auto"))
-    b = reg.create(target, SpeculationOptions(spec_type="auto"))
-    other = ToyTarget()
-    other.draft_head = FallbackHead()
-    c = reg.create(other, SpeculationOptions(spec_type="auto"))
-    assert a.memory is b.memory and a.memory is not c.memory
-
-
-def test_a_keyed_member_proposal_is_sized_by_its_governor_and_a_declined_one_goes_to_the_backup():
-    from tsspec.protocols import Proposal
-
-    primary, backup = Every("p", None, [0]), Every("b", None, [0])
-    seen, heard = [], []
-    primary.observe_step = lambda *args: seen.append(args)  # members hear every step too...
-    backup.observe_step = lambda *args: heard.append(args)
-    pair = SpeculatorPair(primary, backup)
-    gp = pair.governors[PRIMARY]
-    primary.propose = lambda ctx: Proposal([7, 8, 9], evidence="k")
-    backup.propose = lambda ctx: [5]
-    assert pair.propose(_ctx()) == [7] and pair.evidence == "k"  # a probe: one token
-    for _ in range(6):
-        gp.record(False, 10.0, 1)  # a baseline (the first sample is warm-up)
-    for _ in range(12):
-        gp.record(True, 12.0, 1, drafted=1, evidence="k")  # key k never lands
-        gp.record(True, 16.0, 5, drafted=4, evidence="w")  # key w always does: the member wins
-    assert gp.state != PARKED and gp.size_proposal(3, "k") == 0
-    gp._declines.clear()
-    assert pair.propose(_ctx()) == [5] and pair.source == BACKUP and pair.declined_drafts == 1
-    pair.observe_step(True, 9.0, 2, 1)  # ...the backup's verify as its own, the primary's as not
-    assert seen == [(False, 9.0, 2, 0)] and heard == [(True, 9.0, 2, 1)] and pair.evidence is None
-    primary.propose = lambda ctx: Proposal([7, 8], evidence="w")
-    assert pair.propose(_ctx()) and pair.source == PRIMARY
-    pair.observe_step(True, 8.0, 3, 2)
-    pair.observe_step(False, 7.0, 1, 0)
-    assert seen[1:] == [(True, 8.0, 3, 2), (False, 7.0, 1, 0)] and heard[1:] == [(False, 8.0, 3, 0), (False, 7.0, 1, 0)]
-
-
-def test_a_confident_backup_is_sized_by_and_teaches_its_governors_calibration():
+def test_a_confident_backup_keeps_its_confidence_for_the_loops_calibration():
     from tsspec.protocols import Proposal
 
     primary, backup = Every("p", None, [0]), Every("b", None, [0])
     pair = SpeculatorPair(primary, backup)
-    gb = pair.governors[BACKUP]
-    primary.propose = lambda ctx: []
     backup.propose = lambda ctx: Proposal([5, 6], confidence=[0.95, 0.9])
-    assert pair.propose(_ctx()) == [5] and pair.confidence == [0.95]  # a probe: one token
-    pair.observe_step(True, 12.0, 2, 1)
-    assert gb.calibration.reached[9] == 1 and gb.calibration.landed[9] == 1
-    assert pair.confidence is None
-    backup.propose = lambda ctx: Proposal([5, 6], confidence=[0.95])  # malformed: sized without it
-    assert pair.propose(_ctx()) == [5, 6] and pair.confidence is None
+    made = pair.propose(_ctx())
+    assert made == [5, 6] and made.confidence == [0.95, 0.9] and pair.source == BACKUP
 
 
 def test_auto_plan_names_what_auto_runs_without_building_it():

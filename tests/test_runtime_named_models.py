@@ -123,7 +123,7 @@ def test_load_model_without_a_path_loads_the_default(monkeypatch):
     from tsspec.runtime import loading
 
     seen = {}
-    monkeypatch.setattr(loading, "file_architecture", lambda path: seen.setdefault("path", str(path)) and "nothing")
+    monkeypatch.setattr(loading, "file_architecture", lambda path, catalog=None: seen.setdefault("path", str(path)) and "nothing")
     with pytest.raises(ModelLoadError, match="served by no loaded plugin"):
         loading.load_model(catalog=_default_catalog([("chosen", True, True)]))
     assert seen["path"] == "/models/chosen.gguf"

@@ -61,10 +61,9 @@ def describe_target(target) -> str:
     weights = extra.get("weights")
     if weights:
         parts.append(f"weights {weights}")
-    if weights == "blocks":
-        from tsspec_gguf import native
-
-        info = native.info()
+    toolkit = STATE.catalog.toolkit
+    if weights == "blocks" and toolkit is not None and toolkit.kernels_info is not None:
+        info = toolkit.kernels_info()
         if extra.get("arithmetic") == "int8":
             parts.append(f"arithmetic int8 ({info.get('int8')})")
         elif extra.get("arithmetic"):

@@ -2,13 +2,14 @@
 
 The loop (``SpeculativeExecution``) drives it like any ``SpecTrunk`` (the target's own member
 names: ``spec_forward``, ``spec_keep`` ...); every forward it asks for
-becomes a request to the ``Scheduler``, which runs the requests of all live sequences together
-in one ragged forward and hands each sequence its rows. Prefills go in chunks of at most
+becomes work for the ``BatchDriver`` (``batching.py``), which runs the work of all live sequences
+together in one ragged forward and hands each sequence its rows. Prefills go in chunks of at most
 ``chunk_rows`` rows (chunked prefill: a long prompt never holds the batch for long, and every
 matmul stays on the batch-invariant kernels).
 
 Positions: ``cache_seq_len`` counts the positions whose KV is written (a verify's rows included until
-``keep``); the ``BlockTable`` holds the kept tokens, which key full blocks for the prefix cache.
+``keep``); the block table holds the kept tokens (the serve plugin's table keys full blocks by them for its
+prefix cache).
 A sequence admitted with a cached prefix starts with ``adopted_prefix`` positions it never
 computed; the loop then prefills only the rest of the prompt.
 """
@@ -20,7 +21,6 @@ from typing import Sequence
 import torch
 
 from ..capabilities import paged_info
-from .prefix_cache import BlockTable
 
 ALL, REWOUND = "all", "rewound"
 
@@ -30,17 +30,21 @@ class Cancelled(Exception):
 
 
 class BatchedSpecTrunk:
-    """See the module docstring. Built by the scheduler at admission."""
+    """See the module docstring. ``table``: the sequence's blocks (``blocks``, ``length``,
+    ``reused_tokens``, ``prepare_write``, ``commit``, ``truncate``, ``free``); ``seq_id``: its
+    key in the paged KV; ``cancelled`` set by its owner ends it at its next forward."""
 
-    def __init__(self, scheduler, table: BlockTable, *, max_context_length: int, chunk_rows: int):
-        self.scheduler = scheduler
+    def __init__(self, driver, table, *, max_context_length: int, chunk_rows: int, seq_id: int):
+        self.driver = driver
         self.table = table
+        self.seq_id = seq_id
+        self.cancelled = False
         self._max_ctx = max_context_length
         self.chunk_rows = max(1, chunk_rows)
         self._len = table.length  # positions with KV written (adopted prefix included)
         self.adopted_prefix = table.reused_tokens
         self._last: tuple[int, list[int], bool] = (0, [], False)  # start, tokens, all rows?
-        self._paged = paged_info(scheduler.kv)
+        self._paged = paged_info(driver.kv)
         # what the last verify's extra rows cost the other sequences of its batch (ms); the
         # loop adds it to the verify's cost for the governor
         self.extra_cost_ms = 0.0
@@ -56,7 +60,7 @@ class BatchedSpecTrunk:
 
     @property
     def spec_feature_size(self) -> int:  # read live: a drafter may set feature taps after admission
-        return self.scheduler.target.spec_feature_size
+        return self.driver.target.spec_feature_size
 
     @property
     def _recurrent(self):
@@ -75,7 +79,7 @@ class BatchedSpecTrunk:
 
     # -- forwards --------------------------------------------------------------------------
     def _forward(self, tokens: list[int], *, all_logits: bool, want_hidden: bool):
-        logits, hidden = self.scheduler.submit(self, tokens, all_logits=all_logits, want_hidden=want_hidden)
+        logits, hidden = self.driver.submit(self, tokens, all_logits=all_logits, want_hidden=want_hidden)
         self._len += len(tokens)
         return logits, hidden
 
@@ -105,7 +109,7 @@ class BatchedSpecTrunk:
         mode = None
         keep = self._recurrent
         if keep is not None and verify:  # a hybrid: its recurrent state commits the kept row's slot
-            mode = keep(self.handle.id, rows_kept)
+            mode = keep(self.seq_id, rows_kept)
         self._len = start + rows_kept
         self.table.commit(tokens[:rows_kept], start)
         self._last = (self._len, [], False)
@@ -120,7 +124,7 @@ class BatchedSpecTrunk:
         if self._recurrent is not None and length not in (0, self._len):
             raise ValueError(f"cannot rewind a recurrent trunk from {self._len} to {length}")
         if self._paged.release is not None and self._recurrent is not None and length == 0 and self._len:
-            self._paged.release(self.handle.id)  # a fresh state at the next forward
+            self._paged.release(self.seq_id)  # a fresh state at the next forward
         self._len = length
         if length < self.table.length:
             self.table.truncate(length)

@@ -7,7 +7,7 @@ A drafter distribution registers its files through the drafters hook::
                                           "sha256": "..."},
                                "description": "..."}])
 
-A record is keyed by the TARGET file's identity (``tsspec_gguf.identity``), never its name.
+A record is keyed by the TARGET file's identity (the file toolkit's ``identity``), never its name.
 When a model is loaded without ``--draft-model`` and the requested algorithm is the record's own
 algorithm, or ``auto`` for a record registered with ``auto`` (the default: True; a distribution
 sets it False for a drafter its figures show losing to the weight-free choice), the first
@@ -19,14 +19,11 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Mapping
+from typing import Any, Callable, Mapping
 
 import attrs
 
-if TYPE_CHECKING:  # the GGUF toolkit is read lazily: the core runs without it
-    from tsspec_gguf.identity import TargetIdentity
-
-__all__ = ["BundledDrafter", "bundled_record", "pick", "BUNDLED_ENV"]
+__all__ = ["BundledDrafter", "checked_record", "bundled_record", "pick", "BUNDLED_ENV"]
 
 BUNDLED_ENV = "TS_SPEC_BUNDLED"
 AUTO = "auto"
@@ -36,26 +33,29 @@ AUTO = "auto"
 class BundledDrafter:
     path: str
     algorithm: str  # the speculation algorithm the file serves (draft-head, block...)
-    target: "TargetIdentity"
+    target: Any  # the file toolkit's identity of the target file (``matches(path)``)
     description: str = ""
     plugin: str | None = None
     auto: bool = True  # attached under --spec-type auto (False: only for its own algorithm)
 
 
-def bundled_record(spec: Mapping[str, Any], plugin: str | None) -> BundledDrafter:
-    """A record from a registration's ``files`` entry (TypeError / ValueError when malformed)."""
+def checked_record(spec: Mapping[str, Any]) -> Mapping[str, Any]:
+    """A registration's ``files`` entry, checked (ValueError when malformed)."""
     target = spec.get("target")
     if not isinstance(target, Mapping) or not target.get("architecture") or not target.get("shape_digest"):
         raise ValueError("a bundled drafter needs target = {architecture, shape_digest[, sha256]}")
-    path = spec.get("path")
-    if not path:
+    if not spec.get("path"):
         raise ValueError("a bundled drafter needs a path")
-    from tsspec_gguf.identity import TargetIdentity
+    return spec
 
+
+def bundled_record(spec: Mapping[str, Any], plugin: str | None, identity: Callable[..., Any]) -> BundledDrafter:
+    """The record of a checked ``files`` entry, its target made by the toolkit's ``identity``."""
+    target = spec["target"]
     return BundledDrafter(
-        path=str(path),
+        path=str(spec["path"]),
         algorithm=str(spec.get("algorithm") or ""),
-        target=TargetIdentity(str(target["architecture"]), str(target["shape_digest"]), target.get("sha256") or None),
+        target=identity(str(target["architecture"]), str(target["shape_digest"]), target.get("sha256") or None),
         description=str(spec.get("description") or ""),
         plugin=plugin,
         auto=bool(spec.get("auto", True)),

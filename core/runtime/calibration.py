@@ -1,38 +1,30 @@
-"""ConfidenceCalibration and ChainWorth: what a drafter's confidence is worth in THIS run.
+"""What a drafter's confidence is worth in THIS run, and how much of a chain to verify.
 
-A learned drafter knows how sure it is of each token it drafts (its top-1 probability, say),
-but that figure was learned elsewhere: whether a token of confidence 0.6 lands 60% of the time
-on this prompt, with this sampler, is something only this run can say. ``ConfidenceCalibration``
-measures it. Confidence in [0, 1] falls into one of ``BUCKETS`` equal-width buckets; each bucket
-counts the draft tokens that were verified with every token before them landed (reached) and
-those that landed. A bucket's landing chance is its count shrunk toward its own middle
-confidence (the drafter's claim, ``PRIOR_WEIGHT`` pseudo-samples: the run's evidence replaces
-it within a few verifies), then made non-decreasing across buckets by pooling adjacent
-violators (isotonic regression): landing rises with confidence, so a bucket that measures
-below a less confident one is pooled with it. Shrinking toward a POOLED figure instead (as
-``DraftEconomics`` does for evidence keys) would let the many low-confidence drafts drag the
-estimate of the few sure ones down; here a bucket leans only on its own claim and its
-neighbours' order.
+``ConfidenceCalibration``: confidence in [0, 1] falls into one of ``BUCKETS`` buckets; each
+counts the draft tokens verified with every token before them landed (reached) and those that
+landed. A bucket's chance is its count shrunk toward its middle confidence (the drafter's own
+claim, ``PRIOR_WEIGHT`` pseudo-samples), made non-decreasing across buckets (isotonic: landing
+rises with confidence). E.g. bucket 0.8-0.9 saw 6 of 10 land: (6 + 2 * 0.85) / 12 = 0.64.
 
-Worked example: bucket 0.8-0.9 (prior 0.85) saw 10 reached, 6 landed: (6 + 2 * 0.85) / 12 =
-0.64; bucket 0.7-0.8 (prior 0.75) saw 4 reached, 4 landed: (4 + 1.5) / 6 = 0.92. They violate
-the order, so both become the pooled (6 + 1.7 + 4 + 1.5) / (12 + 6) = 0.73.
-
-``ChainWorth`` turns calibrated chances into decisions with the run's measured cost by length
-(``DraftEconomics.cost``): a chain whose tokens land with conditional chances c1, c2, .. emits
-``E(k) = 1 + c1 + c1*c2 + ..`` tokens when k are verified, for ``cost(k)`` ms (a plain step is
-k = 0). ``length`` is the k with the most tokens per ms (0: a plain step pays more): the
-governor verifies that many of a proposal's drafts.
+``StepCosts``: ms of a step by the drafts it verified (0: a plain step), measured in this run,
+priced by the target's cost by rows where it publishes one (``spec_verify_row_ms``).
+``ChainWorth``: a chain with conditional chances c1, c2, .. emits ``E(k) = 1 + c1 + c1*c2 + ..``
+tokens when k drafts are verified; ``length`` is the k with the most tokens per ms.
 """
 
 from __future__ import annotations
 
+import collections
 import math
 from typing import Sequence
+
+from ..cost_shape import parse_cost_shape, rows_cost
 
 BUCKETS = 10  # equal-width confidence buckets over [0, 1]
 PRIOR_WEIGHT = 2.0  # pseudo-samples at the bucket's middle confidence (the drafter's own claim)
 HALVE_AT = 256  # a bucket's counts are halved past this many reached: later evidence weighs more
+COST_SAMPLES = 16  # rolling samples kept per draft length (context growth changes costs)
+MIN_COST_MS = 1e-9  # the least a step's cost can be (ratios divide by it)
 
 
 def bucket(confidence: float) -> int:
@@ -107,26 +99,64 @@ class ConfidenceCalibration:
         return self._fitted
 
 
+class StepCosts:
+    """Milliseconds of a step by the drafts it verified, from this run's own steps: with the
+    target's cost by rows (``shape``), every length is ``shape(k + 1)`` times the median of
+    ``ms / shape(rows)`` over recent steps; without it, each length's rolling mean, a length
+    never measured on the line through the nearest measured ones (flat with one)."""
+
+    def __init__(self, shape=None) -> None:
+        self._means: dict[int, collections.deque] = {}
+        self.set_shape(shape)
+
+    def set_shape(self, shape) -> None:
+        """Price by this cost by rows from now on (None or malformed: by each length's mean)."""
+        self.shape = parse_cost_shape(shape)
+        self._scales: collections.deque = collections.deque(maxlen=4 * COST_SAMPLES)
+        for length, samples in self._means.items() if self.shape is not None else ():
+            self._scales.extend(ms / rows_cost(self.shape, length + 1) for ms in samples)
+
+    def record(self, length: int, ms: float) -> None:
+        ms = max(float(ms), MIN_COST_MS)
+        self._means.setdefault(length, collections.deque(maxlen=COST_SAMPLES)).append(ms)
+        if self.shape is not None:
+            self._scales.append(ms / rows_cost(self.shape, length + 1))
+
+    def costs(self, longest: int) -> list[float] | None:
+        """[cost(0) .. cost(``longest``)] in ms, or None when nothing is measured yet."""
+        means = {k: sum(v) / len(v) for k, v in self._means.items()}
+        if not means:
+            return None
+        if self._scales:
+            scale = sorted(self._scales)[len(self._scales) // 2]
+            return [max(scale * rows_cost(self.shape, k + 1), MIN_COST_MS) for k in range(longest + 1)]
+        return [_interpolate(means, k) for k in range(longest + 1)]
+
+
+def _interpolate(means: dict[int, float], k: int) -> float:
+    if k in means:
+        return means[k]
+    below, above = sorted(m for m in means if m < k), sorted(m for m in means if m > k)
+    pair = [below[-1], above[0]] if below and above else below[-2:] if len(below) >= 2 else above[:2]
+    if len(pair) < 2:
+        return means[(below or above)[0]]
+    lo, hi = pair
+    return max(means[lo] + (means[hi] - means[lo]) / (hi - lo) * (k - lo), MIN_COST_MS)
+
+
 class ChainWorth:
-    """The calibrated chances against the measured costs: how much of a chain to verify.
+    """The calibrated chances against the measured ``StepCosts``: how much of a chain to verify."""
 
-    ``economics`` is the governor's ``DraftEconomics`` (its ``cost(k)``: ms of a step verifying
-    k drafts, k = 0 a plain step); ``calibration`` a ``ConfidenceCalibration``."""
-
-    def __init__(self, calibration: ConfidenceCalibration, economics) -> None:
+    def __init__(self, calibration: ConfidenceCalibration, costs: StepCosts) -> None:
         self.calibration = calibration
-        self.economics = economics
-
-    def chance(self, confidence: float) -> float:
-        """Calibrated landing chance of a draft token of this confidence (see ``ConfidenceCalibration``)."""
-        return self.calibration.chance(confidence)
+        self.costs = costs
 
     def length(self, confidences: Sequence[float]) -> int:
         """How many of a chain's drafts (with these confidences) to verify: the k in 0..n with
         the most expected tokens per measured ms; n when no cost is measured yet (a length that
         might pay is tried); ties go to the shorter."""
         n = len(confidences)
-        costs = self._costs(n)
+        costs = self.costs.costs(n)
         if costs is None or n == 0:
             return n
         best_k, best_rate = 0, None
@@ -140,14 +170,10 @@ class ChainWorth:
         """[E(0), E(1), .., E(n)] under the calibrated chances."""
         out, total, chain = [1.0], 1.0, 1.0
         for confidence in confidences:
-            chain *= self.chance(confidence)
+            chain *= self.calibration.chance(confidence)
             total += chain
             out.append(total)
         return out
-
-    def _costs(self, n: int) -> list[float] | None:
-        """[cost(0) .. cost(n)] in ms, or None when nothing is measured."""
-        return self.economics.costs(n)
 
 
 def _middle(b: int) -> float:

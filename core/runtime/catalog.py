@@ -80,6 +80,16 @@ class SwitchEntry:
 
 
 @attrs.define
+class FileToolkit:
+    """The model-file toolkit a plugin registered (``tsspec_register_file_toolkit``)."""
+
+    architecture: Callable[[Any], str]
+    identity: Callable[..., Any]
+    kernels_info: Callable[[], dict] | None = None
+    plugin: str | None = None
+
+
+@attrs.define
 class Catalog:
     speculators: SpeculatorRegistry = attrs.field(factory=SpeculatorRegistry)
     models: dict[str, LoaderEntry] = attrs.field(factory=dict)  # architecture -> loader
@@ -90,6 +100,7 @@ class Catalog:
     trainers: dict[str, Any] = attrs.field(factory=dict)  # drafter kind -> TrainerEntry
     switches: dict[str, SwitchEntry] = attrs.field(factory=dict)  # environment name -> entry
     bundled_drafters: list[Any] = attrs.field(factory=list)  # BundledDrafter records
+    toolkit: FileToolkit | None = None  # None: no plugin reads model files
     host: PluginHost | None = None
 
     def switch_descriptions(self) -> dict[str, str]:
@@ -119,9 +130,9 @@ def _add_loaders(table: dict[str, LoaderEntry], record, kind: str, pending: list
             raise TypeError(f"{kind} registrations take no files")
         records = []
         if files:
-            from .bundled import bundled_record
+            from .bundled import checked_record
 
-            records = [bundled_record(spec, record.name) for spec in files]  # raises when malformed
+            records = [(checked_record(spec), record.name) for spec in files]  # raises when malformed
         entry = (LoaderEntry(architectures, function, record.name, record.package, record.version, bool(file_less))
                  if architectures else None)
 
@@ -243,7 +254,24 @@ def build_catalog(host: PluginHost, *, discover: bool = True) -> Catalog:
         return {"register": register}
 
     host.call_each("tsspec_register_switches", switches_for)
+
+    def toolkit_for(name):
+        def register(architecture, identity, *, kernels_info=None):
+            if not (callable(architecture) and callable(identity)) or not (kernels_info is None or callable(kernels_info)):
+                raise TypeError("a file toolkit registers callables: architecture, identity[, kernels_info]")
+            toolkit = FileToolkit(architecture, identity, kernels_info, name)
+            pending.append((name, lambda: setattr(catalog, "toolkit", catalog.toolkit or toolkit)))
+
+        return {"register": register}
+
+    host.call_each("tsspec_register_file_toolkit", toolkit_for)
     for plugin, apply in pending:
         if host.plugin_info(plugin).status == LOADED:
             apply()
+    if catalog.toolkit is not None:  # shipped drafters are keyed by their target file's identity
+        from .bundled import bundled_record
+
+        catalog.bundled_drafters[:] = [bundled_record(*r, catalog.toolkit.identity) for r in catalog.bundled_drafters]
+    else:
+        catalog.bundled_drafters.clear()  # nothing can read a target file to match them
     return catalog

@@ -21,9 +21,8 @@ position ``p``:
 An empty proposal is a plain one-row step that still commits to the speculator. The cost
 governor beside the loop may park drafting; then steps are plain one-row steps, each still
 committed to the speculator. What the loop reads of the speculator is its ``SpeculatorInfo``
-(``tsspec.capabilities``, defaults there): ``observe_step(speculative, ms, tokens, drafted)``
-hears every step's measured cost after its commit; ``handles_own_prefill`` means the prompt is
-not committed to it.
+(``tsspec.capabilities``, defaults there); ``handles_own_prefill`` means the prompt is not
+committed to it.
 
 The trunk is driven through the target's own members (``SpecTrunk``): ``spec_forward`` then
 one ``spec_keep(rows_kept)``; ``spec_rewind_cache`` between sequences.
@@ -44,7 +43,6 @@ from ..protocols import DraftContext
 from .governor import SpeculationCostGovernor
 from .proposal import (  # noqa: F401  (the fault kinds are part of this module's surface)
     BAD_CONFIDENCE,
-    BAD_EVIDENCE,
     BAD_ID,
     BAD_TYPE,
     COMMIT_RAISED,
@@ -54,7 +52,6 @@ from .proposal import (  # noqa: F401  (the fault kinds are part of this module'
     TOO_MANY,
     HistoryView,
     proposal_confidence,
-    proposal_evidence,
     validate_proposal,
 )
 from .sampling import Sampler
@@ -195,12 +192,12 @@ class SpeculativeExecution:
         step_start = self.clock()
         k_max = min(self.window, max_ctx - p - 1, seq.max_tokens - len(seq.emitted) - 1)
         attempted = self._armed and k_max > 0 and self.governor.want_speculation()
-        drafts, evidence, confidence = self._propose(self._context(seq, p, k_max)) if attempted else ([], None, None)
-        if drafts and (evidence is not None or confidence is not None):  # verify only what pays
-            drafts = drafts[: self.governor.size_proposal(len(drafts), evidence, confidence)]
+        drafts, confidence = self._propose(self._context(seq, p, k_max)) if attempted else ([], None)
+        if drafts and confidence is not None:  # verify only what pays
+            drafts = drafts[: self.governor.size_proposal(len(drafts), confidence)]
         self.stats.steps += 1
         if drafts:
-            self._verify_step(seq, p, drafts, step_start, evidence, confidence)
+            self._verify_step(seq, p, drafts, step_start, confidence)
         else:
             self._plain_step(seq, p, attempted, self._ms(step_start))
 
@@ -214,15 +211,6 @@ class SpeculativeExecution:
         stats.governor_losses = self.governor.losses
         stats.governor_parked_steps = self.governor.parked_steps
         stats.declined_drafts = self.governor.declined
-        if self.info is not None:  # a self-governing speculator's own counts
-            try:
-                declined, wins, losses, parked = self.info.counts()
-                stats.declined_drafts += declined
-                stats.governor_wins += wins
-                stats.governor_losses += losses
-                stats.governor_parked_steps += parked
-            except Exception as exc:
-                log.warning("speculator %s: governor_counts raised %r", self.label, exc)
         n = self.trunk.cache_seq_len
         self._cached = seq.history[:n] if n <= len(seq.history) else []
 
@@ -276,11 +264,10 @@ class SpeculativeExecution:
         if attempted:
             self.governor.record_empty_proposal(draft_ms)
         self.governor.record(False, step_ms, 1)
-        self._observe(False, step_ms, 1, 0)
         self._emit(seq, token)
 
     def _verify_step(self, seq: SequenceState, p: int, drafts: list[int], step_start: float,
-                     evidence=None, confidence: list[float] | None = None) -> None:
+                     confidence: list[float] | None = None) -> None:
         """Verify ``[last, *drafts]`` in one forward, emit what it accepts, keep those rows."""
         stats, sampler = self.stats, self.sampler
         rows_in = [seq.history[-1], *drafts]
@@ -313,9 +300,8 @@ class SpeculativeExecution:
         self._commit(rows_in[:kept], rows, p)
         # a batched trunk also charges what the verify's extra rows cost the rest of its batch
         ms = self._ms(step_start) + trunk_extras(self.trunk)[1]
-        self.governor.record(True, ms, kept, drafted=len(drafts), evidence=evidence,
+        self.governor.record(True, ms, kept, drafted=len(drafts),
                              confidence=None if confidence is None else confidence[: len(drafts)])
-        self._observe(True, ms, kept, len(drafts))
 
     # -- helpers -----------------------------------------------------------------------------
     def _reusable_prefix(self, prompt: list[int]) -> int:
@@ -386,32 +372,17 @@ class SpeculativeExecution:
             except Exception as exc:
                 self._fault(COMMIT_RAISED, repr(exc))
 
-    def _observe(self, speculative: bool, ms: float, tokens: int, drafted: int) -> None:
-        """Report the step to a speculator that watches costs (optional ``observe_step``)."""
-        if not self._armed:
-            return
-        observe = self.info.observe_step
-        if observe is None:
-            return
-        try:
-            observe(speculative, ms, tokens, drafted)
-        except Exception as exc:
-            self._fault(COMMIT_RAISED, repr(exc))
-
-    def _propose(self, ctx: DraftContext) -> tuple[list[int], object | None, list[float] | None]:
-        """The checked drafts, the proposal's evidence key and its per-draft confidence (None:
-        none given)."""
-        drafts, evidence, confidence, fault = [], None, None, None
+    def _propose(self, ctx: DraftContext) -> tuple[list[int], list[float] | None]:
+        """The checked drafts and the proposal's per-draft confidence (None: none given)."""
+        drafts, confidence, fault = [], None, None
         start = self.clock()  # the "draft" phase (as _phase times it; inline: this runs every step)
         try:  # the checks are total: only the speculator's own code raises
             raw = self.info.propose(ctx)
             drafts, kind = validate_proposal(raw, ctx.max_tokens, self.vocab_size)
             if drafts and not kind:
-                evidence, kind = proposal_evidence(raw)
-            if drafts and not kind:
                 confidence, kind = proposal_confidence(raw, len(drafts))
             if kind:
-                drafts, evidence, confidence = [], None, None
+                drafts, confidence = [], None
             fault = (kind, "") if kind else None
         except Exception as exc:
             fault = (PROPOSE_RAISED, repr(exc))
@@ -419,4 +390,4 @@ class SpeculativeExecution:
             self.stats.add_phase("draft", self._ms(start))
         if fault:
             self._fault(*fault)
-        return drafts, evidence, confidence
+        return drafts, confidence

@@ -15,10 +15,9 @@ import attrs
 from ..capabilities import speculator_info, target_info, verify_cost_shape
 from ..errors import GenerationError
 from .execution import SpeculativeExecution
-from .economics import parse_cost_shape
 from .governor import SpeculationCostGovernor
-from .pairing import SpeculatorPair
 from .options import SpeculationOptions
+from .pairing import SpeculatorPair
 from .registry import Decline
 from .sampling import Sampler, SamplingParams, TokenLogprob
 from .stats import SpecStats
@@ -92,20 +91,11 @@ def draft_window(options: SpeculationOptions, target, speculator=None, name: str
     return window
 
 
-def _cost_shape(target):
-    """The target's forward cost by rows as measured on this machine (the optional
-    ``spec_verify_row_ms``; a target may measure it on first read, and caches it), or None."""
-    try:
-        return parse_cost_shape(verify_cost_shape(target))
-    except Exception:
-        return None
-
-
 def _park_memory(target, registry, options: SpeculationOptions, speculator, governor):
     """The registry's memory for the algorithm ``options`` resolved to on ``target`` when a
-    lost park should carry to the next sequence (``SpeculatorRegistry.carries_parks``), else
-    None."""
-    if speculator is None or not governor.enabled:
+    lost park should carry to the next sequence (``SpeculatorRegistry.carries_parks``; never
+    for auto's pair, whose weight-free primary's gain is the prompt's), else None."""
+    if speculator is None or not governor.enabled or isinstance(speculator, SpeculatorPair):
         return None
     if registry is None:
         from .defaults import default_catalog
@@ -200,20 +190,10 @@ def generate(
     kept_logprobs = (logprob_sink if logprob_sink is not None else []) if logprobs is not None else None
     memory = None  # where the loop's governor carries a lost park to this target's next sequence
     if governor is None:
-        # a sizing speculator (sizes_own_drafts) gets the whole window; one that governs itself
-        # (governs_itself) gets no governor of the loop's, and plain decoding (no speculator)
-        # none either: there is nothing to park, and its decisions would cost every token
-        info = speculator_info(speculator) if speculator is not None else None
-        governor = SpeculationCostGovernor(
-            enabled=options.adaptive and info is not None and not info.governs_itself,
-            size_drafts=not (info is not None and info.sizes_own_drafts))
-        # drafts are sized against measured costs: the target's cost by rows prices the draft
-        # lengths a sequence has not tried yet (its own and, for auto's pair, its members')
-        members = list(speculator.governors.values()) if isinstance(speculator, SpeculatorPair) else []
-        sized = [g for g in [governor, *members] if g.enabled and g.size_drafts]
-        shape = _cost_shape(target) if sized else None
-        for g in sized:
-            g.economics.set_cost_shape(shape)
+        # plain decoding (no speculator) gets no governor: there is nothing to park. Calibrated
+        # drafts are priced by the target's cost by rows (spec_verify_row_ms) where it has one.
+        enabled = options.adaptive and speculator is not None
+        governor = SpeculationCostGovernor(enabled=enabled, cost_shape=lambda: verify_cost_shape(target))
         memory = _park_memory(target, registry, options, speculator, governor) if label is not None else None
         if memory is not None:
             governor.carried = memory.pop("park", None)

@@ -1,76 +1,29 @@
 """SpeculationCostGovernor: speculation must never make decoding slower.
 
-It sits beside the loop, not inside it: the loop asks ``want_speculation()`` before each step
-and reports each step's cost with ``record``. It compares milliseconds per emitted token of
-speculative steps against plain steps (ratio of sums over a rolling window, the first sample of
-each side discarded as warm-up), parks drafting while speculation loses, re-probes with
-exponential backoff, and watches a won state, dropping it when it degrades.
-
-States: PROBE (speculate, and take a few plain samples for a baseline) -> HOLD (won) or
-PARKED (lost, plain steps for ``backoff`` steps) -> PROBE again with the backoff grown: doubled
-after a probe that lost although some step of the sequence landed a drafted token (or of keyed
-drafting), ``landless_growth`` times (4) while no step of the sequence has landed one (the
-strongest evidence an unkeyed drafter cannot win here: a middling drafter whose one-step
-re-probe happens to miss keeps doubling), up to ``max_backoff``; a win (or a won state that degraded) starts it again from
-``initial_backoff``. An unkeyed drafter that loses every probe of a sequence thus probes at
-steps ~0, ~25, ~125, ~510 (parks 24, 96, 384) instead of ~0, ~25, ~75, ~170 (24, 48, 96).
-A proposal that came back empty is charged to the speculative side as cost with no tokens, so
-a drafter that mostly finds nothing is judged by what its attempts cost.
-
-Three rules keep the governor's own cost under 3% at both extremes (measured by
-``tsspec bench --governor-check``):
-
-* No acceptance, no timing needed: a verify step that keeps only its bonus token did a plain
-  step's work plus drafting plus extra rows, so it cannot have won. ``zero_accept_limit``
-  such steps in a row park drafting at once (one, on a re-probe after a park). Draft attempts
-  that proposed nothing count too, by what they cost: each plain step's worth of their
-  milliseconds (the measured plain baseline) since the probe last landed a token counts as one
-  such step, so a drafter whose every attempt costs a real forward (a learned head gated shut)
-  parks as fast as one whose drafts fail, and one whose attempts cost microseconds (a lookup
-  that finds no match) is never parked for them. Attempts made before the baseline exists
-  (a sequence's first steps) are counted as soon as it does, not forgotten.
-* The baseline costs what speculation would have emitted: a plain sample taken while
-  speculation emits T tokens per step gives up (T - 1) / T of a step, so baseline samples are
-  spaced ``plain_spacing * (T - 1)`` speculative steps apart (every step when T is ~1).
-* Overwhelming evidence decides early: with two samples on each side, a cost ratio below
-  ``1 / decisive_ratio`` wins and above ``decisive_ratio`` loses without waiting for more.
-* Probes are cheap: until a step of the current probe has landed a drafted token, drafts are
-  capped at ``probe_draft`` tokens (``draft_limit``). Where a verify row costs real time (the
-  CPU block kernels: 9 rows 2.6x one row, 3 rows 1.2x) a probe that lands nothing then costs a
-  fraction of a full-window one.
-
-The draft length comes from measurements (``economics.DraftEconomics``): every step reports
-what it drafted, what landed and what it cost, and ``draft_limit`` returns the length with the
-most tokens per millisecond under this run's own acceptance by position and cost by length
-(``size_drafts``; a speculator that sizes its drafts itself says ``sizes_own_drafts`` and the
-loop turns this off for it). A weak drafter thus drafts one token where one pays, a strong one
-opens the window, and the park decision above judges what the chosen length achieves.
-
-Evidence-conditioned drafting. A proposal may carry an ``evidence`` key (what the drafter knew
-when it proposed; ``tsspec.protocols.Proposal``). Then ``draft_limit`` gives the window (the
-length cannot be chosen before the key is known) and ``size_proposal`` keeps the length that
-pays for THAT key, 0 included: a declined proposal is a plain step (counted in ``declined``,
-never a park). A key declined again and again is re-tried with one token now and then
-(``explore_after`` declines, doubling while the retries land nothing), so it is not judged
-for good on its first few samples. Zero-accept streaks of keyed steps do not park: the
-per-key decision already declines the drafts that lose, and a bursty drafter (right inside
-copied spans, wrong between them) would otherwise park its good keys at every span's end.
-Keyed drafting parks only when its verified steps lose against plain ones by measured cost
-(the rolling comparison above).
+The loop asks ``want_speculation()`` before each step and reports each step's cost with
+``record``. The governor compares ms per emitted token of speculative against plain steps (a
+rolling window, each side's first sample discarded), parks drafting while speculation loses and
+re-probes with exponential backoff (x``landless_growth`` while nothing of the sequence landed,
+else x2, capped at ``max_backoff``); a won state is watched and dropped when it degrades.
+Its own cost stays small: ``zero_accept_limit`` verifies that landed nothing park at once (empty
+attempts count by their cost in plain steps), baseline samples are spaced by what they give up,
+a lopsided ratio decides after two samples a side, and a probe drafts ``probe_draft`` tokens
+until one lands. How much: drafts are verified whole unless the proposal carries per-draft
+``confidence``; then ``size_proposal`` keeps the prefix worth its rows under the calibrated
+chances (``calibration.ChainWorth``), 0 a declined (plain) step, re-trying a declined bucket now
+and then. It only decides whether and how much to draft: it can never change the output.
 """
 
 from __future__ import annotations
 
 import collections
 import math
-from typing import Deque, Hashable, Sequence
+from typing import Deque, Sequence
 
-from .calibration import ChainWorth, ConfidenceCalibration, bucket
-from .economics import MAX_KEYS, DraftEconomics
+from .calibration import ChainWorth, ConfidenceCalibration, StepCosts, bucket
 
 PROBE, HOLD, PARKED = "probe", "hold", "parked"
 DECISIVE_SAMPLES = 2  # samples per side behind an early (decisive) decision
-CONFIDENCE_KEY = "confidence"  # the key of a proposal sized by its confidence: (this, first bucket)
 
 
 class _Window:
@@ -136,7 +89,6 @@ class SpeculationCostGovernor:
         plain_spacing: float = 2.0,
         decisive_ratio: float = 2.0,
         probe_draft: int = 1,
-        size_drafts: bool = True,
         explore_after: int = 8,
         cost_shape=None,
         calibrated_samples: int = 12,
@@ -152,21 +104,22 @@ class SpeculationCostGovernor:
         self.plain_spacing = plain_spacing
         self.decisive_ratio = decisive_ratio
         self.probe_draft = probe_draft
-        self.size_drafts = size_drafts  # draft length from measured economics (else: the window)
-        self.explore_after = explore_after  # declines of one key before it is re-tried
+        self.explore_after = explore_after  # declines of one bucket before it is re-tried
         # verified steps a probe of confidence-sized drafting that has landed a token in this
         # sequence needs before a (non-decisive) verdict: its steps are the ones worth
         # verifying, so it sits near break-even where a few Bernoulli landings decide nothing;
         # a clear loser is still parked by decisive_ratio, one that never lands by min_samples
         self.calibrated_samples = max(min_samples, int(calibrated_samples))
-        self.calibrated = False  # a proposal carried confidence
-        self.economics = DraftEconomics(cost_shape)  # cost_shape: the target's measured cost by rows
+        self.calibrated = False  # a proposal carried confidence: its drafts are sized after proposing
+        # cost_shape: the target's measured cost by rows, or a function that reads it (called
+        # when a proposal first carries confidence: a target may measure it on first read)
+        self._shape_source = cost_shape if callable(cost_shape) else None
+        self.costs = StepCosts(None if callable(cost_shape) else cost_shape)
         self.calibration = ConfidenceCalibration()  # landing by confidence bucket, this sequence
-        self.worth = ChainWorth(self.calibration, self.economics)
-        self.keyed = False  # a proposal carried evidence: drafts are sized after proposing
-        self.declined = 0  # proposals not verified because their key's drafts do not pay
-        self._declines: dict[Hashable, int] = {}  # key -> declines since it was last verified
-        self._explore_gap: dict[Hashable, int] = {}  # key -> declines before the next re-try
+        self.worth = ChainWorth(self.calibration, self.costs)
+        self.declined = 0  # proposals not verified because their drafts do not pay
+        self._declines: dict[int, int] = {}  # first draft's bucket -> declines since last verified
+        self._explore_gap: dict[int, int] = {}  # bucket -> declines before the next re-try
         self.carried: tuple[int, int] | None = None  # a park to start the next sequence with (reset)
         self.probe_landed = False  # has a step of this probe accepted a drafted token?
         self.landed = False  # has any step of this sequence accepted one (the x4 backoff's test)
@@ -208,54 +161,37 @@ class SpeculationCostGovernor:
         return True
 
     def draft_limit(self, window: int) -> int:
-        """The most tokens this step may draft: the measured best length within ``window``
-        (``window`` itself with ``size_drafts`` off), capped at ``probe_draft`` while a probe
-        has not yet landed a drafted token."""
-        if not self.enabled:
-            return window
-        capped = self.state == PROBE and not self.probe_landed
-        if capped and self.probe_draft <= 1 <= window:
-            # the measured best length is at least 1 whenever window is, so the cap decides:
-            # no length search on the steps of a probe that lands nothing (the common ones)
-            return self.probe_draft
-        limit = self.economics.best(window) if self.size_drafts and not self.keyed else window
-        if capped:
-            return min(limit, self.probe_draft)
-        return limit
+        """The most tokens this step may draft: ``window``, capped at ``probe_draft`` while a
+        probe has not yet landed a drafted token."""
+        if self.enabled and self.state == PROBE and not self.probe_landed:
+            return min(window, self.probe_draft)
+        return window
 
-    def size_proposal(self, proposed: int, evidence: Hashable | None,
-                      confidence: Sequence[float] | None = None) -> int:
-        """How many of a proposal's ``proposed`` drafts to verify, given its ``evidence`` key
-        or its per-draft ``confidence``: the length that pays (0: decline, the step is a plain
-        one), one token when a key declined ``explore_after`` times in a row is re-tried,
-        capped at ``probe_draft`` while a probe has landed nothing. With ``confidence`` the
-        length comes from the calibrated chances (``ChainWorth.length``) and the key is the
-        first draft's confidence bucket unless ``evidence`` names one. Unkeyed proposals
-        (both None), a disabled governor or ``size_drafts`` off: all of them."""
-        if (evidence is None and confidence is None) or not (self.enabled and self.size_drafts) or proposed <= 0:
+    def size_proposal(self, proposed: int, confidence: Sequence[float] | None = None) -> int:
+        """How many of a proposal's ``proposed`` drafts to verify given their per-draft
+        ``confidence``: the length the calibrated chances pay for (``ChainWorth.length``; 0:
+        decline, the step is a plain one), one token when the first draft's bucket declined
+        ``explore_after`` times in a row is re-tried, capped at ``probe_draft`` while a probe
+        has landed nothing. Without confidence, or with the governor off: all of them."""
+        if confidence is None or not self.enabled or proposed <= 0:
             return proposed
-        self.keyed = True
-        if confidence is not None:
-            self.calibrated = True
-            keep = self.worth.length(list(confidence)[:proposed])
-            evidence = evidence if evidence is not None else (CONFIDENCE_KEY, bucket(confidence[0]))
-        else:
-            keep = self.economics.best(proposed, evidence, decline=True)
+        self.calibrated = True
+        if self._shape_source is not None:
+            source, self._shape_source = self._shape_source, None
+            self.costs.set_shape(source())
+        keep = self.worth.length(list(confidence)[:proposed])
+        key = bucket(confidence[0])
         if keep == 0:
-            if len(self._declines) >= MAX_KEYS and evidence not in self._declines:
-                self._declines.clear()  # a drafter inventing keys: forget the oldest counts
-            declines = self._declines.get(evidence, 0) + 1
-            if declines < self._explore_gap.get(evidence, self.explore_after):
-                self._declines[evidence] = declines
+            declines = self._declines.get(key, 0) + 1
+            if declines < self._explore_gap.get(key, self.explore_after):
+                self._declines[key] = declines
                 self.declined += 1
                 return 0
-            keep = 1  # re-try the key with one token: its estimate moves only when verified
-            if len(self._explore_gap) >= MAX_KEYS:
-                self._explore_gap.clear()
-            self._explore_gap[evidence] = min(self.max_backoff, 2 * self._explore_gap.get(evidence, self.explore_after))
+            keep = 1  # re-try the bucket with one token: its estimate moves only when verified
+            self._explore_gap[key] = min(self.max_backoff, 2 * self._explore_gap.get(key, self.explore_after))
         else:
-            self._explore_gap.pop(evidence, None)
-        self._declines.pop(evidence, None)
+            self._explore_gap.pop(key, None)
+        self._declines.pop(key, None)
         if self.state == PROBE and not self.probe_landed:
             keep = min(keep, self.probe_draft)
         return keep
@@ -276,19 +212,16 @@ class SpeculationCostGovernor:
         self.probe_tokens = 0
 
     def record(self, speculative: bool, ms: float, tokens: int, drafted: int | None = None,
-               evidence: Hashable | None = None, confidence: Sequence[float] | None = None) -> None:
+               confidence: Sequence[float] | None = None) -> None:
         """Report a step: speculative (drafted, verified) or plain, its ms and emitted tokens;
-        ``drafted``: how many tokens the speculative step verified (for the draft length);
-        ``evidence``: its proposal's key (None: unkeyed); ``confidence``: the verified drafts'
-        confidences (the calibration learns what landed by bucket; such a step is keyed)."""
+        ``drafted``: how many tokens the speculative step verified; ``confidence``: the verified
+        drafts' confidences (the calibration learns what landed by bucket)."""
+        key = None
         if confidence is not None and speculative and drafted:
             self.calibration.record(list(confidence)[:drafted], tokens - 1)
-            if evidence is None:
-                evidence = (CONFIDENCE_KEY, bucket(confidence[0]))
-        if speculative and drafted:
-            self.economics.record_draft(drafted, tokens - 1, ms, evidence)
-        elif not speculative:
-            self.economics.record_plain(ms)
+            key = bucket(confidence[0])
+        if not speculative or drafted:
+            self.costs.record(drafted if speculative else 0, ms)
         if speculative:
             self.spec.add(ms, tokens)
             self.since_plain += 1
@@ -297,9 +230,9 @@ class SpeculationCostGovernor:
             self.probe_tokens += tokens
             if tokens > 1:
                 self.zero_run = 0
-                if evidence is not None:
-                    self._explore_gap.pop(evidence, None)  # a re-tried key landed: judge it afresh
-            elif evidence is None:  # keyed steps are judged per key, not by streaks
+                if key is not None:
+                    self._explore_gap.pop(key, None)  # a re-tried bucket landed: judge it afresh
+            elif key is None:  # calibrated steps are judged per bucket, not by streaks
                 self.zero_run += 1
             if tokens > 1:
                 self.wasted_ms = 0.0
@@ -352,7 +285,6 @@ class SpeculationCostGovernor:
         self.backoff = self.initial_backoff
         self.parked_left = 0
         self.spec_since_check = 0
-        self.economics.forget_acceptance()
         self.calibration.clear()
         self.landed = False
         self._declines.clear()
@@ -417,12 +349,11 @@ class SpeculationCostGovernor:
 
     def _park(self) -> None:
         """Park for ``backoff`` plain steps and grow the next park: x``landless_growth`` while
-        no step of this sequence has landed a drafted token (unkeyed drafting), else x2 (a
-        drafter that landed some, a won state that degraded, keyed drafting: its probes cost
-        little, its per-key declines already cut the losing drafts, and a copy span may start
-        any time); capped at ``max_backoff``. A win resets it (``_decide``)."""
+        no step of this sequence has landed a drafted token (uncalibrated drafting), else x2 (a
+        drafter that landed some, a won state that degraded, calibrated drafting: its per-bucket
+        declines already cut the losing drafts); capped at ``max_backoff``. A win resets it (``_decide``)."""
         self.losses += 1
-        landless = not (self.landed or self.keyed or self.state == HOLD)
+        landless = not (self.landed or self.calibrated or self.state == HOLD)
         growth = self.landless_growth if landless else 2
         self.state = PARKED
         self.parked_left = self.backoff

@@ -63,16 +63,21 @@ def _device_type(device: object) -> str:
     return str(device or "cpu").split(":", 1)[0]
 
 
-def file_architecture(path: object) -> str:
-    """general.architecture of a GGUF file, with clear errors for missing or bad files."""
+def file_architecture(path: object, catalog=None) -> str:
+    """The architecture of a model file (through the file toolkit a plugin registered), with
+    clear errors for missing or bad files."""
     p = Path(str(path))
     if not p.exists():
         raise ModelLoadError(p, "no such file")
     if p.is_dir():
         raise ModelLoadError(p, "is a directory, not a GGUF file")
-    from tsspec_gguf.gguf_file import read_architecture
+    if catalog is None:
+        from .defaults import default_catalog
 
-    return read_architecture(p)
+        catalog = default_catalog()
+    if catalog.toolkit is None:
+        raise ModelLoadError(p, "no loaded plugin reads model files (install tsspec-gguf)")
+    return catalog.toolkit.architecture(p)
 
 
 def file_less_entry(path: object, catalog):
@@ -112,7 +117,7 @@ def load_model(
         from .named_models import resolve_model_path
 
         path = resolve_model_path(path, catalog)
-        arch = file_architecture(path)
+        arch = file_architecture(path, catalog)
         entry = catalog.models.get(arch)
         if entry is None:
             if arch in catalog.drafters:
@@ -151,7 +156,7 @@ def attach_drafter(target, path: object, load_options: LoadOptions, catalog=None
         from .defaults import default_catalog
 
         catalog = default_catalog()
-    arch = file_architecture(path)
+    arch = file_architecture(path, catalog)
     entry = catalog.drafters.get(arch)
     if entry is None:
         if arch in catalog.models:

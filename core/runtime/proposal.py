@@ -20,31 +20,7 @@ BAD_TYPE = "bad_type"
 BAD_ID = "bad_id"
 OUT_OF_VOCAB = "out_of_vocab"
 TOO_MANY = "too_many_tokens"
-BAD_EVIDENCE = "bad_evidence"
 BAD_CONFIDENCE = "bad_confidence"
-
-
-def proposal_evidence(raw: object) -> tuple[object | None, str | None]:
-    """The ``evidence`` key an untrusted proposal carries (None: none), or (None, fault kind)
-    when it is not hashable or reading it raises. Total, like ``validate_proposal``.
-
-    >>> proposal_evidence([1, 2])
-    (None, None)
-    >>> from tsspec.protocols import Proposal
-    >>> proposal_evidence(Proposal([1], evidence=(2, True)))
-    ((2, True), None)
-    >>> proposal_evidence(Proposal([1], evidence=[2]))
-    (None, 'bad_evidence')
-    """
-    if raw is None or isinstance(raw, list) and type(raw) is list:
-        return None, None  # the common case, a plain list: nothing to read
-    try:
-        evidence = getattr(raw, "evidence", None)
-        if evidence is not None:
-            hash(evidence)
-    except Exception:
-        return None, BAD_EVIDENCE
-    return evidence, None
 
 
 def proposal_confidence(raw: object, length: int) -> tuple[list[float] | None, str | None]:

@@ -229,7 +229,8 @@ class SpeculatorRegistry:
             return Decline(
                 name,
                 NO_DRAFT_HEAD,
-                f"{name} needs trained drafter weights and the model carries none; attach "
+                f"{name} needs trained drafter weights and the model carries none"
+                f"{f' ({info.draft_head_absence})' if info.draft_head_absence else ''}; attach "
                 f"{entry.drafter_hint or 'a drafter file'}{self._weight_free_advice()}",
             )
         if not entry.requires_draft_head and not info.speculation_profitable:
@@ -258,8 +259,7 @@ class SpeculatorRegistry:
             return made  # the weight-free algorithm cannot serve: the drafter alone
         from .pairing import SpeculatorPair
 
-        memory = self.memory(target, f"pair:{free}+{made.name}")
-        return SpeculatorPair(primary, made, adaptive=bool(getattr(options, "adaptive", True)), memory=memory)
+        return SpeculatorPair(primary, made)
 
     def _pair_primary(self, target: Any, chosen: str | None) -> str | None:
         """The weight-free algorithm ``auto`` puts in front of ``chosen`` (the drafter's

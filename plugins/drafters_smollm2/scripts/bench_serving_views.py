@@ -34,7 +34,7 @@ import sys
 import time
 from importlib import resources
 
-from tsspec import Scheduler, SequenceRequest
+from tsspec_serve.scheduler import Scheduler, SequenceRequest
 from tsspec_gguf.embedded import embedded_model_path
 from tsspec.runtime.defaults import default_catalog
 from tsspec.runtime.loading import load_model

@@ -10,7 +10,7 @@ import pytest
 from tsspec.runtime.options import SpeculationOptions
 from tsspec.runtime.registry import SpeculatorRegistry
 from tsspec.runtime.sampling import SamplingParams
-from tsspec.runtime.scheduler import CANCELLED, FINISHED, Scheduler, SequenceRequest
+from tsspec_serve.scheduler import CANCELLED, FINISHED, Scheduler, SequenceRequest
 from tsspec.testing import OracleSpeculator, RandomSpeculator, plain_tokens
 
 PLAIN = SpeculationOptions(enabled=False)
@@ -177,3 +177,20 @@ def test_long_prompts_served_equal_their_solo_run(tiny, dtype):
             assert h.wait(300)
         for i, h in enumerate(handles):
             assert h.state == FINISHED and h.result.tokens == expected[i], f"prompt {i} differs from its solo run"
+
+
+def test_generate_batched_without_a_server_equals_solo_runs(tiny_path):
+    """The core's batched driver alone (no scheduler, no prefix cache): what bench and training
+    use to batch; each sequence equals its solo run, plain and speculative, greedy and seeded."""
+    from tsspec.runtime.batching import generate_batched
+    from tsspec_model_llama import load_llama
+
+    target = load_llama(tiny_path)
+    prompts = [[5, 9, 33, 2, 7], [250, 3, 3, 3, 3, 3], [17] * 9]
+    samplings = [None, SamplingParams(temperature=0.9, top_k=40, seed=11), None]
+    expected = [_solo(tiny_path, p, 10, s) for p, s in zip(prompts, samplings)]
+    registry = _registry(target, None)
+    for options in (PLAIN, SpeculationOptions(spec_type="random", adaptive=False)):
+        results = generate_batched(target, prompts, options, max_tokens=10, sampling=samplings, registry=registry,
+                                   kv_cache_mb=1, block_size=4, batch_wait_ms=200)
+        assert [r.tokens for r in results] == expected

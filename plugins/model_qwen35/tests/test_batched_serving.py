@@ -9,7 +9,7 @@ import threading
 from tsspec.runtime.options import SpeculationOptions
 from tsspec.runtime.registry import SpeculatorRegistry
 from tsspec.runtime.sampling import SamplingParams
-from tsspec.runtime.scheduler import CANCELLED, FINISHED, Scheduler, SequenceRequest
+from tsspec_serve.scheduler import CANCELLED, FINISHED, Scheduler, SequenceRequest
 from tsspec.testing import RandomSpeculator, plain_tokens
 
 PLAIN = SpeculationOptions(enabled=False)

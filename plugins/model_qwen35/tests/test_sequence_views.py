@@ -149,7 +149,7 @@ def test_concurrent_served_sequences_draft_and_accept_as_alone(make_target, sequ
     # the serving path: sequences batched on the hybrid's paged KV, each proposing from its own
     # worker thread with its own view of the one MTP head, draft and accept exactly as the same
     # requests served one at a time, and equal plain decoding
-    from tsspec.runtime.scheduler import FINISHED, Scheduler, SequenceRequest
+    from tsspec_serve.scheduler import FINISHED, Scheduler, SequenceRequest
     from tsspec.testing import plain_tokens
 
     prompts = [sequence[:9], sequence[30:38], sequence[50:56]]

@@ -11,7 +11,8 @@ from tsspec_gguf import native
 from tsspec.runtime.loading import LoadOptions
 from tsspec.runtime.options import SpeculationOptions
 from tsspec.runtime.sampling import SamplingParams
-from tsspec.testing import ToyTarget, assert_lossless, write_random_llama
+from tsspec.testing import ToyTarget, assert_lossless
+from tsspec_gguf.random_llama import write_random_llama
 
 from tsspec_block.attach import attach_dflash
 from tsspec_block.head import NATIVE_ENV, NATIVE_OP

@@ -11,6 +11,6 @@ SHAPE = dict(vocab=128, hidden=32, ffn=64, layers=3, heads=4, kv_heads=2, contex
 
 
 def write_tiny_target(path, seed: int = 0, attn_gain: float = 0.1) -> str:
-    from tsspec.testing import write_random_llama
+    from tsspec_gguf.random_llama import write_random_llama
 
     return write_random_llama(path, **SHAPE, seed=seed, attn_gain=attn_gain, name="tiny block-drafter teacher")

@@ -124,51 +124,38 @@ def test_removed_sizing_modes_are_unknown_settings():
             make_ngram(ToyTarget(), SpeculationOptions(extra={"ngram": {name: 1}}))
 
 
-def test_a_proposal_carries_its_match_bucket_and_whether_the_last_drafts_all_landed():
-    """The evidence key: (2, 3, 4 or 8: the bucket of the backward match length, the last
-    verify's drafts all landed). The loop sizes each draft by it (tsspec.protocols.Proposal)."""
-    from tsspec.protocols import Proposal
+def _matched(spec) -> int:
+    """How many suffix tokens the last proposal's match shares (1: the single-token fallback)."""
+    from tsspec_ngram.matching import match_length
 
+    tokens = spec._drafter.index.tokens
+    return match_length(tokens, spec._drafter._match.pos, len(tokens), 8)
+
+
+def test_a_proposal_is_the_whole_continuation_as_a_plain_list():
     spec = NGramSpeculator(8)
-    short = [7, 1, 2, 3, 4, 5, 9, 1, 2]  # (1, 2) matched: 7 != 9 before it, two tokens
-    spec.commit(short[:-1], None, 0)
-    draft = spec.propose(ctx_for(short))
-    assert isinstance(draft, Proposal) and draft == [3, 4, 5, 9, 1, 2] and draft.evidence == (2, False)
-    spec.observe_step(True, 10.0, 3, 2)  # two drafted, both landed (+ the bonus token)
-    assert spec.propose(ctx_for(short)).evidence == (2, True)
-    spec.observe_step(True, 10.0, 2, 2)  # one of two landed
-    assert spec.propose(ctx_for(short)).evidence == (2, False)
-    spec.observe_step(False, 5.0, 1, 0)  # a plain step: not inside a span it copies right
-    assert spec.propose(ctx_for(short)).evidence[1] is False
-
-    for length, bucket in ((3, 3), (5, 4), (7, 4), (8, 8), (12, 8)):
+    for length in (3, 5, 8, 12):
         spec = NGramSpeculator(8)
         gram = list(range(20, 20 + length))
         history = [1, *gram, 5, 6, 2, *gram]  # the suffix matches `length` tokens, not the 1 before
         spec.commit(history[:-1], None, 0)
         draft = spec.propose(ctx_for(history))
-        assert draft[:2] == [5, 6] and draft.evidence == (bucket, False), (length, draft.evidence)
-    spec.reset()
-    spec.observe_step(True, 10.0, 2, 1)
-    spec.reset()  # a new sequence starts outside any span
-    spec.commit(history[:-1], None, 0)
-    assert spec.propose(ctx_for(history)).evidence == (8, False)
-    assert spec.propose(ctx_for([1, 2, 3])) == []  # nothing found: a plain empty list
+        assert type(draft) is list and draft[:2] == [5, 6] and _matched(spec) == min(length, 8)
+    assert spec.propose(ctx_for([1, 2, 3])) == []  # nothing found: an empty list
 
 
-def test_a_single_token_fallback_proposal_has_match_bucket_one():
-    """When no bigram occurred earlier, the fallback's proposal is keyed apart: bucket 1."""
+def test_a_single_token_fallback_proposal_matches_one_token():
+    """When no bigram occurred earlier, the fallback drafts from the last token alone."""
     spec = NGramSpeculator(8)
     prompt = [10, 11, 12, 13, 14, 15, 7, 16, 17, 0]
     spec.commit(prompt + [10], None, 0)
     history = prompt + [10, 11]
     draft = spec.propose(ctx_for(history))
-    assert draft[:2] == [12, 13] and draft.evidence == (2, False)
+    assert draft[:2] == [12, 13] and _matched(spec) == 2
     spec.commit([11, 12], None, len(history) - 1)  # 12 landed, then 7 came instead of 13
-    spec.observe_step(True, 10.0, 2, 8)
     history = history + [12, 7]
     draft = spec.propose(ctx_for(history))
-    assert draft == [16, 17, 0, 10, 11, 12, 7] and draft.evidence == (1, False)
+    assert draft == [16, 17, 0, 10, 11, 12, 7] and _matched(spec) == 1
     off = NGramSpeculator(8, fallback=False)
     off.commit(prompt + [10], None, 0)
     off.propose(ctx_for(prompt + [10, 11]))

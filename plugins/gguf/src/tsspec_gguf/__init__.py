@@ -17,6 +17,10 @@ changelog entry in docs/plugins.md. This package re-exports nothing, so importin
   forward of its own round (medians, monotone); a target's ``spec_verify_row_ms`` measured so.
 * ``tokenizer`` / ``chat_template`` -- the tokenizer and chat template a GGUF describes.
 * ``embedded`` -- where the embedded default model (SmolLM2-135M-Instruct) is installed.
+* ``random_llama`` -- ``write_random_llama``: a small random llama GGUF for tests.
+
+It registers itself as the core's file toolkit (architecture sniffing, target identity,
+what the compiled kernels run), so the core reads model files without naming this package.
 """
 
 __all__ = [
@@ -29,6 +33,7 @@ __all__ = [
     "gguf_writer",
     "native",
     "qlinear",
+    "random_llama",
     "row_timing",
     "rowops",
     "tokenizer",
@@ -43,3 +48,17 @@ def tsspec_register_commands(app):
     from .inspect_cmd import inspect
 
     app.command("inspect")(inspect)
+
+
+@hookimpl
+def tsspec_register_file_toolkit(register):
+    """The core reads model files through these (it names no file format itself)."""
+    from .gguf_file import read_architecture
+    from .identity import TargetIdentity
+
+    def kernels_info() -> dict:
+        from . import native
+
+        return native.info()
+
+    register(read_architecture, TargetIdentity, kernels_info=kernels_info)

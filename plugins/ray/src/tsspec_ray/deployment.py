@@ -2,7 +2,7 @@
 
 Two deployments, as Ray Serve LLM lays out its own:
 
-* ``EngineReplica`` (N replicas): a loaded target and a ``ServeEngine`` (the core's scheduler:
+* ``EngineReplica`` (N replicas): a loaded target and a ``ServeEngine`` (the serve plugin's scheduler:
   continuous batching, prefix cache, a speculator per sequence). ``generate(prepared)`` streams
   a request's pieces; ``check_health`` is the engine's (a dead scheduler fails it). Routed by
   ``PrefixAffinityRouter`` (Ray's ``RequestRouter`` interface) on the tokenized prompt.
@@ -154,7 +154,7 @@ class ReplicaEngine:
 
     def __init__(self, handle, *, tokenizer, model_id: str, context: int, architecture: str, options, spec_names,
                  model_context_length: int | None = None):
-        from tsspec.runtime.scheduler import MAX_WINDOW
+        from tsspec_serve.scheduler import MAX_WINDOW
 
         self.handle = handle
         self.tokenizer = tokenizer

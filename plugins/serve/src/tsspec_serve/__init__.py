@@ -1,6 +1,7 @@
 """tsspec plugin ``serve``: ``tsspec serve``, an OpenAI-compatible HTTP server.
 
-Many requests share the model through the core's scheduler (continuous batching over the
+Many requests share the model through the scheduler (``scheduler.py``: requests, streaming and
+cancellation on the core's batched driver; continuous batching over the
 target's paged KV, a block-hash prefix cache), each with its own speculator. Endpoints:
 ``POST /v1/chat/completions``, ``POST /v1/completions``, ``GET /v1/models``, ``GET /health``,
 ``GET /metrics`` (Prometheus) and a chat page at ``/``.

@@ -139,7 +139,7 @@ class _Bench:
                 "ratio_low": min(ratios), "ratio_high": max(ratios)}
 
     def scheduler(self, max_seqs: int = 8):
-        from tsspec import Scheduler
+        from .scheduler import Scheduler
 
         return Scheduler(self.target, kv_cache_mb=self.kv_cache_mb, max_seqs=max_seqs, registry=self.registry).start()
 
@@ -154,7 +154,7 @@ class _Bench:
 
     # -- 1. streams ------------------------------------------------------------------------
     def streams(self, n: int, mode: str, max_tokens: int) -> dict[str, float]:
-        from tsspec import SequenceRequest
+        from .scheduler import SequenceRequest
 
         prompts = [self.chat_ids([{"role": "user", "content": p}]) for p in _stream_prompts(n)]
         gaps: list[float] = []
@@ -195,7 +195,7 @@ class _Bench:
 
     # -- 2. multi-turn chat ----------------------------------------------------------------
     def conversation(self, mode: str, max_tokens: int) -> list[dict[str, Any]]:
-        from tsspec import SequenceRequest
+        from .scheduler import SequenceRequest
 
         code = inspect.getsource(textwrap.indent)
         messages: list[dict[str, str]] = []
@@ -220,7 +220,7 @@ class _Bench:
 
     # -- 3. memory -------------------------------------------------------------------------
     def memory(self, requests: int, max_tokens: int) -> dict[str, float]:
-        from tsspec import SequenceRequest
+        from .scheduler import SequenceRequest
 
         prompts = [self.chat_ids([{"role": "user", "content": f"Say a word about the number {i}."}]) for i in range(16)]
         sched = self.scheduler()

@@ -1,4 +1,4 @@
-"""The server's engine: a loaded target, the core's scheduler and the bridge to asyncio.
+"""The server's engine: a loaded target, the scheduler and the bridge to asyncio.
 
 A request runs in the scheduler (its own worker thread, batched with everyone else's); its
 tokens come back to the event loop through an ``asyncio.Queue`` as ``Piece`` events and one
@@ -20,11 +20,11 @@ from typing import Any, AsyncIterator
 
 import attrs
 
-from tsspec import Scheduler, SequenceRequest, SpeculationOptions
-from tsspec.runtime.scheduler import MAX_WINDOW, SequenceHandle  # scheduler internals this engine shares
+from tsspec import SpeculationOptions
 
 from .metrics import ServerMetrics
 from .payload import Prepared
+from .scheduler import MAX_WINDOW, Scheduler, SequenceHandle, SequenceRequest
 
 
 DEFAULT_KV_CACHE_MB = 256.0  # the least the paged cache gets when sized automatically

@@ -18,16 +18,11 @@ State and the loop's calls:
   ``ctx.last_token``, which is not committed yet), usually by appending that one token, then
   looks the suffix up: O(1) in the history length.
 
-Draft length: each proposal is a ``tsspec.Proposal`` carrying an evidence key, ``(bucket of the
-backward match length: 1 (the fallback), 2, 3, 4-7 or 8+ tokens; whether the last verify's drafts all landed)``
-(``evidence``; the flag comes from the loop's ``observe_step``). The loop measures acceptance per
-key in the run and verifies as many of the copied tokens as pay for that key, or none: a long
-match inside a span the answer copies opens the window while a one-bigram guess in new text is
-declined, instead of one pooled estimate sizing both. So the speculator proposes the whole
-continuation (up to ``max_tokens``) and does not size it itself.
+Draft length: the speculator proposes the whole continuation (up to ``max_tokens``); the loop's
+governor decides whether drafting pays on this run and parks it while it does not.
 
 Policy (``follow`` and ``fallback`` on) is explained in ``matching.py``; a ``fallback`` draft
-(the last token alone, when no earlier bigram exists) is keyed with match bucket 1;
+(the last token alone, when no earlier bigram exists);
 ``SpeculationOptions.extra["ngram"]`` overrides any of ``SETTING_KEYS``.
 """
 
@@ -36,9 +31,9 @@ from __future__ import annotations
 from typing import Any, Mapping, Sequence
 
 from tsspec.protocols import DraftContext
-from tsspec import MAX_DRAFT_WINDOW, Proposal
+from tsspec import MAX_DRAFT_WINDOW
 
-from .matching import DEFAULT_MAX_ORDER, DEFAULT_MIN_ORDER, NGramDrafter, match_length, required_match_length
+from .matching import DEFAULT_MAX_ORDER, DEFAULT_MIN_ORDER, NGramDrafter, required_match_length
 
 NAME = "ngram"
 DEFAULT_MIN_DRAFT_PROB = 0.0
@@ -48,17 +43,10 @@ DEFAULT_WINDOW = 8  # used only when no options object is given
 DEFAULT_FOLLOW = True
 # fallback: when no earlier occurrence of the last two tokens exists, draft from the last token
 # alone if every earlier occurrence of it was followed by the same token and a copy agreed with
-# the text at most 3 tokens ago (matching.FALLBACK_RECENT). Its key has match bucket 1, so the
-# loop prices it apart. Loop replay on the bench outputs (README): the ceiling of ngram's
-# proposals 1.44x -> 1.49x on the grounded classes, the policy 1.336x -> 1.358x
+# the text at most 3 tokens ago (matching.FALLBACK_RECENT)
 DEFAULT_FALLBACK = True
 # keys accepted in SpeculationOptions.extra["ngram"]
 SETTING_KEYS = ("min_order", "max_order", "follow", "fallback")
-# the evidence key's match-length buckets: the lower bound of each (1: the fallback; 2; 3; 4-7; 8+ tokens of the
-# suffix equal those before the copied continuation). On the bench prompts' greedy outputs a
-# draft's first token lands 0.51 / 0.44 / 0.62 / 0.86 of the time by bucket
-# (plugins/spec_ngram/README.md); the loop measures each key's acceptance in the run itself.
-MATCH_BUCKETS = (8, 4, 3, 2, 1)
 
 
 class NGramSpeculator:
@@ -94,7 +82,6 @@ class NGramSpeculator:
             fallback=fallback,
         )
         self.history_mismatches = 0  # proposals skipped because history did not end in last_token
-        self._last_full = False  # did the last step verify drafts that all landed?
 
     @property
     def min_draft_prob(self) -> float:
@@ -119,25 +106,7 @@ class NGramSpeculator:
         if not len(history) or history[-1] != ctx.last_token:
             self.history_mismatches += 1
             return []
-        draft = self._drafter.propose(history, count, self.required_match)
-        return Proposal(draft, evidence=self.evidence()) if draft else draft
-
-    def evidence(self) -> tuple[int, bool]:
-        """The key of the draft just made: (match-length bucket, whether the previous step's
-        drafts all landed). The bucket is the lower bound of ``MATCH_BUCKETS``' range the
-        backward match falls in (1, 2, 3, 4 or 8): how many suffix tokens equal those before the
-        copied continuation (1: the single-token ``fallback``); the flag says the run is inside
-        a span it copies right."""
-        drafter = self._drafter
-        tokens = drafter.index.tokens
-        length = match_length(tokens, drafter._match.pos, len(tokens), MATCH_BUCKETS[0])
-        bucket = next((b for b in MATCH_BUCKETS if length >= b), MATCH_BUCKETS[-1])
-        return bucket, self._last_full
-
-    def observe_step(self, speculative: bool, ms: float, tokens: int, drafted: int) -> None:
-        """The loop's report of the step just taken: a verify whose ``drafted`` tokens all
-        landed emits ``drafted + 1`` tokens."""
-        self._last_full = bool(speculative and drafted and tokens == drafted + 1)
+        return self._drafter.propose(history, count, self.required_match)
 
     def commit(self, tokens: Sequence[int], hidden_rows: Any, start_pos: int) -> None:
         """Record what landed; ``hidden_rows`` is unused (``needs_hidden_state`` is False)."""
@@ -145,7 +114,6 @@ class NGramSpeculator:
 
     def reset(self) -> None:
         self._drafter.reset()
-        self._last_full = False
 
     def close(self) -> None:
         self._drafter.reset()

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from tsspec.runtime.prefix_cache import ROOT, BlockPool, BlockTable, OutOfBlocks, chain_key
+from tsspec_serve.prefix_cache import ROOT, BlockPool, BlockTable, OutOfBlocks, chain_key
 
 
 def _table(pool, copies=None):

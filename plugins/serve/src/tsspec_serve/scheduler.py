@@ -1,33 +1,24 @@
-"""The scheduler: many sequences on one batched paged target (continuous batching).
+"""The server's scheduler: requests, admission, streaming, cancellation and the prefix cache,
+on top of the core's batched driver (``tsspec.runtime.batching``: many sequences, one forward).
 
-Each admitted sequence runs the ordinary generation engine (``generate``: its own speculator,
-sampler, cost governor and stats) in its own worker thread, on a ``BatchedSpecTrunk``. Every
-forward the loop asks for becomes a request here; the engine thread waits until every running
-sequence has one (or ``batch_wait_ms`` passed), takes a batch under the row budget and runs it as
-ONE ragged forward of the paged KV, then hands each sequence its rows.
+Each admitted request runs the ordinary generation engine (``generate``: its own speculator,
+sampler, cost governor and stats) in its own worker thread, on a ``BatchedSpecTrunk``; the
+driver batches their forwards (one-row steps first, verifies and prefill chunks under the row
+budget) and charges a verify what its rows cost the others.
 
 * Admit: a queued request is admitted when a sequence slot is free and the pool can reserve
   the blocks it may need; its prompt first adopts the cached full blocks that start it (the
-  prefix cache), so only the rest is prefilled.
-* Step: one-row requests (plain steps) go first, then multi-row ones (verifies, prefill chunks)
-  while the batch stays under ``max_batch_rows``; what does not fit waits one step. Verifies
-  therefore never starve plain steps, and a batch never leaves the batch-invariant kernels.
+  prefix cache, ``prefix_cache.py``), so only the rest is prefilled.
 * Finish / cancel: a finished, failed or cancelled sequence frees its blocks and reservation at
-  once. ``cancel()`` takes effect at the sequence's next forward (at most one step later).
-* Cost: a sequence's governor times its steps as they run here, i.e. the whole batch's forward
-  (every row the batch adds). A verify's k extra rows also slow every other sequence of the
-  batch, so the trunk adds that share to the verify's cost (``extra_cost_ms``): the batch's
-  time times the fraction those rows add by the target's cost-by-rows profile
-  (``spec_verify_row_ms``; rows counted linearly without one), times the other sequences.
-  Speculation then has to win for the batch, not only for its own sequence.
+  once. ``cancel()`` takes effect at the sequence's next forward or token (at most one step).
 
 A target without a paged path (no ``spec_open_paged``, or one that declines this load) is still
 served: one sequence at a time on its own cache, without batching or the prefix cache
 (``serial`` holds the reason; it is logged once).
 
-Every bookkeeping call (pool, tables, queues) runs under one lock; the forward runs outside it,
-one at a time. The worker whose request completes a batch runs it in its own thread; the engine
-thread runs batches that are due by ``batch_wait_ms`` and admits requests.
+Every bookkeeping call (pool, tables, queues) runs under the driver's lock; the forward runs
+outside it, one at a time. The engine thread admits requests and runs batches that are due by
+``batch_wait_ms``; otherwise the worker whose work completes a batch runs it.
 """
 
 from __future__ import annotations
@@ -41,16 +32,16 @@ from typing import Any, Callable, Sequence
 
 import attrs
 
-from ..errors import GenerationError
-from ..protocols import PagedRows
-from ..capabilities import paged_info, target_info, verify_cost_shape
-from .batched_trunk import BatchedSpecTrunk, Cancelled
-from .options import SpeculationOptions
-from .prefix_cache import BlockPool, BlockTable
-from .sampling import SamplingParams
-from .stats import SpecStats
+from tsspec import SamplingParams, SpeculationOptions
+from tsspec.capabilities import paged_info, target_info
+from tsspec.errors import GenerationError
+from tsspec.runtime.batched_trunk import BatchedSpecTrunk, Cancelled
+from tsspec.runtime.batching import BatchDriver
+from tsspec.runtime.stats import SpecStats
 
-log = logging.getLogger("tsspec.scheduler")
+from .prefix_cache import BlockPool, BlockTable
+
+log = logging.getLogger("tsspec.serve.scheduler")
 
 WAITING, RUNNING, FINISHED, CANCELLED, FAILED = "waiting", "running", "finished", "cancelled", "failed"
 MAX_WINDOW = 16  # the most draft tokens a served request may ask for (reservations cover it)
@@ -92,35 +83,7 @@ class SequenceHandle:
         return self.done.wait(timeout)
 
 
-@attrs.define(eq=False)
-class _Work:
-    handle: SequenceHandle
-    tokens: list[int]
-    all_logits: bool
-    want_hidden: bool
-    order: int
-    at: float
-    result: Any = None
-    error: BaseException | None = None
-    finished: bool = False
-
-
-def row_cost(profile, rows: int) -> float:
-    """The relative cost of a forward of ``rows`` rows: linear interpolation in a measured
-    ((rows, ms), ...) profile (extrapolated from its last two points), or ``rows`` without one."""
-    if not profile:
-        return float(rows)
-    points = sorted((int(r), float(ms)) for r, ms in profile)
-    if rows <= points[0][0]:
-        return points[0][1] * rows / points[0][0]
-    for (r0, m0), (r1, m1) in zip(points, points[1:]):
-        if rows <= r1:
-            return m0 + (m1 - m0) * (rows - r0) / (r1 - r0)
-    (r0, m0), (r1, m1) = points[-2], points[-1]
-    return m1 + (m1 - m0) * (rows - r1) / (r1 - r0)
-
-
-class Scheduler:
+class Scheduler(BatchDriver):
     """See the module docstring. ``start()`` it, ``submit_request`` requests, ``close()`` it."""
 
     def __init__(
@@ -138,8 +101,7 @@ class Scheduler:
     ):
         if max_seqs < 1:
             raise ValueError(f"max_seqs must be >= 1, got {max_seqs}")
-        self.target = target
-        self.kv = None
+        kv = None
         self.pool: BlockPool | None = None
         # without a paged path the scheduler still serves, one sequence at a time on the
         # target's own cache (no batching, no prefix cache): ``serial`` says why
@@ -155,9 +117,10 @@ class Scheduler:
                     f"({per_block / (1 << 20):.2f} MiB each): give it more"
                 )
             try:
-                self.kv = target.spec_open_paged(num_blocks, block_size)
+                kv = target.spec_open_paged(num_blocks, block_size)
             except ValueError as exc:
                 self.serial = str(exc)
+        BatchDriver.__init__(self, target, kv, max_batch_rows=max_batch_rows, batch_wait_ms=batch_wait_ms)
         if self.serial is not None:
             log.warning("serving one sequence at a time: %s", self.serial)
             max_seqs = 1
@@ -166,8 +129,6 @@ class Scheduler:
             self.pool = BlockPool(self.kv.num_blocks, block_size, identity=identity)
         self.block_size = block_size
         self.max_seqs = max_seqs
-        rows_cap = self.kv.max_batch_rows if self.kv is not None else 64
-        self.max_batch_rows = min(max_batch_rows or rows_cap, rows_cap)
         if self.max_batch_rows < MAX_WINDOW + 1:
             raise ValueError(f"max_batch_rows must be >= {MAX_WINDOW + 1} (a full verify), got {self.max_batch_rows}")
         self.chunk_rows = max(1, min(chunk_rows, self.max_batch_rows))
@@ -181,22 +142,15 @@ class Scheduler:
         if paged is not None and not paged.resumes_prefix:
             self.prefix_refusal = paged.prefix_refusal
             log.info("prefix reuse refused: %s", self.prefix_refusal)
-        self.batch_wait_s = batch_wait_ms / 1000.0
         self.registry = registry
-        self._cond = threading.Condition()
         self._waiting: collections.deque[SequenceHandle] = collections.deque()
         self._running: set[SequenceHandle] = set()
-        self._pending: list[_Work] = []
         self._ids = itertools.count(1)
-        self._order = itertools.count()
         self._closed = False
         self._engine: threading.Thread | None = None
-        self._busy = False  # a batch's forward is running (in the engine thread or a worker)
         # counters (read by metrics)
         self.finished = {FINISHED: 0, CANCELLED: 0, FAILED: 0}
         self.totals = SpecStats()
-        self.steps = 0
-        self.batch_rows = 0
         self.arming = {"armed": 0, "refused": 0}  # decisions after prefix reuse
 
     # -- sizes -----------------------------------------------------------------------------
@@ -225,7 +179,7 @@ class Scheduler:
             self._closed = True
             handles = list(self._waiting) + list(self._running)
             for handle in handles:
-                handle.cancelled = True
+                self._mark_cancelled(handle)
             self._cond.notify_all()
         for handle in handles:
             handle.wait(timeout)
@@ -264,30 +218,18 @@ class Scheduler:
     def cancel(self, handle: SequenceHandle) -> None:
         """Stop a sequence at its next step (or drop it from the queue); frees everything."""
         with self._cond:
-            handle.cancelled = True
+            self._mark_cancelled(handle)
             self._cond.notify_all()
 
-    # -- the worker side -------------------------------------------------------------------
-    def submit(self, trunk: BatchedSpecTrunk, tokens: list[int], *, all_logits: bool, want_hidden: bool):
-        """Called by a sequence's trunk: wait for this forward to run in a batch."""
-        handle = trunk.handle
-        with self._cond:
-            if handle.cancelled:
-                raise Cancelled()
-            work = _Work(handle, tokens, all_logits, want_hidden, next(self._order), time.perf_counter())
-            self._pending.append(work)
-            while not work.finished:
-                if not self._busy and self._ready():
-                    self._run_batch()  # this request completed the batch: run it here
-                else:
-                    self._cond.notify_all()  # the engine thread runs it (or a timed-out batch)
-                    self._cond.wait()
-        if work.error is not None:
-            raise work.error
-        return work.result
+    @staticmethod
+    def _mark_cancelled(handle: SequenceHandle) -> None:
+        handle.cancelled = True
+        if handle.trunk is not None:
+            handle.trunk.cancelled = True
 
+    # -- the worker side -------------------------------------------------------------------
     def _run_sequence(self, handle: SequenceHandle) -> None:
-        from .generation import generate  # generation imports the loop; keep this module light
+        from tsspec import generate
 
         request = handle.request
         user_on_token = request.on_token
@@ -328,6 +270,8 @@ class Scheduler:
                 if release is not None:
                     release(handle.id)
             self._running.discard(handle)
+            if handle.trunk is not None:
+                self.leave(handle.trunk)
             handle.state = state
             self.finished[state] += 1
             if handle.result is not None:
@@ -378,8 +322,9 @@ class Scheduler:
                 table,
                 max_context_length=self.target.max_context_length,
                 chunk_rows=self.chunk_rows,
+                seq_id=handle.id,
             )
-            handle.trunk.handle = handle
+            self.join(handle.trunk)
             handle.reused_tokens = table.reused_tokens
             self._start(handle)
 
@@ -389,34 +334,6 @@ class Scheduler:
         threading.Thread(
             target=self._run_sequence, args=(handle,), name=f"tsspec-seq-{handle.id}", daemon=True
         ).start()
-
-    def _take_batch(self) -> list[_Work]:
-        """The batch of this step: one-row requests first, then the rest, under the budget."""
-        live = []
-        for work in self._pending:
-            if work.handle.cancelled:
-                work.error, work.finished = Cancelled(), True
-            else:
-                live.append(work)
-        live.sort(key=lambda w: (len(w.tokens) > 1, w.order))
-        batch, rows = [], 0
-        for work in live:
-            if rows + len(work.tokens) <= self.max_batch_rows or not batch:
-                batch.append(work)
-                rows += len(work.tokens)
-        taken = set(map(id, batch))
-        self._pending = [w for w in live if id(w) not in taken]
-        return batch
-
-    def _ready(self) -> bool:
-        if not self._pending:
-            return False
-        if any(w.handle.cancelled for w in self._pending):
-            return True
-        waiting_on = {w.handle for w in self._pending}
-        if all(h in waiting_on for h in self._running):
-            return True
-        return time.perf_counter() - min(w.at for w in self._pending) >= self.batch_wait_s
 
     def _loop(self) -> None:
         with self._cond:
@@ -432,67 +349,6 @@ class Scheduler:
                     self._cond.wait(self.batch_wait_s if self._pending else 0.5)
                     continue
                 self._run_batch()
-
-    def _run_batch(self) -> None:
-        """Take this step's batch and run it as one forward. Called with the lock held, by the
-        engine thread or by the worker whose request completed the batch (then a lone
-        sequence's step costs no hand-off to another thread and back); the lock is released
-        during the forward, and ``_busy`` keeps a second batch from starting meanwhile."""
-        batch = self._take_batch()
-        rows: list[PagedRows] = []
-        runnable: list[_Work] = []
-        for work in batch:
-            if work.finished:
-                continue
-            trunk = work.handle.trunk
-            try:
-                trunk.table.prepare_write(trunk.cache_seq_len, trunk.cache_seq_len + len(work.tokens))
-            except Exception as exc:
-                work.error, work.finished = exc, True
-                continue
-            rows.append(PagedRows(
-                list(trunk.table.blocks), trunk.cache_seq_len, work.tokens, work.all_logits, work.want_hidden,
-                seq=work.handle.id,
-            ))
-            runnable.append(work)
-        if not runnable:
-            self._cond.notify_all()  # cancelled or failed work wakes its worker
-            return
-        self._busy = True
-        self._cond.release()
-        began = time.perf_counter()
-        try:
-            outputs = self.kv.forward(rows)
-            error = None
-        except Exception as exc:  # noqa: BLE001 - every sequence of the batch gets it
-            outputs, error = None, exc
-        finally:
-            elapsed = (time.perf_counter() - began) * 1000.0
-            self._cond.acquire()
-            self._busy = False
-        self.steps += 1
-        total = sum(len(r.tokens) for r in rows)
-        self.batch_rows += total
-        self._charge(runnable, total, elapsed)
-        for i, work in enumerate(runnable):
-            if error is not None:
-                work.error = error
-            else:
-                work.result = outputs[i]
-            work.finished = True
-        self._cond.notify_all()
-
-    def _charge(self, batch: list[_Work], total_rows: int, ms: float) -> None:
-        """Give each verify of the batch the time its extra rows cost the other sequences."""
-        others = len(batch) - 1
-        profile = verify_cost_shape(self.target)
-        full = row_cost(profile, total_rows)
-        for work in batch:
-            extra = 0.0
-            if work.all_logits and others and full > 0:
-                without = row_cost(profile, total_rows - len(work.tokens) + 1)
-                extra = ms * max(0.0, full - without) / full * others
-            work.handle.trunk.extra_cost_ms = extra
 
     # -- reading ---------------------------------------------------------------------------
     def snapshot(self) -> dict[str, Any]:

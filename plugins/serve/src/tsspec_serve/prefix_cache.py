@@ -17,7 +17,7 @@ module does the bookkeeping and never touches a tensor (the model plugin owns th
 * A write into a block that is shared or cached (a rewind below a full block) first copies it
   to a private block (copy-on-write); the copy is the model's ``copy_block``.
 
-Not thread-safe by itself: the scheduler serialises every call.
+Not thread-safe by itself: the scheduler (``scheduler.py``) serialises every call.
 """
 
 from __future__ import annotations
