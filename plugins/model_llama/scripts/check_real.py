@@ -9,6 +9,7 @@ compares llama.cpp's ``tokenize`` with tsspec's on the 200 strings of the tokeni
 (``tests/test_gemma3_270m.py``), with and without the BOS token (special tokens parsed).
 
     python plugins/model_llama/scripts/check_real.py [--model gemma3-270m] [--tokens 64] [--threads 2]
+        [--dtype int8]
 
 Exit status 0 when at least 5 of 6 prompts agree over every token, every split is a near-tie
 and every string tokenizes alike; 1 otherwise.
@@ -45,7 +46,9 @@ for ids in req["prompts"]:
     llm.eval(ids)
     steps = []
     for _ in range(req["tokens"]):
-        row = np.asarray(llm.scores[llm.n_tokens - 1], dtype=np.float32)  # the last row (eval_logits copies all)
+        # the last token's logits straight from the context (without logits_all the wrapper keeps
+        # no scores; eval_logits would copy every row)
+        row = np.ctypeslib.as_array(llm._ctx.get_logits_ith(-1), shape=(llm.n_vocab(),)).astype(np.float32)
         top = np.argsort(-row)[:2]
         steps.append([[int(t), float(row[t])] for t in top])
         llm.eval([int(top[0])])
@@ -93,6 +96,7 @@ def main(argv=None) -> int:
     ap.add_argument("--model", default="gemma3-270m")
     ap.add_argument("--tokens", type=int, default=64)
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--dtype", default=None, help="tsspec's --dtype (int8: llama.cpp's int8 activations)")
     args = ap.parse_args(argv)
     try:
         import llama_cpp  # noqa: F401  (only to fail early with a clear line; it runs in its own process)
@@ -104,7 +108,7 @@ def main(argv=None) -> int:
     import tsspec
 
     torch.set_num_threads(args.threads)
-    target = tsspec.load_model(args.model)
+    target = tsspec.load_model(args.model, dtype=args.dtype)
     path = target.path
     prompts = [target.tokenizer.encode(p) for p in PROMPTS]
     strings = parity_strings()
@@ -117,7 +121,8 @@ def main(argv=None) -> int:
     theirs = json.loads(done.stdout)
     ours = tsspec_runs(target, prompts, args.tokens)
     print(f"model {path} ({target.config.architecture}, {target.config.extra['weight_formats']}), "
-          f"llama-cpp-python {llama_cpp.__version__}, greedy, {args.tokens} tokens, {args.threads} threads")
+          f"tsspec arithmetic {target.config.extra.get('arithmetic')}, llama-cpp-python {llama_cpp.__version__}, "
+          f"greedy, {args.tokens} tokens, {args.threads} threads")
     agreed, ties_ok = 0, True
     for n, (prompt, a, b) in enumerate(zip(PROMPTS, ours, theirs["runs"])):
         split = next((i for i, (x, y) in enumerate(zip(a, b)) if x[0][0] != y[0][0]), None)
