@@ -11,7 +11,7 @@ CONSTRAINTS := $(CURDIR)/constraints.txt
 export PIP_CONSTRAINT := $(CONSTRAINTS)
 BUILD_PINS := PIP_BUILD_CONSTRAINT=$(CONSTRAINTS)
 
-.PHONY: setup run run-drafter test bench bench-serve soak clean drafters drafters-mtp drafters-dflash interop-check check-real
+.PHONY: setup run run-drafter test bench bench-serve bench-spread soak clean drafters drafters-mtp drafters-dflash interop-check check-real
 
 setup: $(STAMP)
 
@@ -79,15 +79,21 @@ drafters-dflash: setup
 test: setup
 	$(PY) -m pytest -q
 
-# A drafter exported in the speculators format, loaded by speculators 0.9.0's own config and model
-# classes in a venv of its own (.venv-interop: speculators pins an older transformers)
+# Drafters exported in the speculators format (a block drafter, a trained mtp-shaped draft head),
+# loaded by speculators 0.9.0's own config and model classes in a venv of its own (.venv-interop,
+# pinned by plugins/speculators_format/scripts/interop-constraints.txt: speculators pins an older
+# transformers), and speculators' own save read back; make test runs it too
+# (plugins/speculators_format/tests/test_interop.py; TSSPEC_SKIP_INTEROP=1 skips it there)
 interop-check: setup
 	PY=$(CURDIR)/$(PY) bash plugins/speculators_format/scripts/interop_check.sh
 
 # BENCHMARKS.md, docs/bench.png and docs/bench.json in one run (~15 min on 2 quiet cores; run it
 # on a quiet machine: every figure is a paired ratio, but a busy machine still blurs them).
 # The peers are optional extras, installed here only: llama-cpp-python is built from source with
-# portable SIMD flags (a native build dies with "Illegal instruction" on these CPUs; ~10 min once).
+# explicit SIMD flags chosen from this CPU's flags (AVX-512/VNNI where present, else AVX2; never
+# GGML_NATIVE, which dies with "Illegal instruction" on these CPUs) by tsspec_bench.peer_build, and
+# the wheel is cached per flag set under ~/.cache/tsspec/peers/ (~10 min once; PEER_WHEEL=PATH seeds
+# the cache with a wheel built elsewhere with the same flags).
 # Each peer runs in its own process with its own default environment, in the fastest of its
 # documented variants (probed first: prompt-lookup draft lengths, llama.cpp's APIs and flash
 # attention), and its runs alternate with tsspec's (paired); transformers, ~6x slower than the
@@ -105,7 +111,7 @@ BENCH_ARGS := --per-class 1 --reps 2 --oracle-acceptance 0,0.5,1 --oracle-classe
 
 $(BENCH_STAMP): $(STAMP)
 	$(PIP) install -q -c $(CONSTRAINTS) matplotlib
-	CMAKE_ARGS="-DGGML_NATIVE=OFF -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON" $(BUILD_PINS) $(PIP) install -q -c $(CONSTRAINTS) llama-cpp-python
+	$(BUILD_PINS) $(PY) -m tsspec_bench.peer_build --python $(PY) $(if $(PEER_WHEEL),--wheel $(PEER_WHEEL))
 	touch $(BENCH_STAMP)
 
 bench: setup $(BENCH_STAMP)
@@ -116,6 +122,11 @@ bench: setup $(BENCH_STAMP)
 check-real: setup $(BENCH_STAMP)
 	$(PY) plugins/model_llama/scripts/check_real.py
 
+# fresh-process spread under a defined competing load (one busy loop per core): ngram's max/min
+# tok/s over 6 fresh processes beside plain decoding's, alternating (docs/bench-spread.md)
+bench-spread: setup
+	$(PY) -m tsspec_bench.spread --runs 6 --markdown docs/bench-spread.md --json docs/bench-spread.json
+
 # the serving figures (docs/bench-serve.md): streams, the multi-turn chat with prefix reuse, RSS
 bench-serve: setup
 	$(VENV)/bin/tsspec bench-serve --markdown docs/bench-serve.md --json docs/bench-serve.json
@@ -124,4 +135,4 @@ soak: setup
 	$(PY) -m pytest -q -m soak
 
 clean:
-	rm -rf $(VENV) build *.egg-info
+	rm -rf $(VENV) .venv-interop build *.egg-info

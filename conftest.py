@@ -20,12 +20,8 @@ PLUGIN_EXTENSIONS = (
 REQUIRED = os.environ.get("TSSPEC_REQUIRE_NATIVE", "").strip().lower() in ON_WORDS
 
 
-def _required() -> bool:
-    return REQUIRED
-
-
 def pytest_sessionstart(session):
-    if not _required():
+    if not REQUIRED:
         return
     from tsspec_gguf import native
 
@@ -54,7 +50,7 @@ def pytest_runtest_makereport(item, call):
     """Under the requirement, a skip that blames missing kernels is a failure."""
     outcome = yield
     report = outcome.get_result()
-    if not (_required() and report.skipped and isinstance(report.longrepr, tuple)):
+    if not (REQUIRED and report.skipped and isinstance(report.longrepr, tuple)):
         return
     reason = str(report.longrepr[2]).lower()
     if "kernel" in reason and ("built" in reason or "compiled" in reason):

@@ -3,7 +3,8 @@
 Lookup order: ``--config PATH``, else ``$TSSPEC_CONFIG``, else ``./tsspec.toml``, else
 ``$XDG_CONFIG_HOME/tsspec/tsspec.toml`` (``~/.config`` when unset). A file named explicitly must
 exist; the implicit ones are optional. Unknown keys and wrong types are errors that name the key,
-so a typo never silently does nothing.
+so a typo never silently does nothing. ``[plugin.NAME]`` tables belong to plugin NAME, which
+checks its own keys (``plugin_section``).
 """
 
 from __future__ import annotations
@@ -37,6 +38,7 @@ SCHEMA: dict[str, dict[str, tuple[type, ...]]] = {
     },
     "model": {"path": (str,), "device": (str,), "dtype": (str,)},
 }
+PLUGIN_SECTION = "plugin"  # [plugin.NAME]: a plugin's own table, its keys checked by the plugin
 
 
 def find_config(explicit: str | os.PathLike | None, env: Mapping[str, str]) -> Path | None:
@@ -55,15 +57,23 @@ def find_config(explicit: str | os.PathLike | None, env: Mapping[str, str]) -> P
     return user if user.is_file() else None
 
 
-def validate(data: Mapping[str, Any], source: str = "config") -> dict[str, dict[str, Any]]:
-    """Check ``data`` against SCHEMA; return it as plain dicts. Errors name the offending key."""
+def validate(data: Mapping[str, Any], source: str = "config",
+             schema: Mapping[str, Mapping[str, tuple[type, ...]]] = SCHEMA) -> dict[str, dict[str, Any]]:
+    """Check ``data`` against ``schema``; return it as plain dicts. Errors name the offending key."""
     out: dict[str, dict[str, Any]] = {}
     for section, values in data.items():
-        if section not in SCHEMA:
-            raise ConfigError(f"{source}: unknown section [{section}] (known: {', '.join(SCHEMA)})")
+        if section == PLUGIN_SECTION and isinstance(values, Mapping):
+            for name, table in values.items():
+                if not isinstance(table, Mapping):
+                    raise ConfigError(f"{source}: [{PLUGIN_SECTION}.{name}] must be a table")
+            out[section] = {name: dict(table) for name, table in values.items()}
+            continue
+        if section not in schema:
+            known = ", ".join([*schema, PLUGIN_SECTION + ".NAME"])
+            raise ConfigError(f"{source}: unknown section [{section}] (known: {known})")
         if not isinstance(values, Mapping):
             raise ConfigError(f"{source}: [{section}] must be a table")
-        known = SCHEMA[section]
+        known = schema[section]
         for key, value in values.items():
             if key not in known:
                 raise ConfigError(
@@ -93,3 +103,12 @@ def load_config(path: Path | None) -> dict[str, dict[str, Any]]:
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"config file {path} is not valid TOML: {exc}") from exc
     return validate(raw, source=str(path))
+
+
+def plugin_section(config: Mapping[str, Any], plugin: str, schema: Mapping[str, tuple[type, ...]],
+                   source: str = "config") -> dict[str, Any]:
+    """Plugin ``plugin``'s ``[plugin.NAME]`` table of a validated config, checked against its own
+    ``schema`` (key -> accepted types) as the core's sections are; {} when absent."""
+    name = f"{PLUGIN_SECTION}.{plugin}"
+    table = dict((config.get(PLUGIN_SECTION) or {}).get(plugin) or {})
+    return validate({name: table}, source=source, schema={name: schema})[name] if table else {}

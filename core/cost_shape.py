@@ -1,7 +1,7 @@
 """A target's forward cost by rows (its ``spec_verify_row_ms`` capability) read as a cost shape.
 
-Layer 0: the runtime's draft economics and any plugin that prices its own drafts (a block
-drafter's value rule) read the same capability through these two functions.
+Layer 0: the runtime's confidence sizing (``calibration.StepCosts``) and any plugin that prices
+its own drafts (a block drafter's value rule) read the same capability through these functions.
 """
 
 from __future__ import annotations

@@ -50,3 +50,19 @@ def test_load_valid_and_invalid_files(tmp_path):
     bad.write_text("[spec\n")
     with pytest.raises(ConfigError, match="not valid TOML"):
         load_config(bad)
+
+
+def test_plugin_tables_are_passed_through_and_checked_by_their_plugin():
+    from tsspec.config import plugin_section
+
+    data = validate({"plugin": {"serve": {"draft_memory": "pool.bin"}}})
+    assert data["plugin"] == {"serve": {"draft_memory": "pool.bin"}}
+    schema = {"draft_memory": (str,), "draft_memory_entries": (int,)}
+    assert plugin_section(data, "serve", schema) == {"draft_memory": "pool.bin"}
+    assert plugin_section(data, "other", schema) == {}
+    with pytest.raises(ConfigError, match=r"unknown key plugin\.serve\.typo"):
+        plugin_section(validate({"plugin": {"serve": {"typo": 1}}}), "serve", schema)
+    with pytest.raises(ConfigError, match=r"plugin\.serve\.draft_memory_entries must be int"):
+        plugin_section(validate({"plugin": {"serve": {"draft_memory_entries": "x"}}}), "serve", schema)
+    with pytest.raises(ConfigError, match=r"\[plugin\.serve\] must be a table"):
+        validate({"plugin": {"serve": 3}})

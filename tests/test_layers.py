@@ -13,7 +13,7 @@ ROOT = Path(tsspec.__file__).resolve().parent
 # docs/architecture.md, "Packages and the direction of imports"
 LAYER = {"errors": 0, "protocols": 0, "hookspecs": 0, "switches": 0, "config": 0, "cost_shape": 0, "version": 0,
          "capabilities": 0,
-         "plugins": 1, "runtime": 2, "testing": 3, "cli": 5}
+         "plugins": 1, "runtime": 2, "testing": 3, "cli": 5, "testing_fixtures": 5}
 REPO = ROOT.parent  # the checkout: core/ is the package, plugins/ and kernels_cuda/ beside it
 INTERNAL = ("tsspec.runtime", "tsspec.cli")
 # the first-party tooling plugins, released with the core, build on its runtime internals

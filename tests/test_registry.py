@@ -71,6 +71,13 @@ def test_no_draft_head_names_the_weight_free_alternative():
     assert make_registry().create(ToyTarget(), opts("block", draft_model="x.gguf")) == Named("a block speculator")
 
 
+def test_no_draft_head_quotes_why_the_target_carries_none():
+    target = ToyTarget()
+    target.spec_draft_head_absence = "the file's NextN layer was not loaded: speculation is off"
+    d = make_registry().create(target, opts("draft-head"))
+    assert d.code == NO_DRAFT_HEAD and "carries none (the file's NextN layer was not loaded" in d.reason
+
+
 def test_auto_without_any_drafter_or_weight_free_algorithm():
     reg = SpeculatorRegistry()
     d = reg.create(ToyTarget(), opts())

@@ -64,20 +64,20 @@ def _device_type(device: object) -> str:
 
 
 def file_architecture(path: object, catalog=None) -> str:
-    """The architecture of a model file (through the file toolkit a plugin registered), with
-    clear errors for missing or bad files."""
+    """The architecture of a model file (through the file toolkit a plugin registered: the
+    catalog's, else the installed plugins'), with clear errors for missing or bad files."""
     p = Path(str(path))
     if not p.exists():
         raise ModelLoadError(p, "no such file")
     if p.is_dir():
         raise ModelLoadError(p, "is a directory, not a GGUF file")
-    if catalog is None:
-        from .defaults import default_catalog
+    from .defaults import default_catalog
 
-        catalog = default_catalog()
-    if catalog.toolkit is None:
-        raise ModelLoadError(p, "no loaded plugin reads model files (install tsspec-gguf)")
-    return catalog.toolkit.architecture(p)
+    # a catalog built from chosen plugins without the toolkit reads through the installed one
+    toolkit = (catalog if catalog is not None else default_catalog()).toolkit or default_catalog().toolkit
+    if toolkit is None:
+        raise ModelLoadError(p, "no installed plugin reads model files (install tsspec-gguf)")
+    return toolkit.architecture(p)
 
 
 def file_less_entry(path: object, catalog):

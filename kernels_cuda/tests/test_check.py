@@ -1,5 +1,6 @@
 """The device check's harness, run on the CPU with the contracts standing in for the kernels:
-it reports ~0 for a faithful implementation and an error for a broken one (it can fail)."""
+it reports ~0 for a faithful implementation and an error for a broken one (it can fail), and its
+oracle is the float64 equations, so a mistake the kernel shares with its contract is caught."""
 
 from __future__ import annotations
 
@@ -46,3 +47,17 @@ def test_bytes_floors_count_the_slots():
     assert check.gdn_bytes(s, 4) - check.gdn_bytes(s, 3) >= state  # one more slot written
     assert check.inject_bytes(s) > 4 * s.hidden * s.taps * s.hidden
     assert check.median_ms(lambda: torch.ones(10).sum(), "cpu", reps=3, warmup=1) >= 0
+
+
+def test_a_mistake_shared_with_the_contract_is_caught(monkeypatch):
+    """A contract with a wrong L2 epsilon, standing in for the kernel too: the equations differ."""
+    monkeypatch.setattr(reference, "L2_EPS", 0.5)
+    errors = check.check_gdn(OPS, check.TINY, "cpu")
+    assert errors["gdn_verify.out"] > 1e-3
+
+
+def test_a_wrong_norm_shared_with_the_contract_is_caught(monkeypatch):
+    """The drafter's RMSNorm without its epsilon's square root, in the contract and the kernel alike."""
+    monkeypatch.setattr(reference, "_rms", lambda x, w, eps: x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 0.5) * w)
+    errors = check.check_dflash(OPS, check.TINY, "cpu")
+    assert errors["dflash_inject.keys[0]"] > 1e-3

@@ -4,6 +4,7 @@ init), so it needs that header at build time: the sibling checkout's, else the i
 tsspec-gguf's. Without a compiler or the header the install still succeeds and the head takes
 its per-call kernels path (``native_head`` warns once at load)."""
 
+import importlib.util
 import sys
 from pathlib import Path
 
@@ -11,16 +12,17 @@ from setuptools import Extension, setup
 
 
 def api_include() -> str | None:
-    """The folder holding tsspec-gguf's ``kernels_api.h``, or None."""
-    sibling = Path(__file__).resolve().parent.parent / "gguf" / "src" / "tsspec_gguf" / "csrc"
-    if (sibling / "kernels_api.h").is_file():
-        return str(sibling)
-    try:
-        import tsspec_gguf
-    except ImportError:
+    """The folder holding tsspec-gguf's ``kernels_api.h`` (its build helper, ``tsspec_gguf/build.py``,
+    found beside this plugin in a checkout, else installed), or None."""
+    sibling = Path(__file__).resolve().parent.parent / "gguf" / "src" / "tsspec_gguf" / "build.py"
+    found = importlib.util.find_spec("tsspec_gguf") if not sibling.is_file() else None
+    path = sibling if sibling.is_file() else Path(found.origin).parent / "build.py" if found and found.origin else None
+    if path is None or not path.is_file():
         return None
-    installed = Path(tsspec_gguf.__file__).parent / "csrc"
-    return str(installed) if (installed / "kernels_api.h").is_file() else None
+    spec = importlib.util.spec_from_file_location("tsspec_gguf_build", path)
+    build = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(build)
+    return build.include_dir()
 
 
 include = api_include()

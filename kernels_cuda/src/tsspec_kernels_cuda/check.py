@@ -1,10 +1,11 @@
-"""The device check's measurements: every op against its torch contract (fresh random inputs,
-outputs poisoned with NaN first so an unwritten element fails), per-row slots after a partial
-acceptance, and timings against the bytes-moved floor and the torch ops.
+"""The device check's measurements: every op against ``equations`` (the ops written again from
+their maths in float64, independent of the ``reference`` contracts the kernels implement; fresh
+random inputs, outputs poisoned with NaN first so an unwritten element fails), per-row slots
+after a partial acceptance, and timings against the bytes-moved floor and the torch contracts.
 
-Device-agnostic: ``impl`` is any {op: callable} table, so the CPU tests run this same harness
-with the contracts standing in for the kernels (errors 0) and ``scripts/device_check.py`` runs
-it with the CUDA ops at realistic sizes.
+Device-agnostic: ``impl`` is any {op: callable} table, so the CPU dry run checks the contracts
+themselves against the equations and ``scripts/device_check.py`` runs it with the CUDA ops at
+realistic sizes.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from typing import Callable
 import attrs
 import torch
 
-from . import reference
+from . import equations, reference
 from .walk import readback, walk_compact
 
 F32 = torch.float32
@@ -98,7 +99,7 @@ def check_gdn(impl: dict, s: Sizes, device, seed: int = 0) -> dict[str, float]:
     """Max relative errors of gdn_verify (outputs, every slot, the window), gdn_commit after a
     partial acceptance, and gdn_step from a pending slot and in place."""
     c = gdn_case(s, device, seed)
-    ref = {op: getattr(reference, op) for op in ("gdn_verify", "gdn_step", "gdn_commit")}
+    ref = {op: getattr(equations, op) for op in ("gdn_verify", "gdn_step", "gdn_commit")}
     before = c["state"].clone()
     out, slots, window = _gdn_verify(impl, c, s, s.verify_rows)
     r_out, r_slots, r_window = _gdn_verify(ref, c, s, s.verify_rows)
@@ -161,7 +162,7 @@ def check_dflash(impl: dict, s: Sizes, device, seed: int = 0) -> dict[str, float
     c = dflash_case(s, device, seed)
     errors = {}
     got, want = _rings(s, device), _rings(s, device)
-    for ops, rings in ((impl, got), ({"dflash_inject": reference.dflash_inject}, want)):
+    for ops, rings in ((impl, got), ({"dflash_inject": equations.dflash_inject}, want)):
         ops["dflash_inject"](c["features"], c["fc"], c["enc_norm"], c["layers"], rings, c["positions"],
                              eps=1e-6, rope_base=1e6)
     for i, (a, b) in enumerate(zip(got, want)):
@@ -182,13 +183,13 @@ def check_dflash(impl: dict, s: Sizes, device, seed: int = 0) -> dict[str, float
         args = (q, ctx_k, ctx_v, pos, blk_k, blk_v)
         kw = dict(start=start, window=window, scale=hd**-0.5)
         errors[f"dflash_block_attention.window={window}"] = rel_err(
-            impl["dflash_block_attention"](*args, **kw), reference.dflash_block_attention(*args, **kw))
+            impl["dflash_block_attention"](*args, **kw), equations.dflash_block_attention(*args, **kw))
     H, K, gs = s.hidden, s.conv_k, s.conv_group
     x, base = _rand(g, B, H, device=device), _rand(g, K, H, scale=0.3, device=device)
     coef = _rand(g, B, 2, K, H // gs, scale=0.3, device=device)[:, 1]
     res = _rand(g, B, H, device=device)
     errors["dflash_grouped_conv"] = rel_err(impl["dflash_grouped_conv"](x, coef, base, gs, res),
-                                            reference.dflash_grouped_conv(x, coef, base, gs, res))
+                                            equations.dflash_grouped_conv(x, coef, base, gs, res))
     return errors
 
 
@@ -204,7 +205,7 @@ def check_lattice(impl: dict, s: Sizes, device, seed: int = 0) -> dict[str, floa
     c = lattice_case(s, device, seed)
     args = (c["logits"], c["hidden"], c["P"], c["A"], c["B"], 11, s.top_k)
     cand, first, trans = impl["selector_lattice"](*args)
-    r_cand, r_first, r_trans = reference.selector_lattice(*args)
+    r_cand, r_first, r_trans = equations.selector_lattice(*args)
     tokens = walk_compact(*readback(cand, first, trans))[0]
     r_tokens = walk_compact(*readback(r_cand, r_first, r_trans))[0]
     return {"selector_lattice.candidates": 0.0 if torch.equal(cand.cpu(), r_cand.cpu()) else float("inf"),

@@ -7,6 +7,7 @@ from __future__ import annotations
 import types
 
 import numpy as np
+import tsspec_gguf
 
 from tsspec_bench.drafters import HeadSwitch, bundled_heads
 from tsspec.hookspecs import hookimpl
@@ -59,6 +60,7 @@ def _catalog(model, head_a, head_b, auto_b=True):
     mod.tsspec_register_drafters = tsspec_register_drafters
     host = PluginHost()
     host.register(mod, "fakeheads")
+    host.register(tsspec_gguf, "gguf")  # the file toolkit: target identities, file architectures
     return build_catalog(host, discover=False)
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 import pytest
 
 from tsspec_bench.peers import (
+    BEST,
     LOOKUP,
     PLAIN,
     PeerProcess,
@@ -80,6 +81,22 @@ def test_peer_rows_carry_the_paired_tsspec_ratio():
     assert plain.runs == 2 and plain.tsspec_over_this == pytest.approx((1.2 + 1.3) / 2)
     assert lookup.tsspec_over_this == pytest.approx((2.0 + 1.5) / 2) and lookup.tsspec_config == "ngram"
     assert lookup.same_as_own_plain == 1 and lookup.same_as_tsspec_plain == 1
+    # the best mode per pair: lookup was faster in both rounds here, so tsspec's ngram runs against it
+    best = next(r for r in rows if r.config == BEST and r.cls == "all")
+    assert best.modes == {PLAIN: 0, LOOKUP: 2} and best.tsspec_over_this == lookup.tsspec_over_this
+
+
+def test_the_best_mode_is_the_peers_plain_where_its_lookup_is_slower():
+    def rec(config, rep, tps, ts):
+        return PeerRecord("llama.cpp", config, "c", "qa", rep, [1, 2], tps, 1.0, variant=config,
+                          tsspec_tps=ts, tsspec_config="plain" if config == PLAIN else "ngram")
+
+    # round 0: lookup 75 < plain 100 (ngram 200 -> 2.0x the best); round 1: lookup 120 > plain 100 (240 -> 2.0x)
+    records = [rec(PLAIN, 0, 100.0, 120.0), rec(LOOKUP, 0, 75.0, 200.0), rec(PLAIN, 1, 100.0, 120.0),
+               rec(LOOKUP, 1, 120.0, 240.0)]
+    best = next(r for r in summarise_peers(records, ["qa"], {}) if r.config == BEST and r.cls == "qa")
+    assert best.modes == {PLAIN: 1, LOOKUP: 1} and best.runs == 2
+    assert best.tsspec_over_this == pytest.approx(2.0) and best.tokens_per_second == pytest.approx(110.0)
 
 
 def test_draft_length_is_read_from_the_variant_name():

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import pytest
+import tsspec_gguf
 
 from tsspec_gguf.embedded import embedded_model_path
 from tsspec_gguf.identity import identify
@@ -27,6 +28,7 @@ def catalog():
     import tsspec_model_llama
 
     host.register(tsspec_model_llama, "llama")
+    host.register(tsspec_gguf, "gguf")  # the file toolkit the core reads model files through
     return build_catalog(host, discover=False)
 
 
@@ -87,7 +89,7 @@ def catalog_with_ngram():
     import tsspec_ngram
 
     for module, name in ((tsspec_draft_head, "draft-head"), (tsspec_drafters_smollm2, "drafters-smollm2"),
-                         (tsspec_model_llama, "llama"), (tsspec_ngram, "ngram")):
+                         (tsspec_model_llama, "llama"), (tsspec_ngram, "ngram"), (tsspec_gguf, "gguf")):
         host.register(module, name)
     return build_catalog(host, discover=False)
 

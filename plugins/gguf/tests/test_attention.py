@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import itertools
 
 import pytest
 import torch
@@ -157,12 +156,11 @@ def test_long_calls_go_in_slices_with_the_same_rows(monkeypatch):
 
 
 @pytest.mark.parametrize("hd,rows,past", [(64, 9, 500), (64, 2, 0), (32, 5, 63), (16, 4, 70), (128, 3, 45)])
-def test_query_pairs_and_wide_loops_equal_the_narrow_one_query_path(hd, rows, past, scalar_path):
-    """A KV head's queries go two at a time (their common keys together, the longer one's last
-    keys alone; hd not a multiple of 32: the V sums one at a time), one query's scores eight
-    keys and its V sums 64 elements at a time, and the scores' horizontal sums 4 or 8 at once
-    (set_tree_sums): with any of them switched off, on one thread and two, every row is the
-    same, and the scalar path's, bit for bit."""
+def test_the_wide_loops_and_tree_sums_equal_the_scalar_path(hd, rows, past, scalar_path):
+    """One query's scores eight keys and its V sums 64 elements at a time (narrower loops for
+    the rest), and the scores' horizontal sums 4 or 8 at once (set_tree_sums): with tree sums
+    on and off, on one thread and two, every row is the same, and the scalar path's, bit for
+    bit."""
     kernels = native.kernels()
     q, k, v = case(rows=rows, past=past, heads=9, kv_heads=3, hd=hd, capacity=past + rows + 3, seed=hd)
     q *= hd**-0.5
@@ -171,15 +169,11 @@ def test_query_pairs_and_wide_loops_equal_the_narrow_one_query_path(hd, rows, pa
         results = []
         for n in (1, 2):
             torch.set_num_threads(n)
-            for pairs, wide, tree in itertools.product((True, False), repeat=3):
-                kernels.set_query_pairs(pairs)
-                kernels.set_wide_attention(wide)
+            for tree in (True, False):
                 kernels.set_tree_sums(tree)
                 try:
                     results.append(attention.causal_attention(q, k, v, past, heads=9))
                 finally:
-                    kernels.set_query_pairs(True)
-                    kernels.set_wide_attention(True)
                     kernels.set_tree_sums(True)
         with scalar_path():
             results.append(attention.causal_attention(q, k, v, past, heads=9))

@@ -54,6 +54,8 @@ def test_conversion_errors_are_one_line(oracle, tmp_path):
     with pytest.raises(ConversionError, match="no config.json"):
         convert_hf_dir(tmp_path, tmp_path / "x.gguf")
     cfg = oracle.config.to_dict()
+    with pytest.raises(ConversionError, match="lacks kv_lora_rank"):
+        convert_state_dict({k: v for k, v in cfg.items() if k != "kv_lora_rank"}, {})
     with pytest.raises(ConversionError, match="is not glm_moe_dsa"):
         convert_state_dict({**cfg, "model_type": "llama"}, {})
     with pytest.raises(ConversionError, match="rope_type"):
@@ -77,3 +79,17 @@ def test_bad_metadata_is_a_named_load_error(converted):
     short = {k: v for k, v in tensors.items() if k != "blk.1.attn_k_b.weight"}
     with pytest.raises(ModelLoadError, match="blk.1.attn_k_b.weight"):
         load_from_source(MemorySource(arch, meta, short), request=NextNRequest(False, "x"))
+
+
+def test_indexer_pattern_without_the_types_key(converted):
+    """A file without attention.indexer.types: all layers full below a 2^20 context (GLM 5 /
+    5.1), GLM 5.2's pattern (0, 1, then every fourth from 2) from it on, as llama.cpp reads it."""
+    from tsspec_gguf.gguf_file import MemorySource
+    from tsspec_model_glm_dsa.hparams import GlmDsaHParams
+
+    arch, meta, tensors = converted
+    bare = {k: v for k, v in meta.items() if not k.endswith("indexer.types")}
+    assert GlmDsaHParams.from_gguf(MemorySource(arch, bare, tensors)).indexer_full == (True,) * 4
+    long = {**bare, "glm-dsa.block_count": 11, "glm-dsa.context_length": 1 << 20}
+    assert GlmDsaHParams.from_gguf(MemorySource(arch, long, tensors)).indexer_full == (
+        True, True, True, False, False, False, True, False, False, False)

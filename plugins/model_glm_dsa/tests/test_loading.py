@@ -155,7 +155,7 @@ def _resident_fraction(path: str, start: int, length: int) -> float:
         address = ctypes.addressof(ctypes.c_char.from_buffer(mapped)) + lo
         vec = (ctypes.c_ubyte * n)()
         if libc.mincore(ctypes.c_void_p(address), ctypes.c_size_t(n * page), vec) != 0:
-            pytest.skip(f"mincore failed (errno {ctypes.get_errno()})")
+            return 1.0  # unknown: reads as "not evicted", so no residency claim is made
         resident = sum(v & 1 for v in vec) / n
         del vec
         return resident
@@ -220,8 +220,9 @@ def test_unrequested_nextn_is_never_read(big_file, monkeypatch):
 
     monkeypatch.setattr(gguf_file.GGUFFile, "tensor_bytes", traced)
     _evict(path)
-    if _resident_fraction(path, lo, length) > 0.0:
-        pytest.skip("this file system keeps the file in the page cache after POSIX_FADV_DONTNEED")
+    # a file system that keeps the file cached after POSIX_FADV_DONTNEED (tmpfs) cannot show
+    # residency: then the trace and the memory checks below stand alone
+    evicted = _resident_fraction(path, lo, length) == 0.0
     gc.collect()
     before = _rss()
     monkeypatch.setenv("TS_MTP_SPEC", "0")
@@ -230,11 +231,11 @@ def test_unrequested_nextn_is_never_read(big_file, monkeypatch):
     without = _rss() - before
     assert bare.draft_head is None
     assert read and not [n for n in read if n.startswith("blk.2.")]
-    # past the kernel's read-around after the trunk's last page, not one NextN page was read
-    skip = _read_ahead_bytes() + MIB
-    assert length - skip >= 64 * MIB
-    assert _resident_fraction(path, lo + skip, length - skip) == 0.0
-    assert _resident_fraction(path, tlo, tlength) > 0.5  # the trunk was read through the same mapping
+    if evicted:  # past the kernel's read-around after the trunk's last page, no NextN page was read
+        skip = _read_ahead_bytes() + MIB
+        assert length - skip >= 64 * MIB
+        assert _resident_fraction(path, lo + skip, length - skip) == 0.0
+        assert _resident_fraction(path, tlo, tlength) > 0.5  # the trunk was read through the same mapping
 
     read.clear()
     monkeypatch.setenv("TS_MTP_SPEC", "1")

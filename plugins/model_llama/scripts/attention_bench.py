@@ -1,18 +1,15 @@
 """The compiled attention at the embedded model's shapes (9 query heads, 3 KV heads, head size 64)
 by rows x context, one of its switches off against on (the default), paired (the two alternate
-within each round, their order swapped every round; medians over rounds): ``pairs``, a KV head's
-queries two at a time; ``wide``, one query's scores eight keys and its V sums 64 elements at a
-time; ``tree``, the scores' horizontal sums 4 or 8 at once (``set_tree_sums``); ``segments``, chunks of (key segment, KV head) carrying all of its queries, against the
-previous chunks of query heads over all keys. With one thread the time is the thread's CPU time,
+within each round, their order swapped every round; medians over rounds): ``tree``, the scores'
+horizontal sums 4 or 8 at once (``set_tree_sums``); ``segments``, chunks of (key segment, KV
+head) carrying all of its queries, against chunks of query heads over all keys. With one thread the time is the thread's CPU time,
 else wall time.
 
-    python plugins/model_llama/scripts/attention_bench.py [--switch pairs|wide|tree|segments] [--threads 1]
-        [--rows 1,3,9] [--contexts 100,500] [--rounds 9] [--calls 200] [--single-queries]
-        [--baseline PATH/_cpu_kernels.so]
+    python plugins/model_llama/scripts/attention_bench.py [--switch tree|segments] [--threads 1]
+        [--rows 1,3,9] [--contexts 100,500] [--rounds 9] [--calls 200] [--baseline PATH/_cpu_kernels.so]
 
 ``--baseline PATH`` compares another build of ``cpu_kernels.c`` (side A) with the installed one
-(side B) instead of a switch. ``--single-queries`` keeps query pairs off on both sides (the
-one-query path). The KV cache here is one layer's and stays in cache; in a model step each
+(side B) instead of a switch. The KV cache here is one layer's and stays in cache; in a model step each
 layer's K and V rows come from memory.
 
 ``--in-step`` times attention there instead: the embedded model after a prefill of each context,
@@ -41,21 +38,19 @@ HEADS, KV_HEADS, HEAD_DIM = 9, 3, 64
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--switch", choices=("pairs", "wide", "tree", "segments"), default="pairs")
+    ap.add_argument("--switch", choices=("tree", "segments"), default="segments")
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--rows", default="1,3,9")
     ap.add_argument("--contexts", default="100,500")
     ap.add_argument("--rounds", type=int, default=9)
     ap.add_argument("--calls", type=int, default=200, help="calls timed together per measurement")
-    ap.add_argument("--single-queries", action="store_true", help="query pairs off on both sides")
     ap.add_argument("--baseline", default=None, help="another build of the kernels as side A")
     ap.add_argument("--in-step", action="store_true", help="attention inside the embedded model's forward")
     ap.add_argument("--steps", type=int, default=10, help="--in-step: forwards per side and round")
     ap.add_argument("--prefill", type=int, default=0, help="--in-step: time a prefill of this many tokens")
     args = ap.parse_args()
     kernels = native.kernels()
-    setter_name = {"pairs": "set_query_pairs", "wide": "set_wide_attention", "tree": "set_tree_sums",
-                   "segments": "set_key_segments"}[args.switch]
+    setter_name = {"tree": "set_tree_sums", "segments": "set_key_segments"}[args.switch]
     if kernels is None or not hasattr(kernels, setter_name):
         raise SystemExit(f"attention_bench: the compiled kernels (with {setter_name}) are not built")
     toggle = getattr(kernels, setter_name)
@@ -69,9 +64,6 @@ def main() -> int:
         if args.baseline is None:
             toggle(side_b)
     names = ("baseline", "installed") if args.baseline is not None else (f"{args.switch} off", "on")
-    for module in {id(m): m for m in modules.values()}.values():
-        if args.single_queries and hasattr(module, "set_query_pairs"):
-            module.set_query_pairs(False)
     if args.in_step:
         if args.baseline is not None:
             raise SystemExit("attention_bench: --in-step pairs a switch, not a --baseline build")
@@ -100,9 +92,6 @@ def main() -> int:
             paired = statistics.median(b / a for a, b in zip(times[False], times[True]))
             print(f"context {context}, rows {rows}: {names[0]} {one:.4f} ms, {names[1]} {two:.4f} ms; "
                   f"{names[1]} / {names[0]} {two / one:.3f} (paired {paired:.3f})")
-    for module in {id(m): m for m in modules.values()}.values():
-        if hasattr(module, "set_query_pairs"):
-            module.set_query_pairs(True)
     return 0
 
 

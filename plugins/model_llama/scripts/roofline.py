@@ -72,9 +72,9 @@ def main() -> int:
     ap.add_argument("--steps", type=int, default=10, help="forwards timed together per measurement")
     ap.add_argument("--dtype", default="float32-blocks", help="the target's arithmetic: float32-blocks or int8")
     args = ap.parse_args()
-    kernels = native.kernels()
-    if kernels is None or not hasattr(kernels, "probe_fma"):
-        raise SystemExit("roofline: the compiled kernels (with their probes) are not built")
+    kernels = native.probes()
+    if kernels is None:
+        raise SystemExit("roofline: the probes' build is absent (reinstall tsspec-gguf with TSSPEC_BUILD_PROBES=1)")
     torch.set_num_threads(args.threads)
     print(f"kernels: {native.info()}; threads {args.threads}")
     core_best, core_median = fma_peak(args.reps)

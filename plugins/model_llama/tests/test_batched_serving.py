@@ -150,7 +150,7 @@ def test_submit_errors(tiny_path):
         assert h.wait(60) and h.result.tokens == plain_tokens(dense, [4, 5, 6], 5)
 
 
-@pytest.mark.parametrize("dtype", [None])  # int8: not yet equal (docs/lossless.md)
+@pytest.mark.parametrize("dtype", [None, "int8"])
 def test_long_prompts_served_equal_their_solo_run(tiny, dtype):
     """Prompts of 100-1,000 tokens: the scheduler prefills them in chunks beside other work and
     each answer equals the prompt decoded alone (one long prefill call), greedy and seeded."""

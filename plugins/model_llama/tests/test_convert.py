@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 
 import pytest
+import tsspec_gguf
 import torch
 
 from .conftest import make_hf_llama
@@ -38,6 +39,7 @@ def test_hf_directory_converts_and_matches_transformers(tmp_path, outtype, tol):
     _byte_level_tokenizer(src)
     host = PluginHost()
     host.register(tsspec_model_llama, "llama")
+    host.register(tsspec_gguf, "gguf")  # the file toolkit the core reads model files through
     catalog = build_catalog(host, discover=False)
     out = tmp_path / f"out-{outtype}.gguf"
     assert convert_checkpoint(catalog, src, out, outtype=outtype)[0] == "llama"
@@ -95,6 +97,7 @@ def _catalog():
 
     host = PluginHost()
     host.register(tsspec_model_llama, "llama")
+    host.register(tsspec_gguf, "gguf")
     return build_catalog(host, discover=False)
 
 

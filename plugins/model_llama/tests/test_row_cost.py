@@ -84,11 +84,40 @@ def test_embedded_target_times_its_rows_after_the_context_and_leaves_its_state(e
         return real(tokens, **kw)
 
     monkeypatch.setattr(target, "spec_forward", spy)
-    profile = target._measure_row_cost(40, (1, 2, 4))
+    profile = target._measure_row_cost(40, (1, 2, 4)).profile()
     assert [r for r, _ in profile] == [1, 2, 4]
     assert starts[0] == (3, 37)  # filler from the cached tokens up to the context
     assert {s for s, _ in starts[1:]} == {40} and len(starts) == 1 + 3 * (1 + 9)  # every timed row after it
     assert target.cache_seq_len == 3 and target._last_forward == last  # spec_keep's state as it was
+    target.reset()
+
+
+def test_a_cached_profile_is_kept_only_where_a_quick_re_measure_agrees(tmp_path, monkeypatch):
+    """A profile cached under another load is checked at load: within the quick rounds' spread
+    it stays; outside it, the profile is measured again and the entry replaced."""
+    monkeypatch.setenv("TSSPEC_CACHE_DIR", str(tmp_path / "cache"))
+    model = tmp_path / "m.gguf"
+    model.write_bytes(b"x")
+    calls = []
+    busy = ((1, 22.0), (2, 30.0), (4, 72.3))  # measured under load: 4 rows at 3.3x one row
+    row_cost.cached(str(model), "tag", lambda: busy)
+    checks = []
+
+    def check(ratios):
+        return lambda: (checks.append(1), (4, ratios))[1]
+
+    assert row_cost.cached(str(model), "tag", _measure(calls), check=check([3.2, 3.3, 3.5])) == busy and not calls
+    assert row_cost.cached(str(model), "tag", _measure(calls), check=check([1.3, 1.4, 1.45])) == PROFILE and calls
+    assert json.loads(row_cost._entry(str(model), "tag").read_text()) == [list(p) for p in PROFILE]
+    assert len(checks) == 2
+
+
+def test_the_quick_check_returns_the_widest_widths_rounds(embedded_target):
+    target = embedded_target
+    if not (target.block_weights and target._kernels is not None):
+        return
+    width, ratios = target._measure_row_cost(40, (4,), 2).samples[-1]
+    assert width == 4 and len(ratios) == 2 and all(r > 0 for r in ratios)
     target.reset()
 
 

@@ -187,21 +187,21 @@ def gguf_path(converted, tmp_path_factory):
 
 @pytest.fixture(scope="session")
 def make_target(converted, gguf_path):
-    """make_target(arch, *, from_file=False, dtype=None, per_row_snapshots=True, with_mtp=True)."""
+    """make_target(arch, *, from_file=False, dtype=None, per_row_snapshots=True, with_mtp=True, **load_options)."""
     from tsspec_model_qwen35.loader import load_from_source
     from tsspec_model_qwen35.source import MemorySource
 
     def make(arch: str = "qwen35", *, from_file: bool = False, dtype=None, per_row_snapshots: bool = True,
-             with_mtp: bool = True):
+             with_mtp: bool = True, **options):
         if from_file:
             from tsspec_gguf.gguf_file import GGUFFile
 
             with GGUFFile(gguf_path(arch)) as gf:
                 return load_from_source(gf, dtype=dtype, per_row_snapshots=per_row_snapshots,
-                                        with_draft_head=with_mtp)
+                                        with_draft_head=with_mtp, **options)
         a, meta, tensors = converted(arch)
         return load_from_source(MemorySource(a, meta, tensors), dtype=dtype, per_row_snapshots=per_row_snapshots,
-                                with_draft_head=with_mtp)
+                                with_draft_head=with_mtp, **options)
 
     return make
 

@@ -1,11 +1,13 @@
 """Lossless generation through the shared loop on both rollback paths: speculative output equals
 plain output token for token, with toy speculators, n-gram and the model's own MTP head (random
 weights: acceptance near zero is fine, the output must not change). float64 models, so a
-multi-row verify and one-row decoding agree to ~1e-15 and token equality is a fair demand."""
+multi-row verify and one-row decoding agree to ~1e-15 and token equality is a fair demand; and the
+shipped float32 CPU trunk (matrices and attention on the row-invariant kernels), bit for bit."""
 
 from __future__ import annotations
 
 import pytest
+from tsspec_gguf import native
 
 from tsspec.runtime.generation import generate
 from tsspec.runtime.options import SpeculationOptions
@@ -83,3 +85,28 @@ def test_mtp_head(make_target, sequence, arch, per_row):
     )
     assert spec.speculator == "draft-head", spec.decline
     _check_modes(spec, per_row)
+
+
+@pytest.mark.parametrize("sampling", [GREEDY, SAMPLED], ids=["greedy", "sampled"])
+@pytest.mark.parametrize("per_row", PATHS, ids=PATH_IDS)
+@pytest.mark.parametrize("arch", ["qwen35", "qwen35moe", "qwen3next"])
+def test_float32_is_bit_exact(make_target, sequence, arch, per_row, sampling):
+    """The shipped precision: float32 on the row-invariant kernels, speculative == plain exactly."""
+    if not native.available():
+        pytest.skip("the compiled CPU kernels are not built")
+    make = lambda: make_target(arch, dtype="float32", per_row_snapshots=per_row)  # noqa: E731
+    assert make().config.extra["lossless"].startswith("bit-exact")
+    plain = generate(make(), sequence[:10], SpeculationOptions(enabled=False), max_tokens=MAX_TOKENS, sampling=sampling)
+    reference = sequence[:10] + plain.tokens
+    _, spec = assert_lossless(
+        make,
+        lambda t: OracleSpeculator(reference, corrupt=0.4, vocab_size=t.config.vocab_size, max_draft_tokens=4),
+        sequence[:10], max_tokens=MAX_TOKENS, sampling=sampling,
+    )
+    _check_modes(spec, per_row)
+    assert 0 < spec.stats.accepted_tokens < spec.stats.draft_tokens
+
+
+def test_float32_on_torch_matmuls_says_it_is_not_bit_exact(make_target):
+    target = make_target("qwen35", dtype="float32", row_invariant=False)
+    assert target.config.extra["lossless"].startswith("not bit-exact")

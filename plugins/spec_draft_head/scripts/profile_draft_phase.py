@@ -21,7 +21,7 @@ import statistics
 import time
 
 PROMPT = "Write a short story about a lighthouse keeper."
-PROPOSE = "loop: _propose (validate, evidence, glue)"
+PROPOSE = "loop: _propose (validate, confidence, glue)"
 REPLAY = "replay"
 RECORDING = "(recording the replay's inputs)"  # timed, left out of the table and its TOTAL
 ROOTS = (PROPOSE, REPLAY)  # what a sample is: one draft phase, or one replayed head call + gate
@@ -93,7 +93,7 @@ def install(timers: Timers, record: list):
     X = execution.SpeculativeExecution
     X._propose = timers.wrap(PROPOSE, X._propose)
     execution.validate_proposal = timers.wrap("loop: validate_proposal", execution.validate_proposal)
-    execution.proposal_evidence = timers.wrap("loop: proposal_evidence", execution.proposal_evidence)
+    execution.proposal_confidence = timers.wrap("loop: proposal_confidence", execution.proposal_confidence)
     S.propose = timers.wrap("spec: propose (glue)", S.propose)
     S._first_step = timers.wrap("spec: _first_step (stack pending rows)", S._first_step)
     S._step = timers.wrap("spec: _step", S._step)

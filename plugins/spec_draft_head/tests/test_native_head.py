@@ -6,6 +6,7 @@ speculative == plain with the native head on the embedded model (greedy, seeded 
 from __future__ import annotations
 
 import pytest
+import tsspec_gguf
 import torch
 
 from tsspec_gguf import native
@@ -223,7 +224,7 @@ def embedded():
 
     host = PluginHost()
     for module, name in ((tsspec_draft_head, "draft-head"), (tsspec_drafters_smollm2, "drafters-smollm2"),
-                         (tsspec_model_llama, "llama")):
+                         (tsspec_model_llama, "llama"), (tsspec_gguf, "gguf")):
         host.register(module, name)
     catalog = build_catalog(host, discover=False)
     path = embedded_model_path()

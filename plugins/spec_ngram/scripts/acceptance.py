@@ -245,9 +245,6 @@ def simulate(speculator, prompt: list[int], output: list[int], window: int, row_
             drafted += len(draft)
             accepted += good
         speculator.commit([history[-1], *draft[:good]], None, pos)
-        observe = getattr(speculator, "observe_step", None)
-        if callable(observe):  # as the loop reports each step (ngram's "last drafts landed" key)
-            observe(bool(draft), verify_ms(len(draft) + 1, row_ms), good + 1, len(draft))
         history.extend(truth[: good + 1])
         emitted += good + 1
     decoded = len(output) - 1

@@ -111,7 +111,7 @@ def _edit(tmp_path, **changes):
 
 
 @pytest.mark.parametrize("kind, piece", [
-    ("eagle3", "EAGLE-3 head"), ("mtp", "q/k norms"), ("dspark", "Markov"), ("medusa", "not one tsspec reads"),
+    ("eagle3", "EAGLE-3 head"), ("dspark", "Markov"), ("medusa", "not one tsspec reads"),
 ])
 def test_unmapped_types_name_the_missing_piece(tmp_path, kind, piece):
     src = _edit(tmp_path, speculators_model_type=kind)

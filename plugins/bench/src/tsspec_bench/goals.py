@@ -4,7 +4,8 @@
    (in process: 1 and 9 rows alternate on the same cache, rewound after each).
 2. Plain decode at least 1.2x llama.cpp's best plain variant (paired runs of the main schedule).
 3. ngram on input-grounded prompts (code-edit, summary, qa, rewrite) at least 1.8x tsspec plain
-   and at least 2x llama.cpp's best prompt-lookup variant, with identical output.
+   and at least 2x llama.cpp's best mode per pair (the faster of its best plain and its best
+   prompt-lookup variant on that prompt and round), with identical output.
 4. Prefill of a 1,000-token prompt at least llama.cpp's prompt-processing tok/s (tsspec's prefill
    alternates with each peer's, which runs in its own process).
 
@@ -21,6 +22,7 @@ from typing import Callable, Sequence
 import attrs
 
 from tsspec.errors import TsspecError
+from .peers import LOOKUP, PLAIN, best_pairs
 from .row_cost import time_after_context
 
 VERIFY_CONTEXT, VERIFY_ROWS, VERIFY_REPS = 500, 9, 9
@@ -217,14 +219,18 @@ def goal_rows(report) -> list[GoalRow]:
                         else "not measured (no ngram runs on those classes)",
                         _median(speedups), f">= {GOAL_NGRAM_PLAIN}x",
                         None if not speedups else _median(speedups) >= GOAL_NGRAM_PLAIN and identical == len(ngram)))
-    lookup = [r.tsspec_tps / r.tokens_per_second for r in llama
-              if r.config == "prompt-lookup" and r.cls in GROUNDED and r.tsspec_config == algo and r.tsspec_tps
-              and r.tokens_per_second]
-    lvariant = next((r.variant for r in llama if r.config == "prompt-lookup"), None)
-    rows.append(GoalRow(3, "ngram vs llama.cpp prompt lookup (same classes)",
-                        f"llama.cpp variant {lvariant}, {len(lookup)} pairs" if lookup
+    pairs = [(lk, best) for _, lk, best in best_pairs(llama)
+             if lk.cls in GROUNDED and lk.tsspec_config == algo and lk.tsspec_tps and best.tokens_per_second]
+    versus_best = [lk.tsspec_tps / best.tokens_per_second for lk, best in pairs]
+    modes = {kind: sum(best.config == kind for _, best in pairs) for kind in (PLAIN, LOOKUP)}
+    lvariant = next((r.variant for r in llama if r.config == LOOKUP), None)
+    pvariant = next((r.variant for r in llama if r.config == PLAIN), None)
+    rows.append(GoalRow(3, "ngram vs llama.cpp's best mode per pair (same classes)",
+                        f"llama.cpp's faster of plain ({pvariant}) and prompt lookup ({lvariant}) in each pair: "
+                        f"plain in {modes[PLAIN]}, prompt lookup in {modes[LOOKUP]} of {len(pairs)} pairs" if pairs
                         else "not measured (--compare llama.cpp)",
-                        _median(lookup), f">= {GOAL_NGRAM_PEER}x", None if not lookup else _median(lookup) >= GOAL_NGRAM_PEER))
+                        _median(versus_best), f">= {GOAL_NGRAM_PEER}x",
+                        None if not pairs else _median(versus_best) >= GOAL_NGRAM_PEER))
     p = goals.get("prefill")
     cell = (p or {}).get("peers", {}).get("llama.cpp")
     if p and cell:

@@ -45,6 +45,7 @@ import time
 from typing import Sequence
 
 PLAIN, LOOKUP = "plain", "prompt-lookup"
+BEST = "best"  # per pair, the faster of the two (a report row, never a variant)
 PROMPT_LOOKUP_TOKENS = 10  # tokens per prompt-lookup draft: both peers' default
 # the draft lengths probed (field "nN" of a prompt-lookup variant), each engine's default among them
 LLAMA_CPP_DRAFT_TOKENS = (2, 3, 4, 6, 10)
@@ -159,9 +160,14 @@ class LlamaCppEngine:
         apis = ("generate", "create_completion")
         self.configs = [f"{PLAIN}/{api}/fa{fa}" for api in apis for fa in (0, 1)]
         self.configs += [f"{LOOKUP}/{api}/fa{fa}/n{n}" for n in LLAMA_CPP_DRAFT_TOKENS for api in apis for fa in (0, 1)]
+        from llama_cpp.llama_speculative import LlamaPromptLookupDecoding
+
         system = llama_cpp.llama_print_system_info()
+        doc = (LlamaPromptLookupDecoding.__doc__ or "").strip().splitlines()
         self.info = {"llama_cpp_python": llama_cpp.__version__, "threads": threads, "n_threads_batch": threads,
-                     "system": system.decode() if isinstance(system, bytes) else str(system)}
+                     "system": (system.decode() if isinstance(system, bytes) else str(system)).strip(),
+                     "lookup": f"{LlamaPromptLookupDecoding.__module__}.{LlamaPromptLookupDecoding.__qualname__}"
+                               + (f" ({doc[0].strip()})" if doc else "")}
         self._context(0, 0, 512)  # load once now: a file the engine cannot read fails here
 
     @staticmethod
@@ -241,8 +247,7 @@ class LlamaCppEngine:
 ENGINES = {"transformers": TransformersEngine, "llama.cpp": LlamaCppEngine}
 MISSING_HINT = {
     "transformers": "pip install 'transformers>=5' accelerate",
-    "llama.cpp": 'CMAKE_ARGS="-DGGML_NATIVE=OFF -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON" '
-                 "pip install llama-cpp-python==0.3.36",
+    "llama.cpp": "python -m tsspec_bench.peer_build (llama-cpp-python 0.3.36 built with this CPU's SIMD flags)",
 }
 
 

@@ -37,7 +37,7 @@ from typing import Sequence
 import attrs
 
 from tsspec.errors import TsspecError
-from .peer_worker import LOOKUP, MISSING_HINT, PLAIN, PROMPT_LOOKUP_TOKENS, decode_rate, draft_tokens  # noqa: F401
+from .peer_worker import BEST, LOOKUP, MISSING_HINT, PLAIN, PROMPT_LOOKUP_TOKENS, decode_rate, draft_tokens  # noqa: F401
 
 LLAMA_CPP_BUILD_HINT = MISSING_HINT["llama.cpp"]
 PEER_NAMES = ("transformers", "llama.cpp")
@@ -302,6 +302,7 @@ class PeerRow:
     same_as_tsspec_plain: int  # runs whose tokens equal tsspec's plain reference
     tsspec_over_this: float | None = None  # median of paired tsspec tok/s / this tok/s
     tsspec_config: str | None = None  # the tsspec configuration it was paired with
+    modes: dict[str, int] | None = None  # BEST rows: how many pairs each mode was the faster in
 
     def to_json(self) -> dict:
         data = attrs.asdict(self)
@@ -312,8 +313,41 @@ class PeerRow:
         return data
 
 
+def best_pairs(records: Sequence[PeerRecord]) -> list[tuple[PeerRecord, PeerRecord, PeerRecord]]:
+    """(plain, prompt-lookup, the faster of the two) per engine, prompt and round of timed runs:
+    the peer's best mode for that pair. The prompt-lookup record carries the paired tsspec
+    speculative run, which a BEST row compares with the faster mode.
+
+    >>> fast = PeerRecord("e", LOOKUP, "c", "qa", 0, [1], 9.0, 1.0)
+    >>> [best.config for _, _, best in best_pairs([PeerRecord("e", PLAIN, "c", "qa", 0, [1], 12.0, 1.0), fast])]
+    ['plain']
+    """
+    plain = {(r.engine, r.case_id, r.rep): r for r in records if r.config == PLAIN and r.rep >= 0}
+    out = []
+    for r in records:
+        partner = plain.get((r.engine, r.case_id, r.rep))
+        if r.config == LOOKUP and r.rep >= 0 and partner is not None:
+            out.append((partner, r, r if r.tokens_per_second > partner.tokens_per_second else partner))
+    return out
+
+
+def _best_row(engine: str, cls: str, pairs, references: dict[str, list[int]]) -> PeerRow | None:
+    cell = [(p, lk, best) for p, lk, best in pairs if p.engine == engine and (cls == "all" or p.cls == cls)]
+    if not cell:
+        return None
+    paired = [lk.tsspec_tps / best.tokens_per_second for _, lk, best in cell if lk.tsspec_tps and best.tokens_per_second]
+    modes = {PLAIN: sum(best.config == PLAIN for *_, best in cell), LOOKUP: sum(best.config == LOOKUP for *_, best in cell)}
+    return PeerRow(
+        engine, BEST, cls, len(cell), statistics.median(best.tokens_per_second for *_, best in cell), None, None, None,
+        sum(best.tokens == p.tokens for p, _, best in cell), sum(best.tokens == references.get(best.case_id) for *_, best in cell),
+        statistics.median(paired) if paired else None, next((lk.tsspec_config for _, lk, _ in cell if lk.tsspec_config), None),
+        modes,
+    )
+
+
 def summarise_peers(records: Sequence[PeerRecord], classes: Sequence[str], references: dict[str, list[int]]) -> list[PeerRow]:
-    """Rows per engine, configuration and class (then 'all') over timed runs."""
+    """Rows per engine, configuration and class (then 'all') over timed runs; BEST rows pair
+    tsspec's speculative run with the faster of the peer's plain and prompt lookup, per pair."""
     rows = []
     engines = list(dict.fromkeys(r.engine for r in records))
     timed = [r for r in records if r.rep >= 0]
@@ -342,4 +376,7 @@ def summarise_peers(records: Sequence[PeerRecord], classes: Sequence[str], refer
                     statistics.median(paired) if paired else None,
                     next((r.tsspec_config for r in cell if r.tsspec_config), None),
                 ))
+            best = _best_row(engine, cls, best_pairs(mine), references)
+            if best is not None:
+                rows.append(best)
     return rows

@@ -80,7 +80,8 @@ def float32_rate(threads: int, *, size: int = MATMUL_SIZE, reps: int = MATMUL_RE
 def fma_peak(threads: int, *, reps: int = BANDWIDTH_REPS) -> float | None:
     """float32 flops per second at the CPU's fused multiply-add peak on ``threads`` cores: the
     best of ``reps`` runs of the compiled kernels' probe on one core (``native.fma_rate``),
-    times ``threads``; None where the kernels or their AVX2 path are absent."""
+    times ``threads``; None where the probes' build (``TSSPEC_BUILD_PROBES=1`` at the toolkit's
+    install) or its AVX2 path are absent."""
     from tsspec_gguf import native
 
     if native.fma_rate(1000, FMA_CHUNKS) is None:  # also the untimed warm-up

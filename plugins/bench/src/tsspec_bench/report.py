@@ -18,7 +18,7 @@ from tsspec_gguf.row_timing import monotone
 from tsspec.runtime.registry import AUTO
 from .lossless import MISMATCH, TIE
 from .machine import machine_line
-from .peers import LOOKUP, PeerRecord, PeerRow
+from .peers import BEST, LOOKUP, PeerRecord, PeerRow
 from .runner import ALGORITHM, CONTROL, ORACLE, PLAIN, RunRecord
 from .needs import (MIN_VERIFIED, DrafterMeasure, DrafterNeeds, drafter_needs, relative_costs, rounded_length,
                     shape_from_steps)
@@ -689,7 +689,8 @@ def _peer_section(report: BenchReport) -> list[str]:
              "round (plain after tsspec plain, prompt lookup after tsspec's first algorithm), so 'tsspec / this' is "
              "a median of paired ratios. Timed over decoding only. transformers runs `generate()` on the model "
              "dequantised from the GGUF, with `prompt_lookup_num_tokens=N` for prompt lookup; llama.cpp runs through "
-             "llama-cpp-python (built with `-DGGML_NATIVE=OFF -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON`), with "
+             "llama-cpp-python (built by `python -m tsspec_bench.peer_build` with explicit SIMD flags chosen from this "
+             "CPU's flags, never GGML_NATIVE; its own system-info line is below), with "
              "`LlamaPromptLookupDecoding(num_pred_tokens=N)` and `logits_all=True` for prompt lookup (the library "
              "turns `logits_all` on for any draft model, since it samples each drafted position from its own row: "
              "every verify computes the output head on all its rows). The variants (draft length N, "
@@ -697,7 +698,8 @@ def _peer_section(report: BenchReport) -> list[str]:
              "attention off / on) are probed in stages (plain variants on the first prompt; draft lengths, then "
              "API and flash attention at the best length, on the first prompt of an input-grounded class: "
              "code-edit, summary, qa or rewrite, where goal 3 compares prompt lookup), and the fastest of each "
-             "kind is used.",
+             "kind is used. A `best` row pairs tsspec's speculative run with the faster of the peer's plain "
+             "and prompt lookup in each pair (the peer's best mode for that prompt), and says how often each mode won.",
              "", f"Command: `{report.meta['command']}`", ""]
     probe_rows = []
     for name, info in (report.meta.get("settings", {}).get("peers") or {}).items():
@@ -706,6 +708,11 @@ def _peer_section(report: BenchReport) -> list[str]:
         lines.append(f"- {name}: {info.get('threads')} threads; used {info.get('chosen')}; environment: {env}"
                      + (f"; {reps} paired round{'s' if reps != 1 else ''} per prompt" if reps else "")
                      + (f"; the probe took {info['probe_seconds']:.0f} s" if info.get("probe_seconds") else ""))
+        own = info.get("info") or {}
+        if own.get("system"):
+            lines.append(f"  - its system info (`llama_cpp.llama_print_system_info()`): `{own['system']}`")
+        if own.get("lookup"):
+            lines.append(f"  - its prompt lookup: `{own['lookup']}`")
         chosen = set((info.get("chosen") or {}).values())
         for p in info.get("probe", []):
             probe_rows.append([name, p.get("stage", "-"), f"`{p['variant']}`", f"{p['tokens_per_second']:.1f}",
@@ -719,7 +726,8 @@ def _peer_section(report: BenchReport) -> list[str]:
     body = []
     for r in report.peer_rows:
         rel = f"{r.tsspec_over_this:.2f}x ({r.tsspec_config})" if r.tsspec_over_this else "-"
-        body.append([r.engine, r.config, f"**{r.cls}**" if r.cls == ALL_CLASSES else r.cls,
+        config = r.config if not r.modes else f"{r.config} ({', '.join(f'{m} {n}' for m, n in r.modes.items())})"
+        body.append([r.engine, config, f"**{r.cls}**" if r.cls == ALL_CLASSES else r.cls,
                      f"{r.tokens_per_second:.1f}", _ratio_text(r), rel,
                      f"{r.same_as_own_plain}/{r.runs}", f"{r.same_as_tsspec_plain}/{r.runs}"])
     lines += _table(header, body)
@@ -920,6 +928,11 @@ def _reading(report: BenchReport) -> list[str]:
                 + _noise_note(lookup.ratio_median, band)
                 + f" and its output equals its plain output in {lookup.same_as_own_plain}/{lookup.runs} runs"
                 + f" (tsspec's plain output: {plain.same_as_tsspec_plain}/{plain.runs} of its plain runs).")
+        best = next((r for r in report.peer_rows if r.engine == engine and r.config == BEST and r.cls == ALL_CLASSES), None)
+        if best is not None and best.tsspec_over_this:
+            modes = ", ".join(f"{m} in {n}" for m, n in (best.modes or {}).items())
+            text += (f" Against its best mode per pair ({modes} of {best.runs} pairs) tsspec's {best.tsspec_config} "
+                     f"runs at {best.tsspec_over_this:.2f}x{_noise_note(best.tsspec_over_this, band)}.")
         lines.append(text)
     for check in report.governor:
         parts = [f"{f.name}: {f.ratio_median:.3f}x ({'pass' if f.passed else 'MISS'} against >= {f.goal})"

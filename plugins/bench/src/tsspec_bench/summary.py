@@ -52,7 +52,7 @@ class SummaryRow:
     ties: int
     mismatches: int
     acceptance_target: float | None = None
-    declined_drafts: int = 0  # keyed proposals the economics did not verify (plain steps)
+    declined_drafts: int = 0  # confidence-carrying proposals the calibration did not verify (plain steps)
 
     def to_json(self) -> dict:
         data = attrs.asdict(self)

@@ -126,12 +126,24 @@ def info() -> dict[str, object]:
     return {"simd": None, "int8": None, "pool_workers": 0} if module is None else dict(module.info())
 
 
+def probes() -> ModuleType | None:
+    """The roofline probes' build (``_cpu_probes``: the kernels plus ``probe_fma``,
+    ``probe_read``, ``probe_int8``), installed only with ``TSSPEC_BUILD_PROBES=1``; else None."""
+    if kernels() is None:
+        return None
+    try:
+        from . import _cpu_probes  # type: ignore[attr-defined]
+    except ImportError:
+        return None
+    return _cpu_probes
+
+
 def _probe_rate(name: str, iters: int, chunks: int, lanes: int) -> float | None:
-    """Multiply-adds per CPU second of one core from one run of the kernels' probe ``name``
-    (``chunks`` x ``iters`` iterations of FMA_CHAINS independent chains of ``lanes`` each, on one
-    thread; CPU time, so another job holding the core does not lower it); None where the kernels,
-    their AVX2 path or the probe are absent."""
-    module = kernels()
+    """Multiply-adds per CPU second of one core from one run of the probe ``name`` (``chunks``
+    x ``iters`` iterations of FMA_CHAINS independent chains of ``lanes`` each, on one thread;
+    CPU time, so another job holding the core does not lower it); None where the probes'
+    build (``probes()``) or its AVX2 path are absent."""
+    module = probes()
     if module is None or not hasattr(module, name):
         return None
     cpu = time.process_time()

@@ -33,6 +33,7 @@ class RowTiming:
     one_row_ms: float  # median over the rounds of the one-row forward's milliseconds
     ratios: tuple[tuple[int, float], ...]  # (rows, cost over one row) from 1 row up, monotone
     rounds: int  # timed rounds the medians are over
+    samples: tuple[tuple[int, tuple[float, ...]], ...] = ()  # (rows, each round's cost over one row)
 
     def profile(self, digits: int = 3) -> tuple[tuple[int, float], ...]:
         """``((rows, ms), ..)`` from 1 row up: the one-row median times each width's ratio."""
@@ -75,4 +76,5 @@ def time_rows(forward: Callable[[int], object], widths: Sequence[int], *, rounds
     one = times[1]
     ratios = [(1, 1.0)] + [(w, statistics.median(t / max(o, 1e-9) for o, t in zip(one, times[w])))
                            for w in ordered if w > 1]
-    return RowTiming(one_row_ms=statistics.median(one), ratios=monotone(ratios), rounds=rounds)
+    samples = tuple((w, tuple(t / max(o, 1e-9) for o, t in zip(one, times[w]))) for w in ordered if w > 1)
+    return RowTiming(one_row_ms=statistics.median(one), ratios=monotone(ratios), rounds=rounds, samples=samples)

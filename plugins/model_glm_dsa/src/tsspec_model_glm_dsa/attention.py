@@ -1,31 +1,17 @@
-"""GLM 5.x attention: MLA over the compressed KV cache, with the DSA lightning indexer choosing
-which keys each row attends.
+"""GLM 5.x attention: MLA over the compressed KV cache; the DSA lightning indexer chooses keys.
 
-Per row at position p (x = the attention input, already normed)::
+Per row at position p (x normed; r = RMSNorm(W_qa x), also the indexer's input)::
 
-    r      = RMSNorm_qa(W_qa x)                                 # [q_lora], also the indexer's input
-    q      = W_qb r -> [heads, nope | rope];  q_pe = rope(q[:, nope:], p)
-    c, k_pe = W_kva x -> [kv_lora | rope];    c = RMSNorm_kv(c),  k_pe = rope(k_pe, p)
-    the cache keeps (c, k_pe) per position: the compressed KV
-    score_h(j) = ((W_kb_h^T q_nope_h) . c_j  +  q_pe_h . k_pe_j) / sqrt(nope + rope)
-    o_h    = W_vb_h sum_j softmax_j(score_h) c_j       over the selected keys j
-    out    = W_o [o_1 .. o_heads]
+    q = W_qb r -> [heads, nope | rope];   c, k_pe = RMSNorm(W_kva x)[:kv_lora], rope(..[kv_lora:])
+    score_h(j) = ((W_kb_h^T q_nope_h) . c_j + rope(q_pe_h) . k_pe_j) / sqrt(nope + rope)
+    out = W_o [W_vb_h sum_j softmax_j(score_h) c_j]_h     over the selected keys j
 
-This is the absorbed form llama.cpp runs (``W_kb`` / ``W_vb`` are transformers' ``kv_b_proj``
-split per head); transformers expands K and V per head, the same sums in another order.
-
-The lightning indexer of a full layer keeps its own key per position
-(``k_I = rope(LayerNorm(W_k x))``, rope on the first ``rope`` channels) and scores key j for the
-row as ``sum_h w_h relu(q_I,h . k_I,j) / sqrt(index_head_dim)`` with ``q_I = rope(W_qb^I r)``
-and ``w = W_proj x / sqrt(index_heads)``. The row attends the top ``index_topk`` of the keys at
-or before its own position (all of them while there are fewer). A shared layer attends the keys
-the previous full layer chose for the same row. Selection is a stable descending sort, so equal
-scores (ReLU makes exact zeros common) go to the lower position: a row chooses among keys
-``<= p`` only and breaks ties the same way whatever other rows share the forward, so a k-row
-verify selects exactly what k one-row steps select.
-
-The cache keeps everything by ABSOLUTE position; a row only reads positions at or before its
-own, so rolling back is a change of length.
+the absorbed form llama.cpp runs; the cache keeps (c, k_pe) by ABSOLUTE position, so rollback is
+a change of length. A full layer's indexer keeps k_I = rope(LayerNorm(W_k x)) per position and
+scores key j as ``sum_h w_h relu(q_I,h . k_I,j) / sqrt(d_I)`` (``w = W_proj x / sqrt(h_I)``);
+the row attends the top ``index_topk`` keys at or before p (a stable sort: ties go to the lower
+position, whatever other rows share the forward, so a k-row verify selects what k one-row steps
+select). A shared layer reuses the previous full layer's choice for the same row.
 """
 
 from __future__ import annotations

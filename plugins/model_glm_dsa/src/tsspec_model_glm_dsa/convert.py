@@ -61,6 +61,10 @@ _LAYER = {
     "shared_head.head.weight": "nextn.shared_head_head.weight",
     "embed_tokens.weight": "nextn.embed_tokens.weight",
 }
+REQUIRED = ("num_hidden_layers", "hidden_size", "intermediate_size", "num_attention_heads", "vocab_size",
+            "q_lora_rank", "kv_lora_rank", "qk_rope_head_dim", "qk_nope_head_dim", "v_head_dim",
+            "moe_intermediate_size", "n_routed_experts", "num_experts_per_tok", "index_n_heads",
+            "index_head_dim", "index_topk")
 _TOP = {"model.embed_tokens.weight": "token_embd.weight", "model.norm.weight": "output_norm.weight",
         "lm_head.weight": "output.weight"}
 
@@ -128,6 +132,9 @@ def convert_state_dict(config: Any, state_dict: Mapping[str, torch.Tensor]
     cfg = config.to_dict() if hasattr(config, "to_dict") else dict(config)
     if cfg.get("model_type", "glm_moe_dsa") != "glm_moe_dsa":
         raise ConversionError(f"model_type {cfg.get('model_type')!r} is not glm_moe_dsa")
+    missing = [k for k in REQUIRED if cfg.get(k) is None]
+    if missing:
+        raise ConversionError(f"config.json lacks {', '.join(missing)}")
     if any(k.endswith("weight_scale_inv") for k in state_dict):
         raise ConversionError("an FP8 checkpoint (weight_scale_inv tensors): dequantise it first")
     L = int(cfg["num_hidden_layers"])

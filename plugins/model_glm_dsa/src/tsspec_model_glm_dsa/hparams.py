@@ -4,8 +4,9 @@ glm-dsa``; llama.cpp's key names, as its ``GlmMoeDsaModel`` converter writes the
 ``block_count`` counts the NextN layers stored after the trunk (``nextn_predict_layers``); the
 first ``leading_dense_block_count`` layers have a dense MLP, the rest MoE with shared experts.
 ``attention.indexer.types`` marks per trunk layer whether it runs its own lightning indexer
-(true, "full") or reuses the top-k of the previous full layer (false, "shared"); without it
-every layer is full.
+(true, "full") or reuses the top-k of the previous full layer (false, "shared"). A file without
+it follows llama.cpp: every layer full for GLM 5 / 5.1 (trained context under 2^20), GLM 5.2's
+published pattern otherwise (layers 0, 1 and every fourth from 2 full).
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from tsspec.errors import ModelLoadError
 ARCHITECTURE = "glm-dsa"
 GATING = {1: "softmax", 2: "sigmoid"}  # expert_gating_func
 DEFAULT_CONTEXT = 4096
+GLM_5_2_CONTEXT = 1 << 20  # files without indexer types: from this trained context on, GLM 5.2's pattern
 
 
 @attrs.frozen
@@ -102,14 +104,20 @@ class GlmDsaHParams:
         if not source.has_tensor("token_embd.weight"):
             raise ModelLoadError(path, "missing tensor 'token_embd.weight'")
         types = key("attention.indexer.types", None)
-        full = tuple(bool(int(t)) for t in list(types)[:num_layers]) if types is not None else (True,) * num_layers
+        context = int(key("context_length", DEFAULT_CONTEXT))
+        if types is not None:
+            full = tuple(bool(int(t)) for t in list(types)[:num_layers])
+        elif context < GLM_5_2_CONTEXT:
+            full = (True,) * num_layers
+        else:
+            full = tuple(i < 2 or (i - 2) % 4 == 0 for i in range(num_layers))
         rope = int(key("rope.dimension_count"))
         gating = key("expert_gating_func", 2)
         hp = cls(
             vocab_size=int(source.tensor_shape("token_embd.weight")[0]),
             hidden_size=int(key("embedding_length")),
             num_layers=num_layers,
-            context_length=int(key("context_length", DEFAULT_CONTEXT)),
+            context_length=context,
             rms_eps=float(key("attention.layer_norm_rms_epsilon", 1e-5)),
             num_heads=int(key("attention.head_count")),
             q_lora_rank=int(key("attention.q_lora_rank")),

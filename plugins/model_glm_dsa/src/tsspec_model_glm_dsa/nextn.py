@@ -1,25 +1,16 @@
 """The GLM 5.x NextN layer as the target's per-token ``DraftHead``.
 
-One step, for token x at position p with h the trunk's post-final-norm row that predicted x
-(the row of position p-1), or the previous step's output when chained::
+For token x at position p, h the trunk's post-norm row of p-1 (or the previous step's output)::
 
-    u      = eh_proj([RMSNorm_e(Emb(x)) ; RMSNorm_h(h)])        # [H]
-    u'     = GLM decoder layer(u) at position p    (MLA with its own compressed KV cache, dense
-                                                    attention over it; MoE with shared experts)
-    out    = RMSNorm_head(u')                                   # chained as the next step's h
-    logits = lm_head(out)                                       # predicts position p+1
+    u = eh_proj([RMSNorm_e(Emb(x)) ; RMSNorm_h(h)]);  u' = decoder layer(u) at p (own compressed
+    KV cache, dense attention: no indexer);  out = RMSNorm_head(u') (chained);  logits = head(out)
 
-This is llama.cpp's ``glm-dsa`` ``graph_mtp`` (the DSA indexer is not run in the NextN layer:
-its attention is dense; ``shared_head_norm`` falls back to ``output_norm``, ``shared_head_head``
-to the trunk's LM head and ``nextn.embed_tokens`` to the trunk's embedding). transformers does
-not build the NextN layer (``_keys_to_ignore_on_load_unexpected``); tests/test_nextn.py holds
-it to a float64 reference written from these equations.
-
-The head's cache holds positions ``base .. end-1`` by absolute position. Position 0 has no
-predecessor row; the head never sees it (a catch-up from 0 starts at 1). A catch-up from
-``start`` drops everything at or after ``start``; a start past ``end`` is a gap the head never
-saw, and it restarts there. ``for_sequence()`` gives a view over the same weights with its own
-cache and positions (one per speculator).
+llama.cpp's ``glm-dsa`` ``graph_mtp``: ``shared_head_norm`` falls back to ``output_norm``,
+``shared_head_head`` / ``nextn.embed_tokens`` to the trunk's. transformers does not build this
+layer; tests/test_nextn.py holds it to a float64 reference of these equations. The cache holds
+positions ``base .. end-1`` by absolute position; position 0 has no predecessor row and is never
+seen; a catch-up from ``start`` drops what lies at or after it, a start past ``end`` restarts
+there. ``for_sequence()`` is a view over the same weights with its own cache and positions.
 """
 
 from __future__ import annotations

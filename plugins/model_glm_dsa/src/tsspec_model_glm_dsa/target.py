@@ -28,6 +28,10 @@ from .trunk import GlmDsaTrunk
 from .weights import GlmDsaWeights
 
 PREFILL_CHUNK = 256  # rows per batched trunk call (float64)
+LOSSLESS = {  # what --stats prints on its [lossless] line (docs/lossless.md)
+    torch.float32: "bit-exact: every verify row runs alone through the one-row code (greedy and seeded)",
+    torch.float64: "equal to plain up to float64 rounding (rows batched; the same key selections)",
+}
 
 
 @attrs.define
@@ -56,7 +60,7 @@ class GlmDsaTarget:
             architecture="glm-dsa", vocab_size=hp.vocab_size, hidden_size=hp.hidden_size,
             num_layers=hp.num_layers, context_length=self._max_context,
             extra={"nextn_layers": hp.nextn_layers, "index_topk": hp.index_topk,
-                   "dtype": str(dtype).replace("torch.", "")},
+                   "dtype": str(dtype).replace("torch.", ""), "lossless": LOSSLESS.get(dtype, "not stated")},
         )
         self.counters = TargetCounters()
         self._cache = self.trunk.new_cache()

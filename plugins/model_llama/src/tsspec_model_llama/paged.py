@@ -170,7 +170,7 @@ class PagedLlamaKV:
                 tapped[i] = x
             h = torch.empty_like(x)
             kernels.rms_norm(x.data_ptr(), layer.attn_norm.data_ptr(), h.data_ptr(), total, H, target._eps)
-            qkv = _linear(h, layer.wqkv, layer.bqkv)  # [R, (nh + 2 nkv) hd]; Q pre-scaled
+            qkv = _linear(h, layer.wqkv, layer.bqkv, target.precision)  # [R, (nh + 2 nkv) hd]; Q pre-scaled
             attn = torch.empty((total, hp.q_size), dtype=torch.float32)  # [R, nh * hd]
             k_pool, v_pool = self._k[i], self._v[i]  # [nkv, slots, hd]
             for r, (a, b) in zip(batch, spans):
@@ -196,7 +196,7 @@ class PagedLlamaKV:
             x = target._residual_add(x, attn, layer.wo, layer.bo)
             h = torch.empty_like(x)
             kernels.rms_norm(x.data_ptr(), layer.ffn_norm.data_ptr(), h.data_ptr(), total, H, target._eps)
-            gate_up = _linear(h, layer.w_gate_up)  # [R, 2 F]
+            gate_up = _linear(h, layer.w_gate_up, None, target.precision)  # [R, 2 F]
             act = torch.empty((total, hp.ffn_size), dtype=torch.float32)
             kernels.silu_mul(gate_up.data_ptr(), act.data_ptr(), total, hp.ffn_size)
             x = target._residual_add(x, act, layer.w_down, None)
@@ -206,7 +206,7 @@ class PagedLlamaKV:
         picks = [list(range(a, b)) if r.all_logits else [b - 1] for r, (a, b) in zip(batch, spans)]
         flat = [p for pick in picks for p in pick]
         normed = F.rms_norm(x[flat], target._norm_shape, target._output_norm, target._eps)  # [L, H]
-        logits = _linear(normed, target._lm_head).to(OUTPUT_DEVICE, torch.float32)  # [L, vocab]
+        logits = _linear(normed, target._lm_head, None, target.precision).to(OUTPUT_DEVICE, torch.float32)  # [L, vocab]
         out: list[tuple[torch.Tensor, torch.Tensor | None]] = []
         at = 0
         for r, (a, b), pick in zip(batch, spans, picks):

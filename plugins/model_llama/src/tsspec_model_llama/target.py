@@ -409,21 +409,22 @@ class LlamaTarget:
         if not (self.block_weights and self._kernels is not None):
             return None
         if self._row_ms is None:
-            from .row_cost import CONTEXT, ROWS, cached
+            from .row_cost import CHECK_ROUNDS, CONTEXT, ROWS, cached
 
             context = max(self._seq_len, min(CONTEXT, self.max_context_length - max(ROWS)))
             if context + max(ROWS) > self.max_context_length:
                 return None  # no room after the cached tokens to measure in
             path_kind = "fused" if self._stack is not None and self.fused_blocks else "per-op"
             self._row_ms = cached(self.path, f"block|{self.dtype}|{self.precision}|{path_kind}",
-                                  lambda: self._measure_row_cost(context, ROWS))
+                                  lambda: self._measure_row_cost(context, ROWS).profile(),
+                                  check=lambda: self._measure_row_cost(context, (max(ROWS),), CHECK_ROUNDS).samples[-1])
         return self._row_ms
 
-    def _measure_row_cost(self, context: int, widths) -> tuple[tuple[int, float], ...]:
-        """The cost by rows timed after ``context`` cached tokens (filler tokens past the cached
-        ones, dropped again with every timed row: the cache and ``spec_keep``'s state are left
-        as they were)."""
-        from tsspec_gguf.row_timing import time_rows
+    def _measure_row_cost(self, context: int, widths, rounds: int | None = None):
+        """The cost by rows (a ``RowTiming``) timed after ``context`` cached tokens (filler tokens
+        past the cached ones, dropped again with every timed row: the cache and ``spec_keep``'s
+        state are left as they were)."""
+        from tsspec_gguf.row_timing import ROUNDS, time_rows
 
         start, last = self._seq_len, self._last_forward
         vocab = self.hparams.vocab_size
@@ -434,11 +435,11 @@ class LlamaTarget:
                 self.spec_forward(filler[: context - start], all_logits_rows=False, want_hidden=False)
             rows = filler[context - start:]
             timing = time_rows(lambda n: self.spec_forward(rows[:n], all_logits_rows=True, want_hidden=False),
-                               widths, reset=lambda: self.spec_rewind_cache(context))
+                               widths, reset=lambda: self.spec_rewind_cache(context), rounds=rounds or ROUNDS)
         finally:
             self.spec_rewind_cache(start)
             self._last_forward = last
-        return timing.profile()
+        return timing
 
     # -- SpeculativeTarget: sizes ------------------------------------------------------------
     @property

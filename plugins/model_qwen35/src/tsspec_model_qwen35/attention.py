@@ -16,13 +16,16 @@ import attrs
 import torch
 import torch.nn.functional as F
 
-from .ops import PartialRope, rms_norm
+from tsspec_gguf.attention import causal_attention
+
+from .ops import PartialRope, exact_rows, linear, rms_norm, rowwise
 
 MIN_CACHE_ROWS = 64  # first allocation of a KV cache; it then doubles
 
 
 @attrs.define
 class AttentionWeights:
+    # matrices: tensors, or ``RowLinear``s (then the attention runs on the row-invariant kernel)
     q: torch.Tensor  # [heads * 2 * head_dim, H]: q and gate interleaved per head
     k: torch.Tensor  # [kv_heads * head_dim, H]
     v: torch.Tensor  # [kv_heads * head_dim, H]
@@ -77,15 +80,19 @@ def gated_attention(
     """One gated attention block over rows at positions ``start ..``; writes their K/V into
     ``cache`` and attends over positions ``<= own``. Returns [rows, H]."""
     rows = x.shape[0]
-    q_and_gate = F.linear(x, w.q).view(rows, num_heads, 2 * head_dim)
+    q_and_gate = linear(x, w.q).view(rows, num_heads, 2 * head_dim)
     q = rms_norm(q_and_gate[..., :head_dim], w.q_norm, eps)  # [rows, heads, hd]
     gate = q_and_gate[..., head_dim:].reshape(rows, num_heads * head_dim)
-    k = rms_norm(F.linear(x, w.k).view(rows, num_kv_heads, head_dim), w.k_norm, eps)
-    v = F.linear(x, w.v).view(rows, num_kv_heads, head_dim)
+    k = rms_norm(linear(x, w.k).view(rows, num_kv_heads, head_dim), w.k_norm, eps)
+    v = linear(x, w.v).view(rows, num_kv_heads, head_dim)
     q = rope.apply(q.transpose(0, 1), cos, sin)  # [heads, rows, hd]
     k = rope.apply(k.transpose(0, 1), cos, sin)  # [kv_heads, rows, hd]
     cache.write(start, k, v.transpose(0, 1))
     end = start + rows
+    if exact_rows(w.o):  # row-invariant matrices: the row-invariant attention kernel too
+        scaled = (q * (1.0 / math.sqrt(head_dim))).transpose(0, 1).reshape(rows, num_heads * head_dim)
+        attn = causal_attention(scaled.contiguous(), cache.keys, cache.values, start, num_heads)  # [rows, heads * hd]
+        return linear(attn * rowwise(torch.sigmoid, gate), w.o)
     keys, values = cache.keys[:, :end], cache.values[:, :end]  # [kv_heads, end, hd]
     mask = None
     if rows > 1:
@@ -97,4 +104,4 @@ def gated_attention(
         enable_gqa=num_heads != num_kv_heads,
     )  # [heads, rows, hd]
     attn = attn.transpose(0, 1).reshape(rows, num_heads * head_dim)
-    return F.linear(attn * torch.sigmoid(gate), w.o)
+    return linear(attn * torch.sigmoid(gate), w.o)

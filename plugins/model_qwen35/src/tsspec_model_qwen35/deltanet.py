@@ -35,7 +35,7 @@ import attrs
 import torch
 import torch.nn.functional as F
 
-from .ops import l2_normalize, rms_norm
+from .ops import exact_rows, l2_normalize, linear, rms_norm, rowwise
 
 CHUNK = 64  # rows per block of the chunked prefill recurrence
 ROWS_FORM_MAX = 16  # up to this many rows a committing forward uses the per-row recurrence
@@ -126,12 +126,12 @@ def delta_rule_rows(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Row-by-row recurrence. Returns (outputs [rows, nv, dv], final state [nv, dk, dv])."""
     rows = q.shape[0]
-    decay = g.exp()  # [rows, nv]
     out = v.new_empty(v.shape)
     s = state
     for t in range(rows):
         nxt = slots[t] if slots is not None else None
-        s = torch.mul(s, decay[t][:, None, None], out=nxt) if nxt is not None else s * decay[t][:, None, None]
+        decay = g[t].exp()[:, None, None]  # [nv, 1, 1], one row per call (see ops.rowwise)
+        s = torch.mul(s, decay, out=nxt) if nxt is not None else s * decay
         kt = k[t].unsqueeze(1)  # [nv, 1, dk]
         recalled = torch.bmm(kt, s).squeeze(1)  # [nv, dv] = S^T k
         delta = (v[t] - recalled) * beta[t][:, None]  # [nv, dv]
@@ -219,7 +219,7 @@ class DeltaNetLayer:
 
     def _kernel_inputs(self, x: torch.Tensor):
         """Projections for the fused ops: (mixed, z, beta logits, alpha logits), float32."""
-        mixed, z, b, a = F.linear(x, self.w.in_proj).split(self.splits, dim=-1)
+        mixed, z, b, a = linear(x, self.w.in_proj).split(self.splits, dim=-1)
         f32 = torch.float32
         return mixed.to(f32).contiguous(), z, b.to(f32).contiguous(), a.to(f32).contiguous()
 
@@ -229,14 +229,15 @@ class DeltaNetLayer:
     def _prepare(self, x: torch.Tensor, conv_state: torch.Tensor):
         """Projections, conv and gates for rows x [rows, H] after the live conv state."""
         rows = x.shape[0]
-        mixed, z, b, a = F.linear(x, self.w.in_proj).split(self.splits, dim=-1)
+        mixed, z, b, a = linear(x, self.w.in_proj).split(self.splits, dim=-1)
         window = torch.cat([conv_state, mixed], dim=0)  # [K-1 + rows, conv_dim]
         if rows <= ROWS_FORM_MAX:  # a few rows: the K taps as one elementwise product
             conv = (window.unfold(0, self.kernel, 1) * self.w.conv).sum(-1)  # [rows, conv_dim]
         else:
             conv = F.conv1d(window.t().unsqueeze(0), self.w.conv.unsqueeze(1), groups=self.conv_dim)
             conv = conv.squeeze(0).t()
-        conv = F.silu(conv)  # [rows, conv_dim]
+        exact = exact_rows(self.w.in_proj)
+        conv = rowwise(F.silu, conv, exact)  # [rows, conv_dim]
         sd = self.state_dtype
         qc, kc, vc = conv.to(sd).split([self.key_dim, self.key_dim, self.value_dim], dim=-1)
         q = l2_normalize(qc.reshape(rows, self.num_k, self.dk)) * self.scale
@@ -244,15 +245,16 @@ class DeltaNetLayer:
         q = q.index_select(1, self.w.key_index)  # [rows, nv, dk]
         k = k.index_select(1, self.w.key_index)
         v = vc.reshape(rows, self.num_v, self.dv)
-        beta = torch.sigmoid(b.to(sd))  # [rows, nv]
-        g = self.w.a.to(sd) * F.softplus(a.to(sd) + self.w.dt_bias.to(sd))  # [rows, nv]
+        beta = rowwise(torch.sigmoid, b.to(sd), exact)  # [rows, nv]
+        a_neg, dt_bias = self.w.a.to(sd), self.w.dt_bias.to(sd)
+        g = rowwise(lambda r: a_neg * F.softplus(r + dt_bias), a.to(sd), exact)  # [rows, nv]
         return q, k, v, g, beta, z, window
 
     def _finish(self, o: torch.Tensor, z: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
         rows = o.shape[0]
         zh = z.reshape(rows, self.num_v, self.dv)
-        y = rms_norm(o, self.w.norm.to(o.dtype), self.eps) * F.silu(zh.to(o.dtype))
-        return F.linear(y.reshape(rows, self.value_dim).to(dtype), self.w.out)
+        y = rms_norm(o, self.w.norm.to(o.dtype), self.eps) * rowwise(F.silu, zh.to(o.dtype), exact_rows(self.w.out))
+        return linear(y.reshape(rows, self.value_dim).to(dtype), self.w.out)
 
     def forward_commit(self, x: torch.Tensor, state: DeltaNetState) -> torch.Tensor:
         """Prefill / plain step / re-forward: advance ``state`` in place. Returns [rows, H]."""

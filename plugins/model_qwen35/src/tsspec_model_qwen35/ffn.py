@@ -10,9 +10,8 @@ from __future__ import annotations
 
 import attrs
 import torch
-import torch.nn.functional as F
 
-from .ops import swiglu
+from .ops import exact_rows, linear, rowwise, swiglu
 
 
 @attrs.define
@@ -38,7 +37,8 @@ class MoEFFN:
 
     def route(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """(weights [rows, k] in x's dtype, expert ids [rows, k])."""
-        probs = torch.softmax(F.linear(x, self.router).to(torch.promote_types(x.dtype, torch.float32)), dim=-1)
+        logits = linear(x, self.router).to(torch.promote_types(x.dtype, torch.float32))  # [rows, E]
+        probs = rowwise(lambda r: torch.softmax(r, dim=-1), logits, exact_rows(self.router))
         weights, ids = torch.topk(probs, self.top_k, dim=-1)
         if self.norm_top_k:
             weights = weights / weights.sum(-1, keepdim=True)
@@ -52,6 +52,7 @@ class MoEFFN:
             y = swiglu(x[rows], self.gate_exps[expert], self.up_exps[expert], self.down_exps[expert])
             out[rows] += y * weights[rows, slot, None]  # a row picks an expert at most once
         if self.shared is not None:
-            scale = torch.sigmoid(x @ self.shared_gate)[:, None]  # [rows, 1]
+            gate = x @ self.shared_gate if isinstance(self.shared_gate, torch.Tensor) else self.shared_gate(x)[:, 0]
+            scale = rowwise(torch.sigmoid, gate, exact_rows(self.router))[:, None]  # [rows, 1]
             out = out + self.shared(x) * scale
         return out

@@ -16,6 +16,7 @@ import torch
 from tsspec.errors import ModelLoadError
 
 from .hparams import Qwen35HParams
+from . import rowlinear
 from .target import Qwen35Target, snapshots_enabled
 from .weights import load_weights, move_weights
 
@@ -58,14 +59,22 @@ def _snapshot_choice(options: Any) -> bool:
 
 def load_from_source(source: Any, *, dtype: Any = None, tokenizer=None, per_row_snapshots: bool | None = None,
                      max_context: int | None = None, with_draft_head: bool = True, device: Any = "cpu",
-                     kernels: dict | None = None) -> Qwen35Target:
+                     kernels: dict | None = None, row_invariant: bool | None = None) -> Qwen35Target:
     """A target from an open ``GGUFFile`` or a ``MemorySource``, on ``device`` (its weights moved
-    there), using the registered ``kernels`` ({op: callable}) for that device where present."""
+    there), using the registered ``kernels`` ({op: callable}) for that device where present.
+    ``row_invariant`` (default: wherever it can) runs a float32 CPU trunk's matrices and
+    attention on the toolkit's row-invariant kernels, so verify rows equal one-row steps."""
     torch_dtype = resolve_dtype(dtype)
     hp = Qwen35HParams.from_gguf(source)
     weights = load_weights(source, hp, torch_dtype, with_nextn=with_draft_head)
     if torch.device(device).type != "cpu":
         weights = move_weights(weights, device)
+    can = rowlinear.available(torch_dtype, device)
+    if row_invariant and not can:
+        raise ModelLoadError(getattr(source, "path", "<memory>"),
+                             "row-invariant kernels need float32 on the CPU with the compiled kernels built")
+    if can and row_invariant is not False:
+        weights = rowlinear.row_invariant_weights(weights)
     return Qwen35Target(hp, weights, dtype=torch_dtype, tokenizer=tokenizer, per_row_snapshots=per_row_snapshots,
                         max_context=max_context, with_draft_head=with_draft_head,
                         source_path=getattr(source, "path", None), kernels=kernels)

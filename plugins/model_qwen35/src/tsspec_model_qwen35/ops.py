@@ -25,9 +25,34 @@ def l2_normalize(x: torch.Tensor, eps: float = L2_EPS) -> torch.Tensor:
     return x * torch.rsqrt(x.pow(2).sum(-1, keepdim=True) + eps)
 
 
-def swiglu(x: torch.Tensor, gate: torch.Tensor, up: torch.Tensor, down: torch.Tensor) -> torch.Tensor:
+ROWWISE_MAX = 16  # calls of up to this many rows (verifies, re-forwards) go row by row in ``rowwise``
+
+
+def rowwise(fn, x: torch.Tensor, exact: bool = True) -> torch.Tensor:
+    """``fn(x)`` with each row of x [rows, ...] in a call of its own (when ``exact`` and rows <=
+    ROWWISE_MAX). torch's elementwise transcendental ops (exp, sigmoid, silu, softplus, cos) take
+    a vector path or a scalar tail depending on how many values one call has, so a k-row call can
+    round a row differently from that row's one-row call. Longer calls (prefills) run whole."""
+    rows = x.shape[0]
+    if not exact or rows == 1 or rows > ROWWISE_MAX:
+        return fn(x)
+    return torch.cat([fn(x[i : i + 1]) for i in range(rows)])
+
+
+def exact_rows(w) -> bool:
+    """Whether a matrix is a row-invariant ``RowLinear`` (its block then keeps rows exact)."""
+    return not isinstance(w, torch.Tensor)
+
+
+def linear(x: torch.Tensor, w) -> torch.Tensor:
+    """``x @ W^T``; x [rows, K], w a weight tensor [N, K] or a callable matrix (``RowLinear``,
+    the row-invariant kernel) -> [rows, N]."""
+    return F.linear(x, w) if isinstance(w, torch.Tensor) else w(x)
+
+
+def swiglu(x: torch.Tensor, gate, up, down) -> torch.Tensor:
     """``down(silu(gate x) * up x)``; x [rows, H], gate/up [F, H], down [H, F] -> [rows, H]."""
-    return F.linear(F.silu(F.linear(x, gate)) * F.linear(x, up), down)
+    return linear(rowwise(F.silu, linear(x, gate), exact_rows(gate)) * linear(x, up), down)
 
 
 class PartialRope:
@@ -44,12 +69,14 @@ class PartialRope:
         self.inv_freq = (1.0 / (base ** exponents)).to(self.work_dtype)  # [dims/2]
         self.dtype = dtype
 
-    def tables(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """cos, sin [rows, dims] for integer positions [rows]."""
+    def tables(self, positions: torch.Tensor, exact: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos, sin [rows, dims] for integer positions [rows] (``exact``: row by row, see
+        ``rowwise``)."""
         inv_freq = self.inv_freq.to(positions.device)
         freqs = positions.to(self.work_dtype)[:, None] * inv_freq[None, :]  # [rows, dims/2]
         angles = torch.cat([freqs, freqs], dim=-1)
-        return angles.cos().to(self.dtype), angles.sin().to(self.dtype)
+        cos, sin = rowwise(torch.cos, angles, exact), rowwise(torch.sin, angles, exact)
+        return cos.to(self.dtype), sin.to(self.dtype)
 
     def apply(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         """x [heads, rows, head_dim]; cos/sin [rows, dims]."""

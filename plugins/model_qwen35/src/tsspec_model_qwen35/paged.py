@@ -5,8 +5,9 @@ trunk's dtype; position ``p`` of a sequence lives at slot ``blocks[p // B] * B +
 GDN layer, each live sequence (``PagedRows.seq``) owns a ``DeltaNetState`` (conv window + delta
 state), created at its first forward and dropped by ``release(seq)``.
 
-Exactness: the CPU path's dense torch matmuls are not row-count invariant (a k-row GEMM may sum
-in another order than the 1-row one), so the rows of different sequences are NOT stacked. Each
+Exactness: a trunk call's rows are row-count invariant only on the float32 kernels and only up
+to ``ops.ROWWISE_MAX`` rows (torch's matmuls and a long prefill's chunked recurrence are not),
+so the rows of different sequences are NOT stacked. Each
 sequence's rows run through the very trunk call its solo run makes (``Qwen35Trunk.forward`` over
 its own rows, commit or slots mode): its attention layers see a contiguous K/V buffer gathered
 from its blocks, whose new rows are scattered back afterwards. A sequence's logits therefore

@@ -96,6 +96,7 @@ class Qwen35Target:
                 "nextn_layers": hp.nextn_layers,
                 "v_head_order": hp.v_order,
                 "dtype": str(dtype).replace("torch.", ""),
+                "lossless": self._guarantee(dtype),
             },
         )
         self._per_row = snapshots_enabled() if per_row_snapshots is None else bool(per_row_snapshots)
@@ -109,6 +110,15 @@ class Qwen35Target:
         self.draft_head = None
         if with_draft_head and weights.nextn is not None:
             self.draft_head = MtpHead(self.trunk, weights.nextn, self._max_context)
+
+    def _guarantee(self, dtype: torch.dtype) -> str:
+        """The lossless guarantee of this path, one line (docs/lossless.md lists every path)."""
+        if not isinstance(self.trunk.w.lm_head, torch.Tensor):
+            return "bit-exact: row-invariant kernel matmuls and attention (verify rows equal one-row steps)"
+        if dtype == torch.float64:
+            return "equal to plain up to float64 rounding (verify rows agree to ~1e-15)"
+        return (f"not bit-exact: torch's {str(dtype).removeprefix('torch.')} matmuls round verify rows "
+                "differently; output equals plain except at a near-tie")
 
     # -- capability fields -------------------------------------------------------------------
     @property

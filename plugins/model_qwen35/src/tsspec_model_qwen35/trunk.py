@@ -20,12 +20,11 @@ from typing import Sequence
 
 import attrs
 import torch
-import torch.nn.functional as F
 
 from .attention import AttentionWeights, KVCache, gated_attention
 from .deltanet import DeltaNetLayer, DeltaNetSlots, DeltaNetState
 from .hparams import Qwen35HParams
-from .ops import PartialRope, rms_norm
+from .ops import PartialRope, exact_rows, linear, rms_norm
 from .weights import LayerWeights, Qwen35Weights
 
 
@@ -123,7 +122,7 @@ class Qwen35Trunk:
         return rms_norm(h, self.w.final_norm, self.hp.rms_eps)
 
     def lm_head(self, h: torch.Tensor) -> torch.Tensor:
-        return F.linear(h, self.w.lm_head)  # [n, V]
+        return linear(h, self.w.lm_head)  # [n, V]
 
     # -- the forward -----------------------------------------------------------------------
     def attention_block(self, lw: LayerWeights, x: torch.Tensor, cache: KVCache, start: int,
@@ -141,7 +140,8 @@ class Qwen35Trunk:
         hp = self.hp
         x = self.embed(list(tokens))  # [rows, H]
         rows = x.shape[0]
-        cos, sin = self.rope.tables(torch.arange(start, start + rows, device=self.device))
+        cos, sin = self.rope.tables(torch.arange(start, start + rows, device=self.device),
+                                    exact=exact_rows(self.w.lm_head))
         tapped: dict[int, torch.Tensor] = {}
         tap_set = set(taps or ())
         out_slots: dict[int, DeltaNetSlots] | None = {} if slots else None

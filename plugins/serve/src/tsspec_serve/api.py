@@ -24,6 +24,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from tsspec.errors import GenerationError
 
 from .engine import Done, Piece, ServeEngine
+from .memory import key_id
 from .metrics import CONTENT_TYPE
 from .payload import Prepared, RequestError, prepare_chat, prepare_completion
 
@@ -52,9 +53,10 @@ def timings(result) -> dict[str, Any]:
     return out
 
 
-def speculative(result) -> dict[str, Any]:
+def speculative(result, memory: dict | None = None) -> dict[str, Any]:
+    """What ran; ``memory``: the draft memory's counts when the request drafted from a pool."""
     stats = result.stats
-    return {
+    out = {
         "type": result.speculator,
         "decline": None if result.decline is None else result.decline.to_json(),
         "drafts": stats.drafts,
@@ -65,6 +67,9 @@ def speculative(result) -> dict[str, Any]:
         "armed_after_reuse": stats.armed_after_reuse if stats.prefix_reused else None,
         "governor_parked_steps": stats.governor_parked_steps,
     }
+    if memory is not None:
+        out["memory"] = dict(memory)
+    return out
 
 
 def usage(result) -> dict[str, int]:
@@ -130,6 +135,7 @@ def create_app(engine: ServeEngine, *, api_keys=()) -> FastAPI:
 
     @app.middleware("http")
     async def authorize(request: Request, call_next):
+        request.state.api_key = None  # the key's pool: one pool when the server has no keys
         if keys and request.url.path.startswith("/v1/"):
             given = request.headers.get("authorization", "")
             token = given[7:].strip().encode() if given[:7].lower() == "bearer " else b""
@@ -181,7 +187,7 @@ def create_app(engine: ServeEngine, *, api_keys=()) -> FastAPI:
             body = await _body(request)
             prepare = prepare_chat if kind == "chat" else prepare_completion
             prepared = prepare(body, **engine.prepare_kwargs())
-            stream = engine.run(prepared)
+            stream = engine.run(prepared, key_id(request.state.api_key))
             first = await _first(stream)
         except RequestError as exc:
             engine.metrics.refused(exc.status)
@@ -250,7 +256,7 @@ def create_app(engine: ServeEngine, *, api_keys=()) -> FastAPI:
         chunk = _chunk(kind, ident, created, None, finish_reason(result), logprobs=_logprobs(kind, rest, offset))
         chunk["usage"] = usage(result)
         chunk["timings"] = timings(result)
-        chunk["speculative"] = speculative(result)
+        chunk["speculative"] = speculative(result, done.memory)
         out = _sse(chunk)
         if prepared.include_usage:
             out += _sse({"id": ident, "object": chunk["object"], "created": created, "model": engine.model_id,
@@ -263,7 +269,7 @@ def create_app(engine: ServeEngine, *, api_keys=()) -> FastAPI:
         while isinstance(event, Piece):
             pieces.append(event.text)
             event = await stream.__anext__()
-        handle = event.handle
+        handle, memory = event.handle, event.memory
         result = handle.result
         if result is None:
             message = f"generation failed: {handle.error!r}" if handle.error is not None else "generation was cancelled"
@@ -280,7 +286,7 @@ def create_app(engine: ServeEngine, *, api_keys=()) -> FastAPI:
             obj = "text_completion"
         return JSONResponse({
             "id": ident, "object": obj, "created": created, "model": engine.model_id, "choices": [choice],
-            "usage": usage(result), "timings": timings(result), "speculative": speculative(result),
+            "usage": usage(result), "timings": timings(result), "speculative": speculative(result, memory),
         })
 
     @app.post("/v1/chat/completions")

@@ -22,7 +22,14 @@ Three measurements, each printed as a table (and written as Markdown / JSON on r
    makes, on the same prompt and settings, plain and n-gram; paired and alternating (each
    pair's order flips), a different prompt each pair; the ratio of each pair and their median.
 
-Sections 1-3 send requests to the scheduler in-process (no HTTP), so those figures are the
+5. Cross-request draft memory: the seeded agent trace (``trace.py``) one request at a time; its
+   first half warms the server's pool (``ngram-pool``), its second half runs each request with
+   the pool and with the per-request ``ngram``, paired and alternating, every answer checked
+   equal; decode tok/s (tokens after the first over decode time) by mode and the median ratio of
+   the pairs. Then the prose control: unrelated essays with the warmed pool against ``ngram``,
+   beside a control row of ``ngram`` against itself (the spread of identical configurations).
+
+Sections 1-3 and 5 send requests to the scheduler in-process (no HTTP), so those figures are the
 engine's; section 4 includes HTTP, server-sent events and the event loop.
 """
 
@@ -31,6 +38,7 @@ from __future__ import annotations
 import gc
 import inspect
 import json
+import os
 import statistics
 import textwrap
 import threading
@@ -152,11 +160,82 @@ class _Bench:
 
         return SpeculationOptions(enabled=False) if mode == "plain" else SpeculationOptions(spec_type="ngram")
 
+    # -- 5. cross-request draft memory -------------------------------------------------------
+    def trace(self, max_tokens: int, conversations: int, seed: int, prose: int, limit: int | None = None) -> dict[str, Any]:
+        from tsspec import SpeculationOptions
+
+        from .engine import ServeEngine
+        from .memory import PoolStore
+        from .pool_speculator import NAME as POOL
+        from .scheduler import SequenceRequest
+        from .trace import agent_trace, prose_prompts
+
+        requests = agent_trace(seed, conversations)[:limit]
+        engine = ServeEngine(self.target, model_id="bench", options=SpeculationOptions(spec_type="ngram"),
+                             registry=self.registry, kv_cache_mb=self.kv_cache_mb, max_seqs=1,
+                             memory=PoolStore("bench"))
+        if POOL not in engine.spec_names or "ngram" not in engine.spec_names:
+            raise RuntimeError(f"the trace section needs the ngram and {POOL} algorithms")
+        engine.start()
+
+        def run(ids: list[int], mode: str):
+            options, _ = engine.memory_options(SpeculationOptions(spec_type=POOL if mode == "pool" else "ngram"))
+            handle = engine.scheduler.submit_request(SequenceRequest(ids, max_tokens, options=options))
+            handle.wait()
+            if handle.result is None:
+                raise RuntimeError(f"a trace request failed: {handle.error!r}")
+            return handle.result
+
+        def paired(prompts: list[list[int]], modes: tuple[str, ...], keep: bool) -> dict[str, Any]:
+            sums = {m: [0, 0.0] for m in modes}  # tokens after the first, decode ms
+            ratios: dict[str, list[float]] = {m: [] for m in modes[1:]}
+            for i, ids in enumerate(prompts):
+                if i % 10 == 0:
+                    typer.echo(f"[trace] {'/'.join(modes)}: request {i + 1} of {len(prompts)}", err=True)
+                order = modes[i % len(modes):] + modes[:i % len(modes)]
+                got = {m: run(ids, m) for m in order}
+                base = got[modes[0]]
+                for m in modes:
+                    if got[m].tokens != base.tokens:
+                        raise RuntimeError(f"request {i}: {m} differs from {modes[0]}: not lossless")
+                    sums[m][0] += max(0, len(got[m].tokens) - 1)
+                    sums[m][1] += got[m].stats.decode_ms
+                for m in modes[1:]:
+                    a, b = got[m].stats.tokens_per_second, base.stats.tokens_per_second
+                    if a > 0 and b > 0:
+                        ratios[m].append(a / b)
+                if keep:
+                    engine.remember("", ids + list(base.tokens))
+            rate = {m: 1000.0 * n / ms if ms else 0.0 for m, (n, ms) in sums.items()}
+            return {"requests": len(prompts), "tok_s": rate, "tokens": {m: n for m, (n, _) in sums.items()},
+                    "ratio": {m: statistics.median(r) if r else float("nan") for m, r in ratios.items()},
+                    "low": {m: min(r) if r else float("nan") for m, r in ratios.items()},
+                    "high": {m: max(r) if r else float("nan") for m, r in ratios.items()}}
+
+        try:
+            ids = [self.chat_ids(list(r.messages)) for r in requests]
+            half = len(ids) // 2
+            for i in range(half):  # the warm half: the pool learns, nothing is measured
+                if i % 10 == 0:
+                    typer.echo(f"[trace] warming: request {i + 1} of {half}", err=True)
+                engine.remember("", ids[i] + list(run(ids[i], "pool").tokens))
+            measured = paired(ids[half:], ("ngram", "pool"), keep=True)
+            essays = [self.chat_ids(m) for m in prose_prompts(prose)]
+            control = paired(essays, ("ngram", "ngram-again", "pool"), keep=False)
+            pool = engine.memory.pool("")
+        finally:
+            engine.close()
+        return {"requests": len(ids), "conversations": conversations, "seed": seed, "warm": half, "limit": limit,
+                "measured": measured, "prose": control, "pool_entries": len(pool), "pool_evicted": pool.evicted}
+
     # -- 1. streams ------------------------------------------------------------------------
+    def stream_prompts(self, n: int) -> list[list[int]]:
+        return [self.chat_ids([{"role": "user", "content": p}]) for p in _stream_prompts(n)]
+
     def streams(self, n: int, mode: str, max_tokens: int) -> dict[str, float]:
         from .scheduler import SequenceRequest
 
-        prompts = [self.chat_ids([{"role": "user", "content": p}]) for p in _stream_prompts(n)]
+        prompts = self.stream_prompts(n)
         gaps: list[float] = []
         firsts: list[float] = []
         lasts: list[list] = []
@@ -259,6 +338,41 @@ class _Bench:
                 "kv_blocks_in_use_after": snap["kv_blocks_in_use"], "kv_blocks_reserved_after": snap["kv_blocks_reserved"]}
 
 
+_PEER = r"""
+import json, sys, time
+from llama_cpp import Llama
+path, threads, max_tokens, prompts = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), json.loads(sys.stdin.read())
+llm = Llama(model_path=path, n_ctx=4096, n_threads=threads, n_threads_batch=threads, verbose=False, seed=0)
+llm.create_completion(prompts[0][:8], max_tokens=2, temperature=0.0)
+out = []
+for n in sorted(json.loads(sys.argv[4])):
+    start, tokens = time.perf_counter(), 0
+    for ids in prompts[:n]:  # one slot: the requests of a level one after another
+        llm.reset()
+        reply = llm.create_completion(ids, max_tokens=max_tokens, temperature=0.0, top_k=1, repeat_penalty=1.0)
+        tokens += reply["usage"]["completion_tokens"]
+    out.append({"streams": n, "tok_s": tokens / (time.perf_counter() - start), "tokens": tokens})
+print(json.dumps({"version": __import__("llama_cpp").__version__, "levels": out}))
+"""
+
+
+def peer_streams(model_path: str, prompts: list[list[int]], levels, max_tokens: int, threads: int) -> dict[str, Any]:
+    """llama.cpp through llama-cpp-python in its own process, one slot (its server decodes one
+    request at a time): aggregate tok/s of ``n`` requests served one after another, a lower bound
+    for llama.cpp's multi-slot server. ``{"error": ...}`` when it cannot run here."""
+    import subprocess
+    import sys
+
+    try:
+        done = subprocess.run([sys.executable, "-c", _PEER, model_path, str(threads), str(max_tokens), json.dumps(list(levels))],
+                              input=json.dumps(prompts), capture_output=True, text=True, timeout=3600)
+    except subprocess.TimeoutExpired:
+        return {"error": "the peer ran past an hour"}
+    if done.returncode != 0:
+        return {"error": (done.stderr.strip().splitlines() or ["failed"])[-1]}
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
 class _LoopbackServer:
     """``create_app(engine)`` under uvicorn in a thread, on a free loopback port."""
 
@@ -298,14 +412,40 @@ def _md_per_stream(rows) -> list[str]:
     return out
 
 
-def _md_streams(rows) -> list[str]:
-    out = ["| streams | plain tok/s | spec tok/s | ratio | plain ITL p50 / p99 ms | spec ITL p50 / p99 ms | plain / spec ms per token |",
-           "|---:|---:|---:|---:|---:|---:|---:|"]
+def _md_trace(tr) -> list[str]:
+    m, p = tr["measured"], tr["prose"]
+    out = ["| requests | mode | decode tok/s | tokens | / ngram (median of pairs) | pair range |",
+           "|---|---|---:|---:|---:|---|",
+           f"| trace, measured half ({m['requests']}) | ngram (per request) | {m['tok_s']['ngram']:.1f} | {m['tokens']['ngram']} | | |",
+           f"| | ngram-pool (warmed) | {m['tok_s']['pool']:.1f} | {m['tokens']['pool']} | {m['ratio']['pool']:.3f}x | "
+           f"{m['low']['pool']:.2f}-{m['high']['pool']:.2f} |",
+           f"| prose control ({p['requests']}) | ngram | {p['tok_s']['ngram']:.1f} | {p['tokens']['ngram']} | | |",
+           f"| | ngram again (control row) | {p['tok_s']['ngram-again']:.1f} | {p['tokens']['ngram-again']} | "
+           f"{p['ratio']['ngram-again']:.3f}x | {p['low']['ngram-again']:.2f}-{p['high']['ngram-again']:.2f} |",
+           f"| | ngram-pool (warmed) | {p['tok_s']['pool']:.1f} | {p['tokens']['pool']} | {p['ratio']['pool']:.3f}x | "
+           f"{p['low']['pool']:.2f}-{p['high']['pool']:.2f} |",
+           "", f"Pool after the run: {tr['pool_entries']} entries ({tr['pool_evicted']} evicted). Decode tok/s: tokens "
+           "after each request's first over its decode time, summed over the requests of the row."]
+    return out
+
+
+def _md_streams(rows, peer=None) -> list[str]:
+    peer = peer or {}
+    by_level = {p["streams"]: p["tok_s"] for p in peer.get("levels", [])}
+    out = ["| streams | plain tok/s | spec tok/s | ratio | llama.cpp one slot tok/s | plain ITL p50 / p99 ms | spec ITL p50 / p99 ms | plain / spec ms per token |",
+           "|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for r in rows:
-        out.append(f"| {r['streams']} | {r['plain']['tok_s']:.1f} | {r['spec']['tok_s']:.1f} | {r['ratio']:.2f}x | "
+        theirs = f"{by_level[r['streams']]:.1f}" if r["streams"] in by_level else "-"
+        out.append(f"| {r['streams']} | {r['plain']['tok_s']:.1f} | {r['spec']['tok_s']:.1f} | {r['ratio']:.2f}x | {theirs} | "
                    f"{r['plain']['itl_p50_ms']:.1f} / {r['plain']['itl_p99_ms']:.1f} | "
                    f"{r['spec']['itl_p50_ms']:.1f} / {r['spec']['itl_p99_ms']:.1f} | "
                    f"{r['plain']['tpot_ms']:.1f} / {r['spec']['tpot_ms']:.1f} |")
+    if peer.get("error"):
+        out += ["", f"llama.cpp peer: not run ({peer['error']})."]
+    elif by_level:
+        out += ["", f"llama.cpp peer: llama-cpp-python {peer.get('version')} in its own process with one slot (its "
+                "server decodes one request at a time), the level's requests one after another: a lower bound for "
+                "llama.cpp's multi-slot `llama-server --parallel N`, which was not built here."]
     return out
 
 
@@ -325,7 +465,12 @@ def bench_serve(
     turn_tokens: Annotated[int, typer.Option("--turn-tokens", min=1, help="Tokens per chat turn.")] = 120,
     requests: Annotated[int, typer.Option("--requests", min=8, help="Requests of the memory check.")] = 1000,
     kv_cache_mb: Annotated[float, typer.Option("--kv-cache-mb")] = 256.0,
-    only: Annotated[Optional[str], typer.Option("--only", help="streams, chat, memory or per-stream (default: all).")] = None,
+    only: Annotated[Optional[str], typer.Option("--only", help="streams, chat, memory, per-stream or trace (default: all).")] = None,
+    trace_conversations: Annotated[int, typer.Option("--trace-conversations", min=2, help="Conversations of the agent trace (24: the defined trace; fewer: a shorter run).")] = 24,
+    trace_seed: Annotated[int, typer.Option("--trace-seed", help="The agent trace's seed.")] = 2026,
+    prose: Annotated[int, typer.Option("--prose", min=1, help="Prose requests of the trace section's control.")] = 6,
+    peer: Annotated[bool, typer.Option("--peer/--no-peer", help="Run llama.cpp (llama-cpp-python, one slot) at the streams section's levels.")] = True,
+    trace_requests: Annotated[Optional[int], typer.Option("--trace-requests", min=2, help="Run only the first N requests of the trace (a subset, for a short run).")] = None,
     markdown: Annotated[Optional[str], typer.Option("--markdown", help="Write the tables to this file.")] = None,
     json_path: Annotated[Optional[str], typer.Option("--json", help="Write the figures as JSON.")] = None,
 ) -> None:
@@ -335,8 +480,8 @@ def bench_serve(
     from tsspec.errors import OptionsError
     from tsspec import SpeculationOptions
 
-    if only not in (None, "streams", "chat", "memory", "per-stream"):
-        raise OptionsError(f"--only must be streams, chat, memory or per-stream, got {only!r}")
+    if only not in (None, "streams", "chat", "memory", "per-stream", "trace"):
+        raise OptionsError(f"--only must be streams, chat, memory, per-stream or trace, got {only!r}")
     target = load_target(model, "cpu", None, SpeculationOptions())
     bench = _Bench(target, STATE.catalog.speculators, kv_cache_mb)
     report: dict[str, Any] = {"machine_note": "figures from one machine; see the command line and load"}
@@ -355,8 +500,17 @@ def bench_serve(
             rows.append(row)
             typer.echo(f"[streams {n}] plain {row['plain']['tok_s']:.1f} tok/s, spec {row['spec']['tok_s']:.1f} tok/s ({row['ratio']:.2f}x)", err=True)
         report["streams"] = rows
+        path = str(getattr(target, "path", "") or "")
+        if not peer:
+            peer = {"error": "--no-peer"}
+        elif path:
+            peer = peer_streams(path, bench.stream_prompts(max(STREAM_LEVELS)), STREAM_LEVELS, max_tokens, os.cpu_count() or 1)
+        else:
+            peer = {"error": "the model has no file"}
+        report["streams_peer"] = peer
+        typer.echo(f"[streams peer] {peer}", err=True)
         lines += [f"## Concurrent streams ({max_tokens} tokens each, n-gram vs plain, medians of {reps} paired runs)", "",
-                  *_md_streams(rows), ""]
+                  *_md_streams(rows, peer), ""]
 
     if only in (None, "chat"):
         modes = ("armed", "refuse-all", "plain")
@@ -401,6 +555,19 @@ def bench_serve(
         report["per_stream"] = rows
         lines += [f"## One stream through the HTTP server vs `generate` ({max_tokens} tokens, paired and alternating, "
                   "a different prompt each pair)", "", *_md_per_stream(rows), ""]
+
+    if only in (None, "trace"):
+        tr = bench.trace(max_tokens, trace_conversations, trace_seed, prose, trace_requests)
+        report["trace"] = tr
+        m, p = tr["measured"], tr["prose"]
+        typer.echo(f"[trace] {tr['requests']} requests, {tr['warm']} warm; measured: pool {m['tok_s']['pool']:.1f} vs ngram "
+                   f"{m['tok_s']['ngram']:.1f} tok/s, median pair {m['ratio']['pool']:.3f}x; prose: pool/ngram "
+                   f"{p['ratio']['pool']:.3f}x, control ngram/ngram {p['ratio']['ngram-again']:.3f}x "
+                   f"({p['low']['ngram-again']:.2f}-{p['high']['ngram-again']:.2f})", err=True)
+        cut = f"the first {tr['requests']} of its requests" if tr["limit"] else f"{tr['requests']} requests"
+        lines += [f"## Cross-request draft memory: the agent trace (seed {tr['seed']}, {tr['conversations']} conversations, "
+                  f"{cut}; the first {tr['warm']} warm the pool, the rest measured, {max_tokens} tokens each)", "",
+                  *_md_trace(tr), ""]
 
     text = "\n".join(lines)
     typer.echo(text)

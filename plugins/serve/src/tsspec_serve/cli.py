@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+from pathlib import Path
 from typing import Annotated, List, Optional
 
 import typer
@@ -12,6 +13,31 @@ from tsspec.cli.state import STATE
 from tsspec.errors import OptionsError
 
 COMMAND = "serve"
+# [plugin.serve] in tsspec.toml: key -> accepted types
+CONFIG = {"draft_memory": (str,), "draft_memory_entries": (int,)}
+
+
+def draft_memory(target, enabled: bool, path: str | None, entries: int | None):
+    """The server's ``PoolStore``: ``path`` from the flag, else ``[plugin.serve] draft_memory``
+    (persisted there; none: kept in memory only), loaded now; None when turned off."""
+    from tsspec.config import plugin_section
+
+    from .memory import DEFAULT_MAX_ENTRIES, PoolStore
+
+    settings = plugin_section(STATE.config, "serve", CONFIG, source=STATE.config_path or "config")
+    if not enabled:
+        return None
+    entries = entries if entries is not None else settings.get("draft_memory_entries", DEFAULT_MAX_ENTRIES)
+    if entries < 16:
+        raise OptionsError(f"draft memory entries must be >= 16, got {entries}")
+    identity = f"{Path(str(getattr(target, 'path', None) or 'model')).name}:{target.config.vocab_size}"
+    store = PoolStore(identity, path or settings.get("draft_memory"), max_entries=entries)
+    loaded = store.load()
+    if store.warning:
+        typer.echo(f"[serve] warning: {store.warning}", err=True)
+    elif store.path is not None:
+        typer.echo(f"[serve] draft memory {store.path}: {loaded} entries in {len(store.pools)} pool(s)", err=True)
+    return store
 
 
 def serve(
@@ -34,6 +60,9 @@ def serve(
     draft_model: flags.DraftModel = None,
     spec_adaptive: flags.Adaptive = None,
     api_key: Annotated[Optional[List[str]], typer.Option("--api-key", help="Require this key on /v1/ requests (Authorization: Bearer KEY; repeatable).")] = None,
+    memory: Annotated[bool, typer.Option("--draft-memory/--no-draft-memory", help="Keep a cross-request n-gram pool per API key for the ngram-pool drafter.")] = True,
+    memory_path: Annotated[Optional[str], typer.Option("--draft-memory-path", help="Load the draft memory from this file at start, save it there at shutdown (default: [plugin.serve] draft_memory in tsspec.toml; none: not persisted).")] = None,
+    memory_entries: Annotated[Optional[int], typer.Option("--draft-memory-entries", help="Most entries per pool before the oldest, least used are evicted.")] = None,
 ) -> None:
     """Serve the model over HTTP: OpenAI API (/v1/chat/completions, /v1/completions), /metrics, a chat page at /."""
     from tsspec.cli.generate_cmd import load_target
@@ -52,6 +81,7 @@ def serve(
     if options.enabled:
         flags.check_spec_type(options.spec_type, STATE.catalog.speculators)
     target = load_target(model, device, dtype, options, threads=threads, ctx_size=ctx_size)
+    store = draft_memory(target, memory, memory_path, memory_entries)
     import uvicorn
 
     from tsspec.errors import GenerationError
@@ -62,7 +92,7 @@ def serve(
     try:
         engine = ServeEngine(
             target, model_id=served_model_name, options=options, registry=STATE.catalog.speculators,
-            kv_cache_mb=kv_cache_mb, block_size=block_size, max_seqs=max_seqs,
+            kv_cache_mb=kv_cache_mb, block_size=block_size, max_seqs=max_seqs, memory=store,
         )
     except ValueError as exc:
         raise GenerationError(str(exc)) from None

@@ -8,12 +8,17 @@ scheduler frees its blocks at its next step.
 The context the server advertises (``context``) is what one request can really hold: the
 model's context, or less when the paged KV cache is smaller (``--kv-cache-mb``); left unset,
 the cache is sized so that one request of the model's whole context fits.
+
+Draft memory (``memory``: a ``PoolStore``; None: off): a finished request's prompt and output are
+merged into the pool of its API key, unless it opted out; a request that runs ``ngram-pool``
+(chosen, or ``auto`` where ``auto`` would run a weight-free algorithm) drafts from that pool.
 """
 
 from __future__ import annotations
 
 import asyncio
 import math
+import threading
 import time
 from pathlib import Path
 from typing import Any, AsyncIterator
@@ -22,8 +27,10 @@ import attrs
 
 from tsspec import SpeculationOptions
 
+from .memory import PoolStore
 from .metrics import ServerMetrics
 from .payload import Prepared
+from .pool_speculator import NAME as POOL
 from .scheduler import MAX_WINDOW, Scheduler, SequenceHandle, SequenceRequest
 
 
@@ -52,6 +59,7 @@ class Done:
     handle: SequenceHandle
     first_token_at: float | None
     arrived_at: float
+    memory: dict | None = None  # the draft memory's counts for this request (None: not used)
 
 
 class ServeEngine:
@@ -68,6 +76,7 @@ class ServeEngine:
         block_size: int = 16,
         max_seqs: int = 8,
         batch_wait_ms: float = 50.0,
+        memory: PoolStore | None = None,
     ):
         if getattr(target, "tokenizer", None) is None:
             raise ValueError("the model has no tokenizer: the server needs one")
@@ -90,6 +99,9 @@ class ServeEngine:
             batch_wait_ms=batch_wait_ms, registry=registry,
         )
         self.metrics = ServerMetrics(self.scheduler)
+        self.memory = memory
+        self._merges = 0  # requests still to be merged into a pool (counted from submission)
+        self._merged = threading.Condition()
 
     @property
     def context(self) -> int:
@@ -114,15 +126,48 @@ class ServeEngine:
 
     def close(self) -> None:
         self.scheduler.close()
+        if self.memory is not None:
+            self.settle()
+            self.memory.save()
+
+    def settle(self, timeout: float = 60.0) -> bool:
+        """Wait until every request that will be merged into a pool is merged (a request merges
+        after its answer is sent); False on timeout."""
+        with self._merged:
+            return self._merged.wait_for(lambda: self._merges == 0, timeout)
+
+    def memory_options(self, options: SpeculationOptions, key: str = "",
+                       use: bool = True) -> tuple[SpeculationOptions, dict | None]:
+        """A request's options with its key's pool wired in when it runs ``ngram-pool`` (and
+        the dict its counts go to); unchanged when the memory is off or ``use`` is False."""
+        if self.memory is None or not use or not options.enabled or POOL not in self.spec_names:
+            return options, None
+        if options.spec_type == "auto" and self.registry.resolve_name(self.target, "auto") in self.registry.weight_free():
+            options = attrs.evolve(options, spec_type=POOL)
+        if options.spec_type != POOL:
+            return options, None
+        report: dict = {"pool": key or "shared"}
+        extra = {**options.extra, POOL: {"pool": self.memory.pool(key), "report": report}}
+        return attrs.evolve(options, extra=extra), report
+
+    def remember(self, key: str, tokens) -> None:
+        """Merge a finished request's prompt and output into its key's pool."""
+        if self.memory is not None:
+            self.memory.pool(key).merge(tokens)
+
+    def _merging(self, step: int) -> None:
+        with self._merged:
+            self._merges += step
+            self._merged.notify_all()
 
     def prepare_kwargs(self) -> dict[str, Any]:
         return dict(tokenizer=self.tokenizer, context=self.context, model_ids=[self.model_id],
                     default=self.options, spec_names=self.spec_names, max_draft=self.max_draft,
                     context_label=self.context_label)
 
-    async def run(self, prepared: Prepared) -> AsyncIterator[Piece | Done]:
+    async def run(self, prepared: Prepared, key: str = "") -> AsyncIterator[Piece | Done]:
         """Submit and yield the request's pieces, then one Done. Closing the iterator early
-        cancels the sequence."""
+        cancels the sequence. ``key``: the id of the request's API key (its draft pool)."""
         loop = asyncio.get_running_loop()
         queue: asyncio.Queue = asyncio.Queue()
         arrived = time.perf_counter()
@@ -144,15 +189,31 @@ class ServeEngine:
                 entries, sent[0] = tuple(sink[sent[0]:]), len(sink)
             loop.call_soon_threadsafe(queue.put_nowait, Piece(token, text, entries))
 
+        options, report = self.memory_options(prepared.options, key, prepared.memory)
+        remember = self.memory is not None and prepared.memory
+
         def on_done(handle: SequenceHandle):  # the worker thread, whatever the outcome
             observe.finished(handle)
-            loop.call_soon_threadsafe(queue.put_nowait, Done(handle, timing["first"], arrived))
+            loop.call_soon_threadsafe(queue.put_nowait, Done(handle, timing["first"], arrived, report))
+            if remember:  # after the answer is on its way
+                try:
+                    if handle.result is not None:
+                        self.remember(key, [*prepared.prompt_ids, *handle.result.tokens])
+                finally:
+                    self._merging(-1)
 
         request = SequenceRequest(
-            prepared.prompt_ids, prepared.max_tokens, sampling=prepared.sampling, options=prepared.options,
+            prepared.prompt_ids, prepared.max_tokens, sampling=prepared.sampling, options=options,
             stop=prepared.stop, on_token=on_token, on_done=on_done, logprobs=prepared.logprobs, logprob_sink=sink,
         )
-        handle = self.scheduler.submit_request(request)
+        if remember:
+            self._merging(+1)
+        try:
+            handle = self.scheduler.submit_request(request)
+        except BaseException:
+            if remember:
+                self._merging(-1)
+            raise
         finished = False
         try:
             while True:

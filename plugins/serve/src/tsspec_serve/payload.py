@@ -51,6 +51,7 @@ class Prepared:
     include_usage: bool
     logprobs: int | None = None  # alternatives per token (0: the token's own only); None: off
     context: str = "the model's context"  # what limits the tokens, for messages
+    memory: bool = True  # False: the request opted out of the draft memory (neither read nor kept)
 
 
 def _number(body: Mapping[str, Any], name: str, default: float, low: float, high: float) -> float:
@@ -162,15 +163,17 @@ def _logprobs(body: Mapping[str, Any], kind: str) -> int | None:
 
 
 def speculation_options(body: Mapping[str, Any], default: SpeculationOptions, names: Sequence[str], max_draft: int) -> SpeculationOptions:
-    """The per-request ``speculative: {type, draft, pmin}`` over the server's defaults."""
+    """The per-request ``speculative: {type, draft, pmin, memory}`` over the server's defaults
+    (``memory`` is read by ``draft_memory``)."""
     value = body.get("speculative")
     if value is None:
         return default
     if not isinstance(value, dict):
-        raise RequestError("'speculative' must be an object {type, draft, pmin}", "speculative")
-    unknown = sorted(set(value) - {"type", "draft", "pmin"})
+        raise RequestError("'speculative' must be an object {type, draft, pmin, memory}", "speculative")
+    unknown = sorted(set(value) - {"type", "draft", "pmin", "memory"})
     if unknown:
-        raise RequestError(f"'speculative' has unknown keys {unknown}; known: type, draft, pmin", f"speculative.{unknown[0]}")
+        raise RequestError(f"'speculative' has unknown keys {unknown}; known: type, draft, pmin, memory",
+                           f"speculative.{unknown[0]}")
     options = default
     kind = value.get("type")
     if kind is not None:
@@ -194,6 +197,15 @@ def speculation_options(body: Mapping[str, Any], default: SpeculationOptions, na
             raise RequestError(f"'speculative.pmin' must be a number between 0 and 1, got {pmin!r}", "speculative.pmin")
         options = attrs.evolve(options, pmin=float(pmin))
     return options
+
+
+def draft_memory(body: Mapping[str, Any]) -> bool:
+    """``speculative.memory``: false opts the request out of the server's draft memory."""
+    value = body.get("speculative")
+    flag = value.get("memory", True) if isinstance(value, dict) else True
+    if not isinstance(flag, bool):
+        raise RequestError("'speculative.memory' must be true or false", "speculative.memory")
+    return flag
 
 
 def _messages(body: Mapping[str, Any]) -> list[dict[str, str]]:
@@ -271,7 +283,7 @@ def _prepared(kind: str, body: Mapping[str, Any], ids: list[int], *, tokenizer, 
     return Prepared(
         kind, ids, _budget(body, len(ids), context, default_max, prompt_param, context_label), sampling,
         speculation_options(body, default, spec_names, max_draft), _stop(body), bool(body.get("stream", False)),
-        _stream_usage(body), _logprobs(body, kind), context_label,
+        _stream_usage(body), _logprobs(body, kind), context_label, draft_memory(body),
     )
 
 

@@ -281,10 +281,15 @@ class Scheduler(BatchDriver):
                     self.arming["armed" if stats.armed_after_reuse else "refused"] += 1
             self._cond.notify_all()
         handle.done.set()
-        if request.on_done is not None:
+        self._notify_done(handle)
+
+    @staticmethod
+    def _notify_done(handle: SequenceHandle) -> None:
+        """The submitter's ``on_done``, whatever the outcome (a raising one is logged)."""
+        if handle.request.on_done is not None:
             try:
-                request.on_done(handle)
-            except Exception as exc:  # a submitter's callback must not kill the worker
+                handle.request.on_done(handle)
+            except Exception as exc:  # a submitter's callback must not kill the scheduler
                 log.warning("on_done of sequence %d raised %r", handle.id, exc)
 
     # -- the engine ------------------------------------------------------------------------
@@ -296,8 +301,7 @@ class Scheduler(BatchDriver):
                 handle.state = CANCELLED
                 self.finished[CANCELLED] += 1
                 handle.done.set()
-                if handle.request.on_done is not None:
-                    handle.request.on_done(handle)
+                self._notify_done(handle)
                 continue
             request = handle.request
             if self.serial is not None:  # the target's own cache: nothing to reserve
@@ -343,6 +347,7 @@ class Scheduler(BatchDriver):
                     for handle in list(self._waiting):  # closed before admission
                         handle.state = CANCELLED
                         handle.done.set()
+                        self._notify_done(handle)
                     self._waiting.clear()
                     return
                 if self._busy or not self._ready():

@@ -52,7 +52,7 @@ DRAFTER_HINT = "a DFlash drafter file (--draft-model PATH)"
 def gate_cumulative(tokens: Sequence[int], confidences: Sequence[float], pmin: float) -> list[int]:
     """The longest prefix of ``tokens`` whose running product of confidences stays >= pmin.
 
-    >>> gate_cumulative([1, 2, 3], [0.9, 0.5, 0.9], 0.4)
+    >>> gate_cumulative([1, 2, 3], [0.9, 0.5, 0.9], 0.42)
     [1, 2]
     >>> gate_cumulative([1, 2], [float("nan"), 0.9], 0.0)
     []

@@ -65,11 +65,24 @@ EMBED_CACHE_ROWS = 4096  # token embeddings kept besides the draft vocabulary's 
 # target's rows; 9 MiB at H=576, as many again for a 4,096-id draft vocabulary)
 
 
+def layer_refusal(module: NextNModule) -> str | None:
+    """Why the compiled head cannot run this layer shape (None: it can): it has no per-head
+    q/k norms and multiplies by its own head rows."""
+    if module.cfg.qk_norm:
+        return "per-head q/k norms"
+    if module.cfg.shared_head:
+        return "the target's LM head as its head"
+    return None
+
+
 def available(module: NextNModule) -> bool:
     """True when the compiled kernels can run ``module``: built with ``layers_new``, CPU
-    float32 parameters, every matrix row whole 32-weight blocks."""
+    float32 parameters, every matrix row whole 32-weight blocks, a layer shape the kernels
+    have (``layer_refusal``)."""
     from tsspec_gguf import native
 
+    if layer_refusal(module) is not None:
+        return False
     k = native.kernels()
     if k is None or not hasattr(k, "layers_new") or module.head.device.type != "cpu":
         return False

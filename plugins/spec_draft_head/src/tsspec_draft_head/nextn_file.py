@@ -9,13 +9,16 @@ Tensor names follow the NextN block of llama.cpp's MTP models, at block 0 of the
     blk.0.nextn.shared_head_head.weight   [K, H]   the draft-vocabulary LM head
     blk.0.attn_norm / attn_q / attn_k / attn_v / attn_output / ffn_norm / ffn_gate / ffn_up /
     ffn_down (.weight)                              one llama decoder layer
+    blk.0.attn_q_norm / attn_k_norm (.weight) [hd]  optional: per-head q/k norms (a Qwen3 layer)
 
 Metadata (prefix ``nextn.``): ``embedding_length``, ``feed_forward_length``,
 ``attention.head_count``, ``attention.head_count_kv``, ``attention.key_length``,
 ``attention.layer_norm_rms_epsilon``, ``rope.freq_base``, ``draft_vocab`` (int array: the
 target ids of the K head rows), ``target.architecture`` / ``target.shape_digest`` /
 ``target.sha256`` / ``target.vocab_size`` (the target it was trained on),
-``tsspec.training.manifest`` (JSON: corpus sources, token counts, licenses, recipe), and
+``tsspec.training.manifest`` (JSON: corpus sources, token counts, licenses, recipe),
+``shared_head`` (true: no ``shared_head_head`` and no ``draft_vocab``; the head drafts with the
+target's own LM head over its whole vocabulary), and
 optionally the settings its figures recommend: ``recommended.pmin`` (the confidence gate) and
 ``recommended.draft_max`` (the longest chain worth drafting). The draft-head algorithm uses
 them where the operator set neither ``--spec-pmin`` nor ``--spec-draft``.
@@ -30,6 +33,7 @@ import json
 import threading
 from typing import Any, Sequence
 
+import attrs
 import numpy as np
 import torch
 
@@ -60,14 +64,22 @@ TENSORS = {  # module parameter -> GGUF tensor name
     "w_up": "blk.0.ffn_up.weight",
     "w_down": "blk.0.ffn_down.weight",
 }
+QK_NORMS = {"q_norm": "blk.0.attn_q_norm.weight", "k_norm": "blk.0.attn_k_norm.weight"}  # when cfg.qk_norm
 MATRICES = {"eh_proj", "head", "wq", "wk", "wv", "wo", "w_gate", "w_up", "w_down"}
+
+
+def tensor_names(cfg: NextNConfig) -> dict[str, str]:
+    """Module parameter -> GGUF tensor name, for the tensors a head of ``cfg`` carries."""
+    names = {p: n for p, n in TENSORS.items() if not (p == "head" and cfg.shared_head)}
+    return {**names, **(QK_NORMS if cfg.qk_norm else {})}
 OUTTYPES = ("f32", "f16", "q8_0")
 
 
 def write_nextn(path, module: NextNModule, *, target: dict[str, Any], manifest: dict | None = None,
-                outtype: str = "f16", recommended: dict[str, float] | None = None) -> str:
+                outtype: str = "f16", recommended: dict[str, float] | None = None, shared_head: bool = False) -> str:
     """Write ``module`` as a ``nextn`` GGUF. ``target``: architecture, shape_digest, sha256,
-    vocab_size of the model it was trained on."""
+    vocab_size of the model it was trained on. ``shared_head``: the module's rows are the
+    target's whole LM head; the file leaves them out and borrows the target's at attach."""
     from gguf import GGMLQuantizationType, GGUFValueType
 
     from tsspec_gguf.gguf_writer_util import write_gguf
@@ -75,6 +87,11 @@ def write_nextn(path, module: NextNModule, *, target: dict[str, Any], manifest: 
     if outtype not in OUTTYPES:
         raise ValueError(f"outtype must be one of {', '.join(OUTTYPES)}, got {outtype!r}")
     cfg = module.cfg
+    if shared_head and not cfg.shared_head:
+        ids = torch.sort(module.draft_ids).values
+        if module.head.shape[0] != int(target["vocab_size"]) or not bool((ids == torch.arange(ids.numel())).all()):
+            raise ValueError("a shared head covers the target's whole vocabulary")
+        cfg = attrs.evolve(cfg, draft_vocab=0, shared_head=True)
     a = ARCHITECTURE
     meta: dict[str, Any] = {
         f"{a}.embedding_length": cfg.hidden_size,
@@ -88,17 +105,20 @@ def write_nextn(path, module: NextNModule, *, target: dict[str, Any], manifest: 
         f"{a}.target.shape_digest": str(target.get("shape_digest", "")),
         f"{a}.target.sha256": str(target.get("sha256", "") or ""),
         f"{a}.target.vocab_size": int(target["vocab_size"]),
-        f"{a}.draft_vocab": ([int(i) for i in module.draft_ids.tolist()], (GGUFValueType.ARRAY, GGUFValueType.INT32)),
         "general.name": f"NextN drafter for {target.get('name', target['architecture'])}",
         "tsspec.training.manifest": json.dumps(manifest or {}, sort_keys=True),
     }
     rec = recommended or {}
+    if cfg.shared_head:
+        meta[f"{a}.shared_head"] = True
+    else:
+        meta[f"{a}.draft_vocab"] = ([int(i) for i in module.draft_ids.tolist()], (GGUFValueType.ARRAY, GGUFValueType.INT32))
     if rec.get("pmin") is not None:
         meta[f"{a}.recommended.pmin"] = float(rec["pmin"])
     if rec.get("draft_max") is not None:
         meta[f"{a}.recommended.draft_max"] = int(rec["draft_max"])
     tensors = {}
-    for param, name in TENSORS.items():
+    for param, name in tensor_names(cfg).items():
         value = getattr(module, param).detach().float().cpu().numpy()
         if param in MATRICES and outtype == "q8_0" and value.shape[-1] % 32 == 0:
             tensors[name] = (value, GGMLQuantizationType.Q8_0)
@@ -119,6 +139,7 @@ def read_nextn(path) -> tuple[NextNModule, dict[str, Any], dict]:
         a = ARCHITECTURE
         draft = f.get(f"{a}.draft_vocab", None)
         draft_ids = [int(x) for x in draft] if draft is not None else []
+        shared = bool(f.get(f"{a}.shared_head", False))
         cfg = NextNConfig(
             hidden_size=f.require(f"{a}.embedding_length", int),
             intermediate_size=f.require(f"{a}.feed_forward_length", int),
@@ -127,7 +148,9 @@ def read_nextn(path) -> tuple[NextNModule, dict[str, Any], dict]:
             head_dim=f.require(f"{a}.attention.key_length", int),
             rms_eps=float(f.require(f"{a}.attention.layer_norm_rms_epsilon")),
             rope_theta=float(f.require(f"{a}.rope.freq_base")),
-            draft_vocab=len(draft_ids),
+            draft_vocab=0 if shared else len(draft_ids),
+            qk_norm=f.has_tensor(QK_NORMS["q_norm"]),
+            shared_head=shared,
         )
         target = {
             "architecture": f.require(f"{a}.target.architecture", str),
@@ -143,14 +166,17 @@ def read_nextn(path) -> tuple[NextNModule, dict[str, Any], dict]:
             raise ModelLoadError(path, f"{a}.recommended.draft_max must be at least 1, got {draft_max}")
         target["recommended"] = {"pmin": None if pmin is None else round(float(pmin), 6),  # stored as float32
                                  "draft_max": None if draft_max is None else int(draft_max)}
-        if not draft_ids:
+        if shared and draft_ids:
+            raise ModelLoadError(path, f"{a}.shared_head drafts over the whole vocabulary: it takes no {a}.draft_vocab")
+        if not draft_ids and not shared:
             raise ModelLoadError(path, f"{a}.draft_vocab is missing or empty")
         module = NextNModule(cfg, target["vocab_size"])
         with torch.no_grad():
-            for param, name in TENSORS.items():
+            for param, name in tensor_names(cfg).items():
                 want = tuple(getattr(module, param).shape)
                 getattr(module, param).copy_(f.require_tensor(name, want))
-            module.draft_ids.copy_(torch.tensor(draft_ids, dtype=torch.long))
+            if not shared:
+                module.draft_ids.copy_(torch.tensor(draft_ids, dtype=torch.long))
         try:
             manifest = json.loads(f.get("tsspec.training.manifest", "{}") or "{}")
         except json.JSONDecodeError:
@@ -475,11 +501,32 @@ class NextNFileHead:
         return self._cos[start : start + n], self._sin[start : start + n]
 
 
+_refusals_warned: set[str] = set()
+
+
+def _warn_layer_refusal(module: NextNModule, path: str) -> None:
+    """One line on stderr (once per file and process) when the compiled kernels are there but
+    cannot run this layer shape: the torch module drafts (slower, never silently)."""
+    import sys
+
+    from tsspec_gguf import native
+
+    from .native_head import layer_refusal
+
+    why = layer_refusal(module)
+    if why is not None and native.available() and switch_on(NATIVE_ENV) and path not in _refusals_warned:
+        _refusals_warned.add(path)
+        print(f"tsspec: warning: {path}: the compiled NextN head has no {why}; the torch module drafts "
+              "(slower, same output)", file=sys.stderr)
+
+
 def check_fit(target_facts: dict, module: NextNModule, target, path: str) -> None:
     """ModelLoadError when the drafter cannot serve ``target``."""
     cfg = target.config
     if not callable(getattr(target, "embed", None)):
         raise ModelLoadError(path, f"the target ({cfg.architecture}) does not expose embed, which a NextN drafter borrows")
+    if module.cfg.shared_head and not callable(getattr(target, "lm_head", None)):
+        raise ModelLoadError(path, f"the target ({cfg.architecture}) does not expose lm_head, which this drafter's shared head borrows")
     if int(cfg.hidden_size) != module.cfg.hidden_size:
         raise ModelLoadError(
             path, f"drafter width {module.cfg.hidden_size} differs from the target's hidden size {cfg.hidden_size}: "
@@ -506,6 +553,9 @@ def attach_nextn(target, gguf_path, options=None) -> NextNFileHead:
     # of the float32 bytes per draft step; the drafts may differ slightly, the output never):
     # the native engine quantises its own, the torch one packs the module (use_native)
     module.sort_draft_vocab()
+    if module.cfg.shared_head:
+        module.borrow_head(target.lm_head)
+    _warn_layer_refusal(module, path)
     head = NextNFileHead(module, target, source=path, max_context=int(getattr(target, "max_context_length", 1 << 16)),
                          recommended=facts.get("recommended"))
     target.draft_head = head

@@ -10,7 +10,9 @@ of position p-1, or the head's own output when chaining)::
 
 The head row set is the DRAFT vocabulary (``draft_ids`` [K], FR-Spec): logits cover K tokens,
 the rest of the target's vocabulary is never proposed. RoPE turns adjacent pairs (llama.cpp's
-layout), so a layer copied from a llama GGUF keeps its meaning.
+layout), so a layer copied from a llama GGUF keeps its meaning. ``qk_norm``: per-head RMSNorms
+on q and k before RoPE (a Qwen3 layer). ``shared_head``: no head rows of its own; ``logits``
+is the target's LM head over its whole vocabulary (``borrow_head``).
 
 The same module serves training (``unrolled``: every position at once, steps 1..k chained on the
 module's own outputs) and drafting (``NextNRunner`` in ``nextn_file``, a KV cache row by row).
@@ -36,6 +38,8 @@ class NextNConfig:
     rope_theta: float = 10000.0
     rms_eps: float = 1e-5
     draft_vocab: int = 0  # K rows in the head (0: the target's full vocabulary)
+    qk_norm: bool = False  # per-head RMSNorm of q and k before RoPE
+    shared_head: bool = False  # the target's LM head (full vocabulary) instead of own rows
 
     @property
     def q_size(self) -> int:
@@ -100,13 +104,28 @@ class NextNModule(nn.Module):
         self.w_up = nn.Parameter(torch.zeros(Fd, H))
         self.w_down = nn.Parameter(torch.zeros(H, Fd))
         self.head_norm = nn.Parameter(torch.ones(H))
-        rows = cfg.draft_vocab or vocab_size
-        self.head = nn.Parameter(torch.zeros(rows, H))  # [K, H]
+        if cfg.qk_norm:
+            self.q_norm = nn.Parameter(torch.ones(cfg.head_dim))
+            self.k_norm = nn.Parameter(torch.ones(cfg.head_dim))
+        rows = vocab_size if cfg.shared_head else cfg.draft_vocab or vocab_size
+        self.head = nn.Parameter(torch.zeros(0 if cfg.shared_head else rows, H))  # [K, H]
         self.register_buffer("draft_ids", torch.arange(rows, dtype=torch.long))  # [K] target ids
         self.vocab_size = int(vocab_size)
+        self._borrowed_head = None  # shared_head: the target's LM head, [..., H] -> [..., V]
+
+    def borrow_head(self, lm_head) -> None:
+        """Draft with ``lm_head`` (the target's: normed rows [n, H] -> logits [n, V])."""
+        if not self.cfg.shared_head:
+            raise ValueError("this head has its own rows; only a shared_head module borrows the target's")
+        self._borrowed_head = lm_head
 
     # -- drafting on the CPU block kernel --------------------------------------------------------
     PACKED = ("eh_proj", "wq", "wk", "wv", "wo", "w_gate", "w_up", "w_down", "head")
+
+    @property
+    def packed_names(self) -> tuple[str, ...]:
+        """The matrices the int8 blocks cover (not a borrowed head)."""
+        return self.PACKED[:-1] if self.cfg.shared_head else self.PACKED
 
     def pack_int8(self) -> bool:
         """Drafting only: keep int8 block copies of the matrices (``BlockMatrix.quantize_int8``)
@@ -118,9 +137,9 @@ class NextNModule(nn.Module):
 
         if native.kernels() is None or self.head.device.type != "cpu":
             return False
-        if any(getattr(self, name).shape[1] % 32 for name in self.PACKED):
+        if any(getattr(self, name).shape[1] % 32 for name in self.packed_names):
             return False  # the blocks hold 32 weights of a row
-        self._packed = {name: BlockMatrix.quantize_int8(getattr(self, name)) for name in self.PACKED}
+        self._packed = {name: BlockMatrix.quantize_int8(getattr(self, name)) for name in self.packed_names}
         return True
 
     @torch.no_grad()
@@ -161,6 +180,8 @@ class NextNModule(nn.Module):
         x = self._norm(u, self.attn_norm)
         q = self._linear(x, "wq").unflatten(-1, (cfg.num_heads, cfg.head_dim))
         k = self._linear(x, "wk").unflatten(-1, (cfg.num_kv_heads, cfg.head_dim))
+        if cfg.qk_norm:
+            q, k = self._norm(q, self.q_norm), self._norm(k, self.k_norm)
         v = self._linear(x, "wv").unflatten(-1, (cfg.num_kv_heads, cfg.head_dim))
         cos, sin = rope if rope is not None else rope_tables(positions, cfg.head_dim, cfg.rope_theta)
         return apply_rope(q, cos, sin), apply_rope(k, cos, sin), v
@@ -181,7 +202,12 @@ class NextNModule(nn.Module):
         return self._norm(u, self.head_norm)
 
     def logits(self, out: torch.Tensor) -> torch.Tensor:
-        """Draft-vocabulary logits [..., K]."""
+        """Draft-vocabulary logits [..., K] (a shared head: the target's [..., V])."""
+        if self.cfg.shared_head:
+            if self._borrowed_head is None:
+                raise ValueError("a shared_head module drafts only once bound to its target (borrow_head)")
+            rows = out.reshape(-1, out.shape[-1])  # [n, H]
+            return self._borrowed_head(rows).to(out.dtype).reshape(*out.shape[:-1], -1)
         return self._linear(out, "head")
 
     # -- training ----------------------------------------------------------------------------

@@ -43,7 +43,7 @@ STEP_DECAY = 0.8
 IGNORE = -100
 
 
-def _config(target, draft_vocab: int) -> NextNConfig:
+def _config(target, draft_vocab: int, *, qk_norm: bool = False) -> NextNConfig:
     cfg, extra = target.config, target.config.extra
     heads = int(extra.get("num_heads") or max(1, cfg.hidden_size // 64))
     return NextNConfig(
@@ -55,7 +55,29 @@ def _config(target, draft_vocab: int) -> NextNConfig:
         rope_theta=float(extra.get("rope_theta") or 10000.0),
         rms_eps=float(extra.get("rms_norm_eps") or 1e-5),
         draft_vocab=int(draft_vocab),
+        qk_norm=qk_norm,
     )
+
+
+def _layer_index(num_layers: int, layer: int | None) -> int:
+    return num_layers - 1 if layer is None else layer % num_layers
+
+
+def _target_has_qk_norm(model_path: str, index: int) -> bool:
+    """Whether the target's layer ``index`` (the one a head copies) has per-head q/k norms (a
+    Qwen3 layer): the head's layer then has them too."""
+    from tsspec_gguf.gguf_file import GGUFFile
+
+    try:
+        with GGUFFile(model_path) as f:
+            return f.has_tensor(f"blk.{index}.attn_q_norm.weight")
+    except Exception:  # not a GGUF (a file-less target): a plain llama layer
+        return False
+
+
+def head_is_target(init: str) -> bool:
+    """Whether ``_initialise``'s summary says the head rows were copied from the target."""
+    return init.startswith("target") and "head" in init.rsplit("(", 1)[-1].rstrip(")").split(", ")
 
 
 LAYER = ("wq", "wk", "wv", "wo", "w_gate", "w_up", "w_down")  # the decoder layer's matrices
@@ -77,10 +99,12 @@ def _initialise(module: NextNModule, model_path: str, num_layers: int, seed: int
             return "random"
         from tsspec_gguf.gguf_file import GGUFFile
 
-        index = num_layers - 1 if layer is None else layer % num_layers
+        index = _layer_index(num_layers, layer)
         last = f"blk.{index}."
         names = {"attn_norm": "attn_norm", "wq": "attn_q", "wk": "attn_k", "wv": "attn_v", "wo": "attn_output",
                  "ffn_norm": "ffn_norm", "w_gate": "ffn_gate", "w_up": "ffn_up", "w_down": "ffn_down"}
+        if module.cfg.qk_norm:
+            names.update(q_norm="attn_q_norm", k_norm="attn_k_norm")
         with GGUFFile(model_path) as f:
             copied = []
             for param, tname in names.items():
@@ -339,11 +363,17 @@ def train_mtp(request: TrainRequest, target, log: Callable[[str], None] = print,
     answer_cover = vocab.coverage(answer_labels, draft_ids) if answer_labels else None
     log(f"draft vocabulary: {draft_ids.numel()} tokens, covering {cover:.1%} of held-back teacher labels"
         + (f", {answer_cover:.1%} of held-out answer tokens" if answer_cover is not None else ""))
-    cfg = _config(target, draft_ids.numel())
+    num_layers = int(target.config.num_layers)
+    qk_norm = request.init_from_target and _target_has_qk_norm(request.model_path,
+                                                                _layer_index(num_layers, request.init_layer))
+    cfg = _config(target, draft_ids.numel(), qk_norm=qk_norm)
     module = NextNModule(cfg, V)
     module.draft_ids.copy_(draft_ids)
-    init = _initialise(module, request.model_path, int(target.config.num_layers), request.loop.seed,
+    init = _initialise(module, request.model_path, num_layers, request.loop.seed,
                        from_target=request.init_from_target, layer=request.init_layer)
+    # the whole vocabulary's rows, copied from the target and frozen, ARE the target's LM head:
+    # the file then borrows it (no rows of its own; the speculators format's mtp head)
+    shared_head = int(draft_ids.numel()) == V and head_is_target(init)
     if request.init_from:
         init = _warm_start(module, request.init_from) + f"; head rows: {init}"
     log(f"initialised from {init}")
@@ -403,7 +433,7 @@ def train_mtp(request: TrainRequest, target, log: Callable[[str], None] = print,
     }
     facts = {**request.identity, "vocab_size": V, "architecture": target.config.architecture}
     write_nextn(request.out_path, module, target=facts, manifest={**manifest, "recipe": recipe}, outtype=request.outtype,
-                recommended=request.recommended or None)
+                recommended=request.recommended or None, shared_head=shared_head)
     log(f"wrote {request.out_path}")
     return {"path": request.out_path, "history": history, "before": before, "after": after, "recipe": recipe,
             "held_out_before": held_before, "held_out_after": held_after,

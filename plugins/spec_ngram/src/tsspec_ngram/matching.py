@@ -407,7 +407,7 @@ class NGramDrafter:
         the same token and a draft's source agreed with the text at most ``FALLBACK_RECENT``
         tokens ago (a copied span that broke on a reworded token). Both conditions select the
         single-token matches that land about as often as a shared bigram on grounded prompts
-        (README); the match has length 1, so its evidence key prices it apart."""
+        (README)."""
         index = self.index
         toks = index.tokens
         end = len(toks)

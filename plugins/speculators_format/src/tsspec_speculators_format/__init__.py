@@ -2,7 +2,8 @@
 
 ``tsspec convert SRC_DIR OUT.gguf`` reads a speculators checkpoint (``config.json`` with
 ``speculators_model_type``) into a tsspec drafter GGUF; ``tsspec export-drafter --format
-speculators`` writes a tsspec block drafter as one (what vLLM loads with ``--speculative-config``).
+speculators`` writes a tsspec block drafter or draft head as one (what vLLM loads with
+``--speculative-config``).
 Importing this package is cheap: torch and safetensors load when a command runs.
 """
 
@@ -23,7 +24,7 @@ def convert_file(src_dir, out_path, *, outtype):
 
 @hookimpl
 def tsspec_register_converters(register):
-    register([CONVERTER_KEY], convert_file, description="speculators dflash / dflash2 checkpoint -> GGUF dflash")
+    register([CONVERTER_KEY], convert_file, description="speculators dflash / dflash2 / mtp checkpoint -> GGUF dflash / nextn")
 
 
 @hookimpl

@@ -1,4 +1,11 @@
-"""A tsspec block drafter (GGUF ``dflash``) written as a speculators checkpoint.
+"""tsspec drafters written as speculators checkpoints: block drafters and draft heads.
+
+``export_head(gguf_path, out_dir)`` writes a NextN draft head (GGUF ``nextn``) as the type
+whose table (``head_layouts``) it fits: ``config.json`` plus the layer's tensors under their
+Hugging Face names; the verifier's embedding and LM head are not written (the format reloads
+them). A head lacking a piece of every type's equations is refused in one line naming it.
+
+A tsspec block drafter (GGUF ``dflash``) written as a speculators checkpoint:
 
 ``export_block(gguf_path, out_dir)`` writes ``config.json`` (``speculators_model_type`` ``dflash``
 or ``dflash2``) and ``model.safetensors``: the draft layers under their Hugging Face names, a
@@ -19,7 +26,7 @@ from tsspec.errors import TsspecError
 
 from .schema import ARCHITECTURES, SPECULATORS_VERSION, TYPE_KEY, speculators_config
 
-__all__ = ["ExportError", "export_block", "read_gguf_tensors"]
+__all__ = ["ExportError", "export_block", "export_head", "read_gguf_tensors"]
 
 
 class ExportError(TsspecError):
@@ -167,3 +174,88 @@ def export_block(gguf_path: str | Path, out_dir: str | Path, *, vocab_size: int 
     (out / "config.json").write_text(json.dumps(config, indent=2) + "\n")
     save_file({k: v.contiguous() for k, v in state.items()}, str(out / "model.safetensors"), metadata={"format": "pt"})
     return config
+
+
+def _head_config(layout, cfg, vocab: int, verifier_layers: int) -> dict[str, Any]:
+    """The head's layer as the Qwen3 config speculators' mtp layer is built from."""
+    return {
+        "model_type": "qwen3",
+        "vocab_size": int(vocab),
+        "hidden_size": cfg.hidden_size,
+        "intermediate_size": cfg.intermediate_size,
+        # speculators reads the verifier hidden state at index num_hidden_layers (its last)
+        "num_hidden_layers": int(verifier_layers),
+        "num_attention_heads": cfg.num_heads,
+        "num_key_value_heads": cfg.num_kv_heads,
+        "head_dim": cfg.head_dim,
+        "hidden_act": "silu",
+        "rms_norm_eps": float(cfg.rms_eps),
+        "rope_parameters": {"rope_type": "default", "rope_theta": float(cfg.rope_theta)},
+        "attention_bias": False,
+        "use_sliding_window": False,
+        "tie_word_embeddings": False,
+    }
+
+
+def export_head(gguf_path: str | Path, out_dir: str | Path, *, kind: str | None = None,
+                verifier: str | None = None, verifier_architectures: list[str] | None = None,
+                verifier_layers: int | None = None, speculative_tokens: int | None = None) -> dict[str, Any]:
+    """Write the ``nextn`` draft head at ``gguf_path`` as a speculators checkpoint of ``kind``
+    (None: the first type whose equations it fits); returns the config written."""
+    import torch
+    from safetensors.torch import save_file
+
+    from tsspec.errors import ModelLoadError
+    from tsspec_draft_head.nextn_file import read_nextn
+
+    from .head_layouts import EAGLE3_GAP, GGUF_ARCHITECTURES, LAYOUTS, to_hf
+
+    src = str(gguf_path)
+
+    def fail(problem: str) -> ExportError:
+        return ExportError(f"{src}: {problem}")
+
+    try:
+        module, facts, _ = read_nextn(src)
+    except ModelLoadError as exc:
+        raise ExportError(str(exc)) from None
+    cfg = module.cfg
+    if kind is not None and kind not in LAYOUTS:
+        raise fail(f"speculators type {kind!r} takes no tsspec draft head (it exports to {', '.join(LAYOUTS)})")
+    candidates = [LAYOUTS[kind]] if kind else list(LAYOUTS.values())
+    fits = [layout for layout in candidates if not layout.missing(cfg)]
+    if not fits:
+        why = "; ".join([f"{layout.kind} needs {' and '.join(layout.missing(cfg))}" for layout in candidates]
+                        + ([EAGLE3_GAP] if kind is None else []))
+        raise fail(f"no speculators type drafts the way this head does: {why}")
+    layout = fits[0]
+    if not verifier_layers or verifier_layers < 1:
+        raise fail(f"speculators' {layout.kind} names the verifier hidden state it reads by the verifier's layer "
+                   "count: pass --verifier-layers")
+    state: dict[str, torch.Tensor] = {}
+    for param, hf in layout.tensors.items():
+        array = getattr(module, param).detach().float().numpy()  # [rows, cols] or [n]
+        if param in layout.rope_rows:
+            array = to_hf(array, cfg.head_dim)
+        state[layout.prefix + hf] = torch.from_numpy(np.array(array, dtype=np.float32))
+    steps = int(speculative_tokens or (module_recommended(facts) or 3))
+    if not verifier_architectures:  # the architecture the head was trained on, by its HF name
+        verifier_architectures = [hf for hf, arch in GGUF_ARCHITECTURES.items() if arch == facts["architecture"]][:1]
+    config: dict[str, Any] = {
+        "architectures": [layout.architecture],
+        TYPE_KEY: layout.kind,
+        "speculators_version": SPECULATORS_VERSION,
+        "transformer_layer_config": _head_config(layout, cfg, facts["vocab_size"], verifier_layers),
+        "num_nextn_predict_layers": 1,
+        "speculators_config": speculators_config(layout.kind, steps, verifier, verifier_architectures or []),
+    }
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+    save_file({k: v.contiguous() for k, v in state.items()}, str(out / "model.safetensors"), metadata={"format": "pt"})
+    return config
+
+
+def module_recommended(facts: dict[str, Any]) -> int | None:
+    """The chain length the drafter file recommends (None: it recommends none)."""
+    return (facts.get("recommended") or {}).get("draft_max")

@@ -3,8 +3,9 @@
 ``dflash`` and ``dflash2`` become block drafter files (``dflash`` GGUF): their layers carry the
 z-lab DFlash names the block plugin's converter already maps. A reduced draft vocabulary
 (``lm_head.weight`` [K, H] with ``d2t``/``t2d``) becomes ``dflash.draft_vocab`` plus
-``output.weight``; the two maps must agree. Every other type fails with one line naming what
-tsspec lacks to run it.
+``output.weight``; the two maps must agree. ``mtp`` becomes a NextN draft head file (``nextn``
+GGUF, by the ``head_layouts`` table) that drafts with the target's own LM head. Every other type
+fails with one line naming what tsspec lacks to run it.
 """
 
 from __future__ import annotations
@@ -96,6 +97,10 @@ def convert_speculators(src_dir: Path, out_path: Path, *, outtype: str = "f32") 
 
     config = read_config(src_dir)
     kind = config[TYPE_KEY]
+    from .head_layouts import LAYOUTS
+
+    if kind in LAYOUTS:
+        return convert_head(src_dir, out_path, config, LAYOUTS[kind], outtype=outtype)
     if kind not in BLOCK_TYPES:
         raise fail(unmapped_reason(kind))
     if outtype not in ("f32", "f16"):
@@ -125,3 +130,94 @@ def convert_speculators(src_dir: Path, out_path: Path, *, outtype: str = "f32") 
         tensors["output.weight"] = head.detach().float().numpy()
     write_gguf(out_path, meta, tensors, out_type=outtype, name=f"speculators {kind}")
     return kind
+
+
+def _head_settings(config: dict[str, Any], layout, fail) -> dict[str, Any]:
+    """The NextN head's shape from a speculators head config; refusals name the piece."""
+    from tsspec_draft_head.nextn_model import NextNConfig
+
+    from .head_layouts import GGUF_ARCHITECTURES
+
+    layer = dict(config.get("transformer_layer_config") or {})
+    if layer.get("model_type") != "qwen3":
+        raise fail(f"an {layout.kind} layer of model_type {layer.get('model_type')!r}: tsspec's NextN head runs "
+                   "a Qwen3 layer (no gated attention, no linear attention)")
+    if int(config.get("num_nextn_predict_layers", 1)) != 1:
+        raise fail("more than one MTP layer: tsspec's NextN head chains one")
+    if layer.get("attention_bias") or layer.get("mlp_bias"):
+        raise fail("attention or MLP biases: tsspec's NextN head has none")
+    if layer.get("hidden_act", "silu") != "silu":
+        raise fail(f"activation {layer.get('hidden_act')!r}: tsspec's NextN head runs SwiGLU (silu)")
+    if layer.get("use_sliding_window"):
+        raise fail("a sliding-window layer: tsspec's NextN head attends to its whole context")
+    rope = dict(layer.get("rope_parameters") or {})
+    if rope.get("rope_type", "default") != "default":
+        raise fail(f"RoPE scaling {rope.get('rope_type')!r}: tsspec's NextN head turns plain RoPE")
+    theta = rope.get("rope_theta", layer.get("rope_theta", 10000.0))
+    verifier = (config.get("speculators_config") or {}).get("verifier") or {}
+    names = [a for a in verifier.get("architectures") or [] if a in GGUF_ARCHITECTURES]
+    if not names:
+        raise fail(f"verifier architectures {verifier.get('architectures')!r}: tsspec knows none of them "
+                   f"({', '.join(GGUF_ARCHITECTURES)})")
+    try:
+        heads = int(layer["num_attention_heads"])
+        hidden = int(layer["hidden_size"])
+        cfg = NextNConfig(
+            hidden_size=hidden, intermediate_size=int(layer["intermediate_size"]), num_heads=heads,
+            num_kv_heads=int(layer.get("num_key_value_heads") or heads),
+            head_dim=int(layer.get("head_dim") or hidden // heads), rope_theta=float(theta),
+            rms_eps=float(layer.get("rms_norm_eps", 1e-6)), qk_norm=True, shared_head=True,
+        )
+        vocab = int(layer["vocab_size"])
+    except (KeyError, TypeError, ValueError) as exc:
+        raise fail(f"transformer_layer_config lacks {exc}") from None
+    if int(config.get("draft_vocab_size") or vocab) != vocab:
+        raise fail(f"a draft vocabulary in an {layout.kind} checkpoint: its head is the verifier's")
+    return {"cfg": cfg, "vocab": vocab, "architecture": GGUF_ARCHITECTURES[names[0]], "verifier": verifier}
+
+
+def convert_head(src_dir, out_path, config: dict[str, Any], layout, *, outtype: str = "f32") -> str:
+    """A speculators draft-head checkpoint (``layout``) as a ``nextn`` GGUF."""
+    import torch
+
+    from tsspec_block.converter import load_checkpoint
+    from tsspec_draft_head.nextn_file import OUTTYPES, write_nextn
+    from tsspec_draft_head.nextn_model import NextNModule
+
+    from .head_layouts import from_hf
+
+    source = str(src_dir)
+
+    def fail(problem: str) -> SpeculatorsFormatError:
+        return SpeculatorsFormatError(source, problem)
+
+    if outtype not in OUTTYPES:
+        raise fail(f"outtype {outtype!r}: draft head files are written {', '.join(OUTTYPES)}")
+    shape = _head_settings(config, layout, fail)
+    cfg = shape["cfg"]
+    state, _ = load_checkpoint(src_dir)
+    for name in layout.verifier_owned:
+        state.pop(name, None)
+    module = NextNModule(cfg, shape["vocab"])
+    with torch.no_grad():
+        for param, hf in layout.tensors.items():
+            tensor = state.pop(layout.prefix + hf, None)
+            if tensor is None:
+                raise fail(f"no tensor {layout.prefix + hf}")
+            want = tuple(getattr(module, param).shape)
+            if tuple(tensor.shape) != want:
+                raise fail(f"{layout.prefix + hf} has shape {tuple(tensor.shape)}, the config says {want}")
+            array = tensor.detach().float().numpy()
+            if param in layout.rope_rows:
+                array = from_hf(array, cfg.head_dim)
+            getattr(module, param).copy_(torch.from_numpy(array))
+    for name in ("d2t", "t2d"):
+        state.pop(name, None)  # identity maps over the full vocabulary mean nothing
+    if state:
+        raise fail(f"tensor {sorted(state)[0]!r} has no place in tsspec's NextN head")
+    verifier = shape["verifier"]
+    target = {"architecture": shape["architecture"], "vocab_size": shape["vocab"],
+              "name": verifier.get("name_or_path") or shape["architecture"]}
+    manifest = {"source": f"speculators {layout.kind} checkpoint", "verifier": verifier.get("name_or_path")}
+    write_nextn(out_path, module, target=target, manifest=manifest, outtype=outtype)
+    return layout.kind

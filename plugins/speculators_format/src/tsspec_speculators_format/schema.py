@@ -23,10 +23,9 @@ ARCHITECTURES = {"dflash": "DFlashDraftModel", "dflash2": "DFlash2DraftModel"}
 
 # the types that cannot map, each with the piece tsspec lacks
 UNMAPPED = {
-    "eagle3": "an EAGLE-3 head (attention over the 2H-wide [embedding; hidden] input and an fc over "
-              "three verifier layers); tsspec's draft-head algorithm runs NextN heads only",
-    "mtp": "per-head q/k norms in the NextN head (speculators' mtp layer is a Qwen3 decoder layer) "
-           "and a verifier-LM-head path; tsspec's NextN head has neither",
+    "eagle3": "an EAGLE-3 head (attention over the 2H-wide [embedding; hidden] input, the hidden part as "
+              "the residual, and an fc over three verifier layers); tsspec's draft-head algorithm runs "
+              "NextN heads (a projection to H before attention)",
     "dspark": "DSpark's Markov and confidence heads on a dense target; tsspec's block drafter runs "
               "DSpark only as DeepSeek V4's hyper-connection drafter",
     "peagle": "a P-EAGLE head; no tsspec algorithm runs one",
@@ -38,7 +37,7 @@ def unmapped_reason(kind: str) -> str:
     """The one-line reason a speculators type does not convert."""
     if kind in UNMAPPED:
         return f"speculators type {kind!r} cannot convert: tsspec lacks {UNMAPPED[kind]}"
-    known = ", ".join(BLOCK_TYPES)
+    known = ", ".join((*BLOCK_TYPES, "mtp"))
     return f"speculators type {kind!r} is not one tsspec reads (it converts {known})"
 
 

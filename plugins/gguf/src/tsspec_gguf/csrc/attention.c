@@ -58,7 +58,7 @@ QG_AVX2 static inline void scores_avx2(const float *qv, const float *kg, int64_t
                                        float *scores) {
     int64_t j = j0;
     __m256 z = _mm256_setzero_ps();
-    for (; use_wide_attn && j + 8 <= j1; j += 8) {
+    for (; j + 8 <= j1; j += 8) {
         const float *k0 = kg + j * hd;
         __m256 a[8];
         for (int t = 0; t < 8; t++) a[t] = z;
@@ -126,87 +126,12 @@ QG_AVX2 static inline float softmax_avx2(float *scores, int64_t keys, float *top
     return total;
 }
 
-/* scores of two queries against keys [j0, j1) of a KV head, four keys at a time: eight chains in
- * flight instead of four, each K row loaded once for both; every score is scores_avx2's */
-QG_AVX2 static inline void scores2_avx2(const float *qa, const float *qb, const float *kg, int64_t j0, int64_t j1,
-                                        int64_t hd, float *sa, float *sb) {
-    int64_t j = j0;
-    const __m256 z = _mm256_setzero_ps();
-    for (; j + 4 <= j1; j += 4) {
-        const float *k0 = kg + j * hd;
-        __m256 a0 = z, a1 = z, a2 = z, a3 = z, b0 = z, b1 = z, b2 = z, b3 = z;
-        for (int64_t i = 0; i < hd; i += 8) {
-            const __m256 x = _mm256_loadu_ps(qa + i), y = _mm256_loadu_ps(qb + i);
-            __m256 k = _mm256_loadu_ps(k0 + i);
-            a0 = _mm256_fmadd_ps(x, k, a0);
-            b0 = _mm256_fmadd_ps(y, k, b0);
-            k = _mm256_loadu_ps(k0 + hd + i);
-            a1 = _mm256_fmadd_ps(x, k, a1);
-            b1 = _mm256_fmadd_ps(y, k, b1);
-            k = _mm256_loadu_ps(k0 + 2 * hd + i);
-            a2 = _mm256_fmadd_ps(x, k, a2);
-            b2 = _mm256_fmadd_ps(y, k, b2);
-            k = _mm256_loadu_ps(k0 + 3 * hd + i);
-            a3 = _mm256_fmadd_ps(x, k, a3);
-            b3 = _mm256_fmadd_ps(y, k, b3);
-        }
-        if (use_tree_sums) {
-            const __m256 v[8] = {a0, a1, a2, a3, b0, b1, b2, b3};
-            const __m256 r = hsum8_avx2(v);
-            _mm_storeu_ps(sa + j, _mm256_castps256_ps128(r));
-            _mm_storeu_ps(sb + j, _mm256_extractf128_ps(r, 1));
-            continue;
-        }
-        sa[j] = hsum_avx2(a0, z), sa[j + 1] = hsum_avx2(a1, z);
-        sa[j + 2] = hsum_avx2(a2, z), sa[j + 3] = hsum_avx2(a3, z);
-        sb[j] = hsum_avx2(b0, z), sb[j + 1] = hsum_avx2(b1, z);
-        sb[j + 2] = hsum_avx2(b2, z), sb[j + 3] = hsum_avx2(b3, z);
-    }
-    if (j < j1) {
-        scores_avx2(qa, kg, j, j1, hd, sa);
-        scores_avx2(qb, kg, j, j1, hd, sb);
-    }
-}
-
-/* o += p_j v_j over keys [j0, j1) for two queries at once (hd a multiple of 32): each query's
- * lanes take its products in key order, as in the one-query loop, but eight chains are in flight
- * instead of four and each V row is loaded once for both */
-QG_AVX2 static inline void weighted_v2_avx2(const float *pa, const float *pb, const float *vg, int64_t j0, int64_t j1,
-                                            int64_t hd, float *oa, float *ob) {
-    for (int64_t i = 0; i < hd; i += 32) {
-        __m256 c0 = _mm256_loadu_ps(oa + i), c1 = _mm256_loadu_ps(oa + i + 8);
-        __m256 c2 = _mm256_loadu_ps(oa + i + 16), c3 = _mm256_loadu_ps(oa + i + 24);
-        __m256 e0 = _mm256_loadu_ps(ob + i), e1 = _mm256_loadu_ps(ob + i + 8);
-        __m256 e2 = _mm256_loadu_ps(ob + i + 16), e3 = _mm256_loadu_ps(ob + i + 24);
-        for (int64_t j = j0; j < j1; j++) {
-            const __m256 a = _mm256_set1_ps(pa[j]), b = _mm256_set1_ps(pb[j]);
-            const float *vj = vg + j * hd + i;
-            __m256 v = _mm256_loadu_ps(vj);
-            c0 = _mm256_fmadd_ps(a, v, c0);
-            e0 = _mm256_fmadd_ps(b, v, e0);
-            v = _mm256_loadu_ps(vj + 8);
-            c1 = _mm256_fmadd_ps(a, v, c1);
-            e1 = _mm256_fmadd_ps(b, v, e1);
-            v = _mm256_loadu_ps(vj + 16);
-            c2 = _mm256_fmadd_ps(a, v, c2);
-            e2 = _mm256_fmadd_ps(b, v, e2);
-            v = _mm256_loadu_ps(vj + 24);
-            c3 = _mm256_fmadd_ps(a, v, c3);
-            e3 = _mm256_fmadd_ps(b, v, e3);
-        }
-        _mm256_storeu_ps(oa + i, c0), _mm256_storeu_ps(oa + i + 8, c1);
-        _mm256_storeu_ps(oa + i + 16, c2), _mm256_storeu_ps(oa + i + 24, c3);
-        _mm256_storeu_ps(ob + i, e0), _mm256_storeu_ps(ob + i + 8, e1);
-        _mm256_storeu_ps(ob + i + 16, e2), _mm256_storeu_ps(ob + i + 24, e3);
-    }
-}
-
 /* o += p_j v_j over keys [j0, j1) for one query: 8 chunks of 8 elements in registers (eight
  * chains) while 64 are left, then up to 4; each element takes its products in key order */
 QG_AVX2 static inline void weighted_v_avx2(const float *p, const float *vg, int64_t j0, int64_t j1, int64_t hd,
                                            float *o) {
     int64_t i0 = 0;
-    for (; use_wide_attn && i0 + 64 <= hd; i0 += 64) {
+    for (; i0 + 64 <= hd; i0 += 64) {
         __m256 c[8];
         for (int t = 0; t < 8; t++) c[t] = _mm256_loadu_ps(o + i0 + 8 * t);
         for (int64_t j = j0; j < j1; j++) {
@@ -249,21 +174,8 @@ QG_AVX2 static void attend_group_avx2(const float *const *qs, const int64_t *key
                                       float *sums, float *tops) {
     int64_t most = 0;
     for (int64_t u = 0; u < n; u++) most = keys[u] > most ? keys[u] : most;
-    /* queries two at a time where both have keys in the block (their common keys together, the
-     * longer one's last keys alone: each query's scores are the same either way) */
     for (int64_t j0 = 0; j0 < most; j0 += KEY_BLOCK) {
-        int64_t u = 0;
-        for (; use_qpairs && u + 1 < n; u += 2) {
-            const int64_t ja = j0 + KEY_BLOCK < keys[u] ? j0 + KEY_BLOCK : keys[u];
-            const int64_t jb = j0 + KEY_BLOCK < keys[u + 1] ? j0 + KEY_BLOCK : keys[u + 1];
-            const int64_t jc = ja < jb ? ja : jb;
-            float *sa = scores + u * stride, *sb = sa + stride;
-            if (jc > j0) scores2_avx2(qs[u], qs[u + 1], kg, j0, jc, hd, sa, sb);
-            const int64_t c0 = jc > j0 ? jc : j0;
-            if (ja > c0) scores_avx2(qs[u], kg, c0, ja, hd, sa);
-            if (jb > c0) scores_avx2(qs[u + 1], kg, c0, jb, hd, sb);
-        }
-        for (; u < n; u++) {
+        for (int64_t u = 0; u < n; u++) {
             int64_t j1 = j0 + KEY_BLOCK < keys[u] ? j0 + KEY_BLOCK : keys[u];
             if (j1 > j0) scores_avx2(qs[u], kg, j0, j1, hd, scores + u * stride);
         }
@@ -273,18 +185,7 @@ QG_AVX2 static void attend_group_avx2(const float *const *qs, const int64_t *key
         memset(os[u], 0, sizeof(float) * (size_t)hd);
     }
     for (int64_t j0 = 0; j0 < most; j0 += KEY_BLOCK) {
-        int64_t u = 0;
-        for (; use_qpairs && hd % 32 == 0 && u + 1 < n; u += 2) {
-            const int64_t ja = j0 + KEY_BLOCK < keys[u] ? j0 + KEY_BLOCK : keys[u];
-            const int64_t jb = j0 + KEY_BLOCK < keys[u + 1] ? j0 + KEY_BLOCK : keys[u + 1];
-            const int64_t jc = ja < jb ? ja : jb;
-            const float *pa = scores + u * stride, *pb = pa + stride;
-            if (jc > j0) weighted_v2_avx2(pa, pb, vg, j0, jc, hd, os[u], os[u + 1]);
-            const int64_t c0 = jc > j0 ? jc : j0;
-            if (ja > c0) weighted_v_avx2(pa, vg, c0, ja, hd, os[u]);
-            if (jb > c0) weighted_v_avx2(pb, vg, c0, jb, hd, os[u + 1]);
-        }
-        for (; u < n; u++) {
+        for (int64_t u = 0; u < n; u++) {
             int64_t j1 = j0 + KEY_BLOCK < keys[u] ? j0 + KEY_BLOCK : keys[u];
             if (j1 > j0) weighted_v_avx2(scores + u * stride, vg, j0, j1, hd, os[u]);
         }

@@ -6,9 +6,7 @@ int use_tree_sums = 1;
 int use_simd = -1; /* -1: auto, 0: scalar forced (tests) */
 int use_vnni = 1;  /* 0: the int8 path stays on AVX2 even where VNNI exists (tests) */
 int use_pairs = 1; /* 0: a decode row meets one weight row at a time (A/B runs, tests) */
-int use_qpairs = 1; /* 0: attention takes a KV head's queries one at a time (A/B runs, tests) */
 int use_guided = 1; /* 0: a gemm's rows in equal chunks, 4 a thread (A/B runs, tests) */
-int use_wide_attn = 1; /* 0: a query's scores 4 keys, its V sums 32 values at a time (A/B, tests) */
 int use_wide_tiles = 1; /* 0: verify rows in tiles of at most FUSED_ROWS, never WIDE_ROWS (A/B, tests) */
 int use_pair_tiles = 1; /* 0: 2 rows of x meet one weight row at a time, not two (A/B, tests) */
 int use_key_segments = 1; /* 0: attention in chunks of query heads over all keys, as before (A/B, tests) */
@@ -188,8 +186,6 @@ static PyObject *py_set_simd(PyObject *self, PyObject *args) {
 DEFINE_SWITCH(vnni, use_vnni)
 DEFINE_SWITCH(int8_spans, use_int8_spans)
 DEFINE_SWITCH(int8_row_pairs, use_int8_row_pairs)
-DEFINE_SWITCH(query_pairs, use_qpairs)
-DEFINE_SWITCH(wide_attention, use_wide_attn)
 DEFINE_SWITCH(guided, use_guided)
 DEFINE_SWITCH(pairs, use_pairs)
 DEFINE_SWITCH(wide_tiles, use_wide_tiles)
@@ -227,10 +223,6 @@ static PyMethodDef methods[] = {
      "False: an int8 span's tiles take their rows one at a time, not two in one register (A/B, tests)"},
     {"layers_new", py_layers_new, METH_VARARGS, "describe a stack of llama blocks once (a capsule)"},
     {"layers_forward", py_layers_forward, METH_VARARGS, "run blocks of a layer stack on residual rows, in place"},
-    {"set_query_pairs", py_set_query_pairs, METH_VARARGS,
-     "False: attention takes a KV head's queries one at a time (A/B runs, tests)"},
-    {"set_wide_attention", py_set_wide_attention, METH_VARARGS,
-     "False: a query's scores 4 keys, its V sums 32 values at a time (A/B runs, tests)"},
     {"set_pairs", py_set_pairs, METH_VARARGS,
      "False: a decode row meets one weight row at a time, not 4 (4-bit) or 2 (A/B runs, tests)"},
     {"set_wide_tiles", py_set_wide_tiles, METH_VARARGS,
@@ -256,9 +248,11 @@ static PyMethodDef methods[] = {
     {"set_huge_pages", py_set_huge_pages, METH_VARARGS,
      "False: advise_huge_pages does nothing and returns 0 (A/B runs, tests)"},
     {"info", py_info, METH_NOARGS, "which paths this build has"},
+#ifdef TSSPEC_PROBES /* the bench-only build (_cpu_probes): the roofline probes */
     {"probe_fma", py_probe_fma, METH_VARARGS, "roofline probe: chunks of independent FMA chains"},
     {"probe_read", py_probe_read, METH_VARARGS, "roofline probe: sum a float32 buffer (read bandwidth)"},
     {"probe_int8", py_probe_int8, METH_VARARGS, "roofline probe: chunks of independent int8 dot chains"},
+#endif
     {"set_pool_stats", py_set_pool_stats, METH_VARARGS, "zero the pool statistics; True counts from now on"},
     {"pool_stats", py_pool_stats, METH_NOARGS, "the pool statistics by kind of region (counts, nanoseconds)"},
     {"probe_handshake", py_probe_handshake, METH_VARARGS,
@@ -268,7 +262,14 @@ static PyMethodDef methods[] = {
     {NULL, NULL, 0, NULL},
 };
 
-static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_cpu_kernels", "tsspec's CPU kernels.", -1, methods};
+#ifdef TSSPEC_PROBES
+#define MODULE_NAME "_cpu_probes"
+#define MODULE_INIT PyInit__cpu_probes
+#else
+#define MODULE_NAME "_cpu_kernels"
+#define MODULE_INIT PyInit__cpu_kernels
+#endif
+static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, MODULE_NAME, "tsspec's CPU kernels.", -1, methods};
 
 /* the C-API other extensions import (kernels_api.h) */
 static const TsspecKernelsApi api = {
@@ -277,7 +278,7 @@ static const TsspecKernelsApi api = {
     attention, rope_rows, silu_mul_rows,
 };
 
-PyMODINIT_FUNC PyInit__cpu_kernels(void) {
+PyMODINIT_FUNC MODULE_INIT(void) {
     PyObject *m = PyModule_Create(&module);
     if (m == NULL) return NULL;
     /* attention's key segment (tests put key counts around its boundaries) */
