@@ -9,7 +9,7 @@ compares llama.cpp's ``tokenize`` with tsspec's on the 200 strings of the tokeni
 (``tests/test_gemma3_270m.py``), with and without the BOS token (special tokens parsed).
 
     python plugins/model_llama/scripts/check_real.py [--model gemma3-270m] [--tokens 64] [--threads 2]
-        [--dtype int8]
+        [--dtype int8] [--llama-kv-f32]
 
 Exit status 0 when at least 5 of 6 prompts agree over every token, every split is a near-tie
 and every string tokenizes alike; 1 otherwise.
@@ -39,7 +39,8 @@ import json, sys
 import numpy as np
 from llama_cpp import Llama
 req = json.load(sys.stdin)
-llm = Llama(model_path=req["path"], n_ctx=1024, n_threads=req["threads"], n_batch=512, logits_all=False, verbose=False)
+kv = {"type_k": 0, "type_v": 0} if req["kv_f32"] else {}  # GGML_TYPE_F32 (default: F16)
+llm = Llama(model_path=req["path"], n_ctx=1024, n_threads=req["threads"], n_batch=512, logits_all=False, verbose=False, **kv)
 out = {"runs": [], "tokens": []}
 for ids in req["prompts"]:
     llm.reset()
@@ -97,6 +98,7 @@ def main(argv=None) -> int:
     ap.add_argument("--tokens", type=int, default=64)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--dtype", default=None, help="tsspec's --dtype (int8: llama.cpp's int8 activations)")
+    ap.add_argument("--llama-kv-f32", action="store_true", help="llama.cpp's KV cache in float32 (default: F16)")
     args = ap.parse_args(argv)
     try:
         import llama_cpp  # noqa: F401  (only to fail early with a clear line; it runs in its own process)
@@ -112,7 +114,8 @@ def main(argv=None) -> int:
     path = target.path
     prompts = [target.tokenizer.encode(p) for p in PROMPTS]
     strings = parity_strings()
-    request = {"path": path, "threads": args.threads, "prompts": prompts, "tokens": args.tokens, "strings": strings}
+    request = {"path": path, "threads": args.threads, "prompts": prompts, "tokens": args.tokens, "strings": strings,
+               "kv_f32": args.llama_kv_f32}
     done = subprocess.run([sys.executable, "-c", LLAMA_CPP_WORKER], input=json.dumps(request), capture_output=True,
                           text=True, check=False)
     if done.returncode != 0:
@@ -122,7 +125,7 @@ def main(argv=None) -> int:
     ours = tsspec_runs(target, prompts, args.tokens)
     print(f"model {path} ({target.config.architecture}, {target.config.extra['weight_formats']}), "
           f"tsspec arithmetic {target.config.extra.get('arithmetic')}, llama-cpp-python {llama_cpp.__version__}, "
-          f"greedy, {args.tokens} tokens, {args.threads} threads")
+          f"KV cache {'F32' if args.llama_kv_f32 else 'F16'}, greedy, {args.tokens} tokens, {args.threads} threads")
     agreed, ties_ok = 0, True
     for n, (prompt, a, b) in enumerate(zip(PROMPTS, ours, theirs["runs"])):
         split = next((i for i, (x, y) in enumerate(zip(a, b)) if x[0][0] != y[0][0]), None)
