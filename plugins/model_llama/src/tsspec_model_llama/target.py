@@ -281,7 +281,10 @@ class LlamaTarget:
         """A family's blocks described once to the step extension (``family_new``), or None
         where its block cannot run there (soft-capped scores or logits, no extension)."""
         hp, step = self.hparams, self._step_kernels
-        if step is None or not hasattr(step, "family_new") or hp.attn_softcap or hp.final_softcap:
+        if hp.attn_softcap or hp.final_softcap:
+            return None
+        if step is None or not hasattr(step, "family_new"):
+            native.warn_missing_extension(STEP_EXTENSION, f"{hp.architecture}'s blocks (the per-op path)")
             return None
         names = ("attn_norm", "bqkv", "bo", "ffn_norm", "q_norm", "k_norm", "post_attn_norm", "post_ffn_norm")
         for layer in self._layers:  # the capsule holds addresses: keep contiguous float32 copies
