@@ -11,7 +11,7 @@ CONSTRAINTS := $(CURDIR)/constraints.txt
 export PIP_CONSTRAINT := $(CONSTRAINTS)
 BUILD_PINS := PIP_BUILD_CONSTRAINT=$(CONSTRAINTS)
 
-.PHONY: setup run run-drafter test bench bench-serve bench-spread soak clean drafters drafters-mtp drafters-dflash drafters-eagle3 interop-check
+.PHONY: setup run run-drafter test bench bench-serve bench-spread soak clean drafters drafters-mtp drafters-dflash drafters-eagle3 interop-check check-real
 
 setup: $(STAMP)
 
@@ -134,6 +134,11 @@ $(BENCH_STAMP): $(STAMP)
 
 bench: setup $(BENCH_STAMP)
 	$(VENV)/bin/tsspec bench $(BENCH_ARGS) --json docs/bench.json --markdown BENCHMARKS.md --plot docs/bench.png
+
+# tsspec against llama.cpp on the real Gemma 3 270M file: greedy tokens, the logits at any split,
+# tokenizer parity (llama-cpp-python, in its own process, comes with the bench's extras)
+check-real: setup $(BENCH_STAMP)
+	$(PY) plugins/model_llama/scripts/check_real.py
 
 # fresh-process spread under a defined competing load (one busy loop per core): ngram's max/min
 # tok/s over 6 fresh processes beside plain decoding's, alternating (docs/bench-spread.md)

@@ -1,4 +1,5 @@
-"""Build hook for llama's optional fused-step extension (``_step_kernels``: csrc/step.c). It runs
+"""Build hook for llama's optional fused-step extension (``_step_kernels``: csrc/step.c, and
+csrc/family.c for the families whose block is not llama's). It runs
 on tsspec-gguf's kernels through their C-API (``kernels_api.h``, a capsule imported at module
 init), so it needs that header at build time: the sibling checkout's, else the installed
 tsspec-gguf's. Without a compiler or the header the install still succeeds and the target takes
@@ -33,9 +34,9 @@ setup(
     ext_modules=[] if include is None else [
         Extension(
             "tsspec_model_llama._step_kernels",
-            sources=["src/tsspec_model_llama/csrc/step.c"],
+            sources=["src/tsspec_model_llama/csrc/step.c", "src/tsspec_model_llama/csrc/family.c"],
             include_dirs=[include],
-            depends=[f"{include}/kernels_api.h"],
+            depends=[f"{include}/kernels_api.h", "src/tsspec_model_llama/csrc/family.h"],
             extra_compile_args=["-O3", "-std=c11"],
             optional=True,
         )

@@ -130,7 +130,63 @@ def test_family_facts_are_capability_fields(family):
         assert [target.hparams.sliding(i) for i in range(target.hparams.n_layers)] == [
             i % fam.swa_period < fam.swa_period - 1 for i in range(target.hparams.n_layers)]
     assert fam.llama_block == (arch in ("qwen2", "phi3"))
-    assert (target._stack is not None) == fam.llama_block  # llama's block runs on the fused native stack
+    # llama's block runs on the fused native stack, the others (soft-capped ones aside) on the
+    # step extension's family stack
+    capped = bool(target.hparams.attn_softcap or target.hparams.final_softcap)
+    assert (target._stack is not None) == (not capped)
+    assert target._family_stack == (not fam.llama_block and not capped)
+
+
+SPLITS = (3, 4, 1, 1, 6, 1, 4)  # a prefill, verifies and one-row decodes over len(IDS) + 6 tokens
+
+
+@pytest.mark.parametrize("taps", [None, (0, 1, 2)], ids=["no-taps", "taps"])
+def test_native_stack_equals_the_per_op_blocks(family, taps):
+    """The one native call (every block, and without taps the whole step) gives the per-op
+    path's logits and hidden rows bit for bit, sliding windows crossing their edge included."""
+    arch, _, path = family
+    target = load_llama(path)
+    seq = IDS + [3, 4, 5, 6, 7, 8]
+    out = {}
+    for fused in (False, True):
+        target.fused_blocks = fused
+        target.spec_set_feature_taps(taps)
+        target.reset()
+        rows, at = [], 0
+        for n in SPLITS:
+            logits, hidden = target.spec_forward(seq[at : at + n], all_logits_rows=True, want_hidden=True)
+            rows += [logits, hidden]
+            at += n
+        out[fused] = rows
+    for k, (a, b) in enumerate(zip(out[True], out[False])):
+        assert torch.equal(a, b), (arch, k, (a - b).abs().max().item())
+
+
+def test_gelu_mul_matches_torch_and_its_own_scalar_tail():
+    """The native GELU-tanh product: within float32 rounding of torch's float64 one (1 + tanh
+    cancels for negative gates, as in torch's float32 formula: an absolute error of a few ulps
+    of |g u|), and its vector lanes give the bits of its scalar tail."""
+    import torch.nn.functional as F
+
+    from tsspec_gguf import native
+
+    step = native.extension("tsspec_model_llama._step_kernels")
+    if step is None:
+        pytest.skip("the step extension was not built")
+    g = torch.Generator().manual_seed(0)
+    f = 37  # four 8-lane vectors and a tail of 5
+    gu = torch.randn((3, 2 * f), generator=g) * 4
+    gu[0, :6] = torch.tensor([0.0, -0.0, 1e-6, -30.0, 30.0, -5.0])
+    out = torch.empty((3, f))
+    step.gelu_mul(gu.data_ptr(), out.data_ptr(), 3, f)
+    want = F.gelu(gu[:, :f].double(), approximate="tanh") * gu[:, f:].double()
+    scale = (gu[:, :f].abs() * gu[:, f:].abs()).double()
+    assert bool(((out.double() - want).abs() <= 2e-6 * want.abs() + 2e-7 * scale).all())
+    for j in range(8):  # lane j of the first vector against the same value in the scalar path
+        one = torch.tensor([[gu[0, j].item(), gu[0, f + j].item()]])
+        res = torch.empty((1, 1))
+        step.gelu_mul(one.data_ptr(), res.data_ptr(), 1, 1)
+        assert torch.equal(res[0, 0], out[0, j]), j
 
 
 @pytest.mark.parametrize("sampled", [False, True])

@@ -2,7 +2,9 @@
 
 A family whose block is not llama's (per-head Q/K norms, post norms, GELU-tanh, sliding
 windows, soft-capping) runs ``_family_block`` on the same per-row kernels (or torch ops off
-the kernel path); the fused native stack below serves llama's block.
+the kernel path); on the kernel path its blocks, except soft-capped ones, also run as one
+native call (the step extension's ``family_new`` stack, bit for bit ``_family_block``), as a
+llama block runs on the fused native stack below.
 
 Block: ``x += W_o attn(rope(q), rope(k), v)`` on ``RMSNorm(x)``, then
 ``x += W_down (silu(W_gate h) * W_up h)`` on ``RMSNorm(x)``; final RMSNorm; LM head (the
@@ -212,6 +214,8 @@ class LlamaTarget:
         self._embed_scale = (torch.tensor(hp.hidden_size**0.5, dtype=self._residual_dtype, device=self.device)
                              if hp.family.embedding_scale else None)
         self._eps = hp.rms_eps
+        self._step_kernels = native.extension(STEP_EXTENSION) if self._kernels is not None else None
+        self._family_stack = False  # True: self._stack is the step extension's family stack
         self._stack = self._layer_stack()
         self._step_head = self._native_head()
         # the weights every step streams on 2 MiB pages where the system allows it: a TLB miss
@@ -247,11 +251,13 @@ class LlamaTarget:
         addresses: ``self._layers`` keeps the tensors alive), or None when a matrix is dense or
         the kernels are off."""
         k, hp = self._kernels, self.hparams
-        if k is None or not self.block_weights or not hasattr(k, "layers_new") or not self._llama_block:
+        if k is None or not self.block_weights or not hasattr(k, "layers_new"):
             return None
         matrices = [(layer.wqkv, layer.wo, layer.w_gate_up, layer.w_down) for layer in self._layers]
         if not all(isinstance(w, BlockMatrix) for ws in matrices for w in ws):
             return None
+        if not self._llama_block:
+            return self._new_family_stack(matrices)
 
         def describe(w: BlockMatrix):
             return _describe(w, k)
@@ -271,6 +277,38 @@ class LlamaTarget:
         ]
         return k.layers_new(dims, layers)
 
+    def _new_family_stack(self, matrices):
+        """A family's blocks described once to the step extension (``family_new``), or None
+        where its block cannot run there (soft-capped scores or logits, no extension)."""
+        hp, step = self.hparams, self._step_kernels
+        if hp.attn_softcap or hp.final_softcap:
+            return None
+        if step is None or not hasattr(step, "family_new"):
+            native.warn_missing_extension(STEP_EXTENSION, f"{hp.architecture}'s blocks (the per-op path)")
+            return None
+        names = ("attn_norm", "bqkv", "bo", "ffn_norm", "q_norm", "k_norm", "post_attn_norm", "post_ffn_norm")
+        for layer in self._layers:  # the capsule holds addresses: keep contiguous float32 copies
+            for name in names:
+                t = getattr(layer, name)
+                if t is not None:
+                    setattr(layer, name, t.to(torch.float32).contiguous())
+        scale = float(self._embed_scale) if self._embed_scale is not None else 0.0
+        dims = (hp.hidden_size, hp.n_heads, hp.n_kv_heads, hp.head_dim, hp.rope_dim, hp.ffn_size, self._eps,
+                scale, hp.family.activation == "gelu_tanh")
+        layers = [
+            (*(0 if getattr(layer, n) is None else getattr(layer, n).data_ptr() for n in names),
+             hp.sliding_window if hp.sliding(i) else 0, *(_describe(w, self._kernels) for w in ws))
+            for i, (layer, ws) in enumerate(zip(self._layers, matrices))
+        ]
+        self._family_stack = True
+        return step.family_new(dims, layers)
+
+    def _rope_tables(self, positions: int):
+        """The RoPE table address(es) a native stack call takes: the global one, or for a family
+        stack (global, sliding layers')."""
+        table = self._rope.address(positions)
+        return (table, self._rope_local.address(positions)) if self._family_stack else table
+
     def _weights_on_huge_pages(self) -> int:
         """Bytes of the block weights now on huge pages (``native.huge_pages``); 0 off the
         kernel path."""
@@ -284,10 +322,9 @@ class LlamaTarget:
         """(embedding, LM head, norm lanes) for ``model_step``, or None where a step cannot run
         in one native call bit for bit: no layer stack, a dense embedding or LM head, or a
         torch whose final RMSNorm the kernels do not reproduce on this CPU (``torch_norm_lanes``)."""
-        self._step_kernels = None
         if self._stack is None:
             return None
-        step = native.extension(STEP_EXTENSION)
+        step = self._step_kernels
         if step is None:
             native.warn_missing_extension(STEP_EXTENSION, "llama's decode step (the per-stack path)")
             return None
@@ -300,8 +337,6 @@ class LlamaTarget:
         # the residual rows and the normed rows of a call that returns no hidden rows: scratch
         # the target keeps (no tensor is made for them per step), [2 * GEMM_ROWS, H]
         self._step_work = torch.empty((2 * GEMM_ROWS, self.hparams.hidden_size), dtype=torch.float32)
-
-        self._step_kernels = step
         return (_describe(self._embed, self._kernels), _describe(self._lm_head, self._kernels), lanes,
                 self._output_norm.data_ptr(), self._step_work.data_ptr())
 
@@ -318,6 +353,7 @@ class LlamaTarget:
         hp = self.hparams
         taps = self._taps
         if (self._step_head is None or not self.native_step or not self.fused_blocks
+                or (taps is not None and self._family_stack)
                 or (want_hidden and taps is None and kept < rows) or not 1 <= rows <= GEMM_ROWS
                 or kept * hp.hidden_size >= TORCH_SERIAL_VALUES):
             return None
@@ -328,7 +364,7 @@ class LlamaTarget:
         if past + rows > self._capacity:
             self.spec_ensure_capacity(past + rows)
         threads = self._gemm_threads = self._active_threads = torch.get_num_threads()
-        table = self._rope.address(past + rows)  # [pos, half, 2]
+        table = self._rope_tables(past + rows)  # [pos, half, 2]
         embed, lm_head, lanes, norm_weight, work = self._step_head
         # (the first torch op after a step's weight stream runs on cold caches: one a step here)
         logits = torch.empty((kept, hp.vocab_size), dtype=torch.float32)
@@ -352,10 +388,17 @@ class LlamaTarget:
         if taps is not None and 0 in taps:
             tapped[0] = x.clone()
         for stop in stops:
-            self._kernels.layers_forward(
-                self._stack, start, stop, x.data_ptr(), x.shape[0], past, self._k.data_ptr(), self._v.data_ptr(),
-                self._capacity, self._rope_table, self._gemm_threads, self.precision == "int8",
-            )
+            if self._family_stack:
+                local = self._rope_local.address(past + x.shape[0])
+                self._step_kernels.family_forward(
+                    self._stack, start, stop, x.data_ptr(), x.shape[0], past, self._k.data_ptr(), self._v.data_ptr(),
+                    self._capacity, self._rope_table, local, self._gemm_threads, self.precision == "int8",
+                )
+            else:
+                self._kernels.layers_forward(
+                    self._stack, start, stop, x.data_ptr(), x.shape[0], past, self._k.data_ptr(), self._v.data_ptr(),
+                    self._capacity, self._rope_table, self._gemm_threads, self.precision == "int8",
+                )
             if stop < self.hparams.n_layers:
                 tapped[stop] = x.clone()
             start = stop
@@ -549,13 +592,27 @@ class LlamaTarget:
         x = x + out
         h = self._norm(x, layer.ffn_norm, kernel)
         gate_up = _linear(h.to(self.dtype) if self._cast else h, layer.w_gate_up, None, self.precision)  # [rows, 2 F]
-        gate, up = gate_up[:, : hp.ffn_size], gate_up[:, hp.ffn_size :]
-        act = (F.gelu(gate, approximate="tanh") if hp.family.activation == "gelu_tanh" else F.silu(gate)) * up
+        act = self._gated(gate_up, kernel)  # [rows, F]
         out = _linear(act, layer.w_down, None, self.precision)
         out = out.to(self._residual_dtype) if self._cast else out
         if layer.post_ffn_norm is not None:
             out = self._norm(out, layer.post_ffn_norm, kernel)
         return x + out
+
+    def _gated(self, gate_up: torch.Tensor, kernel: bool) -> torch.Tensor:
+        """act(gate) * up of rows [rows, 2 F] -> [rows, F]: on the kernel path the native
+        row op the fused family stack runs (the same bits), else torch's."""
+        hp = self.hparams
+        gelu = hp.family.activation == "gelu_tanh"
+        step = self._step_kernels
+        if kernel and (not gelu or (step is not None and hasattr(step, "gelu_mul"))):
+            gate_up = gate_up.contiguous()
+            act = torch.empty((gate_up.shape[0], hp.ffn_size), dtype=torch.float32)
+            (step.gelu_mul if gelu else self._kernels.silu_mul)(gate_up.data_ptr(), act.data_ptr(), gate_up.shape[0],
+                                                               hp.ffn_size)
+            return act
+        gate, up = gate_up[:, : hp.ffn_size], gate_up[:, hp.ffn_size :]
+        return (F.gelu(gate, approximate="tanh") if gelu else F.silu(gate)) * up
 
     def _window_attention(self, qkv: torch.Tensor, i: int, past: int, window: int) -> torch.Tensor:
         """Causal attention on the kernel, a sliding layer's row at position p seeing keys

@@ -7,7 +7,7 @@
 #include <Python.h>
 #include <stdint.h>
 
-#define TSSPEC_KERNELS_API_VERSION 1
+#define TSSPEC_KERNELS_API_VERSION 2
 #define TSSPEC_KERNELS_CAPSULE "tsspec_gguf._cpu_kernels.api"
 
 #define QK 32
@@ -62,6 +62,13 @@ typedef struct {
     int (*parse_matrix)(PyObject *t, QWeight *W, long long N, long long K, const char *name);
     int (*top1_topk_of)(const float *x, long long n, int k, long long *best_out, double *prob);
     void (*set_region_kind)(int kind);
+    /* version 2: the row ops a plugin's own block needs (causal attention over a KV cache, RoPE
+     * in place, SiLU(gate) * up) */
+    int (*attention)(const float *q, int64_t q_row, const float *kc, const float *vc, int64_t cap, float *out,
+                     int64_t rows, int64_t heads, int64_t kv_heads, int64_t hd, int64_t past, int threads);
+    void (*rope_rows)(float *x, int64_t row_stride, int64_t rows, int64_t heads, int64_t hd, int64_t rope_dim,
+                      const float *table, int64_t start);
+    void (*silu_mul_rows)(const float *gu, float *out, int64_t rows, int64_t f);
 } TsspecKernelsApi;
 
 /* For clients: the table, or NULL with a Python ImportError set. */

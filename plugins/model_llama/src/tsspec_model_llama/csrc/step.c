@@ -3,6 +3,7 @@
  * own order and the LM head, so a step leaves Python once. Every value is bit for bit the Python
  * path's. The generic kernels come from tsspec_gguf._cpu_kernels' C-API (kernels_api.h). */
 #include "kernels_api.h"
+#include "family.h"
 
 static const TsspecKernelsApi *api; /* the generic kernels, imported at module init */
 
@@ -94,23 +95,43 @@ static int stack_forward_tapped(const LayerStack *S, float *x, int64_t rows, int
 }
 
 static PyObject *py_model_step(PyObject *self, PyObject *args) {
-    PyObject *capsule, *ids_obj, *embed_obj, *head, *taps_obj = Py_None;
+    PyObject *capsule, *ids_obj, *embed_obj, *head, *table_obj, *taps_obj = Py_None;
     long long past, cap;
-    unsigned long long x, k, v, table;
+    unsigned long long x, k, v, table = 0, table_local = 0;
     int threads, int8, rc;
-    if (!PyArg_ParseTuple(args, "OOOKLKKLKipO|O", &capsule, &ids_obj, &embed_obj, &x, &past, &k, &v, &cap, &table,
+    if (!PyArg_ParseTuple(args, "OOOKLKKLOipO|O", &capsule, &ids_obj, &embed_obj, &x, &past, &k, &v, &cap, &table_obj,
                           &threads, &int8, &head, &taps_obj))
         return NULL;
-    const LayerStack *S = (const LayerStack *)PyCapsule_GetPointer(capsule, LAYER_STACK_CAPSULE);
-    if (S == NULL) return NULL;
+    /* a llama stack (layers_new) or a family stack (family_new: rope_table is then the pair of
+     * global and sliding layers' tables, and the embedding rows take the family's scale) */
+    const FamilyStack *FS = NULL;
+    const LayerStack *S = NULL;
+    int64_t width, n_layers;
+    if (PyCapsule_IsValid(capsule, FAMILY_STACK_CAPSULE)) {
+        FS = (const FamilyStack *)PyCapsule_GetPointer(capsule, FAMILY_STACK_CAPSULE);
+        if (!PyArg_ParseTuple(table_obj, "KK", &table, &table_local)) return NULL;
+        width = FS->H;
+        n_layers = FS->n_layers;
+        if (taps_obj != Py_None) {
+            PyErr_SetString(PyExc_ValueError, "model_step: a family stack takes no feature taps");
+            return NULL;
+        }
+    } else {
+        S = (const LayerStack *)PyCapsule_GetPointer(capsule, LAYER_STACK_CAPSULE);
+        if (S == NULL) return NULL;
+        table = PyLong_AsUnsignedLongLong(table_obj);
+        if (PyErr_Occurred()) return NULL;
+        width = S->H;
+        n_layers = S->n_layers;
+    }
     QWeight E, LM;
     if (!api->parse_weight(embed_obj, &E)) return NULL;
-    if (E.K != S->H) {
+    if (E.K != width) {
         PyErr_SetString(PyExc_ValueError, "the embedding's rows are not the stack's width");
         return NULL;
     }
     Taps T;
-    if (!parse_taps(taps_obj, S->n_layers, &T)) return NULL;
+    if (!parse_taps(taps_obj, n_layers, &T)) return NULL;
     PyObject *seq = PySequence_Fast(ids_obj, "model_step: ids must be a sequence of ints");
     if (seq == NULL) {
         free(T.layer);
@@ -146,7 +167,7 @@ static PyObject *py_model_step(PyObject *self, PyObject *args) {
         ok = PyArg_ParseTuple(head, "KfiKLOK", &norm_w, &eps, &lanes, &normed, &first, &lm_obj, &logits) &&
              api->parse_weight(lm_obj, &LM);
         if (ok && (!norm_w || !normed || !logits || !api->torch_lanes_ok(lanes) || first < 0 || first >= rows ||
-                   LM.K != S->H)) {
+                   LM.K != width)) {
             PyErr_SetString(PyExc_ValueError, "bad model_step head operands");
             ok = 0;
         }
@@ -159,14 +180,20 @@ static PyObject *py_model_step(PyObject *self, PyObject *args) {
     float *xs = (float *)(uintptr_t)x;
     Py_BEGIN_ALLOW_THREADS
     embed_rows(&E, ids, rows, xs);
-    rc = stack_forward_tapped(S, xs, rows, past, (float *)(uintptr_t)k, (float *)(uintptr_t)v, cap,
-                              (const float *)(uintptr_t)table, threads, int8, &T);
+    if (FS != NULL) {
+        if (FS->embed_scale != 0.0f)
+            for (int64_t i = 0; i < rows * width; i++) xs[i] = xs[i] * FS->embed_scale;
+        rc = family_forward(FS, 0, n_layers, xs, rows, past, (float *)(uintptr_t)k, (float *)(uintptr_t)v, cap,
+                            (const float *)(uintptr_t)table, (const float *)(uintptr_t)table_local, threads, int8);
+    } else
+        rc = stack_forward_tapped(S, xs, rows, past, (float *)(uintptr_t)k, (float *)(uintptr_t)v, cap,
+                                  (const float *)(uintptr_t)table, threads, int8, &T);
     if (rc == 0 && head != Py_None) {
         float *hn = (float *)(uintptr_t)normed;
         const int64_t kept = rows - first;
-        api->rms_norm_torch_rows(xs + first * S->H, S->H, (const float *)(uintptr_t)norm_w, hn, kept, S->H, eps, lanes);
+        api->rms_norm_torch_rows(xs + first * width, width, (const float *)(uintptr_t)norm_w, hn, kept, width, eps, lanes);
         api->set_region_kind(KIND_GEMM);
-        rc = api->gemm(&LM, hn, S->H, kept, (float *)(uintptr_t)logits, LM.N, NULL, threads, int8);
+        rc = api->gemm(&LM, hn, width, kept, (float *)(uintptr_t)logits, LM.N, NULL, threads, int8);
         api->set_region_kind(KIND_OTHER);
     }
     Py_END_ALLOW_THREADS
@@ -179,6 +206,9 @@ static PyObject *py_model_step(PyObject *self, PyObject *args) {
 static PyMethodDef methods[] = {
     {"model_step", py_model_step, METH_VARARGS,
      "embedding rows, every block, the final norm and the LM head of one step in one call"},
+    {"family_new", py_family_new, METH_VARARGS, "describe a stack of a family's blocks once (a capsule)"},
+    {"family_forward", py_family_forward, METH_VARARGS, "run blocks of a family stack on residual rows, in place"},
+    {"gelu_mul", py_gelu_mul, METH_VARARGS, "gelu_tanh(gate) * up of rows"},
     {NULL, NULL, 0, NULL},
 };
 static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_step_kernels", "llama's whole decode or verify step in one call (on tsspec_gguf's kernels).", -1, methods};
@@ -186,5 +216,6 @@ static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_step_kernels", "lla
 PyMODINIT_FUNC PyInit__step_kernels(void) {
     api = tsspec_kernels_import();
     if (api == NULL) return NULL;
+    family_init(api);
     return PyModule_Create(&module);
 }
