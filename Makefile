@@ -11,7 +11,7 @@ CONSTRAINTS := $(CURDIR)/constraints.txt
 export PIP_CONSTRAINT := $(CONSTRAINTS)
 BUILD_PINS := PIP_BUILD_CONSTRAINT=$(CONSTRAINTS)
 
-.PHONY: setup run run-drafter test bench bench-serve bench-spread soak clean drafters drafters-mtp drafters-dflash interop-check
+.PHONY: setup run run-drafter test bench bench-serve bench-spread soak clean drafters drafters-mtp drafters-dflash drafters-eagle3 interop-check
 
 setup: $(STAMP)
 
@@ -66,6 +66,24 @@ drafters-mtp: setup
 		--cache-dir $(DRAFTERS_CACHE) --checkpoint $(DRAFTERS_CACHE)/smollm2-mtp-1600.ckpt \
 		2>&1 | tr '\r' '\n' | sed -uE 's/[A-Za-z -]*: +[0-9]+%\|[^]]*\]//g' | grep --line-buffered -v '^ *$$' \
 		| tee $(DRAFTERS_CACHE)/training-mtp.log
+
+# The EAGLE-3-style head (not shipped: see plugins/drafters_smollm2/README.md): the target answers
+# the seeded prompt mix (greedy and sampled, 16 sequences per forward, the tapped rows of layers
+# 2/15/30 kept as they are made; cached under ~/.cache/tsspec/onpolicy-v1 and extended, never
+# redone; EAGLE3_PROMPTS=2400 is ~4,800 answers, hours of CPU), then training-time test (unroll 3)
+# warm-started from the MTP file, fc reading the top tap. The file goes to DRAFTERS_CACHE.
+EAGLE3_PROMPTS ?= 2400
+EAGLE3_STEPS ?= 1600
+drafters-eagle3: SHELL := /bin/bash
+drafters-eagle3: setup
+	mkdir -p $(DRAFTERS_CACHE)
+	set -o pipefail; $(VENV)/bin/tsspec train-drafter --kind eagle3 --out $(DRAFTERS_CACHE)/smollm2-135m-instruct-eagle3.gguf \
+		--cache-dir $(HOME)/.cache/tsspec --prompts $(EAGLE3_PROMPTS) --answer-tokens 192 --draft-vocab 4096 \
+		--steps $(EAGLE3_STEPS) --batch 4 --unroll 3 --lr 1e-3 --warmup 20 --freeze-layer --seed 0 --threads 1 \
+		--init-from $(DRAFTERS_DIR)/smollm2-135m-instruct-mtp.gguf --outtype f16 --recommend-pmin 0.3 --recommend-draft 3 \
+		--checkpoint $(DRAFTERS_CACHE)/smollm2-eagle3.ckpt \
+		2>&1 | tr '\r' '\n' | sed -uE 's/[A-Za-z -]*: +[0-9]+%\|[^]]*\]//g' | grep --line-buffered -v '^ *$$' \
+		| tee $(DRAFTERS_CACHE)/training-eagle3.log
 
 drafters-dflash: SHELL := /bin/bash
 drafters-dflash: setup

@@ -169,6 +169,9 @@ class TargetInfo:
     preferred_draft_window: int | None = None  # narrows the default window (hybrids)
     verify_persists_accepted_kv: bool = False  # a rejected tail is undone by a KV rewind
     batched: bool = False  # a BatchedSpeculativeTarget (offers spec_open_paged)
+    # hidden rows can be the residuals entering chosen layers (spec_set_feature_taps): what
+    # drafters reading several layers (DFlash, EAGLE-3-style heads) need
+    feature_taps: bool = False
     drafter: DrafterInfo = DrafterInfo()
     draft_head_absence: str | None = None  # why it carries no draft head (absent, or not loaded)
 
@@ -198,6 +201,7 @@ def target_info(target: Any) -> TargetInfo:
         preferred_draft_window=window if isinstance(window, int) and window > 0 else None,
         verify_persists_accepted_kv=getattr(target, "spec_verify_persists_accepted_kv", False) is True,
         batched=callable(getattr(target, "spec_open_paged", None)),
+        feature_taps=callable(getattr(target, "spec_set_feature_taps", None)),
         drafter=drafter_info(getattr(target, "draft_head", None)),
         draft_head_absence=str(absence) if (absence := getattr(target, "spec_draft_head_absence", None)) else None,
     )

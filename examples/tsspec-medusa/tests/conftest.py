@@ -11,7 +11,6 @@ import sys
 from pathlib import Path
 
 import pytest
-from tsspec.testing_fixtures import _clean_spec_env  # noqa: F401  (shared fixtures)
 import torch
 
 if importlib.util.find_spec("tsspec_medusa") is None:
@@ -26,6 +25,16 @@ TOY_HIDDEN = 16  # ToyTarget's defaults
 TOY_VOCAB = 32
 FIT_RIDGE = 1e-3  # ridge term of the least-squares fit of the fitted heads
 FIT_SHARPNESS = 20.0  # scales the fitted logits so the heads are confident where they fit
+
+
+@pytest.fixture(autouse=True)
+def _clean_spec_env(monkeypatch):
+    """No operator TS_* / TSSPEC_* settings leak into the tests."""
+    import os
+
+    for name in list(os.environ):
+        if name.startswith(("TS_SPEC_", "TS_MTP_", "TSSPEC_")):
+            monkeypatch.delenv(name, raising=False)
 
 
 @pytest.fixture

@@ -17,6 +17,7 @@ import uuid
 from importlib import resources
 from typing import Any
 
+import attrs
 from fastapi import FastAPI, Request
 from fastapi.responses import HTMLResponse, JSONResponse, Response, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
@@ -186,8 +187,8 @@ def create_app(engine: ServeEngine, *, api_keys=()) -> FastAPI:
         try:
             body = await _body(request)
             prepare = prepare_chat if kind == "chat" else prepare_completion
-            prepared = prepare(body, **engine.prepare_kwargs())
-            stream = engine.run(prepared, key_id(request.state.api_key))
+            prepared = attrs.evolve(prepare(body, **engine.prepare_kwargs()), key=key_id(request.state.api_key))
+            stream = engine.run(prepared)
             first = await _first(stream)
         except RequestError as exc:
             engine.metrics.refused(exc.status)

@@ -165,9 +165,10 @@ class ServeEngine:
                     default=self.options, spec_names=self.spec_names, max_draft=self.max_draft,
                     context_label=self.context_label)
 
-    async def run(self, prepared: Prepared, key: str = "") -> AsyncIterator[Piece | Done]:
+    async def run(self, prepared: Prepared) -> AsyncIterator[Piece | Done]:
         """Submit and yield the request's pieces, then one Done. Closing the iterator early
-        cancels the sequence. ``key``: the id of the request's API key (its draft pool)."""
+        cancels the sequence. ``prepared.key`` names the request's draft pool."""
+        key = prepared.key
         loop = asyncio.get_running_loop()
         queue: asyncio.Queue = asyncio.Queue()
         arrived = time.perf_counter()

@@ -52,6 +52,7 @@ class Prepared:
     logprobs: int | None = None  # alternatives per token (0: the token's own only); None: off
     context: str = "the model's context"  # what limits the tokens, for messages
     memory: bool = True  # False: the request opted out of the draft memory (neither read nor kept)
+    key: str = ""  # the id of the request's API key (its draft pool; set by the app)
 
 
 def _number(body: Mapping[str, Any], name: str, default: float, low: float, high: float) -> float:

@@ -10,6 +10,8 @@ Tensor names follow the NextN block of llama.cpp's MTP models, at block 0 of the
     blk.0.attn_norm / attn_q / attn_k / attn_v / attn_output / ffn_norm / ffn_gate / ffn_up /
     ffn_down (.weight)                              one llama decoder layer
     blk.0.attn_q_norm / attn_k_norm (.weight) [hd]  optional: per-head q/k norms (a Qwen3 layer)
+    blk.0.nextn.fc.weight                 [H, taps*H]  EAGLE-3-style heads only: the fusion of
+                                                       the tapped target layers
 
 Metadata (prefix ``nextn.``): ``embedding_length``, ``feed_forward_length``,
 ``attention.head_count``, ``attention.head_count_kv``, ``attention.key_length``,
@@ -20,7 +22,9 @@ target ids of the K head rows), ``target.architecture`` / ``target.shape_digest`
 ``shared_head`` (true: no ``shared_head_head`` and no ``draft_vocab``; the head drafts with the
 target's own LM head over its whole vocabulary), and
 optionally the settings its figures recommend: ``recommended.pmin`` (the confidence gate) and
-``recommended.draft_max`` (the longest chain worth drafting). The draft-head algorithm uses
+``recommended.draft_max`` (the longest chain worth drafting). An EAGLE-3-style head also
+carries ``feature_layers`` (int array: the target layers whose entering residuals it reads,
+low, middle, high); attaching it sets the target's feature taps to them. The draft-head algorithm uses
 them where the operator set neither ``--spec-pmin`` nor ``--spec-draft``.
 
 The embedding is the target's (``target.embed``), so the file stays small.
@@ -65,13 +69,14 @@ TENSORS = {  # module parameter -> GGUF tensor name
     "w_down": "blk.0.ffn_down.weight",
 }
 QK_NORMS = {"q_norm": "blk.0.attn_q_norm.weight", "k_norm": "blk.0.attn_k_norm.weight"}  # when cfg.qk_norm
-MATRICES = {"eh_proj", "head", "wq", "wk", "wv", "wo", "w_gate", "w_up", "w_down"}
+FC_TENSOR = "blk.0.nextn.fc.weight"  # EAGLE-3-style heads (cfg.feature_layers): [H, taps * H]
+MATRICES = {"fc", "eh_proj", "head", "wq", "wk", "wv", "wo", "w_gate", "w_up", "w_down"}
 
 
 def tensor_names(cfg: NextNConfig) -> dict[str, str]:
     """Module parameter -> GGUF tensor name, for the tensors a head of ``cfg`` carries."""
     names = {p: n for p, n in TENSORS.items() if not (p == "head" and cfg.shared_head)}
-    return {**names, **(QK_NORMS if cfg.qk_norm else {})}
+    return {**names, **(QK_NORMS if cfg.qk_norm else {}), **({"fc": FC_TENSOR} if cfg.feature_layers else {})}
 OUTTYPES = ("f32", "f16", "q8_0")
 
 
@@ -105,6 +110,8 @@ def write_nextn(path, module: NextNModule, *, target: dict[str, Any], manifest: 
         f"{a}.target.shape_digest": str(target.get("shape_digest", "")),
         f"{a}.target.sha256": str(target.get("sha256", "") or ""),
         f"{a}.target.vocab_size": int(target["vocab_size"]),
+        **({f"{a}.feature_layers": ([int(i) for i in cfg.feature_layers], (GGUFValueType.ARRAY, GGUFValueType.INT32))}
+           if cfg.feature_layers else {}),
         "general.name": f"NextN drafter for {target.get('name', target['architecture'])}",
         "tsspec.training.manifest": json.dumps(manifest or {}, sort_keys=True),
     }
@@ -151,6 +158,7 @@ def read_nextn(path) -> tuple[NextNModule, dict[str, Any], dict]:
             draft_vocab=0 if shared else len(draft_ids),
             qk_norm=f.has_tensor(QK_NORMS["q_norm"]),
             shared_head=shared,
+            feature_layers=tuple(int(x) for x in (f.get(f"{a}.feature_layers", None) or ())),
         )
         target = {
             "architecture": f.require(f"{a}.target.architecture", str),
@@ -381,6 +389,11 @@ class NextNFileHead:
         makes no tensor, and the output row is a buffer of the head's, valid until its call
         after next: chain it into the next call, or copy it to keep it."""
         n, f32 = len(tokens), torch.float32
+        if self.m.fc is not None:  # tapped trunk rows go in fused ([n, H]); own output rows as they are
+            if last is not None and last.numel() != self.hidden_size:
+                last = self._fused(last.reshape(1, -1)).reshape(-1)
+            if h_rows is not None and h_rows.shape[-1] != self.hidden_size:
+                h_rows = self._fused(h_rows[: n - 1] if last is not None else h_rows)
         with self._busy:
             native, width = self._native, self.hidden_size
             # the native gate keeps at most 64 candidates and the per-op attribution mode
@@ -428,9 +441,20 @@ class NextNFileHead:
         v[: self._v.shape[0]] = self._v
         self._k, self._v = k, v
 
+    @torch.inference_mode()
+    def _fused(self, rows: torch.Tensor) -> torch.Tensor:
+        """Tapped trunk rows [n, taps * H] as the [n, H] float32 rows the layer reads."""
+        if rows.dim() != 2 or rows.shape[1] != self.m.fc.shape[1]:
+            raise ValueError(f"this EAGLE-3-style head reads trunk rows of width {self.m.fc.shape[1]} "
+                             f"(taps {list(self.m.cfg.feature_layers)}), got {tuple(rows.shape)}; are feature taps set?")
+        return self.m.fuse(rows.float()).contiguous()
+
     def _inputs(self, tokens: list[int], h_rows: torch.Tensor, start: int, want_last: bool):
         """The rows to feed, checked: (tokens, h_rows [n, H], start), or None when nothing is
-        left to feed (a lone position-0 row, which has no predecessor; the head starts at 1)."""
+        left to feed (a lone position-0 row, which has no predecessor; the head starts at 1).
+        Tapped trunk rows of an EAGLE-3-style head are fused to [n, H] first."""
+        if self.m.fc is not None and h_rows.dim() == 2 and h_rows.shape[1] != self.hidden_size:
+            h_rows = self._fused(h_rows)
         if h_rows.dim() != 2 or h_rows.shape[0] != len(tokens) or h_rows.shape[1] != self.hidden_size:
             raise ValueError(
                 f"the NextN head needs one trunk hidden row of width {self.hidden_size} per token "
@@ -547,7 +571,23 @@ def attach_nextn(target, gguf_path, options=None) -> NextNFileHead:
     path = str(gguf_path)
     module, facts, _ = read_nextn(path)
     check_fit(facts, module, target, path)
-    if getattr(target, "feature_taps", None):
+    layers = list(module.cfg.feature_layers)
+    if layers:  # an EAGLE-3-style head reads the residuals entering its layers: the target taps them
+        from tsspec.capabilities import target_info
+
+        if not target_info(target).feature_taps:
+            raise ModelLoadError(path, f"the target ({target.config.architecture}) cannot tap layers {layers}, "
+                                 "which this EAGLE-3-style drafter reads")
+        try:
+            target.spec_set_feature_taps(layers)
+        except ValueError as exc:
+            raise ModelLoadError(path, f"the target refused feature taps {layers}: {exc}") from None
+        width = int(target.spec_feature_size)
+        if width != module.fc.shape[1]:
+            target.spec_set_feature_taps(None)
+            raise ModelLoadError(path, f"with taps {layers} the target's rows are {width} wide; the drafter reads "
+                                 f"{module.fc.shape[1]}")
+    elif getattr(target, "feature_taps", None):
         target.spec_set_feature_taps(None)  # a NextN head reads the post-norm rows
     # drafting on the CPU: the head's matrices as int8 blocks on the compiled kernels (a quarter
     # of the float32 bytes per draft step; the drafts may differ slightly, the output never):

@@ -14,6 +14,11 @@ layout), so a layer copied from a llama GGUF keeps its meaning. ``qk_norm``: per
 on q and k before RoPE (a Qwen3 layer). ``shared_head``: no head rows of its own; ``logits``
 is the target's LM head over its whole vocabulary (``borrow_head``).
 
+EAGLE-3-style heads (``feature_layers`` set) read the target's residuals entering three layers
+(low, middle, high; the target's feature taps) instead of its post-norm row: a trunk row
+[n_taps * H] is first fused to [H] by ``fc`` (no bias, EAGLE-3's ``fc``); the head's own chained
+output, [H] wide, goes in as it is. ``inputs`` tells them apart by width.
+
 The same module serves training (``unrolled``: every position at once, steps 1..k chained on the
 module's own outputs) and drafting (``NextNRunner`` in ``nextn_file``, a KV cache row by row).
 """
@@ -38,6 +43,9 @@ class NextNConfig:
     rope_theta: float = 10000.0
     rms_eps: float = 1e-5
     draft_vocab: int = 0  # K rows in the head (0: the target's full vocabulary)
+    # EAGLE-3-style: the target layers whose entering residuals the head reads, fused by ``fc``
+    # (empty: the trunk's post-norm row, NextN / MTP)
+    feature_layers: tuple[int, ...] = attrs.field(default=(), converter=tuple)
     qk_norm: bool = False  # per-head RMSNorm of q and k before RoPE
     shared_head: bool = False  # the target's LM head (full vocabulary) instead of own rows
 
@@ -110,6 +118,8 @@ class NextNModule(nn.Module):
         rows = vocab_size if cfg.shared_head else cfg.draft_vocab or vocab_size
         self.head = nn.Parameter(torch.zeros(0 if cfg.shared_head else rows, H))  # [K, H]
         self.register_buffer("draft_ids", torch.arange(rows, dtype=torch.long))  # [K] target ids
+        taps = len(cfg.feature_layers)
+        self.fc = nn.Parameter(torch.zeros(H, taps * H)) if taps else None  # [H, taps * H]
         self.vocab_size = int(vocab_size)
         self._borrowed_head = None  # shared_head: the target's LM head, [..., H] -> [..., V]
 
@@ -168,8 +178,17 @@ class NextNModule(nn.Module):
         return F.rms_norm(x, (x.shape[-1],), w, self.cfg.rms_eps)
 
     # -- pieces shared by training and drafting ------------------------------------------------
+    def fuse(self, h: torch.Tensor) -> torch.Tensor:
+        """[..., H] rows: tapped trunk rows [..., taps * H] through ``fc``; [..., H] rows (the
+        trunk's post-norm row, or the head's own output) as they are."""
+        if self.fc is None or h.shape[-1] == self.cfg.hidden_size:
+            return h
+        return F.linear(h, self.fc.to(h.dtype))
+
     def inputs(self, emb: torch.Tensor, h: torch.Tensor) -> torch.Tensor:
-        """u [..., H] from raw embeddings [..., H] and predecessor rows [..., H]."""
+        """u [..., H] from raw embeddings [..., H] and predecessor rows [..., H] (or tapped trunk
+        rows [..., taps * H], fused first)."""
+        h = self.fuse(h)
         both = torch.cat([self._norm(emb, self.enorm), self._norm(h, self.hnorm)], dim=-1)  # [..., 2H]
         return self._linear(both, "eh_proj")
 

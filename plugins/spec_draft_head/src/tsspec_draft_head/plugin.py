@@ -102,6 +102,14 @@ def tsspec_register_trainers(register):
 
     register("mtp", train, description="NextN / MTP per-token head (file architecture 'nextn')")
 
+    def train_eagle(request, target, log=print, progress=None):
+        from .eagle import train_eagle3
+
+        return train_eagle3(request, target, log, progress)
+
+    register("eagle3", train_eagle, description="EAGLE-3-style per-token head: three fused target layers, "
+             "trained on the target's own answers (file architecture 'nextn')")
+
 
 # environment switch -> what setting it to 0 does (each read through tsspec.switches.switch_on)
 SWITCHES = {

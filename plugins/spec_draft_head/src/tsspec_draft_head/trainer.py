@@ -211,7 +211,7 @@ class _Batches:
             n = len(s.tokens)
             tokens[b, :n] = s.tokens
             hidden[b, :n] = s.hidden.float()
-            labels[b, :n] = self.table[s.labels]
+            labels[b, :n] = torch.where(s.labels >= 0, self.table[s.labels.clamp(min=0)], IGNORE)  # IGNORE stays
             if soft_ids is not None and s.topk_ids is not None:
                 soft_ids[b, :n] = self.table[s.topk_ids]
                 soft_logits[b, :n] = s.topk_logits.float()

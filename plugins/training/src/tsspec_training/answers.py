@@ -22,7 +22,7 @@ import torch
 
 from tsspec.protocols import PagedRows
 
-__all__ = ["batched_greedy", "open_paged_or_none"]
+__all__ = ["batched_answers", "batched_greedy", "open_paged_or_none"]
 
 BLOCK = 16  # KV positions per paged block
 
@@ -36,6 +36,8 @@ class _Slot:
     blocks: list[int]
     past: int = 0
     answer: list[int] = attrs.field(factory=list)
+    hidden: list = attrs.field(factory=list)  # feature rows [n, F] of each forward (want_hidden)
+    argmax: list[int] = attrs.field(factory=list)  # the target's argmax at each answer row
 
     @property
     def reading(self) -> bool:
@@ -67,6 +69,33 @@ def batched_greedy(
     """Greedy answers (at most ``max_new_tokens`` ids each, ending at the first ``eos`` id) of
     every prompt, in order; ``on_done(i, answer)`` as each finishes. None when the target has
     no paged path (the caller answers one prompt at a time)."""
+    return batched_answers(target, prompts, max_new_tokens, eos=eos, batch=batch, on_done=on_done)
+
+
+def _argmax(index: int, logits: torch.Tensor, position: int, preceding: Sequence[int]) -> int:
+    return int(torch.argmax(logits).item())
+
+
+@torch.inference_mode()
+def batched_answers(
+    target,
+    prompts: Sequence[Sequence[int]],
+    max_new_tokens: int,
+    *,
+    eos: frozenset[int] = frozenset(),
+    batch: int = 8,
+    on_done: Callable[[int, list[int]], None] = lambda i, ids: None,
+    pick: Callable[[int, torch.Tensor, int, Sequence[int]], int] = _argmax,
+    on_features: Callable[[int, torch.Tensor, torch.Tensor], None] | None = None,
+) -> list[list[int]] | None:
+    """``batched_greedy`` with the next token chosen by ``pick(i, logits [vocab], position,
+    preceding ids)`` (prompt i's own sampler, say); the default is the argmax.
+
+    ``on_features(i, hidden, argmax)``, when given, gets each finished sequence's feature rows
+    (the target's hidden rows, its feature taps when set) for prompt + answer but the last
+    token, hidden [P + n - 1, F] float16, and the target's argmax at each answer row [n]
+    (what greedy verification emits there, whatever ``pick`` drew)."""
+    want_hidden = on_features is not None
     if not prompts:
         return []
     longest = max(len(p) for p in prompts) + max_new_tokens + 1
@@ -90,26 +119,32 @@ def batched_greedy(
         budget = max_rows
         for slot, s in sorted(active.items()):  # answering sequences: one row each
             if not s.reading:
-                rows.append(PagedRows(s.blocks, s.past, [s.answer[-1]], seq=slot))
+                rows.append(PagedRows(s.blocks, s.past, [s.answer[-1]], want_hidden=want_hidden, seq=slot))
                 owners.append(slot)
                 budget -= 1
         for slot, s in sorted(active.items()):  # then prompt chunks, in what rows are left
             if s.reading and budget > 0:
                 chunk = s.prompt[s.past : s.past + budget]
-                rows.append(PagedRows(s.blocks, s.past, chunk, seq=slot))
+                rows.append(PagedRows(s.blocks, s.past, chunk, want_hidden=want_hidden, seq=slot))
                 owners.append(slot)
                 budget -= len(chunk)
         outputs = paged.forward(rows)
-        for slot, r, (logits, _) in zip(owners, rows, outputs):
+        for slot, r, (logits, hidden) in zip(owners, rows, outputs):
             s = active[slot]
             s.past += len(r.tokens)
+            if want_hidden:
+                s.hidden.append(hidden.to(torch.float16))  # [rows, F]
             if s.reading:
                 continue
-            token = int(torch.argmax(logits[-1]).item())
+            token = pick(s.index, logits[-1], s.past, s.prompt + s.answer)
+            if want_hidden:
+                s.argmax.append(int(torch.argmax(logits[-1]).item()))
             s.answer.append(token)
             if token in eos or len(s.answer) >= max_new_tokens:
                 answers[s.index] = s.answer
                 on_done(s.index, s.answer)
+                if on_features is not None:
+                    on_features(s.index, torch.cat(s.hidden, dim=0), torch.tensor(s.argmax, dtype=torch.long))
                 from tsspec.capabilities import paged_info
 
                 release = paged_info(paged).release

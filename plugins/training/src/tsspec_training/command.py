@@ -34,7 +34,7 @@ def train_drafter(
     model: Annotated[Optional[str], typer.Option("--model", "-m", help="Target GGUF, the teacher (default: the default model, the embedded smollm2-135m).")] = None,
     layers: Annotated[int, typer.Option("--layers", help="Drafter decoder layers.", rich_help_panel=PANEL_TRAIN)] = 1,
     block_size: Annotated[int, typer.Option("--block-size", help="Block drafters: tokens per block.", rich_help_panel=PANEL_TRAIN)] = 8,
-    taps: Annotated[Optional[str], typer.Option("--taps", help="Block drafters: target layers to tap, e.g. 1,15,29.", rich_help_panel=PANEL_TRAIN)] = None,
+    taps: Annotated[Optional[str], typer.Option("--taps", help="Block drafters and eagle3 heads: target layers to tap, e.g. 1,15,29 (eagle3 default: low, middle, top).", rich_help_panel=PANEL_TRAIN)] = None,
     draft_vocab: Annotated[int, typer.Option("--draft-vocab", help="Draft vocabulary size K (FR-Spec).", rich_help_panel=PANEL_TRAIN)] = 4096,
     steps: Annotated[int, typer.Option("--steps", help="Optimiser steps.", rich_help_panel=PANEL_TRAIN)] = 200,
     batch: Annotated[int, typer.Option("--batch", help="Sequences per step.", rich_help_panel=PANEL_TRAIN)] = 8,
