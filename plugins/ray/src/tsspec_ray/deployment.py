@@ -87,12 +87,12 @@ class EngineReplica:
         if worker is not None and not worker.is_alive():
             raise RuntimeError("the engine's scheduler thread has stopped")
 
-    async def generate(self, prepared, key: str = "") -> AsyncIterator[tuple]:
+    async def generate(self, prepared) -> AsyncIterator[tuple]:
         """("piece", token, text, logprobs) per piece, then ("done", Finished, draft memory
-        counts). ``key``: the request's API key id (its draft pool on this replica)."""
+        counts). ``prepared.key``: the request's API key id (its draft pool on this replica)."""
         from tsspec_serve.engine import Done
 
-        async for event in self.engine.run(prepared, key):
+        async for event in self.engine.run(prepared):
             if isinstance(event, Done):
                 handle = event.handle
                 self._count(handle.result)
@@ -183,7 +183,7 @@ class ReplicaEngine:
                     default=self.options, spec_names=self.spec_names, max_draft=self.max_draft,
                     context_label=self.context_label)
 
-    async def run(self, prepared, key: str = "") -> AsyncIterator[Any]:
+    async def run(self, prepared) -> AsyncIterator[Any]:
         from tsspec_serve.engine import Done, Piece
 
         arrived = time.perf_counter()
@@ -193,7 +193,7 @@ class ReplicaEngine:
                 sent = False
                 buffered: list = []
                 try:
-                    stream = self.handle.options(stream=True).generate.remote(prepared, key)
+                    stream = self.handle.options(stream=True).generate.remote(prepared)
                     async for kind, *rest in stream:
                         if kind == "done":
                             self.served.append((tuple(prepared.prompt_ids), rest[0].replica))
