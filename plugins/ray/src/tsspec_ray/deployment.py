@@ -79,7 +79,7 @@ class EngineReplica:
 
         return {"model_id": engine.model_id, "context": engine.context, "replica": self.name,
                 "architecture": engine.target.config.architecture,
-                "model_context_length": engine.target.max_context_length,
+                "model_context_length": engine.target.max_context_length, "context_label": engine.context_label,
                 "actor": ray.get_runtime_context().get_actor_name()}
 
     def check_health(self) -> None:
@@ -88,16 +88,17 @@ class EngineReplica:
             raise RuntimeError("the engine's scheduler thread has stopped")
 
     async def generate(self, prepared) -> AsyncIterator[tuple]:
-        """("piece", token, text) per token, then ("done", Finished)."""
+        """("piece", token, text, logprobs) per piece, then ("done", Finished, draft memory
+        counts). ``prepared.key``: the request's API key id (its draft pool on this replica)."""
         from tsspec_serve.engine import Done
 
         async for event in self.engine.run(prepared):
             if isinstance(event, Done):
                 handle = event.handle
                 self._count(handle.result)
-                yield ("done", Finished(handle.state, handle.result, handle.error, self.name))
+                yield ("done", Finished(handle.state, handle.result, handle.error, self.name), event.memory)
                 return
-            yield ("piece", event.token, event.text)
+            yield ("piece", event.token, event.text, event.logprobs)
 
     def _count(self, result) -> None:
         counts = {"requests": 1}
@@ -153,7 +154,7 @@ class ReplicaEngine:
     """The ``ServeEngine`` surface the serve plugin's app uses, decoding on replicas."""
 
     def __init__(self, handle, *, tokenizer, model_id: str, context: int, architecture: str, options, spec_names,
-                 model_context_length: int | None = None):
+                 model_context_length: int | None = None, context_label: str = "the model's context"):
         from tsspec_serve.scheduler import MAX_WINDOW
 
         self.handle = handle
@@ -164,6 +165,7 @@ class ReplicaEngine:
         self.max_draft = MAX_WINDOW
         self.created = int(time.time())
         self._context = int(context)
+        self.context_label = context_label
         # what the app reads off the target: its architecture and the model's own context length
         self.target = attrs.make_class("Target", {"config": attrs.field(), "max_context_length": attrs.field()})(
             attrs.make_class("Config", {"architecture": attrs.field()})(architecture),
@@ -178,7 +180,8 @@ class ReplicaEngine:
 
     def prepare_kwargs(self) -> dict[str, Any]:
         return dict(tokenizer=self.tokenizer, context=self.context, model_ids=[self.model_id],
-                    default=self.options, spec_names=self.spec_names, max_draft=self.max_draft)
+                    default=self.options, spec_names=self.spec_names, max_draft=self.max_draft,
+                    context_label=self.context_label)
 
     async def run(self, prepared) -> AsyncIterator[Any]:
         from tsspec_serve.engine import Done, Piece
@@ -196,7 +199,7 @@ class ReplicaEngine:
                             self.served.append((tuple(prepared.prompt_ids), rest[0].replica))
                             for piece in buffered:
                                 yield piece
-                            yield Done(rest[0], None, arrived)
+                            yield Done(rest[0], None, arrived, rest[1] if len(rest) > 1 else None)
                             return
                         piece = Piece(*rest)
                         if prepared.stream:
@@ -238,7 +241,8 @@ class Ingress:
         engine = ReplicaEngine(self.replicas, tokenizer=load_tokenizer(self.model), model_id=info["model_id"],
                                context=info["context"], architecture=info["architecture"], options=options,
                                spec_names=STATE.catalog.speculators.names(),
-                               model_context_length=info.get("model_context_length"))
+                               model_context_length=info.get("model_context_length"),
+                               context_label=info.get("context_label", "the model's context"))
         self.engine = engine
         return create_app(engine)
 
