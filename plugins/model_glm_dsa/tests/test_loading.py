@@ -12,6 +12,8 @@ import ctypes
 import gc
 import mmap
 import os
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -197,12 +199,22 @@ def _read_ahead_bytes() -> int:
     return max(sizes, default=8 * MIB)
 
 
-def _rss() -> int:
-    with open("/proc/self/statm") as handle:
-        return int(handle.read().split()[1]) * mmap.PAGESIZE
-
-
 @pytest.mark.skipif(not os.path.exists("/proc/self/statm"), reason="needs Linux /proc and mincore")
+def _rss_growth_of_a_load(path: str, spec: str) -> int:
+    """Resident bytes a fresh process gains by loading ``path`` with ``TS_MTP_SPEC=spec``."""
+    code = (
+        "import gc, os, sys\n"
+        "from tsspec_model_glm_dsa.loader import load_glm_dsa\n"
+        "rss = lambda: int(open('/proc/self/statm').read().split()[1]) * os.sysconf('SC_PAGE_SIZE')\n"
+        "gc.collect(); before = rss(); target = load_glm_dsa(sys.argv[1], None); gc.collect()\n"
+        "print(rss() - before)\n"
+    )
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("TS_SPEC_", "TS_MTP_"))}
+    env["TS_MTP_SPEC"] = spec
+    out = subprocess.run([sys.executable, "-c", code, path], env=env, capture_output=True, text=True, check=True)
+    return int(out.stdout.split()[-1])
+
+
 def test_unrequested_nextn_is_never_read(big_file, monkeypatch):
     """TS_MTP_SPEC=0: no NextN tensor is read (trace), none of its pages enters the page cache
     (mincore), and resident memory is lower by about the layer's size than with the layer."""
@@ -223,12 +235,8 @@ def test_unrequested_nextn_is_never_read(big_file, monkeypatch):
     # a file system that keeps the file cached after POSIX_FADV_DONTNEED (tmpfs) cannot show
     # residency: then the trace and the memory checks below stand alone
     evicted = _resident_fraction(path, lo, length) == 0.0
-    gc.collect()
-    before = _rss()
     monkeypatch.setenv("TS_MTP_SPEC", "0")
     bare = load_glm_dsa(path, None)
-    gc.collect()
-    without = _rss() - before
     assert bare.draft_head is None
     assert read and not [n for n in read if n.startswith("blk.2.")]
     if evicted:  # past the kernel's read-around after the trunk's last page, no NextN page was read
@@ -239,11 +247,10 @@ def test_unrequested_nextn_is_never_read(big_file, monkeypatch):
 
     read.clear()
     monkeypatch.setenv("TS_MTP_SPEC", "1")
-    before = _rss()
     full = load_glm_dsa(path, None)
-    gc.collect()
-    with_nextn = _rss() - before
     assert full.draft_head is not None and any(n.startswith("blk.2.") for n in read)
+    # resident memory in fresh processes (this one's allocator reuses what earlier tests freed)
+    without, with_nextn = _rss_growth_of_a_load(path, "0"), _rss_growth_of_a_load(path, "1")
     assert without < 0.2 * nextn_bytes
     assert 0.8 * nextn_bytes < with_nextn - without < 1.5 * nextn_bytes, (without / MIB, with_nextn / MIB)
     print(f"NextN {nextn_bytes / MIB:.1f} MiB; RSS growth without {without / MIB:.1f} MiB, with {with_nextn / MIB:.1f} MiB")
