@@ -168,6 +168,6 @@ def test_list_speculators_says_what_auto_runs_and_with_which_drafter_file(capsys
             assert not exc.code
         line = [x for x in capsys.readouterr().out.splitlines() if x.startswith("auto -> ")][-1]
         if DRAFTERS[mtp][2] or extra:  # attached under auto: the pair, naming the file
-            assert line.startswith("auto -> ngram+draft-head: ") and mtp in line
+            assert line.startswith("auto -> select(ngram+draft-head): ") and mtp in line
         else:
             assert line == "auto -> ngram"
