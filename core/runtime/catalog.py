@@ -18,7 +18,7 @@ from .registry import SpeculatorRegistry, check_registration
 
 # the keyword facts a speculator registration may carry besides requires_draft_head
 SPECULATOR_FACTS = frozenset(
-    {"serves_kind", "weight_free", "description", "drafter_hint", "auto_priority"}
+    {"serves_kind", "weight_free", "description", "drafter_hint", "auto_priority", "composes_auto"}
 )
 
 

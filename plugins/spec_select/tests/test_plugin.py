@@ -67,3 +67,22 @@ def test_a_failing_composer_leaves_the_pair_and_says_so(caplog):
     with caplog.at_level(logging.WARNING, logger="tsspec.registry"):
         made = _registry(broken).create(target, SpeculationOptions(spec_type="auto"))
     assert isinstance(made, SpeculatorPair) and "composer broken" in caplog.text
+
+
+def test_the_plugin_host_takes_the_registration():
+    """Through the plugin host (as installed plugins load), not only the bare registry."""
+    from tsspec.hookspecs import hookimpl
+    from tsspec.testing import plugin_catalog
+
+    class Algorithms:
+        @hookimpl
+        def tsspec_register_speculators(self, register):
+            register("ngram", lambda t, o: Named("ngram"), requires_draft_head=False, weight_free=True)
+            register("draft-head", lambda t, o: Named("draft-head"), requires_draft_head=True,
+                     serves_kind=DraftHeadKind.PER_TOKEN)
+
+    catalog = plugin_catalog({"algorithms": Algorithms(), "select": tsspec_select})
+    assert catalog.speculators.get("select").composes_auto
+    target = ToyTarget()
+    target.draft_head = FallbackHead()
+    assert isinstance(catalog.speculators.create(target, SpeculationOptions(spec_type="auto")), MeasuredChoice)
