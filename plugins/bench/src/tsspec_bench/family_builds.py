@@ -70,9 +70,10 @@ def _load(catalog, path: str, draft_head: bool, draft_model: str | None = None):
     return load_model(path, options=options, draft_model=draft_model, catalog=catalog)
 
 
-def _prompts(vocab: int, count: int, seed: int) -> list[list[int]]:
-    g = torch.Generator().manual_seed(seed)
-    return [torch.randint(3, vocab, (PROMPT_LEN,), generator=g).tolist() for _ in range(count)]
+def train_prompts(vocab: int, size) -> list[list[int]]:
+    """The prompts whose greedy continuations the drafter is distilled on."""
+    g = torch.Generator().manual_seed(size.seed + 1)
+    return [torch.randint(3, vocab, (PROMPT_LEN,), generator=g).tolist() for _ in range(size.train_sequences)]
 
 
 def _greedy(target, prompt: list[int], n: int) -> tuple[list[int], torch.Tensor]:
@@ -134,7 +135,7 @@ def build_gemma4(catalog, size, root: Path, say):
     target_path = _convert(catalog, "gemma4_text", config.to_dict(), hf_target.state_dict(), root, "target")
     plain = _load(catalog, target_path, False)
     seqs = torch.tensor([_greedy(plain, p, TRAIN_TOKENS)[0]
-                         for p in _prompts(config.vocab_size, size.train_sequences, size.seed + 1)])
+                         for p in train_prompts(config.vocab_size, size)])
     aconfig = Gemma4AssistantConfig(text_config=GEMMA4_ASSISTANT_TEXT, backbone_hidden_size=config.hidden_size,
                                     use_ordered_embeddings=False)
     _eager(aconfig)
@@ -249,7 +250,7 @@ def build_glm_dsa(catalog, size, root: Path, say):
                         root, name)
 
     plain = _load(catalog, convert("untrained"), False)
-    data = [_greedy(plain, p, TRAIN_TOKENS) for p in _prompts(config.vocab_size, size.train_sequences, size.seed + 1)]
+    data = [_greedy(plain, p, TRAIN_TOKENS) for p in train_prompts(config.vocab_size, size)]
     embed, head = hf_target.model.embed_tokens.weight.detach(), hf_target.lm_head.weight.detach()
     threads, start = _one_thread(), time.perf_counter()
     try:
