@@ -122,7 +122,7 @@ interop-check: setup
 # drafter needs on this machine" weighs acceptance against (timed again after the runs).
 # --families adds each model family's draft head (gemma4 assistant, glm-dsa NextN) on a tiny
 # random target whose drafter is distilled briefly on the target's greedy outputs (a synthetic
-# tiny model: mechanics, not a real-model speed; ~90 s).
+# tiny model: mechanics, not a real-model speed; under a minute).
 # --goals adds the CPU speed goals (verify cost by rows, prefill of 1,000 tokens beside the
 # peers, a plain row with --dtype int8 beside goal 2) and the physical picture of a step.
 BENCH_STAMP := $(VENV)/.tsspec-bench-extras
