@@ -42,7 +42,7 @@ def test_keep_sets_the_length_inside_the_last_forward_and_counts_drops():
     t.spec_forward([4, 5, 6])
     t.spec_keep(1)
     assert t.cache_seq_len == 4 and t.counters.keeps == 1 and t.counters.forward_rows == 6
-    assert t.cache_bytes == 4 * 7 and t.max_context_length == 16
+    assert t.cache_bytes == 4 * 6 and t.max_context_length == 16
     with pytest.raises(ValueError, match="cannot keep 2 rows of a forward of 1"):
         t.spec_keep(2)
 
