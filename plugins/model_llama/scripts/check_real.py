@@ -102,7 +102,13 @@ def reference_model(path: str):
     import transformers
 
     folder, name = os.path.split(path)
-    return transformers.AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, dtype=torch.float64).eval()
+    unpacked = transformers.GgufConfig(dequantize=True)  # dense float64 weights, float64 matmuls
+    model = transformers.AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, dtype=torch.float64,
+                                                              quantization_config=unpacked).eval()
+    dtypes = {p.dtype for p in model.parameters()}
+    if dtypes != {torch.float64}:
+        raise SystemExit(f"check-real: the reference is not float64 throughout ({sorted(map(str, dtypes))})")
+    return model
 
 
 def row_logits(model, ids: list[int]):
@@ -182,7 +188,7 @@ def main(argv=None) -> int:
         mine = mine[-1].double()
         llama = dict(map(tuple, b[split])) | dict(map(tuple, theirs["watched"][n][split]))
         candidates = sorted({t for t, _ in a[split]} | {t for t, _ in b[split]})
-        err_t = max(abs(float(mine[t] - ref[t])) for t in candidates)
+        err_t = max(abs(float(mine[t]) - float(ref[t])) for t in candidates)
         err_l = max(abs(llama[t] - float(ref[t])) for t in candidates)  # llama.cpp's values of both top-2
         top = ref.topk(2)
         best = int(top.indices[0])
@@ -193,7 +199,7 @@ def main(argv=None) -> int:
         gap = float(top.values[0] - top.values[1])
         print(f"  float64 reference top-2 [{ref_top}] gap {gap:.4f} "
               f"({'near-tie' if gap < GAP * abs(float(top.values[0])) else 'NOT a near-tie'}); "
-              f"largest logit error over tokens {candidates}: tsspec {err_t:.4f}, llama.cpp {err_l:.4f}; "
+              f"largest logit error over tokens {candidates}: tsspec {err_t:.2e}, llama.cpp {err_l:.2e}; "
               f"reference's token picked by tsspec: {a[split][0][0] == best}, by llama.cpp: {b[split][0][0] == best}")
     with_special = sum(target.tokenizer.encode(s) == t[0] for s, t in zip(strings, theirs["tokens"]))
     plain = sum(target.tokenizer.encode(s, add_special_tokens=False) == t[1] for s, t in zip(strings, theirs["tokens"]))
