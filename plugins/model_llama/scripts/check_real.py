@@ -102,9 +102,9 @@ def reference_model(path: str):
     import transformers
 
     folder, name = os.path.split(path)
-    unpacked = transformers.GgufConfig(dequantize=True)  # dense float64 weights, float64 matmuls
-    model = transformers.AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, dtype=torch.float64,
-                                                              quantization_config=unpacked).eval()
+    # gemma3 is not on transformers' packed-GGUF path: its loader unpacks every tensor (whatever its
+    # warning about packed weights says), so weights and matmuls are float64, which this checks
+    model = transformers.AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, dtype=torch.float64).eval()
     dtypes = {p.dtype for p in model.parameters()}
     if dtypes != {torch.float64}:
         raise SystemExit(f"check-real: the reference is not float64 throughout ({sorted(map(str, dtypes))})")
