@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import pytest
-
 from tsspec_gguf.tokenizer import GGUFTokenizer
 from tsspec_model_llama.chat_templates import use_builtin_chat_template
 from tsspec_model_llama.families import FAMILIES, family_of

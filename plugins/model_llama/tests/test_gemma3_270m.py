@@ -10,8 +10,6 @@ import random
 import pytest
 import torch
 
-from tsspec.testing_fixtures import cli_state  # noqa: F401  (the CLI's state, restored after main)
-
 pytestmark = pytest.mark.oracle
 
 
@@ -165,7 +163,7 @@ def test_chat_formats_turns_with_the_gemma_built_in(gemma_path, gemma, capsys, m
         code = exc.code
     out = capsys.readouterr()
     assert code in (0, None), out.err
-    assert prompts == ["<bos><start_of_turn>user\nWhat is 2+2? Answer with one digit.<end_of_turn>\n"
-                       "<start_of_turn>model\n"]
+    assert prompts == [("<bos><start_of_turn>user\nWhat is 2+2? Answer with one digit.<end_of_turn>\n"
+                        "<start_of_turn>model\n")]
     assert out.err.count("no chat template in the file; using the gemma family's built-in one") == 1
     assert out.out.strip()  # a reply was printed
