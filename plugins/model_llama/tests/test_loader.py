@@ -106,6 +106,7 @@ def test_load_options_object(tmp_path, contents):
     assert target.device.type == "cpu"
     if native.available():  # every matrix kept at 16 bits on the row-invariant kernel
         assert target.dtype == torch.float32 and "BF16 weights kept at 16 bits" in target.config.extra["weights"]
+        assert target.config.extra["lossless"].startswith("bit-exact") and "BF16" in target.config.extra["lossless"]
     else:
         assert target.dtype == torch.bfloat16
 

@@ -244,7 +244,8 @@ class LlamaTarget:
     def _guarantee(self) -> str:
         """The lossless guarantee of this path, one line (docs/lossless.md lists every path)."""
         if self.block_weights and native.available() and self.device.type == "cpu":
-            return "bit-exact: block-kernel rows are batch-invariant (verify rows equal one-row decode)"
+            halves = f"; {', '.join(self._halves)} weights kept at 16 bits, float32 math" if self._halves else ""
+            return f"bit-exact: block-kernel rows are batch-invariant (verify rows equal one-row decode){halves}"
         if self.dtype == torch.float64:
             return "equal to plain up to float64 rounding (verify rows agree to ~1e-15)"
         if self.dtype == torch.float32:
