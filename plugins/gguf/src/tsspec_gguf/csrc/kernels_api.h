@@ -7,7 +7,7 @@
 #include <Python.h>
 #include <stdint.h>
 
-#define TSSPEC_KERNELS_API_VERSION 2
+#define TSSPEC_KERNELS_API_VERSION 3
 #define TSSPEC_KERNELS_CAPSULE "tsspec_gguf._cpu_kernels.api"
 
 #define QK 32
