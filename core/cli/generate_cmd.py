@@ -89,8 +89,7 @@ def kernels_in_use(target) -> list[str]:
 
 def load_target(model: str | None, device: str, dtype: str | None, options, *, threads: int | None = None,
                 ctx_size: int | None = None):
-    """The model a command serves (``-t/--threads`` applied before the load, ``-c/--ctx-size``
-    after it)."""
+    """The model a command serves (``--threads`` applied before the load, ``--ctx-size`` after)."""
     from ..runtime.loading import load_model
 
     flags.apply_threads(threads)
@@ -102,7 +101,7 @@ def load_target(model: str | None, device: str, dtype: str | None, options, *, t
 def generate(
     prompt: Annotated[Optional[str], typer.Option("--prompt", "-p", help="Prompt text (or pipe it in).")] = None,
     prompt_file: Annotated[Optional[str], typer.Option("--prompt-file", help="Read the prompt from a file ('-' = stdin).")] = None,
-    model: Annotated[Optional[str], typer.Option("--model", "-m", help="GGUF file or model name (`tsspec models`; default: the default model a plugin offers, the embedded smollm2-135m; 'toy' = the test toy).")] = None,
+    model: flags.Model = None,
     chat: Annotated[bool, typer.Option("--chat/--raw", help="Apply the model's chat template.")] = False,
     system: Annotated[Optional[str], typer.Option("--system", help="System message (with --chat).")] = None,
     max_tokens: Annotated[int, typer.Option("--max-tokens", "-n", min=1, help="Tokens to generate.")] = 128,
