@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 
 import pytest
+from tsspec.testing_fixtures import _isolated_environ  # noqa: F401  (every suite: os.environ restored after each test)
 
 ON_WORDS = {"1", "true", "yes", "on"}
 # the plugins' compiled extensions on the kernels' C-API: (plugin package, extension module)

@@ -1,10 +1,7 @@
 """tsspec: lossless speculative decoding for GGUF language models.
 
-``__all__`` is the whole public surface: the user API (``load_model``, ``generate`` and their
-options) and the plugin contract (the protocols, the capability records, the hook marker,
-``CONTRACT_VERSION``). Everything else stays importable from its module (``tsspec.runtime...``,
-``tsspec.testing``) but is no promise. Heavy modules (torch) load on first use, so
-``import tsspec`` stays cheap.
+``__all__`` is the public surface: the user API and the plugin contract. Everything else is
+importable from its module but no promise; heavy modules (torch) load on first use.
 """
 
 from __future__ import annotations
@@ -46,25 +43,14 @@ _LAZY = {
     "LoadOptions": "tsspec.runtime.loading",
     "attach_drafter": "tsspec.runtime.loading",
     "Sampler": "tsspec.runtime.sampling",
-    "SpecStats": "tsspec.runtime.stats",
     "SpeculativeExecution": "tsspec.runtime.execution",
-    "SpeculationCostGovernor": "tsspec.runtime.governor",
-    "BatchedSpecTrunk": "tsspec.runtime.batched_trunk",
-    "BatchDriver": "tsspec.runtime.batching",
-    "generate_batched": "tsspec.runtime.batching",
     "PluginHost": "tsspec.plugins",
-    "PluginControls": "tsspec.plugins",
-    "build_catalog": "tsspec.runtime.catalog",
     "SpeculatorRegistry": "tsspec.runtime.registry",
-    "Decline": "tsspec.runtime.registry",
-    "DECLINE_CODES": "tsspec.runtime.registry",
     "MAX_DRAFT_WINDOW": "tsspec.runtime.options",
     "ContractError": "tsspec.capabilities",
     "SpecTrunk": "tsspec.protocols",
     "HeadCounts": "tsspec.protocols",
-    "PrecedingTokens": "tsspec.protocols",
     "resolve_feature_taps": "tsspec.protocols",
-    "hookspec": "tsspec.hookspecs",
     "parse_cost_shape": "tsspec.cost_shape",
     "rows_cost": "tsspec.cost_shape",
     "ModelLoadError": "tsspec.errors",

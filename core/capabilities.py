@@ -1,15 +1,7 @@
 """The one reader of what a plugin's objects offer: typed capability records with their defaults.
 
-The loop, the registry and the CLI never probe a plugin object for an optional member; they ask
-this module, which reads each member once, checks its type and fills in the default. A member of
-the wrong type is a ``ContractError`` that names it, raised when the object is first read (for a
-speculator: when the registry makes it), not a fault some steps later.
-
-* ``SpeculatorInfo`` -- a speculator's facts and its optional methods (``name`` and ``propose``
-  are the only members a speculator must have).
-* ``TargetInfo`` / ``DrafterInfo`` -- a target's and its attached drafter's optional facts.
-* ``PagedInfo`` -- a paged KV's optional facts and methods (hybrid trunks).
-"""
+Each optional member is read once here, type-checked and defaulted: ``SpeculatorInfo``,
+``TargetInfo`` / ``DrafterInfo``, ``PagedInfo``. A wrong type is a ``ContractError`` naming it."""
 
 from __future__ import annotations
 
@@ -21,21 +13,6 @@ import attrs
 from .errors import TsspecError
 from .protocols import DraftHeadKind
 
-__all__ = [
-    "ContractError",
-    "SpeculatorInfo",
-    "TargetInfo",
-    "DrafterInfo",
-    "PagedInfo",
-    "speculator_info",
-    "apply_gate",
-    "check_speculator_class",
-    "target_info",
-    "drafter_info",
-    "paged_info",
-    "verify_cost_shape",
-    "trunk_extras",
-]
 
 
 class ContractError(TsspecError):
@@ -48,11 +25,8 @@ def _nothing(*_: Any) -> None:
 
 @attrs.frozen
 class SpeculatorInfo:
-    """A speculator as the loop sees it: the spec's facts, then the optional members' defaults.
-
-    ``min_draft_prob`` (MinDraftProb) is the confidence gate in force: the operator's
-    ``--spec-pmin``, else the speculator's ``default_min_draft_prob`` (DefaultMinDraftProb).
-    """
+    """A speculator as the loop sees it. ``min_draft_prob`` (MinDraftProb) is the gate in force:
+    ``--spec-pmin``, else ``default_min_draft_prob`` (DefaultMinDraftProb)."""
 
     name: str
     propose: Callable[..., Any]
@@ -97,10 +71,7 @@ def _member(obj: Any, name: str, owner: str) -> Any:
 
 
 def check_speculator_class(obj: Any, label: str = "speculator") -> None:
-    """Raise ``ContractError`` naming the first missing or wrong member of a speculator (an
-    instance, or a class registered as its own factory): ``name`` (a non-empty str) and a
-    callable ``propose`` are required; every optional member, when present, has its type.
-    A class may leave ``name`` to its instances."""
+    """``ContractError`` naming a speculator's first missing or wrong member (a class may omit ``name``)."""
     name = _member(obj, "name", label)
     if not (isinstance(name, str) and name) and not (isinstance(obj, type) and name is None):
         raise ContractError(f"{label}: has no name (a non-empty str attribute)")
@@ -120,9 +91,7 @@ def check_speculator_class(obj: Any, label: str = "speculator") -> None:
 
 
 def apply_gate(spec: Any, info: SpeculatorInfo, pmin: float | None) -> SpeculatorInfo:
-    """Set the speculator's ``min_draft_prob`` (MinDraftProb) to the gate in force, the
-    operator's ``pmin`` else its ``default_min_draft_prob``, when it has that member: the one
-    place ``--spec-pmin`` meets the algorithm's default. Returns the info with that gate."""
+    """Set ``min_draft_prob`` to the operator's ``pmin``, else the default; the info with that gate."""
     gate = info.default_min_draft_prob if pmin is None else float(pmin)
     if getattr(spec, "min_draft_prob", None) is not None:
         try:
@@ -133,9 +102,7 @@ def apply_gate(spec: Any, info: SpeculatorInfo, pmin: float | None) -> Speculato
 
 
 def speculator_info(spec: Any) -> SpeculatorInfo:
-    """Read a speculator once (``check_speculator_class`` first): its facts and bound methods,
-    with the defaults for what it leaves out; ``min_draft_prob`` is its own gate, else its
-    default (``apply_gate`` sets the operator's)."""
+    """Read a speculator once: its facts and methods, defaults for what it leaves out."""
     check_speculator_class(spec)
     facts = {}
     for fact in _FACTS:
@@ -208,8 +175,7 @@ def target_info(target: Any) -> TargetInfo:
 
 
 def verify_cost_shape(target: Any) -> Any:
-    """The target's optional ``spec_verify_row_ms`` (its forward's cost by rows on this machine;
-    a target may measure it on first read), or None. Read only when a sizer needs it."""
+    """The target's optional ``spec_verify_row_ms`` (cost by rows), or None."""
     try:
         return getattr(target, "spec_verify_row_ms", None)
     except Exception:
@@ -221,8 +187,7 @@ _NO_PREFIX = "the paged KV cannot resume a prefix"
 
 @attrs.frozen
 class PagedInfo:
-    """A paged KV's optional members: a hybrid's per-sequence ``keep``/``release`` and its
-    refusals (``row_invariant`` False: prefill in one piece; ``resumes_prefix`` False)."""
+    """A paged KV's optional members (hybrids): ``keep``/``release`` and its refusals."""
 
     row_invariant: bool = True
     resumes_prefix: bool = True
@@ -244,8 +209,7 @@ def paged_info(kv: Any) -> PagedInfo:
 
 
 def trunk_extras(trunk: Any) -> tuple[int, float]:
-    """(positions the trunk was admitted with from a prefix cache, what its last verify's extra
-    rows cost the rest of its batch in ms): both 0 for a target's own linear cache."""
+    """(positions adopted from a prefix cache, the last verify's extra cost in ms to its batch)."""
     adopted = getattr(trunk, "adopted_prefix", 0) or 0
     extra = getattr(trunk, "extra_cost_ms", 0.0) or 0.0
     return int(adopted), float(extra)

@@ -1,11 +1,6 @@
-"""The ``tsspec.toml`` config file: where it is looked up, and strict validation of its keys.
-
-Lookup order: ``--config PATH``, else ``$TSSPEC_CONFIG``, else ``./tsspec.toml``, else
-``$XDG_CONFIG_HOME/tsspec/tsspec.toml`` (``~/.config`` when unset). A file named explicitly must
-exist; the implicit ones are optional. Unknown keys and wrong types are errors that name the key,
-so a typo never silently does nothing. ``[plugin.NAME]`` tables belong to plugin NAME, which
-checks its own keys (``plugin_section``).
-"""
+"""The ``tsspec.toml`` config file: found at ``--config``, ``$TSSPEC_CONFIG``, ``./tsspec.toml`` or
+the user's config dir (a file named explicitly must exist); unknown keys and wrong types are
+errors naming the key. ``[plugin.NAME]`` tables are checked by their plugin (``plugin_section``)."""
 
 from __future__ import annotations
 
@@ -107,8 +102,7 @@ def load_config(path: Path | None) -> dict[str, dict[str, Any]]:
 
 def plugin_section(config: Mapping[str, Any], plugin: str, schema: Mapping[str, tuple[type, ...]],
                    source: str = "config") -> dict[str, Any]:
-    """Plugin ``plugin``'s ``[plugin.NAME]`` table of a validated config, checked against its own
-    ``schema`` (key -> accepted types) as the core's sections are; {} when absent."""
+    """Plugin ``plugin``'s ``[plugin.NAME]`` table checked against its ``schema``; {} when absent."""
     name = f"{PLUGIN_SECTION}.{plugin}"
     table = dict((config.get(PLUGIN_SECTION) or {}).get(plugin) or {})
     return validate({name: table}, source=source, schema={name: schema})[name] if table else {}

@@ -1,8 +1,5 @@
-"""A target's forward cost by rows (its ``spec_verify_row_ms`` capability) read as a cost shape.
-
-Layer 0: the runtime's confidence sizing (``calibration.StepCosts``) and any plugin that prices
-its own drafts (a block drafter's value rule) read the same capability through these functions.
-"""
+"""A target's forward cost by rows (``spec_verify_row_ms``) as a cost shape, for the loop's sizing
+and plugins that price their own drafts."""
 
 from __future__ import annotations
 
@@ -10,10 +7,7 @@ __all__ = ["parse_cost_shape", "rows_cost"]
 
 
 def parse_cost_shape(value) -> tuple[tuple[int, float], ...] | None:
-    """A target's forward cost by rows, ``((rows, ms), ..)`` from 1 row up, as a cost shape; None
-    for anything else: a missing or malformed profile, and one that is not increasing (a point
-    that costs less than one of fewer rows, or the widest no more than one row: a measurement
-    noise decided) is simply not used."""
+    """``((rows, ms), ..)`` from 1 row up, increasing; None for anything else (not used)."""
     if value is None:
         return None
     try:
@@ -30,8 +24,7 @@ def parse_cost_shape(value) -> tuple[tuple[int, float], ...] | None:
 
 
 def rows_cost(shape: tuple[tuple[int, float], ...], rows: int) -> float:
-    """The shape's cost of a forward of ``rows`` rows: linear between its points, the last
-    segment's slope past its end (never below the last point's cost)."""
+    """Cost of ``rows`` rows: linear between points, the last slope past the end."""
     for (r0, m0), (r1, m1) in zip(shape, shape[1:]):
         if rows <= r1:
             return m0 + (m1 - m0) * (max(rows, r0) - r0) / (r1 - r0)

@@ -1,8 +1,4 @@
-"""Operator-facing errors: each carries a one-line message that names the problem.
-
-The CLI prints ``tsspec: error: <message>`` and exits with code 2 for any ``TsspecError``; the
-traceback appears only with ``--debug``.
-"""
+"""Operator-facing errors, each one line naming the problem (the CLI: exit code 2)."""
 
 from __future__ import annotations
 

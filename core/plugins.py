@@ -1,17 +1,9 @@
 """The plugin manager: entry-point discovery, operator allow/deny control, load records.
 
-Built-in plugins load through exactly the same path as third-party ones: the ``tsspec``
-entry-point group. A plugin that fails to import or whose hook raises is recorded as ``failed``
-with the exception's message and skipped; it never takes the process down.
-
-A plugin may require a contract version (a module attribute ``TSSPEC_CONTRACT = "1.0"``); one
-that needs a newer contract than ``tsspec.CONTRACT_VERSION`` is recorded as ``failed`` with
-both versions, and not registered.
-
-Operator control, strongest first: ``--plugins a,b`` / ``--disable-plugin x``; the environment
-``TSSPEC_PLUGINS`` (allow-list; the empty string allows none) and ``TSSPEC_DISABLE_PLUGINS``;
-the config file's ``[plugins] enabled / disabled``.
-"""
+Every plugin loads through the ``tsspec`` entry-point group; one that fails to import, needs a
+newer contract (``TSSPEC_CONTRACT``) or whose hook raises is recorded ``failed`` and skipped.
+Control, strongest first: ``--plugins`` / ``--disable-plugin``, ``TSSPEC_PLUGINS`` /
+``TSSPEC_DISABLE_PLUGINS``, the config's ``[plugins]``."""
 
 from __future__ import annotations
 
@@ -99,8 +91,7 @@ class PluginControls:
 
 
 class PluginHost:
-    """One pluggy manager plus the records of what each plugin did. Make one per process (or per
-    test); ``load_entrypoints`` is idempotent."""
+    """One pluggy manager plus the records of what each plugin did."""
 
     def __init__(self, controls: PluginControls | None = None):
         self.controls = controls or PluginControls()
@@ -109,7 +100,6 @@ class PluginHost:
         self.records: dict[str, PluginRecord] = {}
         self._entrypoints_loaded = False
 
-    # -- discovery -------------------------------------------------------------------------
     def load_entrypoints(self, entry_points: Iterable[metadata.EntryPoint] | None = None) -> None:
         """Import and register every plugin of the ``tsspec`` group once."""
         if self._entrypoints_loaded and entry_points is None:
@@ -167,13 +157,9 @@ class PluginHost:
         self.records[name] = record
         return record
 
-    # -- hooks -----------------------------------------------------------------------------
     def call_each(self, hook_name: str, make_kwargs: Callable[[str], dict[str, Any]]) -> None:
-        """Call ``hook_name`` through pluggy once per loaded plugin that implements it, so one
-        plugin raising is recorded against that plugin and the others still run.
-        ``make_kwargs(plugin_name)`` builds the arguments (a ``register`` callback bound to that
-        plugin). Each call is a pluggy hook call restricted to that plugin's implementation:
-        other plugins' wrappers still run around it, and pluggy's tracing sees it."""
+        """Call ``hook_name`` once per loaded plugin that implements it (a pluggy subset call), so one
+        plugin raising is recorded against it and the others still run."""
         impls = getattr(self.pm.hook, hook_name).get_hookimpls()
         plain = [impl for impl in impls if not (impl.hookwrapper or impl.wrapper)]
         for impl in plain:

@@ -1,61 +1,26 @@
-"""The public contracts between the shared loop, model adapters, algorithms and drafter weights.
-
-Three layers that must never be conflated (see docs/architecture.md):
-
-* ``SpeculativeTarget`` -- a model adapter: a multi-row forward with per-row logits plus rollback.
-* ``Speculator`` -- an algorithm: how drafts are proposed. Written once, works on many models.
-* ``DraftHead`` -- trained drafter weights bound to one target, attached to it by composition.
-
-Everything here is structural (``typing.Protocol``): plugins implement the members, they do not
-inherit from tsspec classes. Tensors are ``torch.Tensor``; shapes are given in comments.
-"""
+"""The public contracts: ``SpeculativeTarget`` (a model adapter: a multi-row forward with per-row
+logits plus rollback), ``Speculator`` (an algorithm: how drafts are proposed) and ``DraftHead``
+(trained drafter weights attached to one target). All structural (``typing.Protocol``)."""
 
 from __future__ import annotations
 
 import enum
 import threading
-from typing import TYPE_CHECKING, Any, Callable, Hashable, Protocol, Sequence, runtime_checkable
+from typing import TYPE_CHECKING, Any, Callable, Protocol, Sequence, runtime_checkable
 
 import attrs
 
 if TYPE_CHECKING:  # torch is only needed for annotations here: importing protocols stays cheap
     import torch
 
-__all__ = [
-    "ModelConfig",
-    "Tokenizer",
-    "SpeculativeTarget",
-    "BatchedSpeculativeTarget",
-    "PagedKV",
-    "PagedRows",
-    "SpecTrunk",
-    "Speculator",
-    "DraftHead",
-    "DraftHeadKind",
-    "DraftContext",
-    "HeadCounts",
-    "PrecedingTokens",
-    "Proposal",
-    "SpeculatorDeclined",
-    "require_feature_width",
-    "resolve_feature_taps",
-]
 
 
 class SpeculatorDeclined(Exception):
-    """Raised by a speculator factory that cannot serve a target; the message is the reason.
-
-    The registry turns it into a ``cannot_serve`` decline that ``tsspec list-speculators`` prints,
-    so the message should say what is missing ("no Medusa file attached (--spec-draft-model)").
-    """
+    """Raised by a factory that cannot serve a target: a ``cannot_serve`` decline with its message."""
 
 
 def require_feature_width(target: Any, width: int, reader: str, hint: str = "") -> None:
-    """Decline (``SpeculatorDeclined``) unless the target's hidden rows are ``width`` wide: the
-    one check a factory whose drafter reads hidden rows makes (feature taps change the width).
-
-    ``reader`` names what reads them ("the block drafter"); ``hint`` says what to do about it.
-    """
+    """Decline unless the target's hidden rows are ``width`` wide."""
     have = int(target.spec_feature_size)
     if have != int(width):
         raise SpeculatorDeclined(
@@ -65,13 +30,11 @@ def require_feature_width(target: Any, width: int, reader: str, hint: str = "") 
 
 
 def resolve_feature_taps(layers: Sequence[int] | None, num_layers: int) -> tuple[int, ...] | None:
-    """What ``spec_set_feature_taps(layers)`` stores: None (or no layers) restores the default
-    hidden rows; otherwise the layer ids as a tuple, each a residual index in ``0..num_layers``
-    (ValueError naming the range otherwise).
+    """What ``spec_set_feature_taps(layers)`` stores: None for no layers, else the layer ids (each in
+    ``0..num_layers``, ValueError otherwise).
 
-    >>> resolve_feature_taps([2, 0], 4), resolve_feature_taps(None, 4), resolve_feature_taps([], 4)
-    ((2, 0), None, None)
-    """
+    >>> resolve_feature_taps([2, 0], 4), resolve_feature_taps([], 4)
+    ((2, 0), None)"""
     if not layers:
         return None
     taps = tuple(int(layer) for layer in layers)
@@ -117,14 +80,10 @@ class Tokenizer(Protocol):
 
 
 class PrecedingTokens(Sequence[int]):
-    """``history`` followed by ``drafts``, without copying the history (a copy would make every
-    proposal O(context)); what ``DraftContext.adjust_logits`` reads for the next draft.
+    """``history`` then ``drafts`` without copying the history (what ``adjust_logits`` reads).
 
-    >>> list(PrecedingTokens([1, 2, 3], [7]))
-    [1, 2, 3, 7]
     >>> PrecedingTokens([1, 2, 3], [7, 8])[-3:]
-    [3, 7, 8]
-    """
+    [3, 7, 8]"""
 
     __slots__ = ("_history", "_drafts")
 
@@ -154,16 +113,9 @@ class PrecedingTokens(Sequence[int]):
 
 
 class Proposal(list):
-    """A draft (a list of token ids) with its ``confidence``: one float in [0, 1] per draft
-    token, the drafter's own estimate that the token is right (a learned head's top-1
-    probability). The loop measures how often tokens of each confidence land in this run
-    (``runtime.calibration``) and verifies the prefix with the most expected tokens per
-    measured millisecond, possibly none (the step is then a plain one). A plain list is
-    verified whole (up to ``DraftContext.max_tokens``).
-
-    >>> Proposal([5, 6], confidence=[0.9, 0.4]).confidence
-    [0.9, 0.4]
-    """
+    """A draft (token ids) with a ``confidence`` in [0, 1] per token, the drafter's own estimate; the
+    loop calibrates it in this run and verifies the prefix worth its rows. A plain list is
+    verified whole."""
 
     __slots__ = ("confidence",)
 
@@ -174,19 +126,11 @@ class Proposal(list):
 
 @attrs.frozen
 class DraftContext:
-    """Everything a speculator may look at when proposing. One object, not a parameter list,
-    so a future signal becomes a new field instead of a new overload in every plugin.
+    """Everything a speculator may look at when proposing (one object: new signals become fields).
 
-    ``last_token`` sits at absolute ``position`` and is NOT yet in the trunk's cache; a draft
-    ``[d1..dk]`` guesses the tokens at positions ``position+1 ..``. ``history`` is the whole
-    sequence so far (prompt and emitted tokens) and ends with ``last_token``.
-
-    ``window`` is the draft window the loop decided once for the sequence (the operator's
-    ``--spec-draft``, else the default narrowed by the target's preferred window and the
-    speculator's ``max_draft_tokens``); ``max_tokens`` is this step's cap (the window further
-    cut by the token budget, the context and the governor). Never propose more than
-    ``max_tokens``: the loop has already capped it, there is nothing left to re-cap.
-    """
+    ``last_token`` sits at ``position`` and is not yet cached; a draft guesses positions
+    ``position+1 ..``; ``history`` ends with ``last_token``. ``window`` is the sequence's draft
+    window; ``max_tokens`` this step's cap (window, budget, context, governor): never exceed it."""
 
     last_token: int
     position: int
@@ -211,13 +155,9 @@ class DraftContext:
 
 @runtime_checkable
 class DraftHead(Protocol):
-    """Trained drafter weights bound to one target: a thin adapter, like a LoRA file.
-
-    Per-token heads implement ``draft_step`` and ``draft_catch_up`` (optionally the fused
-    ``draft_catch_up_and_step``); block heads implement ``draft_block``. A head with sequence
-    state may offer ``for_sequence()``: a view sharing its weights with its own sequence state
-    (optionally ``close()`` to free it), one per speculator (docs/plugins.md, ``DraftHead``).
-    """
+    """Trained drafter weights bound to one target. Per-token heads implement ``draft_step`` and
+    ``draft_catch_up``; block heads ``draft_block``. A head with sequence state may offer
+    ``for_sequence()``: a view sharing its weights (docs/plugins.md)."""
 
     kind: DraftHeadKind
     block_size: int  # tokens per block for BLOCK heads (anchor included); 1 for PER_TOKEN
@@ -226,22 +166,19 @@ class DraftHead(Protocol):
     def draft_step(
         self, token: int, h_prev: "torch.Tensor", pos: int
     ) -> tuple["torch.Tensor", "torch.Tensor"]:
-        """Feed ``token`` at ``pos`` with ``h_prev`` [H] (the row that predicted it); return
-        (logits [vocab] for position pos+1, the head's hidden output [H] to chain)."""
+        """Feed ``token`` at ``pos`` with ``h_prev`` [H]; (logits [vocab] for pos+1, hidden [H])."""
         ...
 
     def draft_block(
         self, last_token: int, h_prev: "torch.Tensor", position: int, max_tokens: int
     ) -> tuple[list[int], list[float]]:
-        """Propose up to ``max_tokens`` tokens after ``last_token`` (at ``position``) in one pass;
-        returns (tokens, per-token confidences in [0, 1])."""
+        """Up to ``max_tokens`` tokens after ``last_token`` in one pass: (tokens, confidences)."""
         ...
 
     def draft_catch_up(
         self, tokens: Sequence[int], h_rows: "torch.Tensor", start_pos: int
     ) -> None:
-        """Tell the head what landed: tokens at start_pos.., h_rows [n, H] the rows that predicted
-        them (the commit contract). Drops any speculative state beyond start_pos."""
+        """What landed: tokens at start_pos.., h_rows [n, H] the rows that predicted them."""
         ...
 
     def reset(self) -> None: ...
@@ -251,18 +188,9 @@ _COUNTS_LOCK = threading.Lock()  # every HeadCounts update: a few integer adds u
 
 
 class HeadCounts:
-    """The calls and rows a draft head ran, for one head or one sequence view of it.
-
-    A view's counts also add to its head's, so the head's figures are the totals over every
-    sequence. Views run in threads of their own, and the head itself may run in another, so
-    every update (a view's and the head's alike) takes one lock. Not a base class: a head holds
-    one as ``counts``, and a view made by ``for_sequence`` holds ``counts.view()``::
-
-        head.counts = HeadCounts()
-        view.counts = head.counts.view()  # in for_sequence, on the copy
-        view.counts.add(rows=3)           # once a forward: view 1 call / 3 rows, head the same
-        head.counts.calls, head.counts.rows
-    """
+    """Forwards and rows a draft head ran. A head holds one as ``counts``; a ``for_sequence`` view
+    holds ``counts.view()``, whose updates also add to the head's (under one lock: views run in
+    threads of their own)."""
 
     __slots__ = ("calls", "rows", "root")
 
@@ -272,8 +200,7 @@ class HeadCounts:
         self.root = root  # the head's counts a view also adds to; None on the head itself
 
     def view(self) -> "HeadCounts":
-        """Fresh counts for a sequence view that also add to the head's (a view of a view adds
-        to the same head)."""
+        """Counts for a sequence view that also add to the head's."""
         return HeadCounts(self.root or self)
 
     def add(self, rows: int = 0) -> None:
@@ -290,34 +217,15 @@ class HeadCounts:
 
 
 @runtime_checkable
-class SpeculativeTarget(Protocol):
-    """What the shared loop needs from a model, and nothing about drafting.
+class SpecTrunk(Protocol):
+    """What the loop drives: a target itself, or a ``BatchedSpecTrunk`` for one paged sequence.
 
-    Call protocol (the loop guarantees it; adapters may rely on it):
-
-    * ``spec_forward`` appends ``tokens`` at positions ``cache_seq_len ..`` and advances
-      ``cache_seq_len`` by ``len(tokens)``. ``all_logits_rows=True`` marks a verify: only then
-      may the loop keep fewer rows than it forwarded.
-    * Every ``spec_forward`` is followed by ONE rollback call, ``spec_keep(rows_kept)``: keep
-      the state after the first ``rows_kept`` rows of that forward (``1 <= rows_kept <= rows``;
-      prefill and plain steps keep every row). A KV target sets its length to
-      ``start + rows_kept``; a hybrid target commits a per-row recurrent slot, or restores the
-      state it saved when the verify began and re-forwards the kept rows itself. It may return
-      a word for the statistics ('committed', 'reforward'); None is counted as 'all' when
-      every row is kept, else 'rewound' (KV targets) or 'committed'.
-    * ``spec_rewind_cache(length)`` goes back to an earlier length between forwards: ``0``
-      starts a fresh sequence (clears recurrent state too); other lengths are legal where the
-      KV alone holds the state (``spec_verify_persists_accepted_kv``: reusing a cached prefix).
-
-    The specification's snapshot / restore / rewind trio stays behind ``spec_keep``: a target
-    that needs it saves its recurrent state when a verify begins and restores it there. The
-    optional facts (``speculation_profitable`` ... ``spec_verify_row_ms``) are read through
-    ``tsspec.capabilities.TargetInfo``, defaults there.
-    """
-
-    config: ModelConfig
-    tokenizer: Tokenizer | None
-    draft_head: DraftHead | None  # composition: the drafter is attached, not inherited
+    * ``spec_forward`` appends ``tokens`` at ``cache_seq_len ..``; ``all_logits_rows`` marks a verify.
+    * Each forward is followed by ONE ``spec_keep(rows_kept)``: keep the state after the first
+      ``rows_kept`` rows (a KV length; a hybrid commits a per-row slot or restores the state saved
+      when the verify began and re-forwards). It may return a mode word for the statistics.
+    * ``spec_rewind_cache(length)``: ``0`` starts a fresh sequence; other lengths where the KV alone
+      holds the state (``spec_verify_persists_accepted_kv``)."""
 
     @property
     def cache_seq_len(self) -> int: ...
@@ -327,42 +235,46 @@ class SpeculativeTarget(Protocol):
 
     @property
     def spec_feature_size(self) -> int:
-        """Width of a hidden row: hidden_size, or taps x hidden_size when feature taps are set."""
+        """hidden_size, or taps x hidden_size when feature taps are set."""
         ...
-
-    speculation_profitable: bool  # False when the trunk cannot verify without its own drafter
-    speculation_refusal: str | None  # a reason the target refuses speculation outright
-    spec_preferred_draft_window: int | None  # narrows the default window (e.g. 3 on hybrids)
-    spec_verify_persists_accepted_kv: bool  # True: a rejected tail is undone by a KV rewind
 
     def spec_forward(
         self, tokens: Sequence[int], *, all_logits_rows: bool, want_hidden: bool
     ) -> tuple["torch.Tensor", "torch.Tensor | None"]:
-        """One batched forward. Returns logits [rows, vocab] (only [1, vocab], the last row,
-        when all_logits_rows is False) and hidden [rows, spec_feature_size] or None."""
+        """Logits [rows, vocab] ([1, vocab] unless all_logits_rows), hidden [rows, F] or None."""
         ...
 
     def spec_ensure_capacity(self, required_seq_len: int) -> None: ...
 
     def spec_keep(self, rows_kept: int) -> "str | None":
-        """Keep the state after the first ``rows_kept`` rows of the last forward (see above)."""
+        """Keep the state after the first ``rows_kept`` rows of the last forward."""
         ...
 
     def spec_rewind_cache(self, length: int) -> None: ...
 
+
+@runtime_checkable
+class SpeculativeTarget(SpecTrunk, Protocol):
+    """What the shared loop needs from a model (a trunk), and nothing about drafting. Optional
+    facts are read through ``tsspec.capabilities.TargetInfo`` (defaults there)."""
+
+    config: ModelConfig
+    tokenizer: Tokenizer | None
+    draft_head: DraftHead | None  # composition: the drafter is attached, not inherited
+    speculation_profitable: bool  # False when the trunk cannot verify without its own drafter
+    speculation_refusal: str | None  # a reason the target refuses speculation outright
+    spec_preferred_draft_window: int | None  # narrows the default window (e.g. 3 on hybrids)
+    spec_verify_persists_accepted_kv: bool  # True: a rejected tail is undone by a KV rewind
+
     def spec_set_feature_taps(self, layers: Sequence[int] | None) -> None:
-        """Make hidden rows the concatenated residuals ENTERING ``layers`` (DFlash-style
-        drafters); None restores the default (the last post-norm hidden state)."""
+        """Hidden rows become the residuals entering ``layers``; None restores the default."""
         ...
 
 
 @attrs.frozen
 class PagedRows:
-    """One sequence's part of a batched paged forward: its block table (the blocks holding its
-    positions 0, 1, ... in order), ``past`` positions already in them, and the new ``tokens``
-    (at positions past ..). ``all_logits``: logits for every row (a verify), else the last row.
-    ``seq``: the sequence's id, stable from admission to release (a hybrid trunk keys its
-    per-sequence recurrent state by it)."""
+    """One sequence's part of a batched paged forward: its block table, ``past`` positions already
+    in it, the new ``tokens``, and ``seq`` (its stable id)."""
 
     blocks: Sequence[int]
     past: int
@@ -374,25 +286,15 @@ class PagedRows:
 
 @runtime_checkable
 class PagedKV(Protocol):
-    """A target's KV in ``num_blocks`` fixed-size blocks and one forward over a ragged batch.
-
-    Block tables are the caller's (the batched driver's plain tables, the serve plugin's
-    prefix cache); the plugin owns the tensors. On a batch-invariant path a
-    sequence's rows are computed exactly as in a forward of that sequence alone.
-
-    Optional, for trunks with per-sequence recurrent state (hybrids): ``keep(seq, rows_kept)``
-    resolves a sequence's last verify (returns the rollback mode) and ``release(seq)`` frees its
-    state slot; ``row_invariant = False`` asks for prefills in one piece (as the solo run);
-    ``resumes_prefix = False`` (with ``prefix_refusal``, the reason) refuses cached prefixes.
-    """
+    """A target's KV in fixed-size blocks and one forward over a ragged batch (block tables are the
+    caller's). Optional members for hybrids: see ``tsspec.capabilities.PagedInfo``."""
 
     num_blocks: int
     block_size: int
     max_batch_rows: int  # the most rows one forward takes (prefills go in chunks of it)
 
     def forward(self, batch: Sequence[PagedRows]) -> list[tuple["torch.Tensor", "torch.Tensor | None"]]:
-        """Per sequence: (logits [rows or 1, vocab], hidden [rows, spec_feature_size] or None).
-        Writes the new rows' KV into their blocks (the caller made them writable)."""
+        """Per sequence: (logits [rows or 1, vocab], hidden [rows, F] or None)."""
         ...
 
     def copy_block(self, src: int, dst: int) -> None: ...
@@ -400,12 +302,7 @@ class PagedKV(Protocol):
 
 @runtime_checkable
 class BatchedSpeculativeTarget(SpeculativeTarget, Protocol):
-    """A target that can also serve many sequences over a paged KV (serving, continuous batching).
-
-    ``spec_open_paged`` raises ValueError with a reason when this load of the model cannot
-    (e.g. not on its batch-invariant path). ``BatchedSpecTrunk``
-    (``tsspec.runtime.batched_trunk``) binds one sequence of it for the shared loop.
-    """
+    """A target that also serves many sequences over a paged KV (``spec_open_paged``: ValueError if not)."""
 
     def spec_kv_bytes_per_block(self, block_size: int) -> int: ...
 
@@ -413,54 +310,14 @@ class BatchedSpeculativeTarget(SpeculativeTarget, Protocol):
 
 
 @runtime_checkable
-class SpecTrunk(Protocol):
-    """The seam the loop drives: the target's own members, nothing renamed. A
-    ``SpeculativeTarget`` is a trunk as it is (its linear cache); ``BatchedSpecTrunk`` offers the
-    same members for one sequence of a ``BatchedSpeculativeTarget``'s paged KV.
-
-    The loop calls ``spec_forward`` then exactly one ``spec_keep(rows_kept)`` (its one rollback
-    call), and ``spec_rewind_cache`` between sequences; see ``SpeculativeTarget``.
-    """
-
-    @property
-    def cache_seq_len(self) -> int: ...
-
-    @property
-    def max_context_length(self) -> int: ...
-
-    @property
-    def spec_feature_size(self) -> int: ...
-
-    def spec_ensure_capacity(self, required_seq_len: int) -> None: ...
-
-    def spec_forward(
-        self, tokens: Sequence[int], *, all_logits_rows: bool, want_hidden: bool
-    ) -> tuple["torch.Tensor", "torch.Tensor | None"]: ...
-
-    def spec_keep(self, rows_kept: int) -> "str | None": ...
-
-    def spec_rewind_cache(self, length: int) -> None: ...
-
-
-@runtime_checkable
 class Speculator(Protocol):
     """An algorithm: proposes drafts. It is free to be wrong, not to be slow.
 
-    Required: ``name`` and ``propose(ctx)``. Every other member is optional, with its default
-    in ONE place, ``tsspec.capabilities.SpeculatorInfo``; a member of the wrong type is a named
-    ``ContractError`` when the registry makes the speculator. The optional members: the
-    specification's ``max_draft_tokens``, ``min_draft_prob`` (MinDraftProb, set by the registry
-    to the gate in force), ``default_min_draft_prob`` (DefaultMinDraftProb), ``needs_hidden_state``,
-    ``handles_own_prefill``, ``can_arm_after_prefix_reuse``; the methods ``commit``, ``reset``,
-    ``close``.
-
-    ``propose`` may return anything; the loop treats the result as untrusted (ids outside the
-    vocabulary, too many tokens or an exception end drafting for that step). An empty list asks
-    for a plain one-row step. ``commit(tokens, hidden_rows, start_pos)``: ``tokens`` now sit in
-    the trunk at ``start_pos ..``; row k of ``hidden_rows`` [n, spec_feature_size] (None unless
-    ``needs_hidden_state``) is the trunk row that PREDICTED ``tokens[k]``, i.e. the row of position
-    ``start_pos + k - 1`` (zeros for position 0, which has no predecessor).
-    """
+    Required: ``name`` and ``propose(ctx)``; every other member has its default in
+    ``tsspec.capabilities.SpeculatorInfo`` (a wrong type is a named ``ContractError``). ``propose``
+    is untrusted (bad ids, too many tokens, exceptions end that step's drafting); ``[]`` asks for a
+    plain step. ``commit(tokens, hidden_rows, start_pos)``: row k of ``hidden_rows`` predicted
+    ``tokens[k]`` (zeros for position 0)."""
 
     name: str
 

@@ -1,9 +1,5 @@
-"""Environment switches that turn one optimisation off so a benchmark can attribute its effect.
-
-One parser: every switch is on unless set to ``0``, ``false``, ``no`` or ``off`` (any case,
-surrounding blanks ignored). Each plugin declares its own switches through
-``tsspec_register_switches``; ``tsspec --help`` prints what the catalog collected. A switch never changes output, only how it is computed.
-"""
+"""Environment switches that turn one optimisation off (output never changes), declared by plugins
+through ``tsspec_register_switches`` and read through ``switch_on``."""
 
 from __future__ import annotations
 
@@ -14,13 +10,10 @@ OFF_WORDS = frozenset({"0", "false", "no", "off"})
 
 
 def switch_on(name: str, environ: Mapping[str, str] | None = None) -> bool:
-    """Whether switch ``name`` is on: unset, empty or anything but an off word.
+    """On unless set to ``0``, ``false``, ``no`` or ``off`` (any case, blanks ignored).
 
-    >>> switch_on("TS_DFLASH_CONV", {"TS_DFLASH_CONV": " Off "})
-    False
-    >>> switch_on("TS_DFLASH_CONV", {})
-    True
-    """
+    >>> switch_on("TS_X", {"TS_X": " Off "}), switch_on("TS_X", {})
+    (False, True)"""
     env = os.environ if environ is None else environ
     return env.get(name, "").strip().lower() not in OFF_WORDS
 

@@ -1,21 +1,7 @@
-"""A testing kit for plugin authors and for tsspec's own tests.
-
-* ``ToyTarget``: a tiny exact ``SpeculativeTarget`` in float64 torch with seeded random weights,
-  a real KV cache (attention layer) AND a recurrent state (a tanh RNN layer), with per-row
-  recurrent snapshots on or off. Rows are computed one at a time, so a multi-row verify is
-  bit-identical to one-row decoding and lossless tests can demand token equality.
-* Fake speculators: ``OracleSpeculator`` (the plain continuation, each token corrupted with
-  probability p: controlled acceptance), ``RandomSpeculator``, ``AdversarialSpeculator``.
-* ``assert_lossless``: plain vs speculative on fresh targets; tokens and trunk state must match.
-* ``plugin_catalog``: what the plugin host makes of some in-process plugin modules (their load
-  records, the registry they fill), for a plugin's own tests.
-* Sequences served at once: ``sequences_alone`` / ``sequences_interleaved`` run one sequence per
-  target, one at a time or with their speculators' calls taking turns one by one in threads
-  (``TakingTurns``, ``RecordingSpeculator``); ``assert_views_keep_sequences_apart`` checks that
-  interleaved sequences draft exactly what each drafts alone, and ``WithoutViews`` /
-  ``factory_without_views`` hide a draft head's ``for_sequence`` to show what one shared state
-  does.
-"""
+"""A testing kit for plugin authors and tsspec's own tests: ``ToyTarget`` (an exact tiny model
+with a KV cache and a recurrent state), fake speculators (oracle, random, adversarial),
+``assert_lossless``, ``plugin_catalog``, and helpers that run two sequences interleaved to
+show a draft head's per-sequence views keep them apart."""
 
 from __future__ import annotations
 
@@ -31,26 +17,6 @@ from .protocols import DraftContext, ModelConfig, resolve_feature_taps
 from .runtime.options import SpeculationOptions
 from .runtime.sampling import SamplingParams
 
-__all__ = [
-    "ToyTarget",
-    "ToyTokenizer",
-    "OracleSpeculator",
-    "RandomSpeculator",
-    "SilentSpeculator",
-    "AdversarialSpeculator",
-    "assert_lossless",
-    "plain_tokens",
-    "plugin_catalog",
-    "turns",
-    "ADVERSARIAL_MODES",
-    "TakingTurns",
-    "RecordingSpeculator",
-    "WithoutViews",
-    "sequences_alone",
-    "sequences_interleaved",
-    "assert_views_keep_sequences_apart",
-    "factory_without_views",
-]
 
 _TOY_ALPHABET = "abcdefghijklmnopqrstuvwxyz .,!?\n"  # 32 symbols: one id each
 
@@ -79,14 +45,12 @@ class ToyTokenizer:
 
 
 class ToyTarget:
-    """An exact toy trunk: embedding -> attention layer (KV cache) -> recurrent layer -> logits.
+    """An exact toy trunk: embedding -> attention (KV cache) -> tanh RNN -> logits, float64, one row
+    at a time (so a verify is bit-identical to one-row decoding).
 
-    ``per_row_snapshots=True`` behaves like a hybrid trunk with per-row state slots: a forward
-    leaves the live recurrent state untouched and ``spec_keep`` commits the kept row's slot.
-    False: the live state advances; a verify saves the state it started from and ``spec_keep``
-    of a prefix restores it and re-forwards the kept rows.
-    ``recurrent=False`` drops the recurrent layer (pure KV: rollback is a rewind).
-    """
+    ``per_row_snapshots``: a hybrid with per-row state slots that ``spec_keep`` commits; else a
+    verify saves its start state and a kept prefix is restored and re-forwarded.
+    ``recurrent=False``: pure KV."""
 
     def __init__(
         self,
@@ -133,7 +97,6 @@ class ToyTarget:
         self.forward_calls = 0
         self.forward_rows = 0
 
-    # -- capability fields ----------------------------------------------------------------
     @property
     def cache_seq_len(self) -> int:
         return self._len
@@ -147,7 +110,6 @@ class ToyTarget:
         n = len(self._taps) if self._taps else 1
         return n * self.config.hidden_size
 
-    # -- drafter-facing surface -----------------------------------------------------------
     def embed(self, ids: Sequence[int]) -> torch.Tensor:
         return self.emb[torch.as_tensor(list(ids), dtype=torch.long)]  # [n, H]
 
@@ -157,7 +119,6 @@ class ToyTarget:
     def lm_head(self, h: torch.Tensor) -> torch.Tensor:
         return h.to(torch.float64) @ self.w_out  # [n, V]
 
-    # -- the protocol ---------------------------------------------------------------------
     def spec_set_feature_taps(self, layers: Sequence[int] | None) -> None:
         self._taps = resolve_feature_taps(layers, self.config.num_layers)
 
@@ -174,7 +135,7 @@ class ToyTarget:
             self._capacity = cap
 
     def _row(self, token: int, pos: int, state: torch.Tensor):
-        """One row, exactly: returns (final hidden [H], residuals entering each layer, state)."""
+        """One row: (final hidden [H], residuals entering each layer, state)."""
         x = self.emb[token]
         entering = [x]
         q, k, v = x @ self.wq, x @ self.wk, x @ self.wv
@@ -254,9 +215,8 @@ class ToyTarget:
             self._state = torch.zeros_like(self._state)
             self._saved_state = None
 
-    # -- for tests ------------------------------------------------------------------------
     def state_fingerprint(self) -> tuple:
-        """Everything generation leaves behind: cache length, live K/V rows, recurrent state."""
+        """Cache length, live K/V rows and recurrent state."""
         n = self._len
         return (n, self._keys[:n].clone(), self._values[:n].clone(), self._state.clone())
 
@@ -273,9 +233,7 @@ def plain_tokens(
 
 
 class OracleSpeculator:
-    """Proposes the plain-decode continuation, corrupting each drafted token with probability
-    ``corrupt`` (acceptance ~ (1 - corrupt) per token): runtime mechanics at controlled
-    acceptance, independent of drafter quality."""
+    """Proposes the plain continuation, each token corrupted with probability ``corrupt``."""
 
     name = "oracle"
     can_arm_after_prefix_reuse = True
@@ -313,8 +271,7 @@ class OracleSpeculator:
 
 
 class SilentSpeculator:
-    """A named speculator that never proposes: the least a speculator is (``name`` and
-    ``propose``; every other member has its default). Equal to another of the same name."""
+    """The least a speculator is: ``name`` and a ``propose`` that never drafts."""
 
     def __init__(self, name: str):
         self.name = name
@@ -329,7 +286,7 @@ class SilentSpeculator:
 
 
 class RandomSpeculator:
-    """Proposes random ids: acceptance near 1/vocab. Tests that wrong drafts only cost speed."""
+    """Proposes random ids: acceptance near 1/vocab."""
 
     name = "random"
     needs_hidden_state = True  # exercises the hidden-row plumbing too
@@ -354,25 +311,14 @@ class RandomSpeculator:
         self.committed.clear()
 
 
-ADVERSARIAL_MODES = (
-    "out_of_vocab",
-    "negative",
-    "too_many",
-    "wrong_type",
-    "floats",
-    "raise_propose",
-    "raise_commit",
-    "none",
-    "slow",
-    "mixed",
+ADVERSARIAL_MODES = tuple(
+    "out_of_vocab negative too_many wrong_type floats raise_propose raise_commit none slow mixed".split()
 )
 
 
 class AdversarialSpeculator:
-    """Misbehaves on purpose: bad ids, 10^6 tokens, wrong types, exceptions, slowness.
-
-    ``mode`` is one of ADVERSARIAL_MODES; "mixed" cycles through the others, interleaved with
-    correct oracle drafts when ``sequence`` is given (so the good path is exercised too)."""
+    """Misbehaves on purpose (``mode`` in ADVERSARIAL_MODES); "mixed" cycles through them,
+    interleaved with correct drafts when ``sequence`` is given."""
 
     name = "adversarial"
     can_arm_after_prefix_reuse = True
@@ -390,24 +336,13 @@ class AdversarialSpeculator:
 
     def _behave(self, mode: str, ctx: DraftContext):
         v = self.vocab_size
-        if mode == "out_of_vocab":
-            return [v, v + 7]
-        if mode == "negative":
-            return [-1]
-        if mode == "too_many":
-            return [0] * 1_000_000
-        if mode == "wrong_type":
-            return "not a list"
-        if mode == "floats":
-            return [1.5, float("nan")]
         if mode == "raise_propose":
             raise RuntimeError("adversarial propose")
-        if mode == "none":
-            return None
         if mode == "slow":
             time.sleep(self.delay_s)
             return [ctx.last_token] * min(2, ctx.max_tokens)
-        return []
+        bad = {"out_of_vocab": [v, v + 7], "negative": [-1], "wrong_type": "not a list", "floats": [1.5, math.nan]}
+        return [0] * 1_000_000 if mode == "too_many" else None if mode == "none" else bad.get(mode, [])
 
     def propose(self, ctx: DraftContext):
         self.calls += 1
@@ -441,8 +376,8 @@ def assert_lossless(
     options: SpeculationOptions | None = None,
     check_state: bool = True,
 ):
-    """Run plain and speculative decoding on fresh targets; assert identical tokens (and, when
-    the target offers ``state_fingerprint``, identical trunk state). Returns both Generations."""
+    """Plain and speculative decoding on fresh targets: identical tokens and (with
+    ``state_fingerprint``) trunk state. Returns both Generations."""
     from .runtime.generation import generate
 
     plain_target = make_target()
@@ -464,9 +399,8 @@ def assert_lossless(
 
 def turns(target, speculator, prompts: Sequence[Sequence[int]], *, max_tokens: Sequence[int],
           sampling: SamplingParams | None = None, window: int = 8) -> list:
-    """Run ``prompts`` one after another through ONE loop on ``target``, as a chat's turns run:
-    a prompt that extends what the trunk caches reuses that KV prefix. Returns (tokens, stats)
-    per prompt (``stats.prefix_reused``, ``stats.armed_after_reuse``)."""
+    """Run ``prompts`` through ONE loop on ``target`` as a chat's turns (a prompt that extends the
+    cache reuses that prefix); (tokens, stats) per prompt."""
     from .runtime.execution import SpeculativeExecution
     from .runtime.sampling import Sampler
 
@@ -476,9 +410,7 @@ def turns(target, speculator, prompts: Sequence[Sequence[int]], *, max_tokens: S
 
 
 def plugin_catalog(plugins: dict, *, disabled: Sequence[str] = ()):
-    """The catalog the plugin host builds from ``plugins`` ({name: module with hookimpls}) alone,
-    as it would from installed entry points; ``disabled`` are names the operator disabled.
-    ``.speculators`` is the registry they filled; ``.host.records[name]`` each load record."""
+    """The catalog the plugin host builds from ``plugins`` ({name: module}) alone."""
     from .plugins import PluginControls, PluginHost
     from .runtime.catalog import build_catalog
 
@@ -489,8 +421,7 @@ def plugin_catalog(plugins: dict, *, disabled: Sequence[str] = ()):
 
 
 class TakingTurns:
-    """Two sequences take turns: each call one of them runs through ``run`` waits until the
-    other's previous call is over, so their calls interleave one by one (until one finishes)."""
+    """Two sequences whose calls through ``run`` interleave one by one (until one finishes)."""
 
     def __init__(self, timeout_s: float = 60.0):
         self._cond = threading.Condition()
@@ -516,8 +447,7 @@ class TakingTurns:
 
 
 class RecordingSpeculator:
-    """Wraps a speculator: records its proposals and, given ``turns``, runs ``propose`` and
-    ``commit`` (the calls that touch a draft head) in sequence ``who``'s turn."""
+    """Records a speculator's proposals; with ``turns``, runs its calls in sequence ``who``'s turn."""
 
     def __init__(self, inner, turns: TakingTurns | None = None, who: int = 0):
         self.inner, self.turns, self.who, self.proposals = inner, turns, who, []
@@ -538,8 +468,7 @@ class RecordingSpeculator:
 
 
 class WithoutViews:
-    """A draft head minus ``for_sequence``: what every speculator drove before per-sequence views
-    (one shared sequence state)."""
+    """A draft head minus ``for_sequence`` (one shared sequence state)."""
 
     def __init__(self, head):
         self._head = head
@@ -551,8 +480,7 @@ class WithoutViews:
 
 
 def factory_without_views(make: Callable) -> Callable:
-    """A speculator factory like ``make`` that builds over the target's draft head with its
-    ``for_sequence`` hidden (``WithoutViews``): every speculator drives the one shared head."""
+    """``make`` building over the target's draft head with its ``for_sequence`` hidden."""
 
     def build(target):
         real = target.draft_head
@@ -575,16 +503,13 @@ def _record(target, prompt, options, max_tokens, sampling, speculator) -> dict:
 
 def sequences_alone(targets, prompts, make: Callable, options: SpeculationOptions, *, max_tokens: int,
                     sampling: SamplingParams | None = None) -> list[dict]:
-    """Each prompt on its target with the speculator ``make(target)``, one after the other: per
-    sequence ``{"tokens", "proposals", "accepted", "drafted"}``."""
+    """Each prompt on its target, one after the other: {"tokens", "proposals", "accepted", "drafted"}."""
     return [_record(t, p, options, max_tokens, sampling, RecordingSpeculator(make(t))) for t, p in zip(targets, prompts)]
 
 
 def sequences_interleaved(targets, prompts, make: Callable, options: SpeculationOptions, *, max_tokens: int,
                           sampling: SamplingParams | None = None, timeout_s: float = 120.0) -> list[dict]:
-    """Two sequences (``targets[i]``, ``prompts[i]``) in two threads whose speculators' calls
-    take turns one by one; the same records as ``sequences_alone``. An exception in either
-    thread is raised here."""
+    """Two sequences in two threads whose speculators' calls take turns (records as ``sequences_alone``)."""
     if len(targets) != 2 or len(prompts) != 2:
         raise ValueError("sequences_interleaved takes two targets and two prompts")
     turns, results, errors = TakingTurns(), [None, None], []
@@ -610,8 +535,7 @@ def sequences_interleaved(targets, prompts, make: Callable, options: Speculation
 
 def assert_views_keep_sequences_apart(targets, prompts, make, options: SpeculationOptions, *, max_tokens: int,
                                       sampling: SamplingParams | None = None) -> None:
-    """Two sequences whose speculators' calls interleave (``sequences_interleaved``) draft and
-    accept exactly what each does alone, both outputs equal plain decoding, and each drafted."""
+    """Interleaved sequences draft and accept exactly what each does alone, and equal plain decoding."""
     from .runtime.generation import generate
 
     alone = sequences_alone(targets, prompts, make, options, max_tokens=max_tokens, sampling=sampling)

@@ -1,25 +1,34 @@
-"""The pytest fixtures tsspec's test suites share: a conftest imports them by name
-(``from tsspec.testing_fixtures import _clean_spec_env, _one_torch_thread, cli_state``).
-
-``_clean_spec_env`` and ``_one_torch_thread`` are autouse where imported: a test never sees the
-operator's (or another test's published) ``TS_SPEC_*`` / ``TS_MTP_*`` / ``TSSPEC_*`` settings, and
-toy-sized tensors run on one torch thread (intra-op wake-ups cost more than they give).
-"""
+"""The pytest fixtures tsspec's suites share (the root conftest.py registers ``_isolated_environ`` for
+all; a suite's conftest imports the rest by name). ``_isolated_environ``: a test starts without
+``TS_SPEC_*`` / ``TS_MTP_*`` / ``TSSPEC_*`` settings and leaves ``os.environ`` as it found it (the
+CLI publishes its flags there). ``_one_torch_thread``: toy-sized tensors on one torch thread."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 
 import pytest
 
-__all__ = ["_clean_spec_env", "_one_torch_thread", "cli_state"]
+SPEC_ENV_PREFIXES = ("TS_SPEC_", "TS_MTP_", "TSSPEC_")
+
+
+@contextlib.contextmanager
+def _environ_restored():
+    saved = dict(os.environ)
+    try:
+        yield
+    finally:
+        os.environ.clear()
+        os.environ.update(saved)
 
 
 @pytest.fixture(autouse=True)
-def _clean_spec_env(monkeypatch):
-    for name in list(os.environ):
-        if name.startswith(("TS_SPEC_", "TS_MTP_", "TSSPEC_")):
-            monkeypatch.delenv(name, raising=False)
+def _isolated_environ():
+    with _environ_restored():
+        for name in [n for n in os.environ if n.startswith(SPEC_ENV_PREFIXES)]:
+            del os.environ[name]
+        yield
 
 
 @pytest.fixture(autouse=True, scope="session")
@@ -34,12 +43,12 @@ def _one_torch_thread():
 
 @pytest.fixture
 def cli_state(monkeypatch):
-    """Restore the CLI's process state (default catalog, CliState fields) after a test that
-    runs ``tsspec.cli.app.main`` in-process."""
+    """Restore the CLI's state (default catalog, CliState fields, ``os.environ``) after the test."""
     from tsspec.cli.state import STATE
     from tsspec.runtime import defaults
 
     monkeypatch.setattr(defaults, "_catalog", defaults._catalog)
     for field in ("config_path", "config", "controls", "debug", "catalog"):
         monkeypatch.setattr(STATE, field, getattr(STATE, field))
-    return STATE
+    with _environ_restored():
+        yield STATE

@@ -1,9 +1,5 @@
-"""The version of tsspec and of its plugin contract: one number, kept together.
-
-A plugin that needs a newer contract says so with a module attribute
-``TSSPEC_CONTRACT = "X.Y"``; the plugin host records it as ``failed`` (naming both versions)
-instead of loading it. Same major and a minor no newer than this one: compatible.
-"""
+"""The version of tsspec and of its plugin contract, one number. A plugin needing a newer contract
+(``TSSPEC_CONTRACT = "X.Y"``: same major, minor no newer) is recorded ``failed``, not loaded."""
 
 from __future__ import annotations
 

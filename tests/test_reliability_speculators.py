@@ -17,7 +17,8 @@ import pytest
 import torch
 
 from tsspec.runtime import execution
-from tsspec.runtime.execution import (
+from tsspec.runtime.execution import SpeculativeExecution
+from tsspec.runtime.proposal import (
     BAD_ID,
     BAD_TYPE,
     COMMIT_RAISED,
@@ -25,7 +26,6 @@ from tsspec.runtime.execution import (
     OUT_OF_VOCAB,
     PROPOSE_RAISED,
     TOO_MANY,
-    SpeculativeExecution,
     validate_proposal,
 )
 from tsspec.runtime.generation import generate

@@ -1,9 +1,5 @@
-"""The ``tsspec`` typer application and its entry point.
-
-``main`` reads the global options that must be known before parsing (``--config``,
-``--plugins``, ``--disable-plugin``), loads the plugins (which may add commands), then runs the
-app. Any ``TsspecError`` becomes one line on stderr and exit code 2; ``--debug`` shows the
-traceback instead.
+"""The ``tsspec`` application: ``main`` reads the global options, loads the plugins (which may
+add commands) and runs it. A ``TsspecError`` is one line on stderr and exit code 2.
 """
 
 from __future__ import annotations
@@ -72,8 +68,7 @@ def _entry_name(entry) -> str | None:
 
 
 def _add_plugin_commands(app: typer.Typer, catalog) -> None:
-    """Let each plugin add commands. One that reuses a taken name is removed with a warning:
-    typer would otherwise let the later registration silently replace the earlier one."""
+    """Let each plugin add commands; one reusing a taken name is removed with a warning."""
     log = logging.getLogger("tsspec.cli")
     current: dict = {}
 
@@ -118,9 +113,7 @@ def _command_word(argv: list[str]) -> str | None:
 
 
 def check_command_available(app: typer.Typer, argv: list[str], state) -> None:
-    """A command that is missing because its plugin was not loaded (disabled, outside the
-    allow-list, failed) is named with that plugin and the reason, instead of click's bare
-    "No such command"."""
+    """A command missing because its plugin was not loaded is named with that plugin and the reason."""
     word = _command_word(argv)
     if word is None or state.catalog is None:
         return
@@ -140,15 +133,8 @@ def check_command_available(app: typer.Typer, argv: list[str], state) -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
-    # tsspec's CPU kernels run on their own thread pool (cpu_kernels.c), but torch's small ops
-    # between them (sampling, softmax over the vocabulary) use OpenMP, whose workers spin after
-    # each region by default and can take the cores from that pool on a small or shared machine.
-    # So this process - and only this process - asks OpenMP to sleep; an operator's own setting
-    # wins (set OMP_WAIT_POLICY=ACTIVE to undo it), and every peer engine the bench starts gets
-    # its environment without it (bench.peers.PEER_ENV_DROP). Still measured to help with the
-    # pool in place (`tsspec generate --no-spec`, 160 tokens, alternating pairs with and without
-    # it, a shared 2-core machine under load ~3): per-pair medians 1.11x (5 pairs, 0.73-1.19) and
-    # 1.03x (6 pairs, 0.67-1.32): a small gain in the median, inside a wide spread.
+    # torch's small ops use OpenMP, whose spinning workers can take the cores from the compiled
+    # kernels' own pool: this process asks them to sleep (OMP_WAIT_POLICY=ACTIVE undoes it)
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
     argv = list(sys.argv[1:] if argv is None else argv)
     debug = "--debug" in argv

@@ -1,7 +1,5 @@
-"""``tsspec chat``: an interactive multi-turn chat in the terminal, rendered with the model's own
-chat template (the GGUF's ``tokenizer.chat_template``, as the server renders it). One line a
-turn; an empty line, ``/exit`` or end of input ends it. Speculation is on as in ``generate``
-and never changes a reply."""
+"""``tsspec chat``: a multi-turn terminal chat in the model's own chat template; an empty line,
+``/exit`` or end of input ends it."""
 
 from __future__ import annotations
 
@@ -17,7 +15,7 @@ EXIT_WORDS = ("/exit", "/quit")
 
 
 def chat(
-    model: Annotated[Optional[str], typer.Option("--model", "-m", help="GGUF file or model name (default: the default named model, smollm2-135m = the embedded SmolLM2-135M-Instruct).")] = None,
+    model: flags.Model = None,
     system: Annotated[Optional[str], typer.Option("--system", help="System message.")] = None,
     max_tokens: Annotated[int, typer.Option("--max-tokens", "-n", min=1, help="Tokens per reply at most.")] = 256,
     temperature: flags.Temperature = None,

@@ -1,8 +1,4 @@
-"""``tsspec convert SRC_DIR OUT.gguf [--outtype f32|f16|q8_0]``: one command for every checkpoint
-a plugin can convert (targets and drafters alike), dispatched on config.json.
-
-``tsspec convert hf-to-gguf SRC_DIR OUT.gguf`` is kept as an alias of the same command.
-"""
+"""``tsspec convert SRC_DIR OUT.gguf``: every checkpoint a plugin converts (alias ``hf-to-gguf``)."""
 
 from __future__ import annotations
 

@@ -15,46 +15,44 @@ from .state import STATE
 SPEC_PANEL = "Speculation"
 SAMPLING_PANEL = "Sampling"
 
-Spec = Annotated[
-    Optional[bool],
-    typer.Option("--spec/--no-spec", "--mtp-spec/--no-mtp-spec", help="Enable or disable speculative decoding.", rich_help_panel=SPEC_PANEL),
-]
-SpecType = Annotated[
-    Optional[str],
-    typer.Option("--spec-type", help="auto | draft-head | block | ngram | any plugin's algorithm.", rich_help_panel=SPEC_PANEL),
-]
-SpecDraft = Annotated[
-    Optional[int],
-    typer.Option("--spec-draft", "--mtp-draft", help="Max tokens drafted per step (1-64, default 8).", rich_help_panel=SPEC_PANEL),
-]
-SpecPmin = Annotated[
-    Optional[float],
-    typer.Option("--spec-pmin", "--mtp-pmin", help="Confidence gate; default per algorithm.", rich_help_panel=SPEC_PANEL),
-]
-SpecDraftModel = Annotated[
-    Optional[str],
-    typer.Option("--spec-draft-model", "--mtp-draft-model", help="Separate draft-head GGUF.", rich_help_panel=SPEC_PANEL),
-]
-DraftModel = Annotated[
-    Optional[str],
-    typer.Option("--draft-model", help="Block drafter GGUF (DFlash...).", rich_help_panel=SPEC_PANEL),
-]
-Adaptive = Annotated[
-    Optional[bool],
-    typer.Option("--spec-adaptive/--no-spec-adaptive", help="Cost governor on/off (TS_SPEC_ADAPTIVE).", rich_help_panel=SPEC_PANEL),
-]
+
+def _opt(kind, help: str | None, *names: str, panel: str | None = None):
+    """``Optional[kind]`` annotated with a typer option."""
+    return Annotated[Optional[kind], typer.Option(*names, help=help, rich_help_panel=panel)]
 
 
-Temperature = Annotated[Optional[float], typer.Option("--temperature", help="0 = greedy (the default).", rich_help_panel=SAMPLING_PANEL)]
-TopK = Annotated[Optional[int], typer.Option("--top-k", rich_help_panel=SAMPLING_PANEL)]
-TopP = Annotated[Optional[float], typer.Option("--top-p", rich_help_panel=SAMPLING_PANEL)]
-MinP = Annotated[Optional[float], typer.Option("--min-p", rich_help_panel=SAMPLING_PANEL)]
-RepeatPenalty = Annotated[Optional[float], typer.Option("--repeat-penalty", rich_help_panel=SAMPLING_PANEL)]
-Seed = Annotated[Optional[int], typer.Option("--seed", rich_help_panel=SAMPLING_PANEL)]
+def _spec(kind, help: str, *names: str):
+    return _opt(kind, help, *names, panel=SPEC_PANEL)
+
+
+def _sampling(kind, name: str, help: str | None = None):
+    return _opt(kind, help, name, panel=SAMPLING_PANEL)
+
+
+Spec = _spec(bool, "Enable or disable speculative decoding.", "--spec/--no-spec", "--mtp-spec/--no-mtp-spec")
+SpecType = _spec(str, "auto | draft-head | block | ngram | any plugin's algorithm.", "--spec-type")
+SpecDraft = _spec(int, "Max tokens drafted per step (1-64, default 8).", "--spec-draft", "--mtp-draft")
+SpecPmin = _spec(float, "Confidence gate; default per algorithm.", "--spec-pmin", "--mtp-pmin")
+SpecDraftModel = _spec(str, "Separate draft-head GGUF.", "--spec-draft-model", "--mtp-draft-model")
+DraftModel = _spec(str, "Block drafter GGUF (DFlash...).", "--draft-model")
+Adaptive = _spec(bool, "Cost governor on/off (TS_SPEC_ADAPTIVE).", "--spec-adaptive/--no-spec-adaptive")
+Temperature = _sampling(float, "--temperature", "0 = greedy (the default).")
+TopK = _sampling(int, "--top-k")
+TopP = _sampling(float, "--top-p")
+MinP = _sampling(float, "--min-p")
+RepeatPenalty = _sampling(float, "--repeat-penalty")
+Seed = _sampling(int, "--seed")
+_MODEL_HELP = "GGUF file or model name (`tsspec models`; default: the default model a plugin offers; 'toy': the test toy)."
+Model = _opt(str, _MODEL_HELP, "--model", "-m")
 Device = Annotated[str, typer.Option("--device", help="cpu or cuda.")]
-Threads = Annotated[Optional[int], typer.Option("--threads", "-t", help="CPU threads for torch and the compiled kernels (default: torch's).")]
-CtxSize = Annotated[Optional[int], typer.Option("--ctx-size", "-c", help="Context length in tokens, at most the model's (default: the model's).")]
-Dtype = Annotated[Optional[str], typer.Option("--dtype", help="Unset on cpu: the file's quantised blocks on the compiled kernels (the fast path). int8 = blocks with int8 activations (llama.cpp's arithmetic); float32-blocks = blocks with exact float32 math; float32 = dense float32 weights; float16, bfloat16.")]
+Threads = _opt(int, "CPU threads for torch and the compiled kernels (default: torch's).", "--threads", "-t")
+CtxSize = _opt(int, "Context length in tokens, at most the model's (default: the model's).", "--ctx-size", "-c")
+_DTYPE_HELP = (
+    "Unset on cpu: the file's quantised blocks on the compiled kernels (the fast path). int8 = blocks with int8 "
+    "activations (llama.cpp's arithmetic); float32-blocks = blocks with exact float32 math; float32 = dense float32 "
+    "weights; float16, bfloat16 = 16-bit weights."
+)
+Dtype = _opt(str, _DTYPE_HELP, "--dtype")
 
 
 def speculation_options(
@@ -69,15 +67,8 @@ def speculation_options(
     warn: bool = True,
 ) -> SpeculationOptions:
     """Resolve flags + environment + config; print the no-effect warnings; publish TS_* env."""
-    cli = {
-        "enabled": spec,
-        "spec_type": spec_type,
-        "draft": draft,
-        "pmin": pmin,
-        "spec_draft_model": spec_draft_model,
-        "draft_model": draft_model,
-        "adaptive": adaptive,
-    }
+    cli = dict(enabled=spec, spec_type=spec_type, draft=draft, pmin=pmin, spec_draft_model=spec_draft_model,
+               draft_model=draft_model, adaptive=adaptive)
     options = SpeculationOptions.resolve(cli=cli, env=os.environ, config=STATE.config.get("spec"))
     if warn:
         for line in options.ignored_tuning_warnings():
@@ -87,8 +78,7 @@ def speculation_options(
 
 
 def check_spec_type(name: str, registry) -> None:
-    """An algorithm the operator named explicitly must exist (``auto`` always does): a typo is
-    an error listing the known names, not a silent fall-back to plain decoding."""
+    """An algorithm named explicitly must exist: a typo is an error listing the known names."""
     from ..runtime.registry import AUTO
 
     if name != AUTO and registry.get(name) is None:

@@ -89,8 +89,7 @@ def kernels_in_use(target) -> list[str]:
 
 def load_target(model: str | None, device: str, dtype: str | None, options, *, threads: int | None = None,
                 ctx_size: int | None = None):
-    """The model a command serves (``-t/--threads`` applied before the load, ``-c/--ctx-size``
-    after it)."""
+    """The model a command serves (``--threads`` applied before the load, ``--ctx-size`` after)."""
     from ..runtime.loading import load_model
 
     flags.apply_threads(threads)
@@ -101,8 +100,8 @@ def load_target(model: str | None, device: str, dtype: str | None, options, *, t
 
 def generate(
     prompt: Annotated[Optional[str], typer.Option("--prompt", "-p", help="Prompt text (or pipe it in).")] = None,
-    prompt_file: Annotated[Optional[str], typer.Option("--prompt-file", help="Read the prompt from a file ('-' = stdin).")] = None,
-    model: Annotated[Optional[str], typer.Option("--model", "-m", help="GGUF file or model name (`tsspec models`; default: the default model a plugin offers, the embedded smollm2-135m; 'toy' = the test toy).")] = None,
+    prompt_file: Annotated[Optional[str], typer.Option("--prompt-file", help="Prompt file ('-' = stdin).")] = None,
+    model: flags.Model = None,
     chat: Annotated[bool, typer.Option("--chat/--raw", help="Apply the model's chat template.")] = False,
     system: Annotated[Optional[str], typer.Option("--system", help="System message (with --chat).")] = None,
     max_tokens: Annotated[int, typer.Option("--max-tokens", "-n", min=1, help="Tokens to generate.")] = 128,
@@ -119,7 +118,7 @@ def generate(
     dtype: flags.Dtype = None,
     threads: flags.Threads = None,
     ctx_size: flags.CtxSize = None,
-    demo: Annotated[bool, typer.Option("--demo", help="Run the built-in request (make run) and measure the speed-up over plain decoding.")] = False,
+    demo: Annotated[bool, typer.Option("--demo", help="The built-in request (make run), timed against plain.")] = False,
     spec: flags.Spec = None,
     spec_type: flags.SpecType = None,
     spec_draft: flags.SpecDraft = None,
@@ -140,21 +139,20 @@ def generate(
         text = demo_prompt() if prompt is None and prompt_file is None else _read_prompt(prompt, prompt_file)
     else:
         text = _read_prompt(prompt, prompt_file)
-    options = flags.speculation_options(spec, spec_type, spec_draft, spec_pmin, spec_draft_model, draft_model, spec_adaptive)
+    options = flags.speculation_options(spec, spec_type, spec_draft, spec_pmin, spec_draft_model, draft_model,
+                                        spec_adaptive)
     if options.enabled and not (demo and named_type is None):
         flags.check_spec_type(options.spec_type, STATE.catalog.speculators)
     sampling = flags.sampling_params(temperature, top_k, top_p, min_p, repeat_penalty, seed)
     target = load_target(model, device, dtype, options, threads=threads, ctx_size=ctx_size)
-    prompt_value = text
     if getattr(target, "tokenizer", None) is None:
         raise GenerationError("this model has no tokenizer; the CLI needs one (use the Python API with token ids)")
 
-    plain = None
+    plain, common = None, dict(max_tokens=max_tokens, sampling=sampling, stop=stop or (), chat=chat, system=system)
     if demo:
         import attrs
 
-        plain = run_generate(target, prompt_value, attrs.evolve(options, enabled=False), max_tokens=max_tokens,
-                             sampling=sampling, stop=stop or (), chat=chat, system=system)
+        plain = run_generate(target, text, attrs.evolve(options, enabled=False), **common)
         typer.echo(f"[demo] {DEMO_REQUEST} (textwrap.indent)\n", err=True)
 
     def on_token(tok: int, piece: str):
@@ -162,10 +160,8 @@ def generate(
             sys.stdout.write(piece)
             sys.stdout.flush()
 
-    result = run_generate(
-        target, prompt_value, options, max_tokens=max_tokens, sampling=sampling, stop=stop or (),
-        on_token=None if as_json else on_token, chat=chat, system=system, registry=STATE.catalog.speculators,
-    )
+    sink = None if as_json else on_token
+    result = run_generate(target, text, options, on_token=sink, registry=STATE.catalog.speculators, **common)
     if as_json:
         typer.echo(json.dumps(result.to_json()))
         return

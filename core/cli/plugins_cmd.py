@@ -76,10 +76,8 @@ def _auto_line(plan, source) -> str:
 
 
 def _with_shipped_drafters(rows: list[dict], catalog, model: str | None, draft_model: str | None) -> list[dict]:
-    """Each row gains ``shipped_drafter`` (None, or the drafter file a plugin ships for this model
-    and algorithm). An algorithm declined for want of a drafter that a shipped drafter serves is
-    what a user who asks for it gets: ``serves``, the bare target's decline kept under
-    ``without_shipped_drafter``."""
+    """Each row gains ``shipped_drafter``; a ``no_draft_head`` decline that a shipped drafter serves
+    becomes ``serves`` (the bare decline kept as ``without_shipped_drafter``)."""
     from ..runtime.registry import NO_DRAFT_HEAD
 
     for row in rows:
@@ -107,7 +105,6 @@ def list_speculators(
     """List speculation algorithms; with --model, whether each would serve it or why not."""
     from ..runtime.loading import load_model
     from ..runtime.options import SpeculationOptions
-    from ..runtime.registry import Decline
 
     catalog = STATE.catalog
     target = None

@@ -1,7 +1,4 @@
-"""Process state of one CLI invocation: the operator's plugin controls, config and catalog.
-
-``main`` fills it before typer parses the command, because plugins may add commands.
-"""
+"""One CLI invocation's state (plugin controls, config, catalog), filled before typer parses."""
 
 from __future__ import annotations
 

@@ -1,18 +1,8 @@
-"""``BatchedSpecTrunk``: one sequence of a batched paged target, as the shared loop sees it.
+"""``BatchedSpecTrunk``: one sequence of a batched paged target, driven by the loop like any trunk.
 
-The loop (``SpeculativeExecution``) drives it like any ``SpecTrunk`` (the target's own member
-names: ``spec_forward``, ``spec_keep`` ...); every forward it asks for
-becomes work for the ``BatchDriver`` (``batching.py``), which runs the work of all live sequences
-together in one ragged forward and hands each sequence its rows. Prefills go in chunks of at most
-``chunk_rows`` rows (chunked prefill: a long prompt never holds the batch for long, and every
-matmul stays on the batch-invariant kernels).
-
-Positions: ``cache_seq_len`` counts the positions whose KV is written (a verify's rows included until
-``keep``); the block table holds the kept tokens (the serve plugin's table keys full blocks by them for its
-prefix cache).
-A sequence admitted with a cached prefix starts with ``adopted_prefix`` positions it never
-computed; the loop then prefills only the rest of the prompt.
-"""
+Each forward becomes work for the ``BatchDriver``; prefills go in chunks of ``chunk_rows``.
+``cache_seq_len`` counts positions whose KV is written; a sequence admitted with a cached prefix
+starts with ``adopted_prefix`` positions it never computed."""
 
 from __future__ import annotations
 
@@ -26,13 +16,11 @@ ALL, REWOUND = "all", "rewound"
 
 
 class Cancelled(Exception):
-    """The sequence was cancelled (client gone, server stopping): unwind and free it."""
+    """The sequence was cancelled: unwind and free it."""
 
 
 class BatchedSpecTrunk:
-    """See the module docstring. ``table``: the sequence's blocks (``blocks``, ``length``,
-    ``reused_tokens``, ``prepare_write``, ``commit``, ``truncate``, ``free``); ``seq_id``: its
-    key in the paged KV; ``cancelled`` set by its owner ends it at its next forward."""
+    """``table``: the sequence's blocks; ``seq_id``: its key in the paged KV; ``cancelled`` ends it."""
 
     def __init__(self, driver, table, *, max_context_length: int, chunk_rows: int, seq_id: int):
         self.driver = driver
@@ -49,7 +37,6 @@ class BatchedSpecTrunk:
         # loop adds it to the verify's cost for the governor
         self.extra_cost_ms = 0.0
 
-    # -- sizes -----------------------------------------------------------------------------
     @property
     def cache_seq_len(self) -> int:
         return self._len
@@ -77,15 +64,13 @@ class BatchedSpecTrunk:
 
             raise GenerationError(f"{required_seq_len} tokens exceed the model's context of {self._max_ctx}")
 
-    # -- forwards --------------------------------------------------------------------------
     def _forward(self, tokens: list[int], *, all_logits: bool, want_hidden: bool):
         logits, hidden = self.driver.submit(self, tokens, all_logits=all_logits, want_hidden=want_hidden)
         self._len += len(tokens)
         return logits, hidden
 
     def spec_forward(self, tokens: Sequence[int], *, all_logits_rows: bool, want_hidden: bool):
-        """A verify (``all_logits_rows``) in one request; anything else in chunks of
-        ``chunk_rows`` (logits of the last row). ``spec_keep`` follows."""
+        """A verify in one request, anything else in chunks of ``chunk_rows``; ``spec_keep`` follows."""
         tokens = [int(t) for t in tokens]
         self._last = (self._len, tokens, all_logits_rows)
         if all_logits_rows:
@@ -99,8 +84,7 @@ class BatchedSpecTrunk:
         return logits, (torch.cat(hiddens, dim=0) if hiddens else None)
 
     def spec_keep(self, rows_kept: int) -> str:
-        """Keep the first ``rows_kept`` rows of the last forward (a KV length: the dropped
-        positions are overwritten later); their tokens become the table's kept tokens."""
+        """Keep the first ``rows_kept`` rows of the last forward."""
         start, tokens, verify = self._last
         if not 1 <= rows_kept <= len(tokens):
             raise ValueError(f"cannot keep {rows_kept} rows of a forward of {len(tokens)}")

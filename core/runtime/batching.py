@@ -1,20 +1,8 @@
 """The batched driver: many sequences of one paged target, stepped together in one forward.
 
-Each sequence runs the ordinary loop (``generate``) in its own thread on a ``BatchedSpecTrunk``;
-every forward the loop asks for becomes a piece of work here. A worker waits until every live
-sequence has work pending (or ``batch_wait_ms`` passed), then the worker that completes the batch
-takes it under the row budget and runs it as ONE ragged forward of the paged KV, and hands each
-sequence its rows. One-row work (plain steps) goes first, then multi-row work (verifies, prefill
-chunks) while the batch stays under ``max_batch_rows``; the rest waits a step.
-
-Cost: a verify's k extra rows slow every other sequence of its batch, so the trunk adds that
-share to the verify's cost (``extra_cost_ms``): the batch's time times the fraction those rows
-add by the target's cost-by-rows profile (rows counted linearly without one), times the others.
-
-``generate_batched`` runs a list of prompts this way with plain block tables (no prefix cache):
-what bench and training use to batch without the server. The server's scheduler (the serve
-plugin) adds requests, admission, streaming, cancellation and the prefix cache on top.
-"""
+Each sequence runs the ordinary loop in its own thread on a ``BatchedSpecTrunk``; the worker whose
+forward completes the batch runs it as one ragged forward under ``max_batch_rows``. A verify's
+extra rows are charged what they cost the rest of the batch. ``generate_batched``: no prefix cache."""
 
 from __future__ import annotations
 
@@ -26,25 +14,16 @@ from typing import Any, Sequence
 import attrs
 
 from ..capabilities import paged_info, target_info, verify_cost_shape
+from ..cost_shape import parse_cost_shape, rows_cost
 from ..errors import GenerationError
 from ..protocols import PagedRows
 from .batched_trunk import BatchedSpecTrunk, Cancelled
 from .options import MAX_DRAFT_WINDOW
 
 
-def row_cost(profile, rows: int) -> float:
-    """The relative cost of a forward of ``rows`` rows: linear interpolation in a measured
-    ((rows, ms), ...) profile (extrapolated from its last two points), or ``rows`` without one."""
-    if not profile:
-        return float(rows)
-    points = sorted((int(r), float(ms)) for r, ms in profile)
-    if rows <= points[0][0]:
-        return points[0][1] * rows / points[0][0]
-    for (r0, m0), (r1, m1) in zip(points, points[1:]):
-        if rows <= r1:
-            return m0 + (m1 - m0) * (rows - r0) / (r1 - r0)
-    (r0, m0), (r1, m1) = points[-2], points[-1]
-    return m1 + (m1 - m0) * (rows - r1) / (r1 - r0)
+def row_cost(shape, rows: int) -> float:
+    """The relative cost of a forward of ``rows`` rows by a cost shape, or ``rows`` without one."""
+    return float(rows) if shape is None else rows_cost(shape, rows)
 
 
 @attrs.define(eq=False)
@@ -61,8 +40,7 @@ class _Work:
 
 
 class FreeBlocks:
-    """The paged KV's blocks, handed out unshared; a sequence's next block follows its last
-    when that one is free (consecutive blocks let a paged forward read keys in place)."""
+    """The paged KV's blocks; a sequence's next block follows its last when free."""
 
     def __init__(self, num_blocks: int, block_size: int):
         self.num_blocks, self.block_size = num_blocks, block_size
@@ -82,7 +60,7 @@ class FreeBlocks:
 
 
 class PlainTable:
-    """One sequence's blocks without a prefix cache (the table a ``BatchedSpecTrunk`` writes)."""
+    """One sequence's blocks without a prefix cache."""
 
     reused_tokens = 0
 
@@ -105,8 +83,7 @@ class PlainTable:
 
 
 class BatchDriver:
-    """See the module docstring. Sequences ``join`` (with their trunk) before their first
-    forward and ``leave`` after their last; both under ``_cond``."""
+    """See the module docstring; sequences ``join`` before their first forward and ``leave`` after."""
 
     def __init__(self, target, kv, *, max_batch_rows: int | None = None, batch_wait_ms: float = 50.0):
         self.target, self.kv = target, kv
@@ -173,8 +150,7 @@ class BatchDriver:
         return time.perf_counter() - min(w.at for w in self._pending) >= self.batch_wait_s
 
     def _run_batch(self) -> None:
-        """Take this step's batch and run it as one forward; called with the lock held, which
-        is released during the forward (``_busy`` keeps a second batch from starting)."""
+        """Run this step's batch as one forward (the lock is released during it; ``_busy`` holds)."""
         batch = self._take_batch()
         rows: list[PagedRows] = []
         runnable: list[_Work] = []
@@ -214,9 +190,9 @@ class BatchDriver:
         self._cond.notify_all()
 
     def _charge(self, batch: list[_Work], total_rows: int, ms: float) -> None:
-        """Give each verify of the batch the time its extra rows cost the other sequences."""
+        """Give each verify the time its extra rows cost the other sequences of the batch."""
         others = len(batch) - 1
-        profile = verify_cost_shape(self.target)
+        profile = parse_cost_shape(verify_cost_shape(self.target))
         full = row_cost(profile, total_rows)
         for work in batch:
             extra = 0.0
@@ -229,8 +205,8 @@ class BatchDriver:
 def generate_batched(target, prompts: Sequence[Sequence[int]], options=None, *, max_tokens: int,
                      sampling=None, registry=None, kv_cache_mb: float = 256.0, block_size: int = 16,
                      chunk_rows: int = 32, batch_wait_ms: float = 50.0) -> list:
-    """Run ``prompts`` together on ``target``'s paged KV, one thread each; their Generations in
-    order (each equals the prompt decoded alone). ``sampling`` is one or one per prompt."""
+    """Run ``prompts`` together on ``target``'s paged KV, one thread each; their Generations in order
+    (each equals the prompt decoded alone). ``sampling``: one, or one per prompt."""
     from .generation import generate
 
     if not target_info(target).batched:

@@ -1,19 +1,6 @@
-"""Drafter files shipped by plugins for particular target files (bundled drafters).
-
-A drafter distribution registers its files through the drafters hook::
-
-    register([], None, files=[{"path": ".../smollm2-mtp.gguf", "algorithm": "draft-head",
-                               "target": {"architecture": "llama", "shape_digest": "...",
-                                          "sha256": "..."},
-                               "description": "..."}])
-
-A record is keyed by the TARGET file's identity (the file toolkit's ``identity``), never its name.
-When a model is loaded without ``--draft-model`` and the requested algorithm is the record's own
-algorithm, or ``auto`` for a record registered with ``auto`` (the default: True; a distribution
-sets it False for a drafter its figures show losing to the weight-free choice), the first
-matching record's file is attached. Set
-``TS_SPEC_BUNDLED=0`` to load models bare (no bundled drafter).
-"""
+"""Drafter files plugins ship for particular target files, registered as ``files=[{"path",
+"algorithm", "target": {"architecture", "shape_digest", "sha256"}, "auto"}]`` through the drafters
+hook and keyed by the target file's identity. ``TS_SPEC_BUNDLED=0`` loads models bare."""
 
 from __future__ import annotations
 

@@ -1,16 +1,9 @@
 """What a drafter's confidence is worth in THIS run, and how much of a chain to verify.
 
-``ConfidenceCalibration``: confidence in [0, 1] falls into one of ``BUCKETS`` buckets; each
-counts the draft tokens verified with every token before them landed (reached) and those that
-landed. A bucket's chance is its count shrunk toward its middle confidence (the drafter's own
-claim, ``PRIOR_WEIGHT`` pseudo-samples), made non-decreasing across buckets (isotonic: landing
-rises with confidence). E.g. bucket 0.8-0.9 saw 6 of 10 land: (6 + 2 * 0.85) / 12 = 0.64.
-
-``StepCosts``: ms of a step by the drafts it verified (0: a plain step), measured in this run,
-priced by the target's cost by rows where it publishes one (``spec_verify_row_ms``).
-``ChainWorth``: a chain with conditional chances c1, c2, .. emits ``E(k) = 1 + c1 + c1*c2 + ..``
-tokens when k drafts are verified; ``length`` is the k with the most tokens per ms.
-"""
+``ConfidenceCalibration``: landing counts per confidence bucket, shrunk toward the bucket's
+middle (``PRIOR_WEIGHT`` pseudo-samples) and made non-decreasing. ``StepCosts``: a step's ms by
+drafts verified, measured here. ``ChainWorth.length``: the k with the most expected tokens
+(``1 + c1 + c1*c2 + ..``) per ms."""
 
 from __future__ import annotations
 
@@ -28,23 +21,15 @@ MIN_COST_MS = 1e-9  # the least a step's cost can be (ratios divide by it)
 
 
 def bucket(confidence: float) -> int:
-    """The bucket of ``confidence`` (clamped to [0, 1]; 1.0 falls in the top bucket).
-
-    >>> bucket(0.0), bucket(0.35), bucket(1.0)
-    (0, 3, 9)
-    """
+    """The bucket of ``confidence``: ``bucket(0.35) == 3``, ``bucket(1.0) == 9``."""
     return min(BUCKETS - 1, max(0, int(float(confidence) * BUCKETS)))
 
 
 def valid_confidences(values: object, length: int) -> list[float] | None:
-    """``values`` as ``length`` floats in [0, 1], or None when they are not that (wrong type or
-    length, NaN, out of range). Total: whatever ``values`` does, it returns.
+    """``values`` as ``length`` floats in [0, 1], else None (never raises).
 
-    >>> valid_confidences([0.5, 1], 2)
-    [0.5, 1.0]
-    >>> valid_confidences([0.5, float('nan')], 2) is None, valid_confidences([0.5], 2) is None
-    (True, True)
-    """
+    >>> valid_confidences([0.5, 1], 2), valid_confidences([0.5], 2)
+    ([0.5, 1.0], None)"""
     try:
         if isinstance(values, (str, bytes, dict)) or len(values) != length:
             return None
@@ -65,9 +50,7 @@ class ConfidenceCalibration:
         self._fitted: list[float] | None = None  # the isotonic fit, until the next record
 
     def record(self, confidences: Sequence[float], accepted: int) -> None:
-        """A verify of drafts with these ``confidences`` (in order), of which the first
-        ``accepted`` landed: positions 1..accepted landed, position accepted + 1 (if drafted)
-        was reached and missed, the rest were never judged."""
+        """Drafts with these confidences, the first ``accepted`` landed (the next one reached, missed)."""
         for i, confidence in enumerate(confidences[: accepted + 1]):
             b = bucket(confidence)
             self.reached[b] += 1.0
@@ -85,32 +68,29 @@ class ConfidenceCalibration:
         return int(round(sum(self.reached)))
 
     def chance(self, confidence: float) -> float:
-        """The calibrated chance that a draft token of this confidence lands, given that every
-        draft before it landed."""
+        """The chance a draft of this confidence lands, given every draft before it did."""
         return self.table()[bucket(confidence)]
 
     def table(self) -> list[float]:
         """The calibrated chance of every bucket, non-decreasing."""
         if self._fitted is None:
             self._fitted = _isotonic(
-                [(self.landed[b] + PRIOR_WEIGHT * _middle(b)) / (self.reached[b] + PRIOR_WEIGHT) for b in range(BUCKETS)],
+                [(self.landed[b] + PRIOR_WEIGHT * (b + 0.5) / BUCKETS) / (self.reached[b] + PRIOR_WEIGHT) for b in range(BUCKETS)],
                 [self.reached[b] + PRIOR_WEIGHT for b in range(BUCKETS)],
             )
         return self._fitted
 
 
 class StepCosts:
-    """Milliseconds of a step by the drafts it verified, from this run's own steps: with the
-    target's cost by rows (``shape``), every length is ``shape(k + 1)`` times the median of
-    ``ms / shape(rows)`` over recent steps; without it, each length's rolling mean, a length
-    never measured on the line through the nearest measured ones (flat with one)."""
+    """A step's ms by drafts verified: with the target's cost by rows, that shape scaled by the
+    median measured ratio; without, each length's rolling mean (interpolated)."""
 
     def __init__(self, shape=None) -> None:
         self._means: dict[int, collections.deque] = {}
         self.set_shape(shape)
 
     def set_shape(self, shape) -> None:
-        """Price by this cost by rows from now on (None or malformed: by each length's mean)."""
+        """Price by this cost by rows from now on (None: by each length's mean)."""
         self.shape = parse_cost_shape(shape)
         self._scales: collections.deque = collections.deque(maxlen=4 * COST_SAMPLES)
         for length, samples in self._means.items() if self.shape is not None else ():
@@ -152,9 +132,7 @@ class ChainWorth:
         self.costs = costs
 
     def length(self, confidences: Sequence[float]) -> int:
-        """How many of a chain's drafts (with these confidences) to verify: the k in 0..n with
-        the most expected tokens per measured ms; n when no cost is measured yet (a length that
-        might pay is tried); ties go to the shorter."""
+        """The k in 0..n with the most expected tokens per measured ms (n before any cost is known)."""
         n = len(confidences)
         costs = self.costs.costs(n)
         if costs is None or n == 0:
@@ -176,17 +154,11 @@ class ChainWorth:
         return out
 
 
-def _middle(b: int) -> float:
-    return (b + 0.5) / BUCKETS
-
-
 def _isotonic(values: list[float], weights: list[float]) -> list[float]:
-    """The non-decreasing sequence closest to ``values`` in weighted squares (pool adjacent
-    violators).
+    """Pool adjacent violators: the closest non-decreasing sequence.
 
     >>> _isotonic([0.2, 0.6, 0.4, 0.9], [1, 1, 1, 1])
-    [0.2, 0.5, 0.5, 0.9]
-    """
+    [0.2, 0.5, 0.5, 0.9]"""
     blocks: list[list[float]] = []  # [mean, weight, count]
     for value, weight in zip(values, weights):
         blocks.append([value, weight, 1])

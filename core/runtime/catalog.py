@@ -1,9 +1,5 @@
-"""The catalog: what the loaded plugins registered (speculators, models, drafters, converters,
-kernels).
-
-Built from a ``PluginHost`` by calling each registration hook once per plugin, with a
-``register`` callback bound to that plugin so every registration is a record with a name,
-package and version.
+"""The catalog: what the loaded plugins registered, each registration recorded with its plugin
+(every hook is called once per plugin with a ``register`` bound to it).
 """
 
 from __future__ import annotations
@@ -46,8 +42,7 @@ class NamedModelEntry:
 
 @attrs.define
 class KernelEntry:
-    """One accelerated op. ``available`` False: registered but unusable here (no device, no
-    CuPy...), with ``reason``; ``tsspec plugins`` prints it, lookups skip it."""
+    """One accelerated op; ``available`` False: listed with its ``reason``, never used."""
 
     op: str
     implementation: Callable[..., Any]
@@ -146,18 +141,21 @@ def _add_loaders(table: dict[str, LoaderEntry], record, kind: str, pending: list
 
 
 def build_catalog(host: PluginHost, *, discover: bool = True) -> Catalog:
-    """Load the entry points (once, unless ``discover`` is False: in-process plugins only) and
-    collect every plugin's registrations."""
+    """Load the entry points (unless ``discover`` is False) and collect every registration."""
     if discover:
         host.load_entrypoints()
     catalog = Catalog(host=host)
-    # Registrations are held per plugin and applied once every hook has run, only for plugins
-    # still loaded: a plugin whose hook raised after registering something (or whose later
-    # hook raised) is skipped whole, as its "failed" record says. Arguments are checked at
-    # the call, so a bad registration fails the hook that made it.
+    # registrations are checked at the call and applied after every hook ran, only for plugins
+    # still loaded (one whose hook raised is skipped whole, as its "failed" record says)
     pending: list[tuple[str, Callable[[], None]]] = []  # (plugin, apply) in registration order
 
-    def speculators_for(name):
+    def each(hook: str, make_register: Callable[[str], Callable[..., None]]) -> None:
+        host.call_each(hook, lambda name: {"register": make_register(name)})
+
+    def keep(plugin: str, table: dict, keys, entry) -> None:  # the first registration of a key wins
+        pending.append((plugin, lambda: [table.setdefault(key, entry) for key in keys]))
+
+    def speculators(name):
         record = host.plugin_info(name)
 
         def register(spec_name, factory, *, requires_draft_head, **facts):
@@ -169,9 +167,35 @@ def build_catalog(host: PluginHost, *, discover: bool = True) -> Catalog:
                           package=record.package, version=record.version)
             pending.append((name, lambda: catalog.speculators.register(spec_name, factory, **kwargs)))
 
-        return {"register": register}
+        return register
 
-    def kernels_for(name):
+    def named_models(name):
+        def register(model_name, resolve, *, description="", installed=True, default=False):
+            if not isinstance(model_name, str) or not model_name or "/" in model_name:
+                raise ValueError(f"invalid model name {model_name!r}")
+            if not callable(resolve):
+                raise TypeError(f"named model {model_name!r}: resolve is not callable")
+            entry = NamedModelEntry(model_name, resolve, str(description or ""), bool(installed), name, bool(default))
+            keep(name, catalog.named_models, [model_name], entry)
+
+        return register
+
+    def converters(name):
+        record = host.plugin_info(name)
+
+        def register(model_types, converter, *, description=""):
+            model_types = [model_types] if isinstance(model_types, str) else list(model_types)
+            if not model_types or not all(isinstance(t, str) and t for t in model_types):
+                raise ValueError(f"converter model_types must be non-empty strings, got {model_types!r}")
+            if not callable(converter):
+                raise TypeError(f"converter for {model_types} is not callable")
+            entry = ConverterEntry(model_types, converter, str(description or ""), record.name, record.package,
+                                   record.version)
+            keep(name, catalog.converters, model_types, entry)
+
+        return register
+
+    def kernels(name):
         def register(op, implementation, *, device="cuda", description="", available=True, reason=""):
             if not isinstance(op, str) or not op:
                 raise ValueError(f"invalid kernel op name {op!r}")
@@ -180,89 +204,44 @@ def build_catalog(host: PluginHost, *, discover: bool = True) -> Catalog:
             entry = KernelEntry(op, implementation, str(device), description, name, bool(available), str(reason or ""))
             pending.append((name, lambda: catalog.kernels.setdefault(op, []).append(entry)))
 
-        return {"register": register}
+        return register
 
-    host.call_each("tsspec_register_speculators", speculators_for)
-    host.call_each(
-        "tsspec_register_models",
-        lambda name: {"register": _add_loaders(catalog.models, host.plugin_info(name), "model loader", pending)},
-    )
-    host.call_each(
-        "tsspec_register_drafters",
-        lambda name: {"register": _add_loaders(catalog.drafters, host.plugin_info(name), "drafter attach", pending,
-                                               catalog.bundled_drafters)},
-    )
-    def named_models_for(name):
-        def register(model_name, resolve, *, description="", installed=True, default=False):
-            if not isinstance(model_name, str) or not model_name or "/" in model_name:
-                raise ValueError(f"invalid model name {model_name!r}")
-            if not callable(resolve):
-                raise TypeError(f"named model {model_name!r}: resolve is not callable")
-            entry = NamedModelEntry(model_name, resolve, str(description or ""), bool(installed), name,
-                                    bool(default))
-            pending.append((name, lambda: catalog.named_models.setdefault(model_name, entry)))
-
-        return {"register": register}
-
-    host.call_each("tsspec_register_named_models", named_models_for)
-
-    def converters_for(name):
-        record = host.plugin_info(name)
-
-        def register(model_types, converter, *, description=""):
-            if isinstance(model_types, str):
-                model_types = [model_types]
-            model_types = list(model_types)
-            if not model_types or not all(isinstance(t, str) and t for t in model_types):
-                raise ValueError(f"converter model_types must be non-empty strings, got {model_types!r}")
-            if not callable(converter):
-                raise TypeError(f"converter for {model_types} is not callable")
-            entry = ConverterEntry(model_types, converter, str(description or ""), record.name,
-                                   record.package, record.version)
-
-            def apply():
-                for model_type in model_types:
-                    catalog.converters.setdefault(model_type, entry)  # first registration wins
-
-            pending.append((name, apply))
-
-        return {"register": register}
-
-    host.call_each("tsspec_register_converters", converters_for)
-    host.call_each("tsspec_register_kernels", kernels_for)
-
-    def trainers_for(name):
+    def trainers(name):
         def register(kind, trainer, *, description=""):
             if not callable(trainer):
                 raise TypeError(f"trainer for kind {kind!r} is not callable")
-            entry = TrainerEntry(str(kind), trainer, description, name)
-            pending.append((name, lambda: catalog.trainers.setdefault(entry.kind, entry)))
+            keep(name, catalog.trainers, [str(kind)], TrainerEntry(str(kind), trainer, description, name))
 
-        return {"register": register}
+        return register
 
-    host.call_each("tsspec_register_trainers", trainers_for)
-
-    def switches_for(name):
+    def switches(name):
         def register(switch, description):
             if not isinstance(switch, str) or not switch or not description:
                 raise ValueError(f"a switch needs a name and what =0 does, got {switch!r}")
-            entry = SwitchEntry(switch, str(description), name)
-            pending.append((name, lambda: catalog.switches.setdefault(switch, entry)))
+            keep(name, catalog.switches, [switch], SwitchEntry(switch, str(description), name))
 
-        return {"register": register}
+        return register
 
-    host.call_each("tsspec_register_switches", switches_for)
-
-    def toolkit_for(name):
+    def toolkit(name):
         def register(architecture, identity, *, kernels_info=None):
             if not (callable(architecture) and callable(identity)) or not (kernels_info is None or callable(kernels_info)):
                 raise TypeError("a file toolkit registers callables: architecture, identity[, kernels_info]")
-            toolkit = FileToolkit(architecture, identity, kernels_info, name)
-            pending.append((name, lambda: setattr(catalog, "toolkit", catalog.toolkit or toolkit)))
+            made = FileToolkit(architecture, identity, kernels_info, name)
+            pending.append((name, lambda: setattr(catalog, "toolkit", catalog.toolkit or made)))
 
-        return {"register": register}
+        return register
 
-    host.call_each("tsspec_register_file_toolkit", toolkit_for)
+    each("tsspec_register_speculators", speculators)
+    each("tsspec_register_models", lambda name: _add_loaders(catalog.models, host.plugin_info(name), "model loader",
+                                                             pending))
+    each("tsspec_register_drafters", lambda name: _add_loaders(catalog.drafters, host.plugin_info(name),
+                                                               "drafter attach", pending, catalog.bundled_drafters))
+    each("tsspec_register_named_models", named_models)
+    each("tsspec_register_converters", converters)
+    each("tsspec_register_kernels", kernels)
+    each("tsspec_register_trainers", trainers)
+    each("tsspec_register_switches", switches)
+    each("tsspec_register_file_toolkit", toolkit)
     for plugin, apply in pending:
         if host.plugin_info(plugin).status == LOADED:
             apply()

@@ -1,12 +1,5 @@
-"""Checkpoint conversion: ``tsspec convert SRC_DIR OUT.gguf`` picks the converter a plugin
-registered for the checkpoint's type (``tsspec_register_converters``).
-
-The type comes from the checkpoint's ``config.json``: the first of its ``architectures`` entries
-that a converter registered (a drafter whose ``model_type`` is its base model's names itself
-there), else its ``model_type``. A checkpoint that names a ``speculators_model_type`` (the
-speculators drafter format) is looked up as ``speculators`` first. Every failure is one
-``ConvertError`` line.
-"""
+"""Checkpoint conversion: ``tsspec convert`` picks the converter a plugin registered for the
+checkpoint's type, read from config.json. Every failure is one ``ConvertError`` line."""
 
 from __future__ import annotations
 
@@ -39,9 +32,8 @@ class ConverterEntry:
 
 
 def checkpoint_types(src_dir: Path) -> list[str]:
-    """The keys a converter may be registered under, most specific first: ``speculators`` for a
-    speculators-format checkpoint, then config.json's ``architectures`` entries, then its
-    ``model_type``."""
+    """Keys a converter may be registered under, most specific first: ``speculators`` (that format),
+    config.json's ``architectures``, its ``model_type``."""
     config_path = src_dir / "config.json"
     if not src_dir.is_dir():
         raise ConvertError(f"{src_dir}: not a checkpoint directory")
@@ -74,10 +66,8 @@ def find_converter(converters: dict[str, ConverterEntry], src_dir: Path) -> tupl
 
 def convert_as(model_type: str, src_dir: object, out_path: object, *, outtype: str = "f32", catalog=None,
                **settings: Any) -> ConverterEntry:
-    """Convert ``src_dir`` with the converter some plugin registered for ``model_type``, passing
-    ``settings`` on as keywords: how one plugin's converter hands a checkpoint to another's
-    without importing it (a model plugin whose assistant is another plugin's drafter format).
-    A ConvertError names the type when no loaded plugin converts it."""
+    """Convert with the converter registered for ``model_type``, ``settings`` as keywords: how one
+    plugin hands a checkpoint to another's converter without importing it."""
     if catalog is None:
         from .defaults import default_catalog
 

@@ -1,8 +1,4 @@
-"""The process-wide default plugin host and catalog, built lazily on first use.
-
-The CLI replaces them with ones built from the operator's controls (``configure``); tests build
-their own ``PluginHost`` instead of touching these.
-"""
+"""The process-wide default plugin host and catalog, built on first use (the CLI's ``configure``)."""
 
 from __future__ import annotations
 

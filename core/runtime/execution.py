@@ -1,32 +1,9 @@
 """SpeculativeExecution: the one implementation of draft -> verify -> accept -> keep -> commit.
 
-One sequence runs as small steps, so a scheduler can interleave the steps of many executions:
-``start`` (``_prefill`` and the first token), then ``step`` until ``done`` (each step is a
-``_plain_step`` or a ``_verify_step``), then ``finish``. ``run`` does all three.
-
-A verify step, with ``last`` the newest token (emitted, not yet in the trunk's cache) at
-position ``p``:
-
-1. Draft: ``speculator.propose(DraftContext)``. The result is untrusted input: a wrong type, an id
-   outside the vocabulary, more tokens than allowed or an exception ends drafting for that step
-   and is counted as a fault; after ``MAX_FAULTS`` the speculator is parked for the sequence.
-2. Verify: ``[last, d1..dK]`` in ONE forward with all-row logits.
-3. Accept (``accept``): row i draws the token at position ``p+1+i`` with the position-seeded
-   sampler; drafts are accepted while the draw equals the draft. Every emitted token therefore
-   comes from a trunk row: lossless.
-4. Keep: the trunk keeps ``m+1`` rows (``last`` and the m accepted drafts) through the target's
-   one rollback call, ``spec_keep``.
-5. Commit: the kept tokens and the exact hidden rows that predicted them go to the speculator.
-
-An empty proposal is a plain one-row step that still commits to the speculator. The cost
-governor beside the loop may park drafting; then steps are plain one-row steps, each still
-committed to the speculator. What the loop reads of the speculator is its ``SpeculatorInfo``
-(``tsspec.capabilities``, defaults there); ``handles_own_prefill`` means the prompt is not
-committed to it.
-
-The trunk is driven through the target's own members (``SpecTrunk``): ``spec_forward`` then
-one ``spec_keep(rows_kept)``; ``spec_rewind_cache`` between sequences.
-"""
+A verify forwards ``[last, d1..dK]`` once; row i draws position ``p+1+i`` with the position-seeded
+sampler and drafts are accepted while the draw equals them, so every emitted token comes from a
+trunk row (lossless). The trunk keeps those rows (``spec_keep``); the speculator is committed
+the kept tokens and the rows that predicted them. ``MAX_FAULTS`` faults park the speculator."""
 
 from __future__ import annotations
 
@@ -38,22 +15,10 @@ from typing import Callable, Iterator, Sequence
 import attrs
 import torch
 
-from ..capabilities import SpeculatorInfo, speculator_info, target_info, trunk_extras
+from ..capabilities import speculator_info, target_info, trunk_extras
 from ..protocols import DraftContext
 from .governor import SpeculationCostGovernor
-from .proposal import (  # noqa: F401  (the fault kinds are part of this module's surface)
-    BAD_CONFIDENCE,
-    BAD_ID,
-    BAD_TYPE,
-    COMMIT_RAISED,
-    MAX_FAULTS,
-    OUT_OF_VOCAB,
-    PROPOSE_RAISED,
-    TOO_MANY,
-    HistoryView,
-    proposal_confidence,
-    validate_proposal,
-)
+from .proposal import COMMIT_RAISED, MAX_FAULTS, PROPOSE_RAISED, HistoryView, proposal_confidence, validate_proposal
 from .sampling import Sampler
 from .stats import SpecStats
 from .trunk import forward_all, keep
@@ -64,19 +29,11 @@ _logged_faults: set[str] = set()  # speculators whose first fault was already lo
 
 
 def accept(draw: Callable[[int], int], drafts: Sequence[int]) -> list[int]:
-    """The tokens one verify emits, in the terms of vLLM's rejection sampler.
+    """The tokens one verify emits: drafts accepted while row i draws ``drafts[i]``, then the
+    corrected (or bonus) token. Rows are drawn lazily.
 
-    ``draw(i)`` samples verify row i (the row that follows ``drafts[:i]``). Draft i is
-    *accepted* when row i draws exactly it; the first row whose draw differs gives the
-    *corrected* token in its place and ends the step; when every draft is accepted, the last row
-    gives a *bonus* token. Returns the accepted drafts followed by the corrected or bonus token:
-    ``len(result) - 1`` drafts were accepted. Pure: rows are drawn lazily, none after the end.
-
-    >>> accept(lambda i: [5, 6, 9][i], [5, 6])  # both accepted, bonus 9
-    [5, 6, 9]
     >>> accept(lambda i: [5, 7, 9][i], [5, 6])  # 5 accepted, 7 corrects 6
-    [5, 7]
-    """
+    [5, 7]"""
     drawn: list[int] = []
     for i in range(len(drafts) + 1):
         token = draw(i)
@@ -145,7 +102,6 @@ class SpeculativeExecution:
         # does the trunk undo a rejected tail by a KV rewind alone (any cached prefix reusable)?
         self._persists = target_info(trunk).verify_persists_accepted_kv
 
-    # -- one sequence: start, step until done, finish ----------------------------------------
     def run(
         self,
         prompt: Sequence[int],
@@ -153,8 +109,7 @@ class SpeculativeExecution:
         *,
         on_token: Callable[[int], bool | None] | None = None,
     ) -> list[int]:
-        """Generate up to ``max_tokens`` tokens after ``prompt``. ``on_token(tok)`` is called for
-        each emitted token and may return True to stop after it (stop strings)."""
+        """Generate up to ``max_tokens`` after ``prompt``; ``on_token`` returning True stops."""
         seq = self.start(prompt, max_tokens, on_token=on_token)
         if max_tokens <= 0:
             return seq.emitted
@@ -214,10 +169,8 @@ class SpeculativeExecution:
         n = self.trunk.cache_seq_len
         self._cached = seq.history[:n] if n <= len(seq.history) else []
 
-    # -- the steps ---------------------------------------------------------------------------
     def _prefill(self, seq: SequenceState) -> torch.Tensor:
-        """Forward the prompt (after the longest cached prefix the trunk can rewind to) and
-        commit it; returns the logits [1, vocab] of its last row."""
+        """Forward the prompt after the longest reusable cached prefix and commit it; last row's logits."""
         trunk, prompt, info = self.trunk, seq.history, self.info
         reuse = self._reusable_prefix(prompt)
         if not reuse:  # a prefix cache's blocks the trunk was admitted with (batched trunks)
@@ -303,10 +256,8 @@ class SpeculativeExecution:
         self.governor.record(True, ms, kept, drafted=len(drafts),
                              confidence=None if confidence is None else confidence[: len(drafts)])
 
-    # -- helpers -----------------------------------------------------------------------------
     def _reusable_prefix(self, prompt: list[int]) -> int:
-        """How many leading prompt tokens the trunk still caches from the last sequence (never
-        the whole prompt: the last row must be forwarded for its logits)."""
+        """Leading prompt tokens the trunk still caches (never the whole prompt)."""
         cached = self._cached
         if not (self._persists and cached and self.trunk.cache_seq_len == len(cached)):
             return 0
@@ -329,7 +280,7 @@ class SpeculativeExecution:
         )
 
     def _emit(self, seq: SequenceState, token: int) -> bool:
-        """Record one emitted token; True (and the sequence done) when it must stop after it."""
+        """Record one emitted token; True when the sequence must stop after it."""
         seq.emitted.append(token)
         seq.history.append(token)
         stop = token in self.stop_tokens or len(seq.emitted) >= seq.max_tokens
@@ -340,7 +291,7 @@ class SpeculativeExecution:
 
     @contextlib.contextmanager
     def _phase(self, name: str) -> Iterator[_Timer]:
-        """Time the block into ``stats.phase_ms[name]``; the timer's ``ms`` is set on exit."""
+        """Time the block into ``stats.phase_ms[name]``."""
         t0 = self.clock()
         timer = _Timer(start=t0)
         try:
@@ -373,7 +324,7 @@ class SpeculativeExecution:
                 self._fault(COMMIT_RAISED, repr(exc))
 
     def _propose(self, ctx: DraftContext) -> tuple[list[int], list[float] | None]:
-        """The checked drafts and the proposal's per-draft confidence (None: none given)."""
+        """The checked drafts and their confidence (None: none given)."""
         drafts, confidence, fault = [], None, None
         start = self.clock()  # the "draft" phase (as _phase times it; inline: this runs every step)
         try:  # the checks are total: only the speculator's own code raises

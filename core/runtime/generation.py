@@ -1,8 +1,5 @@
-"""The generation engine: text or ids in, a ``Generation`` out. The same surface the CLI uses.
-
-It resolves the speculator through the registry (or takes one given), builds the trunk, the
-sampler and the governor, runs ``SpeculativeExecution`` and turns tokens back into text with
-stop strings applied.
+"""The generation engine: text or ids in, a ``Generation`` out (what the CLI runs): resolves the
+speculator, builds the sampler and governor, runs ``SpeculativeExecution``, applies stop strings.
 """
 
 from __future__ import annotations
@@ -17,7 +14,7 @@ from ..errors import GenerationError
 from .execution import SpeculativeExecution
 from .governor import SpeculationCostGovernor
 from .options import SpeculationOptions
-from .registry import Decline
+from .registry import AUTO, Decline
 from .sampling import Sampler, SamplingParams, TokenLogprob
 from .stats import SpecStats
 from .text_stream import TextStream
@@ -42,15 +39,8 @@ class Generation:
     logprobs: list[TokenLogprob] | None = None  # one per emitted token, when asked for
 
     def to_json(self) -> dict[str, Any]:
-        return {
-            "text": self.text,
-            "tokens": self.tokens,
-            "prompt_tokens": self.prompt_tokens,
-            "finish_reason": self.finish_reason,
-            "speculator": self.speculator,
-            "decline": None if self.decline is None else self.decline.to_json(),
-            "stats": self.stats.to_json(),
-        }
+        out = {k: getattr(self, k) for k in ("text", "tokens", "prompt_tokens", "finish_reason", "speculator")}
+        return {**out, "decline": None if self.decline is None else self.decline.to_json(), "stats": self.stats.to_json()}
 
 
 def encode_prompt(target, prompt: str | Sequence[int], *, chat: bool = False, system: str | None = None) -> list[int]:
@@ -78,10 +68,18 @@ def encode_prompt(target, prompt: str | Sequence[int], *, chat: bool = False, sy
     return ids
 
 
+def _registry(registry):
+    """``registry``, else the default catalog's."""
+    if registry is not None:
+        return registry
+    from .defaults import default_catalog
+
+    return default_catalog().speculators
+
+
 def draft_window(options: SpeculationOptions, target, speculator=None, name: str | None = None) -> int:
-    """The draft window, decided once per sequence (speculators read it from DraftContext):
-    the operator's --spec-draft, else the default narrowed by the target's preferred window;
-    never more than the speculator's own ``max_draft_tokens``."""
+    """The sequence's draft window: --spec-draft, else the default narrowed by the target's
+    preferred window; never over the speculator's ``max_draft_tokens``."""
     window = options.window(target_info(target).preferred_draft_window)
     if speculator is not None:
         limit = speculator_info(speculator).max_draft_tokens
@@ -91,14 +89,15 @@ def draft_window(options: SpeculationOptions, target, speculator=None, name: str
 
 
 def _park_memory(target, registry, options: SpeculationOptions, speculator, governor):
-    """The registry's memory for the algorithm ``options`` resolved to on ``target`` when a
-    lost park should carry to the next sequence (``SpeculatorRegistry.carries_parks``; never
-    for auto's pair, whose weight-free primary's gain is the prompt's), else None."""
+    """Where a lost park carries to ``target``'s next sequence, else None (never a composition's)."""
     if speculator is None or not governor.enabled:
         return None
+    registry = _registry(registry)
     name = registry.resolve_name(target, options.spec_type)
-    if not isinstance(name, str) or not registry.carries_parks(name) or speculator.name != name:
-        return None  # the algorithm's own parks only: never a composition's (auto's pair)
+    if not isinstance(name, str) or not registry.carries_parks(name):
+        return None
+    if options.spec_type == AUTO and registry.pair_primary(target, name) is not None:
+        return None  # auto's composition: its weight-free member's gain is the prompt's
     return registry.memory(target, f"loop:{name}")
 
 
@@ -106,10 +105,7 @@ def resolve_speculator(target, options: SpeculationOptions, registry=None):
     """(speculator | None, name | None, decline | None) for a request."""
     if not options.enabled:
         return None, None, None
-    if registry is None:
-        from .defaults import default_catalog
-
-        registry = default_catalog().speculators
+    registry = _registry(registry)
     made = registry.create(target, options)
     if isinstance(made, Decline):
         return None, None, made
@@ -120,6 +116,7 @@ def _plugin_label(target, options: SpeculationOptions, registry, name: str | Non
     """``"<name> (plugin <plugin>)"`` for a speculator the registry made, else ``name``."""
     if name is None:
         return None
+    registry = _registry(registry)
     resolved = registry.resolve_name(target, options.spec_type)
     entry = registry.get(resolved) if isinstance(resolved, str) else None
     return f"{name} (plugin {entry.plugin})" if entry is not None and entry.plugin else name
@@ -148,12 +145,9 @@ def generate(
 ) -> Generation:
     """Generate up to ``max_tokens`` tokens. Speculation never changes the output.
 
-    ``trunk``: the SpecTrunk to run on (default: the target itself, its own linear cache); the scheduler
-    passes a ``BatchedSpecTrunk``. ``arm_after_reuse=False`` never arms a speculator after a
-    reused KV prefix (the refuse-all rule, for comparisons; None lets the speculator decide).
-    ``logprobs``: keep each emitted token's ``TokenLogprob`` with that many alternatives (0: the
-    token's own only); they are appended to ``logprob_sink`` (when given) as each token is
-    emitted, before ``on_token`` hears of it."""
+    ``trunk``: the SpecTrunk to run on (default: the target's own cache). ``arm_after_reuse=False``
+    never arms a speculator after a reused KV prefix. ``logprobs``: each token's ``TokenLogprob``
+    with that many alternatives, appended to ``logprob_sink`` as it is emitted."""
     options = options or SpeculationOptions()
     if max_tokens < 1:
         raise GenerationError(f"max tokens must be >= 1, got {max_tokens}")
@@ -167,10 +161,6 @@ def generate(
     name = None
     label = None  # for the loop's fault log: names the plugin to blame
     if speculator is None:
-        if registry is None and options.enabled:
-            from .defaults import default_catalog
-
-            registry = default_catalog().speculators
         speculator, name, decline = resolve_speculator(target, options, registry)
         label = _plugin_label(target, options, registry, name)
     elif options.enabled:

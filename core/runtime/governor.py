@@ -1,18 +1,8 @@
-"""SpeculationCostGovernor: speculation must never make decoding slower.
-
-The loop asks ``want_speculation()`` before each step and reports each step's cost with
-``record``. The governor compares ms per emitted token of speculative against plain steps (a
-rolling window, each side's first sample discarded, a step counted at most ``STALL_CAP`` times
-its side's median step: one step stalled by another process decides nothing), parks drafting
-while speculation loses and re-probes with exponential backoff (x``landless_growth`` while
-nothing landed, else x2, capped at ``max_backoff``); a won state is dropped when it degrades.
-Its own cost stays small: ``zero_accept_limit`` landless verifies park at once (empty attempts
-count by their cost), baseline samples are spaced by what they give up, a ratio decides after
-two samples a side when every sample of one side beats every one of the other by
-``decisive_ratio``, and a probe drafts ``probe_draft`` tokens until one lands. How much: a
-proposal with per-draft ``confidence`` is cut to the prefix worth its rows
-(``calibration.ChainWorth``; 0: a plain step). It never changes the output.
-"""
+"""SpeculationCostGovernor: speculation must never make decoding slower. It compares ms per token of
+speculative and plain steps (a step counted at most ``STALL_CAP`` times its side's median, so one
+stalled step decides nothing), parks drafting while it loses and re-probes with backoff; with
+per-draft ``confidence`` it verifies only the prefix that pays (``calibration.ChainWorth``). It
+decides whether and how much to draft, never the output."""
 
 from __future__ import annotations
 
@@ -30,9 +20,7 @@ CAPPED_FROM = 3  # samples that emitted tokens before the cap applies (a median 
 
 
 class _Window:
-    """Rolling (ms, tokens) samples; cost is the ratio of sums. The governor reads it several
-    times a step, so the token total and the count are kept as samples come and go (integers:
-    exact) and the ms sum is one C-level ``sum`` over the ms in order (the same float as ever)."""
+    """Rolling (ms, tokens) samples; cost is the ratio of sums (totals kept as samples come and go)."""
 
     def __init__(self, size: int):
         self.samples: Deque[tuple[float, int]] = collections.deque(maxlen=size)
@@ -66,7 +54,7 @@ class _Window:
 
     @property
     def count(self) -> int:
-        """Samples that emitted tokens (empty-proposal costs ride along but do not count)."""
+        """Samples that emitted tokens."""
         return self._counted
 
     @property
@@ -122,14 +110,11 @@ class SpeculationCostGovernor:
         self.decisive_ratio = decisive_ratio
         self.probe_draft = probe_draft
         self.explore_after = explore_after  # declines of one bucket before it is re-tried
-        # verified steps a probe of confidence-sized drafting that has landed a token in this
-        # sequence needs before a (non-decisive) verdict: its steps are the ones worth
-        # verifying, so it sits near break-even where a few Bernoulli landings decide nothing;
-        # a clear loser is still parked by decisive_ratio, one that never lands by min_samples
+        # verified steps a landed confidence-sized probe needs before a non-decisive verdict (it
+        # sits near break-even, where a few landings decide nothing)
         self.calibrated_samples = max(min_samples, int(calibrated_samples))
         self.calibrated = False  # a proposal carried confidence: its drafts are sized after proposing
-        # cost_shape: the target's measured cost by rows, or a function that reads it (called
-        # when a proposal first carries confidence: a target may measure it on first read)
+        # cost_shape: the target's cost by rows, or a function read when confidence first comes
         self._shape_source = cost_shape if callable(cost_shape) else None
         self.costs = StepCosts(None if callable(cost_shape) else cost_shape)
         self.calibration = ConfidenceCalibration()  # landing by confidence bucket, this sequence
@@ -156,7 +141,6 @@ class SpeculationCostGovernor:
         self.losses = 0
         self.parked_steps = 0
 
-    # -- the loop's questions --------------------------------------------------------------
     def want_speculation(self) -> bool:
         """Should this step draft? False means a plain one-row step."""
         if not self.enabled:
@@ -178,18 +162,14 @@ class SpeculationCostGovernor:
         return True
 
     def draft_limit(self, window: int) -> int:
-        """The most tokens this step may draft: ``window``, capped at ``probe_draft`` while a
-        probe has not yet landed a drafted token."""
+        """``window``, capped at ``probe_draft`` while a probe has landed nothing."""
         if self.enabled and self.state == PROBE and not self.probe_landed:
             return min(window, self.probe_draft)
         return window
 
     def size_proposal(self, proposed: int, confidence: Sequence[float] | None = None) -> int:
-        """How many of a proposal's ``proposed`` drafts to verify given their per-draft
-        ``confidence``: the length the calibrated chances pay for (``ChainWorth.length``; 0:
-        decline, the step is a plain one), one token when the first draft's bucket declined
-        ``explore_after`` times in a row is re-tried, capped at ``probe_draft`` while a probe
-        has landed nothing. Without confidence, or with the governor off: all of them."""
+        """How many of ``proposed`` drafts to verify given their confidence (``ChainWorth.length``; 0 is
+        a plain step); a bucket declined ``explore_after`` times is re-tried with one token."""
         if confidence is None or not self.enabled or proposed <= 0:
             return proposed
         self.calibrated = True
@@ -230,9 +210,7 @@ class SpeculationCostGovernor:
 
     def record(self, speculative: bool, ms: float, tokens: int, drafted: int | None = None,
                confidence: Sequence[float] | None = None) -> None:
-        """Report a step: speculative (drafted, verified) or plain, its ms and emitted tokens;
-        ``drafted``: how many tokens the speculative step verified; ``confidence``: the verified
-        drafts' confidences (the calibration learns what landed by bucket)."""
+        """Report a step: speculative or plain, its ms and emitted tokens, drafts verified, confidences."""
         key = None
         if confidence is not None and speculative and drafted:
             self.calibration.record(list(confidence)[:drafted], tokens - 1)
@@ -272,7 +250,7 @@ class SpeculationCostGovernor:
         return 1 if self.reprobing else self.zero_accept_limit
 
     def record_empty_proposal(self, ms: float) -> None:
-        """A draft attempt that proposed nothing: its cost is speculation's, with no tokens."""
+        """A draft attempt that proposed nothing: speculation's cost, with no tokens."""
         if not (self.enabled and self.state != PARKED):
             return
         self.spec.add(ms, 0)
@@ -282,9 +260,7 @@ class SpeculationCostGovernor:
         self._count_waste()
 
     def _count_waste(self) -> None:
-        """Turn the probe's wasted attempt milliseconds into zero-accept steps, one per plain
-        step's worth (the measured baseline; nothing happens until it exists), parking at the
-        zero-accept limit."""
+        """Turn wasted attempt ms into zero-accept steps, one per plain step's worth."""
         plain = self.plain.capped_ms_per_token
         if plain is None or plain <= 0 or self.wasted_ms < plain:
             return
@@ -295,8 +271,7 @@ class SpeculationCostGovernor:
             self._park()
 
     def reset(self) -> None:
-        """A new sequence: acceptance depends on the prompt, so re-probe; keep the plain
-        baseline (it is the machine's, not the prompt's) and restart the backoff."""
+        """A new sequence: re-probe, keep the plain baseline, restart the backoff."""
         self.state = PROBE
         self.spec.clear()
         self.backoff = self.initial_backoff
@@ -312,17 +287,13 @@ class SpeculationCostGovernor:
             self.start_parked(*carried)
 
     def carry_over(self) -> tuple[int, int] | None:
-        """(steps still to park, backoff) when drafting lost and is parked now, else None: what a
-        later sequence on the same drafter may start from (``start_parked``)."""
+        """(steps still to park, backoff) while parked, else None."""
         if self.state != PARKED:
             return None
         return self.parked_left, self.backoff
 
     def start_parked(self, steps: int, backoff: int) -> None:
-        """Begin a sequence parked for ``steps`` steps with ``backoff`` as the next park's
-        length (call after ``reset``): the drafter lost on an earlier sequence of this target.
-        ``steps`` 0: the park ran out, and the first step re-probes (as a re-probe, with that
-        backoff)."""
+        """Begin a sequence parked (after ``reset``): the drafter lost on an earlier sequence."""
         if not self.enabled or steps < 0:
             return
         self.state = PARKED
@@ -330,15 +301,13 @@ class SpeculationCostGovernor:
         self.backoff = max(self.initial_backoff, min(self.max_backoff, int(backoff)))
         self.spec.clear()
 
-    # -- policy ----------------------------------------------------------------------------
     def _decide(self) -> None:
         if self.state == PARKED:
             return
         spec_cost, plain_cost = self.spec.capped_ms_per_token, self.plain.capped_ms_per_token
         if spec_cost is None or plain_cost is None or plain_cost <= 0:
             return  # no baseline yet, or one a clock could not resolve: nothing to compare
-        # a landless one is judged as before; so is one whose window filled (mostly declined
-        # attempts) before it gathered calibrated_samples verified steps: no verdict-less probe
+        # a landed calibrated probe waits for calibrated_samples (unless its window filled)
         near = self.calibrated and self.landed and self.state == PROBE and not self.spec.full
         spec_samples = self.calibrated_samples if near else self.min_samples
         enough = self.spec.count >= spec_samples and self.plain.count >= self.min_samples
@@ -373,10 +342,8 @@ class SpeculationCostGovernor:
         return spec[0] > self.decisive_ratio * plain[1] or plain[0] > self.decisive_ratio * spec[1]
 
     def _park(self) -> None:
-        """Park for ``backoff`` plain steps and grow the next park: x``landless_growth`` while
-        no step of this sequence has landed a drafted token (uncalibrated drafting), else x2 (a
-        drafter that landed some, a won state that degraded, calibrated drafting: its per-bucket
-        declines already cut the losing drafts); capped at ``max_backoff``. A win resets it (``_decide``)."""
+        """Park for ``backoff`` steps; the next park is x``landless_growth`` while nothing landed, else
+        x2, capped at ``max_backoff``."""
         self.losses += 1
         landless = not (self.landed or self.calibrated or self.state == HOLD)
         growth = self.landless_growth if landless else 2

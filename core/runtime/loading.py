@@ -1,10 +1,6 @@
-"""Loading models and drafter files through the model registry (the plugins' loaders).
-
-``load_model(path)`` reads the GGUF's ``general.architecture`` and hands the file to the plugin
-that registered that architecture; a drafter file (``--draft-model``) is attached to the loaded
-target by the plugin that registered the drafter's architecture. A path that is not a file but
-names a file-less architecture (``toy`` or ``toy:SEED``, registered with ``file_less=True``) goes
-to that loader as is. Every failure is a ``ModelLoadError`` naming the file and the problem.
+"""Loading models and drafter files through the plugin that registered the file's architecture
+(a file-less name such as ``toy:SEED`` goes to its loader as is). Every failure is a
+``ModelLoadError`` naming the file and the problem.
 """
 
 from __future__ import annotations
@@ -31,16 +27,10 @@ class LoadOptions:
     drafters: dict | None = attrs.field(default=None, repr=False, eq=False)
 
     def attach_drafter_from(self, target, architecture: str, source: object):
-        """Attach a drafter of ``architecture`` from ``source`` (a file path, or an open reader
-        with ``GGUFFile``'s reading methods: a drafter carried inside the target's own file)
-        through whichever plugin registered that drafter architecture: a model plugin's public
-        way to an algorithm plugin's drafter. ModelLoadError when no loaded plugin serves it."""
+        """Attach a drafter of ``architecture`` from ``source`` (a path, or an open reader of the
+        target's own file) through the plugin that registered it (ModelLoadError if none)."""
         where = getattr(source, "path", source)
-        table = self.drafters
-        if table is None:
-            from .defaults import default_catalog
-
-            table = default_catalog().drafters
+        table = self.drafters if self.drafters is not None else _catalog(None).drafters
         entry = table.get(architecture)
         if entry is None:
             served = ", ".join(sorted(table)) or "none"
@@ -58,31 +48,33 @@ class LoadOptions:
         return getattr(self.speculation, name)
 
 
+def _catalog(catalog):
+    from .defaults import default_catalog
+
+    return catalog if catalog is not None else default_catalog()
+
+
 def _device_type(device: object) -> str:
     """"cuda:1" -> "cuda" (the kernel table is keyed by device type)."""
     return str(device or "cpu").split(":", 1)[0]
 
 
 def file_architecture(path: object, catalog=None) -> str:
-    """The architecture of a model file (through the file toolkit a plugin registered: the
-    catalog's, else the installed plugins'), with clear errors for missing or bad files."""
+    """The architecture of a model file, read by the file toolkit a plugin registered."""
     p = Path(str(path))
     if not p.exists():
         raise ModelLoadError(p, "no such file")
     if p.is_dir():
         raise ModelLoadError(p, "is a directory, not a GGUF file")
-    from .defaults import default_catalog
-
     # a catalog built from chosen plugins without the toolkit reads through the installed one
-    toolkit = (catalog if catalog is not None else default_catalog()).toolkit or default_catalog().toolkit
+    toolkit = _catalog(catalog).toolkit or _catalog(None).toolkit
     if toolkit is None:
         raise ModelLoadError(p, "no installed plugin reads model files (install tsspec-gguf)")
     return toolkit.architecture(p)
 
 
 def file_less_entry(path: object, catalog):
-    """The loader entry when ``path`` names a file-less model (``NAME`` or ``NAME:ARGS`` of an
-    architecture registered with ``file_less=True``, and no such file exists), else None."""
+    """The loader entry when ``path`` names a file-less model (``NAME[:ARGS]``), else None."""
     entry = catalog.models.get(str(path).partition(":")[0])
     if entry is None or not entry.file_less or Path(str(path)).exists():
         return None
@@ -98,14 +90,10 @@ def load_model(
     options: SpeculationOptions | None = None,
     catalog=None,
 ):
-    """Load ``path`` (a GGUF file, a model name, ``toy``; None: the default model a plugin
-    offers) through the plugin that serves its architecture; attach ``draft_model``."""
+    """Load ``path`` (a file, a model name, ``toy``; None: the default model); attach ``draft_model``."""
     spec = options or SpeculationOptions()
     load_options = LoadOptions(device=device, dtype=dtype, speculation=spec)
-    if catalog is None:
-        from .defaults import default_catalog
-
-        catalog = default_catalog()
+    catalog = _catalog(catalog)
     load_options = attrs.evolve(load_options, kernels=catalog.kernel_table(_device_type(device)),
                                 drafters=dict(catalog.drafters))
     if path is None:
@@ -152,10 +140,7 @@ def load_model(
 
 def attach_drafter(target, path: object, load_options: LoadOptions, catalog=None):
     """Attach a separate drafter file; its general.architecture decides what it is."""
-    if catalog is None:
-        from .defaults import default_catalog
-
-        catalog = default_catalog()
+    catalog = _catalog(catalog)
     arch = file_architecture(path, catalog)
     entry = catalog.drafters.get(arch)
     if entry is None:

@@ -1,12 +1,5 @@
-"""``--model NAME``: a name a plugin registered (``tsspec_register_named_models``) or a model in
-Ollama's local store, resolved to a GGUF path. A path that exists is always taken as a path.
-
-Ollama keeps a pulled model's manifest at ``<store>/manifests/<registry>/<namespace>/<model>/<tag>``
-(defaults ``registry.ollama.ai``, ``library``, ``latest``) and the GGUF as the blob its
-``application/vnd.ollama.image.model`` layer names (``<store>/blobs/sha256-<hex>``). The store is
-``$OLLAMA_MODELS``, else ``~/.ollama/models``, else the Linux service's
-``/usr/share/ollama/.ollama/models``.
-"""
+"""``--model NAME``: a name a plugin registered, or a model in Ollama's local store (``$OLLAMA_MODELS``,
+``~/.ollama/models`` or the service's), resolved to a GGUF path; an existing path stays a path."""
 
 from __future__ import annotations
 
@@ -42,8 +35,7 @@ def ollama_manifest_path(name: str, store: Path) -> Path | None:
 
 
 def ollama_blob(name: str, stores: list[Path] | None = None) -> str | None:
-    """The GGUF blob of an Ollama model name, or None when no store holds that name; a
-    manifest without a model layer or a missing blob is a ModelLoadError."""
+    """The GGUF blob of an Ollama model name, None when no store holds it (ModelLoadError when broken)."""
     for store in stores if stores is not None else ollama_stores():
         manifest = ollama_manifest_path(name, store)
         if manifest is None or not manifest.is_file():
@@ -64,8 +56,7 @@ def ollama_blob(name: str, stores: list[Path] | None = None) -> str | None:
 
 
 def default_model(catalog) -> str:
-    """The name of the default model: the first installed named model a plugin offers as the
-    default; a ModelLoadError naming what to install when none does."""
+    """The first installed named model a plugin offers as the default (ModelLoadError when none)."""
     for entry in catalog.named_models.values():
         if entry.default and entry.installed:
             return entry.name
@@ -76,8 +67,7 @@ def default_model(catalog) -> str:
 
 
 def resolve_model_path(path: object, catalog) -> object:
-    """A model argument as a path: unchanged when it exists (or names nothing else), a named
-    model's resolved file, or an Ollama store's blob."""
+    """A model argument as a path: as given when it exists, a named model's file, or an Ollama blob."""
     text = str(path)
     if Path(text).exists():
         return path

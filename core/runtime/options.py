@@ -1,9 +1,6 @@
-"""Speculation options: one attrs object resolved from CLI flags, environment and config.
-
-Precedence, strongest first: CLI flag, environment (``TS_SPEC_*``, or ``TS_MTP_*``
-which native loaders share), config file ``[spec]``, defaults. Once resolved, options are published under BOTH
-prefixes (native loaders read ``TS_MTP_SPEC`` / ``TS_MTP_DRAFT`` while loading a model: a
-cross-language contract, not just compatibility).
+"""Speculation options: one attrs object resolved from, strongest first, CLI flags, the
+environment (``TS_SPEC_*``, else ``TS_MTP_*``), the config's ``[spec]`` and defaults. Once
+resolved they are published under BOTH prefixes (native loaders read ``TS_MTP_*``).
 """
 
 from __future__ import annotations
@@ -20,37 +17,19 @@ DEFAULT_DRAFT_WINDOW = 8
 MIN_DRAFT_WINDOW = 1
 MAX_DRAFT_WINDOW = 64
 
-# option field -> environment suffix (read from TS_SPEC_<suffix> or TS_MTP_<suffix>)
-ENV_SUFFIXES = {
-    "enabled": "SPEC",
-    "spec_type": "TYPE",
-    "draft": "DRAFT",
-    "pmin": "PMIN",
-    "spec_draft_model": "DRAFT_MODEL",
-    "draft_model": "DRAFTER",
-    "adaptive": "ADAPTIVE",
+# option field -> (environment suffix after TS_SPEC_ / TS_MTP_, config [spec] key, flag)
+FIELDS = {
+    "enabled": ("SPEC", "enabled", "--spec/--no-spec"),
+    "spec_type": ("TYPE", "type", "--spec-type"),
+    "draft": ("DRAFT", "draft", "--spec-draft"),
+    "pmin": ("PMIN", "pmin", "--spec-pmin"),
+    "spec_draft_model": ("DRAFT_MODEL", "spec_draft_model", "--spec-draft-model"),
+    "draft_model": ("DRAFTER", "draft_model", "--draft-model"),
+    "adaptive": ("ADAPTIVE", "adaptive", "--spec-adaptive"),
 }
 ENV_PREFIXES = ("TS_SPEC_", "TS_MTP_")
-# config [spec] key -> option field
-CONFIG_KEYS = {
-    "enabled": "enabled",
-    "type": "spec_type",
-    "draft": "draft",
-    "pmin": "pmin",
-    "spec_draft_model": "spec_draft_model",
-    "draft_model": "draft_model",
-    "adaptive": "adaptive",
-}
+CONFIG_KEYS = {key: field for field, (_, key, _) in FIELDS.items()}
 TUNING_FIELDS = ("spec_type", "draft", "pmin", "spec_draft_model", "draft_model")
-FLAG_NAMES = {
-    "enabled": "--spec/--no-spec",
-    "spec_type": "--spec-type",
-    "draft": "--spec-draft",
-    "pmin": "--spec-pmin",
-    "spec_draft_model": "--spec-draft-model",
-    "draft_model": "--draft-model",
-    "adaptive": "--spec-adaptive",
-}
 
 _TRUE = {"1", "true", "yes", "on"}
 _FALSE = {"0", "false", "no", "off"}
@@ -100,7 +79,7 @@ class SpeculationOptions:
         if self.enabled:
             return []
         return [
-            f"warning: {FLAG_NAMES[name]} has no effect with speculation off (--no-spec)"
+            f"warning: {FIELDS[name][2]} has no effect with speculation off (--no-spec)"
             for name in TUNING_FIELDS
             if name in self.explicit
         ]
@@ -117,7 +96,7 @@ class SpeculationOptions:
             "adaptive": "1" if self.adaptive else "0",
         }
         return {
-            prefix + ENV_SUFFIXES[field]: value
+            prefix + FIELDS[field][0]: value
             for field, value in values.items()
             for prefix in ENV_PREFIXES
         }
@@ -135,8 +114,7 @@ class SpeculationOptions:
         config: Mapping[str, Any] | None = None,
         extra: Mapping[str, Any] | None = None,
     ) -> "SpeculationOptions":
-        """Merge the sources: ``cli`` holds option fields whose value is not None (flags given),
-        ``env`` is an environment mapping, ``config`` the validated ``[spec]`` table."""
+        """Merge ``cli`` (flags given, not None), ``env`` and ``config`` (the validated ``[spec]``)."""
         values: dict[str, Any] = {}
         explicit: set[str] = set()
         for key, value in (config or {}).items():
@@ -183,7 +161,7 @@ def _parse_env(name: str, raw: str, field: str) -> Any:
 def _from_env(env: Mapping[str, str]) -> dict[str, Any]:
     """Options set in the environment. TS_SPEC_* wins over TS_MTP_* when both are set."""
     out: dict[str, Any] = {}
-    for field, suffix in ENV_SUFFIXES.items():
+    for field, (suffix, _, _) in FIELDS.items():
         for prefix in reversed(ENV_PREFIXES):  # TS_MTP_ first so TS_SPEC_ overrides
             name = prefix + suffix
             raw = env.get(name)

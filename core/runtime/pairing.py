@@ -1,13 +1,7 @@
-"""SpeculatorPair: ``auto``'s pairing of a weight-free algorithm with a learned drafter.
+"""SpeculatorPair: ``auto``'s weight-free algorithm (primary) with a learned drafter (backup).
 
-The primary (the preferred weight-free algorithm, e.g. prompt lookup) proposes first: it costs
-next to nothing and, where it finds a match, usually lands more than a small drafter. Only where
-it finds nothing does the backup (the algorithm that serves the drafter the target carries)
-propose. Both members see every commit, so either can propose at the next step. The pair is one
-speculator to the loop: the loop's governor parks and sizes it like any other (a backup's
-proposal keeps its per-draft confidence, so the calibration sizes it), and the loop verifies
-whatever it proposes, so it cannot change the output.
-"""
+The backup proposes only where the primary finds nothing; both see every commit. To the loop
+the pair is one speculator, parked and sized like any other."""
 
 from __future__ import annotations
 

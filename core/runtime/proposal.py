@@ -1,6 +1,4 @@
-"""What a speculator proposes, as the loop sees it: the untrusted proposal checked
-(``validate_proposal``), the fault kinds it counts, and the read-only history view it lends.
-"""
+"""The untrusted proposal as the loop sees it: checked ids, fault kinds, the history view it lends."""
 
 from __future__ import annotations
 
@@ -24,15 +22,8 @@ BAD_CONFIDENCE = "bad_confidence"
 
 
 def proposal_confidence(raw: object, length: int) -> tuple[list[float] | None, str | None]:
-    """The per-draft ``confidence`` an untrusted proposal carries (None: none), or (None, fault
-    kind) when it is not ``length`` floats in [0, 1] or reading it raises. Total.
-
-    >>> from tsspec.protocols import Proposal
-    >>> proposal_confidence(Proposal([1, 2], confidence=[0.9, 0.5]), 2)
-    ([0.9, 0.5], None)
-    >>> proposal_confidence(Proposal([1, 2], confidence=[0.9]), 2)
-    (None, 'bad_confidence')
-    """
+    """The proposal's per-draft ``confidence`` (None: none), or (None, fault) when it is not ``length``
+    floats in [0, 1]. Never raises."""
     if raw is None or isinstance(raw, list) and type(raw) is list:
         return None, None
     if type(raw) is Proposal:  # its own slot, a list of floats when given (the common form)
@@ -56,14 +47,10 @@ def proposal_confidence(raw: object, length: int) -> tuple[list[float] | None, s
 
 
 def validate_proposal(raw: object, max_tokens: int, vocab_size: int) -> tuple[list[int], str | None]:
-    """Turn an untrusted proposal into a list of ids, or ([], fault kind). Total: whatever the
-    proposal's own methods do (raise, lie about their length, iterate forever) it returns.
+    """An untrusted proposal as a list of ids, or ([], fault kind), whatever its methods do.
 
-    >>> validate_proposal([3, 4], 8, 10)
-    ([3, 4], None)
-    >>> validate_proposal([3, 99], 8, 10)
-    ([], 'out_of_vocab')
-    """
+    >>> validate_proposal([3, 4], 8, 10), validate_proposal([3, 99], 8, 10)
+    (([3, 4], None), ([], 'out_of_vocab'))"""
     if raw is None:
         return [], None
     if type(raw) is list or type(raw) is Proposal:
@@ -106,8 +93,7 @@ def validate_proposal(raw: object, max_tokens: int, vocab_size: int) -> tuple[li
 
 
 class HistoryView(Sequence[int]):
-    """A read-only view of the sequence so far, handed to ``propose`` without copying it
-    (copying would make every step O(context)). Valid for the duration of the call."""
+    """A read-only view of the sequence, lent to ``propose`` without a copy."""
 
     __slots__ = ("_items",)
 

@@ -1,27 +1,6 @@
-"""SpeculatorRegistry: the only place that knows which algorithms exist, and why one declines.
-
-Every fact about an algorithm arrives with its registration (``register(name, factory, *,
-requires_draft_head, serves_kind, weight_free, description)``); the registry names
-no algorithm of its own. ``auto`` is derived from what is registered: a checkpoint's drafter
-kind picks the algorithm registered for that kind, no drafter picks the preferred weight-free
-algorithm (highest ``auto_priority``, then name).
-
-``create(target, options)`` returns a Speculator or a ``Decline`` with a stable code and an
-operator-facing sentence. Codes, in the order they are checked:
-
-* ``refused``        the target refuses speculation outright (outranks everything)
-* ``unknown_algorithm`` the name is not registered (the sentence lists the known ones)
-* ``no_draft_head``  the algorithm needs trained drafter weights the target does not carry
-                     (the sentence names the weight-free algorithms that are installed)
-* ``unprofitable``   the trunk cannot verify profitably without its own drafter
-* ``cannot_serve``   the factory declined (None or SpeculatorDeclined), with its reason
-* ``plugin_error``   the factory raised anything else, or made something that breaks the
-                     contract (a missing ``name``/``propose``, an optional member of the wrong
-                     type: ``tsspec.capabilities``)
-
-The registry reads what it made through ``tsspec.capabilities`` and sets its gate
-(``min_draft_prob``: the operator's ``--spec-pmin``, else the speculator's own default).
-"""
+"""SpeculatorRegistry: which algorithms exist, what ``auto`` picks, and why one declines. ``create``
+returns a speculator or a ``Decline`` whose code is, in the order checked: ``refused``,
+``unknown_algorithm``, ``no_draft_head``, ``unprofitable``, ``cannot_serve``, ``plugin_error``."""
 
 from __future__ import annotations
 
@@ -78,13 +57,13 @@ class SpeculatorEntry:
     composes_auto: bool = False  # factory(target, options, members, memory) composes auto's pair
 
     def to_json(self) -> dict[str, Any]:
-        """The fields ``tsspec list-speculators --json`` prints for a registration."""
-        return {k: getattr(self, k) for k in ("name", "plugin", "package", "version", "requires_draft_head", "description")}
+        """What ``tsspec list-speculators --json`` prints."""
+        return {k: getattr(self, k) for k in ("name", "plugin", "package", "version", "requires_draft_head",
+                                              "description")}
 
 
 def check_registration(name: Any, factory: Any, *, serves_kind: Any = None, **_: Any) -> None:
-    """Raise on arguments no registration may have (the plugin's hook fails, not the run). A
-    speculator class registered as its own factory has its members checked here too."""
+    """Raise on arguments no registration may have; a class registered as its factory is checked."""
     if not isinstance(name, str) or not name or name == AUTO:
         raise ValueError(f"invalid speculator name {name!r} ('auto' is reserved)")
     if not callable(factory):
@@ -138,27 +117,22 @@ class SpeculatorRegistry:
         )
 
     def memory(self, target: Any, key: str) -> dict | None:
-        """A dict kept per (target, key) for as long as the target lives: what the cost
-        governors of one algorithm carry from one sequence to the next on that target (None for
-        a target that cannot be weakly referenced)."""
+        """A dict kept per (target, key) while the target lives: what carries between sequences."""
         try:
             return self._memory.setdefault(target, {}).setdefault(key, {})
         except TypeError:
             return None
 
     def forget(self, target: Any) -> None:
-        """Drop everything carried between sequences on ``target``: its next sequence starts as
-        a fresh process's first would (the bench measures each run so)."""
+        """Drop what is carried between sequences on ``target``."""
         try:
             self._memory.pop(target, None)
         except TypeError:
             pass
 
     def carries_parks(self, name: str | None) -> bool:
-        """Whether a lost park of ``name`` carries to the next sequence: for algorithms with
-        drafter weights, whose gain is the drafter's on this machine; not for weight-free ones,
-        whose gain is the prompt's (a lookup that lost on chat may win on the next, grounded
-        request)."""
+        """Whether a lost park carries to the next sequence: for drafters with weights, not weight-free
+        algorithms (whose gain depends on the prompt)."""
         entry = self._entries.get(name) if name else None
         return entry is not None and not entry.weight_free
 
@@ -177,20 +151,19 @@ class SpeculatorRegistry:
         return [e.name for e in sorted(found, key=lambda e: (-e.auto_priority, e.name))]
 
     def for_kind(self, kind: DraftHeadKind) -> str | None:
-        """The algorithm registered to serve drafters of ``kind`` (first by name), or None."""
+        """The algorithm registered to serve drafters of ``kind``, or None."""
         names = [e.name for e in self.entries() if e.serves_kind is kind]
         return names[0] if names else None
 
     def _weight_free_advice(self) -> str:
-        """The end of a no_draft_head sentence: the weight-free algorithms actually installed."""
+        """The end of a no_draft_head sentence: the installed weight-free algorithms."""
         free = self.weight_free()
         if not free:
             return " (no weight-free algorithm is installed)"
         return " or use the weight-free " + " or ".join(f"--spec-type {n}" for n in free)
 
     def resolve_name(self, target: Any, spec_type: str) -> str | Decline:
-        """Map ``auto`` to the algorithm for the drafter the checkpoint carries, else to the
-        preferred weight-free algorithm."""
+        """``auto`` -> the carried drafter's algorithm, else the preferred weight-free one."""
         if spec_type != AUTO:
             return spec_type
         kind = draft_head_kind(target)
@@ -211,7 +184,7 @@ class SpeculatorRegistry:
         )
 
     def check(self, target: Any, name: str, options: Any = None) -> Decline | None:
-        """The declines that need no factory call (cheap: a planner can explain up front)."""
+        """The declines that need no factory call."""
         info = target_info(target)
         if info.speculation_refusal:
             return Decline(name, REFUSED, f"the model refuses speculation: {info.speculation_refusal}")
@@ -238,15 +211,13 @@ class SpeculatorRegistry:
         return None
 
     def create(self, target: Any, options: Any) -> Any:
-        """A ready speculator for ``target``, or a Decline saying why not.
-
-        Under ``auto``, a drafter that asks to back up the weight-free choice (its head says
-        ``auto_fallback``) is paired with it: by the registered ``composes_auto`` algorithm
-        (members {name: speculator}, weight-free first), else ``pairing.SpeculatorPair``."""
+        """A ready speculator, or a Decline. Under ``auto`` a drafter whose head says ``auto_fallback``
+        runs behind the weight-free algorithm: composed by the registered ``composes_auto``
+        algorithm (members {name: speculator}, weight-free first), else ``pairing.SpeculatorPair``."""
         made = self._create_one(target, options)
         if isinstance(made, Decline) or getattr(options, "spec_type", AUTO) != AUTO:
             return made
-        free = self._pair_primary(target, made.name)
+        free = self.pair_primary(target, made.name)
         if free is None:
             return made
         primary = self._create_one(target, attrs.evolve(options, spec_type=free))
@@ -262,21 +233,19 @@ class SpeculatorRegistry:
             log.warning("auto's composer %s failed, the pair serves: %r", composer.name, exc)
             return SpeculatorPair(primary, made)
 
-    def _pair_primary(self, target: Any, chosen: str | None) -> str | None:
-        """The weight-free algorithm ``auto`` puts in front of ``chosen`` (the drafter's
-        algorithm) when the target's head says ``auto_fallback``; None: ``chosen`` runs alone."""
+    def pair_primary(self, target: Any, chosen: str | None) -> str | None:
+        """The weight-free algorithm ``auto`` puts in front of ``chosen``, or None."""
         free = self.weight_free()
         if not target_info(target).drafter.auto_fallback or not free or free[0] == chosen:
             return None
         return free[0]
 
     def auto_plan(self, target: Any) -> str | Decline:
-        """What ``auto`` runs on ``target``, in words: an algorithm's name, ``primary+backup``
-        for a pair, or the Decline (no factory is called)."""
+        """What ``auto`` runs, in words (``primary+backup`` for a pair), or the Decline."""
         name = self.resolve_name(target, AUTO)
         if isinstance(name, Decline):
             return name
-        primary, composer = self._pair_primary(target, name), [e.name for e in self.entries() if e.composes_auto]
+        primary, composer = self.pair_primary(target, name), [e.name for e in self.entries() if e.composes_auto]
         return name if primary is None else f"{composer[0]}({primary}+{name})" if composer else f"{primary}+{name}"
 
     def _create_one(self, target: Any, options: Any) -> Any:
@@ -318,9 +287,7 @@ class SpeculatorRegistry:
 
 
     def evaluate(self, target: Any, options: Any) -> list[dict[str, Any]]:
-        """One row per registered algorithm (``SpeculatorEntry.to_json`` plus ``status``,
-        ``code``, ``reason``); with a target, whether it would serve it ('serves') or why not
-        ('declined'). Speculators made to find out are closed again."""
+        """One row per algorithm (``to_json`` plus status, code, reason), trying each on ``target``."""
         rows = []
         for entry in self.entries():
             row = {**entry.to_json(), "status": "registered", "code": None, "reason": None}

@@ -1,17 +1,7 @@
 """Sampling: greedy, or temperature / top-k / top-p / min-p with a logit bias and repetition,
-presence and frequency penalties, seeded so that the draw for absolute position ``p`` depends only
-on (seed, p, logits, preceding tokens).
-
-That property is what makes speculation lossless under sampling too: the verify row that draws
-position ``p`` sees the same logits and the same uniform number as the plain step would, so it
-draws the same token. Drafts are accepted while the draw equals the draft ("sample each row,
-accept while equal"), which needs no rejection-sampling maths.
-
-Worked example: seed 7, position 12, logits favour token 3 with p=0.6, token 9 with p=0.4. The
-uniform for (7, 12) is u=0.71; the inverse CDF over the sorted probabilities [3: 0.6, 9: 0.4]
-passes 0.6 at token 3 and lands on token 9. Any run, plain or speculative, drawing position 12
-from those logits gets token 9.
-"""
+presence and frequency penalties. The draw for absolute position ``p`` depends only on (seed,
+p, logits, preceding tokens), so a verify row draws exactly what the plain step would: drafts
+are accepted while the draw equals the draft, and speculation stays lossless under sampling."""
 
 from __future__ import annotations
 
@@ -87,10 +77,8 @@ NUMPY_ARGMAX_DTYPES = (torch.float32, torch.float64)
 
 
 def greedy_token(logits: torch.Tensor) -> int:
-    """``torch.argmax(logits)`` of a [vocab] row: the first index of the largest value (the
-    first NaN where there is one). CPU float rows go through numpy's argmax, which has the same
-    rule and runs on the calling thread: torch's splits 49,152 values over its OpenMP threads,
-    and waking them costs more than the pass itself."""
+    """``torch.argmax`` of a [vocab] row (first largest, first NaN); CPU float rows use numpy's
+    argmax, same rule, on the calling thread (torch's wakes its OpenMP threads)."""
     # (a row with torch's negative bit set, e.g. the imaginary part of a conjugated complex
     # tensor, has no numpy view: torch's argmax reads it)
     if (logits.device.type == "cpu" and logits.dtype in NUMPY_ARGMAX_DTYPES and logits.dim() == 1
@@ -101,8 +89,7 @@ def greedy_token(logits: torch.Tensor) -> int:
 
 @attrs.frozen
 class TokenLogprob:
-    """One emitted token's log-probability and the ``top`` most likely (id, logprob) at its
-    position, from the adjusted logits (bias and penalties applied, before temperature)."""
+    """An emitted token's log-probability and the ``top`` (id, logprob) at its position."""
 
     token: int
     logprob: float
@@ -110,9 +97,7 @@ class TokenLogprob:
 
 
 class Sampler:
-    """Draws one token per logits row. Stateless apart from its parameters and, when
-    ``logprobs`` is set (how many alternatives to keep, 0: the drawn token's only), the
-    ``TokenLogprob`` of each position it drew (``recorded``, by absolute position)."""
+    """Draws one token per logits row; with ``logprobs``, keeps each position's in ``recorded``."""
 
     def __init__(self, params: SamplingParams | None = None, *, logprobs: int | None = None):
         self.params = params or SamplingParams()
@@ -124,18 +109,13 @@ class Sampler:
 
     @property
     def lookback(self) -> int:
-        """How many preceding tokens the adjustments read (0: none; callers may pass fewer). A
-        logit bias reads none but changes logits: it reports 1, as DraftContext asks."""
+        """Preceding tokens the adjustments read (0: none); a logit bias reports 1."""
         p = self.params
         return p.repeat_last_n if p.penalised else (1 if p.logit_bias else 0)
 
     def adjust(self, logits: torch.Tensor, preceding: Sequence[int]) -> torch.Tensor:
-        """Apply the logit adjustments: the bias, then the penalties over the preceding tokens
-        (llama.cpp's order: repetition, then frequency and presence).
-
-        logits: [vocab]. Returns a new tensor when anything changes. Drafters call this too
-        (through DraftContext.adjust_logits) so penalties do not make drafts systematically wrong.
-        """
+        """The bias, then the penalties over ``preceding`` (llama.cpp's order); logits [vocab]. Drafters
+        call it too (``DraftContext.adjust_logits``)."""
         p = self.params
         out = logits
         if self._bias is not None:
@@ -174,8 +154,7 @@ class Sampler:
         self.recorded[position] = TokenLogprob(token, float(logp[token]), top)
 
     def sample(self, logits: torch.Tensor, position: int, preceding: Sequence[int]) -> int:
-        """Draw the token at absolute ``position`` from ``logits`` [vocab]; ``preceding`` are the
-        tokens before it (for the repetition penalty)."""
+        """Draw the token at ``position`` from ``logits`` [vocab] after ``preceding``."""
         logits = self.adjust(logits, preceding)
         token = self._draw(logits, position)
         if self.logprobs is not None:

@@ -1,9 +1,5 @@
-"""Statistics of a generation: counters and phase milliseconds, plain attrs records.
-
-Names follow what operators know from peers: drafts / draft tokens / accepted tokens and
-accepted-per-position (vLLM's num_accepted_tokens_per_pos), tokens per verify (SGLang's accept
-length), phase milliseconds (TensorSharp's draftMs, verifyMs, rollbackMs, snapshotMs).
-"""
+"""Statistics of a generation, named as peers name them (vLLM's accepted-per-position, SGLang's
+accept length, TensorSharp's phase milliseconds)."""
 
 from __future__ import annotations
 
@@ -42,7 +38,6 @@ class SpecStats:
     prefix_reused: int = 0  # prompt tokens whose KV came from a cache (not prefilled)
     armed_after_reuse: bool = False  # did the speculator arm after that reused prefix?
 
-    # -- derived --------------------------------------------------------------------------
     @property
     def acceptance_rate(self) -> float:
         return self.accepted_tokens / self.draft_tokens if self.draft_tokens else 0.0
@@ -58,7 +53,6 @@ class SpecStats:
         decoded = max(0, self.emitted_tokens - 1)
         return decoded / (self.decode_ms / 1000.0) if self.decode_ms > 0 else 0.0
 
-    # -- recording ------------------------------------------------------------------------
     def add_phase(self, phase: str, ms: float) -> None:
         self.phase_ms[phase] = self.phase_ms.get(phase, 0.0) + ms
 
@@ -92,7 +86,6 @@ class SpecStats:
             setattr(out, field.name, value)
         return out
 
-    # -- printing -------------------------------------------------------------------------
     def to_json(self) -> dict[str, Any]:
         data = attrs.asdict(self)
         data["phase_ms"] = {k: round(v, 3) for k, v in self.phase_ms.items()}

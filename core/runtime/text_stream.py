@@ -1,26 +1,8 @@
 """Text from token ids as they come: incremental detokenisation with stop strings.
 
-Decoding the whole answer again for every new token costs O(n) a token, O(n^2) an answer.
-``Detokenizer`` decodes only a short window of trailing ids instead (vLLM's
-``detokenize_incrementally``): the window starts a few ids back, so a token's text is read in
-the context of its neighbours, and the new text is what the window decodes to past what its
-first part decoded to the step before. While the window ends in U+FFFD (an incomplete UTF-8
-sequence: an emoji or a CJK character split across byte tokens) nothing is released.
-
-Why decode the window's first part again instead of keeping the text of earlier deltas: a
-decoder may treat the first token of what it is given differently from the same token later
-(SentencePiece's decoder strips one leading space of its input), so the two decodes of the same
-window start agree with each other, not with the deltas.
-
-Example (SmolLM2's byte-level vocabulary spells "😀" as two tokens)::
-
-    d = Detokenizer(tokenizer)
-    [d.push(t) for t in tokenizer.encode("hi 😀!")]   # ["hi", "", " 😀", "!"]
-
-``TextStream`` adds stop strings on top: text that could begin a stop string is held back
-until the next token shows whether it does. Only the held text and the newest delta are ever
-searched, so a token's work does not grow with the answer either.
-"""
+``Detokenizer`` decodes a short window of trailing ids per token (as vLLM does), never the
+whole answer, and holds text back while it ends in U+FFFD (half a character). ``TextStream``
+holds back text that could begin a stop string until the next token decides."""
 
 from __future__ import annotations
 
@@ -32,9 +14,7 @@ INCOMPLETE = "\ufffd"  # what a decoder gives for bytes that do not form a chara
 
 
 class Detokenizer:
-    """Text deltas for ids pushed one at a time; their concatenation equals one decode of every
-    id (``skip_special_tokens=True``) once ``flush`` has run. Each push decodes at most the
-    window ``ids[start:]``; ``start`` trails the released ids by one delta's worth of tokens."""
+    """Text deltas for ids pushed one at a time; with ``flush`` they add up to one decode of all."""
 
     def __init__(self, tokenizer):
         self.tokenizer = tokenizer
@@ -55,8 +35,7 @@ class Detokenizer:
         return self._advance(text)
 
     def flush(self) -> str:
-        """The text still held (a trailing incomplete sequence decodes to U+FFFD, as in a
-        one-shot decode)."""
+        """The text still held."""
         if self._released == len(self.ids):
             return ""
         text = self._decode(self.ids[self._start:])
@@ -70,14 +49,8 @@ class Detokenizer:
 
 
 class TextStream:
-    """Incremental detokenisation with stop strings (see the module docstring).
-
-    Text that could be the beginning of a stop string is held back until the next token shows
-    whether it is one: released text can never be taken back, so a stop string that spans
-    tokens must not have its first half streamed. Generation stops at the earliest occurrence of
-    any stop string; the text ends just before it. ``finish`` releases what is still held when
-    generation ends for another reason. Released pieces always add up to ``text``.
-    """
+    """Incremental text with stop strings: stops at the earliest one (text ends just before it);
+    released pieces always add up to ``text``."""
 
     def __init__(self, tokenizer, stop: Sequence[str]):
         self.stop = [s for s in stop if s]
@@ -98,7 +71,7 @@ class TextStream:
         return self._release(self.detokenizer.push(token), final=False)
 
     def finish(self) -> str:
-        """Generation ended: release what is still held back (nothing after a stop string)."""
+        """Release what is still held (nothing after a stop string)."""
         if self.detokenizer is None or self.stopped:
             return ""
         return self._release(self.detokenizer.flush(), final=True)

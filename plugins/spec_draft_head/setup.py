@@ -1,43 +1,17 @@
-"""Build hook for the draft head's optional extension (``_head_kernels``: csrc/head.c). It runs
-on tsspec-gguf's kernels through their C-API (``kernels_api.h``, a capsule imported at module
-init), so it needs that header at build time: the sibling checkout's, else the installed
-tsspec-gguf's. Without a compiler or the header the install still succeeds and the head takes
-its per-call kernels path (``native_head`` warns once at load)."""
+"""Build hook for the draft head's optional extension (``_head_kernels``: csrc/head.c). It runs on
+tsspec-gguf's kernels through their C-API, built by tsspec-gguf's build helper
+(``tsspec_gguf/build.py``: the sibling checkout's, else the installed one's). Without a compiler
+or the helper the install still succeeds and the head takes its per-call kernels path
+(``native_head`` warns once at load)."""
 
 import importlib.util
-import sys
+import runpy
 from pathlib import Path
 
-from setuptools import Extension, setup
+from setuptools import setup
 
-
-def api_include() -> str | None:
-    """The folder holding tsspec-gguf's ``kernels_api.h`` (its build helper, ``tsspec_gguf/build.py``,
-    found beside this plugin in a checkout, else installed), or None."""
-    sibling = Path(__file__).resolve().parent.parent / "gguf" / "src" / "tsspec_gguf" / "build.py"
-    found = importlib.util.find_spec("tsspec_gguf") if not sibling.is_file() else None
-    path = sibling if sibling.is_file() else Path(found.origin).parent / "build.py" if found and found.origin else None
-    if path is None or not path.is_file():
-        return None
-    spec = importlib.util.spec_from_file_location("tsspec_gguf_build", path)
-    build = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(build)
-    return build.include_dir()
-
-
-include = api_include()
-if include is None:
-    print("tsspec-draft-head: warning: tsspec-gguf's kernels_api.h not found; the draft-head "
-          "extension is not built", file=sys.stderr)
-setup(
-    ext_modules=[] if include is None else [
-        Extension(
-            "tsspec_draft_head._head_kernels",
-            sources=["src/tsspec_draft_head/csrc/head.c"],
-            include_dirs=[include],
-            depends=[f"{include}/kernels_api.h"],
-            extra_compile_args=["-O3", "-std=c11"],
-            optional=True,
-        )
-    ]
-)
+gguf = importlib.util.find_spec("tsspec_gguf")
+helpers = [Path(__file__).resolve().parents[1] / "gguf/src/tsspec_gguf/build.py", *([Path(gguf.origin).parent / "build.py"] if gguf and gguf.origin else [])]
+build = next((runpy.run_path(str(path)) for path in helpers if path.is_file()), None)
+setup(ext_modules=[] if build is None else build["api_extensions"](
+    "tsspec_draft_head._head_kernels", ["src/tsspec_draft_head/csrc/head.c"], what="draft-head extension"))

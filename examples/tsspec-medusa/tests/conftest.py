@@ -18,6 +18,7 @@ if importlib.util.find_spec("tsspec_medusa") is None:
 
 import tsspec  # noqa: E402
 from tsspec.testing import ToyTarget  # noqa: E402
+from tsspec.testing_fixtures import _isolated_environ  # noqa: E402,F401  (no TS_* settings leak in or out)
 
 import tsspec_medusa  # noqa: E402
 
@@ -25,16 +26,6 @@ TOY_HIDDEN = 16  # ToyTarget's defaults
 TOY_VOCAB = 32
 FIT_RIDGE = 1e-3  # ridge term of the least-squares fit of the fitted heads
 FIT_SHARPNESS = 20.0  # scales the fitted logits so the heads are confident where they fit
-
-
-@pytest.fixture(autouse=True)
-def _clean_spec_env(monkeypatch):
-    """No operator TS_* / TSSPEC_* settings leak into the tests."""
-    import os
-
-    for name in list(os.environ):
-        if name.startswith(("TS_SPEC_", "TS_MTP_", "TSSPEC_")):
-            monkeypatch.delenv(name, raising=False)
 
 
 @pytest.fixture

@@ -6,7 +6,7 @@ import os
 import textwrap
 
 import pytest
-from tsspec.testing_fixtures import _clean_spec_env, _one_torch_thread, cli_state  # noqa: F401  (shared fixtures)
+from tsspec.testing_fixtures import _one_torch_thread, cli_state  # noqa: F401  (shared fixtures)
 
 
 FAKE_LLAMA_CPP = '''

@@ -2,8 +2,11 @@
 
 For each switch, decodes the same request with the switch on and off, alternating which goes
 first every round, and prints the per-round ratio (off / on wall time: above 1 means the switch's
-path is faster). One process and one loaded model for every switch, so load time and warm-up are
-paid once. Usage: python plugins/gguf/scripts/switch_ab.py [--rounds 5] [--tokens 128] [SWITCH ...]
+path is faster; ``huge_pages``, whose path runs at load, pairs a second load made with it off).
+A ``control`` row first pairs the default configuration with itself: its spread is the noise a
+switch's ratio must clear. One process for every switch (load and warm-up paid once).
+Usage: python plugins/gguf/scripts/switch_ab.py [--rounds 5] [--tokens 128] [--spec-type none]
+[--dtype int8] [SWITCH ...]
 """
 
 from __future__ import annotations
@@ -25,26 +28,35 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--tokens", type=int, default=128)
     parser.add_argument("--spec-type", default="auto", help="auto (ngram) or none (plain decoding)")
+    parser.add_argument("--dtype", default=None, help="the load's dtype (int8: the int8 arithmetic's switches)")
     args = parser.parse_args()
     kernels = native.kernels()
-    names = args.switches or sorted(n[4:] for n in dir(kernels) if n.startswith("set_") and n not in ("set_simd", "set_pool_stats"))
-    target = tsspec.load_model()
+    names = args.switches or sorted(n[4:] for n in dir(kernels) if n.startswith("set_") and n not in ("set_simd", "set_vnni", "set_pool_stats"))
+    target = tsspec.load_model(dtype=args.dtype)
     options = SpeculationOptions(enabled=args.spec_type != "none", spec_type="auto" if args.spec_type == "none" else args.spec_type)
 
-    def run() -> tuple[float, list[int]]:
+    def run(model=target) -> tuple[float, list[int]]:
         start = time.perf_counter()
-        out = tsspec.generate(target, PROMPT, options, max_tokens=args.tokens)
+        out = tsspec.generate(model, PROMPT, options, max_tokens=args.tokens)
         return time.perf_counter() - start, list(out.tokens)
 
     _, reference = run()  # warm-up, and the tokens every configuration must reproduce
-    for name in names:
-        setter = getattr(kernels, f"set_{name}")
+    print(f"spec-type {args.spec_type}, dtype {args.dtype or 'default'}, {args.tokens} tokens, {args.rounds} rounds, "
+          f"{native.info()}", flush=True)
+    for name in ["control", *names]:
+        setter = getattr(kernels, f"set_{name}") if name != "control" else (lambda on: None)
+        models = {True: target, False: target}
+        if name == "huge_pages":  # its path runs at load: a second load with it off, run alternately
+            setter(False)
+            models[False] = tsspec.load_model(dtype=args.dtype)
+            setter(True)
+            setter = lambda on: None  # noqa: E731
         ratios = []
         for r in range(args.rounds):
             times = {}
             for on in ((True, False) if r % 2 == 0 else (False, True)):
                 setter(on)
-                times[on], tokens = run()
+                times[on], tokens = run(models[on])
                 assert tokens == reference, f"{name}={on} changed the output"
             setter(True)
             ratios.append(times[False] / times[True])

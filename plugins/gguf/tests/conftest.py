@@ -5,7 +5,7 @@ from __future__ import annotations
 import contextlib
 
 import pytest
-from tsspec.testing_fixtures import _clean_spec_env, _one_torch_thread, cli_state  # noqa: F401  (shared fixtures)
+from tsspec.testing_fixtures import _one_torch_thread, cli_state  # noqa: F401  (shared fixtures)
 
 
 @pytest.fixture

@@ -296,7 +296,7 @@ def catalog():
 
 
 @pytest.fixture(autouse=True)
-def _no_weight_cache(_clean_spec_env, monkeypatch):
+def _no_weight_cache(_isolated_environ, monkeypatch):
     """Fuzzed files must not leave prepared-weight cache entries behind."""
     monkeypatch.setenv("TSSPEC_CACHE_DIR", "off")
 

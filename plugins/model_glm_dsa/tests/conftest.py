@@ -16,7 +16,6 @@ import math
 
 import pytest
 import torch
-from tsspec.testing_fixtures import _clean_spec_env  # noqa: F401  (no TS_SPEC_*/TS_MTP_* leaks in from earlier tests)
 
 VOCAB = 64
 SEQ = 40

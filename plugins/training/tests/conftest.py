@@ -1,3 +1,3 @@
 """Fixtures for the training's tests (the shared ones from ``tsspec.testing_fixtures``)."""
 
-from tsspec.testing_fixtures import _clean_spec_env, _one_torch_thread  # noqa: F401
+from tsspec.testing_fixtures import _one_torch_thread  # noqa: F401

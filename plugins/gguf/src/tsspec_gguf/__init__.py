@@ -18,7 +18,7 @@ changelog entry in docs/plugins.md. This package re-exports nothing, so importin
 * ``tokenizer`` / ``chat_template`` -- the tokenizer and chat template a GGUF describes.
 * ``embedded`` -- where the embedded default model (SmolLM2-135M-Instruct) is installed.
 * ``random_llama`` -- ``write_random_llama``: a small random llama GGUF for tests.
-* ``build`` -- ``include_dir()``: where ``kernels_api.h`` is, for plugins' extension builds.
+* ``build`` -- ``api_extensions()``: a plugin's extension on the kernels' C-API (its setup.py loads it by path).
 
 It registers itself as the core's file toolkit (architecture sniffing, target identity,
 what the compiled kernels run), so the core reads model files without naming this package.

@@ -142,6 +142,7 @@ void rms_norm_rows(const float *x, const float *w, float *out, int64_t rows, int
 void rope_rows(float *x, int64_t row_stride, int64_t rows, int64_t heads, int64_t hd, int64_t rope_dim,
                       const float *table, int64_t start);
 void silu_mul_rows(const float *gu, float *out, int64_t rows, int64_t f);
+void gelu_mul_rows(const float *gu, float *out, int64_t rows, int64_t f);
 void rms_norm_torch_rows(const float *x, int64_t xs, const float *w, float *out, int64_t rows, int64_t n,
                                 float eps, int lanes);
 int torch_lanes_ok(int lanes);

@@ -73,6 +73,8 @@ typedef struct {
     void (*rope_rows)(float *x, int64_t row_stride, int64_t rows, int64_t heads, int64_t hd, int64_t rope_dim,
                       const float *table, int64_t start);
     void (*silu_mul_rows)(const float *gu, float *out, int64_t rows, int64_t f);
+    /* version 3: GELU-tanh(gate) * up (the families' activation) */
+    void (*gelu_mul_rows)(const float *gu, float *out, int64_t rows, int64_t f);
 } TsspecKernelsApi;
 
 /* For clients: the table, or NULL with a Python ImportError set. */

@@ -275,7 +275,7 @@ static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, MODULE_NAME, "tsspec'
 static const TsspecKernelsApi api = {
     TSSPEC_KERNELS_API_VERSION, gemm, stack_forward, block_qkv_cache, rms_norm_rows, rms_norm_torch_rows,
     torch_lanes_ok, unpack_row, parse_weight, parse_matrix, top1_topk_of, set_region_kind,
-    attention, rope_rows, silu_mul_rows,
+    attention, rope_rows, silu_mul_rows, gelu_mul_rows,
 };
 
 PyMODINIT_FUNC MODULE_INIT(void) {

@@ -60,6 +60,52 @@ QG_AVX2 static void silu_mul_avx2(const float *g, const float *u, float *o, int6
 }
 #endif
 
+/* gelu_tanh(g) u: gelu(g) = 0.5 g (1 + tanh(y)), y = sqrt(2 / pi) (g + 0.044715 g^3), tanh(y) =
+ * sign(y) (1 - e) / (1 + e) with e = exp(-2 |y|) <= 1. The AVX2 lanes do the scalar loop's
+ * operations in its order, so both agree bit for bit. */
+#define GELU_C 0.7978845608028654f /* sqrt(2 / pi) */
+#define GELU_K 0.044715f
+
+static inline float gelu_mul_scalar(float g, float u) {
+    const float y = GELU_C * fmaf(GELU_K, (g * g) * g, g);
+    const float e = exp_scalar(-2.0f * fabsf(y));
+    const float t = copysignf((1.0f - e) / (1.0f + e), y);
+    return ((0.5f * g) * (1.0f + t)) * u;
+}
+
+#ifdef QG_X86
+QG_AVX2 static void gelu_mul_avx2(const float *g, const float *u, float *o, int64_t f) {
+    const __m256 sign = _mm256_set1_ps(-0.0f), one = _mm256_set1_ps(1.0f);
+    int64_t j = 0;
+    for (; j + 8 <= f; j += 8) {
+        const __m256 gv = _mm256_loadu_ps(g + j);
+        const __m256 cube = _mm256_mul_ps(_mm256_mul_ps(gv, gv), gv);
+        const __m256 y = _mm256_mul_ps(_mm256_set1_ps(GELU_C), _mm256_fmadd_ps(_mm256_set1_ps(GELU_K), cube, gv));
+        const __m256 e = exp_avx2(_mm256_mul_ps(_mm256_set1_ps(-2.0f), _mm256_andnot_ps(sign, y)));
+        const __m256 mag = _mm256_div_ps(_mm256_sub_ps(one, e), _mm256_add_ps(one, e));
+        const __m256 t = _mm256_or_ps(_mm256_andnot_ps(sign, mag), _mm256_and_ps(sign, y));
+        const __m256 half_g = _mm256_mul_ps(_mm256_set1_ps(0.5f), gv);
+        _mm256_storeu_ps(o + j, _mm256_mul_ps(_mm256_mul_ps(half_g, _mm256_add_ps(one, t)), _mm256_loadu_ps(u + j)));
+    }
+    for (; j < f; j++) o[j] = gelu_mul_scalar(g[j], u[j]);
+}
+#endif
+
+/* out[r, j] = gelu_tanh(gu[r, j]) * gu[r, f + j] */
+void gelu_mul_rows(const float *gu, float *out, int64_t rows, int64_t f) {
+    for (int64_t r = 0; r < rows; r++) {
+        const float *g = gu + r * 2 * f, *u = g + f;
+        float *o = out + r * f;
+#ifdef QG_X86
+        if (simd_on()) {
+            gelu_mul_avx2(g, u, o, f);
+            continue;
+        }
+#endif
+        for (int64_t j = 0; j < f; j++) o[j] = gelu_mul_scalar(g[j], u[j]);
+    }
+}
+
 void silu_mul_rows(const float *gu, float *out, int64_t rows, int64_t f) {
     for (int64_t r = 0; r < rows; r++) {
         const float *g = gu + r * 2 * f, *u = g + f;
@@ -75,7 +121,7 @@ void silu_mul_rows(const float *gu, float *out, int64_t rows, int64_t f) {
 }
 
 
-/* ---- one native call for a whole decode or verify step (issue 16, glue) -------------------
+/* ---- one native call for a whole decode or verify step -------------------
  * 6. The final RMSNorm in torch's own order, and model_step: the embedding rows, every block
  *    (stack_forward), the final RMSNorm and the LM head in one call, so a step leaves Python
  *    once. Every value is bit for bit what the Python path gives: the embedding rows are the

@@ -11,120 +11,14 @@
  * The whole KV cache stays: a rollback never drops a key a later row's window needs. */
 #include "family.h"
 
-#include <math.h>
 #include <stdlib.h>
 #include <string.h>
-#if defined(__x86_64__) || defined(_M_X64)
-#include <immintrin.h>
-#define FAM_X86 1
-#endif
 
 #define ROW_SLICE 64 /* query rows per attention call (tsspec_gguf.attention.ROW_SLICE) */
 
 static const TsspecKernelsApi *api;
 
 void family_init(const TsspecKernelsApi *kernels_api) { api = kernels_api; }
-
-/* ---- GELU-tanh(g) * u -------------------------------------------------------------------
- * gelu(g) = 0.5 g (1 + tanh(y)), y = sqrt(2 / pi) (g + 0.044715 g^3); tanh(y) = sign(y) (1 - e)
- * / (1 + e) with e = exp(-2 |y|) <= 1 (a degree-6 polynomial exp, relative error ~2e-7). The
- * AVX2 lanes do the scalar loop's operations in its order, so both agree bit for bit. */
-#define EXP_LO -87.0f
-#define EXP_LOG2E 1.44269504088896341f
-#define EXP_LN2_HI 0.693359375f
-#define EXP_LN2_LO -2.12194440e-4f
-#define GELU_C 0.7978845608028654f /* sqrt(2 / pi) */
-#define GELU_K 0.044715f
-
-static inline float exp_neg_scalar(float x) { /* exp(x) for x <= 0 */
-    if (!(x >= EXP_LO)) return 0.0f;
-    float n = nearbyintf(x * EXP_LOG2E);
-    float r = fmaf(n, -EXP_LN2_HI, x);
-    r = fmaf(n, -EXP_LN2_LO, r);
-    float p = fmaf(1.3888889e-3f, r, 8.3333333e-3f);
-    p = fmaf(p, r, 4.1666667e-2f);
-    p = fmaf(p, r, 1.6666667e-1f);
-    p = fmaf(p, r, 0.5f);
-    p = fmaf(p, r, 1.0f);
-    p = fmaf(p, r, 1.0f);
-    int32_t bits;
-    memcpy(&bits, &p, 4);
-    bits += (int32_t)n << 23;
-    memcpy(&p, &bits, 4);
-    return p;
-}
-
-static inline float gelu_mul_scalar(float g, float u) {
-    const float y = GELU_C * fmaf(GELU_K, (g * g) * g, g);
-    const float e = exp_neg_scalar(-2.0f * fabsf(y));
-    const float t = copysignf((1.0f - e) / (1.0f + e), y);
-    return ((0.5f * g) * (1.0f + t)) * u;
-}
-
-#ifdef FAM_X86
-__attribute__((target("avx2,fma"))) static inline __m256 exp_neg_avx2(__m256 x) {
-    const __m256 keep = _mm256_cmp_ps(x, _mm256_set1_ps(EXP_LO), _CMP_GE_OQ);
-    x = _mm256_max_ps(x, _mm256_set1_ps(EXP_LO));
-    const __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(EXP_LOG2E)),
-                                     _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    __m256 r = _mm256_fmadd_ps(n, _mm256_set1_ps(-EXP_LN2_HI), x);
-    r = _mm256_fmadd_ps(n, _mm256_set1_ps(-EXP_LN2_LO), r);
-    __m256 p = _mm256_fmadd_ps(_mm256_set1_ps(1.3888889e-3f), r, _mm256_set1_ps(8.3333333e-3f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(4.1666667e-2f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.6666667e-1f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(0.5f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f));
-    const __m256i bits = _mm256_add_epi32(_mm256_castps_si256(p), _mm256_slli_epi32(_mm256_cvtps_epi32(n), 23));
-    return _mm256_and_ps(_mm256_castsi256_ps(bits), keep);
-}
-
-__attribute__((target("avx2,fma"))) static void gelu_mul_avx2(const float *g, const float *u, float *o, int64_t f) {
-    const __m256 sign = _mm256_set1_ps(-0.0f), one = _mm256_set1_ps(1.0f);
-    int64_t j = 0;
-    for (; j + 8 <= f; j += 8) {
-        const __m256 gv = _mm256_loadu_ps(g + j);
-        const __m256 cube = _mm256_mul_ps(_mm256_mul_ps(gv, gv), gv);
-        const __m256 y = _mm256_mul_ps(_mm256_set1_ps(GELU_C), _mm256_fmadd_ps(_mm256_set1_ps(GELU_K), cube, gv));
-        const __m256 ay = _mm256_andnot_ps(sign, y);
-        const __m256 e = exp_neg_avx2(_mm256_mul_ps(_mm256_set1_ps(-2.0f), ay));
-        const __m256 mag = _mm256_div_ps(_mm256_sub_ps(one, e), _mm256_add_ps(one, e));
-        const __m256 t = _mm256_or_ps(_mm256_andnot_ps(sign, mag), _mm256_and_ps(sign, y));
-        const __m256 half_g = _mm256_mul_ps(_mm256_set1_ps(0.5f), gv);
-        _mm256_storeu_ps(o + j, _mm256_mul_ps(_mm256_mul_ps(half_g, _mm256_add_ps(one, t)), _mm256_loadu_ps(u + j)));
-    }
-    for (; j < f; j++) o[j] = gelu_mul_scalar(g[j], u[j]);
-}
-#endif
-
-static int have_avx2_fma(void) {
-#ifdef FAM_X86
-    static int known = -1;
-    if (known < 0) {
-        __builtin_cpu_init();
-        known = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
-    }
-    return known;
-#else
-    return 0;
-#endif
-}
-
-/* out[r, j] = gelu_tanh(gu[r, j]) * gu[r, f + j] */
-void gelu_mul_rows(const float *gu, float *out, int64_t rows, int64_t f) {
-    const int simd = have_avx2_fma();
-    for (int64_t r = 0; r < rows; r++) {
-        const float *g = gu + r * 2 * f, *u = g + f;
-        float *o = out + r * f;
-#ifdef FAM_X86
-        if (simd) {
-            gelu_mul_avx2(g, u, o, f);
-            continue;
-        }
-#endif
-        for (int64_t j = 0; j < f; j++) o[j] = gelu_mul_scalar(g[j], u[j]);
-    }
-}
 
 /* ---- the blocks ------------------------------------------------------------------------ */
 
@@ -198,7 +92,7 @@ int family_forward(const FamilyStack *S, int64_t l0, int64_t l1, float *x, int64
         api->set_region_kind(KIND_GATE_UP);
         if ((rc = api->gemm(&L->gate_up, h, H, rows, gu, 2 * F, NULL, threads, int8)) != 0) break;
         if (S->gelu)
-            gelu_mul_rows(gu, act, rows, F);
+            api->gelu_mul_rows(gu, act, rows, F);
         else
             api->silu_mul_rows(gu, act, rows, F);
         api->set_region_kind(KIND_DOWN);
@@ -318,6 +212,6 @@ PyObject *py_gelu_mul(PyObject *self, PyObject *args) {
         PyErr_SetString(PyExc_ValueError, "bad gelu_mul operands");
         return NULL;
     }
-    gelu_mul_rows((const float *)(uintptr_t)gu, (float *)(uintptr_t)out, rows, f);
+    api->gelu_mul_rows((const float *)(uintptr_t)gu, (float *)(uintptr_t)out, rows, f);
     Py_RETURN_NONE;
 }

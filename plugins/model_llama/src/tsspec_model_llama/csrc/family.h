@@ -26,7 +26,6 @@ void family_init(const TsspecKernelsApi *kernels_api);
 int family_forward(const FamilyStack *S, int64_t l0, int64_t l1, float *x, int64_t rows,
                    int64_t past, float *kc, float *vc, int64_t cap, const float *table, const float *table_local,
                    int threads, int int8);
-void gelu_mul_rows(const float *gu, float *out, int64_t rows, int64_t f);
 PyObject *py_family_new(PyObject *self, PyObject *args);
 PyObject *py_family_forward(PyObject *self, PyObject *args);
 PyObject *py_gelu_mul(PyObject *self, PyObject *args);
