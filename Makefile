@@ -145,9 +145,11 @@ check-real: setup $(BENCH_STAMP)
 bench-spread: setup
 	$(PY) -m tsspec_bench.spread --runs 6 --markdown docs/bench-spread.md --json docs/bench-spread.json
 
-# the serving figures (docs/bench-serve.md): streams, the multi-turn chat with prefix reuse, RSS
+# the serving figures (docs/bench-serve.md): streams (with the llama.cpp peer), the multi-turn chat with
+# prefix reuse, RSS, one stream vs generate, the agent trace; sized to finish in about 8 minutes on 2 cores
+BENCH_SERVE_SIZES ?= --reps 2 --max-tokens 64 --turn-tokens 96 --requests 300 --pairs 6 --trace-requests 100 --prose 4
 bench-serve: setup
-	$(VENV)/bin/tsspec bench-serve --markdown docs/bench-serve.md --json docs/bench-serve.json
+	$(VENV)/bin/tsspec bench-serve $(BENCH_SERVE_SIZES) --markdown docs/bench-serve.md --json docs/bench-serve.json
 
 soak: setup
 	$(PY) -m pytest -q -m soak
