@@ -146,8 +146,9 @@ bench-spread: setup
 	$(PY) -m tsspec_bench.spread --runs 6 --markdown docs/bench-spread.md --json docs/bench-spread.json
 
 # the serving figures (docs/bench-serve.md): streams (with the llama.cpp peer), the multi-turn chat with
-# prefix reuse, RSS, one stream vs generate, the agent trace; sized to finish in about 8 minutes on 2 cores
-BENCH_SERVE_SIZES ?= --reps 2 --max-tokens 64 --turn-tokens 96 --requests 300 --pairs 6 --trace-requests 100 --prose 4
+# prefix reuse, RSS, one stream vs generate, the agent trace; sized from the sections' quiet run times to
+# finish in about 7 minutes on 2 cores (streams with the peer 2.8 min, per-stream 0.4, trace 1.4)
+BENCH_SERVE_SIZES ?= --reps 1 --max-tokens 48 --turn-tokens 96 --requests 200 --pairs 6 --trace-requests 40 --prose 4
 bench-serve: setup
 	$(VENV)/bin/tsspec bench-serve $(BENCH_SERVE_SIZES) --markdown docs/bench-serve.md --json docs/bench-serve.json
 
