@@ -120,12 +120,15 @@ interop-check: setup
 # off; 18 more runs of one qa prompt): each drafter is read off the sweep of its own draft length,
 # and the loop's verify steps at 2, 3 and 9 rows stand beside the verify cost by rows that "What a
 # drafter needs on this machine" weighs acceptance against (timed again after the runs).
+# --families adds each model family's draft head (gemma4 assistant, glm-dsa NextN) on a tiny
+# random target whose drafter is distilled briefly on the target's greedy outputs (a synthetic
+# tiny model: mechanics, not a real-model speed; under a minute).
 # --goals adds the CPU speed goals (verify cost by rows, prefill of 1,000 tokens beside the
 # peers, a plain row with --dtype int8 beside goal 2) and the physical picture of a step.
 BENCH_STAMP := $(VENV)/.tsspec-bench-extras
 BENCH_ARGS := --per-class 1 --reps 2 --oracle-acceptance 0,0.5,1 --oracle-classes qa \
 	--oracle-governor both --oracle-draft 1,2 --compare transformers,llama.cpp --compare-reps 2,transformers=1 \
-	--goals --governor-check --governor-reps 2
+	--goals --governor-check --governor-reps 2 --families gemma4,glm-dsa
 
 $(BENCH_STAMP): $(STAMP)
 	$(PIP) install -q -c $(CONSTRAINTS) matplotlib

@@ -17,14 +17,15 @@ hookimpl = pluggy.HookimplMarker("tsspec")
 def tsspec_register_speculators(register):
     """register(name, factory, *, requires_draft_head: bool,
     serves_kind: DraftHeadKind | None = None, weight_free: bool = not requires_draft_head,
-    description: str = "", drafter_hint: str = "", auto_priority: int = 0);
+    description: str = "", drafter_hint: str = "", auto_priority: int = 0, composes_auto: bool = False);
     factory(target, options) -> Speculator | None (None or SpeculatorDeclined = cannot serve).
 
     The algorithm's facts travel with its registration: ``serves_kind`` makes ``auto`` pick it
     for targets carrying a drafter of that kind; ``weight_free`` algorithms are what ``auto``
     picks without one (highest ``auto_priority`` first) and what decline sentences suggest.
     ``drafter_hint`` says what to attach when the model carries no drafter ("a Medusa GGUF with
-    --spec-draft-model PATH"): it completes the ``no_draft_head`` sentence."""
+    --spec-draft-model PATH"): it completes the ``no_draft_head`` sentence. ``composes_auto``:
+    auto's pair is handed to ``factory(target, options, members, memory)`` (docs/plugins.md)."""
 
 
 @hookspec

@@ -17,9 +17,7 @@ from .converting import ConverterEntry
 from .registry import SpeculatorRegistry, check_registration
 
 # the keyword facts a speculator registration may carry besides requires_draft_head
-SPECULATOR_FACTS = frozenset(
-    {"serves_kind", "weight_free", "description", "drafter_hint", "auto_priority"}
-)
+SPECULATOR_FACTS = frozenset("serves_kind weight_free description drafter_hint auto_priority composes_auto".split())
 
 
 @attrs.define

@@ -17,7 +17,6 @@ from ..errors import GenerationError
 from .execution import SpeculativeExecution
 from .governor import SpeculationCostGovernor
 from .options import SpeculationOptions
-from .pairing import SpeculatorPair
 from .registry import Decline
 from .sampling import Sampler, SamplingParams, TokenLogprob
 from .stats import SpecStats
@@ -95,15 +94,11 @@ def _park_memory(target, registry, options: SpeculationOptions, speculator, gove
     """The registry's memory for the algorithm ``options`` resolved to on ``target`` when a
     lost park should carry to the next sequence (``SpeculatorRegistry.carries_parks``; never
     for auto's pair, whose weight-free primary's gain is the prompt's), else None."""
-    if speculator is None or not governor.enabled or isinstance(speculator, SpeculatorPair):
+    if speculator is None or not governor.enabled:
         return None
-    if registry is None:
-        from .defaults import default_catalog
-
-        registry = default_catalog().speculators
     name = registry.resolve_name(target, options.spec_type)
-    if not isinstance(name, str) or not registry.carries_parks(name):
-        return None
+    if not isinstance(name, str) or not registry.carries_parks(name) or speculator.name != name:
+        return None  # the algorithm's own parks only: never a composition's (auto's pair)
     return registry.memory(target, f"loop:{name}")
 
 
@@ -125,10 +120,6 @@ def _plugin_label(target, options: SpeculationOptions, registry, name: str | Non
     """``"<name> (plugin <plugin>)"`` for a speculator the registry made, else ``name``."""
     if name is None:
         return None
-    if registry is None:
-        from .defaults import default_catalog
-
-        registry = default_catalog().speculators
     resolved = registry.resolve_name(target, options.spec_type)
     entry = registry.get(resolved) if isinstance(resolved, str) else None
     return f"{name} (plugin {entry.plugin})" if entry is not None and entry.plugin else name
@@ -176,6 +167,10 @@ def generate(
     name = None
     label = None  # for the loop's fault log: names the plugin to blame
     if speculator is None:
+        if registry is None and options.enabled:
+            from .defaults import default_catalog
+
+            registry = default_catalog().speculators
         speculator, name, decline = resolve_speculator(target, options, registry)
         label = _plugin_label(target, options, registry, name)
     elif options.enabled:

@@ -75,17 +75,11 @@ class SpeculatorEntry:
     serves_kind: DraftHeadKind | None = None  # `auto` picks it for targets carrying this kind
     weight_free: bool = False  # serves any target that verifies on its own (no drafter weights)
     auto_priority: int = 0  # among weight-free algorithms, `auto` prefers the highest
+    composes_auto: bool = False  # factory(target, options, members, memory) composes auto's pair
 
     def to_json(self) -> dict[str, Any]:
         """The fields ``tsspec list-speculators --json`` prints for a registration."""
-        return {
-            "name": self.name,
-            "plugin": self.plugin,
-            "package": self.package,
-            "version": self.version,
-            "requires_draft_head": self.requires_draft_head,
-            "description": self.description,
-        }
+        return {k: getattr(self, k) for k in ("name", "plugin", "package", "version", "requires_draft_head", "description")}
 
 
 def check_registration(name: Any, factory: Any, *, serves_kind: Any = None, **_: Any) -> None:
@@ -124,6 +118,7 @@ class SpeculatorRegistry:
         description: str = "",
         drafter_hint: str = "",
         auto_priority: int = 0,
+        composes_auto: bool = False,
         plugin: str | None = None,
         package: str | None = None,
         version: str | None = None,
@@ -139,7 +134,7 @@ class SpeculatorRegistry:
             name, factory, bool(requires_draft_head), str(description or ""), plugin, package, version,
             str(drafter_hint or ""), serves_kind,
             (not requires_draft_head) if weight_free is None else bool(weight_free),
-            int(auto_priority),
+            int(auto_priority), bool(composes_auto),
         )
 
     def memory(self, target: Any, key: str) -> dict | None:
@@ -246,8 +241,8 @@ class SpeculatorRegistry:
         """A ready speculator for ``target``, or a Decline saying why not.
 
         Under ``auto``, a drafter that asks to back up the weight-free choice (its head says
-        ``auto_fallback``) is paired with it (``pairing.SpeculatorPair``): the weight-free
-        algorithm proposes first, the drafter's algorithm where it finds nothing."""
+        ``auto_fallback``) is paired with it: by the registered ``composes_auto`` algorithm
+        (members {name: speculator}, weight-free first), else ``pairing.SpeculatorPair``."""
         made = self._create_one(target, options)
         if isinstance(made, Decline) or getattr(options, "spec_type", AUTO) != AUTO:
             return made
@@ -259,7 +254,13 @@ class SpeculatorRegistry:
             return made  # the weight-free algorithm cannot serve: the drafter alone
         from .pairing import SpeculatorPair
 
-        return SpeculatorPair(primary, made)
+        composer = next((e for e in self.entries() if e.composes_auto), None)
+        try:  # a composer that fails leaves the fixed pair, logged
+            compose = composer.factory if composer else lambda t, o, members, memory: SpeculatorPair(*members.values())
+            return compose(target, options, {free: primary, made.name: made}, self.memory(target, AUTO))
+        except Exception as exc:
+            log.warning("auto's composer %s failed, the pair serves: %r", composer.name, exc)
+            return SpeculatorPair(primary, made)
 
     def _pair_primary(self, target: Any, chosen: str | None) -> str | None:
         """The weight-free algorithm ``auto`` puts in front of ``chosen`` (the drafter's
@@ -275,8 +276,8 @@ class SpeculatorRegistry:
         name = self.resolve_name(target, AUTO)
         if isinstance(name, Decline):
             return name
-        primary = self._pair_primary(target, name)
-        return name if primary is None else f"{primary}+{name}"
+        primary, composer = self._pair_primary(target, name), [e.name for e in self.entries() if e.composes_auto]
+        return name if primary is None else f"{composer[0]}({primary}+{name})" if composer else f"{primary}+{name}"
 
     def _create_one(self, target: Any, options: Any) -> Any:
         name = self.resolve_name(target, getattr(options, "spec_type", AUTO))

@@ -120,6 +120,33 @@ def test_auto_pairs_ngram_with_the_mtp_drafter_losslessly(catalog_with_ngram, au
     assert speculator.proposed[PRIMARY] > 0 and speculator.proposed[BACKUP] > 0
 
 
+def test_auto_with_the_select_plugin_chooses_among_ngram_the_drafter_and_the_pair_losslessly(targets):
+    """With the select plugin installed, auto hands ngram and the attached MTP drafter to it: the
+    output is still plain decoding's, and every step was charged to one of its candidates."""
+    import tsspec_model_llama
+    import tsspec_ngram
+    import tsspec_select
+
+    host = PluginHost()
+    for module, name in ((tsspec_draft_head, "draft-head"), (tsspec_drafters_smollm2, "drafters-smollm2"),
+                         (tsspec_model_llama, "llama"), (tsspec_ngram, "ngram"), (tsspec_gguf, "gguf"),
+                         (tsspec_select, "select")):
+        host.register(module, name)
+    catalog = build_catalog(host, discover=False)
+    target = load_model(embedded_model_path(), catalog=catalog, options=SpeculationOptions(spec_type="draft-head"))
+    _, bare = targets
+    tok = bare.tokenizer
+    text = "List the steps: open the file, read the file, close the file. Repeat them exactly."
+    ids = tok.encode(tok.apply_chat_template([{"role": "user", "content": text}]), add_special_tokens=False)
+    plain = generate(bare, list(ids), SpeculationOptions(enabled=False), max_tokens=32)
+    options = SpeculationOptions(spec_type="auto", pmin=0.0)
+    speculator = catalog.speculators.create(target, options)
+    spec = generate(target, list(ids), options, max_tokens=32, speculator=speculator)
+    assert speculator.name == "select" and list(speculator.members) == ["ngram", "draft-head"]
+    assert spec.tokens == plain.tokens
+    assert sum(speculator.steps_by.values()) > 0
+
+
 def _rss_bytes() -> int:
     with open("/proc/self/status") as handle:
         for line in handle:
@@ -168,6 +195,6 @@ def test_list_speculators_says_what_auto_runs_and_with_which_drafter_file(capsys
             assert not exc.code
         line = [x for x in capsys.readouterr().out.splitlines() if x.startswith("auto -> ")][-1]
         if DRAFTERS[mtp][2] or extra:  # attached under auto: the pair, naming the file
-            assert line.startswith("auto -> ngram+draft-head: ") and mtp in line
+            assert line.startswith("auto -> select(ngram+draft-head): ") and mtp in line
         else:
             assert line == "auto -> ngram"

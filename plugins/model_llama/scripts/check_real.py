@@ -8,8 +8,13 @@ counts as a near-tie when in both engines the top-2 gap is below 1% of the top l
 compares llama.cpp's ``tokenize`` with tsspec's on the 200 strings of the tokenizer parity test
 (``tests/test_gemma3_270m.py``), with and without the BOS token (special tokens parsed).
 
+At every split an exact reference decides which engine is closer to the file's math:
+transformers loading the same GGUF (its own dequantiser and model code) in float64, run on the
+common prefix; the script prints its top-2 and each engine's largest logit error over the
+candidate tokens (both engines' top-2), and whether each engine picked the reference's token.
+
     python plugins/model_llama/scripts/check_real.py [--model gemma3-270m] [--tokens 64] [--threads 2]
-        [--dtype int8] [--llama-kv-f32]
+        [--dtype int8] [--llama-kv-f32] [--no-reference]
 
 Exit status 0 when at least 5 of 6 prompts agree over every token, every split is a near-tie
 and every string tokenizes alike; 1 otherwise.
@@ -41,19 +46,21 @@ from llama_cpp import Llama
 req = json.load(sys.stdin)
 kv = {"type_k": 0, "type_v": 0} if req["kv_f32"] else {}  # GGML_TYPE_F32 (default: F16)
 llm = Llama(model_path=req["path"], n_ctx=1024, n_threads=req["threads"], n_batch=512, logits_all=False, verbose=False, **kv)
-out = {"runs": [], "tokens": []}
-for ids in req["prompts"]:
+out = {"runs": [], "tokens": [], "watched": []}
+for ids, watch in zip(req["prompts"], req["watch"]):
     llm.reset()
     llm.eval(ids)
-    steps = []
-    for _ in range(req["tokens"]):
+    steps, seen = [], []
+    for step in range(req["tokens"]):
         # the last token's logits straight from the context (without logits_all the wrapper keeps
         # no scores; eval_logits would copy every row)
         row = np.ctypeslib.as_array(llm._ctx.get_logits_ith(-1), shape=(llm.n_vocab(),)).astype(np.float32)
         top = np.argsort(-row)[:2]
         steps.append([[int(t), float(row[t])] for t in top])
+        seen.append([[int(t), float(row[t])] for t in watch[step]])  # tsspec's top-2 in this row
         llm.eval([int(top[0])])
     out["runs"].append(steps)
+    out["watched"].append(seen)
 for s in req["strings"]:
     b = s.encode("utf-8")
     out["tokens"].append([llm.tokenize(b, add_bos=True, special=True), llm.tokenize(b, add_bos=False, special=True)])
@@ -87,6 +94,31 @@ def tsspec_runs(target, prompts: list[list[int]], tokens: int) -> list[list]:
     return runs
 
 
+def reference_model(path: str):
+    """transformers' model from the GGUF (its dequantiser, its model code), in float64."""
+    import os
+
+    import torch
+    import transformers
+
+    folder, name = os.path.split(path)
+    # gemma3 is not on transformers' packed-GGUF path: its loader unpacks every tensor (whatever its
+    # warning about packed weights says), so weights and matmuls are float64, which this checks
+    model = transformers.AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, dtype=torch.float64).eval()
+    dtypes = {p.dtype for p in model.parameters()}
+    if dtypes != {torch.float64}:
+        raise SystemExit(f"check-real: the reference is not float64 throughout ({sorted(map(str, dtypes))})")
+    return model
+
+
+def row_logits(model, ids: list[int]):
+    """The float64 logits of the row after ``ids`` (a full forward, no cache)."""
+    import torch
+
+    with torch.no_grad():
+        return model(torch.tensor([ids])).logits[0, -1]
+
+
 def near_tie(top2) -> bool:
     (_, a), (_, b) = top2
     return a - b < GAP * abs(a)
@@ -99,6 +131,7 @@ def main(argv=None) -> int:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--dtype", default=None, help="tsspec's --dtype (int8: llama.cpp's int8 activations)")
     ap.add_argument("--llama-kv-f32", action="store_true", help="llama.cpp's KV cache in float32 (default: F16)")
+    ap.add_argument("--no-reference", action="store_true", help="skip the float64 transformers reference at splits")
     args = ap.parse_args(argv)
     try:
         import llama_cpp  # noqa: F401  (only to fail early with a clear line; it runs in its own process)
@@ -114,15 +147,20 @@ def main(argv=None) -> int:
     path = target.path
     prompts = [target.tokenizer.encode(p) for p in PROMPTS]
     strings = parity_strings()
+    ours = tsspec_runs(target, prompts, args.tokens)
+    watch = [[[t for t, _ in step] for step in run] for run in ours]
     request = {"path": path, "threads": args.threads, "prompts": prompts, "tokens": args.tokens, "strings": strings,
-               "kv_f32": args.llama_kv_f32}
+               "kv_f32": args.llama_kv_f32, "watch": watch}
     done = subprocess.run([sys.executable, "-c", LLAMA_CPP_WORKER], input=json.dumps(request), capture_output=True,
                           text=True, check=False)
     if done.returncode != 0:
         print(f"check-real: the llama.cpp process failed: {done.stderr.strip().splitlines()[-1:]}", file=sys.stderr)
         return 2
     theirs = json.loads(done.stdout)
-    ours = tsspec_runs(target, prompts, args.tokens)
+    reference = None if args.no_reference else reference_model(path)
+    closer = {"tsspec": 0, "llama.cpp": 0}
+    picks = {"tsspec": 0, "llama.cpp": 0}
+    splits = 0
     print(f"model {path} ({target.config.architecture}, {target.config.extra['weight_formats']}), "
           f"tsspec arithmetic {target.config.extra.get('arithmetic')}, llama-cpp-python {llama_cpp.__version__}, "
           f"KV cache {'F32' if args.llama_kv_f32 else 'F16'}, greedy, {args.tokens} tokens, {args.threads} threads")
@@ -140,10 +178,36 @@ def main(argv=None) -> int:
               f"tsspec top-2 [{fmt(a[split])}] gap {a[split][0][1] - a[split][1][1]:.4f}; "
               f"llama.cpp top-2 [{fmt(b[split])}] gap {b[split][0][1] - b[split][1][1]:.4f} "
               f"({'near-tie' if tie else 'NOT a near-tie'}: < {GAP:.0%} of the top logit)")
+        if reference is None:
+            continue
+        splits += 1
+        prefix = prompts[n] + [step[0][0] for step in a[:split]]
+        ref = row_logits(reference, prefix)
+        target.reset()
+        mine, _ = target.spec_forward(prefix, all_logits_rows=False, want_hidden=False)
+        mine = mine[-1].double()
+        llama = dict(map(tuple, b[split])) | dict(map(tuple, theirs["watched"][n][split]))
+        candidates = sorted({t for t, _ in a[split]} | {t for t, _ in b[split]})
+        err_t = max(abs(float(mine[t]) - float(ref[t])) for t in candidates)
+        err_l = max(abs(llama[t] - float(ref[t])) for t in candidates)  # llama.cpp's values of both top-2
+        top = ref.topk(2)
+        best = int(top.indices[0])
+        picks["tsspec"] += a[split][0][0] == best
+        picks["llama.cpp"] += b[split][0][0] == best
+        closer["tsspec" if err_t < err_l else "llama.cpp"] += 1
+        ref_top = ", ".join(f"{int(i)}:{float(v):.4f}" for v, i in zip(top.values, top.indices))
+        gap = float(top.values[0] - top.values[1])
+        print(f"  float64 reference top-2 [{ref_top}] gap {gap:.4f} "
+              f"({'near-tie' if gap < GAP * abs(float(top.values[0])) else 'NOT a near-tie'}); "
+              f"largest logit error over tokens {candidates}: tsspec {err_t:.2e}, llama.cpp {err_l:.2e}; "
+              f"reference's token picked by tsspec: {a[split][0][0] == best}, by llama.cpp: {b[split][0][0] == best}")
     with_special = sum(target.tokenizer.encode(s) == t[0] for s, t in zip(strings, theirs["tokens"]))
     plain = sum(target.tokenizer.encode(s, add_special_tokens=False) == t[1] for s, t in zip(strings, theirs["tokens"]))
     print(f"greedy agreement: {agreed} of {len(PROMPTS)} prompts over all {args.tokens} tokens; "
           f"every split a near-tie: {ties_ok}")
+    if splits:
+        print(f"float64 reference at the {splits} splits: its token picked by tsspec {picks['tsspec']}, by llama.cpp "
+              f"{picks['llama.cpp']}; closer logits: tsspec {closer['tsspec']}, llama.cpp {closer['llama.cpp']}")
     print(f"tokenizer parity with llama.cpp: {with_special}/{len(strings)} strings (with BOS, special tokens parsed), "
           f"{plain}/{len(strings)} (no BOS)")
     ok = agreed >= len(PROMPTS) - 1 and ties_ok and with_special == plain == len(strings)

@@ -2,14 +2,15 @@
 runs paired and alternating (the order reversed every round), with a plain-vs-plain control row.
 
     python plugins/model_llama/scripts/real_bench.py tsspec:A.gguf tsspec:B.gguf llama.cpp:B.gguf \
-        [--rounds 5] [--tokens 128] [--threads 2]
+        llama.cpp@plain/generate/fa1:B.gguf [--rounds 5] [--tokens 128] [--threads 2]
 
 Every side decodes the same prompt ids (tsspec's tokenizer of the first side's file) for
 ``--tokens`` tokens; a run's speed is its decode tok/s (tokens after the first over the time
 after the first). The first side runs twice a round (the control: its spread is the noise
 floor). Prints each side's median tok/s, the median of its paired ratios to the first side, and
 the load average before and after. llama.cpp runs through the bench's peer worker (llama-cpp-
-python, its plain ``generate`` variant).
+python, its plain ``generate`` variant with flash attention off; ``llama.cpp@CONFIG`` names another
+of the worker's variants, e.g. ``plain/generate/fa1``).
 """
 
 from __future__ import annotations
@@ -42,21 +43,23 @@ for line in sys.stdin:
 
 class Side:
     def __init__(self, spec: str, threads: int):
-        self.engine, _, self.path = spec.partition(":")
-        if self.engine not in ("tsspec", "llama.cpp") or not self.path:
-            raise SystemExit(f"real_bench: a side is tsspec:FILE or llama.cpp:FILE, got {spec!r}")
+        engine, _, self.path = spec.partition(":")
+        self.engine, _, config = engine.partition("@")
+        self.config = config or "plain/generate/fa0"
+        if self.engine not in ("tsspec", "llama.cpp") or not self.path or (config and self.engine != "llama.cpp"):
+            raise SystemExit(f"real_bench: a side is tsspec:FILE or llama.cpp[@CONFIG]:FILE, got {spec!r}")
         cmd = ([sys.executable, "-c", TSSPEC_WORKER, self.path, str(threads)] if self.engine == "tsspec"
                else [sys.executable, "-m", "tsspec_bench.peer_worker", "llama.cpp", self.path, str(threads)])
         self.proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
         ready = json.loads(self.proc.stdout.readline())
         if "ready" not in ready:
             raise SystemExit(f"real_bench: {spec}: {ready.get('error')}")
-        self.name = f"{self.engine} {os.path.basename(self.path)}"
+        self.name = f"{self.engine} {os.path.basename(self.path)}" + (f" {config}" if config else "")
 
     def run(self, ids: list[int], tokens: int) -> tuple[float, list[int]]:
         request = {"prompt_ids": ids, "max_tokens": tokens}
         if self.engine == "llama.cpp":
-            request.update(op="generate", config="plain/generate/fa0", stop=[])
+            request.update(op="generate", config=self.config, stop=[])
         self.proc.stdin.write(json.dumps(request) + "\n")
         self.proc.stdin.flush()
         answer = json.loads(self.proc.stdout.readline())

@@ -7,6 +7,8 @@ import os
 import pytest
 import torch
 
+from tsspec.testing_fixtures import cli_state  # noqa: F401  (the CLI's state, restored after main)
+
 TINY = dict(
     vocab_size=300,
     hidden_size=64,

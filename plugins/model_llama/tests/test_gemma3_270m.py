@@ -136,3 +136,34 @@ def test_tokenizer_matches_transformers(gemma, hf_gemma):
     plain = [s for s in strings if gemma.tokenizer.encode(s, add_special_tokens=False)
              != tokenizer(s, add_special_tokens=False)["input_ids"]]
     assert not plain, f"{len(plain)} of 200 differ without special tokens, e.g. {plain[:3]!r}"
+
+
+def test_chat_formats_turns_with_the_gemma_built_in(gemma_path, gemma, capsys, monkeypatch, cli_state):
+    """The file has no tokenizer.chat_template: `tsspec chat` formats Gemma turns with the
+    family's built-in template, says so once, and the reply ends at <end_of_turn>."""
+    import io
+
+    from tsspec.cli.app import main
+    from tsspec.runtime import generation
+
+    assert gemma.config.extra["chat_template"] == "built-in gemma (the file has none)"
+    prompts = []
+    real = generation.generate
+
+    def recording(target, prompt, *args, **kwargs):
+        prompts.append(target.tokenizer.decode(prompt))
+        return real(target, prompt, *args, **kwargs)
+
+    monkeypatch.setattr(generation, "generate", recording)
+    monkeypatch.setattr("sys.stdin", io.StringIO("What is 2+2? Answer with one digit.\n/exit\n"))
+    try:
+        main(["chat", "--model", gemma_path, "-n", "8", "--no-spec"])
+        code = 0
+    except SystemExit as exc:
+        code = exc.code
+    out = capsys.readouterr()
+    assert code in (0, None), out.err
+    assert prompts == [("<bos><start_of_turn>user\nWhat is 2+2? Answer with one digit.<end_of_turn>\n"
+                        "<start_of_turn>model\n")]
+    assert out.err.count("no chat template in the file; using the gemma family's built-in one") == 1
+    assert out.out.strip()  # a reply was printed

@@ -90,6 +90,7 @@ def bench(
     goals: Annotated[bool, typer.Option("--goals", help="Also measure the CPU speed goals: verify cost by rows, prefill of 1,000 tokens (beside the --compare peers).", rich_help_panel=BENCH_PANEL)] = False,
     goals_dtype: Annotated[Optional[str], typer.Option("--goals-dtype", help="With --goals and --compare llama.cpp: the --dtype of a second plain-decode row beside goal 2, paired with llama.cpp's plain runs (default int8: llama.cpp's arithmetic on a Q4_1 file).", rich_help_panel=BENCH_PANEL)] = None,
     governor_reps: Annotated[int, typer.Option("--governor-reps", min=1, help="Paired reps of the governor check.", rich_help_panel=BENCH_PANEL)] = 3,
+    families: Annotated[Optional[str], typer.Option("--families", help="Also measure model families' draft heads (gemma4,glm-dsa) on tiny random targets whose drafters are distilled briefly on the targets' greedy outputs: synthetic, not a real-model speed.", rich_help_panel=BENCH_PANEL)] = None,
     json_path: Annotated[Optional[str], typer.Option("--json", help="Write every run and summary as JSON.", rich_help_panel=OUTPUT_PANEL)] = None,
     markdown_path: Annotated[Optional[str], typer.Option("--markdown", help="Write the report as Markdown (BENCHMARKS.md).", rich_help_panel=OUTPUT_PANEL)] = None,
     plot_path: Annotated[Optional[str], typer.Option("--plot", help="Write a PNG plot (needs matplotlib).", rich_help_panel=OUTPUT_PANEL)] = None,
@@ -138,6 +139,9 @@ def bench(
         if name not in PEER_NAMES:
             raise OptionsError(f"--compare {name}: choose from {', '.join(PEER_NAMES)}")
     default_peer_reps, peer_reps = _peer_reps(compare_reps, PEER_NAMES)
+    from tsspec_bench.families import parse_families
+
+    family_names = parse_families(families)
 
     model_path = model
     if model is None:  # the default model a plugin offers, as a path
@@ -189,8 +193,13 @@ def bench(
     if not out.is_terminal:
         out = Console(width=TABLE_WIDTH)  # a file or a pipe: do not squeeze the table into 80 columns
     report.print_tables(out)
+    family_results = _run_families(console, family_names, out)
     if json_path:
         report.write_json(json_path)
+        if family_names:
+            from tsspec_bench.families import add_json
+
+            add_json(json_path, family_results)
         console.print(f"wrote {json_path}")
     if plot_path:
         from tsspec_bench.plot import write_plot
@@ -199,11 +208,28 @@ def bench(
         console.print(f"wrote {plot_path}")
     if markdown_path:
         report.write_markdown(markdown_path, plot_path)
+        if family_names:
+            from tsspec_bench.families import append_markdown
+
+            append_markdown(markdown_path, family_results)
         console.print(f"wrote {markdown_path}")
-    if report.mismatches:
-        console.print(f"[red bold]tsspec bench: {len(report.mismatches)} speculative run(s) changed the output: "
-                      "speculation must be lossless[/red bold]")
+    changed = len(report.mismatches) + sum(r.mismatched for r in family_results)
+    if changed:
+        console.print(f"[red bold]tsspec bench: {changed} speculative run(s) or family configuration(s) changed the "
+                      "output: speculation must be lossless[/red bold]")
         raise typer.Exit(EXIT_MISMATCH)
+
+
+def _run_families(console, names: list[str], out) -> list:
+    """The --families section: measured after the main runs, printed as its own tables."""
+    if not names:
+        return []
+    from tsspec_bench.families import print_section, run_families
+
+    results = run_families(names, STATE.catalog,
+                           progress=lambda text: console.print(f"[families] {text}", highlight=False, markup=False))
+    print_section(results, out)
+    return results
 
 
 def _run_with_progress(console, plan, target, on_mismatch, on_peer_error):

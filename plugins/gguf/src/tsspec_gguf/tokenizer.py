@@ -23,6 +23,8 @@ Example::
 
 from __future__ import annotations
 
+import sys
+
 from functools import lru_cache
 from typing import Any, Iterable, Mapping, Sequence
 
@@ -128,6 +130,9 @@ class GGUFTokenizer:
         self.pre = pre
         self.chat_template_source = chat_template
         self._chat_template: ChatTemplate | None = None
+        # set when the template is a built-in the model plugin supplied (the file has none): the
+        # line printed on stderr the first time a conversation is rendered with it
+        self.chat_template_note: str | None = None
 
     @property
     def vocab_size(self) -> int:
@@ -161,16 +166,26 @@ class GGUFTokenizer:
     def has_chat_template(self) -> bool:
         return bool(self.chat_template_source)
 
+    def use_builtin_chat_template(self, source: str, note: str) -> None:
+        """Render chats with ``source``, a template the model plugin keeps for a file without
+        one; ``note`` is printed on stderr when it is first used."""
+        self.chat_template_source = source
+        self.chat_template_note = note
+        self._chat_template = None
+
     def apply_chat_template(
         self, messages: Sequence[Mapping[str, Any]], *, add_generation_prompt: bool = True, **extra: Any
     ) -> str:
-        """Render the file's chat template (HF conventions). Without one, ChatTemplateError."""
+        """Render the file's chat template (HF conventions), or the built-in one the model plugin
+        supplied (its note printed once). Without either, ChatTemplateError."""
         if self._chat_template is None:
             from .chat_template import ChatTemplateError
 
             if not self.chat_template_source:
                 raise ChatTemplateError("the model has no chat template (tokenizer.chat_template)")
             self._chat_template = ChatTemplate(self.chat_template_source, self._special_token_text())
+            if self.chat_template_note:
+                print(self.chat_template_note, file=sys.stderr)
         return self._chat_template.render(messages, add_generation_prompt=add_generation_prompt, **extra)
 
 

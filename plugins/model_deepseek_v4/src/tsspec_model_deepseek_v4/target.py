@@ -18,10 +18,10 @@ from __future__ import annotations
 
 from typing import Sequence
 
-import attrs
 import torch
 
 from tsspec.protocols import ModelConfig, resolve_feature_taps
+from tsspec_gguf.positional_target import PositionalTarget
 
 from .hparams import DeepseekV4HParams
 from .invariant import per_row
@@ -32,20 +32,9 @@ from .weights import DeepseekV4Weights
 PREFILL_CHUNK = 256  # rows per trunk call (attention scores are rows x keys per head)
 
 
-@attrs.define
-class TargetCounters:
-    forward_calls: int = 0
-    forward_rows: int = 0
-    keeps: int = 0  # spec_keep calls that dropped rows
-
-
-class DeepseekV4Target:
-    """A DeepSeek V4 model behind the ``SpeculativeTarget`` protocol."""
-
-    speculation_profitable = True  # the trunk verifies without a drafter: n-gram serves it
-    speculation_refusal = None
-    spec_preferred_draft_window = None
-    spec_verify_persists_accepted_kv = True
+class DeepseekV4Target(PositionalTarget):
+    """A DeepSeek V4 model behind the ``SpeculativeTarget`` protocol (length, rollback and
+    counters: ``tsspec_gguf.positional_target``)."""
 
     def __init__(self, hp: DeepseekV4HParams, weights: DeepseekV4Weights, *, dtype: torch.dtype = torch.float32,
                  tokenizer=None, max_context: int | None = None, with_draft_head: bool = True,
@@ -54,10 +43,10 @@ class DeepseekV4Target:
         self.trunk = DeepseekV4Trunk(hp, weights, dtype)
         self.tokenizer = tokenizer
         self.source_path = source_path
-        self._max_context = int(max_context or hp.context_length)
+        max_context = int(max_context or hp.context_length)
         self.config = ModelConfig(
             architecture="deepseek4", vocab_size=hp.vocab_size, hidden_size=hp.hidden_size,
-            num_layers=hp.num_layers, context_length=self._max_context,
+            num_layers=hp.num_layers, context_length=max_context,
             extra={
                 "compress_ratios": list(hp.compress_ratios),
                 "hc_mult": hp.hc_mult,
@@ -65,27 +54,14 @@ class DeepseekV4Target:
                 "dtype": str(dtype).replace("torch.", ""),
             },
         )
-        self.counters = TargetCounters()
-        self._cache = self.trunk.new_cache()
-        self._len = 0
-        self._last_start = 0  # the last forward covered positions _last_start .. _last_end - 1
-        self._last_end = 0
+        self._start_positions(self.trunk.new_cache(), max_context, hp.vocab_size)
         self._taps: tuple[int, ...] | None = None
-        self.draft_head = None
         if with_draft_head and weights.mtp is not None:
             from .mtp import MtpHead
 
             self.draft_head = MtpHead(self.trunk, weights.mtp, self._max_context)
 
     # -- capability fields ---------------------------------------------------------------------
-    @property
-    def cache_seq_len(self) -> int:
-        return self._len
-
-    @property
-    def max_context_length(self) -> int:
-        return self._max_context
-
     @property
     def spec_feature_size(self) -> int:
         if self._taps:
@@ -128,25 +104,10 @@ class DeepseekV4Target:
                 parts.append(q(c.indexer.entries[: self._len // c.ratio]))
         return tuple(parts)
 
-    @property
-    def cache_bytes(self) -> int:
-        return self._cache.nbytes()
-
     # -- the protocol ---------------------------------------------------------------------------
-    def spec_ensure_capacity(self, required_seq_len: int) -> None:
-        if required_seq_len > self._max_context:
-            raise ValueError(f"{required_seq_len} positions exceed the context of {self._max_context}")
-        self._cache.ensure(required_seq_len)
-
     def spec_forward(self, tokens: Sequence[int], *, all_logits_rows: bool, want_hidden: bool):
-        tokens = [int(t) for t in tokens]
-        if not tokens:
-            raise ValueError("spec_forward needs at least one token")
-        bad = [t for t in tokens if not 0 <= t < self.hp.vocab_size]
-        if bad:
-            raise ValueError(f"token id {bad[0]} is outside the vocabulary (0..{self.hp.vocab_size - 1})")
+        tokens = self._rows_in(tokens)
         start, rows = self._len, len(tokens)
-        self.spec_ensure_capacity(start + rows)
         logit_rows, hidden_rows = [], []
         with torch.no_grad():
             # long prefills go in chunks: each row's keys are bounded by the window and the
@@ -164,27 +125,5 @@ class DeepseekV4Target:
                         hidden_rows.append(out.streams.reshape(len(part), -1))
             logits = torch.cat(logit_rows)
             hidden = torch.cat(hidden_rows) if want_hidden else None
-        self.counters.forward_calls += 1
-        self.counters.forward_rows += rows
-        self._len = start + rows
-        self._last_start, self._last_end = start, start + rows
+        self._forwarded(rows)
         return logits, hidden
-
-    def spec_keep(self, rows_kept: int) -> None:
-        """Keep the state after the first ``rows_kept`` rows of the last forward."""
-        if not 0 <= rows_kept <= self._last_end - self._last_start:
-            raise ValueError(f"cannot keep {rows_kept} rows of a forward of {self._last_end - self._last_start}")
-        if self._len != self._last_end:
-            raise RuntimeError("spec_keep after the cache was rewound past the last forward")
-        if self._last_start + rows_kept < self._len:
-            self.counters.keeps += 1
-        self._len = self._last_start + rows_kept
-        self._last_end = self._len
-
-    def spec_rewind_cache(self, length: int) -> None:
-        if not 0 <= length <= self._len:
-            raise ValueError(f"cannot rewind to {length}: the cache holds {self._len}")
-        self._len = length
-        self._last_start = self._last_end = length
-        if length == 0 and self.draft_head is not None:
-            self.draft_head.reset()

@@ -15,19 +15,16 @@ Tokenizers are not converted: the file is token-id only.
 
 from __future__ import annotations
 
-import json
 import logging
-from pathlib import Path
 from typing import Any, Mapping
 
 import numpy as np
 
-from tsspec.errors import TsspecError
+from tsspec_gguf.hf_checkpoint import OUT_TYPES, ConversionError, quantised, read_checkpoint  # noqa: F401 (re-exported)
 
 from .hparams import ARCH, ASSISTANT_ARCH
 
 log = logging.getLogger("tsspec.gemma4")
-OUT_TYPES = ("f32", "f16", "q8_0")
 TEXT_PREFIXES = ("model.language_model.", "model.", "")
 LAYER_NAMES = {
     "input_layernorm": "attn_norm", "post_attention_layernorm": "post_attention_norm",
@@ -39,13 +36,6 @@ LAYER_NAMES = {
     "router.proj": "ffn_gate_inp", "pre_feedforward_layernorm_2": "pre_ffw_norm_2",
     "post_feedforward_layernorm_1": "post_ffw_norm_1", "post_feedforward_layernorm_2": "post_ffw_norm_2",
 }
-
-
-class ConversionError(TsspecError):
-    """A checkpoint that cannot be converted; one line naming the source and the problem."""
-
-    def __init__(self, source: str, problem: str):
-        super().__init__(f"{source}: {problem}")
 
 
 def _array(value) -> np.ndarray:
@@ -206,50 +196,10 @@ def assistant_gguf(config: Mapping[str, Any], state: Mapping[str, Any], *, sourc
     return meta, tensors
 
 
-def quantised(tensors: Mapping[str, np.ndarray], outtype: str) -> dict[str, Any]:
-    """2-D float weights as ``outtype`` (f16 arrays; q8_0 where rows allow); the rest as they are."""
-    from gguf import GGMLQuantizationType
-
-    if outtype not in OUT_TYPES:
-        raise ConversionError("--outtype", f"{outtype!r} is not one of {', '.join(OUT_TYPES)}")
-    out: dict[str, Any] = {}
-    for name, array in tensors.items():
-        if array.ndim != 2 or outtype == "f32" or array.dtype != np.float32:
-            out[name] = array
-        elif outtype == "f16":
-            out[name] = array.astype(np.float16)
-        else:
-            out[name] = (array, GGMLQuantizationType.Q8_0) if array.shape[1] % 32 == 0 else array
-    return out
-
-
 def write(path, arch: str, meta: Mapping[str, Any], tensors: Mapping[str, np.ndarray], outtype: str = "f32") -> str:
     from tsspec_gguf.gguf_writer import write_gguf
 
     return write_gguf(path, arch, dict(meta), quantised(tensors, outtype))
-
-
-def read_checkpoint(src_dir: str | Path) -> tuple[dict[str, Any], dict[str, Any]]:
-    """(config, state dict) of an HF directory; ConversionError for anything unreadable."""
-    root = Path(src_dir)
-    try:
-        config = json.loads((root / "config.json").read_text())
-    except (OSError, ValueError) as exc:
-        raise ConversionError(str(root), f"config.json is unreadable ({exc})") from None
-    shards = sorted(root.glob("*.safetensors"))
-    if not shards:
-        raise ConversionError(str(root), "no *.safetensors files")
-    try:
-        from safetensors.torch import load_file
-    except ImportError:
-        raise ConversionError(str(root), "reading HF checkpoints needs 'safetensors' (pip install safetensors)") from None
-    state: dict[str, Any] = {}
-    for shard in shards:
-        try:
-            state.update(load_file(str(shard)))
-        except Exception as exc:
-            raise ConversionError(str(root), f"{shard.name}: {exc}") from None
-    return config, state
 
 
 def convert_gemma4(src_dir, out_path, *, outtype: str = "f32") -> str:

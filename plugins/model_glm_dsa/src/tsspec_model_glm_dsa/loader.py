@@ -11,33 +11,20 @@ from __future__ import annotations
 
 from typing import Any
 
-import torch
-
-from tsspec.errors import ModelLoadError
+from tsspec_gguf.cpu_dtype import cpu_load_dtype, resolve_dtype
 
 from .hparams import GlmDsaHParams
 from .request import NextNRequest, read_request
 from .target import GlmDsaTarget
 from .weights import has_nextn, load_nextn, load_trunk
 
-DTYPES = {"float32": torch.float32, "fp32": torch.float32, "float64": torch.float64, "fp64": torch.float64}
-
-
-def resolve_dtype(value: Any) -> torch.dtype:
-    if value is None or value == "auto":
-        return torch.float32
-    if isinstance(value, torch.dtype):
-        return value
-    text = str(value).replace("torch.", "").lower()
-    if text not in DTYPES:
-        raise ValueError(f"dtype {value!r} is not supported by tsspec-model-glm-dsa (use float32 or float64)")
-    return DTYPES[text]
+OWNER = "tsspec-model-glm-dsa"
 
 
 def load_from_source(source: Any, *, dtype: Any = None, tokenizer=None, max_context: int | None = None,
                      request: NextNRequest | None = None) -> GlmDsaTarget:
     """A target from an open ``GGUFFile`` or a ``MemorySource``; ``request`` None reads it now."""
-    torch_dtype = resolve_dtype(dtype)
+    torch_dtype = resolve_dtype(dtype, OWNER)
     hp = GlmDsaHParams.from_gguf(source)
     request = request or read_request()
     weights = load_trunk(source, hp, torch_dtype)
@@ -62,13 +49,7 @@ def load_glm_dsa(gguf_path: str, options: Any = None) -> GlmDsaTarget:
     from tsspec_gguf.gguf_file import GGUFFile
     from tsspec_gguf.tokenizer import from_gguf as tokenizer_from_gguf
 
-    device = getattr(options, "device", "cpu") or "cpu"
-    if device != "cpu":
-        raise ModelLoadError(gguf_path, f"tsspec-model-glm-dsa runs on the CPU only (asked for {device!r})")
-    try:
-        dtype = resolve_dtype(getattr(options, "dtype", None))
-    except ValueError as exc:
-        raise ModelLoadError(gguf_path, str(exc)) from None
+    dtype = cpu_load_dtype(gguf_path, options, OWNER)
     request = read_request(options)
     with GGUFFile(gguf_path) as gf:
         tokenizer = tokenizer_from_gguf(gf)

@@ -4,7 +4,8 @@ A family is llama's block with some of these differences (llama.cpp's ``src/mode
 RoPE on NEOX pairs (i, i + rope_dim / 2) instead of adjacent ones, RMSNorm per head on Q and K,
 Gemma's extras (embedding scaled by sqrt(hidden), a norm after the attention output and after
 the feed-forward, GELU-tanh), soft-capped attention scores and logits, sliding-window layers in
-a fixed pattern with their own RoPE base, and Q/K/V or gate/up stored as one fused tensor.
+a fixed pattern with their own RoPE base, Q/K/V or gate/up stored as one fused tensor, and the
+turn format chat falls back to when a file has no chat template.
 Attention biases and tied embeddings are read from whichever tensors the file has. Adding a
 family is one ``Family`` row here; the loader and target read only the fields.
 """
@@ -12,6 +13,8 @@ family is one ``Family`` row here; the loader and target read only the fields.
 from __future__ import annotations
 
 import attrs
+
+from .chat_templates import BUILTIN
 
 ACTIVATIONS = ("silu", "gelu_tanh")
 
@@ -33,6 +36,10 @@ class Family:
     # block counts of the variants whose attention scale is 1/sqrt(hidden / heads) rather than
     # 1/sqrt(head_dim) when the file names none (Gemma's 27B models, as llama.cpp decides)
     scale_by_hidden_at_layers: tuple[int, ...] = ()
+    # the turn format (a key of chat_templates.BUILTIN) chat uses when the file carries no
+    # tokenizer.chat_template, as llama.cpp falls back to a built-in template by family
+    builtin_chat_template: str | None = attrs.field(
+        default=None, validator=attrs.validators.optional(attrs.validators.in_(tuple(BUILTIN))))
 
     @property
     def llama_block(self) -> bool:
@@ -50,10 +57,11 @@ FAMILIES: dict[str, Family] = {
         Family("qwen3", rope_neox=True, qk_norm=True),
         Family("phi3", rope_neox=True, fused_qkv=True, fused_gate_up=True),
         Family("gemma2", rope_neox=True, post_norms=True, embedding_scale=True, activation="gelu_tanh",
-               swa_period=2, soft_capping=True, hf_norm_offset=1.0, scale_by_hidden_at_layers=(46,)),
+               swa_period=2, soft_capping=True, hf_norm_offset=1.0, scale_by_hidden_at_layers=(46,),
+               builtin_chat_template="gemma"),
         Family("gemma3", rope_neox=True, qk_norm=True, post_norms=True, embedding_scale=True,
                activation="gelu_tanh", swa_period=6, local_rope_base=10000.0, hf_norm_offset=1.0,
-               scale_by_hidden_at_layers=(62,)),
+               scale_by_hidden_at_layers=(62,), builtin_chat_template="gemma"),
     )
 }
 

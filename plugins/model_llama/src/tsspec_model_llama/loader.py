@@ -31,6 +31,7 @@ from tsspec_gguf.gguf_file import GGUFFile
 from tsspec_gguf import native
 from tsspec_gguf.tokenizer import from_gguf
 
+from .chat_templates import use_builtin_chat_template
 from .hparams import read_hparams
 from .target import LlamaTarget
 from .weights import SERVED_KEY, load_weights
@@ -134,6 +135,7 @@ def load_llama(gguf_path: str | os.PathLike[str], options: Any = None, *, cache:
         weight_cache = cache if cache is not None else WeightCache()
         weights = load_weights(hparams, gguf_file, dtype, weight_cache, blocks=blocks)
         tokenizer = from_gguf(gguf_file)
+    template_note = use_builtin_chat_template(tokenizer, hparams.family, path)
     if blocks:
         warn_dense_matrices(path, weights.get(SERVED_KEY) or {})
     return LlamaTarget(
@@ -146,4 +148,5 @@ def load_llama(gguf_path: str | os.PathLike[str], options: Any = None, *, cache:
         load_seconds=time.perf_counter() - started,
         cache_hit=weight_cache.last_hit,
         precision=precision,
+        chat_template_note=template_note,
     )

@@ -147,8 +147,11 @@ class LlamaTarget:
         load_seconds: float | None = None,
         cache_hit: bool | None = None,
         precision: str = "float32",
+        chat_template_note: str | None = None,
     ):
         self.hparams = hp = hparams
+        # the one-line note when chats use the family's built-in template (the file has none)
+        self.chat_template_note = chat_template_note
         self.path = path
         self.device = torch.device(device)
         self.dtype = dtype
@@ -182,6 +185,7 @@ class LlamaTarget:
                 "weight_formats": self.weight_formats(),
                 "arithmetic": self.precision,
                 "lossless": self._guarantee(),
+                "chat_template": self._chat_template_origin(tokenizer, hp, chat_template_note),
             },
         )
         # the residual stream, norms, RoPE and attention (KV cache included) run in float32;
@@ -534,6 +538,13 @@ class LlamaTarget:
         bias = torch.zeros(blocked.shape, dtype=self._residual_dtype, device=self.device)
         bias.masked_fill_(blocked, float("-inf"))
         return bias.repeat(self.hparams.group_size, 1)
+
+    @staticmethod
+    def _chat_template_origin(tokenizer, hp: LlamaHParams, note: str | None) -> str:
+        """Where chat turns are formatted from: the file, the family's built-in, or nowhere."""
+        if note is not None:
+            return f"built-in {hp.family.builtin_chat_template} (the file has none)"
+        return "file" if tokenizer is not None and tokenizer.has_chat_template else "none"
 
     def weight_formats(self) -> str:
         """How the file's matrix types run, e.g. ``Q5_0 x166 blocks, Q3_K x12 float32``."""

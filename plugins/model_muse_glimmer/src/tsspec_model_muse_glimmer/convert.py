@@ -26,20 +26,18 @@ Tokenizers are not converted: the file is token-id only (``tsspec generate`` tak
 
 from __future__ import annotations
 
-import json
 import logging
 from pathlib import Path
 from typing import Any, Mapping
 
 import numpy as np
 
-from tsspec.errors import TsspecError
+from tsspec_gguf.hf_checkpoint import OUT_TYPES, ConversionError, quantised, read_checkpoint  # noqa: F401 (re-exported)
 
 from .hparams import ARCH, POST_NORM_EPS_KEY
 
 log = logging.getLogger("tsspec.muse_glimmer")
 
-OUT_TYPES = ("f32", "f16", "q8_0")
 # the released checkpoint's logit transform (transformers' MuseGlimmerTextConfig defaults): the
 # assistant's own config does not carry it, and its selector needs it
 DEFAULT_OUTPUT_MULTIPLIER = 0.19611613513818404
@@ -59,13 +57,6 @@ LAYER_NAMES = {
     "mlp.up_proj.weight": ("ffn_up.weight", False),
     "mlp.down_proj.weight": ("ffn_down.weight", False),
 }
-
-
-class ConversionError(TsspecError):
-    """A checkpoint that cannot be converted; one line naming the source and the problem."""
-
-    def __init__(self, source: str, problem: str):
-        super().__init__(f"{source}: {problem}")
 
 
 def permute_for_gguf(w: np.ndarray, n_heads: int) -> np.ndarray:
@@ -175,24 +166,6 @@ def muse_glimmer_gguf(
     return metadata, tensors
 
 
-def quantised(tensors: Mapping[str, np.ndarray], outtype: str) -> dict[str, Any]:
-    """2-D weights as ``outtype`` (``f16``: float16 arrays; ``q8_0``: gguf's quantiser where the
-    row length allows); vectors stay float32."""
-    from gguf import GGMLQuantizationType
-
-    if outtype not in OUT_TYPES:
-        raise ConversionError("--outtype", f"{outtype!r} is not one of {', '.join(OUT_TYPES)}")
-    out: dict[str, Any] = {}
-    for name, array in tensors.items():
-        if array.ndim != 2 or outtype == "f32":
-            out[name] = array
-        elif outtype == "f16":
-            out[name] = array.astype(np.float16)
-        else:
-            out[name] = (array, GGMLQuantizationType.Q8_0) if array.shape[1] % 32 == 0 else array
-    return out
-
-
 def write_muse_glimmer_gguf(path, config: Mapping[str, Any], state_dict: Mapping[str, Any], *,
                             outtype: str = "f32", quantize: Mapping[str, Any] | None = None,
                             extra_tensors: Mapping[str, Any] | None = None,
@@ -211,29 +184,6 @@ def write_muse_glimmer_gguf(path, config: Mapping[str, Any], state_dict: Mapping
     tensors.update(extra_tensors or {})
     metadata.update(extra_metadata or {})
     return write_gguf(path, ARCH, metadata, tensors)
-
-
-def read_checkpoint(src_dir: str | Path) -> tuple[dict[str, Any], dict[str, Any]]:
-    """(config, state dict) of an HF directory; ConversionError for anything unreadable."""
-    root = Path(src_dir)
-    try:
-        config = json.loads((root / "config.json").read_text())
-    except (OSError, ValueError) as exc:
-        raise ConversionError(str(root), f"config.json is unreadable ({exc})") from None
-    shards = sorted(root.glob("*.safetensors"))
-    if not shards:
-        raise ConversionError(str(root), "no *.safetensors files")
-    try:
-        from safetensors.torch import load_file
-    except ImportError:
-        raise ConversionError(str(root), "reading HF checkpoints needs 'safetensors' (pip install safetensors)") from None
-    state: dict[str, Any] = {}
-    for shard in shards:
-        try:
-            state.update(load_file(str(shard)))
-        except Exception as exc:
-            raise ConversionError(str(root), f"{shard.name}: {exc}") from None
-    return config, state
 
 
 def convert_muse_glimmer(src_dir: str | Path, out_path: str | Path, *, outtype: str = "f32") -> None:
