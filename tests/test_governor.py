@@ -517,3 +517,37 @@ def test_a_calibrated_drafter_near_break_even_gets_a_fair_trial(samples):
         assert gov.size_proposal(1, [0.9]) == 1
         gov.record(True, 12.5, tokens, drafted=1, confidence=[0.9])
     assert gov.state == (PARKED if samples == 4 else HOLD)
+
+
+def test_one_stalled_step_does_not_park_a_win():
+    """Under a competing load one verify can take twenty times its usual time (a descheduled
+    thread); a win of 7.5 against 10 ms a token is held all the same: the step counts at most
+    STALL_CAP times the median step (counted whole, it made the probe's 29 steps lose)."""
+    gov = SpeculationCostGovernor(min_samples=4)
+    spec_steps = 0
+    for _ in range(80):
+        if gov.want_speculation():
+            spec_steps += 1
+            gov.record(True, 600.0 if spec_steps == 12 else 30.0, 4)
+        else:
+            gov.record(False, PLAIN_MS, 1)
+    assert gov.wins == 1 and gov.losses == 0 and gov.state == HOLD
+
+
+def test_an_early_verdict_needs_every_sample_to_agree():
+    """Two samples a side decide early only when every speculative sample loses (or wins) to
+    every plain one by the decisive ratio: one stalled plain step makes no early verdict."""
+    gov = SpeculationCostGovernor(min_samples=4)
+    for ms in (10.0, 10.0, 10.0):  # the first is the discarded warm-up
+        gov.plain.add(ms, 1)
+    for ms in (25.0, 25.0, 25.0):  # 25 ms a token against 10: lopsided
+        gov.spec.add(ms, 1)
+    gov._decide()
+    assert gov.state == PARKED
+    gov = SpeculationCostGovernor(min_samples=4)
+    for ms in (10.0, 10.0, 100.0):  # one stalled plain step
+        gov.plain.add(ms, 1)
+    for ms in (25.0, 25.0, 25.0):
+        gov.spec.add(ms, 1)
+    gov._decide()
+    assert gov.state == PROBE and gov.wins == gov.losses == 0

@@ -2,28 +2,31 @@
 
 The loop asks ``want_speculation()`` before each step and reports each step's cost with
 ``record``. The governor compares ms per emitted token of speculative against plain steps (a
-rolling window, each side's first sample discarded), parks drafting while speculation loses and
-re-probes with exponential backoff (x``landless_growth`` while nothing of the sequence landed,
-else x2, capped at ``max_backoff``); a won state is watched and dropped when it degrades.
-Its own cost stays small: ``zero_accept_limit`` verifies that landed nothing park at once (empty
-attempts count by their cost in plain steps), baseline samples are spaced by what they give up,
-a lopsided ratio decides after two samples a side, and a probe drafts ``probe_draft`` tokens
-until one lands. How much: drafts are verified whole unless the proposal carries per-draft
-``confidence``; then ``size_proposal`` keeps the prefix worth its rows under the calibrated
-chances (``calibration.ChainWorth``), 0 a declined (plain) step, re-trying a declined bucket now
-and then. It only decides whether and how much to draft: it can never change the output.
+rolling window, each side's first sample discarded, a step counted at most ``STALL_CAP`` times
+its side's median step: one step stalled by another process decides nothing), parks drafting
+while speculation loses and re-probes with exponential backoff (x``landless_growth`` while
+nothing landed, else x2, capped at ``max_backoff``); a won state is dropped when it degrades.
+Its own cost stays small: ``zero_accept_limit`` landless verifies park at once (empty attempts
+count by their cost), baseline samples are spaced by what they give up, a ratio decides after
+two samples a side when every sample of one side beats every one of the other by
+``decisive_ratio``, and a probe drafts ``probe_draft`` tokens until one lands. How much: a
+proposal with per-draft ``confidence`` is cut to the prefix worth its rows
+(``calibration.ChainWorth``; 0: a plain step). It never changes the output.
 """
 
 from __future__ import annotations
 
 import collections
 import math
+import statistics
 from typing import Deque, Sequence
 
 from .calibration import ChainWorth, ConfidenceCalibration, StepCosts, bucket
 
 PROBE, HOLD, PARKED = "probe", "hold", "parked"
 DECISIVE_SAMPLES = 2  # samples per side behind an early (decisive) decision
+STALL_CAP = 3.0  # a step counts at most this many times the median step of its side
+CAPPED_FROM = 3  # samples that emitted tokens before the cap applies (a median of 2 is their mean)
 
 
 class _Window:
@@ -71,6 +74,20 @@ class _Window:
         if self._tokens == 0:
             return None
         return sum(self._ms) / self._tokens
+
+    @property
+    def capped_ms_per_token(self) -> float | None:
+        """``ms_per_token`` with each step's ms capped at STALL_CAP x the median of the steps
+        that emitted tokens: a step stalled by another process moves the cost by at most that."""
+        if self._tokens == 0 or self._counted < CAPPED_FROM:
+            return self.ms_per_token
+        cap = STALL_CAP * statistics.median(ms for ms, tokens in self.samples if tokens > 0)
+        return sum(min(ms, cap) for ms in self._ms) / self._tokens
+
+    def per_token_range(self) -> tuple[float, float] | None:
+        """(fastest, slowest) ms per token of the samples that emitted tokens."""
+        rates = [ms / tokens for ms, tokens in self.samples if tokens > 0]
+        return (min(rates), max(rates)) if rates else None
 
 
 class SpeculationCostGovernor:
@@ -268,7 +285,7 @@ class SpeculationCostGovernor:
         """Turn the probe's wasted attempt milliseconds into zero-accept steps, one per plain
         step's worth (the measured baseline; nothing happens until it exists), parking at the
         zero-accept limit."""
-        plain = self.plain.ms_per_token
+        plain = self.plain.capped_ms_per_token
         if plain is None or plain <= 0 or self.wasted_ms < plain:
             return
         steps = int(self.wasted_ms // plain)  # a plain step's worth of attempts that found nothing
@@ -317,7 +334,7 @@ class SpeculationCostGovernor:
     def _decide(self) -> None:
         if self.state == PARKED:
             return
-        spec_cost, plain_cost = self.spec.ms_per_token, self.plain.ms_per_token
+        spec_cost, plain_cost = self.spec.capped_ms_per_token, self.plain.capped_ms_per_token
         if spec_cost is None or plain_cost is None or plain_cost <= 0:
             return  # no baseline yet, or one a clock could not resolve: nothing to compare
         # a landless one is judged as before; so is one whose window filled (mostly declined
@@ -328,7 +345,7 @@ class SpeculationCostGovernor:
         decisive = (
             self.state == PROBE
             and min(self.spec.count, self.plain.count) >= DECISIVE_SAMPLES
-            and not 1.0 / self.decisive_ratio <= spec_cost / plain_cost <= self.decisive_ratio
+            and self._lopsided()
         )
         if not (enough or decisive):
             return
@@ -346,6 +363,14 @@ class SpeculationCostGovernor:
             if not winning:  # a won state that degraded
                 self.backoff = self.initial_backoff
                 self._park()
+
+    def _lopsided(self) -> bool:
+        """Every sample of one side beats every sample of the other by ``decisive_ratio`` (ms
+        per token): an early verdict that no single stalled step can make."""
+        spec, plain = self.spec.per_token_range(), self.plain.per_token_range()
+        if spec is None or plain is None or min(spec[0], plain[0]) <= 0:
+            return False
+        return spec[0] > self.decisive_ratio * plain[1] or plain[0] > self.decisive_ratio * spec[1]
 
     def _park(self) -> None:
         """Park for ``backoff`` plain steps and grow the next park: x``landless_growth`` while

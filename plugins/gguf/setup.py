@@ -12,7 +12,7 @@ import os
 
 from setuptools import Extension, setup
 
-SOURCES = ["module", "matmul_float", "matmul_int8", "pool", "gemm", "attention", "rowops", "stack"]
+SOURCES = ["module", "matmul_float", "matmul_half", "matmul_int8", "pool", "gemm", "attention", "rowops", "stack"]
 
 
 def kernels_extension(name: str, sources: list[str], macros: list[tuple[str, str]]) -> Extension:

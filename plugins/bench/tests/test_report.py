@@ -140,6 +140,19 @@ def test_verdicts_come_from_the_control_rows_spread_not_a_fixed_threshold():
     assert _noise_note(1.05, None) == " (unjudged: no control row)"
 
 
+def test_a_control_row_of_one_or_two_pairs_calls_nothing():
+    """One plain/plain pair's min-max is a single ratio: a run of one round (1.01-1.01) must not
+    call 1.15x a win, nor a config that never accepted a draft a winner."""
+    from tsspec_bench.report import _noise_note, _verdict_word
+    from tsspec_bench.summary import NoiseBand
+
+    one, two = NoiseBand(1.01, 1.01, 1), NoiseBand(0.98, 1.02, 2)
+    assert _verdict_word(1.15, one) == "is unjudged (the control row has 1 pair: too few for a spread)"
+    assert _verdict_word(0.50, two).startswith("is unjudged (the control row has 2 pairs")
+    assert _noise_note(1.15, one) == " (unjudged: 1 control pair)"
+    assert NoiseBand(0.98, 1.02, 3).verdict(1.15) == "wins"
+
+
 def test_break_even_acceptance_interpolates_where_the_speed_up_crosses_one():
     assert break_even_acceptance([_row(0.0, 0.6), _row(0.5, 0.8), _row(1.0, 1.2)]) == pytest.approx(0.75)
     assert break_even_acceptance([_row(0.0, 0.6), _row(1.0, 0.9)]) is None

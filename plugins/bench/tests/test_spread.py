@@ -28,3 +28,14 @@ def test_the_load_is_started_and_stopped():
     assert procs[0].poll() is None
     spread.stop_load(procs)
     assert procs[0].poll() is not None
+
+
+def test_each_ngram_runs_governor_decisions_are_reported():
+    runs = _runs([100], [90]) + [{"mode": "ngram", "tokens_per_second": 200.0, "governor": [1, 0, 0],
+                                  "verify_steps": 30, "accepted": 80}]
+    runs[1].update(governor=[0, 2, 48], verify_steps=4, accepted=3)
+    text = spread.markdown({"summary": spread.summarise(runs), "runs": runs,
+                            "meta": {"date": "d", "cores": 2, "loadavg_before": "1 1 1", "busy_loops": 2,
+                                     "max_tokens": 8, "command": "c"}})
+    assert "90.0 tok/s: wins 0, losses 2, parked steps 48, 4 verifies, 3 accepted" in text
+    assert "200.0 tok/s: wins 1, losses 0, parked steps 0" in text

@@ -191,10 +191,18 @@ def test_bfloat16_and_float64_options(tiny):
 
     ids = prompt(10)
     expected = hf_logits(model, ids)
+    from tsspec_gguf import native
+
     bf16 = load_llama(path, {"dtype": "bf16"})
     got, _ = bf16.spec_forward(ids, all_logits_rows=True, want_hidden=False)
-    assert bf16.dtype == torch.bfloat16 and got.dtype == torch.float32
+    assert got.dtype == torch.float32
+    assert bf16.dtype == (torch.float32 if native.available() else torch.bfloat16)  # kernel: 16-bit weights, float32 math
     assert_close(got, expected, tol=5e-2)
+    if native.available():  # a verify's rows equal one-row steps bit for bit
+        bf16.spec_rewind_cache(0)
+        prefix, _ = bf16.spec_forward(ids[:-3], all_logits_rows=True, want_hidden=False)
+        rows = [bf16.spec_forward(ids[j : j + 1], all_logits_rows=True, want_hidden=False)[0] for j in range(len(ids) - 3, len(ids))]
+        assert torch.equal(torch.cat([prefix, *rows]), got)
     f64 = load_llama(path, {"dtype": "float64"})
     got, _ = f64.spec_forward(ids, all_logits_rows=True, want_hidden=False)
     assert_close(got, expected)
@@ -378,13 +386,17 @@ def test_k_quant_files_take_the_block_path_and_match_transformers(tmp_path):
     assert_matches_transformers_on_the_file(path, ids, got)
 
 
-def test_a_type_without_blocks_is_named_in_one_warning(tiny, capsys):
-    """F16 matrices (no block form yet) run as float32 weights: one line names the type and
-    count; the other matrices of the file stay in blocks."""
+def test_f16_matrices_stay_16_bit_blocks_and_a_type_without_blocks_is_named_in_one_warning(tiny, capsys):
+    """F16 matrices run on the kernel at 16 bits, beside the file's other blocks (no warning); a
+    type with no block form (here a Q2_K count) is named, with its count, in one line."""
     from gguf import GGMLQuantizationType as T
+    from tsspec_model_llama.loader import warn_dense_matrices
 
     _, target, path = tiny(quantize={"attn_output": T.F16, "*": T.Q5_0})
+    assert "warning" not in capsys.readouterr().err
+    assert target.served_formats["F16"] == (2, 0) and target.served_formats["Q5_0"][1] == 0
+    assert "F16 x2 blocks" in target.config.extra["weight_formats"]
+    assert "F16 weights kept at 16 bits" in target.config.extra["weights"]
+    line = warn_dense_matrices("m.gguf", {"F16": (2, 0), "Q2_K": (0, 3), "F32": (0, 4)})
     err = capsys.readouterr().err
-    assert err.count("warning") == 1 and "2 matrix tensors (F16 x2)" in err
-    assert target.served_formats["F16"] == (0, 2) and target.served_formats["Q5_0"][1] == 0
-    assert "F16 x2 float32" in target.config.extra["weight_formats"]
+    assert err.count("warning") == 1 and "3 matrix tensors (Q2_K x3)" in err and line in err

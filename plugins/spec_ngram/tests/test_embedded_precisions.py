@@ -2,8 +2,9 @@
 
 Generate-level: plain and ngram-speculative decoding of the same chat prompt, greedy and seeded
 (temperature 0.8, top-p 0.95), must give the same tokens. Each ``--dtype`` is loaded as a user
-gets it: float32 (dense torch GEMMs), int8 (block kernel, int8 activations), float32-blocks and
-the default (block kernel, float32 math).
+gets it: float32 (dense torch GEMMs), int8 (block kernel, int8 activations), float32-blocks,
+bfloat16 and float16 (every matrix kept at 16 bits on the block kernel, float32 math) and the
+default (block kernel, float32 math).
 """
 
 from __future__ import annotations
@@ -53,7 +54,7 @@ def embedded_path(tmp_path_factory):
             os.environ["TSSPEC_CACHE_DIR"] = previous_cache
 
 
-@pytest.mark.parametrize("dtype", DTYPES := ["float32", "int8", "float32-blocks", None])
+@pytest.mark.parametrize("dtype", DTYPES := ["float32", "int8", "float32-blocks", "bfloat16", "float16", None])
 @pytest.mark.parametrize("sampling", SAMPLINGS, ids=["greedy", "seeded"])
 def test_lossless_in_the_shipped_precision(embedded_path, dtype, sampling):
     from tsspec.runtime.loading import load_model

@@ -22,7 +22,7 @@ from .peers import BEST, LOOKUP, PeerRecord, PeerRow
 from .runner import ALGORITHM, CONTROL, ORACLE, PLAIN, RunRecord
 from .needs import (MIN_VERIFIED, DrafterMeasure, DrafterNeeds, drafter_needs, relative_costs, rounded_length,
                     shape_from_steps)
-from .summary import ALL_CLASSES, NoiseBand, SummaryRow, control_band
+from .summary import ALL_CLASSES, MIN_BAND_PAIRS, NoiseBand, SummaryRow, control_band
 
 SHOWN_POSITIONS = 8  # accepted-per-position columns shown in tables
 
@@ -236,6 +236,8 @@ def _verdict_word(ratio: float, band: NoiseBand | None) -> str:
     if band is None:
         return "is unjudged (no control row)"
     verdict = band.verdict(ratio)
+    if verdict == "unjudged":
+        return f"is unjudged (the control row has {band.pairs} pair{'s' if band.pairs != 1 else ''}: too few for a spread)"
     return verdict if verdict != "within noise" else "is within noise"
 
 
@@ -319,8 +321,10 @@ def _markdown(report: BenchReport, plot_path: str | None) -> list[str]:
         f"{settings['reps']} rounds of every configuration back to back in one process, in list order in even "
         "rounds and reversed in odd ones, and each run is divided by the plain run of its own round. The "
         "control row is plain decoding run again in the same schedule: its ratios are what noise alone does "
-        "to a pair, and a speed-up is called a win or a loss only outside their spread"
-        + (f" ({report.band.text()} in this run). " if report.band is not None else ". ") +
+        f"to a pair, and a speed-up is called a win or a loss only outside their spread, over at least "
+        f"{MIN_BAND_PAIRS} pairs"
+        + (f" ({report.band.text()} in this run{'' if report.band.judges else ': too few, nothing is called'}). "
+           if report.band is not None else ". ") +
         "tok/s counts decoding only (emitted tokens after the first, over the time after prefill). "
         "Each run starts as a fresh `tsspec generate` would: a park that a learned drafter's cost governor "
         "carries from one request to the next on a server is dropped between runs.",
@@ -422,6 +426,10 @@ def _control_lines(report: BenchReport) -> list[str]:
     if not rows:
         return ["No control row ran: no speed-up here is called a win or a loss.", ""]
     cells = ", ".join(f"{r.cls} {_ratio_text(r)}" for r in rows)
+    if report.band is not None and not report.band.judges:
+        return [f"Control row (plain decoding against plain decoding, same schedule): {cells}. {report.band.text()} "
+                f"is too few for a spread (at least {MIN_BAND_PAIRS} pairs): no speed-up here is called a win or a "
+                "loss.", ""]
     return [f"Control row (plain decoding against plain decoding, same schedule): {cells}. A median speed-up "
             f"inside {report.band.text()} is no measured difference.", ""]
 
@@ -874,14 +882,17 @@ def _reading(report: BenchReport) -> list[str]:
     band = report.band
     lines.append(f"- **Noise**: the control row (plain against plain) ranged {band.text()}; a figure inside "
                  "that spread is no measured difference, and only one outside it is called a win or a loss."
+                 if band is not None and band.judges else
+                 f"- **Noise**: the control row has only {band.pairs} plain/plain pair{'s' if band.pairs != 1 else ''} "
+                 f"(at least {MIN_BAND_PAIRS} make a spread), so no figure is called a win or a loss."
                  if band is not None else "- **Noise**: no control row ran, so no figure is called a win or a loss.")
     for algo in report.algorithms():
         cells = [r for r in report.rows if r.config == algo and r.cls != ALL_CLASSES and r.ratio_median is not None]
         overall = next((r for r in report.rows if r.config == algo and r.cls == ALL_CLASSES), None)
         if not cells or overall is None:
             continue
-        wins = [r for r in cells if band is not None and r.ratio_median > band.high]
-        loses = [r for r in cells if band is not None and r.ratio_median < band.low]
+        wins = [r for r in cells if band is not None and band.verdict(r.ratio_median) == "wins"]
+        loses = [r for r in cells if band is not None and band.verdict(r.ratio_median) == "loses"]
         best = max(cells, key=lambda r: r.ratio_median)
         worst = min(cells, key=lambda r: r.ratio_median)
         text = (f"- **{algo}** {_verdict_word(overall.ratio_median, band)} overall: median speed-up "
@@ -889,7 +900,7 @@ def _reading(report: BenchReport) -> list[str]:
                 f"{overall.plain_tokens_per_second:.1f} tok/s), acceptance {overall.acceptance_rate:.2f}, "
                 f"{overall.tokens_per_verify:.2f} tokens per verify. ")
         text += (f"It wins on {', '.join(f'{r.cls} ({r.ratio_median:.2f}x)' for r in wins)}. " if wins
-                 else "It wins on no prompt class. " if band is not None else "")
+                 else "It wins on no prompt class. " if band is not None and band.judges else "")
         if loses:
             text += f"It loses on {', '.join(f'{r.cls} ({r.ratio_median:.2f}x)' for r in loses)}. "
         text += (f"Best: {best.cls} ({best.ratio_median:.2f}x, acceptance {best.acceptance_rate:.2f}); "
@@ -957,7 +968,10 @@ def _noise_note(ratio: float | None, band: NoiseBand | None) -> str:
         return ""
     if band is None:
         return " (unjudged: no control row)"
-    return " (within noise)" if band.verdict(ratio) == "within noise" else ""
+    verdict = band.verdict(ratio)
+    if verdict == "unjudged":
+        return f" (unjudged: {band.pairs} control pair{'s' if band.pairs != 1 else ''})"
+    return " (within noise)" if verdict == "within noise" else ""
 
 
 def _headline(report: BenchReport) -> str:

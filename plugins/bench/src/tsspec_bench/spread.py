@@ -57,8 +57,23 @@ def run_once(mode: str, max_tokens: int, extra: list[str]) -> dict:
     if proc.returncode != 0:
         raise SystemExit(f"spread: {mode} run failed (exit {proc.returncode}): {proc.stderr.strip()[-400:]}")
     data = json.loads(proc.stdout.strip().splitlines()[-1])
-    return {"mode": mode, "tokens_per_second": float(data["stats"]["tokens_per_second"]),
-            "emitted": len(data["tokens"]), "speculator": data.get("speculator") or "plain"}
+    stats = data["stats"]
+    return {"mode": mode, "tokens_per_second": float(stats["tokens_per_second"]),
+            "emitted": len(data["tokens"]), "speculator": data.get("speculator") or "plain",
+            "governor": [int(stats.get(k, 0)) for k in ("governor_wins", "governor_losses", "governor_parked_steps")],
+            "verify_steps": int(stats.get("verify_steps", 0)), "accepted": int(stats.get("accepted_tokens", 0))}
+
+
+def decisions(runs: list[dict]) -> str:
+    """Each ngram run's governor decisions, in run order.
+
+    >>> decisions([{"mode": "ngram", "tokens_per_second": 9.5, "governor": [1, 0, 0], "verify_steps": 30,
+    ...             "accepted": 70}, {"mode": "plain", "tokens_per_second": 6.0}])
+    '9.5 tok/s: wins 1, losses 0, parked steps 0, 30 verifies, 70 accepted'
+    """
+    return "; ".join(f"{r['tokens_per_second']:.1f} tok/s: wins {r['governor'][0]}, losses {r['governor'][1]}, "
+                     f"parked steps {r['governor'][2]}, {r['verify_steps']} verifies, {r['accepted']} accepted"
+                     for r in runs if r["mode"] == "ngram" and "governor" in r)
 
 
 def spread(values: list[float]) -> float:
@@ -96,6 +111,9 @@ def markdown(result: dict) -> str:
             c = s[mode]
             lines.append(f"| {mode} | {', '.join(f'{v:.1f}' for v in c['runs'])} | {c['median']:.1f} | {c['min']:.1f} "
                          f"| {c['max']:.1f} | {c['spread']:.2f} |")
+    if any("governor" in r for r in result.get("runs", [])):
+        lines += ["", "The cost governor in each ngram run (as its `--json` stats printed): "
+                  + decisions(result["runs"]) + "."]
     if "within" in s:
         lines += ["", f"ngram's spread {s['ngram']['spread']:.2f} vs plain's {s['plain']['spread']:.2f} + {SLACK:.2f}: "
                   + ("within" if s["within"] else "NOT within") + "."]

@@ -74,6 +74,9 @@ class SummaryRow:
         return self.phase_ms.get("plain", 0.0) * self.runs / self.plain_steps if self.plain_steps else 0.0
 
 
+MIN_BAND_PAIRS = 3  # control pairs behind a noise band that calls wins and losses
+
+
 @attrs.frozen
 class NoiseBand:
     """The spread (min-max) of the control row's pair ratios, over all classes."""
@@ -82,13 +85,23 @@ class NoiseBand:
     high: float
     pairs: int
 
+    @property
+    def judges(self) -> bool:
+        """Enough control pairs for a spread: one pair's min-max is a single ratio, not noise."""
+        return self.pairs >= MIN_BAND_PAIRS
+
     def verdict(self, ratio: float) -> str:
-        """'wins' above the band, 'loses' below it, 'within noise' inside it.
+        """'wins' above the band, 'loses' below it, 'within noise' inside it; 'unjudged' when
+        the band rests on fewer than MIN_BAND_PAIRS pairs.
 
         >>> band = NoiseBand(0.92, 1.07, 12)
         >>> band.verdict(1.10), band.verdict(1.05), band.verdict(0.90)
         ('wins', 'within noise', 'loses')
+        >>> NoiseBand(1.01, 1.01, 1).verdict(1.15)
+        'unjudged'
         """
+        if not self.judges:
+            return "unjudged"
         if ratio > self.high:
             return "wins"
         return "loses" if ratio < self.low else "within noise"

@@ -17,7 +17,10 @@ eight affine 32-weight sub-blocks (d * sc, dmin * m), so Q4_K and Q5_K repack ex
 sixteen 16-weight sub-blocks and becomes format ``16`` (format 8 with a scale per 16 weights).
 Q2_K, Q3_K and the rest are not packed (``pack_tensors`` returns None); a caller that wants
 every matrix on the kernel wraps such a matrix's float32 weights as format ``32``
-(``BlockMatrix.dense``: d = 1, m = 0, the weights as they are).
+(``BlockMatrix.dense``: d = 1, m = 0, the weights as they are). Formats ``F16`` and ``BF16``
+keep 16-bit float weights as they are (F16 / BF16 tensors with ``pack_tensor(..., halves=True)``,
+or any matrix rounded by ``BlockMatrix.half`` for ``--dtype float16`` / ``bfloat16``); the kernel
+widens each weight to float32 exactly and sums in the same fixed order (csrc/matmul_half.c).
 
 Every call, long prefills included, runs on the kernel where it is built, so verify rows,
 chunked prefills and one-row decodes agree bit for bit; no per-process timing run picks a path
@@ -61,9 +64,12 @@ DEQUANT_SLICE = 1 << 22  # weights dequantised at a time on the GEMM path (16 Mi
 PACKABLE = {T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q8_0, T.Q4_K, T.Q5_K, T.Q6_K}
 K_BLOCK_BYTES = {T.Q4_K: 144, T.Q5_K: 176, T.Q6_K: 210}  # 256-weight super-blocks
 
-FORMATS = (4, 8, 16, 32)
-SCALES_PER_BLOCK = {4: 1, 8: 1, 16: 2, 32: 1}  # format 16: format 8 with d, m per 16 weights (Q6_K)
-BLOCK_BYTES = {4: 16, 8: 32, 16: 32, 32: 128}  # format 32: plain float32 weights (d = 1, m = 0)
+F16, BF16 = 101, 102  # 16-bit float weights (csrc/kernels_api.h's FMT_F16, FMT_BF16)
+HALF_DTYPES = {F16: torch.float16, BF16: torch.bfloat16}
+FORMATS = (4, 8, 16, 32, F16, BF16)
+# format 16: format 8 with d, m per 16 weights (Q6_K); the 16-bit formats carry d = 1, m = 0, unread
+SCALES_PER_BLOCK = {4: 1, 8: 1, 16: 2, 32: 1, F16: 1, BF16: 1}
+BLOCK_BYTES = {4: 16, 8: 32, 16: 32, 32: 128, F16: 64, BF16: 64}  # format 32: plain float32 weights (d = 1, m = 0)
 
 
 class BlockMatrix:
@@ -91,8 +97,10 @@ class BlockMatrix:
     @classmethod
     def concat(cls, parts: Sequence["BlockMatrix"]) -> "BlockMatrix":
         """Rows of several matrices stacked (fused QKV, gate+up) in the widest format among them:
-        4-bit parts widen to int8, and beside a format-16 part every scale covers 16 weights."""
-        fmt = max(p.fmt for p in parts)
+        4-bit parts widen to int8, and beside a format-16 part every scale covers 16 weights;
+        a 16-bit float part beside a part of another format makes every part format 32."""
+        fmts = {p.fmt for p in parts}
+        fmt = fmts.pop() if len(fmts) == 1 else 32 if fmts & {32, F16, BF16} else max(fmts)
         return cls(fmt, *(torch.cat(t) for t in zip(*(p._as(fmt) for p in parts))))
 
     @classmethod
@@ -105,6 +113,19 @@ class BlockMatrix:
             raise ValueError(f"dense block matrices need K divisible by {QK}, got {k}")
         ones = torch.ones((n, k // QK), dtype=torch.float32)
         return cls(32, w.view(torch.uint8).reshape(n, -1), ones, torch.zeros_like(ones))
+
+    @classmethod
+    def half(cls, weight: torch.Tensor, fmt: int) -> "BlockMatrix":
+        """Format F16 or BF16: weights [N, K] rounded to 16-bit floats (round to nearest even;
+        exact for weights that already are 16-bit), kept at 16 bits."""
+        if fmt not in HALF_DTYPES:
+            raise ValueError(f"16-bit block formats are {F16} (F16) and {BF16} (BF16), got {fmt}")
+        w = weight.detach().to(HALF_DTYPES[fmt]).contiguous()
+        n, k = w.shape
+        if k % QK:
+            raise ValueError(f"16-bit block matrices need K divisible by {QK}, got {k}")
+        ones = torch.ones((n, k // QK), dtype=torch.float32)
+        return cls(fmt, w.view(torch.uint8).reshape(n, -1), ones, torch.zeros_like(ones))
 
     @classmethod
     def quantize_int8(cls, weight: torch.Tensor) -> "BlockMatrix":
@@ -134,7 +155,12 @@ class BlockMatrix:
         return q, d, m
 
     def scaled(self, factor: float) -> "BlockMatrix":
-        """The matrix times ``factor`` (exact for powers of two): d and m scaled."""
+        """The matrix times ``factor`` (exact for powers of two): d and m scaled (a 16-bit
+        float matrix: its weights, kept at 16 bits where every product is exact, else format 32)."""
+        if self.fmt in HALF_DTYPES:
+            product = self.dequantize() * factor
+            half = BlockMatrix.half(product, self.fmt)
+            return half if torch.equal(half.dequantize(), product) else BlockMatrix.dense(product)
         return BlockMatrix(self.fmt, self.q, self.d * factor, self.m * factor)
 
     def tensors(self, prefix: str) -> dict[str, torch.Tensor]:
@@ -252,6 +278,8 @@ def _dequantize_torch(fmt: int, q: torch.Tensor, d: torch.Tensor, m: torch.Tenso
     n = q.shape[0]
     if fmt == 32:
         return q.contiguous().view(torch.float32).reshape(n, -1).clone()
+    if fmt in HALF_DTYPES:
+        return q.contiguous().view(HALF_DTYPES[fmt]).reshape(n, -1).to(torch.float32)
     if fmt == 4:
         values = _nibbles(q.reshape(-1, 16)).view(n, -1, 32).to(torch.float32)
     else:  # int8; format 16's scales cover 16 weights each
@@ -281,13 +309,20 @@ def _pack_k_quant(raw: np.ndarray, kind, n: int, k: int) -> BlockMatrix:
     return BlockMatrix(8, q5_k_values(b).reshape(n, -1), d, m)
 
 
-def pack_tensor(raw: np.ndarray, ggml_type, shape: Sequence[int]) -> BlockMatrix | None:
+def pack_tensor(raw: np.ndarray, ggml_type, shape: Sequence[int], *, halves: bool = False) -> BlockMatrix | None:
     """A GGUF tensor's raw bytes (shape [N, K] in numpy order) as a BlockMatrix; None for a type
-    the kernel does not take or a shape that is not whole blocks."""
+    the kernel does not take or a shape that is not whole blocks. ``halves``: F16 and BF16
+    tensors too, kept at 16 bits (formats F16, BF16)."""
     try:
         kind = T(int(ggml_type))
     except ValueError:
         return None
+    if halves and kind in (T.F16, T.BF16) and len(shape) == 2 and int(shape[1]) % QK == 0:
+        n, k = int(shape[0]), int(shape[1])
+        fmt = F16 if kind == T.F16 else BF16
+        q = _blocks(raw, n, 2 * k).reshape(n, 2 * k)
+        ones = torch.ones((n, k // QK), dtype=torch.float32)
+        return BlockMatrix(fmt, q, ones, torch.zeros_like(ones))
     if kind not in PACKABLE or len(shape) != 2 or int(shape[1]) % QK:
         return None
     n, k = int(shape[0]), int(shape[1])

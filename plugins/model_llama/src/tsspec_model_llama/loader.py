@@ -2,8 +2,11 @@
 
 ``options`` is what ``tsspec.load_model`` passes (``LoadOptions`` with ``device`` and ``dtype``);
 a mapping or None work too. Device: ``cpu`` (default) or ``cuda[:N]`` where torch has CUDA.
-Dtype: ``float32`` (default), ``bfloat16`` or ``float16``; the residual stream, norms and RoPE
-tables stay float32, matmuls run in the chosen dtype.
+Dtype: ``float32`` (default), ``bfloat16`` or ``float16``. On the CPU with the compiled kernels,
+``bfloat16`` / ``float16`` keep every matrix at 16 bits and multiply on the row-invariant kernel
+in float32 math (``tsspec_gguf.qlinear``'s formats F16 / BF16: each weight widened exactly), so
+verify rows equal one-row decodes bit for bit; elsewhere (``--device cuda``, no kernels) the
+matmuls run in torch in that dtype, and the residual stream, norms and RoPE stay float32.
 
 Weights: with no ``--dtype`` on the CPU (the default), Q4_0 / Q4_1 / Q8_0 matrices stay in their
 quantised blocks and the compiled block kernel multiplies on them in float32 math
@@ -34,7 +37,7 @@ from tsspec_gguf.tokenizer import from_gguf
 from .chat_templates import use_builtin_chat_template
 from .hparams import read_hparams
 from .target import LlamaTarget
-from .weights import SERVED_KEY, load_weights
+from .weights import HALF_FORMATS, SERVED_KEY, load_weights
 from . import ARCHITECTURES
 
 DTYPES = {
@@ -114,7 +117,12 @@ def load_llama(gguf_path: str | os.PathLike[str], options: Any = None, *, cache:
     device = resolve_device(path, _setting(options, "device"))
     requested = _setting(options, "dtype")
     precision = BLOCK_DTYPES.get(str(requested).lower()) if requested is not None else None
-    if precision is not None:
+    half = None
+    if precision is None and requested is not None and device.type == "cpu" and native.available():
+        half = HALF_FORMATS.get(str(resolve_dtype(path, requested)).removeprefix("torch."))
+    if half is not None:  # 16-bit weights on the row-invariant kernel, float32 math
+        dtype, blocks, precision = DEFAULT_DTYPE, True, DEFAULT_PRECISION
+    elif precision is not None:
         if device.type != "cpu" or not native.available():
             raise ModelLoadError(path, f"--dtype {requested} runs on the compiled CPU kernels: "
                                        "use --device cpu with a build that has them")
@@ -133,7 +141,7 @@ def load_llama(gguf_path: str | os.PathLike[str], options: Any = None, *, cache:
             )
         hparams = read_hparams(gguf_file)
         weight_cache = cache if cache is not None else WeightCache()
-        weights = load_weights(hparams, gguf_file, dtype, weight_cache, blocks=blocks)
+        weights = load_weights(hparams, gguf_file, dtype, weight_cache, blocks=blocks, half=half)
         tokenizer = from_gguf(gguf_file)
     template_note = use_builtin_chat_template(tokenizer, hparams.family, path)
     if blocks:

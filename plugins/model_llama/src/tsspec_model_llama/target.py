@@ -51,7 +51,7 @@ import torch.nn.functional as F
 from tsspec.errors import GenerationError
 from tsspec_gguf import native
 from tsspec_gguf.attention import causal_attention
-from tsspec_gguf.qlinear import GEMM_ROWS, BlockMatrix
+from tsspec_gguf.qlinear import BF16, F16, GEMM_ROWS, BlockMatrix
 from tsspec_gguf.rowops import TORCH_SERIAL_VALUES, torch_norm_lanes
 from tsspec.protocols import ModelConfig, resolve_feature_taps
 
@@ -88,6 +88,9 @@ def _describe(w: BlockMatrix, kernels) -> tuple:
     if not hasattr(kernels, "set_zero_m"):
         return plain
     return (*plain, w.fmt == 8 and not bool(w.m.any()))
+
+
+HALF_NAMES = {F16: "F16", BF16: "BF16"}
 
 
 class _Layer:
@@ -168,6 +171,9 @@ class LlamaTarget:
         # weights kept in quantised blocks (CPU): every matmul row is summed in the same order
         # whatever the row count, and short verifies need no padding (see qlinear.py)
         self.block_weights = any(isinstance(t, BlockMatrix) for t in weights.values())
+        # 16-bit float matrices (F16 / BF16 files, --dtype float16 / bfloat16): kept at 16 bits
+        self._halves = halves = sorted({HALF_NAMES[t.fmt] for t in weights.values()
+                                        if isinstance(t, BlockMatrix) and t.fmt in HALF_NAMES})
         # the block kernel's arithmetic: float32 (exact weights, float32 sums) or int8 (rows
         # quantised per 32 values, exact integer dots: llama.cpp's); both batch-invariant
         self.precision = precision if self.block_weights else str(dtype).removeprefix("torch.")
@@ -181,7 +187,8 @@ class LlamaTarget:
                 **hp.as_extra(),
                 "tied_embeddings": tied,
                 "dtype": str(dtype).removeprefix("torch."),
-                "weights": "blocks" if self.block_weights else "dense",
+                "weights": ("blocks" + (f" ({', '.join(halves)} weights kept at 16 bits)" if halves else ""))
+                if self.block_weights else "dense",
                 "weight_formats": self.weight_formats(),
                 "arithmetic": self.precision,
                 "lossless": self._guarantee(),
@@ -241,7 +248,8 @@ class LlamaTarget:
     def _guarantee(self) -> str:
         """The lossless guarantee of this path, one line (docs/lossless.md lists every path)."""
         if self.block_weights and native.available() and self.device.type == "cpu":
-            return "bit-exact: block-kernel rows are batch-invariant (verify rows equal one-row decode)"
+            halves = f"; {', '.join(self._halves)} weights kept at 16 bits, float32 math" if self._halves else ""
+            return f"bit-exact: block-kernel rows are batch-invariant (verify rows equal one-row decode){halves}"
         if self.dtype == torch.float64:
             return "equal to plain up to float64 rounding (verify rows agree to ~1e-15)"
         if self.dtype == torch.float32:
@@ -422,7 +430,8 @@ class LlamaTarget:
             if context + max(ROWS) > self.max_context_length:
                 return None  # no room after the cached tokens to measure in
             path_kind = "fused" if self._stack is not None and self.fused_blocks else "per-op"
-            self._row_ms = cached(self.path, f"block|{self.dtype}|{self.precision}|{path_kind}",
+            halves = "".join(f"|{name}" for name in self._halves)  # 16-bit weights stream other bytes
+            self._row_ms = cached(self.path, f"block|{self.dtype}|{self.precision}|{path_kind}{halves}",
                                   lambda: self._measure_row_cost(context, ROWS).profile(),
                                   check=lambda: self._measure_row_cost(context, (max(ROWS),), CHECK_ROUNDS).samples[-1])
         return self._row_ms

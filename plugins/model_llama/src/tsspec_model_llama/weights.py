@@ -20,6 +20,8 @@ stored as their ``q``/``d``/``m`` tensors under the matrix's name (``l3.wqkv.q4`
 ``l3.wqkv.d``, ...); a matrix with a part of another type runs as float32 weights (format 32),
 and ``SERVED_KEY`` counts such tensors per type for the loader's warning and ``--stats``.
 ``tsspec_gguf.cache.join_block_matrices`` turns the flat dict back into tensors and BlockMatrix objects.
+F16 / BF16 matrices stay 16-bit blocks (formats F16, BF16); ``half`` (``--dtype float16`` /
+``bfloat16``) rounds every matrix, the embedding included, to that 16-bit format instead.
 
 The prepared tensors go through ``tsspec_gguf.cache.WeightCache``; a warm load maps them back.
 """
@@ -33,12 +35,13 @@ import torch
 
 from tsspec.errors import ModelLoadError
 from tsspec_gguf.cache import join_block_matrices
-from tsspec_gguf.qlinear import BlockMatrix, pack_tensor
+from tsspec_gguf.qlinear import BF16, F16, BlockMatrix, pack_tensor
 
 from .hparams import LlamaHParams
 
 LAYOUT_TAG = "llama-fused-v3"  # bump when the prepared layout changes (invalidates caches)
-BLOCK_LAYOUT_TAG = "llama-blocks-v4"  # v2: K-quants (formats 4, 8, 16); v3: format 32; v4: families, Q5_0/1
+BLOCK_LAYOUT_TAG = "llama-blocks-v5"  # v2: K-quants (formats 4, 8, 16); v3: format 32; v4: families, Q5_0/1; v5: F16, BF16
+HALF_FORMATS = {"float16": F16, "bfloat16": BF16}  # --dtype -> the 16-bit block format of every matrix
 SERVED_KEY = "served_formats"  # ggml type -> (tensors in blocks, tensors as float32), JSON bytes
 MATRICES = ("wqkv", "wo", "w_gate_up", "w_down")  # per-layer names that may be BlockMatrix
 
@@ -126,14 +129,14 @@ class _Source:
     """Reads a matrix as blocks (``blocks=True``: None when its type has no block form) or as
     float32 rows, and notes each matrix tensor's ggml type and whether it stayed in blocks."""
 
-    def __init__(self, gguf_file, blocks: bool):
-        self.file, self.blocks = gguf_file, blocks
+    def __init__(self, gguf_file, blocks: bool, half: int | None = None):
+        self.file, self.blocks, self.half = gguf_file, blocks, half
         self.served: dict[str, list[int]] = {}  # ggml type -> [tensors in blocks, tensors as float32]
 
     def parts(self, names: list[str]) -> list:
         if self.blocks:
             packed = [pack_tensor(self.file.tensor_bytes(n), self.file.tensor_info(n).ggml_type,
-                                  self.file.tensor_info(n).shape) for n in names]
+                                  self.file.tensor_info(n).shape, halves=True) for n in names]
             if all(p is not None for p in packed):
                 self._note(names, True)
                 return packed
@@ -159,10 +162,15 @@ def _scaled(part, factor: float):
     return part.scaled(factor) if isinstance(part, BlockMatrix) else part * factor
 
 
-def _join(key: str, parts: list, dtype: torch.dtype, blocks: bool):
+def _join(key: str, parts: list, dtype: torch.dtype, blocks: bool, half: int | None = None):
     """(key, tensor) pairs of rows stacked: block parts as one BlockMatrix, float32 parts as
     format-32 blocks (so every matrix runs on the row-invariant kernel) or, without blocks,
-    the dense rows in ``dtype``."""
+    the dense rows in ``dtype``; with ``half`` every part as that 16-bit format."""
+    if half is not None and blocks:
+        as_half = [p if isinstance(p, BlockMatrix) and p.fmt == half else
+                   BlockMatrix.half(p.dequantize() if isinstance(p, BlockMatrix) else p, half) for p in parts]
+        joined = as_half[0] if len(as_half) == 1 else BlockMatrix.concat(as_half)
+        return list(joined.tensors(key).items())
     if all(isinstance(p, BlockMatrix) for p in parts):
         joined = parts[0] if len(parts) == 1 else BlockMatrix.concat(parts)
         return list(joined.tensors(key).items())
@@ -219,7 +227,7 @@ def _layer_tensors(
     # into the Q norm's weight (the norm would undo a scale on the rows)
     q_scale = 1.0 if hp.family.qk_norm else hp.q_scale
     yield f"l{i}.attn_norm", vector("attn_norm")
-    yield from _join(f"l{i}.wqkv", _qkv(hp, source, names, q_scale), dtype, blocks)
+    yield from _join(f"l{i}.wqkv", _qkv(hp, source, names, q_scale), dtype, blocks, source.half)
     bias = _qkv_bias(hp, gguf_file, p, q_scale)
     if bias is not None:
         yield f"l{i}.bqkv", bias.to(dtype)
@@ -227,7 +235,7 @@ def _layer_tensors(
         order = neox_order(hp.head_dim, hp.rope_dim) if hp.family.rope_neox else torch.arange(hp.head_dim)
         yield f"l{i}.q_norm", (vector("q_norm")[order] * hp.q_scale).to(norm_dtype)
         yield f"l{i}.k_norm", vector("k_norm")[order]
-    yield from _join(f"l{i}.wo", source.parts([names["wo"]]), dtype, blocks)
+    yield from _join(f"l{i}.wo", source.parts([names["wo"]]), dtype, blocks, source.half)
     if gguf_file.has_tensor(p + "attn_output.bias"):
         yield f"l{i}.bo", gguf_file.tensor(p + "attn_output.bias").to(dtype)
     yield f"l{i}.ffn_norm", vector("ffn_norm")
@@ -235,18 +243,20 @@ def _layer_tensors(
         yield f"l{i}.post_attn_norm", vector("post_attn_norm")
         yield f"l{i}.post_ffn_norm", vector("post_ffn_norm")
     gate_up = [names["w_gate_up"]] if "w_gate_up" in names else [names["w_gate"], names["w_up"]]
-    yield from _join(f"l{i}.w_gate_up", source.parts(gate_up), dtype, blocks)
-    yield from _join(f"l{i}.w_down", source.parts([names["w_down"]]), dtype, blocks)
+    yield from _join(f"l{i}.w_gate_up", source.parts(gate_up), dtype, blocks, source.half)
+    yield from _join(f"l{i}.w_down", source.parts([names["w_down"]]), dtype, blocks, source.half)
 
 
-def prepare_weights(hp: LlamaHParams, gguf_file, dtype: torch.dtype, blocks: bool = False) -> dict[str, torch.Tensor]:
+def prepare_weights(
+    hp: LlamaHParams, gguf_file, dtype: torch.dtype, blocks: bool = False, half: int | None = None
+) -> dict[str, torch.Tensor]:
     """The forward's tensors (see the module docstring), all on the CPU, plus ``served``: how
     each ggml type of the file's matrices runs (``served_formats``)."""
-    source = _Source(gguf_file, blocks)
-    out: dict[str, torch.Tensor] = dict(_join("embed", source.parts(["token_embd.weight"]), dtype, blocks))
+    source = _Source(gguf_file, blocks, half)
+    out: dict[str, torch.Tensor] = dict(_join("embed", source.parts(["token_embd.weight"]), dtype, blocks, source.half))
     out["output_norm"] = gguf_file.tensor("output_norm.weight").to(residual_dtype(dtype))
     if gguf_file.has_tensor("output.weight"):
-        out.update(_join("lm_head", source.parts(["output.weight"]), dtype, blocks))
+        out.update(_join("lm_head", source.parts(["output.weight"]), dtype, blocks, source.half))
     if gguf_file.has_tensor("rope_freqs.weight"):
         out["rope_freqs"] = gguf_file.tensor("rope_freqs.weight").to(torch.float32)
     for i in range(hp.n_layers):
@@ -264,19 +274,20 @@ def decode_served(data: torch.Tensor) -> dict[str, tuple[int, int]]:
 
 
 def load_weights(
-    hp: LlamaHParams, gguf_file, dtype: torch.dtype, cache=None, *, blocks: bool = False
+    hp: LlamaHParams, gguf_file, dtype: torch.dtype, cache=None, *, blocks: bool = False, half: int | None = None
 ) -> dict[str, torch.Tensor | BlockMatrix]:
     """Checked, prepared weights (block matrices joined), through the load cache when given;
     ``weights[SERVED_KEY]`` is how each ggml type of the matrices runs: {type: (in blocks, as
     float32)} tensor counts."""
     check_tensors(hp, gguf_file)
     if cache is None:
-        prepared = prepare_weights(hp, gguf_file, dtype, blocks)
+        prepared = prepare_weights(hp, gguf_file, dtype, blocks, half)
     else:
         from tsspec_gguf.cache import cache_key
 
-        key = cache_key(gguf_file, BLOCK_LAYOUT_TAG if blocks else LAYOUT_TAG, dtype)
-        prepared = cache.load_or_build(key, lambda: prepare_weights(hp, gguf_file, dtype, blocks))
+        tag = BLOCK_LAYOUT_TAG if blocks else LAYOUT_TAG
+        key = cache_key(gguf_file, tag if half is None else f"{tag}-half{half}", dtype)
+        prepared = cache.load_or_build(key, lambda: prepare_weights(hp, gguf_file, dtype, blocks, half))
     prepared = dict(prepared)
     served = decode_served(prepared.pop(SERVED_KEY))
     weights = join_block_matrices(prepared)

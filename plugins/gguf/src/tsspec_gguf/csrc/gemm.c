@@ -71,6 +71,10 @@ void gemm_chunk(void *arg, int64_t c) {
         gemm_chunk_q8(J, n0, n1, res);
         return;
     }
+    if (is_half_fmt(W->fmt)) {
+        gemm_chunk_half(J, n0, n1, w, res);
+        return;
+    }
     const int simd = simd_on();
     for (int64_t n = n0; n < n1; n++) {
         const uint8_t *q = W->q + n * nb * bb;
@@ -190,7 +194,7 @@ int gemm(const QWeight *W, const float *x, int64_t xs, int64_t R, float *out, in
     int64_t bounds[GUIDED_CHUNKS + 1];
     QAct A;
     void *held = NULL;
-    if (int8 && W->fmt != 32 && R > 0) { /* quantise every row once, before the threads start */
+    if (int8 && W->fmt != 32 && !is_half_fmt(W->fmt) && R > 0) { /* quantise every row once, before the threads start */
         const int64_t nb = W->K / QK;
         held = malloc((size_t)(R * W->K) + sizeof(float) * (size_t)(R * nb * 4));
         if (held == NULL) return -1;

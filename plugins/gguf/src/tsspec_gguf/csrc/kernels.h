@@ -111,6 +111,10 @@ void unpack_row_scalar(int fmt, const uint8_t *q, const float *d, const float *m
 float dot_scalar(const float *w, const float *x, int64_t k);
 FixedSpan fixed_span(int fmt, int64_t R, int64_t most);
 int have_avx2(void);
+/* matmul_half.c */
+void unpack_row_half(int fmt, const uint8_t *q, int64_t nb, float *w);
+void unpack_row_half_scalar(int fmt, const uint8_t *q, int64_t nb, float *w);
+void gemm_chunk_half(const GemmJob *J, int64_t n0, int64_t n1, float *w, float *res);
 /* matmul_int8.c */
 void quantize_row(const float *x, int64_t nb, int8_t *q, float *d, float *s32, float *s16);
 float dot_q8_scalar(int fmt, const uint8_t *q, const float *d, const float *m, int64_t nb, const int8_t *xq,

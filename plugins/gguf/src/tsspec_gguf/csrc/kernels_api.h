@@ -7,12 +7,16 @@
 #include <Python.h>
 #include <stdint.h>
 
-#define TSSPEC_KERNELS_API_VERSION 2
+#define TSSPEC_KERNELS_API_VERSION 3
 #define TSSPEC_KERNELS_CAPSULE "tsspec_gguf._cpu_kernels.api"
 
 #define QK 32
 
-static inline int64_t block_bytes(int fmt) { return fmt == 4 ? 16 : fmt == 32 ? 128 : 32; }
+/* 16-bit float weights (matmul_half.c): 32 weights, 64 bytes a block, d and m never read */
+#define FMT_F16 101
+#define FMT_BF16 102
+static inline int is_half_fmt(int fmt) { return fmt == FMT_F16 || fmt == FMT_BF16; }
+static inline int64_t block_bytes(int fmt) { return fmt == 4 ? 16 : fmt == 32 ? 128 : is_half_fmt(fmt) ? 64 : 32; }
 /* scales (d, m) per 32-weight block: format 16 is format 8 with a scale per 16 weights (Q6_K) */
 static inline int64_t block_scales(int fmt) { return fmt == 16 ? 2 : 1; }
 

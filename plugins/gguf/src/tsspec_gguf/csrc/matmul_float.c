@@ -3,6 +3,10 @@
 /* ---- scalar reference ------------------------------------------------------------------- */
 
 void unpack_row_scalar(int fmt, const uint8_t *q, const float *d, const float *m, int64_t nb, float *w) {
+    if (is_half_fmt(fmt)) {
+        unpack_row_half_scalar(fmt, q, nb, w);
+        return;
+    }
     for (int64_t b = 0; b < nb; b++) {
         float *o = w + b * QK;
         if (fmt == 4) {
@@ -88,6 +92,10 @@ QG_AVX2 static inline __attribute__((always_inline)) void block_avx2(int fmt, co
 }
 
 QG_AVX2 void unpack_row_avx2(int fmt, const uint8_t *q, const float *d, const float *m, int64_t nb, float *w) {
+    if (is_half_fmt(fmt)) {
+        unpack_row_half(fmt, q, nb, w);
+        return;
+    }
     for (int64_t b = 0; b < nb; b++) {
         __m256 v[4];
         block_avx2(fmt, q, b, d, m, v);

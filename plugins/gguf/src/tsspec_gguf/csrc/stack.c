@@ -4,7 +4,7 @@
 
 int check_weight(QWeight *W, int fmt, unsigned long long q, unsigned long long d, unsigned long long m,
                         long long N, long long K) {
-    if ((fmt != 4 && fmt != 8 && fmt != 16 && fmt != 32) || N < 0 || K < 0 || K % QK != 0 || !q || !d || !m) {
+    if ((fmt != 4 && fmt != 8 && fmt != 16 && fmt != 32 && !is_half_fmt(fmt)) || N < 0 || K < 0 || K % QK != 0 || !q || !d || !m) {
         PyErr_SetString(PyExc_ValueError, "bad quantised weight description");
         return 0;
     }
