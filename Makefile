@@ -148,9 +148,12 @@ check-real: setup $(BENCH_STAMP)
 bench-spread: setup
 	$(PY) -m tsspec_bench.spread --runs 6 --markdown docs/bench-spread.md --json docs/bench-spread.json
 
-# the serving figures (docs/bench-serve.md): streams, the multi-turn chat with prefix reuse, RSS
+# the serving figures (docs/bench-serve.md): streams (with the llama.cpp peer), the multi-turn chat with
+# prefix reuse, RSS, one stream vs generate, the agent trace; sized from the sections' quiet run times to
+# finish in about 7 minutes on 2 cores (streams with the peer 2.8 min, per-stream 0.4, trace 1.4)
+BENCH_SERVE_SIZES ?= --reps 1 --max-tokens 48 --turn-tokens 96 --requests 200 --pairs 6 --trace-requests 40 --prose 4
 bench-serve: setup
-	$(VENV)/bin/tsspec bench-serve --markdown docs/bench-serve.md --json docs/bench-serve.json
+	$(VENV)/bin/tsspec bench-serve $(BENCH_SERVE_SIZES) --markdown docs/bench-serve.md --json docs/bench-serve.json
 
 soak: setup
 	$(PY) -m pytest -q -m soak

@@ -112,11 +112,11 @@ class BatchDriver:
                 raise Cancelled()
             work = _Work(trunk, tokens, all_logits, want_hidden, next(self._order), time.perf_counter())
             self._pending.append(work)
+            self._cond.notify_all()  # once: a notify per wake-up would wake the waiters in a loop
             while not work.finished:
                 if not self._busy and self._ready():
                     self._run_batch()  # this work completed the batch: run it here
                 else:
-                    self._cond.notify_all()
                     self._cond.wait(self.batch_wait_s)
         if work.error is not None:
             raise work.error

@@ -83,8 +83,25 @@ def test_completions_plain_and_streaming_equal_solo_decoding(live, embedded_targ
     assert stopped.choices[0].finish_reason == "stop"
 
 
-def test_per_request_speculation_settings_and_timings(live):
-    client = _client(live)
+def test_per_request_speculation_settings_and_timings(live_server, embedded_target):
+    # the server's governor off: its verdicts come from measured step times, and a loaded
+    # machine can make it decline every draft (then nothing is drafted and draft_n is absent)
+    import tsspec_ngram
+    from tsspec.runtime.registry import SpeculatorRegistry
+    from tsspec_serve.engine import ServeEngine
+
+    registry = SpeculatorRegistry()
+    tsspec_ngram.tsspec_register_speculators(registry.register)
+    options = SpeculationOptions(spec_type="ngram", adaptive=False)
+    live = live_server(ServeEngine(embedded_target, model_id="smol", options=options, registry=registry,
+                                   kv_cache_mb=64, max_seqs=2))
+    try:
+        _check_per_request_settings(_client(live))
+    finally:
+        live.stop()
+
+
+def _check_per_request_settings(client):
     content = "Repeat this sentence twice: the cat sat on the mat and looked at the hat."
     messages = [{"role": "user", "content": content}]
     plain = client.chat.completions.create(model="smol", messages=messages, max_tokens=24, temperature=0,

@@ -5,9 +5,13 @@ Three measurements, each printed as a table (and written as Markdown / JSON on r
 1. Streams: aggregate tok/s (all tokens over the wall time from submission to the last token,
    prefill included) and p50 / p99 inter-token latency (gaps between a stream's tokens as they
    are emitted: the tokens of one verify arrive together, so the median gap of a stream that
-   accepts drafts is ~0) and the mean time per output token after the first, at 1, 2, 4 and 8
-   concurrent streams, plain vs speculative (n-gram), paired: at every level the two modes alternate, each
-   run on a fresh scheduler; medians over ``--reps`` and the ratio of medians.
+   accepts drafts is ~0) and the mean time per output token after the first, at 1, 2, 4, 8 and
+   16 concurrent streams, plain vs speculative (n-gram), paired: at every level the two modes
+   alternate, each run on a fresh scheduler; medians over ``--reps`` and the ratio of medians.
+   Beside them: one stream of ``generate`` on the first prompt, timed the same way (the
+   reference of "plain / generate"), and llama.cpp at the same levels: its multi-slot
+   ``llama-server --parallel N`` when built (``peer_server.py``), else llama-cpp-python with one
+   slot, a lower bound.
 2. Multi-turn chat with prefix reuse: one conversation of 4 input-grounded turns, each turn's
    prompt the whole conversation so far, so from turn 2 on a sequence adopts the cached KV of
    the earlier turns. Modes: speculation armed after reuse (n-gram opts in), the old refuse-all
@@ -272,6 +276,17 @@ class _Bench:
                 "tpot_ms": 1000 * statistics.mean(tpot) if tpot else float("nan"),
                 "tokens": tokens}
 
+    def solo(self, mode: str, max_tokens: int) -> dict[str, float]:
+        """The reference of the streams section: ``generate`` (what ``tsspec generate`` runs) on
+        the first stream's prompt, timed as a stream is (submission to last token)."""
+        from tsspec import generate
+
+        ids = self.stream_prompts(1)[0]
+        start = time.perf_counter()
+        result = generate(self.target, ids, self.options(mode), max_tokens=max_tokens, registry=self.registry,
+                          on_token=lambda tok, piece: None)
+        return {"tok_s": len(result.tokens) / (time.perf_counter() - start), "tokens": len(result.tokens)}
+
     # -- 2. multi-turn chat ----------------------------------------------------------------
     def conversation(self, mode: str, max_tokens: int) -> list[dict[str, Any]]:
         from .scheduler import SequenceRequest
@@ -373,6 +388,24 @@ def peer_streams(model_path: str, prompts: list[list[int]], levels, max_tokens: 
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
+def stream_peer(target, bench, max_tokens: int) -> dict[str, Any]:
+    """llama.cpp at the streams section's levels: its multi-slot ``llama-server --parallel N``
+    when the cache holds a build for this CPU (``python -m tsspec_serve.peer_server``), else
+    llama-cpp-python with one slot, labelled a lower bound, and the server "not built"."""
+    from .peer_server import cached_binary, serve_levels
+
+    path = str(getattr(target, "path", "") or "")
+    if not path:
+        return {"error": "the model has no file"}
+    prompts = bench.stream_prompts(max(STREAM_LEVELS))
+    threads = os.cpu_count() or 1
+    binary = cached_binary()
+    if binary is not None:
+        return {"kind": "llama-server", **serve_levels(binary, path, prompts, STREAM_LEVELS, max_tokens, threads)}
+    result = peer_streams(path, prompts, STREAM_LEVELS, max_tokens, threads)
+    return {"kind": "one-slot", "server": "not built", **result}
+
+
 class _LoopbackServer:
     """``create_app(engine)`` under uvicorn in a thread, on a free loopback port."""
 
@@ -429,24 +462,39 @@ def _md_trace(tr) -> list[str]:
     return out
 
 
-def _md_streams(rows, peer=None) -> list[str]:
+def _md_streams(rows, peer=None, solo: float | None = None) -> list[str]:
     peer = peer or {}
     by_level = {p["streams"]: p["tok_s"] for p in peer.get("levels", [])}
-    out = ["| streams | plain tok/s | spec tok/s | ratio | llama.cpp one slot tok/s | plain ITL p50 / p99 ms | spec ITL p50 / p99 ms | plain / spec ms per token |",
-           "|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    server = peer.get("kind") == "llama-server"
+    theirs_label = "llama-server --parallel N tok/s" if server else "llama.cpp one slot tok/s (lower bound)"
+    out = [f"| streams | plain tok/s | spec tok/s | spec / plain | plain / generate | {theirs_label} | plain ITL p50 / p99 ms | spec ITL p50 / p99 ms | plain / spec ms per token |",
+           "|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for r in rows:
         theirs = f"{by_level[r['streams']]:.1f}" if r["streams"] in by_level else "-"
-        out.append(f"| {r['streams']} | {r['plain']['tok_s']:.1f} | {r['spec']['tok_s']:.1f} | {r['ratio']:.2f}x | {theirs} | "
+        versus = f"{r['plain']['tok_s'] / solo:.2f}x" if solo else "-"
+        out.append(f"| {r['streams']} | {r['plain']['tok_s']:.1f} | {r['spec']['tok_s']:.1f} | {r['ratio']:.2f}x | {versus} | {theirs} | "
                    f"{r['plain']['itl_p50_ms']:.1f} / {r['plain']['itl_p99_ms']:.1f} | "
                    f"{r['spec']['itl_p50_ms']:.1f} / {r['spec']['itl_p99_ms']:.1f} | "
                    f"{r['plain']['tpot_ms']:.1f} / {r['spec']['tpot_ms']:.1f} |")
+    if solo:
+        out += ["", f"plain / generate: the level's aggregate over one stream of `generate` (what `tsspec generate` runs) on "
+                f"the first prompt, timed the same way (prefill included): {solo:.1f} tok/s, the median of this run's."]
     if peer.get("error"):
         out += ["", f"llama.cpp peer: not run ({peer['error']})."]
+    elif server:
+        out += ["", f"llama.cpp peer: its own `llama-server --parallel N` (N slots, batched), built from llama-cpp-python "
+                f"{peer_version()}'s llama.cpp source for this CPU, a fresh server per level, the level's requests at once."]
     elif by_level:
-        out += ["", f"llama.cpp peer: llama-cpp-python {peer.get('version')} in its own process with one slot (its "
-                "server decodes one request at a time), the level's requests one after another: a lower bound for "
-                "llama.cpp's multi-slot `llama-server --parallel N`, which was not built here."]
+        out += ["", f"llama.cpp peer: llama-server not built (`python -m tsspec_serve.peer_server` builds it); shown instead: "
+                f"llama-cpp-python {peer.get('version')} in its own process with one slot, the level's requests one after "
+                "another: a single-slot lower bound for llama.cpp's multi-slot server."]
     return out
+
+
+def peer_version() -> str:
+    from .peer_server import VERSION
+
+    return VERSION
 
 
 def _md_turns(turns) -> list[str]:
@@ -471,7 +519,8 @@ def bench_serve(
     prose: Annotated[int, typer.Option("--prose", min=1, help="Prose requests of the trace section's control.")] = 6,
     peer: Annotated[bool, typer.Option("--peer/--no-peer", help="Run llama.cpp (llama-cpp-python, one slot) at the streams section's levels.")] = True,
     trace_requests: Annotated[Optional[int], typer.Option("--trace-requests", min=2, help="Run only the first N requests of the trace (a subset, for a short run).")] = None,
-    markdown: Annotated[Optional[str], typer.Option("--markdown", help="Write the tables to this file.")] = None,
+    pairs: Annotated[int, typer.Option("--pairs", min=2, help="Pairs of the per-stream section.")] = 6,
+    markdown: Annotated[Optional[str], typer.Option("--markdown", help="Write the tables to this file (after each section).")] = None,
     json_path: Annotated[Optional[str], typer.Option("--json", help="Write the figures as JSON.")] = None,
 ) -> None:
     """Serving figures: tok/s and inter-token latency at 1-8 streams, the multi-turn chat with prefix reuse, RSS over many requests."""
@@ -487,8 +536,21 @@ def bench_serve(
     report: dict[str, Any] = {"machine_note": "figures from one machine; see the command line and load"}
     lines = ["# Serving figures (`tsspec bench-serve`)", ""]
 
+    def save() -> None:  # after every section: a run cut short keeps what it measured
+        if markdown:
+            with open(markdown, "w", encoding="utf-8") as handle:
+                handle.write("\n".join(lines) + "\n")
+        if json_path:
+            with open(json_path, "w", encoding="utf-8") as handle:
+                json.dump(report, handle, indent=1, default=str)
+
     if only in (None, "streams"):
         rows = []
+        solo = []
+        for rep in range(reps):  # the reference: one stream of generate, plain
+            solo.append(bench.solo("plain", max_tokens)["tok_s"])
+        report["streams_generate"] = {"tok_s": statistics.median(solo), "runs": solo}
+        typer.echo(f"[streams] generate, one stream, plain: {statistics.median(solo):.1f} tok/s", err=True)
         for n in STREAM_LEVELS:
             runs = {"plain": [], "spec": []}
             for rep in range(reps):
@@ -500,17 +562,12 @@ def bench_serve(
             rows.append(row)
             typer.echo(f"[streams {n}] plain {row['plain']['tok_s']:.1f} tok/s, spec {row['spec']['tok_s']:.1f} tok/s ({row['ratio']:.2f}x)", err=True)
         report["streams"] = rows
-        path = str(getattr(target, "path", "") or "")
-        if not peer:
-            peer = {"error": "--no-peer"}
-        elif path:
-            peer = peer_streams(path, bench.stream_prompts(max(STREAM_LEVELS)), STREAM_LEVELS, max_tokens, os.cpu_count() or 1)
-        else:
-            peer = {"error": "the model has no file"}
+        peer = stream_peer(target, bench, max_tokens) if peer else {"error": "--no-peer"}
         report["streams_peer"] = peer
         typer.echo(f"[streams peer] {peer}", err=True)
         lines += [f"## Concurrent streams ({max_tokens} tokens each, n-gram vs plain, medians of {reps} paired runs)", "",
-                  *_md_streams(rows, peer), ""]
+                  *_md_streams(rows, peer, report["streams_generate"]["tok_s"]), ""]
+        save()
 
     if only in (None, "chat"):
         modes = ("armed", "refuse-all", "plain")
@@ -536,6 +593,7 @@ def bench_serve(
         report["chat"] = turns
         lines += [f"## Multi-turn chat with prefix reuse (4 turns, {turn_tokens} tokens a turn, medians of {reps} paired runs; outputs identical)", "",
                   *_md_turns(turns), ""]
+        save()
 
     if only in (None, "memory"):
         mem = bench.memory(requests, 4)
@@ -545,16 +603,18 @@ def bench_serve(
                   f"RSS {mem['rss_before_mb']:.1f} MiB before and {mem['rss_after_mb']:.1f} MiB after {mem['requests']} requests "
                   f"(4 tokens each, waves of 8, {mem['cancelled']} cancelled after their first token); KV blocks held afterwards: "
                   f"{mem['kv_blocks_in_use_after']}, reserved: {mem['kv_blocks_reserved_after']}.", ""]
+        save()
 
     if only in (None, "per-stream"):
         rows = {}
         for mode in ("plain", "spec"):
-            rows["plain" if mode == "plain" else "ngram"] = r = bench.per_stream(mode, max(reps, 2), max_tokens)
+            rows["plain" if mode == "plain" else "ngram"] = r = bench.per_stream(mode, pairs, max_tokens)
             typer.echo(f"[per stream {mode}] server {r['server']:.1f} tok/s, generate {r['generate']:.1f} tok/s, "
                        f"median pair ratio {r['ratio']:.3f}x ({r['ratio_low']:.2f}-{r['ratio_high']:.2f})", err=True)
         report["per_stream"] = rows
         lines += [f"## One stream through the HTTP server vs `generate` ({max_tokens} tokens, paired and alternating, "
                   "a different prompt each pair)", "", *_md_per_stream(rows), ""]
+        save()
 
     if only in (None, "trace"):
         tr = bench.trace(max_tokens, trace_conversations, trace_seed, prose, trace_requests)
@@ -568,12 +628,7 @@ def bench_serve(
         lines += [f"## Cross-request draft memory: the agent trace (seed {tr['seed']}, {tr['conversations']} conversations, "
                   f"{cut}; the first {tr['warm']} warm the pool, the rest measured, {max_tokens} tokens each)", "",
                   *_md_trace(tr), ""]
+        save()
 
-    text = "\n".join(lines)
-    typer.echo(text)
-    if markdown:
-        with open(markdown, "w", encoding="utf-8") as handle:
-            handle.write(text + "\n")
-    if json_path:
-        with open(json_path, "w", encoding="utf-8") as handle:
-            json.dump(report, handle, indent=1, default=str)
+    typer.echo("\n".join(lines))
+    save()

@@ -33,12 +33,13 @@ from typing import Any, Callable, Sequence
 import attrs
 
 from tsspec import SamplingParams, SpeculationOptions
-from tsspec.capabilities import paged_info, target_info
+from tsspec.capabilities import paged_info, target_info, verify_cost_shape
 from tsspec.errors import GenerationError
 from tsspec.runtime.batched_trunk import BatchedSpecTrunk, Cancelled
 from tsspec.runtime.batching import BatchDriver
 from tsspec.runtime.stats import SpecStats
 
+from .batch_pricing import BatchCosts, BatchGovernor
 from .prefix_cache import BlockPool, BlockTable
 
 log = logging.getLogger("tsspec.serve.scheduler")
@@ -143,6 +144,9 @@ class Scheduler(BatchDriver):
             self.prefix_refusal = paged.prefix_refusal
             log.info("prefix reuse refused: %s", self.prefix_refusal)
         self.registry = registry
+        # forward ms by rows of this scheduler's batches: what a weight-free sequence's drafts
+        # are priced by while it shares a batch (``batch_pricing``)
+        self.batch_costs = BatchCosts(target)
         self._waiting: collections.deque[SequenceHandle] = collections.deque()
         self._running: set[SequenceHandle] = set()
         self._ids = itertools.count(1)
@@ -253,6 +257,7 @@ class Scheduler(BatchDriver):
                 arm_after_reuse=request.arm_after_reuse,
                 logprobs=request.logprobs,
                 logprob_sink=request.logprob_sink,
+                governor=self._governor(request.options),
             )
             handle.result = result
             state = FINISHED
@@ -282,6 +287,34 @@ class Scheduler(BatchDriver):
             self._cond.notify_all()
         handle.done.set()
         self._notify_done(handle)
+
+    def _governor(self, options: SpeculationOptions) -> BatchGovernor | None:
+        """A batch-priced governor for a weight-free algorithm under the governor (None: the
+        loop makes its own; an algorithm with drafter weights keeps the park memory its own
+        governor carries across sequences)."""
+        if self.serial is not None or not options.enabled or not options.adaptive:
+            return None
+        registry = self.registry
+        if registry is None:
+            from tsspec.runtime.defaults import default_catalog
+
+            registry = default_catalog().speculators
+        name = registry.resolve_name(self.target, options.spec_type)
+        if not isinstance(name, str) or name not in registry.weight_free():
+            return None
+        return BatchGovernor(self.batch_costs, lambda: len(self._live), enabled=True,
+                             cost_shape=lambda: verify_cost_shape(self.target))
+
+    def _charge(self, batch, total_rows: int, ms: float) -> None:
+        """The driver's charge of a verify's extra rows to its batch where there is one to pay
+        (a verify beside another sequence: a lone stream never reads the target's cost by rows,
+        which a target may measure on first read), and the batch's cost by rows recorded."""
+        if len(batch) > 1 and any(work.all_logits for work in batch):
+            super()._charge(batch, total_rows, ms)
+        else:
+            for work in batch:
+                work.trunk.extra_cost_ms = 0.0
+        self.batch_costs.record(total_rows, ms)
 
     @staticmethod
     def _notify_done(handle: SequenceHandle) -> None:
