@@ -44,6 +44,7 @@ _LAZY = {
     "attach_drafter": "tsspec.runtime.loading",
     "Sampler": "tsspec.runtime.sampling",
     "SpeculativeExecution": "tsspec.runtime.execution",
+    "SpeculationCostGovernor": "tsspec.runtime.governor",
     "PluginHost": "tsspec.plugins",
     "SpeculatorRegistry": "tsspec.runtime.registry",
     "MAX_DRAFT_WINDOW": "tsspec.runtime.options",
