@@ -35,39 +35,13 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from tsspec_bench.peer_build import cmake_options as simd_options, cpu_flags  # the same SIMD choice as the peer wheel
+
 VERSION = "0.3.36"  # llama-cpp-python's sdist carries the llama.cpp source; constraints.txt pins the same
 PACKAGE = "llama-cpp-python"
 BINARY = "llama-server"
 FIXED = ["-DCMAKE_BUILD_TYPE=Release", "-DBUILD_SHARED_LIBS=OFF", "-DLLAMA_CURL=OFF", "-DLLAMA_OPENSSL=OFF",
          "-DLLAMA_BUILD_UI=OFF", "-DLLAMA_USE_PREBUILT_UI=OFF", "-DLLAMA_BUILD_TESTS=OFF", "-DLLAMA_BUILD_EXAMPLES=OFF"]
-AVX512 = (("GGML_AVX512", {"avx512f", "avx512bw", "avx512vl"}), ("GGML_AVX512_VNNI", {"avx512_vnni"}),
-          ("GGML_AVX512_BF16", {"avx512_bf16"}))
-AVX2 = (("GGML_AVX2", {"avx2"}), ("GGML_FMA", {"fma"}), ("GGML_F16C", {"f16c"}), ("GGML_AVX_VNNI", {"avx_vnni"}))
-
-
-def cpu_flags(cpuinfo: str | None = None) -> set[str]:
-    """The flags of the first processor in ``/proc/cpuinfo`` (or the given text)."""
-    if cpuinfo is None:
-        try:
-            cpuinfo = Path("/proc/cpuinfo").read_text()
-        except OSError:
-            return set()
-    for line in cpuinfo.splitlines():
-        if line.split(":")[0].strip() in ("flags", "Features"):
-            return set(line.split(":", 1)[1].split())
-    return set()
-
-
-def simd_options(flags: set[str]) -> list[str]:
-    """``-DGGML_...`` options for a CPU with ``flags``; ``GGML_NATIVE`` is always OFF."""
-    on: list[str] = []
-    if AVX512[0][1] <= flags:
-        on = ["GGML_AVX", "GGML_AVX2", "GGML_FMA", "GGML_F16C"] + [name for name, need in AVX512 if need <= flags]
-    elif "avx2" in flags:
-        on = ["GGML_AVX"] + [name for name, need in AVX2 if need <= flags]
-    elif "avx" in flags:
-        on = ["GGML_AVX"]
-    return ["-DGGML_NATIVE=OFF"] + [f"-D{name}=ON" for name in on]
 
 
 def cache_dir(options: Sequence[str], version: str = VERSION) -> Path:
